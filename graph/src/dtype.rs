@@ -1,0 +1,140 @@
+//! Element types. Every tensor has one; the reference computes floats in f64 and rounds each result to its
+//! dtype, so what it stores is exactly what a device holding that dtype can hold.
+
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16: f32's exponent range with an 8-bit significand.
+    BF16,
+    /// 32-bit two's complement integer.
+    I32,
+    /// 64-bit two's complement integer (the reference holds it exactly within ±2^53).
+    I64,
+    /// Boolean, stored as 0 or 1.
+    Bool,
+}
+
+impl DType {
+    /// Every dtype, in a fixed order (docs and tests iterate it).
+    pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64, DType::Bool];
+
+    /// True for f32, f16 and bf16.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    /// True for i32 and i64.
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I32 | DType::I64)
+    }
+
+    /// Bytes one element takes on a device.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I64 => 8,
+            DType::Bool => 1,
+        }
+    }
+
+    /// The lower-case name used in errors, docs and exports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// Rounds an f64 to the nearest value this dtype can hold, returned as f64.
+    ///
+    /// Floats round to nearest-even; integers truncate toward zero and wrap like a device cast
+    /// (NaN becomes 0, as Rust's saturating `as` gives); bool is `x != 0`.
+    pub fn round(self, x: f64) -> f64 {
+        match self {
+            DType::F32 => x as f32 as f64,
+            DType::F16 => f16::from_f64(x).to_f64(),
+            DType::BF16 => bf16::from_f64(x).to_f64(),
+            DType::I32 => (x as i64) as i32 as f64,
+            DType::I64 => (x as i64) as f64,
+            DType::Bool => {
+                if x != 0.0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+
+    /// The smallest value of this dtype (`-inf` for floats): the identity of a max reduction.
+    pub fn min_value(self) -> f64 {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
+            DType::I32 => i32::MIN as f64,
+            DType::I64 => i64::MIN as f64,
+            DType::Bool => 0.0,
+        }
+    }
+
+    /// The largest value of this dtype (`+inf` for floats): the identity of a min reduction.
+    pub fn max_value(self) -> f64 {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => f64::INFINITY,
+            DType::I32 => i32::MAX as f64,
+            DType::I64 => i64::MAX as f64,
+            DType::Bool => 1.0,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A host element type that converts to and from a kiln dtype.
+pub trait Element: Copy + 'static {
+    /// The dtype this Rust type stores.
+    const DTYPE: DType;
+    /// Widens to f64 (exact for every dtype but i64 beyond ±2^53).
+    fn to_f64(self) -> f64;
+    /// Narrows from an f64 already rounded to `DTYPE`.
+    fn from_f64(x: f64) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $d:expr, |$x:ident| $to:expr, |$y:ident| $from:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            fn to_f64(self) -> f64 {
+                let $x = self;
+                $to
+            }
+            fn from_f64($y: f64) -> Self {
+                $from
+            }
+        }
+    };
+}
+
+element!(f32, DType::F32, |x| x as f64, |y| y as f32);
+element!(f16, DType::F16, |x| x.to_f64(), |y| f16::from_f64(y));
+element!(bf16, DType::BF16, |x| x.to_f64(), |y| bf16::from_f64(y));
+element!(i32, DType::I32, |x| x as f64, |y| y as i32);
+element!(i64, DType::I64, |x| x as f64, |y| y as i64);
+element!(bool, DType::Bool, |x| if x { 1.0 } else { 0.0 }, |y| y != 0.0);

@@ -1,0 +1,132 @@
+//! The one error type of kiln. Bad user input is a typed error that names the user's line, never a panic.
+
+use crate::dtype::DType;
+use crate::loc::SourceLoc;
+use crate::sym::SymError;
+
+/// Everything that can go wrong in kiln, with the user's source location where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Two shapes that do not broadcast under PyTorch's rules.
+    #[error("{loc}: `{op}`: shapes {lhs} and {rhs} cannot be broadcast together")]
+    Broadcast {
+        /// The op being recorded.
+        op: String,
+        /// Left shape, printed.
+        lhs: String,
+        /// Right shape, printed.
+        rhs: String,
+        /// The user's line.
+        loc: SourceLoc,
+    },
+    /// A shape that does not fit what the op needs (other than broadcasting).
+    #[error("{loc}: `{op}`: {msg}")]
+    Shape {
+        /// The op being recorded.
+        op: String,
+        /// What does not fit, with the shapes involved.
+        msg: String,
+        /// The user's line.
+        loc: SourceLoc,
+    },
+    /// A dtype the op does not accept.
+    #[error("{loc}: `{op}` expects {expected}, got {got}")]
+    DType {
+        /// The op being recorded.
+        op: String,
+        /// What it accepts, in words.
+        expected: String,
+        /// What it got.
+        got: DType,
+        /// The user's line.
+        loc: SourceLoc,
+    },
+    /// An axis outside `-rank..rank`.
+    #[error("{loc}: `{op}`: axis {axis} is out of range for a tensor of rank {rank}")]
+    Axis {
+        /// The op being recorded.
+        op: String,
+        /// The axis as the user gave it.
+        axis: isize,
+        /// The tensor's rank.
+        rank: usize,
+        /// The user's line.
+        loc: SourceLoc,
+    },
+    /// A reshape whose element counts differ.
+    #[error("{loc}: `reshape`: cannot reshape {from} ({from_numel} elements) to {to} ({to_numel} elements)")]
+    Reshape {
+        /// Source shape, printed.
+        from: String,
+        /// Its element count, printed (may be symbolic).
+        from_numel: String,
+        /// Target shape, printed.
+        to: String,
+        /// Its element count, printed.
+        to_numel: String,
+        /// The user's line.
+        loc: SourceLoc,
+    },
+    /// Any other invalid argument (bad permutation, negative pad, zero step...).
+    #[error("{loc}: `{op}`: {msg}")]
+    InvalidArgument {
+        /// The op being recorded.
+        op: String,
+        /// What is wrong.
+        msg: String,
+        /// The user's line.
+        loc: SourceLoc,
+    },
+    /// Host data whose length does not match the shape given with it.
+    #[error("{loc}: tensor data has {len} elements but shape {shape} needs {numel}")]
+    DataLength {
+        /// Elements supplied.
+        len: usize,
+        /// The shape, printed.
+        shape: String,
+        /// Elements the shape needs.
+        numel: usize,
+        /// The user's line.
+        loc: SourceLoc,
+    },
+    /// A graph break inside a `fullgraph(true)` compile.
+    #[error("{loc}: graph break in a fullgraph compile: {reason}")]
+    GraphBreak {
+        /// Why the trace had to stop (the host read).
+        reason: String,
+        /// The user's line that read the value.
+        loc: SourceLoc,
+    },
+    /// A value error found while running (an index out of range, a division by zero in a size).
+    #[error("{loc}: `{op}`: {msg}")]
+    Runtime {
+        /// The op that failed.
+        op: String,
+        /// What went wrong.
+        msg: String,
+        /// The line that recorded the op.
+        loc: SourceLoc,
+    },
+    /// A symbolic-size error (unbound symbol, overflow).
+    #[error("symbolic size: {0}")]
+    Sym(#[from] SymError),
+    /// Something kiln does not support (yet), said plainly.
+    #[error("{loc}: unsupported: {what}")]
+    Unsupported {
+        /// What is not supported.
+        what: String,
+        /// The user's line.
+        loc: SourceLoc,
+    },
+    /// A malformed export or import file.
+    #[error("malformed {what}: {msg}")]
+    Format {
+        /// The kind of file.
+        what: String,
+        /// The parser's message.
+        msg: String,
+    },
+}
+
+/// kiln's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

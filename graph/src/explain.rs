@@ -1,0 +1,85 @@
+//! What a compiled call captured, in a form people and tools read: the graphs, their ops, and every graph
+//! break with its reason and the user's line. The explorer app and `--explain` outputs build on this.
+
+use crate::ir::Graph;
+use crate::trace::{GraphBreak, TraceRecord, TracedGraph};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The record of one traced call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// Backend the graphs ran on.
+    pub backend: String,
+    /// Every graph that ran, in order.
+    pub graphs: Vec<TracedGraph>,
+    /// Every graph break, in order.
+    pub breaks: Vec<GraphBreak>,
+    /// Static arguments, printed.
+    pub static_args: Vec<String>,
+    /// True when the call was inlined into an enclosing trace (its graphs belong to that trace).
+    pub inlined: bool,
+}
+
+impl Explanation {
+    pub(crate) fn new(backend: &str, r: TraceRecord, static_args: Vec<String>) -> Self {
+        Explanation { backend: backend.into(), graphs: r.graphs, breaks: r.breaks, static_args, inlined: false }
+    }
+
+    pub(crate) fn inlined(backend: &str, static_args: Vec<String>) -> Self {
+        Explanation { backend: backend.into(), graphs: vec![], breaks: vec![], static_args, inlined: true }
+    }
+
+    /// Number of graphs.
+    pub fn graph_count(&self) -> usize {
+        self.graphs.len()
+    }
+
+    /// Number of graph breaks.
+    pub fn break_count(&self) -> usize {
+        self.breaks.len()
+    }
+
+    /// Ops over all graphs.
+    pub fn op_count(&self) -> usize {
+        self.graphs.iter().map(|g| g.graph.op_count()).sum()
+    }
+
+    /// The graphs alone.
+    pub fn graph_list(&self) -> Vec<&Graph> {
+        self.graphs.iter().map(|g| &g.graph).collect()
+    }
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} graph(s), {} graph break(s), {} op(s) on backend `{}`",
+            self.graph_count(),
+            self.break_count(),
+            self.op_count(),
+            self.backend
+        )?;
+        if !self.static_args.is_empty() {
+            writeln!(f, "static arguments: {}", self.static_args.join(", "))?;
+        }
+        for (i, g) in self.graphs.iter().enumerate() {
+            let hist: Vec<String> = g.graph.op_histogram().iter().map(|(n, c)| format!("{n}×{c}")).collect();
+            writeln!(f, "\ngraph {i}: {} op(s) [{}]", g.graph.op_count(), hist.join(", "))?;
+            for line in g.graph.to_string().lines() {
+                writeln!(f, "    {line}")?;
+            }
+            if let Some(b) = &g.ended_by {
+                writeln!(f, "  ended by a graph break at {}: {}", b.loc, b.reason)?;
+            }
+        }
+        if !self.breaks.is_empty() {
+            writeln!(f, "\ngraph breaks:")?;
+            for (i, b) in self.breaks.iter().enumerate() {
+                writeln!(f, "  {}. {} — {}", i + 1, b.loc, b.reason)?;
+            }
+        }
+        Ok(())
+    }
+}

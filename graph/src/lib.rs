@@ -1,0 +1,32 @@
+//! kiln-graph: the shared middle of kiln — tensor IR, tracing with graph breaks, symbolic dims, the CPU
+//! reference, explain and export. Everything a lowering does not need to decide lives here, once.
+//!
+//! Start reading at [`compile`]: it is the pipeline as one short function.
+
+pub mod backend;
+pub mod compile;
+pub mod data;
+pub mod dtype;
+pub mod error;
+pub mod explain;
+pub mod export;
+pub mod interp;
+pub mod ir;
+pub mod loc;
+pub mod opdocs;
+pub mod ops;
+pub mod shape;
+pub mod sym;
+pub mod trace;
+
+pub use backend::{Backend, CpuReference, IntoBackend};
+pub use compile::{compile, Args, Compiled, Static};
+pub use data::TensorData;
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use explain::Explanation;
+pub use ir::{Graph, Node, NodeId, Op};
+pub use loc::SourceLoc;
+pub use ops::Operand;
+pub use shape::Shape;
+pub use trace::{GraphBreak, Tensor, TracedGraph};

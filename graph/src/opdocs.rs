@@ -1,0 +1,158 @@
+//! The op reference (`docs/ops.md`) generated from the code, so it cannot drift: a test regenerates it
+//! and compares it with the committed file.
+
+use crate::dtype::DType;
+use crate::ir::{ArgReduceOp, BinaryOp, GeluApprox, Op, ReduceOp, UnaryOp};
+use crate::sym::Expr;
+
+/// One representative of every op kind, in the order the reference lists them.
+pub fn catalog() -> Vec<Op> {
+    let mut ops = vec![Op::Input { index: 0 }, Op::Full { value: 0.0 }, Op::Iota { axis: 0 }];
+    ops.extend(UnaryOp::ALL.iter().map(|&op| Op::Unary { op }));
+    ops.extend(BinaryOp::ALL.iter().map(|&op| Op::Binary { op }));
+    ops.extend([Op::Where, Op::Cast]);
+    ops.extend(ReduceOp::ALL.iter().map(|&op| Op::Reduce { op, axes: vec![], keepdim: false }));
+    for op in [ArgReduceOp::ArgMax, ArgReduceOp::ArgMin] {
+        ops.push(Op::ArgReduce { op, axis: 0, keepdim: false });
+    }
+    ops.extend([
+        Op::Reshape,
+        Op::Permute { perm: vec![] },
+        Op::Expand,
+        Op::Slice { axis: 0, start: Expr::from(0usize), end: Expr::from(0usize), step: 1 },
+        Op::Concat { axis: 0 },
+        Op::Pad { pads: vec![], value: 0.0 },
+        Op::IndexSelect { axis: 0 },
+        Op::Gather { axis: 0 },
+        Op::MatMul,
+        Op::Softmax { axis: 0 },
+        Op::LogSoftmax { axis: 0 },
+        Op::LayerNorm { dims: 1, eps: 0.0, affine: false },
+        Op::Gelu { approx: GeluApprox::Erf },
+        Op::Gelu { approx: GeluApprox::Tanh },
+        Op::Silu,
+        Op::Linear { bias: false },
+        Op::Mean { axes: vec![], keepdim: false },
+        Op::Var { axes: vec![], correction: 1, keepdim: false },
+        Op::CausalMask,
+    ]);
+    ops
+}
+
+/// The Rust call that records the op, and what it computes.
+pub fn describe(op: &Op) -> (&'static str, &'static str) {
+    match op {
+        Op::Input { .. } => ("(graph input)", "A tensor argument, a lifted weight, or a value carried over a graph break."),
+        Op::Full { .. } => ("Tensor::full / zeros / ones / scalar", "Every element equal to one value, rounded to the dtype."),
+        Op::Iota { .. } => ("Tensor::arange", "Each element's index along an axis; `arange` scales and shifts it."),
+        Op::Unary { op } => match op {
+            UnaryOp::Neg => ("neg", "`-x`"),
+            UnaryOp::Abs => ("abs", "`|x|`"),
+            UnaryOp::Exp => ("exp", "`e^x`"),
+            UnaryOp::Log => ("log", "natural logarithm; `log(0) = -inf`, negative gives NaN"),
+            UnaryOp::Sqrt => ("sqrt", "square root; negative gives NaN"),
+            UnaryOp::Rsqrt => ("rsqrt", "`1/sqrt(x)`"),
+            UnaryOp::Sin => ("sin", "sine"),
+            UnaryOp::Cos => ("cos", "cosine"),
+            UnaryOp::Tanh => ("tanh", "hyperbolic tangent"),
+            UnaryOp::Sigmoid => ("sigmoid", "`1/(1+e^-x)`"),
+            UnaryOp::Erf => ("erf", "the error function"),
+            UnaryOp::Relu => ("relu", "`max(x, 0)`; NaN stays NaN"),
+            UnaryOp::Reciprocal => ("reciprocal", "`1/x`"),
+            UnaryOp::Floor => ("floor", "round toward -inf"),
+            UnaryOp::Ceil => ("ceil", "round toward +inf"),
+            UnaryOp::Round => ("round", "round half to even, as `torch.round`"),
+            UnaryOp::Not => ("logical_not", "logical not of a bool tensor"),
+            UnaryOp::IsNan => ("isnan", "bool: true where the element is NaN"),
+        },
+        Op::Binary { op } => match op {
+            BinaryOp::Add => ("add", "`a + b`"),
+            BinaryOp::Sub => ("sub", "`a - b`"),
+            BinaryOp::Mul => ("mul", "`a * b`"),
+            BinaryOp::Div => ("div", "`a / b` for floats; floor division for integers (division by zero is an error)"),
+            BinaryOp::Pow => ("pow", "`a ^ b`"),
+            BinaryOp::Max => ("maximum", "elementwise maximum; NaN if either is NaN"),
+            BinaryOp::Min => ("minimum", "elementwise minimum; NaN if either is NaN"),
+            BinaryOp::Eq => ("eq", "bool `a == b`"),
+            BinaryOp::Ne => ("ne", "bool `a != b`"),
+            BinaryOp::Lt => ("lt", "bool `a < b`"),
+            BinaryOp::Le => ("le", "bool `a <= b`"),
+            BinaryOp::Gt => ("gt", "bool `a > b`"),
+            BinaryOp::Ge => ("ge", "bool `a >= b`"),
+            BinaryOp::And => ("logical_and", "bool and"),
+            BinaryOp::Or => ("logical_or", "bool or"),
+        },
+        Op::Where => ("where_", "`cond ? a : b`, broadcasting all three"),
+        Op::Cast => ("cast", "convert to another dtype; floats to integers truncate toward zero, NaN becomes 0"),
+        Op::Reduce { op, .. } => match op {
+            ReduceOp::Sum => ("sum", "sum over axes (empty list = all); integer and bool sums are i64"),
+            ReduceOp::Max => ("max", "maximum over axes; NaN-propagating; an empty axis is an error"),
+            ReduceOp::Min => ("min", "minimum over axes; NaN-propagating; an empty axis is an error"),
+        },
+        Op::ArgReduce { op: ArgReduceOp::ArgMax, .. } => ("argmax", "i64 index of the first maximum along an axis (NaN counts as maximum)"),
+        Op::ArgReduce { op: ArgReduceOp::ArgMin, .. } => ("argmin", "i64 index of the first minimum along an axis (NaN counts as minimum)"),
+        Op::Reshape => ("reshape / unsqueeze / squeeze", "same elements in row-major order, new shape (one `-1` inferred)"),
+        Op::Permute { .. } => ("permute / transpose", "reorder axes"),
+        Op::Expand => ("expand (and implicit broadcasting)", "stretch size-1 dims, PyTorch rules"),
+        Op::Slice { .. } => ("slice / narrow", "Python-style `start:end:step` along one axis; negative indices count from the end"),
+        Op::Concat { .. } => ("Tensor::concat", "join along an axis"),
+        Op::Pad { .. } => ("pad", "constant padding, `(before, after)` per axis from the first axis"),
+        Op::IndexSelect { .. } => ("index_select", "pick entries along an axis by a 1-D integer index; out-of-range is an error"),
+        Op::Gather { .. } => ("gather", "`torch.gather`: index tensor of the output's shape selects along an axis"),
+        Op::MatMul => ("matmul", "batched matrix product, `torch.matmul` rules (1-D promotion, batch broadcasting)"),
+        Op::Softmax { .. } => ("softmax", "composite: `exp(x - max) / sum(exp(x - max))` along an axis"),
+        Op::LogSoftmax { .. } => ("log_softmax", "composite: `x - logsumexp(x)` along an axis"),
+        Op::LayerNorm { .. } => ("layer_norm", "composite: normalise the last axes (biased variance, eps), optional weight and bias"),
+        Op::Gelu { approx: GeluApprox::Erf } => ("gelu", "composite: `x/2 * (1 + erf(x/√2))`"),
+        Op::Gelu { approx: GeluApprox::Tanh } => ("gelu_tanh", "composite: `x/2 * (1 + tanh(√(2/π) (x + 0.044715 x³)))`"),
+        Op::Silu => ("silu", "composite: `x * sigmoid(x)`"),
+        Op::Linear { .. } => ("linear", "composite: `x @ wᵀ + b`, `w` is `[out, in]`"),
+        Op::Mean { .. } => ("mean", "composite: sum over axes divided by the count"),
+        Op::Var { .. } => ("var", "composite: variance over axes with a correction (1 = unbiased)"),
+        Op::CausalMask => ("causal_mask", "composite: `-inf` above the diagonal of the last two axes"),
+    }
+}
+
+/// Which dtypes the op accepts, in words.
+fn dtypes(op: &Op) -> String {
+    match op {
+        Op::Unary { op } => op.accepts().describe().to_string(),
+        Op::Binary { op } => op.accepts().describe().to_string(),
+        Op::Full { .. } | Op::Iota { .. } | Op::Input { .. } | Op::Cast => "any".into(),
+        Op::Where => "bool condition, branches of any one dtype".into(),
+        Op::Reduce { op: ReduceOp::Sum, .. } => "any".into(),
+        Op::Reduce { .. } | Op::ArgReduce { .. } | Op::MatMul => "numeric".into(),
+        Op::IndexSelect { .. } | Op::Gather { .. } => "any; integer index".into(),
+        Op::Reshape | Op::Permute { .. } | Op::Expand | Op::Slice { .. } | Op::Concat { .. } | Op::Pad { .. } => "any".into(),
+        _ => "float".into(),
+    }
+}
+
+/// The full Markdown reference; `backends` are the names of the backends and a predicate saying
+/// whether each implements an op.
+pub fn ops_markdown(backends: &[(&str, &dyn Fn(&Op) -> bool)]) -> String {
+    let mut s = String::from(
+        "# kiln ops\n\n\
+         Generated from the code by `cargo test -p kiln-graph --test ops_doc` (set `KILN_BLESS=1` to rewrite);\n\
+         a test fails when this file and the code disagree. Composites are kept whole in the graph and\n\
+         decomposed into primitives before fusion.\n\n",
+    );
+    let names: Vec<&str> = backends.iter().map(|(n, _)| *n).collect();
+    let _ = DType::ALL;
+    s.push_str(&format!("| op | family | Rust | dtypes | semantics | {} |\n", names.join(" | ")));
+    s.push_str(&format!("|---|---|---|---|---|{}\n", "---|".repeat(names.len())));
+    for op in catalog() {
+        let (call, sem) = describe(&op);
+        let marks: Vec<&str> = backends.iter().map(|(_, f)| if f(&op) { "yes" } else { "—" }).collect();
+        s.push_str(&format!(
+            "| `{}` | {:?} | `{}` | {} | {} | {} |\n",
+            op.name(),
+            op.family(),
+            call,
+            dtypes(&op),
+            sem,
+            marks.join(" | ")
+        ));
+    }
+    s
+}

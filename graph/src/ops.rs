@@ -1,0 +1,748 @@
+//! The user-facing ops on `Tensor`: argument checking, dtype rules, shape inference and broadcasting.
+//! Each method checks its input, turns mistakes into typed errors naming the user's line, and hands one
+//! node to `trace::record`. Broadcasting becomes explicit `Reshape`/`Expand` nodes here, so the IR's
+//! pointwise ops always see equal shapes.
+
+use crate::data::TensorData;
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::interp::reduce_dtype;
+use crate::ir::{ArgReduceOp, BinaryOp, DTypeRule, GeluApprox, Op, ReduceOp, UnaryOp};
+use crate::loc::SourceLoc;
+use crate::shape::{broadcast_shapes, normalize_axis, Dim, Shape};
+use crate::sym::Expr;
+use crate::trace::{record, Tensor};
+
+/// A right-hand operand: another tensor or a Rust scalar (which takes the tensor's dtype).
+pub trait Operand {
+    /// The operand as a tensor shaped for `like`'s dtype.
+    fn to_tensor(&self, like: &Tensor, loc: &SourceLoc) -> Result<Tensor>;
+}
+
+impl Operand for Tensor {
+    fn to_tensor(&self, _: &Tensor, _: &SourceLoc) -> Result<Tensor> {
+        Ok(self.clone())
+    }
+}
+
+impl Operand for &Tensor {
+    fn to_tensor(&self, _: &Tensor, _: &SourceLoc) -> Result<Tensor> {
+        Ok((*self).clone())
+    }
+}
+
+macro_rules! scalar_operand {
+    ($($t:ty),*) => {$(
+        impl Operand for $t {
+            fn to_tensor(&self, like: &Tensor, loc: &SourceLoc) -> Result<Tensor> {
+                let d = like.dtype();
+                record(Op::Full { value: d.round(*self as f64) }, &[], d, Shape::scalar(), loc.clone())
+            }
+        }
+    )*};
+}
+scalar_operand!(f64, f32, i32, i64);
+
+impl Operand for bool {
+    fn to_tensor(&self, like: &Tensor, loc: &SourceLoc) -> Result<Tensor> {
+        let d = like.dtype();
+        record(Op::Full { value: if *self { 1.0 } else { 0.0 } }, &[], d, Shape::scalar(), loc.clone())
+    }
+}
+
+fn check_dtype(op: &str, rule: DTypeRule, got: DType, loc: &SourceLoc) -> Result<()> {
+    if rule.allows(got) {
+        Ok(())
+    } else {
+        Err(Error::DType { op: op.into(), expected: rule.describe().into(), got, loc: loc.clone() })
+    }
+}
+
+fn axis(op: &str, a: isize, rank: usize, loc: &SourceLoc) -> Result<usize> {
+    normalize_axis(a, rank).ok_or_else(|| Error::Axis { op: op.into(), axis: a, rank, loc: loc.clone() })
+}
+
+/// Normalised, sorted, distinct axes; an empty list means every axis.
+fn axes(op: &str, given: &[isize], rank: usize, loc: &SourceLoc) -> Result<Vec<usize>> {
+    if given.is_empty() {
+        return Ok((0..rank).collect());
+    }
+    let mut out = given.iter().map(|&a| axis(op, a, rank, loc)).collect::<Result<Vec<_>>>()?;
+    out.sort_unstable();
+    let n = out.len();
+    out.dedup();
+    if out.len() != n {
+        return Err(Error::InvalidArgument { op: op.into(), msg: format!("axis listed twice in {given:?}"), loc: loc.clone() });
+    }
+    Ok(out)
+}
+
+fn reduced_shape(s: &Shape, axes: &[usize], keepdim: bool) -> Shape {
+    let mut out = Vec::new();
+    for (i, d) in s.dims().iter().enumerate() {
+        if !axes.contains(&i) {
+            out.push(d.clone());
+        } else if keepdim {
+            out.push(Expr::from(1usize));
+        }
+    }
+    Shape(out)
+}
+
+fn invalid(op: &str, msg: impl Into<String>, loc: &SourceLoc) -> Error {
+    Error::InvalidArgument { op: op.into(), msg: msg.into(), loc: loc.clone() }
+}
+
+macro_rules! unary_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {$(
+            #[doc = concat!("Elementwise `", stringify!($name), "` (see docs/ops.md).")]
+            #[track_caller]
+            pub fn $name(&self) -> Result<Tensor> {
+                self.unary(UnaryOp::$op, SourceLoc::caller())
+            }
+        )*}
+    };
+}
+
+unary_methods!(
+    neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt, sin => Sin,
+    cos => Cos, tanh => Tanh, sigmoid => Sigmoid, erf => Erf, relu => Relu, reciprocal => Reciprocal,
+    floor => Floor, ceil => Ceil, round => Round, logical_not => Not, isnan => IsNan,
+);
+
+macro_rules! binary_methods {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {$(
+            #[doc = concat!("Elementwise `", stringify!($name), "` with PyTorch broadcasting (see docs/ops.md).")]
+            #[track_caller]
+            pub fn $name(&self, rhs: impl Operand) -> Result<Tensor> {
+                let loc = SourceLoc::caller();
+                let rhs = rhs.to_tensor(self, &loc)?;
+                self.binary(BinaryOp::$op, &rhs, loc)
+            }
+        )*}
+    };
+}
+
+binary_methods!(
+    add => Add, sub => Sub, mul => Mul, div => Div, pow => Pow, maximum => Max, minimum => Min,
+    eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge, logical_and => And, logical_or => Or,
+);
+
+impl Tensor {
+    /// A concrete tensor from host elements; `dims` must multiply to `values.len()`.
+    #[track_caller]
+    pub fn from_slice<T: Element>(values: &[T], dims: &[usize]) -> Result<Tensor> {
+        Ok(Tensor::from_data(TensorData::new(values, dims)?))
+    }
+
+    /// A rank-0 tensor holding `value` rounded to `dtype`.
+    #[track_caller]
+    pub fn scalar(value: f64, dtype: DType) -> Result<Tensor> {
+        Tensor::full(value, &[], dtype)
+    }
+
+    /// Every element `value` (rounded to `dtype`).
+    #[track_caller]
+    pub fn full(value: f64, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        record(Op::Full { value: dtype.round(value) }, &[], dtype, Shape::from_dims(dims), SourceLoc::caller())
+    }
+
+    /// All zeros.
+    #[track_caller]
+    pub fn zeros(dims: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::full(0.0, dims, dtype)
+    }
+
+    /// All ones.
+    #[track_caller]
+    pub fn ones(dims: &[usize], dtype: DType) -> Result<Tensor> {
+        Tensor::full(1.0, dims, dtype)
+    }
+
+    /// `start, start+step, ...` below `end`, like `torch.arange` (an `iota` scaled and shifted).
+    #[track_caller]
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(invalid("arange", format!("start {start}, end {end} and step {step} must be finite, step nonzero"), &loc));
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let iota = record(Op::Iota { axis: 0 }, &[], dtype, Shape::from_dims(&[n]), loc.clone())?;
+        if step == 1.0 && start == 0.0 {
+            return Ok(iota);
+        }
+        let scaled = iota.binary(BinaryOp::Mul, &step.to_tensor(&iota, &loc)?, loc.clone())?;
+        scaled.binary(BinaryOp::Add, &start.to_tensor(&iota, &loc)?, loc)
+    }
+
+    fn unary(&self, op: UnaryOp, loc: SourceLoc) -> Result<Tensor> {
+        check_dtype(op.name(), op.accepts(), self.dtype(), &loc)?;
+        let dtype = if op == UnaryOp::IsNan { DType::Bool } else { self.dtype() };
+        record(Op::Unary { op }, &[self], dtype, self.shape(), loc)
+    }
+
+    fn binary(&self, op: BinaryOp, rhs: &Tensor, loc: SourceLoc) -> Result<Tensor> {
+        let name = op.name();
+        check_dtype(name, op.accepts(), self.dtype(), &loc)?;
+        if rhs.dtype() != self.dtype() {
+            return Err(Error::DType {
+                op: name.into(),
+                expected: format!("both operands of one dtype ({}; cast explicitly)", self.dtype()),
+                got: rhs.dtype(),
+                loc,
+            });
+        }
+        let shape = self.broadcast_with(rhs, name, &loc)?;
+        let a = self.expand_to(&shape, &loc)?;
+        let b = rhs.expand_to(&shape, &loc)?;
+        let dtype = if op.is_comparison() { DType::Bool } else { self.dtype() };
+        record(Op::Binary { op }, &[&a, &b], dtype, shape, loc)
+    }
+
+    fn broadcast_with(&self, other: &Tensor, op: &str, loc: &SourceLoc) -> Result<Shape> {
+        broadcast_shapes(&self.shape(), &other.shape()).map_err(|_| Error::Broadcast {
+            op: op.into(),
+            lhs: self.shape().to_string(),
+            rhs: other.shape().to_string(),
+            loc: loc.clone(),
+        })
+    }
+
+    /// Explicit broadcast: leading size-1 dims by reshape, then an expand; a no-op when shapes match.
+    fn expand_to(&self, target: &Shape, loc: &SourceLoc) -> Result<Tensor> {
+        let s = self.shape();
+        if &s == target {
+            return Ok(self.clone());
+        }
+        let pad = target.rank() - s.rank();
+        let mut t = self.clone();
+        if pad > 0 {
+            let mut dims = vec![Expr::from(1usize); pad];
+            dims.extend(s.dims().iter().cloned());
+            t = record(Op::Reshape, &[&t], t.dtype(), Shape(dims), loc.clone())?;
+        }
+        if &t.shape() == target {
+            return Ok(t);
+        }
+        record(Op::Expand, &[&t], t.dtype(), target.clone(), loc.clone())
+    }
+
+    /// `cond ? a : b` elementwise with broadcasting; `self` is the bool condition.
+    #[track_caller]
+    pub fn where_(&self, a: impl Operand, b: impl Operand) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        check_dtype("where", DTypeRule::Bool, self.dtype(), &loc)?;
+        let a = a.to_tensor(self, &loc)?;
+        let b = b.to_tensor(&a, &loc)?;
+        if a.dtype() != b.dtype() {
+            return Err(Error::DType {
+                op: "where".into(),
+                expected: format!("both branches of one dtype ({})", a.dtype()),
+                got: b.dtype(),
+                loc,
+            });
+        }
+        let shape = self.broadcast_with(&a, "where", &loc)?;
+        let shape = broadcast_shapes(&shape, &b.shape()).map_err(|_| Error::Broadcast {
+            op: "where".into(),
+            lhs: shape.to_string(),
+            rhs: b.shape().to_string(),
+            loc: loc.clone(),
+        })?;
+        let (c, a, b) = (self.expand_to(&shape, &loc)?, a.expand_to(&shape, &loc)?, b.expand_to(&shape, &loc)?);
+        record(Op::Where, &[&c, &a, &b], a.dtype(), shape, loc)
+    }
+
+    /// Conversion to `dtype` (floats to integers truncate toward zero; NaN becomes 0).
+    #[track_caller]
+    pub fn cast(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        record(Op::Cast, &[self], dtype, self.shape(), SourceLoc::caller())
+    }
+
+    fn reduce(&self, op: ReduceOp, given: &[isize], keepdim: bool, loc: SourceLoc) -> Result<Tensor> {
+        let name = op.name();
+        check_dtype(name, if op == ReduceOp::Sum { DTypeRule::Any } else { DTypeRule::Numeric }, self.dtype(), &loc)?;
+        let ax = axes(name, given, self.rank(), &loc)?;
+        let s = self.shape();
+        if op != ReduceOp::Sum && ax.iter().any(|&a| s.dims()[a].as_const() == Some(0)) {
+            return Err(Error::Shape { op: name.into(), msg: format!("cannot reduce an empty axis of {s} (no identity)"), loc });
+        }
+        let out = reduced_shape(&s, &ax, keepdim);
+        record(Op::Reduce { op, axes: ax, keepdim }, &[self], reduce_dtype(op, self.dtype()), out, loc)
+    }
+
+    /// Sum over `axes` (empty = all). Integer and bool sums are i64.
+    #[track_caller]
+    pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Sum, axes, keepdim, SourceLoc::caller())
+    }
+
+    /// Maximum over `axes` (empty = all), NaN-propagating.
+    #[track_caller]
+    pub fn max(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Max, axes, keepdim, SourceLoc::caller())
+    }
+
+    /// Minimum over `axes` (empty = all), NaN-propagating.
+    #[track_caller]
+    pub fn min(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::Min, axes, keepdim, SourceLoc::caller())
+    }
+
+    /// Mean over `axes` (empty = all); floats only.
+    #[track_caller]
+    pub fn mean(&self, given: &[isize], keepdim: bool) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        check_dtype("mean", DTypeRule::Float, self.dtype(), &loc)?;
+        let ax = axes("mean", given, self.rank(), &loc)?;
+        let out = reduced_shape(&self.shape(), &ax, keepdim);
+        record(Op::Mean { axes: ax, keepdim }, &[self], self.dtype(), out, loc)
+    }
+
+    /// Variance over `axes` (empty = all) with `correction` subtracted from the count (1 = unbiased).
+    #[track_caller]
+    pub fn var(&self, given: &[isize], correction: usize, keepdim: bool) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        check_dtype("var", DTypeRule::Float, self.dtype(), &loc)?;
+        let ax = axes("var", given, self.rank(), &loc)?;
+        let out = reduced_shape(&self.shape(), &ax, keepdim);
+        record(Op::Var { axes: ax, correction, keepdim }, &[self], self.dtype(), out, loc)
+    }
+
+    fn arg_reduce(&self, op: ArgReduceOp, a: isize, keepdim: bool, loc: SourceLoc) -> Result<Tensor> {
+        let name = if op == ArgReduceOp::ArgMax { "argmax" } else { "argmin" };
+        check_dtype(name, DTypeRule::Numeric, self.dtype(), &loc)?;
+        let ax = axis(name, a, self.rank(), &loc)?;
+        let s = self.shape();
+        if s.dims()[ax].as_const() == Some(0) {
+            return Err(Error::Shape { op: name.into(), msg: format!("cannot take {name} of an empty axis of {s}"), loc });
+        }
+        let out = reduced_shape(&s, &[ax], keepdim);
+        record(Op::ArgReduce { op, axis: ax, keepdim }, &[self], DType::I64, out, loc)
+    }
+
+    /// Index of the first maximum along `axis` (i64).
+    #[track_caller]
+    pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.arg_reduce(ArgReduceOp::ArgMax, axis, keepdim, SourceLoc::caller())
+    }
+
+    /// Index of the first minimum along `axis` (i64).
+    #[track_caller]
+    pub fn argmin(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.arg_reduce(ArgReduceOp::ArgMin, axis, keepdim, SourceLoc::caller())
+    }
+
+    /// Same elements, new shape; one dim may be `-1` and is inferred.
+    #[track_caller]
+    pub fn reshape(&self, dims: &[isize]) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let s = self.shape();
+        let numel = s.numel();
+        let reshape_err = |to: String| Error::Reshape {
+            from: s.to_string(),
+            from_numel: numel.to_string(),
+            to,
+            to_numel: "?".into(),
+            loc: loc.clone(),
+        };
+        let shown = format!("{dims:?}");
+        if dims.iter().filter(|&&d| d == -1).count() > 1 || dims.iter().any(|&d| d < -1) {
+            return Err(invalid("reshape", format!("{shown}: at most one -1 and no other negative size"), &loc));
+        }
+        let known = dims.iter().filter(|&&d| d >= 0).fold(Expr::from(1usize), |acc, &d| acc * Expr::from(d as usize));
+        let out: Vec<Dim> = if dims.contains(&-1) {
+            if known.as_const() == Some(0) {
+                return Err(reshape_err(shown));
+            }
+            let inferred = numel.checked_floor_div(&known).map_err(|_| reshape_err(shown.clone()))?;
+            if inferred.clone() * known.clone() != numel {
+                return Err(reshape_err(shown));
+            }
+            dims.iter().map(|&d| if d == -1 { inferred.clone() } else { Expr::from(d as usize) }).collect()
+        } else {
+            if known != numel {
+                return Err(Error::Reshape {
+                    from: s.to_string(),
+                    from_numel: numel.to_string(),
+                    to: shown,
+                    to_numel: known.to_string(),
+                    loc,
+                });
+            }
+            dims.iter().map(|&d| Expr::from(d as usize)).collect()
+        };
+        let out = Shape(out);
+        if out == s {
+            return Ok(self.clone());
+        }
+        record(Op::Reshape, &[self], self.dtype(), out, loc)
+    }
+
+    /// Reorders axes: output axis `i` is input axis `perm[i]`.
+    #[track_caller]
+    pub fn permute(&self, perm: &[isize]) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let r = self.rank();
+        if perm.len() != r {
+            return Err(invalid("permute", format!("{perm:?} has {} entries for a tensor of rank {r}", perm.len()), &loc));
+        }
+        let p = perm.iter().map(|&a| axis("permute", a, r, &loc)).collect::<Result<Vec<_>>>()?;
+        let mut seen = vec![false; r];
+        for &a in &p {
+            if std::mem::replace(&mut seen[a], true) {
+                return Err(invalid("permute", format!("{perm:?} is not a permutation"), &loc));
+            }
+        }
+        if p.iter().enumerate().all(|(i, &a)| i == a) {
+            return Ok(self.clone());
+        }
+        let s = self.shape();
+        let out = Shape(p.iter().map(|&a| s.dims()[a].clone()).collect());
+        record(Op::Permute { perm: p }, &[self], self.dtype(), out, loc)
+    }
+
+    /// Swaps two axes.
+    #[track_caller]
+    pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let r = self.rank();
+        let (a, b) = (axis("transpose", a, r, &loc)?, axis("transpose", b, r, &loc)?);
+        let mut perm: Vec<isize> = (0..r as isize).collect();
+        perm.swap(a, b);
+        self.permute(&perm)
+    }
+
+    /// Broadcasts to `dims` under PyTorch's rules (`-1` keeps a dim).
+    #[track_caller]
+    pub fn expand(&self, dims: &[isize]) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let s = self.shape();
+        if dims.len() < s.rank() {
+            return Err(invalid("expand", format!("cannot expand {s} to fewer dims {dims:?}"), &loc));
+        }
+        let pad = dims.len() - s.rank();
+        let mut target = Vec::with_capacity(dims.len());
+        for (i, &d) in dims.iter().enumerate() {
+            target.push(match (d, i.checked_sub(pad)) {
+                (-1, Some(j)) => s.dims()[j].clone(),
+                (d, _) if d >= 0 => Expr::from(d as usize),
+                _ => return Err(invalid("expand", format!("bad size {d} in {dims:?}"), &loc)),
+            });
+        }
+        let target = Shape(target);
+        let ok = broadcast_shapes(&s, &target).map(|b| b == target).unwrap_or(false);
+        if !ok {
+            return Err(Error::Broadcast { op: "expand".into(), lhs: s.to_string(), rhs: target.to_string(), loc });
+        }
+        self.expand_to(&target, &loc)
+    }
+
+    /// Inserts a size-1 axis at `axis` (in `-rank-1..=rank`).
+    #[track_caller]
+    pub fn unsqueeze(&self, a: isize) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let s = self.shape();
+        let at = axis("unsqueeze", a, s.rank() + 1, &loc)?;
+        let mut dims = s.dims().to_vec();
+        dims.insert(at, Expr::from(1usize));
+        record(Op::Reshape, &[self], self.dtype(), Shape(dims), loc)
+    }
+
+    /// Removes a size-1 axis.
+    #[track_caller]
+    pub fn squeeze(&self, a: isize) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let s = self.shape();
+        let at = axis("squeeze", a, s.rank(), &loc)?;
+        if s.dims()[at].as_const() != Some(1) {
+            return Err(Error::Shape { op: "squeeze".into(), msg: format!("axis {a} of {s} is not of size 1"), loc });
+        }
+        let mut dims = s.dims().to_vec();
+        dims.remove(at);
+        record(Op::Reshape, &[self], self.dtype(), Shape(dims), loc)
+    }
+
+    /// Elements `start, start+step, ...` below `end` along `axis`, Python-style: negative indices count
+    /// from the end, out-of-range bounds clamp, `end = None` means the end.
+    #[track_caller]
+    pub fn slice(&self, a: isize, start: isize, end: Option<isize>, step: usize) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let s = self.shape();
+        let ax = axis("slice", a, s.rank(), &loc)?;
+        if step == 0 {
+            return Err(invalid("slice", "step must be positive", &loc));
+        }
+        let len = s.dims()[ax].as_const().ok_or_else(|| Error::Unsupported {
+            what: format!("slicing symbolic axis {ax} of {s}"),
+            loc: loc.clone(),
+        })?;
+        let clamp = |i: isize| -> i64 {
+            let i = i as i64;
+            (if i < 0 { i + len } else { i }).clamp(0, len)
+        };
+        let (b, e) = (clamp(start), end.map_or(len, clamp));
+        let n = if e > b { (e - b + step as i64 - 1) / step as i64 } else { 0 };
+        let mut dims = s.dims().to_vec();
+        dims[ax] = Expr::from(n);
+        let op = Op::Slice { axis: ax, start: Expr::from(b), end: Expr::from(e.max(b)), step };
+        record(op, &[self], self.dtype(), Shape(dims), loc)
+    }
+
+    /// `length` elements from `start` along `axis`.
+    #[track_caller]
+    pub fn narrow(&self, axis: isize, start: usize, length: usize) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let s = self.shape();
+        let ax = crate::ops::axis("narrow", axis, s.rank(), &loc)?;
+        match s.dims()[ax].as_const() {
+            Some(len) if (start + length) as i64 <= len => {}
+            _ => return Err(invalid("narrow", format!("[{start}, {}) is outside axis {axis} of {s}", start + length), &loc)),
+        }
+        self.slice(axis, start as isize, Some((start + length) as isize), 1)
+    }
+
+    /// Joins tensors along `axis`; all other dims and the dtype must agree.
+    #[track_caller]
+    pub fn concat(tensors: &[&Tensor], a: isize) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let first = tensors.first().ok_or_else(|| invalid("concat", "needs at least one tensor", &loc))?;
+        let s0 = first.shape();
+        let ax = axis("concat", a, s0.rank(), &loc)?;
+        let mut total = Expr::from(0usize);
+        for t in tensors {
+            let s = t.shape();
+            if t.dtype() != first.dtype() {
+                return Err(Error::DType { op: "concat".into(), expected: format!("{} like the first", first.dtype()), got: t.dtype(), loc });
+            }
+            let fits = s.rank() == s0.rank() && (0..s.rank()).all(|i| i == ax || s.dims()[i] == s0.dims()[i]);
+            if !fits {
+                return Err(Error::Shape { op: "concat".into(), msg: format!("{s} does not match {s0} outside axis {ax}"), loc });
+            }
+            total = total + s.dims()[ax].clone();
+        }
+        if tensors.len() == 1 {
+            return Ok((*first).clone());
+        }
+        let mut dims = s0.dims().to_vec();
+        dims[ax] = total;
+        record(Op::Concat { axis: ax }, tensors, first.dtype(), Shape(dims), loc)
+    }
+
+    /// Constant padding; `pads[i] = (before, after)` for axis `i`, from the first axis (unlike
+    /// `torch.nn.functional.pad`, which starts from the last). Fewer entries than the rank pad the leading
+    /// axes only.
+    #[track_caller]
+    pub fn pad(&self, pads: &[(usize, usize)], value: f64) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let s = self.shape();
+        if pads.len() > s.rank() {
+            return Err(invalid("pad", format!("{} pad pairs for a tensor of rank {}", pads.len(), s.rank()), &loc));
+        }
+        let mut full = pads.to_vec();
+        full.resize(s.rank(), (0, 0));
+        let dims = s.dims().iter().zip(&full).map(|(d, &(b, a))| d.clone() + Expr::from(b + a)).collect();
+        record(Op::Pad { pads: full, value: self.dtype().round(value) }, &[self], self.dtype(), Shape(dims), loc)
+    }
+
+    /// Picks entries along `axis` by a 1-D integer `index`.
+    #[track_caller]
+    pub fn index_select(&self, a: isize, index: &Tensor) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let s = self.shape();
+        let ax = axis("index_select", a, s.rank(), &loc)?;
+        check_dtype("index_select", DTypeRule::Numeric, index.dtype(), &loc)?;
+        if !index.dtype().is_int() || index.rank() != 1 {
+            return Err(invalid("index_select", format!("index must be a 1-D integer tensor, got {} {}", index.dtype(), index.shape()), &loc));
+        }
+        let mut dims = s.dims().to_vec();
+        dims[ax] = index.shape().dims()[0].clone();
+        record(Op::IndexSelect { axis: ax }, &[self, index], self.dtype(), Shape(dims), loc)
+    }
+
+    /// PyTorch's `gather`: `out[i][j] = self[index[i][j]][j]` for axis 0; `index` is an integer tensor of
+    /// the same rank, no larger than `self` outside `axis`.
+    #[track_caller]
+    pub fn gather(&self, a: isize, index: &Tensor) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let (s, is) = (self.shape(), index.shape());
+        let ax = axis("gather", a, s.rank(), &loc)?;
+        if !index.dtype().is_int() || is.rank() != s.rank() {
+            return Err(invalid("gather", format!("index must be an integer tensor of rank {}, got {} {}", s.rank(), index.dtype(), is), &loc));
+        }
+        for i in 0..s.rank() {
+            let fits = i == ax
+                || matches!((is.dims()[i].as_const(), s.dims()[i].as_const()), (Some(a), Some(b)) if a <= b)
+                || is.dims()[i] == s.dims()[i];
+            if !fits {
+                return Err(Error::Shape { op: "gather".into(), msg: format!("index {is} is larger than input {s} at axis {i}"), loc });
+            }
+        }
+        record(Op::Gather { axis: ax }, &[self, index], self.dtype(), is, loc)
+    }
+
+    /// Matrix product with PyTorch's `matmul` rules: 1-D operands are promoted and the added axis removed,
+    /// batch dims broadcast.
+    #[track_caller]
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        check_dtype("matmul", DTypeRule::Numeric, self.dtype(), &loc)?;
+        if rhs.dtype() != self.dtype() {
+            return Err(Error::DType { op: "matmul".into(), expected: format!("both operands {}", self.dtype()), got: rhs.dtype(), loc });
+        }
+        let (sa, sb) = (self.shape(), rhs.shape());
+        if sa.rank() == 0 || sb.rank() == 0 {
+            return Err(Error::Shape { op: "matmul".into(), msg: format!("needs operands of rank >= 1, got {sa} and {sb}"), loc });
+        }
+        let one = Expr::from(1usize);
+        let a = if sa.rank() == 1 { record(Op::Reshape, &[self], self.dtype(), Shape(vec![one.clone(), sa.dims()[0].clone()]), loc.clone())? } else { self.clone() };
+        let b = if sb.rank() == 1 { record(Op::Reshape, &[rhs], rhs.dtype(), Shape(vec![sb.dims()[0].clone(), one.clone()]), loc.clone())? } else { rhs.clone() };
+        let (da, db) = (a.shape(), b.shape());
+        let (ra, rb) = (da.rank(), db.rank());
+        let (m, k) = (&da.dims()[ra - 2], &da.dims()[ra - 1]);
+        let (k2, n) = (&db.dims()[rb - 2], &db.dims()[rb - 1]);
+        if k != k2 {
+            return Err(Error::Shape { op: "matmul".into(), msg: format!("inner dims differ: {sa} @ {sb}"), loc });
+        }
+        let batch = broadcast_shapes(&Shape(da.dims()[..ra - 2].to_vec()), &Shape(db.dims()[..rb - 2].to_vec()))
+            .map_err(|_| Error::Broadcast { op: "matmul".into(), lhs: sa.to_string(), rhs: sb.to_string(), loc: loc.clone() })?;
+        let with = |x: &Dim, y: &Dim| {
+            let mut d = batch.dims().to_vec();
+            d.push(x.clone());
+            d.push(y.clone());
+            Shape(d)
+        };
+        let a = a.expand_to(&with(m, k), &loc)?;
+        let b = b.expand_to(&with(k, n), &loc)?;
+        let out = record(Op::MatMul, &[&a, &b], self.dtype(), with(m, n), loc.clone())?;
+        let mut dims = out.shape().dims().to_vec();
+        let r = dims.len();
+        match (sa.rank(), sb.rank()) {
+            (1, 1) => {
+                dims.truncate(r - 2);
+            }
+            (1, _) => {
+                dims.remove(r - 2);
+            }
+            (_, 1) => {
+                dims.pop();
+            }
+            _ => return Ok(out),
+        }
+        record(Op::Reshape, &[&out], out.dtype(), Shape(dims), loc)
+    }
+
+    fn float_composite(&self, op: Op, loc: SourceLoc) -> Result<Tensor> {
+        check_dtype(op.name(), DTypeRule::Float, self.dtype(), &loc)?;
+        record(op, &[self], self.dtype(), self.shape(), loc)
+    }
+
+    /// Softmax along `axis`.
+    #[track_caller]
+    pub fn softmax(&self, a: isize) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let ax = axis("softmax", a, self.rank(), &loc)?;
+        self.float_composite(Op::Softmax { axis: ax }, loc)
+    }
+
+    /// Log-softmax along `axis`.
+    #[track_caller]
+    pub fn log_softmax(&self, a: isize) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let ax = axis("log_softmax", a, self.rank(), &loc)?;
+        self.float_composite(Op::LogSoftmax { axis: ax }, loc)
+    }
+
+    /// GELU, erf form (PyTorch's default).
+    #[track_caller]
+    pub fn gelu(&self) -> Result<Tensor> {
+        self.float_composite(Op::Gelu { approx: GeluApprox::Erf }, SourceLoc::caller())
+    }
+
+    /// GELU, tanh approximation.
+    #[track_caller]
+    pub fn gelu_tanh(&self) -> Result<Tensor> {
+        self.float_composite(Op::Gelu { approx: GeluApprox::Tanh }, SourceLoc::caller())
+    }
+
+    /// SiLU (swish): `x * sigmoid(x)`.
+    #[track_caller]
+    pub fn silu(&self) -> Result<Tensor> {
+        self.float_composite(Op::Silu, SourceLoc::caller())
+    }
+
+    /// Keeps elements on and below the diagonal of the last two axes, `-inf` above (causal attention).
+    #[track_caller]
+    pub fn causal_mask(&self) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        if self.rank() < 2 {
+            return Err(Error::Shape { op: "causal_mask".into(), msg: format!("needs rank >= 2, got {}", self.shape()), loc });
+        }
+        self.float_composite(Op::CausalMask, loc)
+    }
+
+    /// Layer norm over the last `dims` axes, optionally affine (`weight` and `bias` shaped like those axes).
+    #[track_caller]
+    pub fn layer_norm(&self, dims: usize, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        check_dtype("layer_norm", DTypeRule::Float, self.dtype(), &loc)?;
+        let s = self.shape();
+        if dims == 0 || dims > s.rank() {
+            return Err(invalid("layer_norm", format!("cannot normalise the last {dims} axes of {s}"), &loc));
+        }
+        let norm = Shape(s.dims()[s.rank() - dims..].to_vec());
+        let mut inputs = vec![self];
+        match (weight, bias) {
+            (None, None) => {}
+            (Some(w), Some(b)) => {
+                for t in [w, b] {
+                    if t.shape() != norm || t.dtype() != self.dtype() {
+                        return Err(Error::Shape {
+                            op: "layer_norm".into(),
+                            msg: format!("weight and bias must be {} {norm}, got {} {}", self.dtype(), t.dtype(), t.shape()),
+                            loc,
+                        });
+                    }
+                }
+                inputs.extend([w, b]);
+            }
+            _ => return Err(invalid("layer_norm", "give both weight and bias, or neither", &loc)),
+        }
+        let op = Op::LayerNorm { dims, eps, affine: inputs.len() == 3 };
+        record(op, &inputs, self.dtype(), s, loc)
+    }
+
+    /// `self @ weight^T + bias`, with `weight` shaped `[out, in]` as in `torch.nn.Linear`.
+    #[track_caller]
+    pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        check_dtype("linear", DTypeRule::Float, self.dtype(), &loc)?;
+        let (s, w) = (self.shape(), weight.shape());
+        let fits = s.rank() >= 1 && w.rank() == 2 && s.dims()[s.rank() - 1] == w.dims()[1];
+        if !fits {
+            return Err(Error::Shape { op: "linear".into(), msg: format!("input {s} does not fit weight {w} ([out, in])"), loc });
+        }
+        let out_f = w.dims()[0].clone();
+        let mut inputs = vec![self, weight];
+        if let Some(b) = bias {
+            if b.shape() != Shape(vec![out_f.clone()]) {
+                return Err(Error::Shape { op: "linear".into(), msg: format!("bias {} must be [{out_f}]", b.shape()), loc });
+            }
+            inputs.push(b);
+        }
+        for t in &inputs[1..] {
+            if t.dtype() != self.dtype() {
+                return Err(Error::DType { op: "linear".into(), expected: format!("{} like the input", self.dtype()), got: t.dtype(), loc });
+            }
+        }
+        let mut dims = s.dims().to_vec();
+        let last = dims.len() - 1;
+        dims[last] = out_f;
+        record(Op::Linear { bias: bias.is_some() }, &inputs, self.dtype(), Shape(dims), loc)
+    }
+}

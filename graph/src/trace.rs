@@ -1,0 +1,362 @@
+//! Capture: `Tensor` is a handle that either holds concrete data or names a node in the graph being traced.
+//!
+//! Every op goes through [`record`]. Under `compile` it appends a node to the active tracer's graph;
+//! outside it (eager mode) it builds a one-node graph and runs it at once, so eager and compiled execution
+//! share one path. A host read of a traced value is a *graph break*: the graph so far runs with every
+//! still-live traced tensor as an output, those tensors become concrete, and tracing continues in a fresh
+//! graph that lifts them back in as inputs. Concrete tensors read by a traced function are always lifted
+//! into graph inputs (never baked in as constants), which is how weights work.
+
+use crate::backend::{Backend, CpuReference};
+use crate::data::TensorData;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{Graph, InputKind, Node, NodeId, Op};
+use crate::loc::SourceLoc;
+use crate::shape::Shape;
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+thread_local! {
+    static ACTIVE: RefCell<Option<Rc<Tracer>>> = const { RefCell::new(None) };
+}
+
+/// A tensor: concrete data, or a value in the graph being traced.
+///
+/// Cloning is cheap (a shared handle). Tensors are not `Send`: tracing is per thread, as in PyTorch.
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) cell: Rc<TensorCell>,
+}
+
+pub(crate) struct TensorCell {
+    id: u64,
+    state: RefCell<State>,
+}
+
+enum State {
+    Concrete {
+        data: Rc<TensorData>,
+        /// `(trace id, graph index)` when an earlier graph of a trace computed it.
+        carried_from: Option<(u64, usize)>,
+    },
+    Lazy {
+        trace: u64,
+        graph: usize,
+        node: NodeId,
+        dtype: DType,
+        shape: Shape,
+    },
+}
+
+impl Tensor {
+    /// Wraps concrete host data.
+    pub fn from_data(data: TensorData) -> Tensor {
+        Self::concrete(Rc::new(data), None)
+    }
+
+    fn concrete(data: Rc<TensorData>, carried_from: Option<(u64, usize)>) -> Tensor {
+        Tensor { cell: Rc::new(TensorCell { id: next_id(), state: RefCell::new(State::Concrete { data, carried_from }) }) }
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        match &*self.cell.state.borrow() {
+            State::Concrete { data, .. } => data.dtype(),
+            State::Lazy { dtype, .. } => *dtype,
+        }
+    }
+
+    /// Shape (symbolic where the trace made it so).
+    pub fn shape(&self) -> Shape {
+        match &*self.cell.state.borrow() {
+            State::Concrete { data, .. } => data.shape(),
+            State::Lazy { shape, .. } => shape.clone(),
+        }
+    }
+
+    /// Number of dims.
+    pub fn rank(&self) -> usize {
+        self.shape().rank()
+    }
+
+    /// True while this tensor names a node of a graph being traced.
+    pub fn is_traced(&self) -> bool {
+        matches!(&*self.cell.state.borrow(), State::Lazy { .. })
+    }
+
+    /// A stable identity for this handle's value (used for lifting and, later, guards).
+    pub fn id(&self) -> u64 {
+        self.cell.id
+    }
+
+    /// The concrete data. Reading a traced value is a graph break (see the module docs).
+    #[track_caller]
+    pub fn to_data(&self) -> Result<Rc<TensorData>> {
+        self.read_host("to_data")
+    }
+
+    /// The elements in row-major order, converted to `T`. A graph break when traced.
+    #[track_caller]
+    pub fn to_vec<T: crate::dtype::Element>(&self) -> Result<Vec<T>> {
+        Ok(self.read_host("to_vec")?.to_vec())
+    }
+
+    /// The single element of a one-element tensor. A graph break when traced.
+    #[track_caller]
+    pub fn item<T: crate::dtype::Element>(&self) -> Result<T> {
+        let loc = SourceLoc::caller();
+        let data = self.read_host("item")?;
+        if data.numel() != 1 {
+            return Err(Error::Shape {
+                op: "item".into(),
+                msg: format!("needs exactly one element, the tensor has shape {}", data.shape()),
+                loc,
+            });
+        }
+        Ok(data.to_vec::<T>()[0])
+    }
+
+    #[track_caller]
+    fn read_host(&self, what: &str) -> Result<Rc<TensorData>> {
+        let loc = SourceLoc::caller();
+        if let State::Concrete { data, .. } = &*self.cell.state.borrow() {
+            return Ok(data.clone());
+        }
+        let tracer = active().ok_or_else(|| Error::Unsupported {
+            what: "reading a traced tensor after its trace ended".into(),
+            loc: loc.clone(),
+        })?;
+        tracer.graph_break(format!("host read `{what}()` of a traced tensor"), loc)?;
+        match &*self.cell.state.borrow() {
+            State::Concrete { data, .. } => Ok(data.clone()),
+            State::Lazy { .. } => unreachable!("a graph break materialises every live traced tensor"),
+        }
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &*self.cell.state.borrow() {
+            State::Concrete { data, .. } => write!(f, "Tensor({} {}, {:?})", data.dtype(), data.shape(), data.values()),
+            State::Lazy { dtype, shape, node, .. } => write!(f, "Tensor(traced {node}: {dtype} {shape})"),
+        }
+    }
+}
+
+/// A graph break: why tracing stopped, and where.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphBreak {
+    /// What forced the break.
+    pub reason: String,
+    /// The user's line.
+    pub loc: SourceLoc,
+    /// Index of the graph the break ended (graphs with no ops are not kept, so this may repeat).
+    pub after_graph: Option<usize>,
+}
+
+/// A finished graph of one traced call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TracedGraph {
+    /// The graph as captured.
+    pub graph: Graph,
+    /// The break that ended it, or `None` for the graph that ran at the function's return.
+    pub ended_by: Option<GraphBreak>,
+}
+
+/// Options a tracer runs under.
+#[derive(Clone)]
+pub struct TraceOptions {
+    /// Make a graph break an error.
+    pub fullgraph: bool,
+    /// Where graphs run.
+    pub backend: Rc<dyn Backend>,
+}
+
+impl Default for TraceOptions {
+    fn default() -> Self {
+        TraceOptions { fullgraph: false, backend: Rc::new(CpuReference) }
+    }
+}
+
+/// The state of one traced call.
+pub(crate) struct Tracer {
+    id: u64,
+    opts: TraceOptions,
+    st: RefCell<TraceState>,
+}
+
+#[derive(Default)]
+struct TraceState {
+    graph: Graph,
+    graph_index: usize,
+    lifted: HashMap<u64, NodeId>,
+    input_data: Vec<Rc<TensorData>>,
+    live: Vec<Weak<TensorCell>>,
+    args: HashMap<u64, usize>,
+    graphs: Vec<TracedGraph>,
+    breaks: Vec<GraphBreak>,
+    break_error: Option<Error>,
+}
+
+/// What a finished trace leaves behind.
+pub(crate) struct TraceRecord {
+    pub graphs: Vec<TracedGraph>,
+    pub breaks: Vec<GraphBreak>,
+}
+
+pub(crate) fn active() -> Option<Rc<Tracer>> {
+    ACTIVE.with(|a| a.borrow().clone())
+}
+
+/// Makes a tracer the active one until dropped (also on unwinding).
+pub(crate) struct ActiveGuard;
+
+impl ActiveGuard {
+    pub(crate) fn set(t: Rc<Tracer>) -> ActiveGuard {
+        ACTIVE.with(|a| *a.borrow_mut() = Some(t));
+        ActiveGuard
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| *a.borrow_mut() = None);
+    }
+}
+
+impl Tracer {
+    pub(crate) fn new(opts: TraceOptions) -> Rc<Tracer> {
+        Rc::new(Tracer { id: next_id(), opts, st: RefCell::new(TraceState::default()) })
+    }
+
+    /// Declares a concrete tensor as tensor argument number `index` of the traced function.
+    pub(crate) fn register_arg(&self, t: &Tensor, index: usize) {
+        self.st.borrow_mut().args.entry(t.id()).or_insert(index);
+    }
+
+    pub(crate) fn take_break_error(&self) -> Option<Error> {
+        self.st.borrow_mut().break_error.take()
+    }
+
+    /// The node that stands for `t` in the current graph, lifting concrete data in as an input.
+    fn node_of(&self, st: &mut TraceState, t: &Tensor, loc: &SourceLoc) -> Result<NodeId> {
+        match &*t.cell.state.borrow() {
+            State::Lazy { trace, graph, node, .. } => {
+                if *trace == self.id && *graph == st.graph_index {
+                    Ok(*node)
+                } else {
+                    Err(Error::Unsupported {
+                        what: "a traced tensor used outside the trace that made it".into(),
+                        loc: loc.clone(),
+                    })
+                }
+            }
+            State::Concrete { data, carried_from } => {
+                if let Some(&n) = st.lifted.get(&t.id()) {
+                    return Ok(n);
+                }
+                let kind = match (st.args.get(&t.id()), carried_from) {
+                    (Some(&index), _) => InputKind::Arg { index },
+                    (None, Some((trace, g))) if *trace == self.id => InputKind::Carried { from_graph: *g },
+                    _ => InputKind::Lifted,
+                };
+                let n = st.graph.add_input(data.dtype(), data.shape(), kind, loc.clone());
+                st.lifted.insert(t.id(), n);
+                st.input_data.push(data.clone());
+                Ok(n)
+            }
+        }
+    }
+
+    fn record(&self, op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc: SourceLoc) -> Result<Tensor> {
+        let mut st = self.st.borrow_mut();
+        let ids = inputs.iter().map(|t| self.node_of(&mut st, t, &loc)).collect::<Result<Vec<_>>>()?;
+        let node = st.graph.push(Node { op, inputs: ids, dtype, shape: shape.clone(), loc });
+        let cell = Rc::new(TensorCell {
+            id: next_id(),
+            state: RefCell::new(State::Lazy { trace: self.id, graph: st.graph_index, node, dtype, shape }),
+        });
+        st.live.push(Rc::downgrade(&cell));
+        Ok(Tensor { cell })
+    }
+
+    /// A host read at `loc`: an error under fullgraph, else run the graph so far and start a new one.
+    pub(crate) fn graph_break(&self, reason: String, loc: SourceLoc) -> Result<()> {
+        if self.opts.fullgraph {
+            let err = || Error::GraphBreak { reason: reason.clone(), loc: loc.clone() };
+            self.st.borrow_mut().break_error.get_or_insert_with(err);
+            return Err(err());
+        }
+        tracing::debug!(target: "kiln::graph", %loc, %reason, "graph break");
+        self.flush(Some(GraphBreak { reason, loc, after_graph: None }))
+    }
+
+    /// Runs the current graph with every live traced tensor as an output and makes those tensors concrete.
+    pub(crate) fn flush(&self, ended_by: Option<GraphBreak>) -> Result<()> {
+        let mut st = self.st.borrow_mut();
+        let mut cells = Vec::new();
+        for w in std::mem::take(&mut st.live) {
+            if let Some(c) = w.upgrade() {
+                if let State::Lazy { node, .. } = &*c.state.borrow() {
+                    cells.push((c.clone(), *node));
+                }
+            }
+        }
+        let mut outputs: Vec<NodeId> = cells.iter().map(|(_, n)| *n).collect();
+        outputs.sort();
+        outputs.dedup();
+        let mut graph = std::mem::take(&mut st.graph);
+        graph.outputs = outputs;
+        let input_data = std::mem::take(&mut st.input_data);
+        st.lifted.clear();
+        let ran = graph.op_count() > 0 || !graph.outputs.is_empty();
+        let index = st.graphs.len();
+        if ran {
+            let inputs: Vec<&TensorData> = input_data.iter().map(|d| d.as_ref()).collect();
+            let results = self.opts.backend.run(&graph, &inputs)?;
+            let by_node: HashMap<NodeId, Rc<TensorData>> =
+                graph.outputs.iter().copied().zip(results.into_iter().map(Rc::new)).collect();
+            for (cell, node) in cells {
+                let data = by_node[&node].clone();
+                *cell.state.borrow_mut() = State::Concrete { data, carried_from: Some((self.id, index)) };
+            }
+        }
+        let ended_by = ended_by.map(|mut b| {
+            b.after_graph = ran.then_some(index).or(index.checked_sub(1));
+            st.breaks.push(b.clone());
+            b
+        });
+        if ran {
+            st.graphs.push(TracedGraph { graph, ended_by });
+        }
+        st.graph_index += 1;
+        Ok(())
+    }
+
+    pub(crate) fn finish(&self) -> TraceRecord {
+        let mut st = self.st.borrow_mut();
+        TraceRecord { graphs: std::mem::take(&mut st.graphs), breaks: std::mem::take(&mut st.breaks) }
+    }
+}
+
+/// Records one op: into the active trace, or (eager mode) as a one-node graph run at once on the CPU
+/// reference. Shape and dtype inference happen before, in `ops`.
+pub(crate) fn record(op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc: SourceLoc) -> Result<Tensor> {
+    if let Some(t) = active() {
+        return t.record(op, inputs, dtype, shape, loc);
+    }
+    let eager = Tracer::new(TraceOptions::default());
+    let out = eager.record(op, inputs, dtype, shape, loc)?;
+    eager.flush(None)?;
+    Ok(out)
+}

@@ -1,0 +1,39 @@
+//! Small helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use kiln::{Result, Tensor};
+
+/// An f32 tensor from values and dims.
+#[track_caller]
+pub fn f32s(values: &[f32], dims: &[usize]) -> Tensor {
+    Tensor::from_slice(values, dims).expect("test data matches its shape")
+}
+
+/// An i64 tensor.
+#[track_caller]
+pub fn i64s(values: &[i64], dims: &[usize]) -> Tensor {
+    Tensor::from_slice(values, dims).expect("test data matches its shape")
+}
+
+/// A bool tensor.
+#[track_caller]
+pub fn bools(values: &[bool], dims: &[usize]) -> Tensor {
+    Tensor::from_slice(values, dims).expect("test data matches its shape")
+}
+
+/// The values of a tensor as f64, with its dims.
+pub fn read(t: &Result<Tensor>) -> (Vec<f64>, Vec<usize>) {
+    let t = t.as_ref().expect("op succeeds");
+    let d = t.to_data().expect("readable");
+    (d.values().to_vec(), d.dims().to_vec())
+}
+
+/// Asserts elementwise closeness (relative 1e-6, absolute 1e-6), NaN equal to NaN.
+#[track_caller]
+pub fn assert_close(got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "length: got {got:?}, want {want:?}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= 1e-6 * w.abs().max(1.0);
+        assert!(ok, "element {i}: got {g}, want {w} (all: {got:?} vs {want:?})");
+    }
+}

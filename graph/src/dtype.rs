@@ -66,8 +66,8 @@ impl DType {
     pub fn round(self, x: f64) -> f64 {
         match self {
             DType::F32 => x as f32 as f64,
-            DType::F16 => f16::from_f64(x).to_f64(),
-            DType::BF16 => bf16::from_f64(x).to_f64(),
+            DType::F16 => round_to_binary(x, 11, -14, f16::MAX.to_f64()),
+            DType::BF16 => round_to_binary(x, 8, -126, bf16::MAX.to_f64()),
             DType::I32 => (x as i64) as i32 as f64,
             DType::I64 => (x as i64) as f64,
             DType::Bool => {
@@ -99,6 +99,25 @@ impl DType {
             DType::Bool => 1.0,
         }
     }
+}
+
+/// Rounds `x` to nearest-even in a binary format with `precision` significand bits, minimum normal
+/// exponent `emin` and largest finite value `max`, in one step.
+///
+/// Written out because converting f64 through f32 first (what `half`'s `from_f64` does) rounds twice and
+/// is off by one ulp on values just above a tie.
+fn round_to_binary(x: f64, precision: i32, emin: i32, max: f64) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    let a = x.abs();
+    let biased = ((a.to_bits() >> 52) & 0x7ff) as i32;
+    let exponent = (biased - 1023).max(emin);
+    // Scaling by a power of two is exact, and so is rounding to an integer in f64.
+    let quantum = 2f64.powi(exponent - (precision - 1));
+    let r = (a / quantum).round_ties_even() * quantum;
+    let r = if r > max { f64::INFINITY } else { r };
+    r.copysign(x)
 }
 
 impl fmt::Display for DType {
@@ -138,3 +157,24 @@ element!(bf16, DType::BF16, |x| x.to_f64(), |y| bf16::from_f64(y));
 element!(i32, DType::I32, |x| x as f64, |y| y as i32);
 element!(i64, DType::I64, |x| x as f64, |y| y as i64);
 element!(bool, DType::Bool, |x| if x { 1.0 } else { 0.0 }, |y| y != 0.0);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_rounding_is_single_step() {
+        // Just above the tie between 1 and 1 + 2^-10: must round up (via f32 it would tie to 1).
+        let x = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(DType::F16.round(x), 1.0 + 2f64.powi(-10));
+        assert_eq!(DType::F16.round(1.0 + 2f64.powi(-11)), 1.0);
+        assert_eq!(DType::F16.round(65519.0), 65504.0);
+        assert_eq!(DType::F16.round(65520.0), f64::INFINITY);
+        assert_eq!(DType::F16.round(2f64.powi(-25)), 0.0);
+        assert_eq!(DType::F16.round(3.0 * 2f64.powi(-26)), 2f64.powi(-24));
+        assert_eq!(DType::F16.round(3.0 * 2f64.powi(-25)), 2f64.powi(-23));
+        assert_eq!(DType::BF16.round(-4.6044615e-6f32 as f64), bf16::from_f32(-4.6044615e-6).to_f64());
+        assert!(DType::BF16.round(f64::NAN).is_nan());
+        assert_eq!(DType::BF16.round(-0.0).to_bits(), (-0.0f64).to_bits());
+    }
+}

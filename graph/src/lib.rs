@@ -27,6 +27,6 @@ pub use error::{Error, Result};
 pub use explain::Explanation;
 pub use ir::{Graph, Node, NodeId, Op};
 pub use loc::SourceLoc;
-pub use ops::Operand;
+pub use ops::{Operand, OperandValue};
 pub use shape::Shape;
 pub use trace::{GraphBreak, Tensor, TracedGraph};

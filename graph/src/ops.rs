@@ -13,30 +13,39 @@ use crate::shape::{broadcast_shapes, normalize_axis, Dim, Shape};
 use crate::sym::Expr;
 use crate::trace::{record, Tensor};
 
-/// A right-hand operand: another tensor or a Rust scalar (which takes the tensor's dtype).
+/// A right-hand operand: another tensor or a Rust scalar. A scalar takes the dtype and shape of the
+/// tensor it meets, so `x.mul(2.0)` records one constant node, not a broadcast.
 pub trait Operand {
-    /// The operand as a tensor shaped for `like`'s dtype.
-    fn to_tensor(&self, like: &Tensor, loc: &SourceLoc) -> Result<Tensor>;
+    /// The operand's value.
+    fn operand(&self) -> OperandValue;
+}
+
+/// What an [`Operand`] holds.
+#[derive(Clone, Debug)]
+pub enum OperandValue {
+    /// A tensor.
+    Tensor(Tensor),
+    /// A scalar, converted when it meets a tensor.
+    Scalar(f64),
 }
 
 impl Operand for Tensor {
-    fn to_tensor(&self, _: &Tensor, _: &SourceLoc) -> Result<Tensor> {
-        Ok(self.clone())
+    fn operand(&self) -> OperandValue {
+        OperandValue::Tensor(self.clone())
     }
 }
 
 impl Operand for &Tensor {
-    fn to_tensor(&self, _: &Tensor, _: &SourceLoc) -> Result<Tensor> {
-        Ok((*self).clone())
+    fn operand(&self) -> OperandValue {
+        OperandValue::Tensor((*self).clone())
     }
 }
 
 macro_rules! scalar_operand {
     ($($t:ty),*) => {$(
         impl Operand for $t {
-            fn to_tensor(&self, like: &Tensor, loc: &SourceLoc) -> Result<Tensor> {
-                let d = like.dtype();
-                record(Op::Full { value: d.round(*self as f64) }, &[], d, Shape::scalar(), loc.clone())
+            fn operand(&self) -> OperandValue {
+                OperandValue::Scalar(*self as f64)
             }
         }
     )*};
@@ -44,9 +53,25 @@ macro_rules! scalar_operand {
 scalar_operand!(f64, f32, i32, i64);
 
 impl Operand for bool {
-    fn to_tensor(&self, like: &Tensor, loc: &SourceLoc) -> Result<Tensor> {
-        let d = like.dtype();
-        record(Op::Full { value: if *self { 1.0 } else { 0.0 } }, &[], d, Shape::scalar(), loc.clone())
+    fn operand(&self) -> OperandValue {
+        OperandValue::Scalar(if *self { 1.0 } else { 0.0 })
+    }
+}
+
+impl OperandValue {
+    /// The tensor, or the scalar as a constant of `dtype` and `shape`.
+    fn into_tensor(self, dtype: DType, shape: &Shape, loc: &SourceLoc) -> Result<Tensor> {
+        match self {
+            OperandValue::Tensor(t) => Ok(t),
+            OperandValue::Scalar(v) => record(Op::Full { value: dtype.round(v) }, &[], dtype, shape.clone(), loc.clone()),
+        }
+    }
+
+    fn tensor(&self) -> Option<&Tensor> {
+        match self {
+            OperandValue::Tensor(t) => Some(t),
+            OperandValue::Scalar(_) => None,
+        }
     }
 }
 
@@ -118,7 +143,7 @@ macro_rules! binary_methods {
             #[track_caller]
             pub fn $name(&self, rhs: impl Operand) -> Result<Tensor> {
                 let loc = SourceLoc::caller();
-                let rhs = rhs.to_tensor(self, &loc)?;
+                let rhs = rhs.operand().into_tensor(self.dtype(), &self.shape(), &loc)?;
                 self.binary(BinaryOp::$op, &rhs, loc)
             }
         )*}
@@ -173,8 +198,10 @@ impl Tensor {
         if step == 1.0 && start == 0.0 {
             return Ok(iota);
         }
-        let scaled = iota.binary(BinaryOp::Mul, &step.to_tensor(&iota, &loc)?, loc.clone())?;
-        scaled.binary(BinaryOp::Add, &start.to_tensor(&iota, &loc)?, loc)
+        let shape = iota.shape();
+        let step = OperandValue::Scalar(step).into_tensor(dtype, &shape, &loc)?;
+        let start = OperandValue::Scalar(start).into_tensor(dtype, &shape, &loc)?;
+        iota.binary(BinaryOp::Mul, &step, loc.clone())?.binary(BinaryOp::Add, &start, loc)
     }
 
     fn unary(&self, op: UnaryOp, loc: SourceLoc) -> Result<Tensor> {
@@ -229,13 +256,24 @@ impl Tensor {
         record(Op::Expand, &[&t], t.dtype(), target.clone(), loc.clone())
     }
 
-    /// `cond ? a : b` elementwise with broadcasting; `self` is the bool condition.
+    /// `cond ? a : b` elementwise with broadcasting; `self` is the bool condition. A scalar branch takes
+    /// the other branch's dtype (f32 when both are scalars).
     #[track_caller]
     pub fn where_(&self, a: impl Operand, b: impl Operand) -> Result<Tensor> {
         let loc = SourceLoc::caller();
         check_dtype("where", DTypeRule::Bool, self.dtype(), &loc)?;
-        let a = a.to_tensor(self, &loc)?;
-        let b = b.to_tensor(&a, &loc)?;
+        let (a, b) = (a.operand(), b.operand());
+        let dtype = a.tensor().or(b.tensor()).map_or(DType::F32, |t| t.dtype());
+        let mut shape = self.shape();
+        for t in [a.tensor(), b.tensor()].into_iter().flatten() {
+            shape = broadcast_shapes(&shape, &t.shape()).map_err(|_| Error::Broadcast {
+                op: "where".into(),
+                lhs: shape.to_string(),
+                rhs: t.shape().to_string(),
+                loc: loc.clone(),
+            })?;
+        }
+        let (a, b) = (a.into_tensor(dtype, &shape, &loc)?, b.into_tensor(dtype, &shape, &loc)?);
         if a.dtype() != b.dtype() {
             return Err(Error::DType {
                 op: "where".into(),
@@ -244,15 +282,8 @@ impl Tensor {
                 loc,
             });
         }
-        let shape = self.broadcast_with(&a, "where", &loc)?;
-        let shape = broadcast_shapes(&shape, &b.shape()).map_err(|_| Error::Broadcast {
-            op: "where".into(),
-            lhs: shape.to_string(),
-            rhs: b.shape().to_string(),
-            loc: loc.clone(),
-        })?;
         let (c, a, b) = (self.expand_to(&shape, &loc)?, a.expand_to(&shape, &loc)?, b.expand_to(&shape, &loc)?);
-        record(Op::Where, &[&c, &a, &b], a.dtype(), shape, loc)
+        record(Op::Where, &[&c, &a, &b], dtype, shape, loc)
     }
 
     /// Conversion to `dtype` (floats to integers truncate toward zero; NaN becomes 0).

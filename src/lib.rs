@@ -16,7 +16,9 @@
 //! This crate is the small public facade; the machinery lives in [`graph`] (`kiln-graph`).
 
 pub use kiln_graph as graph;
-pub use kiln_graph::{compile, Args, Compiled, DType, Element, Error, Explanation, Result, SourceLoc, Static, Tensor, TensorData};
+pub use kiln_graph::{
+    compile, Args, Compiled, DType, Element, Error, Explanation, Result, SourceLoc, Static, Tensor, TensorData,
+};
 
 use kiln_graph::{CpuReference, IntoBackend};
 use std::rc::Rc;

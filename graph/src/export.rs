@@ -40,7 +40,8 @@ pub fn from_json(text: &str) -> Result<Graph> {
             return Err(fmt_err(format!("node %{i} reads {bad}, which is not an earlier node")));
         }
     }
-    if let Some(bad) = doc.graph.outputs.iter().chain(doc.graph.inputs.iter().map(|g| &g.node)).find(|o| o.index() >= n) {
+    if let Some(bad) = doc.graph.outputs.iter().chain(doc.graph.inputs.iter().map(|g| &g.node)).find(|o| o.index() >= n)
+    {
         return Err(fmt_err(format!("{bad} is not a node of the graph")));
     }
     Ok(doc.graph)
@@ -51,7 +52,9 @@ pub fn op_attrs(op: &Op) -> String {
     match op {
         Op::Input { index } => format!("index={index}"),
         Op::Full { value } => format!("value={value}"),
-        Op::Iota { axis } | Op::Concat { axis } | Op::IndexSelect { axis } | Op::Gather { axis } => format!("axis={axis}"),
+        Op::Iota { axis } | Op::Concat { axis } | Op::IndexSelect { axis } | Op::Gather { axis } => {
+            format!("axis={axis}")
+        }
         Op::Softmax { axis } | Op::LogSoftmax { axis } => format!("axis={axis}"),
         Op::Reduce { axes, keepdim, .. } | Op::Mean { axes, keepdim } => format!("axes={axes:?}, keepdim={keepdim}"),
         Op::Var { axes, correction, keepdim } => format!("axes={axes:?}, correction={correction}, keepdim={keepdim}"),
@@ -92,7 +95,8 @@ fn escape(s: &str) -> String {
 /// The graph in Graphviz DOT: a box per node (op and attributes, dtype and shape, source line), coloured
 /// by op family, edges from inputs, outputs drawn with a double border.
 pub fn to_dot(graph: &Graph) -> String {
-    let mut s = String::from("digraph kiln {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"monospace\"];\n");
+    let mut s =
+        String::from("digraph kiln {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"monospace\"];\n");
     for (i, n) in graph.nodes.iter().enumerate() {
         let attrs = op_attrs(&n.op);
         let head = if attrs.is_empty() { n.op.name().to_string() } else { format!("{} {{{attrs}}}", n.op.name()) };

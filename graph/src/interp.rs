@@ -36,11 +36,7 @@ pub fn run(graph: &Graph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
             }
         }
     }
-    Ok(graph
-        .outputs
-        .iter()
-        .map(|o| values[o.index()].clone().expect("outputs are never freed"))
-        .collect())
+    Ok(graph.outputs.iter().map(|o| values[o.index()].clone().expect("outputs are never freed")).collect())
 }
 
 /// Every op the reference implements (all of them); docs/ops.md reads this.
@@ -100,7 +96,9 @@ fn runtime(node: &Node, msg: impl Into<String>) -> Error {
 fn eval_node(node: &Node, args: &[&TensorData], dims: Vec<usize>, inputs: &[&TensorData]) -> Result<TensorData> {
     let dt = node.dtype;
     let numel: usize = dims.iter().product();
-    let finish = |v: Vec<f64>, dims: Vec<usize>| TensorData::from_rounded(v.into_iter().map(|x| dt.round(x)).collect(), dims, dt);
+    let finish = |v: Vec<f64>, dims: Vec<usize>| {
+        TensorData::from_rounded(v.into_iter().map(|x| dt.round(x)).collect(), dims, dt)
+    };
     let out = match &node.op {
         Op::Input { index } => return Ok(inputs[*index].clone()),
         Op::Full { value } => vec![*value; numel],
@@ -186,7 +184,10 @@ fn eval_node(node: &Node, args: &[&TensorData], dims: Vec<usize>, inputs: &[&Ten
                 v.push(src.values()[off]);
             });
             if let Some(j) = bad {
-                return Err(runtime(node, format!("index {j} is out of range for a dim of size {}", src.dims()[*axis])));
+                return Err(runtime(
+                    node,
+                    format!("index {j} is out of range for a dim of size {}", src.dims()[*axis]),
+                ));
             }
             v
         }

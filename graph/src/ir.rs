@@ -210,10 +210,7 @@ impl BinaryOp {
 
     /// True for the comparisons, whose result is bool.
     pub fn is_comparison(self) -> bool {
-        matches!(
-            self,
-            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
-        )
+        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
     }
 
     /// Which input dtypes the op accepts.
@@ -641,15 +638,7 @@ impl fmt::Display for Graph {
             let args: Vec<String> = n.inputs.iter().map(|a| a.to_string()).collect();
             let attrs = crate::export::op_attrs(&n.op);
             let attrs = if attrs.is_empty() { String::new() } else { format!("{{{attrs}}}") };
-            writeln!(
-                f,
-                "%{i} = {}{attrs}({}) : {}{}  @ {}",
-                n.op.name(),
-                args.join(", "),
-                n.dtype,
-                n.shape,
-                n.loc
-            )?;
+            writeln!(f, "%{i} = {}{attrs}({}) : {}{}  @ {}", n.op.name(), args.join(", "), n.dtype, n.shape, n.loc)?;
         }
         let outs: Vec<String> = self.outputs.iter().map(|o| o.to_string()).collect();
         writeln!(f, "return ({})", outs.join(", "))

@@ -1,7 +1,6 @@
 //! The op reference (`docs/ops.md`) generated from the code, so it cannot drift: a test regenerates it
 //! and compares it with the committed file.
 
-use crate::dtype::DType;
 use crate::ir::{ArgReduceOp, BinaryOp, GeluApprox, Op, ReduceOp, UnaryOp};
 use crate::sym::Expr;
 
@@ -42,8 +41,12 @@ pub fn catalog() -> Vec<Op> {
 /// The Rust call that records the op, and what it computes.
 pub fn describe(op: &Op) -> (&'static str, &'static str) {
     match op {
-        Op::Input { .. } => ("(graph input)", "A tensor argument, a lifted weight, or a value carried over a graph break."),
-        Op::Full { .. } => ("Tensor::full / zeros / ones / scalar", "Every element equal to one value, rounded to the dtype."),
+        Op::Input { .. } => {
+            ("(graph input)", "A tensor argument, a lifted weight, or a value carried over a graph break.")
+        }
+        Op::Full { .. } => {
+            ("Tensor::full / zeros / ones / scalar", "Every element equal to one value, rounded to the dtype.")
+        }
         Op::Iota { .. } => ("Tensor::arange", "Each element's index along an axis; `arange` scales and shifts it."),
         Op::Unary { op } => match op {
             UnaryOp::Neg => ("neg", "`-x`"),
@@ -89,22 +92,36 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
             ReduceOp::Max => ("max", "maximum over axes; NaN-propagating; an empty axis is an error"),
             ReduceOp::Min => ("min", "minimum over axes; NaN-propagating; an empty axis is an error"),
         },
-        Op::ArgReduce { op: ArgReduceOp::ArgMax, .. } => ("argmax", "i64 index of the first maximum along an axis (NaN counts as maximum)"),
-        Op::ArgReduce { op: ArgReduceOp::ArgMin, .. } => ("argmin", "i64 index of the first minimum along an axis (NaN counts as minimum)"),
-        Op::Reshape => ("reshape / unsqueeze / squeeze", "same elements in row-major order, new shape (one `-1` inferred)"),
+        Op::ArgReduce { op: ArgReduceOp::ArgMax, .. } => {
+            ("argmax", "i64 index of the first maximum along an axis (NaN counts as maximum)")
+        }
+        Op::ArgReduce { op: ArgReduceOp::ArgMin, .. } => {
+            ("argmin", "i64 index of the first minimum along an axis (NaN counts as minimum)")
+        }
+        Op::Reshape => {
+            ("reshape / unsqueeze / squeeze", "same elements in row-major order, new shape (one `-1` inferred)")
+        }
         Op::Permute { .. } => ("permute / transpose", "reorder axes"),
         Op::Expand => ("expand (and implicit broadcasting)", "stretch size-1 dims, PyTorch rules"),
-        Op::Slice { .. } => ("slice / narrow", "Python-style `start:end:step` along one axis; negative indices count from the end"),
+        Op::Slice { .. } => {
+            ("slice / narrow", "Python-style `start:end:step` along one axis; negative indices count from the end")
+        }
         Op::Concat { .. } => ("Tensor::concat", "join along an axis"),
         Op::Pad { .. } => ("pad", "constant padding, `(before, after)` per axis from the first axis"),
-        Op::IndexSelect { .. } => ("index_select", "pick entries along an axis by a 1-D integer index; out-of-range is an error"),
+        Op::IndexSelect { .. } => {
+            ("index_select", "pick entries along an axis by a 1-D integer index; out-of-range is an error")
+        }
         Op::Gather { .. } => ("gather", "`torch.gather`: index tensor of the output's shape selects along an axis"),
         Op::MatMul => ("matmul", "batched matrix product, `torch.matmul` rules (1-D promotion, batch broadcasting)"),
         Op::Softmax { .. } => ("softmax", "composite: `exp(x - max) / sum(exp(x - max))` along an axis"),
         Op::LogSoftmax { .. } => ("log_softmax", "composite: `x - logsumexp(x)` along an axis"),
-        Op::LayerNorm { .. } => ("layer_norm", "composite: normalise the last axes (biased variance, eps), optional weight and bias"),
+        Op::LayerNorm { .. } => {
+            ("layer_norm", "composite: normalise the last axes (biased variance, eps), optional weight and bias")
+        }
         Op::Gelu { approx: GeluApprox::Erf } => ("gelu", "composite: `x/2 * (1 + erf(x/√2))`"),
-        Op::Gelu { approx: GeluApprox::Tanh } => ("gelu_tanh", "composite: `x/2 * (1 + tanh(√(2/π) (x + 0.044715 x³)))`"),
+        Op::Gelu { approx: GeluApprox::Tanh } => {
+            ("gelu_tanh", "composite: `x/2 * (1 + tanh(√(2/π) (x + 0.044715 x³)))`")
+        }
         Op::Silu => ("silu", "composite: `x * sigmoid(x)`"),
         Op::Linear { .. } => ("linear", "composite: `x @ wᵀ + b`, `w` is `[out, in]`"),
         Op::Mean { .. } => ("mean", "composite: sum over axes divided by the count"),
@@ -123,14 +140,19 @@ fn dtypes(op: &Op) -> String {
         Op::Reduce { op: ReduceOp::Sum, .. } => "any".into(),
         Op::Reduce { .. } | Op::ArgReduce { .. } | Op::MatMul => "numeric".into(),
         Op::IndexSelect { .. } | Op::Gather { .. } => "any; integer index".into(),
-        Op::Reshape | Op::Permute { .. } | Op::Expand | Op::Slice { .. } | Op::Concat { .. } | Op::Pad { .. } => "any".into(),
+        Op::Reshape | Op::Permute { .. } | Op::Expand | Op::Slice { .. } | Op::Concat { .. } | Op::Pad { .. } => {
+            "any".into()
+        }
         _ => "float".into(),
     }
 }
 
+/// Says whether a backend implements an op.
+pub type SupportFn<'a> = &'a dyn Fn(&Op) -> bool;
+
 /// The full Markdown reference; `backends` are the names of the backends and a predicate saying
 /// whether each implements an op.
-pub fn ops_markdown(backends: &[(&str, &dyn Fn(&Op) -> bool)]) -> String {
+pub fn ops_markdown(backends: &[(&str, SupportFn<'_>)]) -> String {
     let mut s = String::from(
         "# kiln ops\n\n\
          Generated from the code by `cargo test -p kiln-graph --test ops_doc` (set `KILN_BLESS=1` to rewrite);\n\
@@ -138,7 +160,6 @@ pub fn ops_markdown(backends: &[(&str, &dyn Fn(&Op) -> bool)]) -> String {
          decomposed into primitives before fusion.\n\n",
     );
     let names: Vec<&str> = backends.iter().map(|(n, _)| *n).collect();
-    let _ = DType::ALL;
     s.push_str(&format!("| op | family | Rust | dtypes | semantics | {} |\n", names.join(" | ")));
     s.push_str(&format!("|---|---|---|---|---|{}\n", "---|".repeat(names.len())));
     for op in catalog() {

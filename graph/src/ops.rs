@@ -63,7 +63,9 @@ impl OperandValue {
     fn into_tensor(self, dtype: DType, shape: &Shape, loc: &SourceLoc) -> Result<Tensor> {
         match self {
             OperandValue::Tensor(t) => Ok(t),
-            OperandValue::Scalar(v) => record(Op::Full { value: dtype.round(v) }, &[], dtype, shape.clone(), loc.clone()),
+            OperandValue::Scalar(v) => {
+                record(Op::Full { value: dtype.round(v) }, &[], dtype, shape.clone(), loc.clone())
+            }
         }
     }
 
@@ -97,7 +99,11 @@ fn axes(op: &str, given: &[isize], rank: usize, loc: &SourceLoc) -> Result<Vec<u
     let n = out.len();
     out.dedup();
     if out.len() != n {
-        return Err(Error::InvalidArgument { op: op.into(), msg: format!("axis listed twice in {given:?}"), loc: loc.clone() });
+        return Err(Error::InvalidArgument {
+            op: op.into(),
+            msg: format!("axis listed twice in {given:?}"),
+            loc: loc.clone(),
+        });
     }
     Ok(out)
 }
@@ -191,7 +197,11 @@ impl Tensor {
     pub fn arange(start: f64, end: f64, step: f64, dtype: DType) -> Result<Tensor> {
         let loc = SourceLoc::caller();
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
-            return Err(invalid("arange", format!("start {start}, end {end} and step {step} must be finite, step nonzero"), &loc));
+            return Err(invalid(
+                "arange",
+                format!("start {start}, end {end} and step {step} must be finite, step nonzero"),
+                &loc,
+            ));
         }
         let n = ((end - start) / step).ceil().max(0.0) as usize;
         let iota = record(Op::Iota { axis: 0 }, &[], dtype, Shape::from_dims(&[n]), loc.clone())?;
@@ -301,7 +311,11 @@ impl Tensor {
         let ax = axes(name, given, self.rank(), &loc)?;
         let s = self.shape();
         if op != ReduceOp::Sum && ax.iter().any(|&a| s.dims()[a].as_const() == Some(0)) {
-            return Err(Error::Shape { op: name.into(), msg: format!("cannot reduce an empty axis of {s} (no identity)"), loc });
+            return Err(Error::Shape {
+                op: name.into(),
+                msg: format!("cannot reduce an empty axis of {s} (no identity)"),
+                loc,
+            });
         }
         let out = reduced_shape(&s, &ax, keepdim);
         record(Op::Reduce { op, axes: ax, keepdim }, &[self], reduce_dtype(op, self.dtype()), out, loc)
@@ -351,7 +365,11 @@ impl Tensor {
         let ax = axis(name, a, self.rank(), &loc)?;
         let s = self.shape();
         if s.dims()[ax].as_const() == Some(0) {
-            return Err(Error::Shape { op: name.into(), msg: format!("cannot take {name} of an empty axis of {s}"), loc });
+            return Err(Error::Shape {
+                op: name.into(),
+                msg: format!("cannot take {name} of an empty axis of {s}"),
+                loc,
+            });
         }
         let out = reduced_shape(&s, &[ax], keepdim);
         record(Op::ArgReduce { op, axis: ax, keepdim }, &[self], DType::I64, out, loc)
@@ -421,7 +439,11 @@ impl Tensor {
         let loc = SourceLoc::caller();
         let r = self.rank();
         if perm.len() != r {
-            return Err(invalid("permute", format!("{perm:?} has {} entries for a tensor of rank {r}", perm.len()), &loc));
+            return Err(invalid(
+                "permute",
+                format!("{perm:?} has {} entries for a tensor of rank {r}", perm.len()),
+                &loc,
+            ));
         }
         let p = perm.iter().map(|&a| axis("permute", a, r, &loc)).collect::<Result<Vec<_>>>()?;
         let mut seen = vec![false; r];
@@ -533,7 +555,13 @@ impl Tensor {
         let ax = crate::ops::axis("narrow", axis, s.rank(), &loc)?;
         match s.dims()[ax].as_const() {
             Some(len) if (start + length) as i64 <= len => {}
-            _ => return Err(invalid("narrow", format!("[{start}, {}) is outside axis {axis} of {s}", start + length), &loc)),
+            _ => {
+                return Err(invalid(
+                    "narrow",
+                    format!("[{start}, {}) is outside axis {axis} of {s}", start + length),
+                    &loc,
+                ))
+            }
         }
         self.slice(axis, start as isize, Some((start + length) as isize), 1)
     }
@@ -549,11 +577,20 @@ impl Tensor {
         for t in tensors {
             let s = t.shape();
             if t.dtype() != first.dtype() {
-                return Err(Error::DType { op: "concat".into(), expected: format!("{} like the first", first.dtype()), got: t.dtype(), loc });
+                return Err(Error::DType {
+                    op: "concat".into(),
+                    expected: format!("{} like the first", first.dtype()),
+                    got: t.dtype(),
+                    loc,
+                });
             }
             let fits = s.rank() == s0.rank() && (0..s.rank()).all(|i| i == ax || s.dims()[i] == s0.dims()[i]);
             if !fits {
-                return Err(Error::Shape { op: "concat".into(), msg: format!("{s} does not match {s0} outside axis {ax}"), loc });
+                return Err(Error::Shape {
+                    op: "concat".into(),
+                    msg: format!("{s} does not match {s0} outside axis {ax}"),
+                    loc,
+                });
             }
             total = total + s.dims()[ax].clone();
         }
@@ -589,7 +626,11 @@ impl Tensor {
         let ax = axis("index_select", a, s.rank(), &loc)?;
         check_dtype("index_select", DTypeRule::Numeric, index.dtype(), &loc)?;
         if !index.dtype().is_int() || index.rank() != 1 {
-            return Err(invalid("index_select", format!("index must be a 1-D integer tensor, got {} {}", index.dtype(), index.shape()), &loc));
+            return Err(invalid(
+                "index_select",
+                format!("index must be a 1-D integer tensor, got {} {}", index.dtype(), index.shape()),
+                &loc,
+            ));
         }
         let mut dims = s.dims().to_vec();
         dims[ax] = index.shape().dims()[0].clone();
@@ -604,14 +645,22 @@ impl Tensor {
         let (s, is) = (self.shape(), index.shape());
         let ax = axis("gather", a, s.rank(), &loc)?;
         if !index.dtype().is_int() || is.rank() != s.rank() {
-            return Err(invalid("gather", format!("index must be an integer tensor of rank {}, got {} {}", s.rank(), index.dtype(), is), &loc));
+            return Err(invalid(
+                "gather",
+                format!("index must be an integer tensor of rank {}, got {} {}", s.rank(), index.dtype(), is),
+                &loc,
+            ));
         }
         for i in 0..s.rank() {
             let fits = i == ax
                 || matches!((is.dims()[i].as_const(), s.dims()[i].as_const()), (Some(a), Some(b)) if a <= b)
                 || is.dims()[i] == s.dims()[i];
             if !fits {
-                return Err(Error::Shape { op: "gather".into(), msg: format!("index {is} is larger than input {s} at axis {i}"), loc });
+                return Err(Error::Shape {
+                    op: "gather".into(),
+                    msg: format!("index {is} is larger than input {s} at axis {i}"),
+                    loc,
+                });
             }
         }
         record(Op::Gather { axis: ax }, &[self, index], self.dtype(), is, loc)
@@ -624,15 +673,32 @@ impl Tensor {
         let loc = SourceLoc::caller();
         check_dtype("matmul", DTypeRule::Numeric, self.dtype(), &loc)?;
         if rhs.dtype() != self.dtype() {
-            return Err(Error::DType { op: "matmul".into(), expected: format!("both operands {}", self.dtype()), got: rhs.dtype(), loc });
+            return Err(Error::DType {
+                op: "matmul".into(),
+                expected: format!("both operands {}", self.dtype()),
+                got: rhs.dtype(),
+                loc,
+            });
         }
         let (sa, sb) = (self.shape(), rhs.shape());
         if sa.rank() == 0 || sb.rank() == 0 {
-            return Err(Error::Shape { op: "matmul".into(), msg: format!("needs operands of rank >= 1, got {sa} and {sb}"), loc });
+            return Err(Error::Shape {
+                op: "matmul".into(),
+                msg: format!("needs operands of rank >= 1, got {sa} and {sb}"),
+                loc,
+            });
         }
         let one = Expr::from(1usize);
-        let a = if sa.rank() == 1 { record(Op::Reshape, &[self], self.dtype(), Shape(vec![one.clone(), sa.dims()[0].clone()]), loc.clone())? } else { self.clone() };
-        let b = if sb.rank() == 1 { record(Op::Reshape, &[rhs], rhs.dtype(), Shape(vec![sb.dims()[0].clone(), one.clone()]), loc.clone())? } else { rhs.clone() };
+        let a = if sa.rank() == 1 {
+            record(Op::Reshape, &[self], self.dtype(), Shape(vec![one.clone(), sa.dims()[0].clone()]), loc.clone())?
+        } else {
+            self.clone()
+        };
+        let b = if sb.rank() == 1 {
+            record(Op::Reshape, &[rhs], rhs.dtype(), Shape(vec![sb.dims()[0].clone(), one.clone()]), loc.clone())?
+        } else {
+            rhs.clone()
+        };
         let (da, db) = (a.shape(), b.shape());
         let (ra, rb) = (da.rank(), db.rank());
         let (m, k) = (&da.dims()[ra - 2], &da.dims()[ra - 1]);
@@ -641,7 +707,12 @@ impl Tensor {
             return Err(Error::Shape { op: "matmul".into(), msg: format!("inner dims differ: {sa} @ {sb}"), loc });
         }
         let batch = broadcast_shapes(&Shape(da.dims()[..ra - 2].to_vec()), &Shape(db.dims()[..rb - 2].to_vec()))
-            .map_err(|_| Error::Broadcast { op: "matmul".into(), lhs: sa.to_string(), rhs: sb.to_string(), loc: loc.clone() })?;
+            .map_err(|_| Error::Broadcast {
+                op: "matmul".into(),
+                lhs: sa.to_string(),
+                rhs: sb.to_string(),
+                loc: loc.clone(),
+            })?;
         let with = |x: &Dim, y: &Dim| {
             let mut d = batch.dims().to_vec();
             d.push(x.clone());
@@ -712,7 +783,11 @@ impl Tensor {
     pub fn causal_mask(&self) -> Result<Tensor> {
         let loc = SourceLoc::caller();
         if self.rank() < 2 {
-            return Err(Error::Shape { op: "causal_mask".into(), msg: format!("needs rank >= 2, got {}", self.shape()), loc });
+            return Err(Error::Shape {
+                op: "causal_mask".into(),
+                msg: format!("needs rank >= 2, got {}", self.shape()),
+                loc,
+            });
         }
         self.float_composite(Op::CausalMask, loc)
     }
@@ -735,7 +810,12 @@ impl Tensor {
                     if t.shape() != norm || t.dtype() != self.dtype() {
                         return Err(Error::Shape {
                             op: "layer_norm".into(),
-                            msg: format!("weight and bias must be {} {norm}, got {} {}", self.dtype(), t.dtype(), t.shape()),
+                            msg: format!(
+                                "weight and bias must be {} {norm}, got {} {}",
+                                self.dtype(),
+                                t.dtype(),
+                                t.shape()
+                            ),
                             loc,
                         });
                     }
@@ -756,19 +836,32 @@ impl Tensor {
         let (s, w) = (self.shape(), weight.shape());
         let fits = s.rank() >= 1 && w.rank() == 2 && s.dims()[s.rank() - 1] == w.dims()[1];
         if !fits {
-            return Err(Error::Shape { op: "linear".into(), msg: format!("input {s} does not fit weight {w} ([out, in])"), loc });
+            return Err(Error::Shape {
+                op: "linear".into(),
+                msg: format!("input {s} does not fit weight {w} ([out, in])"),
+                loc,
+            });
         }
         let out_f = w.dims()[0].clone();
         let mut inputs = vec![self, weight];
         if let Some(b) = bias {
             if b.shape() != Shape(vec![out_f.clone()]) {
-                return Err(Error::Shape { op: "linear".into(), msg: format!("bias {} must be [{out_f}]", b.shape()), loc });
+                return Err(Error::Shape {
+                    op: "linear".into(),
+                    msg: format!("bias {} must be [{out_f}]", b.shape()),
+                    loc,
+                });
             }
             inputs.push(b);
         }
         for t in &inputs[1..] {
             if t.dtype() != self.dtype() {
-                return Err(Error::DType { op: "linear".into(), expected: format!("{} like the input", self.dtype()), got: t.dtype(), loc });
+                return Err(Error::DType {
+                    op: "linear".into(),
+                    expected: format!("{} like the input", self.dtype()),
+                    got: t.dtype(),
+                    loc,
+                });
             }
         }
         let mut dims = s.dims().to_vec();

@@ -45,10 +45,7 @@ impl Shape {
 
     /// The dims under symbol values.
     pub fn eval(&self, bindings: &Bindings) -> Result<Vec<usize>, SymError> {
-        self.0
-            .iter()
-            .map(|d| d.eval(bindings).map(|v| v.max(0) as usize))
-            .collect()
+        self.0.iter().map(|d| d.eval(bindings).map(|v| v.max(0) as usize)).collect()
     }
 
     /// Row-major strides of a contiguous tensor of this shape, in elements.

@@ -64,9 +64,7 @@ pub enum SymError {
 }
 
 fn overflow_err(expr: impl fmt::Display) -> SymError {
-    SymError::Overflow {
-        expr: expr.to_string(),
-    }
+    SymError::Overflow { expr: expr.to_string() }
 }
 
 #[track_caller]
@@ -96,11 +94,7 @@ fn py_mod(a: i64, b: i64) -> Option<i64> {
         return Some(0);
     }
     let r = a % b;
-    Some(if r != 0 && ((r < 0) != (b < 0)) {
-        r + b
-    } else {
-        r
-    })
+    Some(if r != 0 && ((r < 0) != (b < 0)) { r + b } else { r })
 }
 
 /// An opaque factor of a monomial. Operands are canonical; Min/Max operands
@@ -128,22 +122,16 @@ impl Atom {
     fn operands(&self) -> Option<(&Expr, &Expr)> {
         match self {
             Atom::Sym(_) => None,
-            Atom::FloorDiv(a, b) | Atom::Mod(a, b) | Atom::Min(a, b) | Atom::Max(a, b) => {
-                Some((a, b))
-            }
+            Atom::FloorDiv(a, b) | Atom::Mod(a, b) | Atom::Min(a, b) | Atom::Max(a, b) => Some((a, b)),
         }
     }
 
     fn eval(&self, b: &Bindings) -> Result<i64, SymError> {
         let (x, y) = match self {
             Atom::Sym(s) => return b.get(*s).ok_or(SymError::UnboundSymbol(*s)),
-            Atom::FloorDiv(x, y) | Atom::Mod(x, y) | Atom::Min(x, y) | Atom::Max(x, y) => {
-                (x.eval(b)?, y.eval(b)?)
-            }
+            Atom::FloorDiv(x, y) | Atom::Mod(x, y) | Atom::Min(x, y) | Atom::Max(x, y) => (x.eval(b)?, y.eval(b)?),
         };
-        let div_zero = || SymError::DivisionByZero {
-            expr: self.to_string(),
-        };
+        let div_zero = || SymError::DivisionByZero { expr: self.to_string() };
         match self {
             Atom::FloorDiv(..) if y == 0 => Err(div_zero()),
             Atom::Mod(..) if y == 0 => Err(div_zero()),
@@ -163,9 +151,7 @@ impl Ord for Atom {
             (Atom::Sym(a), Atom::Sym(b)) => a.cmp(b),
             _ => self.rank().cmp(&other.rank()).then_with(|| {
                 match (self.operands(), other.operands()) {
-                    (Some((a1, b1)), Some((a2, b2))) => {
-                        cmp_expr(a1, a2).then_with(|| cmp_expr(b1, b2))
-                    }
+                    (Some((a1, b1)), Some((a2, b2))) => cmp_expr(a1, a2).then_with(|| cmp_expr(b1, b2)),
                     _ => Ordering::Equal, // same rank, so both are symbols
                 }
             }),
@@ -234,28 +220,18 @@ struct RawExpr {
 impl TryFrom<RawExpr> for Expr {
     type Error = SymError;
     fn try_from(raw: RawExpr) -> Result<Self, SymError> {
-        let raw = Expr {
-            terms: raw.terms,
-            constant: raw.constant,
-        };
-        raw.try_subst(&BTreeMap::new())
-            .ok_or_else(|| overflow_err("deserialized expression"))
+        let raw = Expr { terms: raw.terms, constant: raw.constant };
+        raw.try_subst(&BTreeMap::new()).ok_or_else(|| overflow_err("deserialized expression"))
     }
 }
 
 impl Expr {
     /// The constant zero.
-    pub const ZERO: Expr = Expr {
-        terms: Vec::new(),
-        constant: 0,
-    };
+    pub const ZERO: Expr = Expr { terms: Vec::new(), constant: 0 };
 
     /// A constant expression.
     pub fn constant(c: i64) -> Self {
-        Expr {
-            terms: Vec::new(),
-            constant: c,
-        }
+        Expr { terms: Vec::new(), constant: c }
     }
 
     /// The expression consisting of a single symbol.
@@ -264,13 +240,7 @@ impl Expr {
     }
 
     fn atom(a: Atom) -> Self {
-        Expr {
-            terms: vec![Term {
-                atoms: vec![a],
-                coeff: 1,
-            }],
-            constant: 0,
-        }
+        Expr { terms: vec![Term { atoms: vec![a], coeff: 1 }], constant: 0 }
     }
 
     fn binary_atom(make: fn(Box<Expr>, Box<Expr>) -> Atom, a: &Expr, b: &Expr) -> Self {
@@ -320,11 +290,7 @@ impl Expr {
             return self.as_const() == Some(0);
         }
         let k = k.unsigned_abs();
-        self.terms
-            .iter()
-            .map(|t| t.coeff)
-            .chain(std::iter::once(self.constant))
-            .all(|c| c.unsigned_abs() % k == 0)
+        self.terms.iter().map(|t| t.coeff).chain(std::iter::once(self.constant)).all(|c| c.unsigned_abs() % k == 0)
     }
 
     // ---- overflow-aware core; `None` means an i64 overflow ----
@@ -353,29 +319,20 @@ impl Expr {
                     i += 1;
                 }
                 Ordering::Greater => {
-                    terms.push(Term {
-                        atoms: b[j].atoms.clone(),
-                        coeff: rhs_coeff(b[j].coeff)?,
-                    });
+                    terms.push(Term { atoms: b[j].atoms.clone(), coeff: rhs_coeff(b[j].coeff)? });
                     j += 1;
                 }
                 Ordering::Equal => {
                     let c = op(a[i].coeff, b[j].coeff)?;
                     if c != 0 {
-                        terms.push(Term {
-                            atoms: a[i].atoms.clone(),
-                            coeff: c,
-                        });
+                        terms.push(Term { atoms: a[i].atoms.clone(), coeff: c });
                     }
                     i += 1;
                     j += 1;
                 }
             }
         }
-        Some(Expr {
-            terms,
-            constant: op(self.constant, rhs.constant)?,
-        })
+        Some(Expr { terms, constant: op(self.constant, rhs.constant)? })
     }
 
     fn try_scale(&self, c: i64) -> Option<Expr> {
@@ -386,12 +343,7 @@ impl Expr {
                 terms: self
                     .terms
                     .iter()
-                    .map(|t| {
-                        Some(Term {
-                            atoms: t.atoms.clone(),
-                            coeff: t.coeff.checked_mul(c)?,
-                        })
-                    })
+                    .map(|t| Some(Term { atoms: t.atoms.clone(), coeff: t.coeff.checked_mul(c)? }))
                     .collect::<Option<_>>()?,
                 constant: self.constant.checked_mul(c)?,
             }),
@@ -413,10 +365,7 @@ impl Expr {
         };
         for x in &self.terms {
             for y in &rhs.terms {
-                add(
-                    merge_atoms(&x.atoms, &y.atoms),
-                    x.coeff.checked_mul(y.coeff)?,
-                )?;
+                add(merge_atoms(&x.atoms, &y.atoms), x.coeff.checked_mul(y.coeff)?)?;
             }
             if rhs.constant != 0 {
                 add(x.atoms.clone(), x.coeff.checked_mul(rhs.constant)?)?;
@@ -428,11 +377,7 @@ impl Expr {
             }
         }
         Some(Expr {
-            terms: acc
-                .into_iter()
-                .filter(|&(_, c)| c != 0)
-                .map(|(atoms, coeff)| Term { atoms, coeff })
-                .collect(),
+            terms: acc.into_iter().filter(|&(_, c)| c != 0).map(|(atoms, coeff)| Term { atoms, coeff }).collect(),
             constant: self.constant.checked_mul(rhs.constant)?,
         })
     }
@@ -445,16 +390,10 @@ impl Expr {
         for t in &self.terms {
             let (q, r) = (t.coeff.div_euclid(k), t.coeff.rem_euclid(k));
             if q != 0 {
-                quot.terms.push(Term {
-                    atoms: t.atoms.clone(),
-                    coeff: q,
-                });
+                quot.terms.push(Term { atoms: t.atoms.clone(), coeff: q });
             }
             if r != 0 {
-                rem.terms.push(Term {
-                    atoms: t.atoms.clone(),
-                    coeff: r,
-                });
+                rem.terms.push(Term { atoms: t.atoms.clone(), coeff: r });
             }
         }
         (quot, rem)
@@ -539,17 +478,9 @@ impl Expr {
         // constants and `min(x, x)`).
         if let Some(diff) = other.try_combine(self, true).and_then(|d| d.as_const()) {
             let self_smaller = diff >= 0;
-            return if self_smaller == want_min {
-                self.clone()
-            } else {
-                other.clone()
-            };
+            return if self_smaller == want_min { self.clone() } else { other.clone() };
         }
-        let (a, b) = if cmp_expr(self, other) == Ordering::Greater {
-            (other, self)
-        } else {
-            (self, other)
-        };
+        let (a, b) = if cmp_expr(self, other) == Ordering::Greater { (other, self) } else { (self, other) };
         Self::binary_atom(if want_min { Atom::Min } else { Atom::Max }, a, b)
     }
 
@@ -576,60 +507,48 @@ impl Expr {
 
     /// `self + rhs`, or an error if a coefficient overflows.
     pub fn checked_add(&self, rhs: &Expr) -> Result<Expr, SymError> {
-        self.try_combine(rhs, false)
-            .ok_or_else(|| overflow_err(format_args!("({self}) + ({rhs})")))
+        self.try_combine(rhs, false).ok_or_else(|| overflow_err(format_args!("({self}) + ({rhs})")))
     }
 
     /// `self - rhs`, or an error if a coefficient overflows.
     pub fn checked_sub(&self, rhs: &Expr) -> Result<Expr, SymError> {
-        self.try_combine(rhs, true)
-            .ok_or_else(|| overflow_err(format_args!("({self}) - ({rhs})")))
+        self.try_combine(rhs, true).ok_or_else(|| overflow_err(format_args!("({self}) - ({rhs})")))
     }
 
     /// `self * rhs` (fully expanded), or an error if a coefficient overflows.
     pub fn checked_mul(&self, rhs: &Expr) -> Result<Expr, SymError> {
-        self.try_mul(rhs)
-            .ok_or_else(|| overflow_err(format_args!("({self}) * ({rhs})")))
+        self.try_mul(rhs).ok_or_else(|| overflow_err(format_args!("({self}) * ({rhs})")))
     }
 
     /// `-self`, or an error if a coefficient is `i64::MIN`.
     pub fn checked_neg(&self) -> Result<Expr, SymError> {
-        self.try_scale(-1)
-            .ok_or_else(|| overflow_err(format_args!("-({self})")))
+        self.try_scale(-1).ok_or_else(|| overflow_err(format_args!("-({self})")))
     }
 
     /// Floor division; rejects a constant zero divisor and overflow.
     pub fn checked_floor_div(&self, d: &Expr) -> Result<Expr, SymError> {
         if d.as_const() == Some(0) {
-            return Err(SymError::DivisionByZero {
-                expr: format!("({self}) // 0"),
-            });
+            return Err(SymError::DivisionByZero { expr: format!("({self}) // 0") });
         }
-        self.try_floor_div(d)
-            .ok_or_else(|| overflow_err(format_args!("({self}) // ({d})")))
+        self.try_floor_div(d).ok_or_else(|| overflow_err(format_args!("({self}) // ({d})")))
     }
 
     /// Python modulo; rejects a constant zero divisor and overflow.
     pub fn checked_modulo(&self, d: &Expr) -> Result<Expr, SymError> {
         if d.as_const() == Some(0) {
-            return Err(SymError::DivisionByZero {
-                expr: format!("({self}) % 0"),
-            });
+            return Err(SymError::DivisionByZero { expr: format!("({self}) % 0") });
         }
-        self.try_modulo(d)
-            .ok_or_else(|| overflow_err(format_args!("({self}) % ({d})")))
+        self.try_modulo(d).ok_or_else(|| overflow_err(format_args!("({self}) % ({d})")))
     }
 
     /// `self + rhs`. Panics on i64 overflow of a coefficient.
     pub fn add(&self, rhs: &Expr) -> Expr {
-        self.try_combine(rhs, false)
-            .unwrap_or_else(|| overflow_panic("add"))
+        self.try_combine(rhs, false).unwrap_or_else(|| overflow_panic("add"))
     }
 
     /// `self - rhs`. Panics on i64 overflow of a coefficient.
     pub fn sub(&self, rhs: &Expr) -> Expr {
-        self.try_combine(rhs, true)
-            .unwrap_or_else(|| overflow_panic("sub"))
+        self.try_combine(rhs, true).unwrap_or_else(|| overflow_panic("sub"))
     }
 
     /// `self * rhs`. Panics on i64 overflow of a coefficient.
@@ -645,15 +564,13 @@ impl Expr {
     /// Floor division. A constant zero divisor is kept as an opaque term that
     /// fails in [`Expr::eval`]. Panics on i64 overflow of a coefficient.
     pub fn floor_div(&self, d: &Expr) -> Expr {
-        self.try_floor_div(d)
-            .unwrap_or_else(|| overflow_panic("floor_div"))
+        self.try_floor_div(d).unwrap_or_else(|| overflow_panic("floor_div"))
     }
 
     /// Python modulo (sign of the divisor). A constant zero divisor is kept as
     /// an opaque term that fails in [`Expr::eval`]. Panics on i64 overflow.
     pub fn modulo(&self, d: &Expr) -> Expr {
-        self.try_modulo(d)
-            .unwrap_or_else(|| overflow_panic("modulo"))
+        self.try_modulo(d).unwrap_or_else(|| overflow_panic("modulo"))
     }
 
     /// Symbolic minimum (never overflows).
@@ -668,14 +585,12 @@ impl Expr {
 
     /// Replaces symbols by expressions and re-simplifies. Panics on overflow.
     pub fn substitute(&self, map: &BTreeMap<SymId, Expr>) -> Expr {
-        self.try_subst(map)
-            .unwrap_or_else(|| overflow_panic("substitute"))
+        self.try_subst(map).unwrap_or_else(|| overflow_panic("substitute"))
     }
 
     /// Replaces symbols by expressions and re-simplifies, reporting overflow.
     pub fn checked_substitute(&self, map: &BTreeMap<SymId, Expr>) -> Result<Expr, SymError> {
-        self.try_subst(map)
-            .ok_or_else(|| overflow_err(format_args!("substitution into {self}")))
+        self.try_subst(map).ok_or_else(|| overflow_err(format_args!("substitution into {self}")))
     }
 
     /// Evaluates with checked arithmetic; never panics.
@@ -684,9 +599,7 @@ impl Expr {
         for t in &self.terms {
             let mut prod = t.coeff;
             for atom in &t.atoms {
-                prod = prod
-                    .checked_mul(atom.eval(bindings)?)
-                    .ok_or_else(|| overflow_err(self))?;
+                prod = prod.checked_mul(atom.eval(bindings)?).ok_or_else(|| overflow_err(self))?;
             }
             acc = acc.checked_add(prod).ok_or_else(|| overflow_err(self))?;
         }
@@ -776,10 +689,7 @@ impl std::ops::Neg for &Expr {
 fn is_simple(e: &Expr) -> bool {
     match e.as_const() {
         Some(c) => c >= 0,
-        None => matches!(
-            e.as_single_atom(),
-            Some(Atom::Sym(_) | Atom::Min(..) | Atom::Max(..))
-        ),
+        None => matches!(e.as_single_atom(), Some(Atom::Sym(_) | Atom::Min(..) | Atom::Max(..))),
     }
 }
 
@@ -896,9 +806,7 @@ impl Bindings {
 
 impl FromIterator<(SymId, i64)> for Bindings {
     fn from_iter<I: IntoIterator<Item = (SymId, i64)>>(iter: I) -> Self {
-        Bindings {
-            values: iter.into_iter().collect(),
-        }
+        Bindings { values: iter.into_iter().collect() }
     }
 }
 
@@ -983,16 +891,10 @@ struct Iv {
 }
 
 impl Iv {
-    const FULL: Iv = Iv {
-        lo: Ext::NegInf,
-        hi: Ext::PosInf,
-    };
+    const FULL: Iv = Iv { lo: Ext::NegInf, hi: Ext::PosInf };
 
     fn point(v: i64) -> Iv {
-        Iv {
-            lo: Ext::Fin(v.into()),
-            hi: Ext::Fin(v.into()),
-        }
+        Iv { lo: Ext::Fin(v.into()), hi: Ext::Fin(v.into()) }
     }
 
     /// Widens out-of-i64 endpoints (soundly) to keep i128 math overflow-free.
@@ -1014,35 +916,19 @@ impl Iv {
     }
 
     fn add(self, o: Iv) -> Iv {
-        Iv {
-            lo: self.lo.add(o.lo, Ext::NegInf),
-            hi: self.hi.add(o.hi, Ext::PosInf),
-        }
-        .clamp()
+        Iv { lo: self.lo.add(o.lo, Ext::NegInf), hi: self.hi.add(o.hi, Ext::PosInf) }.clamp()
     }
 
     fn neg(self) -> Iv {
-        Iv {
-            lo: self.hi.neg(),
-            hi: self.lo.neg(),
-        }
+        Iv { lo: self.hi.neg(), hi: self.lo.neg() }
     }
 
     fn from_corners(c: [Ext; 4]) -> Iv {
-        Iv {
-            lo: *c.iter().min().unwrap(),
-            hi: *c.iter().max().unwrap(),
-        }
-        .clamp()
+        Iv { lo: *c.iter().min().unwrap(), hi: *c.iter().max().unwrap() }.clamp()
     }
 
     fn mul(self, o: Iv) -> Iv {
-        Iv::from_corners([
-            self.lo.mul(o.lo),
-            self.lo.mul(o.hi),
-            self.hi.mul(o.lo),
-            self.hi.mul(o.hi),
-        ])
+        Iv::from_corners([self.lo.mul(o.lo), self.lo.mul(o.hi), self.hi.mul(o.lo), self.hi.mul(o.hi)])
     }
 
     fn floor_div(self, d: Iv) -> Iv {
@@ -1064,10 +950,8 @@ impl Iv {
     fn modulo(self, d: Iv) -> Iv {
         let zero = Ext::Fin(0);
         // The remainder lies strictly between 0 and the divisor.
-        let mut out = Iv {
-            lo: d.lo.add(Ext::Fin(1), Ext::NegInf).min(zero),
-            hi: d.hi.add(Ext::Fin(-1), Ext::PosInf).max(zero),
-        };
+        let mut out =
+            Iv { lo: d.lo.add(Ext::Fin(1), Ext::NegInf).min(zero), hi: d.hi.add(Ext::Fin(-1), Ext::PosInf).max(zero) };
         if d.lo > zero && self.lo >= zero {
             if self.hi < d.lo {
                 return self; // x mod m == x for 0 <= x < m
@@ -1083,17 +967,11 @@ impl Iv {
     }
 
     fn min(self, o: Iv) -> Iv {
-        Iv {
-            lo: self.lo.min(o.lo),
-            hi: self.hi.min(o.hi),
-        }
+        Iv { lo: self.lo.min(o.lo), hi: self.hi.min(o.hi) }
     }
 
     fn max(self, o: Iv) -> Iv {
-        Iv {
-            lo: self.lo.max(o.lo),
-            hi: self.hi.max(o.hi),
-        }
+        Iv { lo: self.lo.max(o.lo), hi: self.hi.max(o.hi) }
     }
 
     fn to_public(self) -> Interval {
@@ -1101,10 +979,7 @@ impl Iv {
             Ext::Fin(v) => i64::try_from(v).ok(),
             _ => None,
         };
-        Interval {
-            lo: get(self.lo),
-            hi: get(self.hi),
-        }
+        Interval { lo: get(self.lo), hi: get(self.hi) }
     }
 }
 
@@ -1131,16 +1006,9 @@ impl SymTable {
     /// Creates a symbol with inclusive range `[lo, hi]` (`hi = None`:
     /// unbounded above). Panics if `hi < lo` or after `u32::MAX` symbols.
     pub fn new_symbol(&mut self, name: &str, lo: i64, hi: Option<i64>) -> SymId {
-        assert!(
-            hi.is_none_or(|hi| lo <= hi),
-            "symbol {name}: empty range [{lo}, {hi:?}]"
-        );
+        assert!(hi.is_none_or(|hi| lo <= hi), "symbol {name}: empty range [{lo}, {hi:?}]");
         let id = SymId(u32::try_from(self.syms.len()).expect("too many symbols"));
-        self.syms.push(SymInfo {
-            name: name.to_owned(),
-            lo,
-            hi,
-        });
+        self.syms.push(SymInfo { name: name.to_owned(), lo, hi });
         id
     }
 
@@ -1187,10 +1055,9 @@ impl SymTable {
             for atom in &t.atoms {
                 let a = match atom {
                     Atom::Sym(s) => match self.range(*s) {
-                        Some((lo, hi)) => Iv {
-                            lo: Ext::Fin(lo.into()),
-                            hi: hi.map_or(Ext::PosInf, |h| Ext::Fin(h.into())),
-                        },
+                        Some((lo, hi)) => {
+                            Iv { lo: Ext::Fin(lo.into()), hi: hi.map_or(Ext::PosInf, |h| Ext::Fin(h.into())) }
+                        }
                         None => Iv::FULL,
                     },
                     Atom::FloorDiv(x, y) => self.iv(x).floor_div(self.iv(y)),
@@ -1299,18 +1166,12 @@ mod tests {
     fn division_simplifications() {
         assert_eq!((s(0) * 4).floor_div(&c(4)), s(0));
         assert_eq!((s(0) * 4 + 8).floor_div(&c(4)), s(0) + 2);
-        assert_eq!(
-            (s(0) * 4 + s(1)).floor_div(&c(4)),
-            s(0) + s(1).floor_div(&c(4))
-        );
+        assert_eq!((s(0) * 4 + s(1)).floor_div(&c(4)), s(0) + s(1).floor_div(&c(4)));
         assert_eq!(s(0).floor_div(&c(1)), s(0));
         assert_eq!(s(0).modulo(&c(1)), Expr::ZERO);
         assert_eq!((s(0) * 6 + 12).modulo(&c(3)), Expr::ZERO);
         assert_eq!((s(0) + 5).modulo(&c(4)), (s(0) + 1).modulo(&c(4)));
-        assert_eq!(
-            s(0).floor_div(&c(2)).floor_div(&c(3)),
-            s(0).floor_div(&c(6))
-        );
+        assert_eq!(s(0).floor_div(&c(2)).floor_div(&c(3)), s(0).floor_div(&c(6)));
         assert_eq!(s(0).modulo(&c(12)).modulo(&c(4)), s(0).modulo(&c(4)));
         assert_eq!(s(0).modulo(&c(4)).modulo(&c(8)), s(0).modulo(&c(4)));
         assert_eq!(s(0).floor_div(&c(-2)), (-s(0)).floor_div(&c(2)));
@@ -1321,15 +1182,10 @@ mod tests {
 
     #[test]
     fn eval_matches_direct_computation() {
-        let e =
-            (s(0) * s(1) * 4 + s(2)).floor_div(&(s(0) + 1)) + s(1).modulo(&c(3)) - s(2).max(&c(2));
+        let e = (s(0) * s(1) * 4 + s(2)).floor_div(&(s(0) + 1)) + s(1).modulo(&c(3)) - s(2).max(&c(2));
         for (x, y, z) in [(3, 5, -7), (0, -4, 9), (10, 10, 10)] {
-            let b = Bindings::new()
-                .with(SymId(0), x)
-                .with(SymId(1), y)
-                .with(SymId(2), z);
-            let want =
-                py_floor_div(x * y * 4 + z, x + 1).unwrap() + py_mod(y, 3).unwrap() - z.max(2);
+            let b = Bindings::new().with(SymId(0), x).with(SymId(1), y).with(SymId(2), z);
+            let want = py_floor_div(x * y * 4 + z, x + 1).unwrap() + py_mod(y, 3).unwrap() - z.max(2);
             assert_eq!(e.eval(&b), Ok(want));
         }
     }
@@ -1338,32 +1194,14 @@ mod tests {
     fn eval_errors_do_not_panic() {
         let b = Bindings::new().with(SymId(0), 0);
         assert_eq!(s(1).eval(&b), Err(SymError::UnboundSymbol(SymId(1))));
-        assert!(matches!(
-            c(5).floor_div(&s(0)).eval(&b),
-            Err(SymError::DivisionByZero { .. })
-        ));
-        assert!(matches!(
-            s(0).floor_div(&c(0)).eval(&b),
-            Err(SymError::DivisionByZero { .. })
-        ));
-        assert!(matches!(
-            c(5).checked_modulo(&c(0)),
-            Err(SymError::DivisionByZero { .. })
-        ));
+        assert!(matches!(c(5).floor_div(&s(0)).eval(&b), Err(SymError::DivisionByZero { .. })));
+        assert!(matches!(s(0).floor_div(&c(0)).eval(&b), Err(SymError::DivisionByZero { .. })));
+        assert!(matches!(c(5).checked_modulo(&c(0)), Err(SymError::DivisionByZero { .. })));
         let big = Bindings::new().with(SymId(0), 1 << 40);
-        assert!(matches!(
-            (s(0) * s(0)).eval(&big),
-            Err(SymError::Overflow { .. })
-        ));
+        assert!(matches!((s(0) * s(0)).eval(&big), Err(SymError::Overflow { .. })));
         let min = Bindings::new().with(SymId(0), i64::MIN).with(SymId(1), -1);
-        assert!(matches!(
-            s(0).floor_div(&s(1)).eval(&min),
-            Err(SymError::Overflow { .. })
-        ));
-        assert!(matches!(
-            c(i64::MAX).checked_add(&c(1)),
-            Err(SymError::Overflow { .. })
-        ));
+        assert!(matches!(s(0).floor_div(&s(1)).eval(&min), Err(SymError::Overflow { .. })));
+        assert!(matches!(c(i64::MAX).checked_add(&c(1)), Err(SymError::Overflow { .. })));
     }
 
     #[test]
@@ -1398,13 +1236,7 @@ mod tests {
         assert_eq!(t.known_eq(&n, &m), None);
         assert_eq!(t.known_ge(&(&n * &m), &c(0)), Some(true));
         assert_eq!(t.known_ge(&n.modulo(&c(8)), &c(8)), Some(false));
-        assert_eq!(
-            t.bounds(&(n.floor_div(&c(4)) - &m)),
-            Interval {
-                lo: None,
-                hi: Some(25)
-            }
-        );
+        assert_eq!(t.bounds(&(n.floor_div(&c(4)) - &m)), Interval { lo: None, hi: Some(25) });
         assert!(t.known_divisible(&(&n * 8 + 16), 4));
         assert!(!t.known_divisible(&n, 4));
     }
@@ -1449,11 +1281,7 @@ mod tests {
         leaf.prop_recursive(4, 24, 2, |inner| {
             prop_oneof![
                 inner.clone().prop_map(|a| Tree::Neg(Box::new(a))),
-                (0u8..7, inner.clone(), inner).prop_map(|(op, a, b)| Tree::Bin(
-                    op,
-                    Box::new(a),
-                    Box::new(b)
-                )),
+                (0u8..7, inner.clone(), inner).prop_map(|(op, a, b)| Tree::Bin(op, Box::new(a), Box::new(b))),
             ]
         })
     }

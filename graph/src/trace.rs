@@ -65,7 +65,9 @@ impl Tensor {
     }
 
     fn concrete(data: Rc<TensorData>, carried_from: Option<(u64, usize)>) -> Tensor {
-        Tensor { cell: Rc::new(TensorCell { id: next_id(), state: RefCell::new(State::Concrete { data, carried_from }) }) }
+        Tensor {
+            cell: Rc::new(TensorCell { id: next_id(), state: RefCell::new(State::Concrete { data, carried_from }) }),
+        }
     }
 
     /// Element type.

@@ -8,6 +8,15 @@ use crate::error::{Error, Result};
 use crate::loc::SourceLoc;
 use crate::shape::Shape;
 
+#[track_caller]
+fn check_len(len: usize, dims: &[usize]) -> Result<()> {
+    let numel: usize = dims.iter().product();
+    if len == numel {
+        return Ok(());
+    }
+    Err(Error::DataLength { len, shape: Shape::from_dims(dims).to_string(), numel, loc: SourceLoc::caller() })
+}
+
 /// A dense, row-major tensor on the host.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorData {
@@ -20,30 +29,14 @@ impl TensorData {
     /// Builds from typed elements; errors when `values.len()` is not the product of `dims`.
     #[track_caller]
     pub fn new<T: Element>(values: &[T], dims: &[usize]) -> Result<Self> {
-        let numel: usize = dims.iter().product();
-        if values.len() != numel {
-            return Err(Error::DataLength {
-                len: values.len(),
-                shape: Shape::from_dims(dims).to_string(),
-                numel,
-                loc: SourceLoc::caller(),
-            });
-        }
+        check_len(values.len(), dims)?;
         Ok(TensorData { dtype: T::DTYPE, dims: dims.to_vec(), values: values.iter().map(|v| v.to_f64()).collect() })
     }
 
     /// Builds from f64 values, rounding each to `dtype`.
     #[track_caller]
     pub fn from_f64(values: Vec<f64>, dims: &[usize], dtype: DType) -> Result<Self> {
-        let numel: usize = dims.iter().product();
-        if values.len() != numel {
-            return Err(Error::DataLength {
-                len: values.len(),
-                shape: Shape::from_dims(dims).to_string(),
-                numel,
-                loc: SourceLoc::caller(),
-            });
-        }
+        check_len(values.len(), dims)?;
         Ok(Self::from_rounded(values.into_iter().map(|v| dtype.round(v)).collect(), dims.to_vec(), dtype))
     }
 

@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod compile;
 pub mod data;
+pub mod decompose;
 pub mod dtype;
 pub mod error;
 pub mod explain;

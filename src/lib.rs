@@ -20,7 +20,7 @@ pub use kiln_graph::{
     compile, Args, Compiled, DType, Element, Error, Explanation, Result, SourceLoc, Static, Tensor, TensorData,
 };
 
-use kiln_graph::{CpuReference, IntoBackend};
+use kiln_graph::{CpuReference, IntoBackend, KernelInterpreter};
 use std::rc::Rc;
 
 /// Which backend compiled graphs run on.
@@ -31,15 +31,18 @@ pub enum Backend {
     Auto,
     /// The CPU reference interpreter (f64, exact, slow).
     Cpu,
+    /// The full compiler pipeline (decompose, fuse, lower, plan) with its kernels run by the CPU kernel
+    /// interpreter: the kernels a GPU would get, executed without one.
+    Kernels,
 }
 
 impl Backend {
     /// Every backend this build knows, best first.
-    pub const ALL: [Backend; 2] = [Backend::Auto, Backend::Cpu];
+    pub const ALL: [Backend; 3] = [Backend::Auto, Backend::Cpu, Backend::Kernels];
 
     /// The backends that can run here now, best first (what `Auto` chooses from).
     pub fn available() -> Vec<Backend> {
-        vec![Backend::Cpu]
+        vec![Backend::Cpu, Backend::Kernels]
     }
 }
 
@@ -47,6 +50,7 @@ impl IntoBackend for Backend {
     fn into_backend(self) -> Result<Rc<dyn kiln_graph::Backend>> {
         match self {
             Backend::Auto | Backend::Cpu => Ok(Rc::new(CpuReference)),
+            Backend::Kernels => Ok(Rc::new(KernelInterpreter::default())),
         }
     }
 }

@@ -70,6 +70,11 @@ impl fmt::Display for Explanation {
             for line in g.graph.to_string().lines() {
                 writeln!(f, "    {line}")?;
             }
+            if let Some(c) = &g.compiled {
+                for line in c.to_string().lines() {
+                    writeln!(f, "  {line}")?;
+                }
+            }
             if let Some(b) = &g.ended_by {
                 writeln!(f, "  ended by a graph break at {}: {}", b.loc, b.reason)?;
             }

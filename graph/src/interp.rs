@@ -55,7 +55,7 @@ fn last_uses(graph: &Graph) -> Vec<usize> {
 }
 
 /// Binds each symbol that appears alone as an input dim to that input's actual size, and checks the rest.
-fn bind_symbols(graph: &Graph, inputs: &[&TensorData]) -> Result<Bindings> {
+pub(crate) fn bind_symbols(graph: &Graph, inputs: &[&TensorData]) -> Result<Bindings> {
     let mut b = Bindings::new();
     for (gi, data) in graph.inputs.iter().zip(inputs) {
         let node = graph.node(gi.node);
@@ -253,7 +253,7 @@ fn eval_node(node: &Node, args: &[&TensorData], dims: Vec<usize>, inputs: &[&Ten
     Ok(finish(out, dims))
 }
 
-fn nan_max(a: f64, b: f64) -> f64 {
+pub(crate) fn nan_max(a: f64, b: f64) -> f64 {
     if a.is_nan() || b.is_nan() {
         f64::NAN
     } else {
@@ -261,7 +261,7 @@ fn nan_max(a: f64, b: f64) -> f64 {
     }
 }
 
-fn nan_min(a: f64, b: f64) -> f64 {
+pub(crate) fn nan_min(a: f64, b: f64) -> f64 {
     if a.is_nan() || b.is_nan() {
         f64::NAN
     } else {
@@ -269,7 +269,7 @@ fn nan_min(a: f64, b: f64) -> f64 {
     }
 }
 
-fn unary(op: UnaryOp, x: f64) -> f64 {
+pub(crate) fn unary(op: UnaryOp, x: f64) -> f64 {
     let b = |c: bool| if c { 1.0 } else { 0.0 };
     match op {
         UnaryOp::Neg => -x,
@@ -300,7 +300,7 @@ fn unary(op: UnaryOp, x: f64) -> f64 {
 }
 
 /// `None` only for an integer division by zero.
-fn binary(op: BinaryOp, x: f64, y: f64, int: bool) -> Option<f64> {
+pub(crate) fn binary(op: BinaryOp, x: f64, y: f64, int: bool) -> Option<f64> {
     let b = |c: bool| if c { 1.0 } else { 0.0 };
     Some(match op {
         BinaryOp::Add => x + y,

@@ -13,6 +13,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, InputKind, Node, NodeId, Op};
 use crate::loc::SourceLoc;
+use crate::pipeline::{compile_graph, CompiledGraph};
 use crate::shape::Shape;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
@@ -173,6 +174,9 @@ pub struct TracedGraph {
     pub graph: Graph,
     /// The break that ended it, or `None` for the graph that ran at the function's return.
     pub ended_by: Option<GraphBreak>,
+    /// What the pipeline made of it, on backends that run kernels.
+    #[serde(skip)]
+    pub compiled: Option<Rc<CompiledGraph>>,
 }
 
 /// Options a tracer runs under.
@@ -323,9 +327,18 @@ impl Tracer {
         st.lifted.clear();
         let ran = graph.op_count() > 0 || !graph.outputs.is_empty();
         let index = st.graphs.len();
+        let mut compiled = None;
         if ran {
             let inputs: Vec<&TensorData> = input_data.iter().map(|d| d.as_ref()).collect();
-            let results = self.opts.backend.run(&graph, &inputs)?;
+            let backend = &self.opts.backend;
+            let results = match backend.target() {
+                Some(target) => {
+                    let c = Rc::new(compile_graph(&graph, target)?);
+                    compiled = Some(c.clone());
+                    backend.run_compiled(&c, &inputs)?
+                }
+                None => backend.run(&graph, &inputs)?,
+            };
             let by_node: HashMap<NodeId, Rc<TensorData>> =
                 graph.outputs.iter().copied().zip(results.into_iter().map(Rc::new)).collect();
             for (cell, node) in cells {
@@ -339,7 +352,7 @@ impl Tracer {
             b
         });
         if ran {
-            st.graphs.push(TracedGraph { graph, ended_by });
+            st.graphs.push(TracedGraph { graph, ended_by, compiled });
         }
         st.graph_index += 1;
         Ok(())
@@ -349,6 +362,73 @@ impl Tracer {
         let mut st = self.st.borrow_mut();
         TraceRecord { graphs: std::mem::take(&mut st.graphs), breaks: std::mem::take(&mut st.breaks) }
     }
+}
+
+/// The element type and dims of a placeholder input for [`capture`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorSpec {
+    /// Element type.
+    pub dtype: DType,
+    /// Dims.
+    pub shape: Shape,
+}
+
+impl TensorSpec {
+    /// A spec of constant dims.
+    pub fn new(dtype: DType, dims: &[usize]) -> Self {
+        TensorSpec { dtype, shape: Shape::from_dims(dims) }
+    }
+}
+
+/// Traces `f` on placeholder inputs — no data, nothing runs — and returns the graph, with `f`'s results
+/// as outputs. This is how tools (fusion tests, the explorer, the bench's kernel counts) inspect what a
+/// function compiles to at full size. A host read inside `f` is an error here: there is no value to read.
+pub fn capture(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>) -> Result<Graph> {
+    let tracer = Tracer::new(TraceOptions { fullgraph: true, ..TraceOptions::default() });
+    let handles: Vec<Tensor> = {
+        let mut st = tracer.st.borrow_mut();
+        inputs
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| {
+                let node = st.graph.add_input(
+                    spec.dtype,
+                    spec.shape.clone(),
+                    InputKind::Arg { index },
+                    SourceLoc::internal(),
+                );
+                Tensor {
+                    cell: Rc::new(TensorCell {
+                        id: next_id(),
+                        state: RefCell::new(State::Lazy {
+                            trace: tracer.id,
+                            graph: 0,
+                            node,
+                            dtype: spec.dtype,
+                            shape: spec.shape.clone(),
+                        }),
+                    }),
+                }
+            })
+            .collect()
+    };
+    let outs = {
+        let _active = ActiveGuard::set(tracer.clone());
+        f(&handles)
+    };
+    if let Some(e) = tracer.take_break_error() {
+        return Err(e);
+    }
+    let outs = outs?;
+    let mut st = tracer.st.borrow_mut();
+    let mut outputs = Vec::with_capacity(outs.len());
+    for t in &outs {
+        let node = tracer.node_of(&mut st, t, &SourceLoc::internal())?;
+        outputs.push(node);
+    }
+    let mut graph = std::mem::take(&mut st.graph);
+    graph.outputs = outputs;
+    Ok(graph)
 }
 
 /// Records one op: into the active trace, or (eager mode) as a one-node graph run at once on the CPU

@@ -1,0 +1,464 @@
+//! The scheduler: groups the nodes of a primitive graph into regions, each of which becomes one kernel.
+//!
+//! Policy, in the order it is applied:
+//! 1. Layout nodes (reshape, permute, expand, slice, pad, concat, gathers) and sources (full, iota) are
+//!    *transparent*: never a kernel of their own, folded into the index expressions of whoever reads them.
+//!    Only compute nodes (pointwise ops, reductions, matmuls) belong to regions.
+//! 2. Row regions: each reduction, with the other reductions over the same elements (softmax's max and
+//!    sum, layer norm's two sums), their pointwise prologue and the pointwise epilogue that reads the
+//!    reduced values back, becomes one kernel that walks each row once per reduction.
+//! 3. Matmul regions: the matmul template plus its chain of single-consumer pointwise consumers of the
+//!    same shape (bias, activation, residual, scale) as a fused epilogue. Operands are read through their
+//!    views, so transposes and head splits need no copy.
+//! 4. Pointwise regions: every other pointwise node, absorbing producers whose every consumer is in the
+//!    region.
+//!
+//! A node is absorbed only when all its consumers end up in the same kernel, so nothing is computed twice
+//! across kernels and no intermediate is written that was not written before (peak memory never rises).
+//! A region never binds more buffers than the target allows: a producer that would exceed the limit stays
+//! outside and is written by its own kernel.
+
+use crate::ir::{Graph, NodeId, Op};
+use crate::shape::Shape;
+use crate::target::Target;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// What kind of kernel a region becomes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RegionKind {
+    /// One thread per output element.
+    Pointwise,
+    /// Reductions over the same elements of each row, with prologue and epilogue.
+    Rows {
+        /// Shape of the reduced tensor.
+        input_shape: Shape,
+        /// Reduced axes.
+        axes: Vec<usize>,
+    },
+    /// The matmul template with a fused epilogue.
+    MatMul {
+        /// The matmul node.
+        node: NodeId,
+    },
+}
+
+/// A group of nodes computed by one kernel.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Region {
+    /// Kernel name, saying what it fuses.
+    pub name: String,
+    /// Kind.
+    pub kind: RegionKind,
+    /// Compute nodes computed here, in graph order.
+    pub members: Vec<NodeId>,
+    /// Nodes this kernel writes to memory (members read elsewhere, graph outputs).
+    pub stored: Vec<NodeId>,
+}
+
+/// The result of scheduling.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fusion {
+    /// Regions in launch order.
+    pub regions: Vec<Region>,
+}
+
+/// The role of a node for scheduling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Graph input: a buffer.
+    Input,
+    /// Folded into index expressions.
+    Transparent,
+    /// Elementwise compute.
+    Pointwise,
+    /// Reduction.
+    Reduce,
+    /// Matrix product.
+    MatMul,
+}
+
+/// How the scheduler treats an op.
+pub fn role(op: &Op) -> Role {
+    match op {
+        Op::Input { .. } => Role::Input,
+        Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast => Role::Pointwise,
+        Op::Reduce { .. } | Op::ArgReduce { .. } => Role::Reduce,
+        Op::MatMul => Role::MatMul,
+        _ => Role::Transparent,
+    }
+}
+
+/// Graph facts the scheduler queries repeatedly.
+struct Facts<'g> {
+    graph: &'g Graph,
+    role: Vec<Role>,
+    /// Compute nodes and inputs reachable backwards through transparent nodes.
+    producers: Vec<Vec<NodeId>>,
+    /// Compute nodes reachable forwards through transparent nodes.
+    consumers: Vec<Vec<NodeId>>,
+    /// Graph outputs, and compute nodes that a transparent output reads.
+    output_reach: Vec<bool>,
+    /// `ancestors[n]` holds every compute node `n` depends on.
+    ancestors: Vec<BTreeSet<NodeId>>,
+}
+
+impl<'g> Facts<'g> {
+    fn new(graph: &'g Graph) -> Self {
+        let n = graph.nodes.len();
+        let role: Vec<Role> = graph.nodes.iter().map(|x| role(&x.op)).collect();
+        let mut producers = vec![Vec::new(); n];
+        for i in 0..n {
+            let mut seen = BTreeSet::new();
+            let mut stack: Vec<NodeId> = graph.nodes[i].inputs.clone();
+            while let Some(p) = stack.pop() {
+                if !seen.insert(p) {
+                    continue;
+                }
+                if role[p.index()] == Role::Transparent {
+                    stack.extend(graph.node(p).inputs.iter().copied());
+                } else {
+                    producers[i].push(p);
+                }
+            }
+            producers[i].sort();
+        }
+        let mut consumers = vec![Vec::new(); n];
+        for i in 0..n {
+            if role[i] == Role::Transparent {
+                continue;
+            }
+            for &p in &producers[i] {
+                consumers[p.index()].push(NodeId(i as u32));
+            }
+        }
+        let mut output_reach = vec![false; n];
+        for &o in &graph.outputs {
+            output_reach[o.index()] = true;
+        }
+        let mut ancestors: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); n];
+        for i in 0..n {
+            let mut set = BTreeSet::new();
+            for &p in &producers[i] {
+                if role[p.index()] != Role::Input {
+                    set.insert(p);
+                    set.extend(ancestors[p.index()].iter().copied());
+                }
+            }
+            ancestors[i] = set;
+        }
+        Facts { graph, role, producers, consumers, output_reach, ancestors }
+    }
+
+    fn shape(&self, n: NodeId) -> &Shape {
+        &self.graph.node(n).shape
+    }
+}
+
+/// Buffers a region with these members would bind: external reads plus writes.
+fn buffer_count(f: &Facts, members: &BTreeSet<NodeId>) -> usize {
+    let mut reads = BTreeSet::new();
+    let mut writes = 0;
+    for &m in members {
+        for &p in &f.producers[m.index()] {
+            if !members.contains(&p) {
+                reads.insert(p);
+            }
+        }
+        if f.output_reach[m.index()] || f.consumers[m.index()].iter().any(|c| !members.contains(c)) {
+            writes += 1;
+        }
+    }
+    reads.len() + writes
+}
+
+/// True when adding `c` would make a cycle between regions: one of `c`'s outside producers depends on a
+/// member.
+fn closes_cycle(f: &Facts, members: &BTreeSet<NodeId>, c: NodeId) -> bool {
+    f.producers[c.index()]
+        .iter()
+        .filter(|p| !members.contains(p))
+        .any(|p| f.ancestors[p.index()].iter().any(|a| members.contains(a)))
+}
+
+struct Scheduler<'g> {
+    f: Facts<'g>,
+    target: &'g Target,
+    assigned: Vec<Option<usize>>,
+    regions: Vec<(RegionKind, BTreeSet<NodeId>)>,
+    /// Consumers that must not join a row region (lowering found they read a reduction at another row).
+    refused: BTreeSet<NodeId>,
+}
+
+impl<'g> Scheduler<'g> {
+    fn free(&self, n: NodeId) -> bool {
+        self.assigned[n.index()].is_none()
+    }
+
+    fn fits(&self, members: &BTreeSet<NodeId>, extra: NodeId) -> bool {
+        let mut m = members.clone();
+        m.insert(extra);
+        buffer_count(&self.f, &m) <= self.target.max_bindings as usize
+    }
+
+    fn commit(&mut self, kind: RegionKind, members: BTreeSet<NodeId>) {
+        let idx = self.regions.len();
+        for &m in &members {
+            self.assigned[m.index()] = Some(idx);
+        }
+        self.regions.push((kind, members));
+    }
+
+    fn reduce_domain(&self, r: NodeId) -> Option<(Shape, Vec<usize>)> {
+        let node = self.f.graph.node(r);
+        let axes = match &node.op {
+            Op::Reduce { axes, .. } => axes.clone(),
+            Op::ArgReduce { axis, .. } => vec![*axis],
+            _ => return None,
+        };
+        Some((self.f.shape(node.inputs[0]).clone(), axes))
+    }
+
+    fn row_regions(&mut self) {
+        let n = self.f.graph.nodes.len();
+        for i in 0..n {
+            let r = NodeId(i as u32);
+            if self.f.role[i] != Role::Reduce || !self.free(r) {
+                continue;
+            }
+            let Some((input_shape, axes)) = self.reduce_domain(r) else { continue };
+            let rows = self.f.shape(r).numel();
+            let mut members = BTreeSet::from([r]);
+            let mut row_level = BTreeSet::from([r]);
+            loop {
+                let mut changed = false;
+                // Forward: consumers over the same elements or the same rows.
+                let snapshot: Vec<NodeId> = members.iter().copied().collect();
+                for m in snapshot {
+                    for &c in &self.f.consumers[m.index()] {
+                        if members.contains(&c) || !self.free(c) || self.refused.contains(&c) {
+                            continue;
+                        }
+                        let ok = match self.f.role[c.index()] {
+                            Role::Reduce => self.reduce_domain(c) == Some((input_shape.clone(), axes.clone())),
+                            Role::Pointwise => {
+                                let element = *self.f.shape(c) == input_shape;
+                                let row = self.f.shape(c).numel() == rows
+                                    && self.f.producers[c.index()]
+                                        .iter()
+                                        .filter(|p| members.contains(p))
+                                        .all(|p| row_level.contains(p));
+                                if row && !element {
+                                    row_level.insert(c);
+                                }
+                                element || row
+                            }
+                            _ => false,
+                        };
+                        if ok && !closes_cycle(&self.f, &members, c) && self.fits(&members, c) {
+                            if self.f.role[c.index()] == Role::Reduce {
+                                row_level.insert(c);
+                            }
+                            members.insert(c);
+                            changed = true;
+                        }
+                    }
+                }
+                // Backward: pointwise producers all of whose consumers are here.
+                let snapshot: Vec<NodeId> = members.iter().copied().collect();
+                for m in snapshot {
+                    for &p in &self.f.producers[m.index()] {
+                        if members.contains(&p) || !self.free(p) || self.f.role[p.index()] != Role::Pointwise {
+                            continue;
+                        }
+                        let all_inside = !self.f.output_reach[p.index()]
+                            && self.f.consumers[p.index()].iter().all(|c| members.contains(c));
+                        if all_inside && self.fits(&members, p) {
+                            members.insert(p);
+                            changed = true;
+                        }
+                    }
+                }
+                if !changed {
+                    break;
+                }
+            }
+            self.commit(RegionKind::Rows { input_shape, axes }, members);
+        }
+    }
+
+    fn matmul_regions(&mut self) {
+        for i in 0..self.f.graph.nodes.len() {
+            let m = NodeId(i as u32);
+            if self.f.role[i] != Role::MatMul || !self.free(m) {
+                continue;
+            }
+            // The epilogue: pointwise consumers over the output's elements, grown forward.
+            let shape = self.f.shape(m).clone();
+            let mut members = BTreeSet::from([m]);
+            loop {
+                let mut changed = false;
+                let snapshot: Vec<NodeId> = members.iter().copied().collect();
+                for x in snapshot {
+                    for &c in &self.f.consumers[x.index()] {
+                        let ok = !members.contains(&c)
+                            && self.free(c)
+                            && !self.refused.contains(&c)
+                            && self.f.role[c.index()] == Role::Pointwise
+                            && *self.f.shape(c) == shape
+                            && !closes_cycle(&self.f, &members, c)
+                            && self.fits(&members, c);
+                        if ok {
+                            members.insert(c);
+                            changed = true;
+                        }
+                    }
+                }
+                if !changed {
+                    break;
+                }
+            }
+            self.commit(RegionKind::MatMul { node: m }, members);
+        }
+    }
+
+    fn pointwise_regions(&mut self) {
+        for i in (0..self.f.graph.nodes.len()).rev() {
+            let seed = NodeId(i as u32);
+            if self.f.role[i] != Role::Pointwise || !self.free(seed) {
+                continue;
+            }
+            let mut members = BTreeSet::from([seed]);
+            loop {
+                let mut changed = false;
+                let snapshot: Vec<NodeId> = members.iter().copied().collect();
+                for m in snapshot {
+                    for &p in &self.f.producers[m.index()] {
+                        if members.contains(&p) || !self.free(p) || self.f.role[p.index()] != Role::Pointwise {
+                            continue;
+                        }
+                        let all_inside = !self.f.output_reach[p.index()]
+                            && self.f.consumers[p.index()].iter().all(|c| members.contains(c));
+                        if all_inside && self.fits(&members, p) {
+                            members.insert(p);
+                            changed = true;
+                        }
+                    }
+                }
+                if !changed {
+                    break;
+                }
+            }
+            self.commit(RegionKind::Pointwise, members);
+        }
+    }
+
+    /// Graph outputs that are layout or source nodes get a pointwise region that writes them.
+    fn transparent_outputs(&mut self) {
+        let outputs: Vec<NodeId> = self.f.graph.outputs.clone();
+        for o in outputs {
+            if matches!(self.f.role[o.index()], Role::Transparent | Role::Input) && self.free(o) {
+                self.commit(RegionKind::Pointwise, BTreeSet::from([o]));
+            }
+        }
+    }
+}
+
+/// Which stored nodes a region writes.
+fn stored_nodes(f: &Facts, members: &BTreeSet<NodeId>) -> Vec<NodeId> {
+    members
+        .iter()
+        .copied()
+        .filter(|&m| {
+            f.output_reach[m.index()]
+                || f.consumers[m.index()].iter().any(|c| !members.contains(c))
+                || matches!(f.role[m.index()], Role::Transparent | Role::Input)
+        })
+        .collect()
+}
+
+/// Orders regions so each runs after the regions whose outputs it reads.
+fn launch_order(f: &Facts, regions: &[(RegionKind, BTreeSet<NodeId>)], assigned: &[Option<usize>]) -> Vec<usize> {
+    let k = regions.len();
+    let mut deps = vec![BTreeSet::new(); k];
+    for (ri, (_, members)) in regions.iter().enumerate() {
+        for &m in members {
+            let reads = f.producers[m.index()].iter().chain(f.graph.node(m).inputs.iter());
+            for p in reads {
+                if let Some(pr) = assigned[p.index()] {
+                    if pr != ri {
+                        deps[ri].insert(pr);
+                    }
+                }
+            }
+        }
+    }
+    let mut order = Vec::with_capacity(k);
+    let mut done = vec![false; k];
+    // Regions are convex by construction, so this always completes; the bound guards against a bug.
+    for _ in 0..k {
+        for r in 0..k {
+            if !done[r] && deps[r].iter().all(|&d| done[d]) {
+                done[r] = true;
+                order.push(r);
+                break;
+            }
+        }
+    }
+    order
+}
+
+/// A readable kernel name from the user-level ops a region computes: `k3_fused_layernorm_gelu`.
+fn region_name(index: usize, kind: &RegionKind, members: &BTreeSet<NodeId>, op_names: &[String]) -> String {
+    let mut names: Vec<String> = Vec::new();
+    for m in members {
+        let n = op_names[m.index()].replace('_', "");
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    let more = names.len().saturating_sub(5);
+    names.truncate(5);
+    let mut desc = names.join("_");
+    if more > 0 {
+        desc.push_str(&format!("_and{more}more"));
+    }
+    let fused = names.len() > 1 || (matches!(kind, RegionKind::MatMul { .. }) && members.len() > 1);
+    if fused {
+        format!("k{index}_fused_{desc}")
+    } else {
+        format!("k{index}_{desc}")
+    }
+}
+
+/// Schedules a primitive graph into regions for `target`. `op_names[i]` names the user-level op that
+/// node `i` came from (for kernel names); `refused` lists consumers that must not join row regions.
+pub fn fuse(graph: &Graph, op_names: &[String], target: &Target, refused: &BTreeSet<NodeId>) -> Fusion {
+    let mut s = Scheduler {
+        f: Facts::new(graph),
+        target,
+        assigned: vec![None; graph.nodes.len()],
+        regions: Vec::new(),
+        refused: refused.clone(),
+    };
+    s.row_regions();
+    s.matmul_regions();
+    s.pointwise_regions();
+    s.transparent_outputs();
+    let order = launch_order(&s.f, &s.regions, &s.assigned);
+    let regions = order
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| {
+            let (kind, members) = &s.regions[r];
+            Region {
+                name: region_name(i, kind, members, op_names),
+                kind: kind.clone(),
+                members: members.iter().copied().collect(),
+                stored: stored_nodes(&s.f, members),
+            }
+        })
+        .collect();
+    Fusion { regions }
+}

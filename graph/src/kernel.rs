@@ -1,0 +1,432 @@
+//! The kernel IR: the loop-level program both renderers print. It is small and explicit on purpose —
+//! every decision (what a kernel computes, how it is launched, how a reduction is split across threads,
+//! which dtype each value is computed in) is already made by `fuse` and `lower`, so WGSL and PTX writers
+//! are straightforward printers.
+//!
+//! Evaluation rules (the kernel interpreter in `kinterp` is their executable form):
+//! - A kernel binds `buffers` (flat arrays of one dtype) and the symbol values in `symbols`.
+//! - `Let` defines an SSA scalar of a dtype; every value is rounded to its dtype.
+//! - Index expressions are `sym::Expr`s over loop variables, bound index values and shape symbols.
+//! - `Loop` modes say how iterations map to threads: `Global` (one iteration per thread of the grid,
+//!   grid-stride when the grid is capped), `Group` (one iteration per workgroup), `Threads` (iterations
+//!   strided across the threads of the current workgroup), `Serial` (each thread runs every iteration).
+//! - Inside a `Group` loop, statements outside any `Threads` loop or `Reduce` run redundantly on every
+//!   thread; a `Store` there is performed by thread 0 only.
+//! - `Reduce` combines `value` over its loop with the given op; with `ReduceStrategy::Group` the threads
+//!   of the group split the loop and combine partials (subgroup shuffles, then shared memory), and every
+//!   thread receives the result.
+//! - `MatMul` is the matmul template: for every output element `(b, i, j)` it accumulates
+//!   `a(b, i, p) * b(b, p, j)` over `p` (operand bodies are evaluated at those indices), binds the sum to
+//!   `acc` and runs the epilogue, which ends in stores.
+
+use crate::dtype::DType;
+use crate::ir::{BinaryOp, NodeId, UnaryOp};
+use crate::sym::{Expr, SymId};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A scalar SSA value of a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct VarId(pub u32);
+
+impl fmt::Display for VarId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// What a kernel does with a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    /// Only loads.
+    Read,
+    /// Only stores.
+    Write,
+}
+
+/// A buffer parameter.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BufferParam {
+    /// Element type as stored.
+    pub dtype: DType,
+    /// Elements, possibly symbolic.
+    pub len: Expr,
+    /// Loads or stores.
+    pub access: Access,
+    /// The graph value it holds (an input or a stored node); the plan maps values to memory.
+    pub node: NodeId,
+}
+
+/// A scalar computation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Scalar {
+    /// A constant (rounded to the `Let`'s dtype).
+    Const {
+        /// The value.
+        value: f64,
+    },
+    /// `buffers[buffer][index]`, converted to the `Let`'s dtype; when `guard` is false the value is 0 and
+    /// no memory is touched.
+    Load {
+        /// Kernel buffer number.
+        buffer: usize,
+        /// Element index.
+        index: Expr,
+        /// A bool value that must hold for the access to happen.
+        guard: Option<VarId>,
+    },
+    /// The integer value of an index expression.
+    Index {
+        /// The expression.
+        expr: Expr,
+    },
+    /// A one-input op.
+    Unary {
+        /// Which.
+        op: UnaryOp,
+        /// Input.
+        a: VarId,
+    },
+    /// A two-input op (comparisons give bool).
+    Binary {
+        /// Which.
+        op: BinaryOp,
+        /// Left.
+        a: VarId,
+        /// Right.
+        b: VarId,
+    },
+    /// `cond ? a : b`.
+    Select {
+        /// Bool condition.
+        cond: VarId,
+        /// Value when true.
+        a: VarId,
+        /// Value when false.
+        b: VarId,
+    },
+    /// Conversion to the `Let`'s dtype.
+    Cast {
+        /// Input.
+        a: VarId,
+    },
+}
+
+/// The combining op of a kernel reduction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KReduceOp {
+    /// Sum.
+    Sum,
+    /// Maximum, NaN-propagating.
+    Max,
+    /// Minimum, NaN-propagating.
+    Min,
+    /// Index (the loop variable) of the first maximum; NaN counts as maximum.
+    ArgMax,
+    /// Index of the first minimum; NaN counts as minimum.
+    ArgMin,
+}
+
+/// How a reduction's loop is split across threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ReduceStrategy {
+    /// One thread runs the whole loop (short rows, many of them).
+    Serial,
+    /// The workgroup's threads stride over the loop; partials combine through subgroup shuffles (when
+    /// `subgroup` is set) and then workgroup shared memory.
+    Group {
+        /// Subgroup size to shuffle within first.
+        subgroup: Option<u32>,
+    },
+}
+
+/// How a loop's iterations map to threads (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoopMode {
+    /// One iteration per grid thread.
+    Global,
+    /// One iteration per workgroup.
+    Group,
+    /// Strided across the threads of the workgroup.
+    Threads,
+    /// Every thread runs every iteration.
+    Serial,
+}
+
+/// A statement.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Stmt {
+    /// Defines `var` of `dtype`.
+    Let {
+        /// The new value.
+        var: VarId,
+        /// Its dtype (the compute dtype, which may be wider than the storage dtype).
+        dtype: DType,
+        /// What it is.
+        value: Scalar,
+    },
+    /// Makes an integer value usable in index expressions as `sym`, clamped into `[0, bound)` so a bad
+    /// index can never touch memory outside the buffer.
+    BindIndex {
+        /// The symbol index expressions use.
+        sym: SymId,
+        /// The integer value.
+        var: VarId,
+        /// Exclusive upper bound.
+        bound: Expr,
+    },
+    /// `buffers[buffer][index] = value` (converted to the buffer's dtype).
+    Store {
+        /// Kernel buffer number.
+        buffer: usize,
+        /// Element index.
+        index: Expr,
+        /// The value.
+        value: VarId,
+    },
+    /// `for sym in 0..extent`, mapped to threads by `mode`.
+    Loop {
+        /// Loop variable.
+        sym: SymId,
+        /// Trip count.
+        extent: Expr,
+        /// Thread mapping.
+        mode: LoopMode,
+        /// Body.
+        body: Vec<Stmt>,
+    },
+    /// `out = reduce(op, value for sym in 0..extent)`.
+    Reduce {
+        /// Result (ArgMax/ArgMin: an i64 index).
+        out: VarId,
+        /// Accumulator dtype (the value's dtype for Sum/Max/Min).
+        dtype: DType,
+        /// Combining op.
+        op: KReduceOp,
+        /// Loop variable.
+        sym: SymId,
+        /// Trip count.
+        extent: Expr,
+        /// Thread split.
+        strategy: ReduceStrategy,
+        /// Computes `value` for one iteration.
+        body: Vec<Stmt>,
+        /// The value reduced.
+        value: VarId,
+    },
+    /// The matmul template (see the module docs).
+    MatMul(Box<MatMul>),
+}
+
+/// One operand of the matmul template: statements computing the element at `(b, row, col)` of the
+/// operand, where the template binds the three symbols.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MatOperand {
+    /// Computes `value`.
+    pub body: Vec<Stmt>,
+    /// The element.
+    pub value: VarId,
+}
+
+/// Tile sizes chosen by `graph` from the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Tile {
+    /// Rows of the output tile.
+    pub m: u32,
+    /// Columns of the output tile.
+    pub n: u32,
+    /// Depth of one k step.
+    pub k: u32,
+}
+
+/// `out[b, i, j] = epilogue(sum_p a[b, i, p] * b[b, p, j])`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MatMul {
+    /// Flattened batch count.
+    pub batch: Expr,
+    /// Output rows.
+    pub m: Expr,
+    /// Output columns.
+    pub n: Expr,
+    /// Reduction depth.
+    pub k: Expr,
+    /// Batch, row, column and depth symbols.
+    pub syms: [SymId; 4],
+    /// Left operand, evaluated at `(b, i, p)`.
+    pub a: MatOperand,
+    /// Right operand, evaluated at `(b, p, j)`.
+    pub b: MatOperand,
+    /// Accumulator dtype.
+    pub acc_dtype: DType,
+    /// The accumulated value, visible to the epilogue.
+    pub acc: VarId,
+    /// Runs per output element, ends in stores.
+    pub epilogue: Vec<Stmt>,
+    /// Tiling.
+    pub tile: Tile,
+}
+
+/// How a kernel is launched.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Launch {
+    /// Workgroups (the runtime folds this into a 2-D or 3-D grid past the per-dimension limit).
+    pub groups: Expr,
+    /// Threads per workgroup.
+    pub threads: u32,
+}
+
+/// Special symbols every kernel may read; their ids sit above any shape symbol.
+pub mod builtin {
+    /// The first id kernels use for their own loop and index symbols.
+    pub const FIRST_LOCAL: u32 = 1 << 20;
+}
+
+/// One kernel: what a region became.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Kernel {
+    /// Says what it fuses, e.g. `k2_fused_layernorm_gelu`.
+    pub name: String,
+    /// Bound buffers.
+    pub buffers: Vec<BufferParam>,
+    /// Shape symbols whose values are passed at launch.
+    pub symbols: Vec<SymId>,
+    /// Launch shape.
+    pub launch: Launch,
+    /// The program.
+    pub body: Vec<Stmt>,
+}
+
+impl Kernel {
+    /// Number of statements, recursively (a size measure for logs and tests).
+    pub fn stmt_count(&self) -> usize {
+        fn count(b: &[Stmt]) -> usize {
+            b.iter()
+                .map(|s| {
+                    1 + match s {
+                        Stmt::Loop { body, .. } | Stmt::Reduce { body, .. } => count(body),
+                        Stmt::MatMul(m) => count(&m.a.body) + count(&m.b.body) + count(&m.epilogue),
+                        _ => 0,
+                    }
+                })
+                .sum()
+        }
+        count(&self.body)
+    }
+}
+
+fn sym_name(s: SymId) -> String {
+    if s.0 >= builtin::FIRST_LOCAL {
+        format!("i{}", s.0 - builtin::FIRST_LOCAL)
+    } else {
+        s.to_string()
+    }
+}
+
+/// Prints an index expression with kernel-local symbols as `i0, i1, ...`.
+pub fn show_expr(e: &Expr) -> String {
+    let mut text = e.to_string();
+    let mut syms: Vec<SymId> = e.symbols().into_iter().filter(|s| s.0 >= builtin::FIRST_LOCAL).collect();
+    // Longest ids first, so `s1048577` is not clobbered by `s104857`.
+    syms.sort_by_key(|s| std::cmp::Reverse(s.to_string().len()));
+    for s in syms {
+        text = text.replace(&s.to_string(), &sym_name(s));
+    }
+    text
+}
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Const { value } => write!(f, "{value}"),
+            Scalar::Load { buffer, index, guard: None } => write!(f, "load b{buffer}[{}]", show_expr(index)),
+            Scalar::Load { buffer, index, guard: Some(g) } => {
+                write!(f, "load b{buffer}[{}] if {g}", show_expr(index))
+            }
+            Scalar::Index { expr } => write!(f, "index({})", show_expr(expr)),
+            Scalar::Unary { op, a } => write!(f, "{}({a})", op.name()),
+            Scalar::Binary { op, a, b } => write!(f, "{}({a}, {b})", op.name()),
+            Scalar::Select { cond, a, b } => write!(f, "select({cond}, {a}, {b})"),
+            Scalar::Cast { a } => write!(f, "cast({a})"),
+        }
+    }
+}
+
+fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::Result {
+    let pad = "  ".repeat(depth);
+    for s in body {
+        match s {
+            Stmt::Let { var, dtype, value } => writeln!(f, "{pad}{var}: {dtype} = {value}")?,
+            Stmt::BindIndex { sym, var, bound } => {
+                writeln!(f, "{pad}{} = clamp({var}, 0, {})", sym_name(*sym), show_expr(bound))?
+            }
+            Stmt::Store { buffer, index, value } => writeln!(f, "{pad}b{buffer}[{}] = {value}", show_expr(index))?,
+            Stmt::Loop { sym, extent, mode, body } => {
+                writeln!(f, "{pad}for {} in 0..{} ({mode:?}) {{", sym_name(*sym), show_expr(extent))?;
+                write_block(f, body, depth + 1)?;
+                writeln!(f, "{pad}}}")?;
+            }
+            Stmt::Reduce { out, dtype, op, sym, extent, strategy, body, value } => {
+                writeln!(
+                    f,
+                    "{pad}{out}: {dtype} = reduce {op:?} over {} in 0..{} ({strategy:?}) {{",
+                    sym_name(*sym),
+                    show_expr(extent)
+                )?;
+                write_block(f, body, depth + 1)?;
+                writeln!(f, "{pad}  yield {value}")?;
+                writeln!(f, "{pad}}}")?;
+            }
+            Stmt::MatMul(m) => {
+                let [b, i, j, p] = m.syms.map(sym_name);
+                writeln!(
+                    f,
+                    "{pad}matmul [{b} < {}, {i} < {}, {j} < {}] over {p} < {} (tile {}x{}x{}, acc {}) {{",
+                    show_expr(&m.batch),
+                    show_expr(&m.m),
+                    show_expr(&m.n),
+                    show_expr(&m.k),
+                    m.tile.m,
+                    m.tile.n,
+                    m.tile.k,
+                    m.acc_dtype
+                )?;
+                writeln!(f, "{pad}  a({b}, {i}, {p}):")?;
+                write_block(f, &m.a.body, depth + 2)?;
+                writeln!(f, "{pad}    yield {}", m.a.value)?;
+                writeln!(f, "{pad}  b({b}, {p}, {j}):")?;
+                write_block(f, &m.b.body, depth + 2)?;
+                writeln!(f, "{pad}    yield {}", m.b.value)?;
+                writeln!(f, "{pad}  epilogue ({} = acc):", m.acc)?;
+                write_block(f, &m.epilogue, depth + 2)?;
+                writeln!(f, "{pad}}}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "kernel {} — {} workgroup(s) of {} thread(s)",
+            self.name,
+            show_expr(&self.launch.groups),
+            self.launch.threads
+        )?;
+        for (i, b) in self.buffers.iter().enumerate() {
+            writeln!(f, "  b{i}: {:?} {}[{}] (value {})", b.access, b.dtype, show_expr(&b.len), b.node)?;
+        }
+        if !self.symbols.is_empty() {
+            let s: Vec<String> = self.symbols.iter().map(|s| s.to_string()).collect();
+            writeln!(f, "  symbols: {}", s.join(", "))?;
+        }
+        write_block(f, &self.body, 1)
+    }
+}

@@ -1,0 +1,184 @@
+//! The kernel-IR interpreter: runs kernels on the CPU exactly as the IR's evaluation rules say, so fusion
+//! and lowering are tested against the reference without a GPU. Loop modes only say how iterations map to
+//! threads; iterations are independent, so running them one after another gives the same result.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::interp::{binary, nan_max, nan_min, unary};
+use crate::kernel::{KReduceOp, Kernel, Scalar, Stmt, VarId};
+use crate::loc::SourceLoc;
+use crate::sym::{Bindings, Expr};
+use std::collections::HashMap;
+
+/// Memory a kernel runs against: `slot(i)` is the array kernel buffer `i` is bound to.
+pub trait Memory {
+    /// The array behind kernel buffer `i` of the running kernel.
+    fn slot(&mut self, buffer: usize) -> &mut Vec<f64>;
+}
+
+struct Env<'k, M: Memory> {
+    kernel: &'k Kernel,
+    mem: &'k mut M,
+    vars: HashMap<VarId, f64>,
+    syms: Bindings,
+}
+
+fn fail(kernel: &Kernel, msg: String) -> Error {
+    Error::Runtime { op: kernel.name.clone(), msg, loc: SourceLoc::internal() }
+}
+
+impl<M: Memory> Env<'_, M> {
+    fn var(&self, v: VarId) -> Result<f64> {
+        self.vars.get(&v).copied().ok_or_else(|| fail(self.kernel, format!("{v} is read before it is defined")))
+    }
+
+    fn index(&self, e: &Expr) -> Result<i64> {
+        Ok(e.eval(&self.syms)?)
+    }
+
+    fn scalar(&mut self, dtype: DType, value: &Scalar) -> Result<f64> {
+        Ok(match value {
+            Scalar::Const { value } => *value,
+            Scalar::Load { buffer, index, guard } => {
+                if let Some(g) = guard {
+                    if self.var(*g)? == 0.0 {
+                        return Ok(0.0);
+                    }
+                }
+                let i = self.index(index)?;
+                let name = &self.kernel.name;
+                let slot = self.mem.slot(*buffer);
+                usize::try_from(i).ok().and_then(|i| slot.get(i).copied()).ok_or_else(|| Error::Runtime {
+                    op: name.clone(),
+                    msg: format!("load b{buffer}[{i}] is out of bounds ({} elements)", slot.len()),
+                    loc: SourceLoc::internal(),
+                })?
+            }
+            Scalar::Index { expr } => self.index(expr)? as f64,
+            Scalar::Unary { op, a } => unary(*op, self.var(*a)?),
+            Scalar::Binary { op, a, b } => {
+                let (x, y) = (self.var(*a)?, self.var(*b)?);
+                // Integer division floors; the operands' dtype is the result's unless this is a comparison.
+                binary(*op, x, y, dtype.is_int())
+                    .ok_or_else(|| fail(self.kernel, "integer division by zero".into()))?
+            }
+            Scalar::Select { cond, a, b } => {
+                if self.var(*cond)? != 0.0 {
+                    self.var(*a)?
+                } else {
+                    self.var(*b)?
+                }
+            }
+            Scalar::Cast { a } => self.var(*a)?,
+        })
+    }
+
+    fn block(&mut self, body: &[Stmt]) -> Result<()> {
+        for s in body {
+            self.stmt(s)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Result<()> {
+        match s {
+            Stmt::Let { var, dtype, value } => {
+                let v = self.scalar(*dtype, value)?;
+                self.vars.insert(*var, dtype.round(v));
+            }
+            Stmt::BindIndex { sym, var, bound } => {
+                let v = self.var(*var)?;
+                let b = self.index(bound)?;
+                if v < 0.0 || v >= b as f64 {
+                    return Err(fail(self.kernel, format!("index {v} is out of range for a dim of size {b}")));
+                }
+                self.syms.bind(*sym, v as i64);
+            }
+            Stmt::Store { buffer, index, value } => {
+                let i = self.index(index)?;
+                let v = self.var(*value)?;
+                let dtype = self.kernel.buffers[*buffer].dtype;
+                let name = self.kernel.name.clone();
+                let slot = self.mem.slot(*buffer);
+                let len = slot.len();
+                let cell = usize::try_from(i).ok().and_then(|i| slot.get_mut(i)).ok_or_else(|| Error::Runtime {
+                    op: name,
+                    msg: format!("store b{buffer}[{i}] is out of bounds ({len} elements)"),
+                    loc: SourceLoc::internal(),
+                })?;
+                *cell = dtype.round(v);
+            }
+            Stmt::Loop { sym, extent, body, .. } => {
+                for it in 0..self.index(extent)? {
+                    self.syms.bind(*sym, it);
+                    self.block(body)?;
+                }
+            }
+            Stmt::Reduce { out, dtype, op, sym, extent, body, value, .. } => {
+                let mut acc = match op {
+                    KReduceOp::Sum => 0.0,
+                    KReduceOp::Max | KReduceOp::ArgMax => f64::NEG_INFINITY,
+                    KReduceOp::Min | KReduceOp::ArgMin => f64::INFINITY,
+                };
+                let mut best = 0i64;
+                let mut first = true;
+                for it in 0..self.index(extent)? {
+                    self.syms.bind(*sym, it);
+                    self.block(body)?;
+                    let v = self.var(*value)?;
+                    acc = match op {
+                        KReduceOp::Sum => dtype.round(acc + v),
+                        KReduceOp::Max => nan_max(acc, v),
+                        KReduceOp::Min => nan_min(acc, v),
+                        KReduceOp::ArgMax | KReduceOp::ArgMin => {
+                            let better = !acc.is_nan()
+                                && (first
+                                    || v.is_nan()
+                                    || if *op == KReduceOp::ArgMax { v > acc } else { v < acc });
+                            if better {
+                                best = it;
+                                v
+                            } else {
+                                acc
+                            }
+                        }
+                    };
+                    first = false;
+                }
+                let result = if matches!(op, KReduceOp::ArgMax | KReduceOp::ArgMin) { best as f64 } else { acc };
+                self.vars.insert(*out, result);
+            }
+            Stmt::MatMul(m) => {
+                let [bs, is, js, ps] = m.syms;
+                let (batch, rows, cols, depth) =
+                    (self.index(&m.batch)?, self.index(&m.m)?, self.index(&m.n)?, self.index(&m.k)?);
+                for b in 0..batch {
+                    self.syms.bind(bs, b);
+                    for i in 0..rows {
+                        self.syms.bind(is, i);
+                        for j in 0..cols {
+                            self.syms.bind(js, j);
+                            let mut acc = 0.0;
+                            for p in 0..depth {
+                                self.syms.bind(ps, p);
+                                self.block(&m.a.body)?;
+                                self.block(&m.b.body)?;
+                                let prod = self.var(m.a.value)? * self.var(m.b.value)?;
+                                acc = m.acc_dtype.round(acc + prod);
+                            }
+                            self.vars.insert(m.acc, acc);
+                            self.block(&m.epilogue)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `kernel` with shape symbols bound by `bindings`.
+pub fn run_kernel<M: Memory>(kernel: &Kernel, mem: &mut M, bindings: &Bindings) -> Result<()> {
+    let mut env = Env { kernel, mem, vars: HashMap::new(), syms: bindings.clone() };
+    env.block(&kernel.body)
+}

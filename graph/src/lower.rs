@@ -1,0 +1,655 @@
+//! Lowering: one region becomes one kernel. Every node a kernel reads is *evaluated at a point* — a flat
+//! index into the node's shape — so views, broadcasts, slices, pads, concats and gathers turn into index
+//! expressions, and fused producers into scalar code, with no copies. Values are memoised per point, and
+//! each statement is placed in the outermost loop where everything it reads is defined, so per-row values
+//! (a mean, an `rsqrt` of a variance) are computed once per row, not once per element.
+
+use crate::dtype::DType;
+use crate::fuse::{Region, RegionKind};
+use crate::ir::{ArgReduceOp, BinaryOp, Graph, NodeId, Op, ReduceOp};
+use crate::kernel::{
+    builtin, Access, BufferParam, KReduceOp, Kernel, Launch, LoopMode, MatMul, MatOperand, ReduceStrategy, Scalar,
+    Stmt, Tile, VarId,
+};
+use crate::shape::Shape;
+use crate::sym::{Expr, SymId};
+use crate::target::Target;
+use std::collections::{BTreeSet, HashMap};
+
+/// Why a region could not be lowered as scheduled.
+#[derive(Debug)]
+pub enum LowerFailure {
+    /// This member reads a reduction at another row than the one being computed: the scheduler must keep
+    /// it out of the row region.
+    Refuse(NodeId),
+}
+
+/// A place in a node's output: its dims, a flat row-major index, and the multi-index when it is known
+/// (recomputing it from the flat index would lose what the loop bounds guarantee, e.g. that `j < C`).
+#[derive(Clone, Debug)]
+struct Point {
+    dims: Vec<Expr>,
+    flat: Expr,
+    multi: Option<Vec<Expr>>,
+}
+
+impl Point {
+    fn flat(dims: &[Expr], flat: Expr) -> Point {
+        Point { dims: dims.to_vec(), flat, multi: None }
+    }
+
+    fn from_multi(dims: &[Expr], multi: &[Expr]) -> Point {
+        let strides = Shape(dims.to_vec()).contiguous_strides();
+        let flat = multi.iter().zip(&strides).fold(Expr::from(0usize), |acc, (m, s)| acc + m.clone() * s.clone());
+        Point { dims: dims.to_vec(), flat, multi: Some(multi.to_vec()) }
+    }
+
+    /// The multi-index; the outermost coordinate needs no modulo because the flat index is in range.
+    fn multi(&self) -> Vec<Expr> {
+        if let Some(m) = &self.multi {
+            return m.clone();
+        }
+        let strides = Shape(self.dims.clone()).contiguous_strides();
+        (0..self.dims.len())
+            .map(|i| {
+                let q = self.flat.floor_div(&strides[i]);
+                if i == 0 {
+                    q
+                } else {
+                    q.modulo(&self.dims[i])
+                }
+            })
+            .collect()
+    }
+}
+
+struct Lowerer<'a> {
+    g: &'a Graph,
+    target: &'a Target,
+    members: BTreeSet<NodeId>,
+    buffers: Vec<BufferParam>,
+    buffer_index: HashMap<(NodeId, Access), usize>,
+    next_var: u32,
+    next_sym: u32,
+    blocks: Vec<Vec<Stmt>>,
+    var_depth: HashMap<VarId, usize>,
+    var_dtype: HashMap<VarId, DType>,
+    sym_depth: HashMap<SymId, usize>,
+    memo: HashMap<(NodeId, Expr, Option<VarId>), VarId>,
+    guard: Option<VarId>,
+    /// Each computed reduction's value and the coordinates (kept axes only) of the row it belongs to.
+    reduce_results: HashMap<NodeId, (VarId, Vec<Expr>)>,
+    /// Members being evaluated, innermost last (to name the one that reads a reduction wrongly).
+    evaluating: Vec<NodeId>,
+}
+
+impl<'a> Lowerer<'a> {
+    fn new(g: &'a Graph, target: &'a Target, region: &Region) -> Self {
+        Lowerer {
+            g,
+            target,
+            members: region.members.iter().copied().collect(),
+            buffers: Vec::new(),
+            buffer_index: HashMap::new(),
+            next_var: 0,
+            next_sym: builtin::FIRST_LOCAL,
+            blocks: vec![Vec::new()],
+            var_depth: HashMap::new(),
+            var_dtype: HashMap::new(),
+            sym_depth: HashMap::new(),
+            memo: HashMap::new(),
+            guard: None,
+            reduce_results: HashMap::new(),
+            evaluating: Vec::new(),
+        }
+    }
+
+    /// The dtype values of a storage dtype are computed in on this target.
+    fn compute_dtype(&self, d: DType) -> DType {
+        match d {
+            DType::F16 if !self.target.f16_compute => DType::F32,
+            DType::BF16 if !self.target.bf16_compute => DType::F32,
+            d => d,
+        }
+    }
+
+    fn new_sym(&mut self) -> SymId {
+        let s = SymId(self.next_sym);
+        self.next_sym += 1;
+        s
+    }
+
+    /// Opens a loop body that binds `syms`.
+    fn push_block(&mut self, syms: &[SymId]) {
+        self.blocks.push(Vec::new());
+        for &s in syms {
+            self.sym_depth.insert(s, self.blocks.len() - 1);
+        }
+    }
+
+    /// Closes the innermost block, forgetting values defined in it.
+    fn pop_block(&mut self) -> Vec<Stmt> {
+        let depth = self.blocks.len() - 1;
+        let vd = &self.var_depth;
+        self.memo.retain(|_, v| vd.get(v).is_some_and(|&d| d < depth));
+        self.blocks.pop().unwrap_or_default()
+    }
+
+    fn expr_depth(&self, e: &Expr) -> usize {
+        e.symbols().iter().map(|s| self.sym_depth.get(s).copied().unwrap_or(0)).max().unwrap_or(0)
+    }
+
+    /// Emits `var = value` in the outermost block where its operands exist.
+    fn let_(&mut self, dtype: DType, value: Scalar) -> VarId {
+        let mut depth = 0;
+        let mut dep = |v: &VarId| depth = depth.max(self.var_depth.get(v).copied().unwrap_or(0));
+        match &value {
+            Scalar::Const { .. } => {}
+            Scalar::Load { guard, .. } => guard.iter().for_each(&mut dep),
+            Scalar::Index { .. } => {}
+            Scalar::Unary { a, .. } | Scalar::Cast { a } => dep(a),
+            Scalar::Binary { a, b, .. } => {
+                dep(a);
+                dep(b)
+            }
+            Scalar::Select { cond, a, b } => {
+                dep(cond);
+                dep(a);
+                dep(b)
+            }
+        }
+        match &value {
+            Scalar::Load { index: e, .. } | Scalar::Index { expr: e } => depth = depth.max(self.expr_depth(e)),
+            _ => {}
+        }
+        let var = VarId(self.next_var);
+        self.next_var += 1;
+        self.var_depth.insert(var, depth);
+        self.var_dtype.insert(var, dtype);
+        self.blocks[depth].push(Stmt::Let { var, dtype, value });
+        var
+    }
+
+    fn coerce(&mut self, v: VarId, dtype: DType) -> VarId {
+        if self.var_dtype.get(&v) == Some(&dtype) {
+            v
+        } else {
+            self.let_(dtype, Scalar::Cast { a: v })
+        }
+    }
+
+    fn buffer(&mut self, n: NodeId, access: Access) -> usize {
+        if let Some(&b) = self.buffer_index.get(&(n, access)) {
+            return b;
+        }
+        let node = self.g.node(n);
+        self.buffers.push(BufferParam { dtype: node.dtype, len: node.shape.numel(), access, node: n });
+        let b = self.buffers.len() - 1;
+        self.buffer_index.insert((n, access), b);
+        b
+    }
+
+    fn store(&mut self, n: NodeId, index: Expr, value: VarId) {
+        let buffer = self.buffer(n, Access::Write);
+        let depth = self.blocks.len() - 1;
+        self.blocks[depth].push(Stmt::Store { buffer, index, value });
+    }
+
+    fn in_range(&mut self, e: &Expr, lo: &Expr, hi: &Expr) -> VarId {
+        let ev = self.let_(DType::I64, Scalar::Index { expr: e.clone() });
+        let lov = self.let_(DType::I64, Scalar::Index { expr: lo.clone() });
+        let hiv = self.let_(DType::I64, Scalar::Index { expr: hi.clone() });
+        let a = self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::Ge, a: ev, b: lov });
+        let b = self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::Lt, a: ev, b: hiv });
+        self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a, b })
+    }
+
+    /// Evaluates `inner` with `cond` added to the current load guard.
+    fn guarded<T>(&mut self, cond: VarId, inner: impl FnOnce(&mut Self) -> T) -> T {
+        let saved = self.guard;
+        self.guard = Some(match saved {
+            Some(g) => self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a: g, b: cond }),
+            None => cond,
+        });
+        let r = inner(self);
+        self.guard = saved;
+        r
+    }
+
+    fn load(&mut self, n: NodeId, index: Expr) -> VarId {
+        let node = self.g.node(n);
+        let dtype = self.compute_dtype(node.dtype);
+        let buffer = self.buffer(n, Access::Read);
+        self.let_(dtype, Scalar::Load { buffer, index, guard: self.guard })
+    }
+
+    /// The value of node `n` at point `p`.
+    fn value(&mut self, n: NodeId, p: &Point) -> Result<VarId, LowerFailure> {
+        let key = (n, p.flat.clone(), self.guard);
+        if let Some(&v) = self.memo.get(&key) {
+            return Ok(v);
+        }
+        let node = self.g.node(n);
+        let is_member = self.members.contains(&n);
+        let computed_elsewhere = !is_member && crate::fuse::role(&node.op) != crate::fuse::Role::Transparent;
+        let v = if computed_elsewhere {
+            self.load(n, p.flat.clone())
+        } else {
+            if is_member {
+                self.evaluating.push(n);
+            }
+            let v = self.compute(n, p);
+            if is_member {
+                self.evaluating.pop();
+            }
+            v?
+        };
+        self.memo.insert(key, v);
+        Ok(v)
+    }
+
+    fn compute(&mut self, n: NodeId, p: &Point) -> Result<VarId, LowerFailure> {
+        let node = self.g.node(n);
+        let cd = self.compute_dtype(node.dtype);
+        let input = |i: usize| node.inputs[i];
+        let in_dims = |i: usize| self.g.node(node.inputs[i]).shape.dims().to_vec();
+        Ok(match &node.op {
+            Op::Input { .. } => self.load(n, p.flat.clone()),
+            Op::Full { value } => self.let_(cd, Scalar::Const { value: *value }),
+            Op::Iota { axis } => {
+                let expr = p.multi()[*axis].clone();
+                self.let_(cd, Scalar::Index { expr })
+            }
+            Op::Unary { op } => {
+                let a = self.value(input(0), p)?;
+                let a = self.coerce(a, self.compute_dtype(self.g.node(input(0)).dtype));
+                let out = if *op == crate::ir::UnaryOp::IsNan { DType::Bool } else { cd };
+                self.let_(out, Scalar::Unary { op: *op, a })
+            }
+            Op::Binary { op } => {
+                let operand_dtype = self.compute_dtype(self.g.node(input(0)).dtype);
+                let a = self.value(input(0), p)?;
+                let b = self.value(input(1), p)?;
+                let (a, b) = (self.coerce(a, operand_dtype), self.coerce(b, operand_dtype));
+                self.let_(cd, Scalar::Binary { op: *op, a, b })
+            }
+            Op::Where => {
+                let c = self.value(input(0), p)?;
+                let a = self.value(input(1), p)?;
+                let b = self.value(input(2), p)?;
+                let (a, b) = (self.coerce(a, cd), self.coerce(b, cd));
+                self.let_(cd, Scalar::Select { cond: c, a, b })
+            }
+            Op::Cast => {
+                let a = self.value(input(0), p)?;
+                // A cast keeps its storage dtype so narrowing really rounds; arithmetic widens it again.
+                self.let_(node.dtype, Scalar::Cast { a })
+            }
+            Op::Reshape => self.value(input(0), &Point::flat(&in_dims(0), p.flat.clone()))?,
+            Op::Permute { perm } => {
+                let m = p.multi();
+                let mut src = vec![Expr::from(0usize); m.len()];
+                for (i, &a) in perm.iter().enumerate() {
+                    src[a] = m[i].clone();
+                }
+                self.value(input(0), &Point::from_multi(&in_dims(0), &src))?
+            }
+            Op::Expand => {
+                let (m, dims) = (p.multi(), in_dims(0));
+                let one = Expr::from(1usize);
+                let src: Vec<Expr> = m
+                    .iter()
+                    .zip(&dims)
+                    .zip(&p.dims)
+                    .map(|((x, d), o)| if *d == one && *o != one { Expr::from(0usize) } else { x.clone() })
+                    .collect();
+                self.value(input(0), &Point::from_multi(&dims, &src))?
+            }
+            Op::Slice { axis, start, step, .. } => {
+                let mut m = p.multi();
+                m[*axis] = start.clone() + m[*axis].clone() * Expr::from(*step);
+                self.value(input(0), &Point::from_multi(&in_dims(0), &m))?
+            }
+            Op::Pad { pads, value } => {
+                let (m, dims) = (p.multi(), in_dims(0));
+                let mut src = m.clone();
+                let mut cond = None;
+                for (i, &(before, _)) in pads.iter().enumerate() {
+                    if pads[i] == (0, 0) {
+                        continue;
+                    }
+                    let b = Expr::from(before);
+                    let c = self.in_range(&m[i], &b, &(b.clone() + dims[i].clone()));
+                    cond = Some(match cond {
+                        None => c,
+                        Some(prev) => self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a: prev, b: c }),
+                    });
+                    src[i] = m[i].clone() - b;
+                }
+                let pad = self.let_(cd, Scalar::Const { value: *value });
+                match cond {
+                    None => self.value(input(0), &Point::from_multi(&dims, &src))?,
+                    Some(c) => {
+                        let v = self.guarded(c, |s| s.value(input(0), &Point::from_multi(&dims, &src)))?;
+                        let v = self.coerce(v, cd);
+                        self.let_(cd, Scalar::Select { cond: c, a: v, b: pad })
+                    }
+                }
+            }
+            Op::Concat { axis } => {
+                let m = p.multi();
+                let mut offset = Expr::from(0usize);
+                let mut parts = Vec::new();
+                for (k, &inp) in node.inputs.iter().enumerate() {
+                    let dims = in_dims(k);
+                    let end = offset.clone() + dims[*axis].clone();
+                    let c = self.in_range(&m[*axis], &offset, &end);
+                    let mut src = m.clone();
+                    src[*axis] = m[*axis].clone() - offset.clone();
+                    let v = self.guarded(c, |s| s.value(inp, &Point::from_multi(&dims, &src)))?;
+                    parts.push((c, self.coerce(v, cd)));
+                    offset = end;
+                }
+                let mut acc = parts.pop().map(|(_, v)| v).expect("concat has inputs");
+                while let Some((c, v)) = parts.pop() {
+                    acc = self.let_(cd, Scalar::Select { cond: c, a: v, b: acc });
+                }
+                acc
+            }
+            Op::IndexSelect { axis } | Op::Gather { axis } => {
+                let m = p.multi();
+                let index_point = if matches!(node.op, Op::Gather { .. }) {
+                    p.clone()
+                } else {
+                    Point::flat(&in_dims(1), m[*axis].clone())
+                };
+                let iv = self.value(input(1), &index_point)?;
+                let dims = in_dims(0);
+                let sym = self.new_sym();
+                let depth = self.var_depth.get(&iv).copied().unwrap_or(0);
+                self.sym_depth.insert(sym, depth);
+                self.blocks[depth].push(Stmt::BindIndex { sym, var: iv, bound: dims[*axis].clone() });
+                let mut src = m.clone();
+                src[*axis] = Expr::sym(sym);
+                self.value(input(0), &Point::from_multi(&dims, &src))?
+            }
+            Op::Reduce { .. } | Op::ArgReduce { .. } => match self.reduce_results.get(&n) {
+                Some((v, row)) if *row == kept_coordinates(&node.op, &p.multi()) => *v,
+                _ => {
+                    let culprit = self.evaluating.iter().rev().find(|&&m| m != n).copied().unwrap_or(n);
+                    return Err(LowerFailure::Refuse(culprit));
+                }
+            },
+            // The accumulator is bound at the output point; reading it anywhere else cannot be fused.
+            Op::MatMul => {
+                let culprit = self.evaluating.iter().rev().find(|&&m| m != n).copied().unwrap_or(n);
+                return Err(LowerFailure::Refuse(culprit));
+            }
+            Op::Softmax { .. }
+            | Op::LogSoftmax { .. }
+            | Op::LayerNorm { .. }
+            | Op::Gelu { .. }
+            | Op::Silu
+            | Op::Linear { .. }
+            | Op::Mean { .. }
+            | Op::Var { .. }
+            | Op::CausalMask => unreachable!("lowering runs after decomposition"),
+        })
+    }
+
+    fn symbols(&self) -> Vec<SymId> {
+        fn add(out: &mut BTreeSet<SymId>, e: &Expr) {
+            out.extend(e.symbols().into_iter().filter(|s| s.0 < builtin::FIRST_LOCAL));
+        }
+        fn visit(stmts: &[Stmt], out: &mut BTreeSet<SymId>) {
+            for s in stmts {
+                match s {
+                    Stmt::Let { value: Scalar::Load { index: e, .. } | Scalar::Index { expr: e }, .. } => add(out, e),
+                    Stmt::Let { .. } => {}
+                    Stmt::BindIndex { bound, .. } => add(out, bound),
+                    Stmt::Store { index, .. } => add(out, index),
+                    Stmt::Loop { extent, body, .. } | Stmt::Reduce { extent, body, .. } => {
+                        add(out, extent);
+                        visit(body, out);
+                    }
+                    Stmt::MatMul(m) => {
+                        for e in [&m.batch, &m.m, &m.n, &m.k] {
+                            add(out, e);
+                        }
+                        visit(&m.a.body, out);
+                        visit(&m.b.body, out);
+                        visit(&m.epilogue, out);
+                    }
+                }
+            }
+        }
+        let mut out = BTreeSet::new();
+        for b in &self.blocks {
+            visit(b, &mut out);
+        }
+        for b in &self.buffers {
+            out.extend(b.len.symbols().into_iter().filter(|s| s.0 < builtin::FIRST_LOCAL));
+        }
+        out.into_iter().collect()
+    }
+
+    fn finish(mut self, name: &str, launch: Launch) -> Kernel {
+        let mut symbols: BTreeSet<SymId> = self.symbols().into_iter().collect();
+        symbols.extend(launch.groups.symbols().into_iter().filter(|s| s.0 < builtin::FIRST_LOCAL));
+        let body = self.blocks.pop().unwrap_or_default();
+        Kernel { name: name.to_string(), buffers: self.buffers, symbols: symbols.into_iter().collect(), launch, body }
+    }
+}
+
+/// The coordinates of a reduction's output point along the axes it keeps.
+fn kept_coordinates(op: &Op, multi: &[Expr]) -> Vec<Expr> {
+    let (axes, keepdim) = match op {
+        Op::Reduce { axes, keepdim, .. } => (axes.clone(), *keepdim),
+        Op::ArgReduce { axis, keepdim, .. } => (vec![*axis], *keepdim),
+        _ => return multi.to_vec(),
+    };
+    if !keepdim {
+        return multi.to_vec();
+    }
+    multi.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, e)| e.clone()).collect()
+}
+
+fn ceil_div(a: &Expr, b: u32) -> Expr {
+    (a.clone() + Expr::from(b as i64 - 1)).floor_div(&Expr::from(b as i64))
+}
+
+fn pointwise(mut l: Lowerer, region: &Region) -> Result<Kernel, LowerFailure> {
+    let first = region.stored[0];
+    let n = l.g.node(first).shape.numel();
+    let i = l.new_sym();
+    l.push_block(&[i]);
+    for &s in &region.stored {
+        let dims = l.g.node(s).shape.dims().to_vec();
+        let v = l.value(s, &Point::flat(&dims, Expr::sym(i)))?;
+        l.store(s, Expr::sym(i), v);
+    }
+    let body = l.pop_block();
+    l.blocks[0].push(Stmt::Loop { sym: i, extent: n.clone(), mode: LoopMode::Global, body });
+    let threads = 256.min(l.target.max_threads_per_group);
+    Ok(l.finish(&region.name, Launch { groups: ceil_div(&n, threads), threads }))
+}
+
+/// Decides how a row reduction maps to threads: a workgroup per row when rows are long enough to keep
+/// its threads busy, otherwise one thread per row.
+fn row_strategy(target: &Target, row_len: &Expr) -> (bool, u32) {
+    match row_len.as_const() {
+        Some(c) if c < 64 => (false, 256.min(target.max_threads_per_group)),
+        Some(c) => (true, (c as u32).next_power_of_two().clamp(32, 256.min(target.max_threads_per_group))),
+        None => (true, 256.min(target.max_threads_per_group)),
+    }
+}
+
+fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) -> Result<Kernel, LowerFailure> {
+    let dims = input_shape.dims().to_vec();
+    let kept: Vec<usize> = (0..dims.len()).filter(|a| !axes.contains(a)).collect();
+    let kept_dims: Vec<Expr> = kept.iter().map(|&a| dims[a].clone()).collect();
+    let red_dims: Vec<Expr> = axes.iter().map(|&a| dims[a].clone()).collect();
+    let row_count = Shape(kept_dims.clone()).numel();
+    let row_len = Shape(red_dims.clone()).numel();
+    let element = |row: &Expr, j: &Expr| -> Point {
+        let k = Point::flat(&kept_dims, row.clone()).multi();
+        let r = Point::flat(&red_dims, j.clone()).multi();
+        let mut m = vec![Expr::from(0usize); dims.len()];
+        for (i, &a) in kept.iter().enumerate() {
+            m[a] = k[i].clone();
+        }
+        for (i, &a) in axes.iter().enumerate() {
+            m[a] = r[i].clone();
+        }
+        Point::from_multi(&dims, &m)
+    };
+    let (grouped, threads) = row_strategy(l.target, &row_len);
+    let strategy =
+        if grouped { ReduceStrategy::Group { subgroup: l.target.subgroup_size } } else { ReduceStrategy::Serial };
+    let row = l.new_sym();
+    l.push_block(&[row]);
+    let row_expr = Expr::sym(row);
+    for &r in &region.members {
+        let node = l.g.node(r);
+        let (op, acc_dtype) = match &node.op {
+            Op::Reduce { op, .. } => {
+                let k = match op {
+                    ReduceOp::Sum => KReduceOp::Sum,
+                    ReduceOp::Max => KReduceOp::Max,
+                    ReduceOp::Min => KReduceOp::Min,
+                };
+                (k, l.compute_dtype(node.dtype))
+            }
+            Op::ArgReduce { op, .. } => {
+                (if *op == ArgReduceOp::ArgMax { KReduceOp::ArgMax } else { KReduceOp::ArgMin }, DType::I64)
+            }
+            _ => continue,
+        };
+        let input = node.inputs[0];
+        let j = l.new_sym();
+        l.push_block(&[j]);
+        l.evaluating.push(r);
+        let v = l.value(input, &element(&row_expr, &Expr::sym(j)));
+        l.evaluating.pop();
+        let mut v = v?;
+        if op == KReduceOp::Sum {
+            v = l.coerce(v, acc_dtype);
+        }
+        let body = l.pop_block();
+        let out = VarId(l.next_var);
+        l.next_var += 1;
+        let depth = l.blocks.len() - 1;
+        l.var_depth.insert(out, depth);
+        l.var_dtype.insert(out, acc_dtype);
+        let dtype = if matches!(op, KReduceOp::ArgMax | KReduceOp::ArgMin) {
+            l.compute_dtype(l.g.node(input).dtype)
+        } else {
+            acc_dtype
+        };
+        l.blocks[depth].push(Stmt::Reduce {
+            out,
+            dtype,
+            op,
+            sym: j,
+            extent: row_len.clone(),
+            strategy,
+            body,
+            value: v,
+        });
+        l.reduce_results.insert(r, (out, Point::flat(&kept_dims, row_expr.clone()).multi()));
+    }
+    for &s in &region.stored {
+        let shape = l.g.node(s).shape.clone();
+        if shape == *input_shape {
+            let j = l.new_sym();
+            l.push_block(&[j]);
+            let p = element(&row_expr, &Expr::sym(j));
+            let v = l.value(s, &p)?;
+            l.store(s, p.flat.clone(), v);
+            let body = l.pop_block();
+            let mode = if grouped { LoopMode::Threads } else { LoopMode::Serial };
+            let depth = l.blocks.len() - 1;
+            l.blocks[depth].push(Stmt::Loop { sym: j, extent: row_len.clone(), mode, body });
+        } else if shape.numel() == row_count {
+            let v = l.value(s, &Point::flat(shape.dims(), row_expr.clone()))?;
+            l.store(s, row_expr.clone(), v);
+        } else {
+            return Err(LowerFailure::Refuse(s));
+        }
+    }
+    let body = l.pop_block();
+    let mode = if grouped { LoopMode::Group } else { LoopMode::Global };
+    l.blocks[0].push(Stmt::Loop { sym: row, extent: row_count.clone(), mode, body });
+    let groups = if grouped { row_count } else { ceil_div(&row_count, threads) };
+    Ok(l.finish(&region.name, Launch { groups, threads }))
+}
+
+fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, LowerFailure> {
+    let mm = l.g.node(node);
+    let (a_node, b_node) = (mm.inputs[0], mm.inputs[1]);
+    let dims = mm.shape.dims().to_vec();
+    let r = dims.len();
+    let batch_dims = dims[..r - 2].to_vec();
+    let (m, n) = (dims[r - 2].clone(), dims[r - 1].clone());
+    let k = l.g.node(a_node).shape.dims()[r - 1].clone();
+    let batch = Shape(batch_dims.clone()).numel();
+    let syms = [l.new_sym(), l.new_sym(), l.new_sym(), l.new_sym()];
+    let [bs, is, js, ps] = syms.map(Expr::sym);
+    let batch_idx = Point::flat(&batch_dims, bs.clone()).multi();
+    let at = |x: &Expr, y: &Expr| {
+        let mut v = batch_idx.clone();
+        v.push(x.clone());
+        v.push(y.clone());
+        v
+    };
+    let operand = |l: &mut Lowerer, node: NodeId, idx: Vec<Expr>, bound: [SymId; 3]| {
+        l.push_block(&bound);
+        let dims = l.g.node(node).shape.dims().to_vec();
+        let v = l.value(node, &Point::from_multi(&dims, &idx));
+        let body = l.pop_block();
+        v.map(|value| MatOperand { body, value })
+    };
+    let a = operand(&mut l, a_node, at(&is, &ps), [syms[0], syms[1], syms[3]])?;
+    let b = operand(&mut l, b_node, at(&ps, &js), [syms[0], syms[3], syms[2]])?;
+    let acc_dtype = if mm.dtype.is_float() { DType::F32 } else { DType::I64 };
+    l.push_block(&[syms[0], syms[1], syms[2]]);
+    let acc = VarId(l.next_var);
+    l.next_var += 1;
+    l.var_depth.insert(acc, 1);
+    l.var_dtype.insert(acc, acc_dtype);
+    let out = Point::from_multi(&dims, &at(&is, &js));
+    l.memo.insert((node, out.flat.clone(), None), acc);
+    for &s in &region.stored {
+        let v = l.value(s, &out)?;
+        l.store(s, out.flat.clone(), v);
+    }
+    let epilogue = l.pop_block();
+    let big = |e: &Expr| e.as_const().is_none_or(|c| c >= 64);
+    let tile = if big(&m) && big(&n) { Tile { m: 64, n: 64, k: 16 } } else { Tile { m: 16, n: 16, k: 16 } };
+    let groups = batch.clone() * ceil_div(&m, tile.m) * ceil_div(&n, tile.n);
+    l.blocks[0].push(Stmt::MatMul(Box::new(MatMul {
+        batch,
+        m,
+        n,
+        k,
+        syms,
+        a,
+        b,
+        acc_dtype,
+        acc,
+        epilogue,
+        tile,
+    })));
+    let threads = 256.min(l.target.max_threads_per_group);
+    Ok(l.finish(&region.name, Launch { groups, threads }))
+}
+
+/// Lowers one region of `graph` to a kernel for `target`.
+pub fn lower(graph: &Graph, region: &Region, target: &Target) -> Result<Kernel, LowerFailure> {
+    let l = Lowerer::new(graph, target, region);
+    match &region.kind {
+        RegionKind::Pointwise => pointwise(l, region),
+        RegionKind::Rows { input_shape, axes } => rows(l, region, input_shape, axes),
+        RegionKind::MatMul { node } => matmul(l, region, *node),
+    }
+}

@@ -1,0 +1,149 @@
+//! The compiler pipeline for one captured graph, as one short function: decompose → fuse → lower →
+//! plan. Backends that run kernels (the kernel interpreter now; wgpu and CUDA next) take its result and
+//! only render and launch.
+
+use crate::data::TensorData;
+use crate::decompose::{decompose, Decomposed};
+use crate::error::{Error, Result};
+use crate::fuse::{fuse, Fusion, RegionKind};
+use crate::interp::bind_symbols;
+use crate::ir::{Graph, NodeId};
+use crate::kernel::{Access, Kernel};
+use crate::kinterp::{run_kernel, Memory};
+use crate::loc::SourceLoc;
+use crate::lower::{lower, LowerFailure};
+use crate::plan::{plan, Plan};
+use crate::target::Target;
+use std::collections::BTreeSet;
+use std::fmt;
+
+/// Everything compiling one graph produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompiledGraph {
+    /// The graph after decomposition, with each node's user-level origin.
+    pub primitive: Decomposed,
+    /// The regions, in launch order.
+    pub fusion: Fusion,
+    /// One kernel per region.
+    pub kernels: Vec<Kernel>,
+    /// Buffers and launch order.
+    pub plan: Plan,
+    /// What it was compiled for.
+    pub target: Target,
+}
+
+/// Compiles `graph` for `target`.
+pub fn compile_graph(graph: &Graph, target: &Target) -> Result<CompiledGraph> {
+    let primitive = decompose(graph)?;
+    let names: Vec<String> = primitive.origin.iter().map(|&o| graph.node(o).op.name().to_string()).collect();
+    let mut refused = BTreeSet::new();
+    loop {
+        let fusion = fuse(&primitive.graph, &names, target, &refused);
+        let lowered: Result<Vec<Kernel>, LowerFailure> =
+            fusion.regions.iter().map(|r| lower(&primitive.graph, r, target)).collect();
+        match lowered {
+            Ok(kernels) => {
+                let plan = plan(&primitive.graph, &kernels);
+                tracing::debug!(target: "kiln::fusion", kernels = kernels.len(), "compiled graph");
+                return Ok(CompiledGraph { primitive, fusion, kernels, plan, target: target.clone() });
+            }
+            // Lowering found a member reading a reduction at another row: schedule again without it.
+            Err(LowerFailure::Refuse(n)) => {
+                if !refused.insert(n) {
+                    return Err(Error::Unsupported {
+                        what: format!("scheduling {n} ({}): lowering refused it twice", primitive.graph.node(n).op.name()),
+                        loc: primitive.graph.node(n).loc.clone(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+struct PlanMemory<'a> {
+    arrays: &'a mut [Vec<f64>],
+    map: Vec<usize>,
+}
+
+impl Memory for PlanMemory<'_> {
+    fn slot(&mut self, buffer: usize) -> &mut Vec<f64> {
+        &mut self.arrays[self.map[buffer]]
+    }
+}
+
+impl CompiledGraph {
+    /// Runs the kernels on the CPU kernel interpreter, honouring the plan's buffer reuse.
+    pub fn run_interpreted(&self, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
+        let g = &self.primitive.graph;
+        let bindings = bind_symbols(g, inputs)?;
+        let mut arrays: Vec<Vec<f64>> = Vec::with_capacity(self.plan.buffers.len());
+        for b in &self.plan.buffers {
+            arrays.push(vec![0.0; b.bytes.eval(&bindings)?.max(0) as usize]);
+        }
+        for (gi, data) in g.inputs.iter().zip(inputs) {
+            let slot = &mut arrays[self.plan.value_buffer[&gi.node]];
+            slot.clear();
+            slot.extend_from_slice(data.values());
+        }
+        for &k in &self.plan.launches {
+            let kernel = &self.kernels[k];
+            let map = kernel.buffers.iter().map(|b| self.plan.value_buffer[&b.node]).collect();
+            run_kernel(kernel, &mut PlanMemory { arrays: &mut arrays, map }, &bindings)?;
+        }
+        g.outputs
+            .iter()
+            .map(|o| {
+                let node = g.node(*o);
+                let dims = node.shape.eval(&bindings)?;
+                let n: usize = dims.iter().product();
+                let buf = self.plan.value_buffer.get(o).ok_or_else(|| Error::Unsupported {
+                    what: format!("output {o} was not written by any kernel"),
+                    loc: SourceLoc::internal(),
+                })?;
+                Ok(TensorData::from_rounded(arrays[*buf][..n].to_vec(), dims, node.dtype))
+            })
+            .collect()
+    }
+
+    /// Kernels of each kind: `(pointwise, rows, matmul)`.
+    pub fn kernel_kinds(&self) -> (usize, usize, usize) {
+        let mut k = (0, 0, 0);
+        for r in &self.fusion.regions {
+            match r.kind {
+                RegionKind::Pointwise => k.0 += 1,
+                RegionKind::Rows { .. } => k.1 += 1,
+                RegionKind::MatMul { .. } => k.2 += 1,
+            }
+        }
+        k
+    }
+}
+
+fn node_list(g: &Graph, nodes: &[NodeId]) -> String {
+    nodes.iter().map(|n| format!("{n} {}", g.node(*n).op.name())).collect::<Vec<_>>().join(", ")
+}
+
+impl fmt::Display for CompiledGraph {
+    /// Regions (what each kernel fused, what it reads and writes) followed by each kernel's IR.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let g = &self.primitive.graph;
+        writeln!(
+            f,
+            "{} kernel(s) for target `{}` ({} primitive nodes; {} buffers, {} reused)",
+            self.kernels.len(),
+            self.target.name,
+            g.nodes.len(),
+            self.plan.buffers.len(),
+            self.plan.reused
+        )?;
+        for (r, k) in self.fusion.regions.iter().zip(&self.kernels) {
+            let reads: Vec<NodeId> = k.buffers.iter().filter(|b| b.access == Access::Read).map(|b| b.node).collect();
+            writeln!(f, "\nregion {} ({:?})", r.name, r.kind)?;
+            writeln!(f, "  fuses:  {}", node_list(g, &r.members))?;
+            writeln!(f, "  reads:  {}", node_list(g, &reads))?;
+            writeln!(f, "  writes: {}", node_list(g, &r.stored))?;
+            write!(f, "{k}")?;
+        }
+        Ok(())
+    }
+}

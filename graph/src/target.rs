@@ -1,0 +1,82 @@
+//! What a device can do, as the shared pipeline needs to know it. A backend describes its device with a
+//! `Target`; fusion and lowering read it to make every device-dependent decision (how many buffers one
+//! kernel may bind, how big a workgroup may be, which reduction strategy, whether f16 is computed natively),
+//! so renderers never decide anything themselves.
+
+use serde::{Deserialize, Serialize};
+
+/// A device's capabilities.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Target {
+    /// A short name for logs, cache keys and kernel listings (`webgpu-default`, `sm_90`).
+    pub name: String,
+    /// Storage buffers one kernel may bind (WebGPU's default limit is 8 per stage).
+    pub max_bindings: u32,
+    /// Threads in one workgroup / block.
+    pub max_threads_per_group: u32,
+    /// Workgroups per grid dimension (WebGPU: 65535; the runtime folds larger grids into 2-D/3-D).
+    pub max_groups_per_dim: u64,
+    /// Grid dimensions available for folding.
+    pub grid_dims: u32,
+    /// Subgroup (warp) size, when the device has subgroup operations.
+    pub subgroup_size: Option<u32>,
+    /// Workgroup (shared) memory per group, in bytes.
+    pub shared_memory_bytes: u32,
+    /// Computes f16 natively (otherwise f16 is stored as f16 and computed in f32).
+    pub f16_compute: bool,
+    /// Computes bf16 natively (otherwise stored as bf16 and computed in f32).
+    pub bf16_compute: bool,
+    /// Has matrix units (tensor cores) a matmul template may use.
+    pub matrix_units: bool,
+    /// Widest vector load or store, in bytes.
+    pub max_vector_bytes: u32,
+}
+
+impl Target {
+    /// WebGPU's guaranteed defaults: what any adapter, in any browser, can run.
+    pub fn webgpu_default() -> Target {
+        Target {
+            name: "webgpu-default".into(),
+            max_bindings: 8,
+            max_threads_per_group: 256,
+            max_groups_per_dim: 65535,
+            grid_dims: 3,
+            subgroup_size: None,
+            shared_memory_bytes: 16384,
+            f16_compute: false,
+            bf16_compute: false,
+            matrix_units: false,
+            max_vector_bytes: 16,
+        }
+    }
+
+    /// An NVIDIA GPU of compute capability `sm` (e.g. 80, 90).
+    pub fn cuda(sm: u32) -> Target {
+        Target {
+            name: format!("sm_{sm}"),
+            max_bindings: 64,
+            max_threads_per_group: 1024,
+            max_groups_per_dim: (1 << 31) - 1,
+            grid_dims: 3,
+            subgroup_size: Some(32),
+            shared_memory_bytes: if sm >= 90 { 227 * 1024 } else if sm >= 80 { 163 * 1024 } else { 48 * 1024 },
+            f16_compute: sm >= 53,
+            bf16_compute: sm >= 80,
+            matrix_units: sm >= 70,
+            max_vector_bytes: 16,
+        }
+    }
+
+    /// The CPU kernel interpreter: generous limits, so the kernels it runs are the ones a GPU would get
+    /// under `webgpu_default` only where a test asks for that target.
+    pub fn interpreter() -> Target {
+        Target { name: "kernel-interpreter".into(), max_bindings: 64, subgroup_size: Some(32), ..Target::webgpu_default() }
+    }
+
+    /// This target with a different binding limit (tests of the splitting logic use tiny limits).
+    pub fn with_max_bindings(mut self, n: u32) -> Target {
+        self.max_bindings = n;
+        self.name = format!("{}-bind{n}", self.name);
+        self
+    }
+}

@@ -1,0 +1,160 @@
+//! Fusion on the benchmark workloads (`../shared/WORKLOADS.md`) at full size, traced on placeholders:
+//! how many kernels each compiles to, of which kind, and what they fuse.
+
+use kiln_graph::fuse::RegionKind;
+use kiln_graph::kernel::Access;
+use kiln_graph::{capture, compile_graph, CompiledGraph, DType, Result, Target, Tensor, TensorSpec};
+
+fn f32s(dims: &[usize]) -> TensorSpec {
+    TensorSpec::new(DType::F32, dims)
+}
+
+fn compiled(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>) -> CompiledGraph {
+    let g = capture(inputs, f).expect("traces");
+    compile_graph(&g, &Target::cuda(90)).expect("compiles")
+}
+
+/// W1: `gelu(x*1.5 + 0.5) * sigmoid(x) - tanh(x)`.
+pub fn w1(x: &Tensor) -> Result<Tensor> {
+    x.mul(1.5)?.add(0.5)?.gelu()?.mul(&x.sigmoid()?)?.sub(&x.tanh()?)
+}
+
+#[test]
+fn w1_is_one_pointwise_kernel() {
+    let c = compiled(&[f32s(&[1 << 26])], |t| Ok(vec![w1(&t[0])?]));
+    assert_eq!(c.kernels.len(), 1, "{c}");
+    assert_eq!(c.kernel_kinds(), (1, 0, 0));
+    let k = &c.kernels[0];
+    assert_eq!(k.buffers.len(), 2, "reads x once, writes y once: {k}");
+    assert!(k.name.starts_with("k0_fused_"), "{}", k.name);
+}
+
+#[test]
+fn w2_softmax_is_one_row_kernel() {
+    let c = compiled(&[f32s(&[8192, 8192])], |t| Ok(vec![t[0].softmax(-1)?]));
+    assert_eq!(c.kernels.len(), 1, "{c}");
+    assert_eq!(c.kernel_kinds(), (0, 1, 0));
+    assert_eq!(c.kernels[0].name, "k0_softmax");
+}
+
+#[test]
+fn w3_layernorm_gelu_is_one_row_kernel() {
+    let c = compiled(&[f32s(&[8192, 4096]), f32s(&[4096]), f32s(&[4096])], |t| {
+        Ok(vec![t[0].layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?.gelu()?])
+    });
+    assert_eq!(c.kernels.len(), 1, "{c}");
+    assert_eq!(c.kernels[0].name, "k0_fused_layernorm_gelu");
+    assert_eq!(c.kernels[0].buffers.iter().filter(|b| b.access == Access::Write).count(), 1);
+}
+
+/// W4: `Linear(10,10)` then 64 × [Linear → ReLU → sigmoid → Linear → ReLU]. Inputs: x, then (w, b) pairs.
+fn w4(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let mut h = t[0].linear(&t[1], Some(&t[2]))?;
+    for l in 0..64 {
+        let p = 3 + 4 * l;
+        h = h.linear(&t[p], Some(&t[p + 1]))?.relu()?.sigmoid()?;
+        h = h.linear(&t[p + 2], Some(&t[p + 3]))?.relu()?;
+    }
+    Ok(vec![h])
+}
+
+#[test]
+fn w4_layers_are_matmuls_with_fused_epilogues() {
+    let mut inputs = vec![f32s(&[10, 10])];
+    for _ in 0..129 {
+        inputs.extend([f32s(&[10, 10]), f32s(&[10])]);
+    }
+    let c = compiled(&inputs, w4);
+    assert_eq!(c.kernels.len(), 129, "one matmul per linear and nothing else");
+    assert_eq!(c.kernel_kinds(), (0, 0, 129));
+    let names: std::collections::BTreeSet<String> =
+        c.kernels.iter().map(|k| k.name.split_once('_').map(|x| x.1.to_string()).unwrap_or_default()).collect();
+    assert!(names.contains("fused_linear_relu_sigmoid") && names.contains("fused_linear_relu"), "{names:?}");
+}
+
+/// One W5 block: pre-LN attention and MLP with residuals. Inputs: x, ln1 w/b, qkv w/b, proj w/b,
+/// ln2 w/b, fc1 w/b, fc2 w/b.
+fn w5_block(t: &[Tensor], heads: usize) -> Result<Tensor> {
+    let x = &t[0];
+    let dims = x.shape().as_concrete().expect("static");
+    let (b, s, d) = (dims[0] as isize, dims[1] as isize, dims[2] as isize);
+    let hd = d / heads as isize;
+    let h = x.layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?;
+    let qkv = h.linear(&t[3], Some(&t[4]))?;
+    let split = |i: isize| -> Result<Tensor> {
+        qkv.narrow(-1, (i * d) as usize, d as usize)?.reshape(&[b, s, heads as isize, hd])?.permute(&[0, 2, 1, 3])
+    };
+    let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+    let scores = q.matmul(&k.transpose(-1, -2)?)?.mul(1.0 / (hd as f64).sqrt())?;
+    let att = scores.causal_mask()?.softmax(-1)?.matmul(&v)?;
+    let att = att.permute(&[0, 2, 1, 3])?.reshape(&[b, s, d])?;
+    let x = x.add(&att.linear(&t[5], Some(&t[6]))?)?;
+    let h = x.layer_norm(1, Some(&t[7]), Some(&t[8]), 1e-5)?;
+    let h = h.linear(&t[9], Some(&t[10]))?.gelu()?.linear(&t[11], Some(&t[12]))?;
+    x.add(&h)
+}
+
+#[test]
+fn w5_block_is_six_matmuls_one_softmax_two_layernorms() {
+    let (b, s, d) = (8, 512, 768);
+    let inputs = [
+        f32s(&[b, s, d]),
+        f32s(&[d]),
+        f32s(&[d]),
+        f32s(&[3 * d, d]),
+        f32s(&[3 * d]),
+        f32s(&[d, d]),
+        f32s(&[d]),
+        f32s(&[d]),
+        f32s(&[d]),
+        f32s(&[4 * d, d]),
+        f32s(&[4 * d]),
+        f32s(&[d, 4 * d]),
+        f32s(&[d]),
+    ];
+    let c = compiled(&inputs, |t| Ok(vec![w5_block(t, 12)?]));
+    assert_eq!(c.kernel_kinds(), (0, 3, 6), "{:#?}", c.fusion.regions.iter().map(|r| &r.name).collect::<Vec<_>>());
+    let rows: Vec<&str> = c
+        .fusion
+        .regions
+        .iter()
+        .filter(|r| matches!(r.kind, RegionKind::Rows { .. }))
+        .map(|r| r.name.as_str())
+        .collect();
+    assert!(rows.iter().filter(|n| n.contains("layernorm")).count() == 2, "{rows:?}");
+    let attention = rows.iter().find(|n| n.contains("softmax")).expect("a softmax kernel");
+    assert!(attention.contains("causalmask") && attention.contains("mul"), "scale and mask fused: {attention}");
+}
+
+#[test]
+fn a_binding_limited_target_splits_wide_regions() {
+    let inputs: Vec<TensorSpec> = (0..10).map(|_| f32s(&[33])).collect();
+    let g = capture(&inputs, |t| {
+        let mut acc = t[0].exp()?;
+        for x in &t[1..] {
+            acc = acc.add(&x.mul(2.0)?)?;
+        }
+        Ok(vec![acc])
+    })
+    .unwrap();
+    let target = Target::webgpu_default().with_max_bindings(4);
+    let c = compile_graph(&g, &target).unwrap();
+    assert!(c.kernels.len() > 1, "10 inputs cannot share one 4-binding kernel");
+    for k in &c.kernels {
+        assert!(k.buffers.len() <= 4, "{k}");
+    }
+}
+
+#[test]
+fn explain_shows_the_w3_region_and_its_kernel_ir() {
+    let c = compiled(&[f32s(&[8192, 4096]), f32s(&[4096]), f32s(&[4096])], |t| {
+        Ok(vec![t[0].layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?.gelu()?])
+    });
+    let text = c.to_string();
+    for needle in
+        ["region k0_fused_layernorm_gelu", "fuses:", "reads:", "writes:", "reduce Sum over", "(Group", "erf("]
+    {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}
+

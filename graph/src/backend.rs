@@ -4,10 +4,10 @@
 
 use crate::data::TensorData;
 use crate::error::{Error, Result};
+use crate::ir::Graph;
 use crate::loc::SourceLoc;
 use crate::pipeline::{compile_graph, CompiledGraph};
 use crate::target::Target;
-use crate::ir::Graph;
 use std::rc::Rc;
 
 /// Something that executes graphs.

@@ -108,22 +108,27 @@ impl<'g> Facts<'g> {
     fn new(graph: &'g Graph) -> Self {
         let n = graph.nodes.len();
         let role: Vec<Role> = graph.nodes.iter().map(|x| role(&x.op)).collect();
-        let mut producers = vec![Vec::new(); n];
-        for i in 0..n {
-            let mut seen = BTreeSet::new();
-            let mut stack: Vec<NodeId> = graph.nodes[i].inputs.clone();
-            while let Some(p) = stack.pop() {
-                if !seen.insert(p) {
-                    continue;
+        let producers: Vec<Vec<NodeId>> = graph
+            .nodes
+            .iter()
+            .map(|node| {
+                let mut found = Vec::new();
+                let mut seen = BTreeSet::new();
+                let mut stack: Vec<NodeId> = node.inputs.clone();
+                while let Some(p) = stack.pop() {
+                    if !seen.insert(p) {
+                        continue;
+                    }
+                    if role[p.index()] == Role::Transparent {
+                        stack.extend(graph.node(p).inputs.iter().copied());
+                    } else {
+                        found.push(p);
+                    }
                 }
-                if role[p.index()] == Role::Transparent {
-                    stack.extend(graph.node(p).inputs.iter().copied());
-                } else {
-                    producers[i].push(p);
-                }
-            }
-            producers[i].sort();
-        }
+                found.sort();
+                found
+            })
+            .collect();
         let mut consumers = vec![Vec::new(); n];
         for i in 0..n {
             if role[i] == Role::Transparent {
@@ -136,6 +141,12 @@ impl<'g> Facts<'g> {
         let mut output_reach = vec![false; n];
         for &o in &graph.outputs {
             output_reach[o.index()] = true;
+            // A layout output is written by its own kernel, which reads the compute nodes under it.
+            if role[o.index()] == Role::Transparent {
+                for &p in &producers[o.index()] {
+                    output_reach[p.index()] = true;
+                }
+            }
         }
         let mut ancestors: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); n];
         for i in 0..n {

@@ -619,6 +619,37 @@ impl Graph {
         self.nodes.iter().filter(|n| !matches!(n.op, Op::Input { .. })).count()
     }
 
+    /// The graph without nodes no output depends on (inputs always stay, so input numbering holds), and
+    /// for each kept node the id it had before.
+    pub fn without_dead_nodes(&self) -> (Graph, Vec<NodeId>) {
+        let mut live = vec![false; self.nodes.len()];
+        for gi in &self.inputs {
+            live[gi.node.index()] = true;
+        }
+        let mut stack: Vec<NodeId> = self.outputs.clone();
+        while let Some(n) = stack.pop() {
+            if !std::mem::replace(&mut live[n.index()], true) || matches!(self.node(n).op, Op::Input { .. }) {
+                stack.extend(self.node(n).inputs.iter().copied());
+            }
+        }
+        let mut remap = vec![NodeId(u32::MAX); self.nodes.len()];
+        let mut kept = Vec::new();
+        let mut out = Graph { symbols: self.symbols.clone(), ..Graph::default() };
+        for (i, node) in self.nodes.iter().enumerate() {
+            if !live[i] {
+                continue;
+            }
+            let mut node = node.clone();
+            node.inputs = node.inputs.iter().map(|a| remap[a.index()]).collect();
+            remap[i] = out.push(node);
+            kept.push(NodeId(i as u32));
+        }
+        out.inputs =
+            self.inputs.iter().map(|gi| GraphInput { node: remap[gi.node.index()], kind: gi.kind.clone() }).collect();
+        out.outputs = self.outputs.iter().map(|o| remap[o.index()]).collect();
+        (out, kept)
+    }
+
     /// Op names with how often each occurs, sorted by name (for explain).
     pub fn op_histogram(&self) -> Vec<(&'static str, usize)> {
         let mut counts = std::collections::BTreeMap::new();

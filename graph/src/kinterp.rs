@@ -59,8 +59,7 @@ impl<M: Memory> Env<'_, M> {
             Scalar::Binary { op, a, b } => {
                 let (x, y) = (self.var(*a)?, self.var(*b)?);
                 // Integer division floors; the operands' dtype is the result's unless this is a comparison.
-                binary(*op, x, y, dtype.is_int())
-                    .ok_or_else(|| fail(self.kernel, "integer division by zero".into()))?
+                binary(*op, x, y, dtype.is_int()).ok_or_else(|| fail(self.kernel, "integer division by zero".into()))?
             }
             Scalar::Select { cond, a, b } => {
                 if self.var(*cond)? != 0.0 {
@@ -132,9 +131,7 @@ impl<M: Memory> Env<'_, M> {
                         KReduceOp::Min => nan_min(acc, v),
                         KReduceOp::ArgMax | KReduceOp::ArgMin => {
                             let better = !acc.is_nan()
-                                && (first
-                                    || v.is_nan()
-                                    || if *op == KReduceOp::ArgMax { v > acc } else { v < acc });
+                                && (first || v.is_nan() || if *op == KReduceOp::ArgMax { v > acc } else { v < acc });
                             if better {
                                 best = it;
                                 v

@@ -12,7 +12,7 @@ use crate::kernel::{
     Stmt, Tile, VarId,
 };
 use crate::shape::Shape;
-use crate::sym::{Expr, SymId};
+use crate::sym::{Expr, SymId, SymTable};
 use crate::target::Target;
 use std::collections::{BTreeSet, HashMap};
 
@@ -38,14 +38,14 @@ impl Point {
         Point { dims: dims.to_vec(), flat, multi: None }
     }
 
-    fn from_multi(dims: &[Expr], multi: &[Expr]) -> Point {
+    fn from_multi(dims: &[Expr], multi: &[Expr], t: &SymTable) -> Point {
         let strides = Shape(dims.to_vec()).contiguous_strides();
         let flat = multi.iter().zip(&strides).fold(Expr::from(0usize), |acc, (m, s)| acc + m.clone() * s.clone());
-        Point { dims: dims.to_vec(), flat, multi: Some(multi.to_vec()) }
+        Point { dims: dims.to_vec(), flat: flat.simplify_in(t), multi: Some(multi.to_vec()) }
     }
 
     /// The multi-index; the outermost coordinate needs no modulo because the flat index is in range.
-    fn multi(&self) -> Vec<Expr> {
+    fn multi(&self, t: &SymTable) -> Vec<Expr> {
         if let Some(m) = &self.multi {
             return m.clone();
         }
@@ -54,9 +54,9 @@ impl Point {
             .map(|i| {
                 let q = self.flat.floor_div(&strides[i]);
                 if i == 0 {
-                    q
+                    q.simplify_in(t)
                 } else {
-                    q.modulo(&self.dims[i])
+                    q.modulo(&self.dims[i]).simplify_in(t)
                 }
             })
             .collect()
@@ -79,6 +79,8 @@ struct Lowerer<'a> {
     guard: Option<VarId>,
     /// Each computed reduction's value and the coordinates (kept axes only) of the row it belongs to.
     reduce_results: HashMap<NodeId, (VarId, Vec<Expr>)>,
+    /// Shape-symbol ranges plus every loop variable's `[0, extent)`, for index simplification.
+    ranges: SymTable,
     /// Members being evaluated, innermost last (to name the one that reads a reduction wrongly).
     evaluating: Vec<NodeId>,
 }
@@ -100,6 +102,7 @@ impl<'a> Lowerer<'a> {
             memo: HashMap::new(),
             guard: None,
             reduce_results: HashMap::new(),
+            ranges: g.symbols.clone(),
             evaluating: Vec::new(),
         }
     }
@@ -113,9 +116,12 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    fn new_sym(&mut self) -> SymId {
+    /// A fresh kernel-local symbol ranging over `[0, extent)`.
+    fn new_sym(&mut self, extent: &Expr) -> SymId {
         let s = SymId(self.next_sym);
         self.next_sym += 1;
+        let hi = extent.simplify_in(&self.ranges);
+        self.ranges.set_range(s, 0, hi.as_const().map(|e| e - 1));
         s
     }
 
@@ -141,6 +147,13 @@ impl<'a> Lowerer<'a> {
 
     /// Emits `var = value` in the outermost block where its operands exist.
     fn let_(&mut self, dtype: DType, value: Scalar) -> VarId {
+        let value = match value {
+            Scalar::Load { buffer, index, guard } => {
+                Scalar::Load { buffer, index: index.simplify_in(&self.ranges), guard }
+            }
+            Scalar::Index { expr } => Scalar::Index { expr: expr.simplify_in(&self.ranges) },
+            v => v,
+        };
         let mut depth = 0;
         let mut dep = |v: &VarId| depth = depth.max(self.var_depth.get(v).copied().unwrap_or(0));
         match &value {
@@ -190,6 +203,7 @@ impl<'a> Lowerer<'a> {
     }
 
     fn store(&mut self, n: NodeId, index: Expr, value: VarId) {
+        let index = index.simplify_in(&self.ranges);
         let buffer = self.buffer(n, Access::Write);
         let depth = self.blocks.len() - 1;
         self.blocks[depth].push(Stmt::Store { buffer, index, value });
@@ -257,7 +271,7 @@ impl<'a> Lowerer<'a> {
             Op::Input { .. } => self.load(n, p.flat.clone()),
             Op::Full { value } => self.let_(cd, Scalar::Const { value: *value }),
             Op::Iota { axis } => {
-                let expr = p.multi()[*axis].clone();
+                let expr = p.multi(&self.ranges)[*axis].clone();
                 self.let_(cd, Scalar::Index { expr })
             }
             Op::Unary { op } => {
@@ -287,15 +301,15 @@ impl<'a> Lowerer<'a> {
             }
             Op::Reshape => self.value(input(0), &Point::flat(&in_dims(0), p.flat.clone()))?,
             Op::Permute { perm } => {
-                let m = p.multi();
+                let m = p.multi(&self.ranges);
                 let mut src = vec![Expr::from(0usize); m.len()];
                 for (i, &a) in perm.iter().enumerate() {
                     src[a] = m[i].clone();
                 }
-                self.value(input(0), &Point::from_multi(&in_dims(0), &src))?
+                self.value(input(0), &Point::from_multi(&in_dims(0), &src, &self.ranges))?
             }
             Op::Expand => {
-                let (m, dims) = (p.multi(), in_dims(0));
+                let (m, dims) = (p.multi(&self.ranges), in_dims(0));
                 let one = Expr::from(1usize);
                 let src: Vec<Expr> = m
                     .iter()
@@ -303,15 +317,15 @@ impl<'a> Lowerer<'a> {
                     .zip(&p.dims)
                     .map(|((x, d), o)| if *d == one && *o != one { Expr::from(0usize) } else { x.clone() })
                     .collect();
-                self.value(input(0), &Point::from_multi(&dims, &src))?
+                self.value(input(0), &Point::from_multi(&dims, &src, &self.ranges))?
             }
             Op::Slice { axis, start, step, .. } => {
-                let mut m = p.multi();
+                let mut m = p.multi(&self.ranges);
                 m[*axis] = start.clone() + m[*axis].clone() * Expr::from(*step);
-                self.value(input(0), &Point::from_multi(&in_dims(0), &m))?
+                self.value(input(0), &Point::from_multi(&in_dims(0), &m, &self.ranges))?
             }
             Op::Pad { pads, value } => {
-                let (m, dims) = (p.multi(), in_dims(0));
+                let (m, dims) = (p.multi(&self.ranges), in_dims(0));
                 let mut src = m.clone();
                 let mut cond = None;
                 for (i, &(before, _)) in pads.iter().enumerate() {
@@ -328,16 +342,17 @@ impl<'a> Lowerer<'a> {
                 }
                 let pad = self.let_(cd, Scalar::Const { value: *value });
                 match cond {
-                    None => self.value(input(0), &Point::from_multi(&dims, &src))?,
+                    None => self.value(input(0), &Point::from_multi(&dims, &src, &self.ranges))?,
                     Some(c) => {
-                        let v = self.guarded(c, |s| s.value(input(0), &Point::from_multi(&dims, &src)))?;
+                        let at = Point::from_multi(&dims, &src, &self.ranges);
+                        let v = self.guarded(c, |s| s.value(input(0), &at))?;
                         let v = self.coerce(v, cd);
                         self.let_(cd, Scalar::Select { cond: c, a: v, b: pad })
                     }
                 }
             }
             Op::Concat { axis } => {
-                let m = p.multi();
+                let m = p.multi(&self.ranges);
                 let mut offset = Expr::from(0usize);
                 let mut parts = Vec::new();
                 for (k, &inp) in node.inputs.iter().enumerate() {
@@ -346,7 +361,8 @@ impl<'a> Lowerer<'a> {
                     let c = self.in_range(&m[*axis], &offset, &end);
                     let mut src = m.clone();
                     src[*axis] = m[*axis].clone() - offset.clone();
-                    let v = self.guarded(c, |s| s.value(inp, &Point::from_multi(&dims, &src)))?;
+                    let at = Point::from_multi(&dims, &src, &self.ranges);
+                    let v = self.guarded(c, |s| s.value(inp, &at))?;
                     parts.push((c, self.coerce(v, cd)));
                     offset = end;
                 }
@@ -357,7 +373,7 @@ impl<'a> Lowerer<'a> {
                 acc
             }
             Op::IndexSelect { axis } | Op::Gather { axis } => {
-                let m = p.multi();
+                let m = p.multi(&self.ranges);
                 let index_point = if matches!(node.op, Op::Gather { .. }) {
                     p.clone()
                 } else {
@@ -365,16 +381,16 @@ impl<'a> Lowerer<'a> {
                 };
                 let iv = self.value(input(1), &index_point)?;
                 let dims = in_dims(0);
-                let sym = self.new_sym();
+                let sym = self.new_sym(&dims[*axis]);
                 let depth = self.var_depth.get(&iv).copied().unwrap_or(0);
                 self.sym_depth.insert(sym, depth);
                 self.blocks[depth].push(Stmt::BindIndex { sym, var: iv, bound: dims[*axis].clone() });
                 let mut src = m.clone();
                 src[*axis] = Expr::sym(sym);
-                self.value(input(0), &Point::from_multi(&dims, &src))?
+                self.value(input(0), &Point::from_multi(&dims, &src, &self.ranges))?
             }
             Op::Reduce { .. } | Op::ArgReduce { .. } => match self.reduce_results.get(&n) {
-                Some((v, row)) if *row == kept_coordinates(&node.op, &p.multi()) => *v,
+                Some((v, row)) if *row == kept_coordinates(&node.op, &p.multi(&self.ranges)) => *v,
                 _ => {
                     let culprit = self.evaluating.iter().rev().find(|&&m| m != n).copied().unwrap_or(n);
                     return Err(LowerFailure::Refuse(culprit));
@@ -461,7 +477,7 @@ fn ceil_div(a: &Expr, b: u32) -> Expr {
 fn pointwise(mut l: Lowerer, region: &Region) -> Result<Kernel, LowerFailure> {
     let first = region.stored[0];
     let n = l.g.node(first).shape.numel();
-    let i = l.new_sym();
+    let i = l.new_sym(&n);
     l.push_block(&[i]);
     for &s in &region.stored {
         let dims = l.g.node(s).shape.dims().to_vec();
@@ -491,9 +507,9 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
     let red_dims: Vec<Expr> = axes.iter().map(|&a| dims[a].clone()).collect();
     let row_count = Shape(kept_dims.clone()).numel();
     let row_len = Shape(red_dims.clone()).numel();
-    let element = |row: &Expr, j: &Expr| -> Point {
-        let k = Point::flat(&kept_dims, row.clone()).multi();
-        let r = Point::flat(&red_dims, j.clone()).multi();
+    let element = |row: &Expr, j: &Expr, t: &SymTable| -> Point {
+        let k = Point::flat(&kept_dims, row.clone()).multi(t);
+        let r = Point::flat(&red_dims, j.clone()).multi(t);
         let mut m = vec![Expr::from(0usize); dims.len()];
         for (i, &a) in kept.iter().enumerate() {
             m[a] = k[i].clone();
@@ -501,12 +517,12 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
         for (i, &a) in axes.iter().enumerate() {
             m[a] = r[i].clone();
         }
-        Point::from_multi(&dims, &m)
+        Point::from_multi(&dims, &m, t)
     };
     let (grouped, threads) = row_strategy(l.target, &row_len);
     let strategy =
         if grouped { ReduceStrategy::Group { subgroup: l.target.subgroup_size } } else { ReduceStrategy::Serial };
-    let row = l.new_sym();
+    let row = l.new_sym(&row_count);
     l.push_block(&[row]);
     let row_expr = Expr::sym(row);
     for &r in &region.members {
@@ -526,10 +542,11 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
             _ => continue,
         };
         let input = node.inputs[0];
-        let j = l.new_sym();
+        let j = l.new_sym(&row_len);
         l.push_block(&[j]);
         l.evaluating.push(r);
-        let v = l.value(input, &element(&row_expr, &Expr::sym(j)));
+        let at = element(&row_expr, &Expr::sym(j), &l.ranges);
+        let v = l.value(input, &at);
         l.evaluating.pop();
         let mut v = v?;
         if op == KReduceOp::Sum {
@@ -556,14 +573,15 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
             body,
             value: v,
         });
-        l.reduce_results.insert(r, (out, Point::flat(&kept_dims, row_expr.clone()).multi()));
+        let kept_at = Point::flat(&kept_dims, row_expr.clone()).multi(&l.ranges);
+        l.reduce_results.insert(r, (out, kept_at));
     }
     for &s in &region.stored {
         let shape = l.g.node(s).shape.clone();
         if shape == *input_shape {
-            let j = l.new_sym();
+            let j = l.new_sym(&row_len);
             l.push_block(&[j]);
-            let p = element(&row_expr, &Expr::sym(j));
+            let p = element(&row_expr, &Expr::sym(j), &l.ranges);
             let v = l.value(s, &p)?;
             l.store(s, p.flat.clone(), v);
             let body = l.pop_block();
@@ -593,9 +611,9 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
     let (m, n) = (dims[r - 2].clone(), dims[r - 1].clone());
     let k = l.g.node(a_node).shape.dims()[r - 1].clone();
     let batch = Shape(batch_dims.clone()).numel();
-    let syms = [l.new_sym(), l.new_sym(), l.new_sym(), l.new_sym()];
+    let syms = [l.new_sym(&batch), l.new_sym(&m), l.new_sym(&n), l.new_sym(&k)];
     let [bs, is, js, ps] = syms.map(Expr::sym);
-    let batch_idx = Point::flat(&batch_dims, bs.clone()).multi();
+    let batch_idx = Point::flat(&batch_dims, bs.clone()).multi(&l.ranges);
     let at = |x: &Expr, y: &Expr| {
         let mut v = batch_idx.clone();
         v.push(x.clone());
@@ -605,7 +623,8 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
     let operand = |l: &mut Lowerer, node: NodeId, idx: Vec<Expr>, bound: [SymId; 3]| {
         l.push_block(&bound);
         let dims = l.g.node(node).shape.dims().to_vec();
-        let v = l.value(node, &Point::from_multi(&dims, &idx));
+        let at = Point::from_multi(&dims, &idx, &l.ranges);
+        let v = l.value(node, &at);
         let body = l.pop_block();
         v.map(|value| MatOperand { body, value })
     };
@@ -617,7 +636,7 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
     l.next_var += 1;
     l.var_depth.insert(acc, 1);
     l.var_dtype.insert(acc, acc_dtype);
-    let out = Point::from_multi(&dims, &at(&is, &js));
+    let out = Point::from_multi(&dims, &at(&is, &js), &l.ranges);
     l.memo.insert((node, out.flat.clone(), None), acc);
     for &s in &region.stored {
         let v = l.value(s, &out)?;
@@ -627,19 +646,7 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
     let big = |e: &Expr| e.as_const().is_none_or(|c| c >= 64);
     let tile = if big(&m) && big(&n) { Tile { m: 64, n: 64, k: 16 } } else { Tile { m: 16, n: 16, k: 16 } };
     let groups = batch.clone() * ceil_div(&m, tile.m) * ceil_div(&n, tile.n);
-    l.blocks[0].push(Stmt::MatMul(Box::new(MatMul {
-        batch,
-        m,
-        n,
-        k,
-        syms,
-        a,
-        b,
-        acc_dtype,
-        acc,
-        epilogue,
-        tile,
-    })));
+    l.blocks[0].push(Stmt::MatMul(Box::new(MatMul { batch, m, n, k, syms, a, b, acc_dtype, acc, epilogue, tile })));
     let threads = 256.min(l.target.max_threads_per_group);
     Ok(l.finish(&region.name, Launch { groups, threads }))
 }

@@ -34,7 +34,10 @@ pub struct CompiledGraph {
 
 /// Compiles `graph` for `target`.
 pub fn compile_graph(graph: &Graph, target: &Target) -> Result<CompiledGraph> {
-    let primitive = decompose(graph)?;
+    let decomposed = decompose(graph)?;
+    // Tracing records every op the user ran; only what an output needs is compiled.
+    let (live, kept) = decomposed.graph.without_dead_nodes();
+    let primitive = Decomposed { graph: live, origin: kept.iter().map(|k| decomposed.origin[k.index()]).collect() };
     let names: Vec<String> = primitive.origin.iter().map(|&o| graph.node(o).op.name().to_string()).collect();
     let mut refused = BTreeSet::new();
     loop {
@@ -51,7 +54,10 @@ pub fn compile_graph(graph: &Graph, target: &Target) -> Result<CompiledGraph> {
             Err(LowerFailure::Refuse(n)) => {
                 if !refused.insert(n) {
                     return Err(Error::Unsupported {
-                        what: format!("scheduling {n} ({}): lowering refused it twice", primitive.graph.node(n).op.name()),
+                        what: format!(
+                            "scheduling {n} ({}): lowering refused it twice",
+                            primitive.graph.node(n).op.name()
+                        ),
                         loc: primitive.graph.node(n).loc.clone(),
                     });
                 }

@@ -593,6 +593,66 @@ impl Expr {
         self.try_subst(map).ok_or_else(|| overflow_err(format_args!("substitution into {self}")))
     }
 
+    /// Rewrites `self` using the ranges in `table`: `a // k` becomes 0 and `a % k` becomes `a` when
+    /// `0 <= a < k`, and `min`/`max` whose order the ranges decide collapse to one side. Index
+    /// expressions built from loop variables lose their redundant divisions this way.
+    pub fn simplify_in(&self, table: &SymTable) -> Expr {
+        let below = |x: &Expr, y: &Expr| match y.as_const() {
+            Some(k) if k > 0 => {
+                let b = table.bounds(x);
+                b.lo.is_some_and(|lo| lo >= 0) && b.hi.is_some_and(|hi| hi < k)
+            }
+            _ => false,
+        };
+        let mut acc = Expr::constant(self.constant);
+        for t in &self.terms {
+            let mut prod = Expr::constant(t.coeff);
+            for atom in &t.atoms {
+                let a = match atom {
+                    Atom::Sym(s) => match table.range(*s) {
+                        Some((lo, Some(hi))) if lo == hi => Expr::constant(lo),
+                        _ => Expr::sym(*s),
+                    },
+                    Atom::FloorDiv(x, y) => {
+                        let (x, y) = (x.simplify_in(table), y.simplify_in(table));
+                        if below(&x, &y) {
+                            Expr::ZERO
+                        } else {
+                            x.floor_div(&y)
+                        }
+                    }
+                    Atom::Mod(x, y) => {
+                        let (x, y) = (x.simplify_in(table), y.simplify_in(table));
+                        if below(&x, &y) {
+                            x
+                        } else {
+                            x.modulo(&y)
+                        }
+                    }
+                    Atom::Min(x, y) => {
+                        let (x, y) = (x.simplify_in(table), y.simplify_in(table));
+                        match table.known_ge(&x, &y) {
+                            Some(true) => y,
+                            Some(false) => x,
+                            None => x.min(&y),
+                        }
+                    }
+                    Atom::Max(x, y) => {
+                        let (x, y) = (x.simplify_in(table), y.simplify_in(table));
+                        match table.known_ge(&x, &y) {
+                            Some(true) => x,
+                            Some(false) => y,
+                            None => x.max(&y),
+                        }
+                    }
+                };
+                prod = prod.mul(&a);
+            }
+            acc = acc.add(&prod);
+        }
+        acc
+    }
+
     /// Evaluates with checked arithmetic; never panics.
     pub fn eval(&self, bindings: &Bindings) -> Result<i64, SymError> {
         let mut acc = self.constant;
@@ -995,6 +1055,9 @@ struct SymInfo {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SymTable {
     syms: Vec<SymInfo>,
+    /// Ranges of symbols created elsewhere (a kernel's loop variables), by id.
+    #[serde(default)]
+    extra: BTreeMap<SymId, (i64, Option<i64>)>,
 }
 
 impl SymTable {
@@ -1019,7 +1082,15 @@ impl SymTable {
 
     /// The symbol's inclusive range `(lo, hi)`, if it belongs to this table.
     pub fn range(&self, s: SymId) -> Option<(i64, Option<i64>)> {
-        self.info(s).map(|i| (i.lo, i.hi))
+        self.info(s).map(|i| (i.lo, i.hi)).or_else(|| self.extra.get(&s).copied())
+    }
+
+    /// Records the inclusive range of a symbol this table did not create (a loop variable), so range
+    /// questions and [`Expr::simplify_in`] can use it. An empty range is ignored.
+    pub fn set_range(&mut self, s: SymId, lo: i64, hi: Option<i64>) {
+        if hi.is_none_or(|hi| lo <= hi) && self.info(s).is_none() {
+            self.extra.insert(s, (lo, hi));
+        }
     }
 
     /// The first symbol with this name.
@@ -1239,6 +1310,27 @@ mod tests {
         assert_eq!(t.bounds(&(n.floor_div(&c(4)) - &m)), Interval { lo: None, hi: Some(25) });
         assert!(t.known_divisible(&(&n * 8 + 16), 4));
         assert!(!t.known_divisible(&n, 4));
+    }
+
+    #[test]
+    fn ranges_remove_redundant_division() {
+        let mut t = SymTable::new();
+        let n = t.new_symbol("n", 1, None);
+        let (i, j) = (SymId(1 << 20), SymId((1 << 20) + 1));
+        t.set_range(i, 0, Some(2));
+        t.set_range(j, 0, Some(7));
+        let flat = s(i.0) * 8 + s(j.0);
+        assert_eq!(flat.floor_div(&c(8)).simplify_in(&t), s(i.0));
+        assert_eq!(flat.modulo(&c(8)).simplify_in(&t), s(j.0));
+        assert_eq!(s(i.0).modulo(&c(3)).simplify_in(&t), s(i.0));
+        assert_eq!(s(i.0).modulo(&c(2)).simplify_in(&t), s(i.0).modulo(&c(2)));
+        assert_eq!(s(j.0).min(&c(9)).simplify_in(&t), s(j.0));
+        // A symbol pinned to one value is that value.
+        let one = SymId((1 << 20) + 2);
+        t.set_range(one, 0, Some(0));
+        assert_eq!((s(one.0) * 5 + s(j.0)).simplify_in(&t), s(j.0));
+        // Unknown upper bounds keep the operation.
+        assert_eq!(s(n.0).modulo(&c(4)).simplify_in(&t), s(n.0).modulo(&c(4)));
     }
 
     #[test]

@@ -59,7 +59,13 @@ impl Target {
             max_groups_per_dim: (1 << 31) - 1,
             grid_dims: 3,
             subgroup_size: Some(32),
-            shared_memory_bytes: if sm >= 90 { 227 * 1024 } else if sm >= 80 { 163 * 1024 } else { 48 * 1024 },
+            shared_memory_bytes: if sm >= 90 {
+                227 * 1024
+            } else if sm >= 80 {
+                163 * 1024
+            } else {
+                48 * 1024
+            },
             f16_compute: sm >= 53,
             bf16_compute: sm >= 80,
             matrix_units: sm >= 70,
@@ -70,7 +76,12 @@ impl Target {
     /// The CPU kernel interpreter: generous limits, so the kernels it runs are the ones a GPU would get
     /// under `webgpu_default` only where a test asks for that target.
     pub fn interpreter() -> Target {
-        Target { name: "kernel-interpreter".into(), max_bindings: 64, subgroup_size: Some(32), ..Target::webgpu_default() }
+        Target {
+            name: "kernel-interpreter".into(),
+            max_bindings: 64,
+            subgroup_size: Some(32),
+            ..Target::webgpu_default()
+        }
     }
 
     /// This target with a different binding limit (tests of the splitting logic use tiny limits).

@@ -391,12 +391,8 @@ pub fn capture(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Te
             .iter()
             .enumerate()
             .map(|(index, spec)| {
-                let node = st.graph.add_input(
-                    spec.dtype,
-                    spec.shape.clone(),
-                    InputKind::Arg { index },
-                    SourceLoc::internal(),
-                );
+                let node =
+                    st.graph.add_input(spec.dtype, spec.shape.clone(), InputKind::Arg { index }, SourceLoc::internal());
                 Tensor {
                     cell: Rc::new(TensorCell {
                         id: next_id(),

@@ -151,10 +151,8 @@ fn explain_shows_the_w3_region_and_its_kernel_ir() {
         Ok(vec![t[0].layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?.gelu()?])
     });
     let text = c.to_string();
-    for needle in
-        ["region k0_fused_layernorm_gelu", "fuses:", "reads:", "writes:", "reduce Sum over", "(Group", "erf("]
+    for needle in ["region k0_fused_layernorm_gelu", "fuses:", "reads:", "writes:", "reduce Sum over", "(Group", "erf("]
     {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
 }
-

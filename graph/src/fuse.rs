@@ -18,7 +18,9 @@
 //! A region never binds more buffers than the target allows: a producer that would exceed the limit stays
 //! outside and is written by its own kernel.
 
+use crate::error::{Error, Result};
 use crate::ir::{Graph, NodeId, Op};
+use crate::loc::SourceLoc;
 use crate::shape::Shape;
 use crate::target::Target;
 use serde::{Deserialize, Serialize};
@@ -389,14 +391,19 @@ fn stored_nodes(f: &Facts, members: &BTreeSet<NodeId>) -> Vec<NodeId> {
         .collect()
 }
 
-/// Orders regions so each runs after the regions whose outputs it reads.
-fn launch_order(f: &Facts, regions: &[(RegionKind, BTreeSet<NodeId>)], assigned: &[Option<usize>]) -> Vec<usize> {
+/// Orders regions so each runs after the regions whose outputs it reads; `None` if they form a cycle
+/// (which the growth rules are meant to exclude).
+fn launch_order(
+    f: &Facts,
+    regions: &[(RegionKind, BTreeSet<NodeId>)],
+    assigned: &[Option<usize>],
+) -> Option<Vec<usize>> {
     let k = regions.len();
     let mut deps = vec![BTreeSet::new(); k];
     for (ri, (_, members)) in regions.iter().enumerate() {
         for &m in members {
-            let reads = f.producers[m.index()].iter().chain(f.graph.node(m).inputs.iter());
-            for p in reads {
+            // Transparent inputs are evaluated in place, so only compute producers order kernels.
+            for p in &f.producers[m.index()] {
                 if let Some(pr) = assigned[p.index()] {
                     if pr != ri {
                         deps[ri].insert(pr);
@@ -407,17 +414,12 @@ fn launch_order(f: &Facts, regions: &[(RegionKind, BTreeSet<NodeId>)], assigned:
     }
     let mut order = Vec::with_capacity(k);
     let mut done = vec![false; k];
-    // Regions are convex by construction, so this always completes; the bound guards against a bug.
-    for _ in 0..k {
-        for r in 0..k {
-            if !done[r] && deps[r].iter().all(|&d| done[d]) {
-                done[r] = true;
-                order.push(r);
-                break;
-            }
-        }
+    while order.len() < k {
+        let ready = (0..k).find(|&r| !done[r] && deps[r].iter().all(|&d| done[d]))?;
+        done[ready] = true;
+        order.push(ready);
     }
-    order
+    Some(order)
 }
 
 /// A readable kernel name from the user-level ops a region computes: `k3_fused_layernorm_gelu`.
@@ -445,7 +447,7 @@ fn region_name(index: usize, kind: &RegionKind, members: &BTreeSet<NodeId>, op_n
 
 /// Schedules a primitive graph into regions for `target`. `op_names[i]` names the user-level op that
 /// node `i` came from (for kernel names); `refused` lists consumers that must not join row regions.
-pub fn fuse(graph: &Graph, op_names: &[String], target: &Target, refused: &BTreeSet<NodeId>) -> Fusion {
+pub fn fuse(graph: &Graph, op_names: &[String], target: &Target, refused: &BTreeSet<NodeId>) -> Result<Fusion> {
     let mut s = Scheduler {
         f: Facts::new(graph),
         target,
@@ -457,7 +459,10 @@ pub fn fuse(graph: &Graph, op_names: &[String], target: &Target, refused: &BTree
     s.matmul_regions();
     s.pointwise_regions();
     s.transparent_outputs();
-    let order = launch_order(&s.f, &s.regions, &s.assigned);
+    let order = launch_order(&s.f, &s.regions, &s.assigned).ok_or_else(|| Error::Unsupported {
+        what: "the scheduler grouped nodes into regions that depend on each other in a cycle".into(),
+        loc: graph.outputs.first().map_or_else(SourceLoc::internal, |o| graph.node(*o).loc.clone()),
+    })?;
     let regions = order
         .iter()
         .enumerate()
@@ -471,5 +476,5 @@ pub fn fuse(graph: &Graph, op_names: &[String], target: &Target, refused: &BTree
             }
         })
         .collect();
-    Fusion { regions }
+    Ok(Fusion { regions })
 }

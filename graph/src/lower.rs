@@ -172,7 +172,12 @@ impl<'a> Lowerer<'a> {
             }
         }
         match &value {
-            Scalar::Load { index: e, .. } | Scalar::Index { expr: e } => depth = depth.max(self.expr_depth(e)),
+            Scalar::Load { index: e, .. } => {
+                // Loads stay inside the kernel's outer loop: above it they would run even when that loop
+                // is empty, reading a buffer that may have no elements.
+                depth = depth.max(self.expr_depth(e)).max(usize::from(self.blocks.len() > 1));
+            }
+            Scalar::Index { expr: e } => depth = depth.max(self.expr_depth(e)),
             _ => {}
         }
         let var = VarId(self.next_var);
@@ -295,8 +300,14 @@ impl<'a> Lowerer<'a> {
                 self.let_(cd, Scalar::Select { cond: c, a, b })
             }
             Op::Cast => {
-                let a = self.value(input(0), p)?;
-                // A cast keeps its storage dtype so narrowing really rounds; arithmetic widens it again.
+                let mut a = self.value(input(0), p)?;
+                // A half-precision value computed in f32 becomes a real f16/bf16 before it is converted, so
+                // casts round (and overflow) exactly as the reference does. The result keeps its storage
+                // dtype so narrowing really rounds; arithmetic widens it again.
+                let from = self.g.node(input(0)).dtype;
+                if matches!(from, DType::F16 | DType::BF16) {
+                    a = self.coerce(a, from);
+                }
                 self.let_(node.dtype, Scalar::Cast { a })
             }
             Op::Reshape => self.value(input(0), &Point::flat(&in_dims(0), p.flat.clone()))?,
@@ -653,7 +664,14 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
 
 /// Lowers one region of `graph` to a kernel for `target`.
 pub fn lower(graph: &Graph, region: &Region, target: &Target) -> Result<Kernel, LowerFailure> {
-    let l = Lowerer::new(graph, target, region);
+    let mut l = Lowerer::new(graph, target, region);
+    // Nothing to compute when every output is empty: the kernel binds its outputs and does no work.
+    if region.stored.iter().all(|&s| graph.node(s).shape.numel().as_const() == Some(0)) {
+        for &s in &region.stored {
+            l.buffer(s, Access::Write);
+        }
+        return Ok(l.finish(&region.name, Launch { groups: Expr::from(0usize), threads: 1 }));
+    }
     match &region.kind {
         RegionKind::Pointwise => pointwise(l, region),
         RegionKind::Rows { input_shape, axes } => rows(l, region, input_shape, axes),

@@ -41,7 +41,7 @@ pub fn compile_graph(graph: &Graph, target: &Target) -> Result<CompiledGraph> {
     let names: Vec<String> = primitive.origin.iter().map(|&o| graph.node(o).op.name().to_string()).collect();
     let mut refused = BTreeSet::new();
     loop {
-        let fusion = fuse(&primitive.graph, &names, target, &refused);
+        let fusion = fuse(&primitive.graph, &names, target, &refused)?;
         let lowered: Result<Vec<Kernel>, LowerFailure> =
             fusion.regions.iter().map(|r| lower(&primitive.graph, r, target)).collect();
         match lowered {

@@ -2,6 +2,7 @@
 //! node with its op, shape, dtype and the user's source line.
 
 use crate::error::{Error, Result};
+use crate::fuse::Fusion;
 use crate::ir::{Graph, Op, OpFamily};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -95,19 +96,43 @@ fn escape(s: &str) -> String {
 /// The graph in Graphviz DOT: a box per node (op and attributes, dtype and shape, source line), coloured
 /// by op family, edges from inputs, outputs drawn with a double border.
 pub fn to_dot(graph: &Graph) -> String {
+    dot(graph, |i| (family_colour(graph.nodes[i].op.family()).to_string(), None))
+}
+
+/// Distinct fills for regions, cycled.
+const REGION_COLOURS: [&str; 10] =
+    ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5", "#bc80bd", "#ccebc5"];
+
+/// A primitive graph in DOT with every node coloured by the region (kernel) that computes it and the
+/// kernel's name in its label; layout and source nodes, folded into index expressions, stay white.
+pub fn to_dot_regions(graph: &Graph, fusion: &Fusion) -> String {
+    let mut region = vec![None; graph.nodes.len()];
+    for (k, r) in fusion.regions.iter().enumerate() {
+        for n in r.members.iter().chain(&r.stored) {
+            region[n.index()] = Some(k);
+        }
+    }
+    dot(graph, |i| match region[i] {
+        Some(k) => (REGION_COLOURS[k % REGION_COLOURS.len()].to_string(), Some(fusion.regions[k].name.clone())),
+        None => ("#ffffff".to_string(), None),
+    })
+}
+
+/// DOT with `style(i)` giving node `i`'s fill colour and an optional extra label line.
+fn dot(graph: &Graph, style: impl Fn(usize) -> (String, Option<String>)) -> String {
     let mut s =
         String::from("digraph kiln {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=\"monospace\"];\n");
     for (i, n) in graph.nodes.iter().enumerate() {
         let attrs = op_attrs(&n.op);
         let head = if attrs.is_empty() { n.op.name().to_string() } else { format!("{} {{{attrs}}}", n.op.name()) };
-        let label = format!("%{i} {head}\\n{}{}\\n{}:{}", n.dtype, n.shape, n.loc.file, n.loc.line);
+        let (fill, extra) = style(i);
+        let mut lines =
+            vec![format!("%{i} {head}"), format!("{}{}", n.dtype, n.shape), format!("{}:{}", n.loc.file, n.loc.line)];
+        lines.extend(extra.map(|k| format!("[{k}]")));
+        let label: Vec<String> = lines.iter().map(|l| escape(l)).collect();
         let peripheries = if graph.outputs.iter().any(|o| o.index() == i) { 2 } else { 1 };
-        let _ = writeln!(
-            s,
-            "  n{i} [label=\"{}\", fillcolor=\"{}\", peripheries={peripheries}];",
-            escape(&label).replace("\\\\n", "\\n"),
-            family_colour(n.op.family())
-        );
+        let _ =
+            writeln!(s, "  n{i} [label=\"{}\", fillcolor=\"{fill}\", peripheries={peripheries}];", label.join("\\n"));
         for a in &n.inputs {
             let _ = writeln!(s, "  n{} -> n{i};", a.index());
         }

@@ -298,6 +298,15 @@ pub struct Kernel {
     pub symbols: Vec<SymId>,
     /// Launch shape.
     pub launch: Launch,
+    /// Elements of the `Global` loop one thread may handle at once with vector loads and stores: every
+    /// access in the loop is at the loop index itself (or does not depend on it), and the trip count is a
+    /// multiple of this, so `vector_width` consecutive iterations touch aligned, consecutive elements. 1
+    /// means scalar.
+    pub vector_width: u32,
+    /// Row kernels: each thread keeps up to this many elements of its row in registers, so every pass
+    /// (each reduction, then the epilogue) reads global memory once in total (a persistent, one-pass row).
+    /// `None`: each pass re-reads its elements.
+    pub row_cache: Option<u32>,
     /// The program.
     pub body: Vec<Stmt>,
 }
@@ -426,6 +435,12 @@ impl fmt::Display for Kernel {
         if !self.symbols.is_empty() {
             let s: Vec<String> = self.symbols.iter().map(|s| s.to_string()).collect();
             writeln!(f, "  symbols: {}", s.join(", "))?;
+        }
+        if self.vector_width > 1 {
+            writeln!(f, "  vector width: {}", self.vector_width)?;
+        }
+        if let Some(n) = self.row_cache {
+            writeln!(f, "  persistent rows: up to {n} element(s) per thread kept in registers")?;
         }
         write_block(f, &self.body, 1)
     }

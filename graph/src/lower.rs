@@ -464,7 +464,15 @@ impl<'a> Lowerer<'a> {
         let mut symbols: BTreeSet<SymId> = self.symbols().into_iter().collect();
         symbols.extend(launch.groups.symbols().into_iter().filter(|s| s.0 < builtin::FIRST_LOCAL));
         let body = self.blocks.pop().unwrap_or_default();
-        Kernel { name: name.to_string(), buffers: self.buffers, symbols: symbols.into_iter().collect(), launch, body }
+        Kernel {
+            name: name.to_string(),
+            buffers: self.buffers,
+            symbols: symbols.into_iter().collect(),
+            launch,
+            vector_width: 1,
+            row_cache: None,
+            body,
+        }
     }
 }
 
@@ -496,18 +504,56 @@ fn pointwise(mut l: Lowerer, region: &Region) -> Result<Kernel, LowerFailure> {
         l.store(s, Expr::sym(i), v);
     }
     let body = l.pop_block();
+    let width = vector_width(l.target, &l.buffers, &body, i, &n);
     l.blocks[0].push(Stmt::Loop { sym: i, extent: n.clone(), mode: LoopMode::Global, body });
     let threads = 256.min(l.target.max_threads_per_group);
-    Ok(l.finish(&region.name, Launch { groups: ceil_div(&n, threads), threads }))
+    let mut k = l.finish(&region.name, Launch { groups: ceil_div(&n, threads * width), threads });
+    k.vector_width = width;
+    Ok(k)
 }
 
+/// The widest vector access every load and store of a pointwise loop allows: all indices must be the loop
+/// variable itself or independent of it, and the trip count a multiple of the width.
+fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymId, n: &Expr) -> u32 {
+    let narrowest = buffers.iter().map(|b| b.dtype.size_bytes() as u32).min().unwrap_or(4).max(1);
+    let mut width = (target.max_vector_bytes / narrowest).clamp(1, 8);
+    let unit = Expr::sym(i);
+    let ok = |e: &Expr| *e == unit || !e.symbols().contains(&i);
+    let mut fits = true;
+    for s in body {
+        match s {
+            Stmt::Let { value: Scalar::Load { index, .. }, .. } | Stmt::Store { index, .. } => fits &= ok(index),
+            Stmt::Let { value: Scalar::Index { expr }, .. } => fits &= !expr.symbols().contains(&i),
+            Stmt::Let { .. } => {}
+            _ => fits = false,
+        }
+    }
+    if !fits {
+        return 1;
+    }
+    while width > 1 && !n.is_divisible_by(width as i64) {
+        width /= 2;
+    }
+    width
+}
+
+/// Elements of a row one thread may keep in registers for a persistent, one-pass row kernel.
+const ROW_CACHE_MAX: u32 = 16;
+
 /// Decides how a row reduction maps to threads: a workgroup per row when rows are long enough to keep
-/// its threads busy, otherwise one thread per row.
-fn row_strategy(target: &Target, row_len: &Expr) -> (bool, u32) {
+/// its threads busy (enough threads that each holds at most eight elements, within the target's limit),
+/// otherwise one thread per row. Returns (grouped, threads, row cache).
+fn row_strategy(target: &Target, row_len: &Expr) -> (bool, u32, Option<u32>) {
+    let max = target.max_threads_per_group;
     match row_len.as_const() {
-        Some(c) if c < 64 => (false, 256.min(target.max_threads_per_group)),
-        Some(c) => (true, (c as u32).next_power_of_two().clamp(32, 256.min(target.max_threads_per_group))),
-        None => (true, 256.min(target.max_threads_per_group)),
+        Some(c) if c < 64 => (false, 256.min(max), None),
+        Some(c) => {
+            let c = c as u32;
+            let threads = c.div_ceil(8).next_power_of_two().clamp(32, max);
+            let per_thread = c.div_ceil(threads);
+            (true, threads, (per_thread <= ROW_CACHE_MAX).then_some(per_thread))
+        }
+        None => (true, 256.min(max), None),
     }
 }
 
@@ -530,7 +576,7 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
         }
         Point::from_multi(&dims, &m, t)
     };
-    let (grouped, threads) = row_strategy(l.target, &row_len);
+    let (grouped, threads, row_cache) = row_strategy(l.target, &row_len);
     let strategy =
         if grouped { ReduceStrategy::Group { subgroup: l.target.subgroup_size } } else { ReduceStrategy::Serial };
     let row = l.new_sym(&row_count);
@@ -610,7 +656,9 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
     let mode = if grouped { LoopMode::Group } else { LoopMode::Global };
     l.blocks[0].push(Stmt::Loop { sym: row, extent: row_count.clone(), mode, body });
     let groups = if grouped { row_count } else { ceil_div(&row_count, threads) };
-    Ok(l.finish(&region.name, Launch { groups, threads }))
+    let mut k = l.finish(&region.name, Launch { groups, threads });
+    k.row_cache = row_cache;
+    Ok(k)
 }
 
 fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, LowerFailure> {

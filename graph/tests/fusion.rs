@@ -27,6 +27,7 @@ fn w1_is_one_pointwise_kernel() {
     let k = &c.kernels[0];
     assert_eq!(k.buffers.len(), 2, "reads x once, writes y once: {k}");
     assert!(k.name.starts_with("k0_fused_"), "{}", k.name);
+    assert_eq!(k.vector_width, 4, "contiguous f32 accesses go 16 bytes at a time");
 }
 
 #[test]
@@ -35,6 +36,12 @@ fn w2_softmax_is_one_row_kernel() {
     assert_eq!(c.kernels.len(), 1, "{c}");
     assert_eq!(c.kernel_kinds(), (0, 1, 0));
     assert_eq!(c.kernels[0].name, "k0_softmax");
+    // On an H100/H200-class target a row of 8192 fits in registers: one pass over memory.
+    assert_eq!((c.kernels[0].launch.threads, c.kernels[0].row_cache), (1024, Some(8)));
+    // WebGPU's 256-thread limit leaves 32 elements per thread: looped passes instead.
+    let g = capture(&[f32s(&[8192, 8192])], |t| Ok(vec![t[0].softmax(-1)?])).unwrap();
+    let webgpu = compile_graph(&g, &Target::webgpu_default()).unwrap();
+    assert_eq!((webgpu.kernels[0].launch.threads, webgpu.kernels[0].row_cache), (256, None));
 }
 
 #[test]
@@ -143,6 +150,16 @@ fn a_binding_limited_target_splits_wide_regions() {
     for k in &c.kernels {
         assert!(k.buffers.len() <= 4, "{k}");
     }
+}
+
+#[test]
+fn dot_colours_nodes_by_region() {
+    let c = compiled(&[f32s(&[64, 32])], |t| Ok(vec![t[0].softmax(-1)?.mul(2.0)?.sum(&[0], false)?]));
+    let dot = kiln_graph::export::to_dot_regions(&c.primitive.graph, &c.fusion);
+    for r in &c.fusion.regions {
+        assert!(dot.contains(&format!("[{}]", r.name)), "{dot}");
+    }
+    assert!(dot.contains("#8dd3c7") && dot.contains("#ffffb3"), "two regions, two colours: {dot}");
 }
 
 #[test]

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::interp::reduce_dtype;
 use crate::ir::{BinaryOp, GeluApprox, Graph, GraphInput, Node, NodeId, Op, OpFamily, ReduceOp, UnaryOp};
 use crate::loc::SourceLoc;
-use crate::shape::Shape;
+use crate::shape::{reduced_shape, Shape};
 use crate::sym::Expr;
 
 /// A graph of primitives and where each of its nodes came from.
@@ -429,16 +429,4 @@ impl Builder {
         let masked = self.constant_like(f64::NEG_INFINITY, x);
         self.push(Op::Where, &[keep, x, masked], self.dtype(x), shape)
     }
-}
-
-fn reduced_shape(s: &Shape, axes: &[usize], keepdim: bool) -> Shape {
-    let mut out = Vec::with_capacity(s.rank());
-    for (i, d) in s.dims().iter().enumerate() {
-        if !axes.contains(&i) {
-            out.push(d.clone());
-        } else if keepdim {
-            out.push(Expr::from(1usize));
-        }
-    }
-    Shape(out)
 }

@@ -223,6 +223,27 @@ impl<'g> Scheduler<'g> {
         self.regions.push((kind, members));
     }
 
+    /// Adds the pointwise producers of `members` whose every consumer is a member (so nothing is computed
+    /// twice or written that was not before); true if any joined.
+    fn absorb_producers(&self, members: &mut BTreeSet<NodeId>) -> bool {
+        let mut changed = false;
+        let snapshot: Vec<NodeId> = members.iter().copied().collect();
+        for m in snapshot {
+            for &p in &self.f.producers[m.index()] {
+                if members.contains(&p) || !self.free(p) || self.f.role[p.index()] != Role::Pointwise {
+                    continue;
+                }
+                let all_inside =
+                    !self.f.output_reach[p.index()] && self.f.consumers[p.index()].iter().all(|c| members.contains(c));
+                if all_inside && self.fits(members, p) {
+                    members.insert(p);
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
     fn reduce_domain(&self, r: NodeId) -> Option<(Shape, Vec<usize>)> {
         let node = self.f.graph.node(r);
         let axes = match &node.op {
@@ -279,20 +300,7 @@ impl<'g> Scheduler<'g> {
                     }
                 }
                 // Backward: pointwise producers all of whose consumers are here.
-                let snapshot: Vec<NodeId> = members.iter().copied().collect();
-                for m in snapshot {
-                    for &p in &self.f.producers[m.index()] {
-                        if members.contains(&p) || !self.free(p) || self.f.role[p.index()] != Role::Pointwise {
-                            continue;
-                        }
-                        let all_inside = !self.f.output_reach[p.index()]
-                            && self.f.consumers[p.index()].iter().all(|c| members.contains(c));
-                        if all_inside && self.fits(&members, p) {
-                            members.insert(p);
-                            changed = true;
-                        }
-                    }
-                }
+                changed |= self.absorb_producers(&mut members);
                 if !changed {
                     break;
                 }
@@ -343,26 +351,7 @@ impl<'g> Scheduler<'g> {
                 continue;
             }
             let mut members = BTreeSet::from([seed]);
-            loop {
-                let mut changed = false;
-                let snapshot: Vec<NodeId> = members.iter().copied().collect();
-                for m in snapshot {
-                    for &p in &self.f.producers[m.index()] {
-                        if members.contains(&p) || !self.free(p) || self.f.role[p.index()] != Role::Pointwise {
-                            continue;
-                        }
-                        let all_inside = !self.f.output_reach[p.index()]
-                            && self.f.consumers[p.index()].iter().all(|c| members.contains(c));
-                        if all_inside && self.fits(&members, p) {
-                            members.insert(p);
-                            changed = true;
-                        }
-                    }
-                }
-                if !changed {
-                    break;
-                }
-            }
+            while self.absorb_producers(&mut members) {}
             self.commit(RegionKind::Pointwise, members);
         }
     }

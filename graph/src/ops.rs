@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::interp::reduce_dtype;
 use crate::ir::{ArgReduceOp, BinaryOp, DTypeRule, GeluApprox, Op, ReduceOp, UnaryOp};
 use crate::loc::SourceLoc;
-use crate::shape::{broadcast_shapes, normalize_axis, Dim, Shape};
+use crate::shape::{broadcast_shapes, normalize_axis, reduced_shape, Dim, Shape};
 use crate::sym::Expr;
 use crate::trace::{record, Tensor};
 
@@ -106,18 +106,6 @@ fn axes(op: &str, given: &[isize], rank: usize, loc: &SourceLoc) -> Result<Vec<u
         });
     }
     Ok(out)
-}
-
-fn reduced_shape(s: &Shape, axes: &[usize], keepdim: bool) -> Shape {
-    let mut out = Vec::new();
-    for (i, d) in s.dims().iter().enumerate() {
-        if !axes.contains(&i) {
-            out.push(d.clone());
-        } else if keepdim {
-            out.push(Expr::from(1usize));
-        }
-    }
-    Shape(out)
 }
 
 fn invalid(op: &str, msg: impl Into<String>, loc: &SourceLoc) -> Error {

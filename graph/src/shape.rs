@@ -101,6 +101,19 @@ fn dim_from_right(s: &Shape, from_right: usize) -> Option<&Dim> {
     s.rank().checked_sub(1 + from_right).map(|i| &s.0[i])
 }
 
+/// The shape left after reducing `axes` (kept as size 1 with `keepdim`).
+pub fn reduced_shape(s: &Shape, axes: &[usize], keepdim: bool) -> Shape {
+    let mut out = Vec::with_capacity(s.rank());
+    for (i, d) in s.dims().iter().enumerate() {
+        if !axes.contains(&i) {
+            out.push(d.clone());
+        } else if keepdim {
+            out.push(Expr::from(1usize));
+        }
+    }
+    Shape(out)
+}
+
 /// Turns a possibly negative axis into an index, or `None` when it is out of range.
 pub fn normalize_axis(axis: isize, rank: usize) -> Option<usize> {
     let r = rank as isize;

@@ -197,6 +197,28 @@ fn merge_atoms(a: &[Atom], b: &[Atom]) -> Vec<Atom> {
     out
 }
 
+/// An expression as a plain tree, for renderers that print or emit code for it (WGSL infix text, PTX
+/// instruction sequences). Division and modulo have Python floor semantics, as everywhere in `sym`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExprTree {
+    /// An integer.
+    Const(i64),
+    /// A symbol.
+    Sym(SymId),
+    /// Sum of two or more parts.
+    Add(Vec<ExprTree>),
+    /// Product of two or more factors.
+    Mul(Vec<ExprTree>),
+    /// Floor division.
+    FloorDiv(Box<ExprTree>, Box<ExprTree>),
+    /// Modulo with the divisor's sign.
+    Mod(Box<ExprTree>, Box<ExprTree>),
+    /// Minimum.
+    Min(Box<ExprTree>, Box<ExprTree>),
+    /// Maximum.
+    Max(Box<ExprTree>, Box<ExprTree>),
+}
+
 /// An immutable integer expression over symbols, always in canonical form.
 ///
 /// The form is a polynomial: a sorted list of monomials (products of atoms)
@@ -591,6 +613,48 @@ impl Expr {
     /// Replaces symbols by expressions and re-simplifies, reporting overflow.
     pub fn checked_substitute(&self, map: &BTreeMap<SymId, Expr>) -> Result<Expr, SymError> {
         self.try_subst(map).ok_or_else(|| overflow_err(format_args!("substitution into {self}")))
+    }
+
+    /// The expression as a tree: a sum of products of atoms, then the constant.
+    pub fn tree(&self) -> ExprTree {
+        let pair = |x: &Expr, y: &Expr| (Box::new(x.tree()), Box::new(y.tree()));
+        let mut parts: Vec<ExprTree> = Vec::with_capacity(self.terms.len() + 1);
+        for t in &self.terms {
+            let mut factors = Vec::with_capacity(t.atoms.len() + 1);
+            if t.coeff != 1 {
+                factors.push(ExprTree::Const(t.coeff));
+            }
+            for atom in &t.atoms {
+                factors.push(match atom {
+                    Atom::Sym(s) => ExprTree::Sym(*s),
+                    Atom::FloorDiv(x, y) => {
+                        let (x, y) = pair(x, y);
+                        ExprTree::FloorDiv(x, y)
+                    }
+                    Atom::Mod(x, y) => {
+                        let (x, y) = pair(x, y);
+                        ExprTree::Mod(x, y)
+                    }
+                    Atom::Min(x, y) => {
+                        let (x, y) = pair(x, y);
+                        ExprTree::Min(x, y)
+                    }
+                    Atom::Max(x, y) => {
+                        let (x, y) = pair(x, y);
+                        ExprTree::Max(x, y)
+                    }
+                });
+            }
+            parts.push(if factors.len() == 1 { factors.pop().unwrap_or(ExprTree::Const(1)) } else { ExprTree::Mul(factors) });
+        }
+        if self.constant != 0 || parts.is_empty() {
+            parts.push(ExprTree::Const(self.constant));
+        }
+        if parts.len() == 1 {
+            parts.pop().unwrap_or(ExprTree::Const(0))
+        } else {
+            ExprTree::Add(parts)
+        }
     }
 
     /// Rewrites `self` using the ranges in `table`: `a // k` becomes 0 and `a % k` becomes `a` when
@@ -1310,6 +1374,29 @@ mod tests {
         assert_eq!(t.bounds(&(n.floor_div(&c(4)) - &m)), Interval { lo: None, hi: Some(25) });
         assert!(t.known_divisible(&(&n * 8 + 16), 4));
         assert!(!t.known_divisible(&n, 4));
+    }
+
+    #[test]
+    fn tree_matches_eval() {
+        let e = (s(0) * 4 + s(1)).floor_div(&c(3)) * 2 - s(0).min(&c(5)) + s(1).modulo(&c(4)) + 7;
+        fn ev(t: &ExprTree, b: &Bindings) -> i64 {
+            match t {
+                ExprTree::Const(c) => *c,
+                ExprTree::Sym(s) => b.get(*s).unwrap(),
+                ExprTree::Add(v) => v.iter().map(|x| ev(x, b)).sum(),
+                ExprTree::Mul(v) => v.iter().map(|x| ev(x, b)).product(),
+                ExprTree::FloorDiv(x, y) => ev(x, b).div_euclid(ev(y, b)),
+                ExprTree::Mod(x, y) => ev(x, b).rem_euclid(ev(y, b)),
+                ExprTree::Min(x, y) => ev(x, b).min(ev(y, b)),
+                ExprTree::Max(x, y) => ev(x, b).max(ev(y, b)),
+            }
+        }
+        for (x, y) in [(0, 0), (3, 9), (10, 2), (7, 7)] {
+            let b = Bindings::new().with(SymId(0), x).with(SymId(1), y);
+            assert_eq!(ev(&e.tree(), &b), e.eval(&b).unwrap());
+        }
+        assert_eq!(c(0).tree(), ExprTree::Const(0));
+        assert_eq!(s(2).tree(), ExprTree::Sym(SymId(2)));
     }
 
     #[test]

@@ -1,1 +1,10 @@
-//! kiln-wgsl
+//! kiln-wgsl: the portable lowering. Kernels from `kiln-graph` are printed as WGSL, validated with naga,
+//! and run through wgpu on Vulkan, Metal, DX12 — and in browsers through WebGPU.
+
+pub mod render;
+pub mod storage;
+pub mod validate;
+
+pub use render::{render, RenderError, Shader};
+pub use storage::Storage;
+pub use validate::{validate, ValidationError};

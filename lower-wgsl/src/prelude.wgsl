@@ -1,0 +1,91 @@
+// Helpers every kiln kernel may call. Index arithmetic follows kiln's symbolic rules: floor division and
+// modulo with the divisor's sign.
+fn kfloordiv(a: i32, b: i32) -> i32 {
+    let q = a / b;
+    return select(q, q - 1, (a % b != 0) && ((a < 0) != (b < 0)));
+}
+
+fn kmod(a: i32, b: i32) -> i32 {
+    let r = a % b;
+    return select(r, r + b, (r != 0) && ((r < 0) != (b < 0)));
+}
+
+fn knan() -> f32 {
+    return bitcast<f32>(0x7fc00000u);
+}
+
+fn kisnan(x: f32) -> bool {
+    // Compare the bits: an optimiser may assume x == x.
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+fn kmaxf(a: f32, b: f32) -> f32 {
+    return select(max(a, b), knan(), kisnan(a) || kisnan(b));
+}
+
+fn kminf(a: f32, b: f32) -> f32 {
+    return select(min(a, b), knan(), kisnan(a) || kisnan(b));
+}
+
+fn krelu(x: f32) -> f32 {
+    return select(max(x, 0.0), x, kisnan(x));
+}
+
+fn ktanh(x: f32) -> f32 {
+    // Some drivers compute tanh from exp and overflow to NaN past |x| ~ 44; tanh is +-1 there in f32.
+    return select(tanh(clamp(x, -15.0, 15.0)), x, kisnan(x));
+}
+
+fn ksigmoid(x: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-x));
+}
+
+fn kerf(x: f32) -> f32 {
+    let a = abs(x);
+    if (a < 0.5) {
+        // Taylor series: accurate to f32 here, where 1 - erfc would cancel.
+        let z = x * x;
+        return x * 1.1283791671 * (1.0 + z * (-0.3333333333 + z * (0.1 + z * (-0.0238095238 + z * (0.0046296296 + z * -0.0007575758)))));
+    }
+    // erfc by the Chebyshev fit of Numerical Recipes (fractional error < 1.2e-7).
+    let t = 1.0 / (1.0 + 0.5 * a);
+    let p = -a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
+    let r = 1.0 - t * exp(p);
+    return select(select(r, -r, x < 0.0), x, kisnan(x));
+}
+
+fn kpow(a: f32, b: f32) -> f32 {
+    if (b == 0.0) {
+        return 1.0;
+    }
+    if (a >= 0.0) {
+        return pow(a, b);
+    }
+    if (b == round(b)) {
+        let r = pow(-a, b);
+        return select(r, -r, abs(b % 2.0) == 1.0);
+    }
+    return knan();
+}
+
+fn kf2i(x: f32) -> i32 {
+    return select(i32(clamp(x, -2147483648.0, 2147483520.0)), 0, kisnan(x));
+}
+
+fn kround_f16(x: f32) -> f32 {
+    return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;
+}
+
+fn kround_bf16(x: f32) -> f32 {
+    let u = bitcast<u32>(x);
+    let rounded = (u + 0x7fffu + ((u >> 16u) & 1u)) & 0xffff0000u;
+    return select(bitcast<f32>(rounded), x, kisnan(x));
+}
+
+fn kfloordiv_i(a: i32, b: i32) -> i32 {
+    return select(kfloordiv(a, b), 0, b == 0);
+}
+
+fn kipow(a: i32, b: i32) -> i32 {
+    return i32(kpow(f32(a), f32(b)));
+}

@@ -1,0 +1,520 @@
+//! Kernel IR → WGSL. A printer: every decision was made in `kiln-graph`; this file only spells the IR in
+//! WGSL, following the IR's evaluation rules (see `kiln_graph::kernel`).
+
+use crate::storage::Storage;
+use kiln_graph::dtype::DType;
+use kiln_graph::ir::{BinaryOp, UnaryOp};
+use kiln_graph::kernel::{builtin, Access, KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, Scalar, Stmt, VarId};
+use kiln_graph::sym::{Expr, ExprTree, SymId};
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// Helper functions every kernel may call.
+pub const PRELUDE: &str = include_str!("prelude.wgsl");
+
+/// A construct the renderer cannot express in WGSL.
+#[derive(Debug, thiserror::Error)]
+#[error("kernel {kernel}: {msg}")]
+pub struct RenderError {
+    /// Kernel name.
+    pub kernel: String,
+    /// What is not expressible.
+    pub msg: String,
+}
+
+/// A rendered shader and what the runtime needs to bind it.
+#[derive(Clone, Debug)]
+pub struct Shader {
+    /// Kernel name (the entry point is `main`).
+    pub name: String,
+    /// WGSL source.
+    pub source: String,
+    /// The storage layout of each kernel buffer, in binding order.
+    pub storage: Vec<Storage>,
+    /// Whether binding `buffers.len()` is the uniform block of symbol values.
+    pub uses_symbols: bool,
+}
+
+struct Writer<'k> {
+    k: &'k Kernel,
+    f16: bool,
+    out: String,
+    var_dtype: HashMap<VarId, DType>,
+    storage: Vec<Storage>,
+    /// Inside a `Group` loop and outside any `Threads` loop: stores are thread 0's.
+    single_thread_stores: bool,
+    red_types: std::collections::BTreeSet<&'static str>,
+    error: Option<String>,
+}
+
+fn float_literal(v: f64) -> String {
+    let x = v as f32;
+    if x.is_nan() {
+        "knan()".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "bitcast<f32>(0x7f800000u)".into() } else { "bitcast<f32>(0xff800000u)".into() }
+    } else {
+        format!("{x:?}f")
+    }
+}
+
+impl<'k> Writer<'k> {
+    /// The WGSL type values of `d` are computed in.
+    fn ty(&self, d: DType) -> &'static str {
+        match d {
+            DType::F32 | DType::BF16 => "f32",
+            DType::F16 if self.f16 => "f16",
+            DType::F16 => "f32",
+            DType::I32 | DType::I64 => "i32",
+            DType::Bool => "bool",
+        }
+    }
+
+    fn fail(&mut self, msg: String) {
+        self.error.get_or_insert(msg);
+    }
+
+    fn expr(&mut self, e: &Expr) -> String {
+        fn go(w: &mut Writer, t: &ExprTree) -> String {
+            match t {
+                ExprTree::Const(c) => match i32::try_from(*c) {
+                    Ok(c) => format!("{c}i"),
+                    Err(_) => {
+                        w.fail(format!("index constant {c} does not fit in i32"));
+                        "0i".into()
+                    }
+                },
+                ExprTree::Sym(s) => sym(*s),
+                ExprTree::Add(v) => format!("({})", v.iter().map(|x| go(w, x)).collect::<Vec<_>>().join(" + ")),
+                ExprTree::Mul(v) => format!("({})", v.iter().map(|x| go(w, x)).collect::<Vec<_>>().join(" * ")),
+                ExprTree::FloorDiv(a, b) => format!("kfloordiv({}, {})", go(w, a), go(w, b)),
+                ExprTree::Mod(a, b) => format!("kmod({}, {})", go(w, a), go(w, b)),
+                ExprTree::Min(a, b) => format!("min({}, {})", go(w, a), go(w, b)),
+                ExprTree::Max(a, b) => format!("max({}, {})", go(w, a), go(w, b)),
+            }
+        }
+        go(self, &e.tree())
+    }
+
+    /// Converts `x`, a value of dtype `from`, to dtype `to`, rounding to the narrower float types.
+    fn convert(&self, x: &str, from: DType, to: DType) -> String {
+        let (tf, tt) = (self.ty(from), self.ty(to));
+        let same_type = if tf == tt { x.to_string() } else { String::new() };
+        match (tf, tt) {
+            _ if tf == tt => match to {
+                DType::F16 if !self.f16 && from != DType::F16 => format!("kround_f16({same_type})"),
+                DType::BF16 if from != DType::BF16 => format!("kround_bf16({same_type})"),
+                _ => same_type,
+            },
+            ("bool", "i32") => format!("select(0i, 1i, {x})"),
+            ("bool", t) => format!("select({t}(0), {t}(1), {x})"),
+            (_, "bool") => format!("({x} != {tf}(0))"),
+            ("f32", "i32") => format!("kf2i({x})"),
+            ("f16", "i32") => format!("kf2i(f32({x}))"),
+            ("i32", "f32") | ("f16", "f32") => {
+                let v = format!("f32({x})");
+                match to {
+                    DType::F16 if !self.f16 => format!("kround_f16({v})"),
+                    DType::BF16 => format!("kround_bf16({v})"),
+                    _ => v,
+                }
+            }
+            (_, t) => format!("{t}({x})"),
+        }
+    }
+
+    fn var(&self, v: VarId) -> String {
+        format!("v{}", v.0)
+    }
+
+    fn dtype_of(&self, v: VarId) -> DType {
+        self.var_dtype.get(&v).copied().unwrap_or(DType::F32)
+    }
+
+    fn load(&mut self, buffer: usize, index: &Expr) -> (String, DType) {
+        let idx = self.expr(index);
+        let b = &self.k.buffers[buffer];
+        let raw = match self.storage[buffer] {
+            Storage::I64Pairs => format!("b{buffer}[2i * ({idx})]"),
+            Storage::BoolU32 => format!("(b{buffer}[{idx}] != 0u)"),
+            _ => format!("b{buffer}[{idx}]"),
+        };
+        (raw, b.dtype)
+    }
+
+    fn scalar(&mut self, dtype: DType, value: &Scalar) -> String {
+        let ty = self.ty(dtype);
+        match value {
+            Scalar::Const { value } => match ty {
+                "f32" => float_literal(*value),
+                "f16" => format!("f16({})", float_literal(*value)),
+                "i32" => format!("{}i", (*value as i64).clamp(i32::MIN as i64, i32::MAX as i64)),
+                _ => (if *value != 0.0 { "true" } else { "false" }).into(),
+            },
+            Scalar::Load { buffer, index, guard } => {
+                let (raw, from) = self.load(*buffer, index);
+                let v = self.convert(&raw, from, dtype);
+                match guard {
+                    None => v,
+                    Some(g) => {
+                        let zero = self.convert("0i", DType::I32, dtype);
+                        format!("select({zero}, {v}, {})", self.var(*g))
+                    }
+                }
+            }
+            Scalar::Index { expr } => {
+                let e = self.expr(expr);
+                self.convert(&e, DType::I32, dtype)
+            }
+            Scalar::Unary { op, a } => {
+                let x = self.var(*a);
+                let float = ty == "f32";
+                match op {
+                    UnaryOp::Neg => format!("-{x}"),
+                    UnaryOp::Abs => format!("abs({x})"),
+                    UnaryOp::Exp => format!("exp({x})"),
+                    UnaryOp::Log => format!("log({x})"),
+                    UnaryOp::Sqrt => format!("sqrt({x})"),
+                    UnaryOp::Rsqrt => format!("inverseSqrt({x})"),
+                    UnaryOp::Sin => format!("sin({x})"),
+                    UnaryOp::Cos => format!("cos({x})"),
+                    UnaryOp::Tanh if float => format!("ktanh({x})"),
+                    UnaryOp::Tanh => format!("tanh({x})"),
+                    UnaryOp::Sigmoid if float => format!("ksigmoid({x})"),
+                    UnaryOp::Sigmoid => format!("{ty}(ksigmoid(f32({x})))"),
+                    UnaryOp::Erf if float => format!("kerf({x})"),
+                    UnaryOp::Erf => format!("{ty}(kerf(f32({x})))"),
+                    UnaryOp::Relu if float => format!("krelu({x})"),
+                    UnaryOp::Relu => format!("max({x}, {ty}(0))"),
+                    UnaryOp::Reciprocal => format!("(1.0 / {x})"),
+                    UnaryOp::Floor => format!("floor({x})"),
+                    UnaryOp::Ceil => format!("ceil({x})"),
+                    UnaryOp::Round => format!("round({x})"),
+                    UnaryOp::Not => format!("!{x}"),
+                    UnaryOp::IsNan => {
+                        let from = self.ty(self.dtype_of(*a));
+                        if from == "f32" { format!("kisnan({x})") } else { format!("kisnan(f32({x}))") }
+                    }
+                }
+            }
+            Scalar::Binary { op, a, b } => {
+                let (x, y) = (self.var(*a), self.var(*b));
+                let operand = self.ty(self.dtype_of(*a));
+                let float = operand == "f32";
+                match op {
+                    BinaryOp::Add => format!("({x} + {y})"),
+                    BinaryOp::Sub => format!("({x} - {y})"),
+                    BinaryOp::Mul => format!("({x} * {y})"),
+                    BinaryOp::Div if operand == "i32" => format!("kfloordiv_i({x}, {y})"),
+                    BinaryOp::Div => format!("({x} / {y})"),
+                    BinaryOp::Pow if float => format!("kpow({x}, {y})"),
+                    BinaryOp::Pow if operand == "i32" => format!("kipow({x}, {y})"),
+                    BinaryOp::Pow => format!("{operand}(kpow(f32({x}), f32({y})))"),
+                    BinaryOp::Max if float => format!("kmaxf({x}, {y})"),
+                    BinaryOp::Min if float => format!("kminf({x}, {y})"),
+                    BinaryOp::Max => format!("max({x}, {y})"),
+                    BinaryOp::Min => format!("min({x}, {y})"),
+                    BinaryOp::Eq => format!("({x} == {y})"),
+                    BinaryOp::Ne => format!("({x} != {y})"),
+                    BinaryOp::Lt => format!("({x} < {y})"),
+                    BinaryOp::Le => format!("({x} <= {y})"),
+                    BinaryOp::Gt => format!("({x} > {y})"),
+                    BinaryOp::Ge => format!("({x} >= {y})"),
+                    BinaryOp::And => format!("({x} && {y})"),
+                    BinaryOp::Or => format!("({x} || {y})"),
+                }
+            }
+            Scalar::Select { cond, a, b } => format!("select({}, {}, {})", self.var(*b), self.var(*a), self.var(*cond)),
+            Scalar::Cast { a } => self.convert(&self.var(*a), self.dtype_of(*a), dtype),
+        }
+    }
+
+    fn line(&mut self, depth: usize, text: &str) {
+        let _ = writeln!(self.out, "{}{text}", "    ".repeat(depth));
+    }
+
+    fn store(&mut self, depth: usize, buffer: usize, index: &Expr, value: VarId) {
+        let idx = self.expr(index);
+        let from = self.dtype_of(value);
+        let to = self.k.buffers[buffer].dtype;
+        let v = self.convert(&self.var(value), from, to);
+        let text = match self.storage[buffer] {
+            Storage::I64Pairs => format!(
+                "{{ let x = {v}; b{buffer}[2i * ({idx})] = x; b{buffer}[2i * ({idx}) + 1i] = select(0i, -1i, x < 0i); }}"
+            ),
+            Storage::BoolU32 => format!("b{buffer}[{idx}] = select(0u, 1u, {v});"),
+            Storage::F16 => format!("b{buffer}[{idx}] = f16({v});"),
+            _ => format!("b{buffer}[{idx}] = {v};"),
+        };
+        if self.single_thread_stores {
+            self.line(depth, &format!("if (local == 0i) {{ {text} }}"));
+        } else {
+            self.line(depth, &text);
+        }
+    }
+
+    fn reduce_init(&self, op: KReduceOp, ty: &str) -> String {
+        match (op, ty) {
+            (KReduceOp::Sum, t) => format!("{t}(0)"),
+            (KReduceOp::Max | KReduceOp::ArgMax, "f32") => "bitcast<f32>(0xff800000u)".into(),
+            (KReduceOp::Min | KReduceOp::ArgMin, "f32") => "bitcast<f32>(0x7f800000u)".into(),
+            (KReduceOp::Max | KReduceOp::ArgMax, "f16") => "f16(-65504.0)".into(),
+            (KReduceOp::Min | KReduceOp::ArgMin, "f16") => "f16(65504.0)".into(),
+            (KReduceOp::Max | KReduceOp::ArgMax, _) => "-2147483647i - 1i".into(),
+            (KReduceOp::Min | KReduceOp::ArgMin, _) => "2147483647i".into(),
+        }
+    }
+
+    fn combine(&self, op: KReduceOp, ty: &str, a: &str, b: &str) -> String {
+        let float = ty == "f32";
+        match op {
+            KReduceOp::Sum => format!("({a} + {b})"),
+            KReduceOp::Max if float => format!("kmaxf({a}, {b})"),
+            KReduceOp::Min if float => format!("kminf({a}, {b})"),
+            KReduceOp::Max => format!("max({a}, {b})"),
+            _ => format!("min({a}, {b})"),
+        }
+    }
+
+    /// True when candidate `(v, i)` beats the current best `(bv, bi)`: NaN wins (first NaN stays), then
+    /// the extreme value, then the smaller index.
+    fn arg_better(&self, op: KReduceOp, ty: &str, v: &str, i: &str, bv: &str, bi: &str) -> String {
+        let (nv, nb) = if ty == "f32" {
+            (format!("kisnan({v})"), format!("kisnan({bv})"))
+        } else {
+            ("false".into(), "false".into())
+        };
+        let cmp = if op == KReduceOp::ArgMax { ">" } else { "<" };
+        format!(
+            "(({nv} && (!{nb} || {i} < {bi})) || (!{nv} && !{nb} && ({v} {cmp} {bv} || ({v} == {bv} && {i} < {bi}))))"
+        )
+    }
+
+    fn block(&mut self, depth: usize, body: &[Stmt]) {
+        for s in body {
+            self.stmt(depth, s);
+        }
+    }
+
+    fn stmt(&mut self, depth: usize, s: &Stmt) {
+        match s {
+            Stmt::Let { var, dtype, value } => {
+                self.var_dtype.insert(*var, *dtype);
+                let rhs = self.scalar(*dtype, value);
+                let ty = self.ty(*dtype);
+                self.line(depth, &format!("let v{}: {ty} = {rhs};", var.0));
+            }
+            Stmt::BindIndex { sym: s, var, bound } => {
+                let b = self.expr(bound);
+                let v = self.convert(&self.var(*var), self.dtype_of(*var), DType::I32);
+                self.line(depth, &format!("let {} = clamp({v}, 0i, max({b} - 1i, 0i));", sym(*s)));
+            }
+            Stmt::Store { buffer, index, value } => self.store(depth, *buffer, index, *value),
+            Stmt::Loop { sym: s, extent, mode, body } => {
+                let (n, i) = (self.expr(extent), sym(*s));
+                let t = self.k.launch.threads;
+                let header = match mode {
+                    LoopMode::Global => format!("for (var {i}: i32 = group * {t}i + local; {i} < {n}; {i} = {i} + ngroups * {t}i) {{"),
+                    LoopMode::Group => format!("for (var {i}: i32 = group; {i} < {n}; {i} = {i} + ngroups) {{"),
+                    LoopMode::Threads => format!("for (var {i}: i32 = local; {i} < {n}; {i} = {i} + {t}i) {{"),
+                    LoopMode::Serial => format!("for (var {i}: i32 = 0i; {i} < {n}; {i} = {i} + 1i) {{"),
+                };
+                self.line(depth, &header);
+                let saved = self.single_thread_stores;
+                match mode {
+                    LoopMode::Group => self.single_thread_stores = true,
+                    LoopMode::Threads | LoopMode::Global => self.single_thread_stores = false,
+                    LoopMode::Serial => {}
+                }
+                self.block(depth + 1, body);
+                self.single_thread_stores = saved;
+                self.line(depth, "}");
+            }
+            Stmt::Reduce { out, dtype, op, sym: s, extent, strategy, body, value } => {
+                self.reduce(depth, *out, *dtype, *op, *s, extent, *strategy, body, *value)
+            }
+            Stmt::MatMul(m) => self.matmul(depth, m),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &mut self,
+        depth: usize,
+        out: VarId,
+        dtype: DType,
+        op: KReduceOp,
+        s: SymId,
+        extent: &Expr,
+        strategy: ReduceStrategy,
+        body: &[Stmt],
+        value: VarId,
+    ) {
+        let ty = self.ty(dtype);
+        let (n, j) = (self.expr(extent), sym(*&s));
+        let t = self.k.launch.threads;
+        let arg = matches!(op, KReduceOp::ArgMax | KReduceOp::ArgMin);
+        let acc = format!("acc{}", out.0);
+        let idx = format!("idx{}", out.0);
+        let init = self.reduce_init(op, ty);
+        self.line(depth, &format!("var {acc}: {ty} = {init};"));
+        if arg {
+            self.line(depth, &format!("var {idx}: i32 = 2147483647i;"));
+        }
+        let grouped = matches!(strategy, ReduceStrategy::Group { .. });
+        let header = if grouped {
+            format!("for (var {j}: i32 = local; {j} < {n}; {j} = {j} + {t}i) {{")
+        } else {
+            format!("for (var {j}: i32 = 0i; {j} < {n}; {j} = {j} + 1i) {{")
+        };
+        self.line(depth, &header);
+        let saved = self.single_thread_stores;
+        self.single_thread_stores = false;
+        self.block(depth + 1, body);
+        self.single_thread_stores = saved;
+        let v = self.convert(&self.var(value), self.dtype_of(value), dtype);
+        if arg {
+            let better = self.arg_better(op, ty, "cand", &j, &acc, &idx);
+            self.line(depth + 1, &format!("let cand: {ty} = {v};"));
+            self.line(depth + 1, &format!("if {better} {{ {acc} = cand; {idx} = {j}; }}"));
+        } else {
+            let c = self.combine(op, ty, &acc, &v);
+            self.line(depth + 1, &format!("{acc} = {c};"));
+        }
+        self.line(depth, "}");
+        if grouped {
+            let red = format!("red_{ty}");
+            self.red_types.insert(ty);
+            self.line(depth, &format!("{red}[local] = {acc};"));
+            if arg {
+                self.red_types.insert("idx");
+                self.line(depth, &format!("red_idx[local] = {idx};"));
+            }
+            self.line(depth, "workgroupBarrier();");
+            self.line(depth, &format!("for (var stride: i32 = {}i; stride > 0i; stride = stride / 2i) {{", t / 2));
+            self.line(depth + 1, "if (local < stride) {");
+            if arg {
+                let better = self.arg_better(
+                    op,
+                    ty,
+                    &format!("{red}[local + stride]"),
+                    "red_idx[local + stride]",
+                    &format!("{red}[local]"),
+                    "red_idx[local]",
+                );
+                self.line(
+                    depth + 2,
+                    &format!("if {better} {{ {red}[local] = {red}[local + stride]; red_idx[local] = red_idx[local + stride]; }}"),
+                );
+            } else {
+                let c = self.combine(op, ty, &format!("{red}[local]"), &format!("{red}[local + stride]"));
+                self.line(depth + 2, &format!("{red}[local] = {c};"));
+            }
+            self.line(depth + 1, "}");
+            self.line(depth + 1, "workgroupBarrier();");
+            self.line(depth, "}");
+            self.line(depth, &format!("{acc} = {red}[0];"));
+            if arg {
+                self.line(depth, &format!("{idx} = red_idx[0];"));
+            }
+            self.line(depth, "workgroupBarrier();");
+        }
+        if arg {
+            self.var_dtype.insert(out, DType::I64);
+            self.line(depth, &format!("let v{}: i32 = {idx};", out.0));
+        } else {
+            self.var_dtype.insert(out, dtype);
+            self.line(depth, &format!("let v{}: {ty} = {acc};", out.0));
+        }
+    }
+
+    /// The matmul template, one output element per thread (grid-stride). Tiling through workgroup memory
+    /// is the next step for speed; the IR already carries the tile sizes.
+    fn matmul(&mut self, depth: usize, m: &MatMul) {
+        let [b, i, j, p] = m.syms.map(sym);
+        let (bn, mm, nn, kk) = (self.expr(&m.batch), self.expr(&m.m), self.expr(&m.n), self.expr(&m.k));
+        let t = self.k.launch.threads;
+        let acc_ty = self.ty(m.acc_dtype);
+        self.line(depth, &format!("let mm_total: i32 = {bn} * {mm} * {nn};"));
+        self.line(depth, &format!("for (var mm_t: i32 = group * {t}i + local; mm_t < mm_total; mm_t = mm_t + ngroups * {t}i) {{"));
+        let d = depth + 1;
+        self.line(d, &format!("let {b}: i32 = mm_t / ({mm} * {nn});"));
+        self.line(d, &format!("let {i}: i32 = (mm_t / {nn}) % {mm};"));
+        self.line(d, &format!("let {j}: i32 = mm_t % {nn};"));
+        self.line(d, &format!("var mm_acc: {acc_ty} = {acc_ty}(0);"));
+        self.line(d, &format!("for (var {p}: i32 = 0i; {p} < {kk}; {p} = {p} + 1i) {{"));
+        self.block(d + 1, &m.a.body);
+        self.block(d + 1, &m.b.body);
+        let a = self.convert(&self.var(m.a.value), self.dtype_of(m.a.value), m.acc_dtype);
+        let bv = self.convert(&self.var(m.b.value), self.dtype_of(m.b.value), m.acc_dtype);
+        self.line(d + 1, &format!("mm_acc = mm_acc + {a} * {bv};"));
+        self.line(d, "}");
+        self.var_dtype.insert(m.acc, m.acc_dtype);
+        self.line(d, &format!("let v{}: {acc_ty} = mm_acc;", m.acc.0));
+        let saved = self.single_thread_stores;
+        self.single_thread_stores = false;
+        self.block(d, &m.epilogue);
+        self.single_thread_stores = saved;
+        self.line(depth, "}");
+    }
+}
+
+fn sym(s: SymId) -> String {
+    if s.0 >= builtin::FIRST_LOCAL {
+        format!("i{}", s.0 - builtin::FIRST_LOCAL)
+    } else {
+        format!("sizes.s{}", s.0)
+    }
+}
+
+/// Renders `kernel` to WGSL for a device with (`f16`) or without native f16.
+pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
+    let storage: Vec<Storage> = kernel.buffers.iter().map(|b| Storage::of(b.dtype, f16)).collect();
+    let mut w = Writer {
+        k: kernel,
+        f16,
+        out: String::new(),
+        var_dtype: HashMap::new(),
+        storage: storage.clone(),
+        single_thread_stores: false,
+        red_types: Default::default(),
+        error: None,
+    };
+    w.block(1, &kernel.body);
+    if let Some(msg) = w.error {
+        return Err(RenderError { kernel: kernel.name.clone(), msg });
+    }
+    let mut src = String::new();
+    if f16 {
+        src.push_str("enable f16;\n\n");
+    }
+    let _ = writeln!(src, "// {}: generated by kiln from the kernel IR.", kernel.name);
+    for (i, (b, st)) in kernel.buffers.iter().zip(&storage).enumerate() {
+        let access = if b.access == Access::Read { "read" } else { "read_write" };
+        let _ = writeln!(src, "@group(0) @binding({i}) var<storage, {access}> b{i}: array<{}>;", st.wgsl_element());
+    }
+    let uses_symbols = !kernel.symbols.is_empty();
+    if uses_symbols {
+        let fields: Vec<String> = kernel.symbols.iter().map(|s| format!("s{}: i32", s.0)).collect();
+        let _ = writeln!(src, "struct Sizes {{ {} }}", fields.join(", "));
+        let _ = writeln!(src, "@group(0) @binding({}) var<uniform> sizes: Sizes;", kernel.buffers.len());
+    }
+    let t = kernel.launch.threads;
+    for ty in &w.red_types {
+        let elem = if *ty == "idx" { "i32" } else { ty };
+        let _ = writeln!(src, "var<workgroup> red_{ty}: array<{elem}, {t}>;");
+    }
+    src.push('\n');
+    src.push_str(PRELUDE);
+    let _ = writeln!(src, "\n@compute @workgroup_size({t})");
+    src.push_str(
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, \
+         @builtin(local_invocation_index) lid: u32) {\n",
+    );
+    src.push_str("    let group = i32(wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y);\n");
+    src.push_str("    let ngroups = i32(nwg.x * nwg.y * nwg.z);\n");
+    src.push_str("    let local = i32(lid);\n");
+    src.push_str(&w.out);
+    src.push_str("}\n");
+    Ok(Shader { name: kernel.name.clone(), source: src, storage, uses_symbols })
+}

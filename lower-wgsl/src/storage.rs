@@ -1,0 +1,96 @@
+//! How each kiln dtype is laid out in a WGSL storage buffer, and the host-side conversions. WGSL has no
+//! 8- or 64-bit integers and f16 only behind the `shader-f16` feature, so some dtypes are widened on the
+//! device; values always keep their dtype's precision (the shaders round on every store).
+
+use kiln_graph::{DType, Result, TensorData};
+
+/// The device layout of one dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Storage {
+    /// `array<f32>`.
+    F32,
+    /// `array<f16>` (device has `shader-f16`).
+    F16,
+    /// `array<f32>` holding f16-rounded values (no `shader-f16`).
+    F16AsF32,
+    /// `array<f32>` holding bf16-rounded values.
+    Bf16AsF32,
+    /// `array<i32>`.
+    I32,
+    /// `array<i32>`, two words per element (little-endian low, high): the host's i64 layout. Shaders
+    /// compute in i32 and sign-extend on store.
+    I64Pairs,
+    /// `array<u32>`, 0 or 1.
+    BoolU32,
+}
+
+impl Storage {
+    /// The layout of `dtype` on a device with or without native f16.
+    pub fn of(dtype: DType, f16_native: bool) -> Storage {
+        match dtype {
+            DType::F32 => Storage::F32,
+            DType::F16 if f16_native => Storage::F16,
+            DType::F16 => Storage::F16AsF32,
+            DType::BF16 => Storage::Bf16AsF32,
+            DType::I32 => Storage::I32,
+            DType::I64 => Storage::I64Pairs,
+            DType::Bool => Storage::BoolU32,
+        }
+    }
+
+    /// The WGSL element type of the buffer array.
+    pub fn wgsl_element(self) -> &'static str {
+        match self {
+            Storage::F32 | Storage::F16AsF32 | Storage::Bf16AsF32 => "f32",
+            Storage::F16 => "f16",
+            Storage::I32 | Storage::I64Pairs => "i32",
+            Storage::BoolU32 => "u32",
+        }
+    }
+
+    /// Bytes `len` elements take on the device.
+    pub fn bytes(self, len: usize) -> usize {
+        len * match self {
+            Storage::F16 => 2,
+            Storage::I64Pairs => 8,
+            _ => 4,
+        }
+    }
+
+    /// The host tensor in this layout.
+    pub fn encode(self, data: &TensorData) -> Vec<u8> {
+        let v = data.values();
+        let mut out = Vec::with_capacity(self.bytes(v.len()));
+        for &x in v {
+            match self {
+                Storage::F32 | Storage::F16AsF32 | Storage::Bf16AsF32 => out.extend((x as f32).to_le_bytes()),
+                Storage::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
+                Storage::I32 => out.extend((x as i32).to_le_bytes()),
+                Storage::I64Pairs => out.extend((x as i64).to_le_bytes()),
+                Storage::BoolU32 => out.extend(u32::from(x != 0.0).to_le_bytes()),
+            }
+        }
+        out
+    }
+
+    /// A host tensor of `dtype` and `dims` from device bytes in this layout.
+    pub fn decode(self, bytes: &[u8], dims: &[usize], dtype: DType) -> Result<TensorData> {
+        let n: usize = dims.iter().product();
+        let word = self.bytes(1);
+        let values = (0..n)
+            .map(|i| {
+                let b = &bytes[i * word..(i + 1) * word];
+                match self {
+                    Storage::F32 | Storage::F16AsF32 | Storage::Bf16AsF32 => {
+                        f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64
+                    }
+                    Storage::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+                    Storage::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+                    Storage::I64Pairs => i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64,
+                    Storage::BoolU32 => f64::from(u8::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != 0)),
+                }
+            })
+            .collect();
+        TensorData::from_f64(values, dims, dtype)
+    }
+}

@@ -1,0 +1,41 @@
+//! Every kernel of the workloads, rendered to WGSL, passes naga's validator (with and without f16).
+
+use kiln_graph::{capture, compile_graph, DType, Result, Target, Tensor, TensorSpec};
+use kiln_wgsl::{render, validate};
+
+fn check(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>) {
+    let g = capture(inputs, f).unwrap();
+    let c = compile_graph(&g, &Target::webgpu_default()).unwrap();
+    for f16 in [false, true] {
+        for k in &c.kernels {
+            let s = render(k, f16).unwrap();
+            if let Err(e) = validate(&k.name, &s.source) {
+                panic!("{e}");
+            }
+        }
+    }
+}
+
+fn f32s(d: &[usize]) -> TensorSpec {
+    TensorSpec::new(DType::F32, d)
+}
+
+#[test]
+fn workload_kernels_validate() {
+    check(&[f32s(&[1 << 12])], |t| {
+        let x = &t[0];
+        Ok(vec![x.mul(1.5)?.add(0.5)?.gelu()?.mul(&x.sigmoid()?)?.sub(&x.tanh()?)?])
+    });
+    check(&[f32s(&[64, 512])], |t| Ok(vec![t[0].softmax(-1)?]));
+    check(&[f32s(&[64, 512]), f32s(&[512]), f32s(&[512])], |t| {
+        Ok(vec![t[0].layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?.gelu()?])
+    });
+    check(&[f32s(&[2, 8, 16]), f32s(&[32, 16]), f32s(&[32])], |t| Ok(vec![t[0].linear(&t[1], Some(&t[2]))?.relu()?]));
+    check(&[f32s(&[4, 6]), TensorSpec::new(DType::I64, &[3])], |t| {
+        let g = t[0].index_select(1, &t[1])?;
+        Ok(vec![g.argmax(1, false)?, t[0].pad(&[(1, 1), (0, 2)], -1.0)?, Tensor::concat(&[&t[0], &t[0]], 1)?.isnan()?])
+    });
+    check(&[TensorSpec::new(DType::F16, &[8, 8]), TensorSpec::new(DType::BF16, &[8, 8])], |t| {
+        Ok(vec![t[0].exp()?.sum(&[1], false)?, t[1].cast(DType::F32)?.softmax(0)?.cast(DType::BF16)?])
+    });
+}

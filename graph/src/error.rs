@@ -118,6 +118,14 @@ pub enum Error {
         /// The user's line.
         loc: SourceLoc,
     },
+    /// A device backend failed: no adapter or driver, a rejected kernel, out of memory, device lost.
+    #[error("{backend}: {msg}")]
+    Backend {
+        /// Which backend (`wgpu`, `cuda`).
+        backend: String,
+        /// What went wrong, with the kernel's name and source where one is involved.
+        msg: String,
+    },
     /// A malformed export or import file.
     #[error("malformed {what}: {msg}")]
     Format {

@@ -78,6 +78,11 @@ impl Memory for PlanMemory<'_> {
 }
 
 impl CompiledGraph {
+    /// The shape-symbol values that `inputs` give (and a check that they fit the graph's inputs).
+    pub fn bindings(&self, inputs: &[&TensorData]) -> Result<crate::sym::Bindings> {
+        bind_symbols(&self.primitive.graph, inputs)
+    }
+
     /// Runs the kernels on the CPU kernel interpreter, honouring the plan's buffer reuse.
     pub fn run_interpreted(&self, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
         let g = &self.primitive.graph;

@@ -8,3 +8,6 @@ pub mod validate;
 pub use render::{render, RenderError, Shader};
 pub use storage::Storage;
 pub use validate::{validate, ValidationError};
+pub mod runtime;
+
+pub use runtime::{Gpu, WgpuBackend};

@@ -1,0 +1,316 @@
+//! The wgpu runtime: picks an adapter, requests a device with the limits kiln uses, describes it as a
+//! `Target`, and runs compiled graphs — buffers from the plan, one pipeline per distinct shader, bind
+//! groups, dispatches folded into 2-D/3-D grids past the per-dimension limit, and readback.
+
+use crate::render::render;
+use crate::storage::Storage;
+use crate::validate::validate;
+use kiln_graph::kernel::Kernel;
+use kiln_graph::sym::Bindings;
+use kiln_graph::{CompiledGraph, Error, Result, Target, TensorData};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::Backend { backend: "wgpu".into(), msg: msg.into() }
+}
+
+/// A wgpu device ready to run kiln kernels.
+pub struct Gpu {
+    /// The adapter as the driver reports it.
+    pub adapter: wgpu::AdapterInfo,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    f16: bool,
+    target: Target,
+    pipelines: RefCell<HashMap<String, Rc<wgpu::ComputePipeline>>>,
+}
+
+/// Ranks adapters: real GPUs first, then software ones; Vulkan/Metal/DX12 over GL.
+fn score(info: &wgpu::AdapterInfo) -> i32 {
+    let kind = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 40,
+        wgpu::DeviceType::IntegratedGpu => 30,
+        wgpu::DeviceType::VirtualGpu => 20,
+        wgpu::DeviceType::Cpu => 10,
+        wgpu::DeviceType::Other => 0,
+    };
+    let api = match info.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 | wgpu::Backend::BrowserWebGpu => 5,
+        _ => 0,
+    };
+    kind + api
+}
+
+/// How to get an adapter here, for the error when none is found.
+pub const NO_ADAPTER_HINT: &str = "no GPU adapter found: install a Vulkan driver (on Debian/Ubuntu without a GPU: \
+     `apt-get install -y mesa-vulkan-drivers libvulkan1` for lavapipe), or set KILN_WGPU_ADAPTER to one of the \
+     listed adapters";
+
+impl Gpu {
+    /// Opens the best adapter (or the one whose name contains `KILN_WGPU_ADAPTER`).
+    pub async fn new_async() -> Result<Gpu> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+        let wanted = std::env::var("KILN_WGPU_ADAPTER").ok();
+        let names: Vec<String> =
+            adapters.iter().map(|a| a.get_info()).map(|i| format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)).collect();
+        let adapter = adapters
+            .into_iter()
+            .filter(|a| wanted.as_ref().is_none_or(|w| a.get_info().name.to_lowercase().contains(&w.to_lowercase())))
+            .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
+            .max_by_key(|a| score(&a.get_info()))
+            .ok_or_else(|| err(format!("{NO_ADAPTER_HINT}; adapters present: [{}]", names.join(", "))))?;
+        let info = adapter.get_info();
+        let f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        let limits = adapter.limits();
+        let required_features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("kiln"),
+                required_features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| err(format!("requesting a device on {}: {e}", info.name)))?;
+        let target = Target {
+            name: format!("wgpu-{:?}-{}", info.backend, info.name).to_lowercase().replace(' ', "-"),
+            max_bindings: limits.max_storage_buffers_per_shader_stage,
+            max_threads_per_group: limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x),
+            max_groups_per_dim: limits.max_compute_workgroups_per_dimension as u64,
+            grid_dims: 3,
+            subgroup_size: None,
+            shared_memory_bytes: limits.max_compute_workgroup_storage_size,
+            f16_compute: f16,
+            bf16_compute: false,
+            matrix_units: false,
+            max_vector_bytes: 16,
+        };
+        tracing::info!(target: "kiln::graph", adapter = %info.name, backend = ?info.backend, kind = ?info.device_type, "wgpu adapter");
+        Ok(Gpu { adapter: info, device, queue, f16, target, pipelines: RefCell::new(HashMap::new()) })
+    }
+
+    /// Blocking [`Gpu::new_async`] for native code.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new() -> Result<Gpu> {
+        pollster::block_on(Self::new_async())
+    }
+
+    /// The device as kiln's pipeline sees it.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// One line naming the adapter, its API and kind (never mistake lavapipe or GL for a GPU).
+    pub fn describe(&self) -> String {
+        format!("{} ({:?}, {:?}, driver {})", self.adapter.name, self.adapter.backend, self.adapter.device_type, self.adapter.driver_info)
+    }
+
+    fn pipeline(&self, kernel: &Kernel) -> Result<(Rc<wgpu::ComputePipeline>, Vec<Storage>, bool)> {
+        let shader = render(kernel, self.f16).map_err(|e| err(e.to_string()))?;
+        if let Some(p) = self.pipelines.borrow().get(&shader.source) {
+            return Ok((p.clone(), shader.storage, shader.uses_symbols));
+        }
+        validate(&kernel.name, &shader.source).map_err(|e| err(e.to_string()))?;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&kernel.name),
+            source: wgpu::ShaderSource::Wgsl(shader.source.as_str().into()),
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&kernel.name),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            let numbered: String =
+                shader.source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
+            return Err(err(format!("kernel {}: the device rejected the shader: {e}\n{numbered}", kernel.name)));
+        }
+        let p = Rc::new(pipeline);
+        self.pipelines.borrow_mut().insert(shader.source, p.clone());
+        Ok((p, shader.storage, shader.uses_symbols))
+    }
+
+    /// Splits a workgroup count into a grid within the per-dimension limit (kernels tolerate extra groups).
+    fn grid(&self, groups: u64) -> Result<(u32, u32, u32)> {
+        let max = self.target.max_groups_per_dim.max(1);
+        let x = groups.min(max);
+        let rest = groups.div_ceil(x.max(1));
+        let y = rest.min(max);
+        let z = rest.div_ceil(y.max(1));
+        if z > max {
+            return Err(err(format!("{groups} workgroups exceed a {max}^3 grid")));
+        }
+        Ok((x as u32, y as u32, z as u32))
+    }
+
+    /// Runs a compiled graph: uploads `inputs`, launches every kernel in one submission, reads the outputs.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
+        let bindings = c.bindings(inputs)?;
+        let g = &c.primitive.graph;
+        // Device bytes per plan buffer: the widest value placed in it, in its device layout.
+        let mut sizes = vec![4u64; c.plan.buffers.len()];
+        let mut place = |node: kiln_graph::NodeId, dtype, len: usize| -> Result<()> {
+            let b = *c.plan.value_buffer.get(&node).ok_or_else(|| err(format!("{node} has no buffer")))?;
+            let bytes = Storage::of(dtype, self.f16).bytes(len) as u64;
+            sizes[b] = sizes[b].max(bytes.div_ceil(4) * 4);
+            Ok(())
+        };
+        for gi in &g.inputs {
+            let n = g.node(gi.node);
+            place(gi.node, n.dtype, n.shape.eval(&bindings)?.iter().product())?;
+        }
+        for k in &c.kernels {
+            for b in &k.buffers {
+                place(b.node, b.dtype, b.len.eval(&bindings)?.max(0) as usize)?;
+            }
+        }
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let buffers: Vec<wgpu::Buffer> = sizes
+            .iter()
+            .map(|&size| self.device.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage, mapped_at_creation: false }))
+            .collect();
+        if let Some(e) = pollster::block_on(oom.pop()) {
+            return Err(err(format!("out of device memory allocating {} bytes: {e}", sizes.iter().sum::<u64>())));
+        }
+        for (gi, data) in g.inputs.iter().zip(inputs) {
+            let bytes = Storage::of(data.dtype(), self.f16).encode(data);
+            if !bytes.is_empty() {
+                self.queue.write_buffer(&buffers[c.plan.value_buffer[&gi.node]], 0, &bytes);
+            }
+        }
+        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
+        let mut uniforms = Vec::new();
+        for &ki in &c.plan.launches {
+            let kernel = &c.kernels[ki];
+            let groups = kernel.launch.groups.eval(&bindings)?.max(0) as u64;
+            if groups == 0 {
+                continue;
+            }
+            let (pipeline, _storage, uses_symbols) = self.pipeline(kernel)?;
+            let mut entries: Vec<wgpu::BindGroupEntry> = kernel
+                .buffers
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: buffers[c.plan.value_buffer[&b.node]].as_entire_binding(),
+                })
+                .collect();
+            if uses_symbols {
+                uniforms.push(self.symbol_block(kernel, &bindings)?);
+                entries.push(wgpu::BindGroupEntry {
+                    binding: kernel.buffers.len() as u32,
+                    resource: uniforms[uniforms.len() - 1].as_entire_binding(),
+                });
+            }
+            let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&kernel.name),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            let (x, y, z) = self.grid(groups)?;
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&kernel.name), timestamp_writes: None });
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(x, y, z);
+        }
+        let mut staging = Vec::new();
+        for o in &g.outputs {
+            let b = c.plan.value_buffer.get(o).ok_or_else(|| err(format!("output {o} was not written by any kernel")))?;
+            let s = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: sizes[*b],
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            encoder.copy_buffer_to_buffer(&buffers[*b], 0, &s, 0, sizes[*b]);
+            staging.push(s);
+        }
+        self.queue.submit([encoder.finish()]);
+        let mut out = Vec::with_capacity(staging.len());
+        for (o, s) in g.outputs.iter().zip(&staging) {
+            let (tx, rx) = futures_channel::oneshot::channel();
+            s.map_async(wgpu::MapMode::Read, .., move |r| {
+                let _ = tx.send(r);
+            });
+            self.device
+                .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+                .map_err(|e| err(format!("waiting for the device: {e}")))?;
+            pollster::block_on(rx)
+                .map_err(|_| err("the device was lost before readback"))?
+                .map_err(|e| err(format!("reading back: {e}")))?;
+            let node = g.node(*o);
+            let dims = node.shape.eval(&bindings)?;
+            let view = s.get_mapped_range(..).map_err(|e| err(format!("reading back: {e}")))?;
+            out.push(Storage::of(node.dtype, self.f16).decode(&view, &dims, node.dtype)?);
+        }
+        Ok(out)
+    }
+
+    fn symbol_block(&self, kernel: &Kernel, b: &Bindings) -> Result<wgpu::Buffer> {
+        let mut bytes = Vec::new();
+        for s in &kernel.symbols {
+            let v = b.get(*s).ok_or_else(|| err(format!("kernel {}: symbol {s} has no value", kernel.name)))?;
+            let v = i32::try_from(v).map_err(|_| err(format!("kernel {}: {s} = {v} does not fit in i32", kernel.name)))?;
+            bytes.extend(v.to_le_bytes());
+        }
+        bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln symbols"),
+            size: bytes.len() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&buf, 0, &bytes);
+        Ok(buf)
+    }
+}
+
+/// kiln's wgpu backend.
+#[derive(Clone)]
+pub struct WgpuBackend {
+    gpu: Rc<Gpu>,
+}
+
+impl WgpuBackend {
+    /// Opens the best adapter; errors say what to install when there is none.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new() -> Result<Self> {
+        Ok(WgpuBackend { gpu: Rc::new(Gpu::new()?) })
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+}
+
+impl kiln_graph::Backend for WgpuBackend {
+    fn name(&self) -> &str {
+        "wgpu"
+    }
+
+    fn target(&self) -> Option<&Target> {
+        Some(self.gpu.target())
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn run_compiled(&self, compiled: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
+        self.gpu.run(compiled, inputs)
+    }
+}
+
+impl kiln_graph::IntoBackend for WgpuBackend {
+    fn into_backend(self) -> Result<Rc<dyn kiln_graph::Backend>> {
+        Ok(Rc::new(self))
+    }
+}

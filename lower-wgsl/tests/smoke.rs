@@ -1,0 +1,21 @@
+use kiln_graph::{compile, CpuReference, Tensor};
+use kiln_wgsl::WgpuBackend;
+
+#[test]
+fn smoke() {
+    let backend = WgpuBackend::new().unwrap();
+    eprintln!("adapter: {}", backend.gpu().describe());
+    let x = Tensor::from_slice(&(0..1000).map(|i| (i as f32 - 500.0) / 100.0).collect::<Vec<_>>(), &[10, 100]).unwrap();
+    let f = |x: &Tensor| -> kiln_graph::Result<Vec<Tensor>> {
+        let w1 = x.mul(1.5)?.add(0.5)?.gelu()?.mul(&x.sigmoid()?)?.sub(&x.tanh()?)?;
+        Ok(vec![w1, x.softmax(-1)?, x.layer_norm(1, None, None, 1e-5)?, x.matmul(&x.transpose(0, 1)?)?, x.argmax(1, false)?.cast(kiln_graph::DType::F32)?])
+    };
+    let got = compile(f).backend(backend).call(&x).unwrap();
+    let want = compile(f).backend(CpuReference).call(&x).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        let (g, w) = (g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+        let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0.0f32, f32::max);
+        eprintln!("max rel err {worst}");
+        assert!(worst < 1e-4);
+    }
+}

@@ -26,7 +26,7 @@ use std::rc::Rc;
 /// Which backend compiled graphs run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Backend {
-    /// The best one available: CUDA, else wgpu, else the CPU reference (only the CPU reference exists yet).
+    /// The best one available: CUDA, else any wgpu adapter, else the CPU reference.
     #[default]
     Auto,
     /// The CPU reference interpreter (f64, exact, slow).
@@ -34,23 +34,54 @@ pub enum Backend {
     /// The full compiler pipeline (decompose, fuse, lower, plan) with its kernels run by the CPU kernel
     /// interpreter: the kernels a GPU would get, executed without one.
     Kernels,
+    /// WGSL kernels through wgpu (Vulkan, Metal, DX12; WebGPU in browsers).
+    Wgpu,
 }
 
 impl Backend {
     /// Every backend this build knows, best first.
-    pub const ALL: [Backend; 3] = [Backend::Auto, Backend::Cpu, Backend::Kernels];
+    pub const ALL: [Backend; 4] = [Backend::Auto, Backend::Wgpu, Backend::Kernels, Backend::Cpu];
 
     /// The backends that can run here now, best first (what `Auto` chooses from).
     pub fn available() -> Vec<Backend> {
-        vec![Backend::Cpu, Backend::Kernels]
+        let mut v = Vec::new();
+        if Backend::Wgpu.into_backend().is_ok() {
+            v.push(Backend::Wgpu);
+        }
+        v.extend([Backend::Kernels, Backend::Cpu]);
+        v
     }
+}
+
+#[cfg(feature = "wgpu")]
+thread_local! {
+    /// One device per thread: opening an adapter costs milliseconds and pipelines are cached on it. It
+    /// lives for the whole program (leaked), because a device torn down with its thread's locals can touch
+    /// other thread-locals that are already gone.
+    static WGPU: std::cell::OnceCell<Result<&'static kiln_wgsl::WgpuBackend, String>> = const { std::cell::OnceCell::new() };
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
+    let open = || kiln_wgsl::WgpuBackend::new().map(|b| &*Box::leak(Box::new(b))).map_err(|e| e.to_string());
+    WGPU.with(|cell| match cell.get_or_init(open) {
+        Ok(b) => Ok(Rc::new((*b).clone()) as Rc<dyn kiln_graph::Backend>),
+        Err(msg) => Err(Error::Backend { backend: "wgpu".into(), msg: msg.clone() }),
+    })
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
+    Err(Error::Backend { backend: "wgpu".into(), msg: "this build of kiln has no `wgpu` feature".into() })
 }
 
 impl IntoBackend for Backend {
     fn into_backend(self) -> Result<Rc<dyn kiln_graph::Backend>> {
         match self {
-            Backend::Auto | Backend::Cpu => Ok(Rc::new(CpuReference)),
+            Backend::Auto => wgpu_backend().or_else(|_| Ok(Rc::new(CpuReference))),
+            Backend::Cpu => Ok(Rc::new(CpuReference)),
             Backend::Kernels => Ok(Rc::new(KernelInterpreter::default())),
+            Backend::Wgpu => wgpu_backend(),
         }
     }
 }

@@ -645,7 +645,11 @@ impl Expr {
                     }
                 });
             }
-            parts.push(if factors.len() == 1 { factors.pop().unwrap_or(ExprTree::Const(1)) } else { ExprTree::Mul(factors) });
+            parts.push(if factors.len() == 1 {
+                factors.pop().unwrap_or(ExprTree::Const(1))
+            } else {
+                ExprTree::Mul(factors)
+            });
         }
         if self.constant != 0 || parts.is_empty() {
             parts.push(ExprTree::Const(self.constant));

@@ -52,7 +52,11 @@ fn float_literal(v: f64) -> String {
     if x.is_nan() {
         "knan()".into()
     } else if x.is_infinite() {
-        if x > 0.0 { "bitcast<f32>(0x7f800000u)".into() } else { "bitcast<f32>(0xff800000u)".into() }
+        if x > 0.0 {
+            "bitcast<f32>(0x7f800000u)".into()
+        } else {
+            "bitcast<f32>(0xff800000u)".into()
+        }
     } else {
         format!("{x:?}f")
     }
@@ -193,7 +197,11 @@ impl<'k> Writer<'k> {
                     UnaryOp::Not => format!("!{x}"),
                     UnaryOp::IsNan => {
                         let from = self.ty(self.dtype_of(*a));
-                        if from == "f32" { format!("kisnan({x})") } else { format!("kisnan(f32({x}))") }
+                        if from == "f32" {
+                            format!("kisnan({x})")
+                        } else {
+                            format!("kisnan(f32({x}))")
+                        }
                     }
                 }
             }
@@ -314,7 +322,9 @@ impl<'k> Writer<'k> {
                 let (n, i) = (self.expr(extent), sym(*s));
                 let t = self.k.launch.threads;
                 let header = match mode {
-                    LoopMode::Global => format!("for (var {i}: i32 = group * {t}i + local; {i} < {n}; {i} = {i} + ngroups * {t}i) {{"),
+                    LoopMode::Global => {
+                        format!("for (var {i}: i32 = group * {t}i + local; {i} < {n}; {i} = {i} + ngroups * {t}i) {{")
+                    }
                     LoopMode::Group => format!("for (var {i}: i32 = group; {i} < {n}; {i} = {i} + ngroups) {{"),
                     LoopMode::Threads => format!("for (var {i}: i32 = local; {i} < {n}; {i} = {i} + {t}i) {{"),
                     LoopMode::Serial => format!("for (var {i}: i32 = 0i; {i} < {n}; {i} = {i} + 1i) {{"),
@@ -436,7 +446,10 @@ impl<'k> Writer<'k> {
         let t = self.k.launch.threads;
         let acc_ty = self.ty(m.acc_dtype);
         self.line(depth, &format!("let mm_total: i32 = {bn} * {mm} * {nn};"));
-        self.line(depth, &format!("for (var mm_t: i32 = group * {t}i + local; mm_t < mm_total; mm_t = mm_t + ngroups * {t}i) {{"));
+        self.line(
+            depth,
+            &format!("for (var mm_t: i32 = group * {t}i + local; mm_t < mm_total; mm_t = mm_t + ngroups * {t}i) {{"),
+        );
         let d = depth + 1;
         self.line(d, &format!("let {b}: i32 = mm_t / ({mm} * {nn});"));
         self.line(d, &format!("let {i}: i32 = (mm_t / {nn}) % {mm};"));

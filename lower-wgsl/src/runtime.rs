@@ -54,8 +54,11 @@ impl Gpu {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
         let wanted = std::env::var("KILN_WGPU_ADAPTER").ok();
-        let names: Vec<String> =
-            adapters.iter().map(|a| a.get_info()).map(|i| format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)).collect();
+        let names: Vec<String> = adapters
+            .iter()
+            .map(|a| a.get_info())
+            .map(|i| format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type))
+            .collect();
         let adapter = adapters
             .into_iter()
             .filter(|a| wanted.as_ref().is_none_or(|w| a.get_info().name.to_lowercase().contains(&w.to_lowercase())))
@@ -78,7 +81,9 @@ impl Gpu {
         let target = Target {
             name: format!("wgpu-{:?}-{}", info.backend, info.name).to_lowercase().replace(' ', "-"),
             max_bindings: limits.max_storage_buffers_per_shader_stage,
-            max_threads_per_group: limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x),
+            max_threads_per_group: limits
+                .max_compute_invocations_per_workgroup
+                .min(limits.max_compute_workgroup_size_x),
             max_groups_per_dim: limits.max_compute_workgroups_per_dimension as u64,
             grid_dims: 3,
             subgroup_size: None,
@@ -105,7 +110,10 @@ impl Gpu {
 
     /// One line naming the adapter, its API and kind (never mistake lavapipe or GL for a GPU).
     pub fn describe(&self) -> String {
-        format!("{} ({:?}, {:?}, driver {})", self.adapter.name, self.adapter.backend, self.adapter.device_type, self.adapter.driver_info)
+        format!(
+            "{} ({:?}, {:?}, driver {})",
+            self.adapter.name, self.adapter.backend, self.adapter.device_type, self.adapter.driver_info
+        )
     }
 
     fn pipeline(&self, kernel: &Kernel) -> Result<(Rc<wgpu::ComputePipeline>, Vec<Storage>, bool)> {
@@ -176,13 +184,21 @@ impl Gpu {
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         let buffers: Vec<wgpu::Buffer> = sizes
             .iter()
-            .map(|&size| self.device.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage, mapped_at_creation: false }))
+            .map(|&size| {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size,
+                    usage,
+                    mapped_at_creation: false,
+                })
+            })
             .collect();
         if let Some(e) = pollster::block_on(oom.pop()) {
             return Err(err(format!("out of device memory allocating {} bytes: {e}", sizes.iter().sum::<u64>())));
         }
         for (gi, data) in g.inputs.iter().zip(inputs) {
-            let bytes = Storage::of(data.dtype(), self.f16).encode(data);
+            let mut bytes = Storage::of(data.dtype(), self.f16).encode(data);
+            bytes.resize(bytes.len().div_ceil(4) * 4, 0);
             if !bytes.is_empty() {
                 self.queue.write_buffer(&buffers[c.plan.value_buffer[&gi.node]], 0, &bytes);
             }
@@ -218,14 +234,16 @@ impl Gpu {
                 entries: &entries,
             });
             let (x, y, z) = self.grid(groups)?;
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&kernel.name), timestamp_writes: None });
+            let mut pass = encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&kernel.name), timestamp_writes: None });
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind, &[]);
             pass.dispatch_workgroups(x, y, z);
         }
         let mut staging = Vec::new();
         for o in &g.outputs {
-            let b = c.plan.value_buffer.get(o).ok_or_else(|| err(format!("output {o} was not written by any kernel")))?;
+            let b =
+                c.plan.value_buffer.get(o).ok_or_else(|| err(format!("output {o} was not written by any kernel")))?;
             let s = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("readback"),
                 size: sizes[*b],
@@ -260,7 +278,8 @@ impl Gpu {
         let mut bytes = Vec::new();
         for s in &kernel.symbols {
             let v = b.get(*s).ok_or_else(|| err(format!("kernel {}: symbol {s} has no value", kernel.name)))?;
-            let v = i32::try_from(v).map_err(|_| err(format!("kernel {}: {s} = {v} does not fit in i32", kernel.name)))?;
+            let v =
+                i32::try_from(v).map_err(|_| err(format!("kernel {}: {s} = {v} does not fit in i32", kernel.name)))?;
             bytes.extend(v.to_le_bytes());
         }
         bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);

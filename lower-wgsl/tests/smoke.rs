@@ -8,7 +8,13 @@ fn smoke() {
     let x = Tensor::from_slice(&(0..1000).map(|i| (i as f32 - 500.0) / 100.0).collect::<Vec<_>>(), &[10, 100]).unwrap();
     let f = |x: &Tensor| -> kiln_graph::Result<Vec<Tensor>> {
         let w1 = x.mul(1.5)?.add(0.5)?.gelu()?.mul(&x.sigmoid()?)?.sub(&x.tanh()?)?;
-        Ok(vec![w1, x.softmax(-1)?, x.layer_norm(1, None, None, 1e-5)?, x.matmul(&x.transpose(0, 1)?)?, x.argmax(1, false)?.cast(kiln_graph::DType::F32)?])
+        Ok(vec![
+            w1,
+            x.softmax(-1)?,
+            x.layer_norm(1, None, None, 1e-5)?,
+            x.matmul(&x.transpose(0, 1)?)?,
+            x.argmax(1, false)?.cast(kiln_graph::DType::F32)?,
+        ])
     };
     let got = compile(f).backend(backend).call(&x).unwrap();
     let want = compile(f).backend(CpuReference).call(&x).unwrap();

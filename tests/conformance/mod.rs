@@ -1,24 +1,77 @@
-//! Random graphs through the whole pipeline (decompose → fuse → lower → plan → kernel interpreter) give
-//! the reference's results. Programs are random op sequences over a pool of tensors, recorded through the
-//! public API, so every op, dtype rule, broadcast and view the user can write is fair game.
+//! The conformance suite, written once and instantiated per backend (`conformance_suite!`): every op
+//! across dtypes and awkward shapes, edge cases (empty and size-1 dims, huge grids, NaN and Inf), and
+//! random programs, each compared with the CPU reference.
+#![allow(dead_code)]
 
-use kiln_graph::{compile, CpuReference, DType, KernelInterpreter, Result, Target, Tensor};
+pub mod ops;
+
+use kiln::graph::{compile, Backend, CpuReference, DType, Result, Tensor};
 use proptest::prelude::*;
+use std::rc::Rc;
+
+/// Instantiates the suite for a backend: `$make` is an expression giving `Option<Rc<dyn Backend>>`
+/// (`None` only when the caller explicitly opted out of this backend).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr, random_cases = $n:expr, big = $big:expr, ieee_nan = $nan:expr) => {
+        fn backend() -> Option<std::rc::Rc<dyn kiln::graph::Backend>> {
+            $make
+        }
+
+        #[test]
+        fn every_op_matches_the_reference() {
+            let Some(b) = backend() else { return };
+            conformance::ops::every_op(&b);
+        }
+
+        #[test]
+        fn edge_cases_match_the_reference() {
+            let Some(b) = backend() else { return };
+            conformance::ops::edge_cases(&b, $big, $nan);
+        }
+
+        #[test]
+        fn regressions_match_the_reference() {
+            let Some(b) = backend() else { return };
+            conformance::regressions(&b);
+        }
+
+        proptest::proptest! {
+            #![proptest_config(proptest::prelude::ProptestConfig { cases: $n, ..Default::default() })]
+            #[test]
+            fn random_graphs_match_the_reference(
+                da in conformance::dims(),
+                db in conformance::dims(),
+                seed in proptest::prelude::any::<u32>(),
+                steps in proptest::collection::vec(conformance::step(), 1..8),
+            ) {
+                let Some(b) = backend() else { return Ok(()) };
+                conformance::check(&da, &db, seed, &steps, &b)?;
+            }
+        }
+    };
+}
 
 /// One step of a random program: an op code and operand picks (indices into the pool, taken modulo).
 #[derive(Clone, Debug)]
-struct Step {
-    op: u8,
-    a: usize,
-    b: usize,
-    k: usize,
+pub struct Step {
+    /// Op code.
+    pub op: u8,
+    /// First operand pick.
+    pub a: usize,
+    /// Second operand pick.
+    pub b: usize,
+    /// Axis and flag picks.
+    pub k: usize,
 }
 
-fn step() -> impl Strategy<Value = Step> {
+/// A random step.
+pub fn step() -> impl Strategy<Value = Step> {
     (0u8..40, any::<usize>(), any::<usize>(), any::<usize>()).prop_map(|(op, a, b, k)| Step { op, a, b, k })
 }
 
-fn dims() -> impl Strategy<Value = Vec<usize>> {
+/// Random dims: rank 1..=3, each 1..=5.
+pub fn dims() -> impl Strategy<Value = Vec<usize>> {
     prop::collection::vec(1usize..=5, 1..=3)
 }
 
@@ -115,12 +168,13 @@ fn close(got: &[f64], want: &[f64], tol: f64) -> bool {
             .all(|(g, w)| (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs().min(1e6)))
 }
 
-fn check(
+/// Runs the random program on `backend` and on the CPU reference and compares.
+pub fn check(
     dims_a: &[usize],
     dims_b: &[usize],
     seed: u32,
     steps: &[Step],
-    target: Target,
+    backend: &Rc<dyn Backend>,
 ) -> std::result::Result<(), TestCaseError> {
     let data = |dims: &[usize], salt: u32| -> Tensor {
         let n: usize = dims.iter().product();
@@ -131,8 +185,8 @@ fn check(
     };
     let (a, b) = (data(dims_a, 1), data(dims_b, 7));
     let reference = compile(|(a, b): (&Tensor, &Tensor)| program(&[a.clone(), b.clone()], steps)).backend(CpuReference);
-    let kernels = compile(|(a, b): (&Tensor, &Tensor)| program(&[a.clone(), b.clone()], steps))
-        .backend(KernelInterpreter::new(target));
+    let kernels =
+        compile(|(a, b): (&Tensor, &Tensor)| program(&[a.clone(), b.clone()], steps)).backend(backend.clone());
     // A program the reference rejects (an out-of-range gather index) must fail through the kernels too.
     let want = match reference.call((&a, &b)) {
         Ok(w) => w,
@@ -157,32 +211,8 @@ fn check(
     Ok(())
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
-
-    #[test]
-    fn random_graphs_match_the_reference(
-        da in dims(), db in dims(), seed in any::<u32>(), steps in prop::collection::vec(step(), 1..8),
-    ) {
-        check(&da, &db, seed, &steps, Target::interpreter())?;
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
-
-    /// The same under a 4-binding target: regions split, results do not change.
-    #[test]
-    fn random_graphs_match_under_a_binding_limit(
-        da in dims(), db in dims(), seed in any::<u32>(), steps in prop::collection::vec(step(), 1..8),
-    ) {
-        check(&da, &db, seed, &steps, Target::webgpu_default().with_max_bindings(4))?;
-    }
-}
-
-/// Cases proptest once found, kept as plain tests.
-#[test]
-fn regressions() {
+/// Cases proptest once found, replayed on every backend.
+pub fn regressions(backend: &Rc<dyn Backend>) {
     let st = |op, a, b, k| Step { op, a, b, k };
     let cases = [
         (
@@ -208,6 +238,6 @@ fn regressions() {
         ),
     ];
     for (da, db, steps) in cases {
-        check(&da, &db, 0, &steps, Target::interpreter()).unwrap();
+        check(&da, &db, 0, &steps, backend).unwrap();
     }
 }

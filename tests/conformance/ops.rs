@@ -1,0 +1,268 @@
+//! Op-by-op conformance: every op across dtypes and shapes (broadcasts, non-contiguous views, sizes that
+//! are not multiples of a workgroup, empty and size-1 dims), and NaN/Inf propagation.
+
+use kiln::graph::{compile, Backend, CpuReference, DType, Result, Tensor, TensorData};
+use std::rc::Rc;
+
+/// A deterministic tensor: `dims`, `dtype`, values from `gen(i)` (rounded to the dtype).
+pub fn t(dims: &[usize], dtype: DType, gen: impl Fn(usize) -> f64) -> Tensor {
+    let n: usize = dims.iter().product();
+    Tensor::from_data(TensorData::from_f64((0..n).map(gen).collect(), dims, dtype).expect("sizes match"))
+}
+
+/// Values in about [-3, 3], distinct, with a sprinkle of exact zeros.
+pub fn wave(i: usize) -> f64 {
+    if i % 11 == 5 {
+        0.0
+    } else {
+        ((i as f64) * 0.7371).sin() * 3.0
+    }
+}
+
+/// Tolerance for a dtype: 1e-5 relative for f32 and integers, 1e-2 for half types; `scale` widens it
+/// for reductions and composites, whose error grows with length.
+pub fn tol(dtype: DType, scale: f64) -> f64 {
+    match dtype {
+        DType::F16 | DType::BF16 => 1e-2 * scale,
+        _ => 1e-5 * scale,
+    }
+}
+
+fn close(got: &TensorData, want: &TensorData, tol: f64) -> std::result::Result<(), String> {
+    if got.dims() != want.dims() || got.dtype() != want.dtype() {
+        return Err(format!("got {} {:?}, want {} {:?}", got.dtype(), got.dims(), want.dtype(), want.dims()));
+    }
+    for (i, (g, w)) in got.values().iter().zip(want.values()).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * (1.0 + w.abs());
+        if !ok {
+            return Err(format!("element {i}: got {g}, want {w}"));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` on `inputs` through `backend` and through the reference, and compares.
+pub fn case(
+    backend: &Rc<dyn Backend>,
+    name: &str,
+    inputs: &[Tensor],
+    tol: f64,
+    f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+) {
+    let want = compile(|x: Vec<Tensor>| f(&x)).backend(CpuReference).call(inputs.to_vec());
+    let got = compile(|x: Vec<Tensor>| f(&x)).backend(backend.clone()).call_explained(inputs.to_vec());
+    let want = want.unwrap_or_else(|e| panic!("{name}: the reference failed: {e}"));
+    let (got, ex) = got.unwrap_or_else(|e| panic!("{name}: {} failed: {e}", backend.name()));
+    assert_eq!(got.len(), want.len());
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        if let Err(msg) = close(&g.to_data().unwrap(), &w.to_data().unwrap(), tol) {
+            panic!("{name}, output {k} on {}: {msg}\n{ex}", backend.name());
+        }
+    }
+}
+
+const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// Every op, over the dtypes it accepts.
+pub fn every_op(b: &Rc<dyn Backend>) {
+    use kiln::graph::ir::UnaryOp as U;
+    let unary: [(U, fn(&Tensor) -> Result<Tensor>); 17] = [
+        (U::Neg, |x| x.neg()),
+        (U::Abs, |x| x.abs()),
+        (U::Exp, |x| x.exp()),
+        (U::Log, |x| x.log()),
+        (U::Sqrt, |x| x.sqrt()),
+        (U::Rsqrt, |x| x.rsqrt()),
+        (U::Sin, |x| x.sin()),
+        (U::Cos, |x| x.cos()),
+        (U::Tanh, |x| x.tanh()),
+        (U::Sigmoid, |x| x.sigmoid()),
+        (U::Erf, |x| x.erf()),
+        (U::Relu, |x| x.relu()),
+        (U::Reciprocal, |x| x.reciprocal()),
+        (U::Floor, |x| x.floor()),
+        (U::Ceil, |x| x.ceil()),
+        (U::Round, |x| x.round()),
+        (U::IsNan, |x| x.isnan()),
+    ];
+    for d in FLOATS {
+        // 37 elements: not a multiple of any workgroup size; includes zeros and negatives.
+        let x = t(&[37], d, wave);
+        for (op, f) in unary {
+            case(b, &format!("{} {d}", op.name()), std::slice::from_ref(&x), tol(d, 1.0), |v| Ok(vec![f(&v[0])?]));
+        }
+        // On a transposed (non-contiguous) view, with a broadcast operand.
+        let m = t(&[5, 7], d, wave);
+        let row = t(&[5], d, |i| i as f64 - 2.0);
+        case(b, &format!("binary on views {d}"), &[m, row], tol(d, 1.0), |v| {
+            let mt = v[0].transpose(0, 1)?;
+            Ok(vec![
+                mt.add(&v[1])?,
+                mt.sub(&v[1])?,
+                mt.mul(&v[1])?,
+                mt.div(&v[1].add(10.0)?)?,
+                mt.abs()?.pow(&v[1])?,
+                mt.maximum(&v[1])?,
+                mt.minimum(&v[1])?,
+                mt.lt(&v[1])?,
+                mt.ge(&v[1])?,
+                mt.eq(&v[1])?,
+                mt.gt(&v[1])?.where_(&mt, &v[1])?,
+            ])
+        });
+    }
+    for d in [DType::I32, DType::I64] {
+        let x = t(&[3, 13], d, |i| (i as f64 * 7.0) % 23.0 - 11.0);
+        let y = t(&[13], d, |i| (i % 5) as f64 + 1.0);
+        case(b, &format!("integer ops {d}"), &[x, y], 0.0, |v| {
+            Ok(vec![
+                v[0].neg()?,
+                v[0].abs()?,
+                v[0].relu()?,
+                v[0].add(&v[1])?,
+                v[0].mul(&v[1])?,
+                v[0].div(&v[1])?,
+                v[0].maximum(&v[1])?,
+                v[0].le(&v[1])?,
+                v[0].sum(&[1], false)?,
+                v[0].max(&[0], true)?,
+                v[0].argmin(1, false)?,
+            ])
+        });
+    }
+    let p = t(&[6], DType::Bool, |i| (i % 2) as f64);
+    let q = t(&[6], DType::Bool, |i| (i % 3 == 0) as u8 as f64);
+    case(b, "bool ops", &[p, q], 0.0, |v| {
+        Ok(vec![v[0].logical_not()?, v[0].logical_and(&v[1])?, v[0].logical_or(&v[1])?, v[0].sum(&[], false)?])
+    });
+    // Casts between every pair of dtypes.
+    for from in kiln::DType::ALL {
+        let x = t(&[9], from, |i| wave(i) * 2.0);
+        case(b, &format!("casts from {from}"), std::slice::from_ref(&x), tol(DType::BF16, 1.0), |v| {
+            kiln::DType::ALL.iter().map(|&to| v[0].cast(to)).collect()
+        });
+    }
+    for d in FLOATS {
+        let x = t(&[7, 33], d, wave);
+        let s = if d == DType::F32 { 10.0 } else { 2.0 };
+        case(b, &format!("reductions {d}"), std::slice::from_ref(&x), tol(d, s), |v| {
+            let x = &v[0];
+            Ok(vec![
+                x.sum(&[1], false)?,
+                x.sum(&[0], true)?,
+                x.sum(&[], false)?,
+                x.max(&[-1], false)?,
+                x.min(&[0], false)?,
+                x.mean(&[1], true)?,
+                x.var(&[1], 1, false)?,
+                x.argmax(1, false)?,
+                x.argmin(0, true)?,
+                x.transpose(0, 1)?.sum(&[1], false)?,
+            ])
+        });
+        case(
+            b,
+            &format!("composites {d}"),
+            &[x.clone(), t(&[33], d, |i| 1.0 + 0.01 * i as f64), t(&[33], d, |i| 0.1 * i as f64)],
+            tol(d, s),
+            |v| {
+                let x = &v[0];
+                let w = t(&[4, 33], d, |i| wave(i + 3) * 0.2);
+                Ok(vec![
+                    x.softmax(-1)?,
+                    x.softmax(0)?,
+                    x.log_softmax(1)?,
+                    x.layer_norm(1, Some(&v[1]), Some(&v[2]), 1e-5)?,
+                    x.gelu()?,
+                    x.gelu_tanh()?,
+                    x.silu()?,
+                    x.linear(&w, Some(&t(&[4], d, |i| i as f64)))?,
+                    x.narrow(1, 0, 7)?.causal_mask()?.softmax(-1)?,
+                ])
+            },
+        );
+    }
+    let x = t(&[2, 3, 4], DType::F32, wave);
+    let idx = t(&[5], DType::I64, |i| ((i * 2) % 3) as f64);
+    let gidx = t(&[2, 3, 2], DType::I64, |i| (i % 4) as f64);
+    case(b, "layout", &[x, idx, gidx], 0.0, |v| {
+        let x = &v[0];
+        Ok(vec![
+            x.reshape(&[4, -1])?,
+            x.permute(&[2, 0, 1])?,
+            x.unsqueeze(1)?.expand(&[2, 3, 3, 4])?,
+            x.slice(2, 1, None, 2)?,
+            x.slice(1, -2, Some(3), 1)?,
+            Tensor::concat(&[x, &x.mul(2.0)?, x], 1)?,
+            x.pad(&[(1, 0), (0, 2), (2, 1)], -1.5)?,
+            x.index_select(1, &v[1])?,
+            x.gather(2, &v[2])?,
+            x.transpose(0, 2)?.reshape(&[-1])?.add(1.0)?,
+            Tensor::arange(0.0, 10.0, 1.5, DType::F32)?,
+            Tensor::full(2.5, &[3, 2], DType::F32)?,
+        ])
+    });
+    for d in [DType::F32, DType::F16, DType::I32] {
+        let a = t(&[2, 1, 3, 5], d, |i| wave(i).round());
+        let c = t(&[4, 5, 6], d, |i| wave(i + 1).round());
+        case(b, &format!("matmul {d}"), &[a, c], tol(d, 10.0), |v| {
+            let (a, c) = (&v[0], &v[1]);
+            let vec5 = a.narrow(3, 0, 5)?.reshape(&[-1])?.narrow(0, 0, 5)?;
+            Ok(vec![
+                a.matmul(c)?,
+                a.matmul(&vec5)?,
+                vec5.matmul(c)?,
+                vec5.matmul(&vec5)?,
+                c.transpose(1, 2)?.matmul(c)?.relu()?,
+            ])
+        });
+    }
+}
+
+/// Empty and size-1 dims, NaN and Inf, and (when `big`) grids past 65535 workgroups. `ieee_nan`: the
+/// backend promises IEEE NaN/Inf through plain arithmetic (WGSL does not: its spec lets drivers assume
+/// NaN and Inf never occur, so there only kiln's NaN-aware ops are checked).
+pub fn edge_cases(b: &Rc<dyn Backend>, big: bool, ieee_nan: bool) {
+    let empty = t(&[0, 5], DType::F32, wave);
+    case(b, "empty tensors", &[empty], 0.0, |v| {
+        Ok(vec![v[0].add(1.0)?, v[0].sum(&[0], false)?, v[0].exp()?.transpose(0, 1)?])
+    });
+    let ones = t(&[1, 1, 3], DType::F32, wave);
+    case(b, "size-1 dims", &[ones], 1e-5, |v| {
+        Ok(vec![
+            v[0].sum(&[0, 1], false)?,
+            v[0].softmax(0)?,
+            v[0].expand(&[2, 4, 3])?.mul(&v[0])?,
+            v[0].squeeze(0)?.matmul(&v[0].reshape(&[3, 1])?)?,
+        ])
+    });
+    let special = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1.0, -1.0, 3e38];
+    let s = t(&[8], DType::F32, |i| special[i]);
+    case(b, "NaN-aware ops", std::slice::from_ref(&s), 1e-5, |v| {
+        let x = &v[0];
+        Ok(vec![
+            x.maximum(1.0)?,
+            x.minimum(1.0)?,
+            x.relu()?,
+            x.tanh()?,
+            x.erf()?,
+            x.isnan()?,
+            x.max(&[], false)?,
+            x.min(&[], false)?,
+            x.argmax(0, false)?,
+            x.narrow(0, 1, 7)?.exp()?,
+            x.narrow(0, 1, 7)?.mul(10.0)?,
+        ])
+    });
+    if ieee_nan {
+        case(b, "NaN and Inf through arithmetic", &[s], 1e-5, |v| {
+            let x = &v[0];
+            Ok(vec![x.exp()?, x.sub(x)?, x.mul(0.0)?, x.sigmoid()?, x.sum(&[], false)?, x.narrow(0, 1, 7)?.softmax(0)?])
+        });
+    }
+    if big {
+        // 70,000 rows of a row kernel: one workgroup per row, more than one grid dimension holds.
+        let x = t(&[70_000, 64], DType::F32, wave);
+        case(b, "grid past 65535 workgroups", &[x], 1e-5, |v| Ok(vec![v[0].softmax(-1)?]));
+    }
+}

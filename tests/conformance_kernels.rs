@@ -1,0 +1,10 @@
+//! The conformance suite on the CPU kernel interpreter: the whole compiler pipeline, no GPU.
+
+mod conformance;
+
+conformance_suite!(
+    Some(std::rc::Rc::new(kiln::graph::KernelInterpreter::default())),
+    random_cases = 1000,
+    big = false,
+    ieee_nan = true
+);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# kiln's test command: every unit, integration, property and doc test of the workspace.
+# kiln's test command: every unit, integration, conformance (CPU kernels and wgpu), property and doc test.
 # Installs what it needs (idempotently) so it works on a fresh machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/deps.sh
 cargo test --workspace --locked "$@"

@@ -361,7 +361,7 @@ impl<'k> Writer<'k> {
         value: VarId,
     ) {
         let ty = self.ty(dtype);
-        let (n, j) = (self.expr(extent), sym(*&s));
+        let (n, j) = (self.expr(extent), sym(s));
         let t = self.k.launch.threads;
         let arg = matches!(op, KReduceOp::ArgMax | KReduceOp::ArgMin);
         let acc = format!("acc{}", out.0);

@@ -116,7 +116,7 @@ impl Gpu {
         )
     }
 
-    fn pipeline(&self, kernel: &Kernel) -> Result<(Rc<wgpu::ComputePipeline>, Vec<Storage>, bool)> {
+    async fn pipeline(&self, kernel: &Kernel) -> Result<(Rc<wgpu::ComputePipeline>, Vec<Storage>, bool)> {
         let shader = render(kernel, self.f16).map_err(|e| err(e.to_string()))?;
         if let Some(p) = self.pipelines.borrow().get(&shader.source) {
             return Ok((p.clone(), shader.storage, shader.uses_symbols));
@@ -135,7 +135,7 @@ impl Gpu {
             compilation_options: Default::default(),
             cache: None,
         });
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = scope.pop().await {
             let numbered: String =
                 shader.source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
             return Err(err(format!("kernel {}: the device rejected the shader: {e}\n{numbered}", kernel.name)));
@@ -158,9 +158,15 @@ impl Gpu {
         Ok((x as u32, y as u32, z as u32))
     }
 
-    /// Runs a compiled graph: uploads `inputs`, launches every kernel in one submission, reads the outputs.
+    /// Blocking [`Gpu::run_async`] for native code.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn run(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
+        pollster::block_on(self.run_async(c, inputs))
+    }
+
+    /// Runs a compiled graph: uploads `inputs`, launches every kernel in one submission, reads the outputs.
+    /// Asynchronous underneath, so the same code serves the browser, which cannot block.
+    pub async fn run_async(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
         let bindings = c.bindings(inputs)?;
         let g = &c.primitive.graph;
         // Device bytes per plan buffer: the widest value placed in it, in its device layout.
@@ -193,7 +199,7 @@ impl Gpu {
                 })
             })
             .collect();
-        if let Some(e) = pollster::block_on(oom.pop()) {
+        if let Some(e) = oom.pop().await {
             return Err(err(format!("out of device memory allocating {} bytes: {e}", sizes.iter().sum::<u64>())));
         }
         for (gi, data) in g.inputs.iter().zip(inputs) {
@@ -211,7 +217,7 @@ impl Gpu {
             if groups == 0 {
                 continue;
             }
-            let (pipeline, _storage, uses_symbols) = self.pipeline(kernel)?;
+            let (pipeline, _storage, uses_symbols) = self.pipeline(kernel).await?;
             let mut entries: Vec<wgpu::BindGroupEntry> = kernel
                 .buffers
                 .iter()
@@ -254,16 +260,22 @@ impl Gpu {
             staging.push(s);
         }
         self.queue.submit([encoder.finish()]);
-        let mut out = Vec::with_capacity(staging.len());
-        for (o, s) in g.outputs.iter().zip(&staging) {
+        let mut pending = Vec::with_capacity(staging.len());
+        for s in &staging {
             let (tx, rx) = futures_channel::oneshot::channel();
             s.map_async(wgpu::MapMode::Read, .., move |r| {
                 let _ = tx.send(r);
             });
-            self.device
-                .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
-                .map_err(|e| err(format!("waiting for the device: {e}")))?;
-            pollster::block_on(rx)
+            pending.push(rx);
+        }
+        // Native code drives the device here; in a browser the event loop does.
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map_err(|e| err(format!("waiting for the device: {e}")))?;
+        let mut out = Vec::with_capacity(staging.len());
+        for ((o, s), rx) in g.outputs.iter().zip(&staging).zip(pending) {
+            rx.await
                 .map_err(|_| err("the device was lost before readback"))?
                 .map_err(|e| err(format!("reading back: {e}")))?;
             let node = g.node(*o);
@@ -305,6 +317,11 @@ impl WgpuBackend {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self> {
         Ok(WgpuBackend { gpu: Rc::new(Gpu::new()?) })
+    }
+
+    /// Opens the best adapter without blocking (the browser's way).
+    pub async fn new_async() -> Result<Self> {
+        Ok(WgpuBackend { gpu: Rc::new(Gpu::new_async().await?) })
     }
 
     /// The device.

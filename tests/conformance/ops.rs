@@ -61,12 +61,15 @@ pub fn case(
     }
 }
 
+/// A unary op as a plain function.
+type UnaryFn = fn(&Tensor) -> Result<Tensor>;
+
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// Every op, over the dtypes it accepts.
 pub fn every_op(b: &Rc<dyn Backend>) {
     use kiln::graph::ir::UnaryOp as U;
-    let unary: [(U, fn(&Tensor) -> Result<Tensor>); 17] = [
+    let unary: [(U, UnaryFn); 17] = [
         (U::Neg, |x| x.neg()),
         (U::Abs, |x| x.abs()),
         (U::Exp, |x| x.exp()),

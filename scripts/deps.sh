@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs, idempotently, what kiln's scripts need beyond a Rust toolchain, and sets the environment.
+# Sourced by main.sh, test.sh and .ci/run.
+#   - Mesa's Vulkan drivers (lavapipe): a real Vulkan adapter on machines without a GPU, so the WGSL
+#     backend runs for real everywhere.
+#   - the wasm32 target, to check that the graph and WGSL crates build for browsers.
+
+missing=()
+for pkg in mesa-vulkan-drivers libvulkan1; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo="sudo"
+  echo "installing ${missing[*]} (Vulkan on any machine, lavapipe where there is no GPU)" >&2
+  $sudo apt-get update -qq >/dev/null 2>&1 || true
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if command -v rustup >/dev/null 2>&1; then
+  rustup target list --installed 2>/dev/null | grep -q '^wasm32-unknown-unknown$' \
+    || rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
+fi
+# Mesa warns when this is unset or shared; a private 0700 directory keeps logs clean.
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
+  XDG_RUNTIME_DIR="$(mktemp -d)"
+  chmod 700 "$XDG_RUNTIME_DIR"
+  export XDG_RUNTIME_DIR
+fi

@@ -5,3 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 cargo test --workspace --locked "$@"
+# Name the adapter the wgpu tests ran on.
+cargo run -q --locked --example backends

@@ -1,8 +1,10 @@
+//! W1, softmax, layer norm, matmul and argmax at small sizes on wgpu, against the reference.
+
 use kiln_graph::{compile, CpuReference, Tensor};
 use kiln_wgsl::WgpuBackend;
 
 #[test]
-fn smoke() {
+fn workloads_match_the_reference_on_wgpu() {
     let backend = WgpuBackend::new().unwrap();
     eprintln!("adapter: {}", backend.gpu().describe());
     let x = Tensor::from_slice(&(0..1000).map(|i| (i as f32 - 500.0) / 100.0).collect::<Vec<_>>(), &[10, 100]).unwrap();

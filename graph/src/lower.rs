@@ -515,8 +515,13 @@ fn pointwise(mut l: Lowerer, region: &Region) -> Result<Kernel, LowerFailure> {
 /// The widest vector access every load and store of a pointwise loop allows: all indices must be the loop
 /// variable itself or independent of it, and the trip count a multiple of the width.
 fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymId, n: &Expr) -> u32 {
+    // 64-bit integers are not vectorised: several targets hold them as pairs of words.
+    if buffers.iter().any(|b| b.dtype == DType::I64) {
+        return 1;
+    }
     let narrowest = buffers.iter().map(|b| b.dtype.size_bytes() as u32).min().unwrap_or(4).max(1);
-    let mut width = (target.max_vector_bytes / narrowest).clamp(1, 8);
+    // Four lanes: the widest vector WGSL has, and PTX's widest for 32-bit elements.
+    let mut width = (target.max_vector_bytes / narrowest).clamp(1, 4);
     let unit = Expr::sym(i);
     let ok = |e: &Expr| *e == unit || !e.symbols().contains(&i);
     let mut fits = true;

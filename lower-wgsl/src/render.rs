@@ -45,6 +45,12 @@ struct Writer<'k> {
     single_thread_stores: bool,
     red_types: std::collections::BTreeSet<&'static str>,
     error: Option<String>,
+    /// Inside a vectorised loop: the lane being written and the loop variable.
+    lane: Option<(u32, SymId)>,
+    /// Variables defined inside the vectorised loop body (named per lane).
+    lane_vars: std::collections::HashSet<VarId>,
+    /// Buffers bound as arrays of vectors (accessed `vector_width` elements at a time).
+    vector_buffers: std::collections::HashSet<usize>,
 }
 
 fn float_literal(v: f64) -> String {
@@ -128,7 +134,22 @@ impl<'k> Writer<'k> {
     }
 
     fn var(&self, v: VarId) -> String {
-        format!("v{}", v.0)
+        match self.lane {
+            Some((l, _)) if self.lane_vars.contains(&v) => format!("v{}_{l}", v.0),
+            _ => format!("v{}", v.0),
+        }
+    }
+
+    /// The element at `idx` of a buffer bound as vectors.
+    fn vector_element(&mut self, buffer: usize, index: &Expr) -> String {
+        let w = self.k.vector_width as i64;
+        if let Some((l, i)) = self.lane {
+            if *index == Expr::sym(i) {
+                return format!("q{buffer}[{l}]");
+            }
+        }
+        let e = self.expr(index);
+        format!("b{buffer}[({e}) / {w}i][({e}) % {w}i]")
     }
 
     fn dtype_of(&self, v: VarId) -> DType {
@@ -136,6 +157,11 @@ impl<'k> Writer<'k> {
     }
 
     fn load(&mut self, buffer: usize, index: &Expr) -> (String, DType) {
+        if self.vector_buffers.contains(&buffer) {
+            let el = self.vector_element(buffer, index);
+            let raw = if self.storage[buffer] == Storage::BoolU32 { format!("({el} != 0u)") } else { el };
+            return (raw, self.k.buffers[buffer].dtype);
+        }
         let idx = self.expr(index);
         let b = &self.k.buffers[buffer];
         let raw = match self.storage[buffer] {
@@ -242,10 +268,22 @@ impl<'k> Writer<'k> {
     }
 
     fn store(&mut self, depth: usize, buffer: usize, index: &Expr, value: VarId) {
-        let idx = self.expr(index);
         let from = self.dtype_of(value);
         let to = self.k.buffers[buffer].dtype;
         let v = self.convert(&self.var(value), from, to);
+        if let (true, Some((l, i))) = (self.vector_buffers.contains(&buffer), self.lane) {
+            if *index == Expr::sym(i) {
+                // Collected per lane; the vectorised loop writes the whole vector after the last lane.
+                let v = match self.storage[buffer] {
+                    Storage::BoolU32 => format!("select(0u, 1u, {v})"),
+                    Storage::F16 => format!("f16({v})"),
+                    _ => v,
+                };
+                self.line(depth, &format!("let out{buffer}_{l} = {v};"));
+                return;
+            }
+        }
+        let idx = self.expr(index);
         let text = match self.storage[buffer] {
             Storage::I64Pairs => format!(
                 "{{ let x = {v}; b{buffer}[2i * ({idx})] = x; b{buffer}[2i * ({idx}) + 1i] = select(0i, -1i, x < 0i); }}"
@@ -309,8 +347,8 @@ impl<'k> Writer<'k> {
             Stmt::Let { var, dtype, value } => {
                 self.var_dtype.insert(*var, *dtype);
                 let rhs = self.scalar(*dtype, value);
-                let ty = self.ty(*dtype);
-                self.line(depth, &format!("let v{}: {ty} = {rhs};", var.0));
+                let (ty, name) = (self.ty(*dtype), self.var(*var));
+                self.line(depth, &format!("let {name}: {ty} = {rhs};"));
             }
             Stmt::BindIndex { sym: s, var, bound } => {
                 let b = self.expr(bound);
@@ -318,6 +356,9 @@ impl<'k> Writer<'k> {
                 self.line(depth, &format!("let {} = clamp({v}, 0i, max({b} - 1i, 0i));", sym(*s)));
             }
             Stmt::Store { buffer, index, value } => self.store(depth, *buffer, index, *value),
+            Stmt::Loop { sym: s, extent, mode: LoopMode::Global, body } if self.k.vector_width > 1 => {
+                self.vector_loop(depth, *s, extent, body)
+            }
             Stmt::Loop { sym: s, extent, mode, body } => {
                 let (n, i) = (self.expr(extent), sym(*s));
                 let t = self.k.launch.threads;
@@ -345,6 +386,52 @@ impl<'k> Writer<'k> {
             }
             Stmt::MatMul(m) => self.matmul(depth, m),
         }
+    }
+
+    /// A `Global` loop `vector_width` iterations at a time: one vector load per buffer read at the loop
+    /// index, the scalar body once per lane, one vector store per buffer written at the loop index.
+    fn vector_loop(&mut self, depth: usize, s: SymId, extent: &Expr, body: &[Stmt]) {
+        let w = self.k.vector_width;
+        let t = self.k.launch.threads;
+        let n = self.expr(extent);
+        let iv = format!("{}_v", sym(s));
+        self.line(depth, &format!("for (var {iv}: i32 = group * {t}i + local; {iv} < ({n}) / {w}i; {iv} = {iv} + ngroups * {t}i) {{"));
+        let d = depth + 1;
+        self.line(d, &format!("let {}: i32 = {iv} * {w}i;", sym(s)));
+        let at_i = |x: &Expr| *x == Expr::sym(s);
+        let mut loaded = std::collections::BTreeSet::new();
+        let mut stored = std::collections::BTreeSet::new();
+        for st in body {
+            match st {
+                Stmt::Let { var, value: Scalar::Load { buffer, index, .. }, .. } => {
+                    self.lane_vars.insert(*var);
+                    if at_i(index) {
+                        loaded.insert(*buffer);
+                    }
+                }
+                Stmt::Let { var, .. } => {
+                    self.lane_vars.insert(*var);
+                }
+                Stmt::Store { buffer, index, .. } if at_i(index) => {
+                    stored.insert(*buffer);
+                }
+                _ => {}
+            }
+        }
+        for b in &loaded {
+            self.line(d, &format!("let q{b} = b{b}[{iv}];"));
+        }
+        for l in 0..w {
+            self.lane = Some((l, s));
+            self.block(d, body);
+        }
+        self.lane = None;
+        for b in &stored {
+            let parts: Vec<String> = (0..w).map(|l| format!("out{b}_{l}")).collect();
+            let ty = format!("vec{w}<{}>", self.storage[*b].wgsl_element());
+            self.line(d, &format!("b{b}[{iv}] = {ty}({});", parts.join(", ")));
+        }
+        self.line(depth, "}");
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -480,6 +567,31 @@ fn sym(s: SymId) -> String {
     }
 }
 
+/// Buffers a vectorised kernel accesses at its `Global` loop's index: they are bound as arrays of vectors.
+/// Every other buffer (a broadcast operand read at a fixed index) stays scalar, since its length need not
+/// be a multiple of the vector width.
+fn vectorised_buffers(kernel: &Kernel) -> std::collections::HashSet<usize> {
+    let mut out = std::collections::HashSet::new();
+    if kernel.vector_width <= 1 {
+        return out;
+    }
+    for st in &kernel.body {
+        if let Stmt::Loop { sym: s, mode: LoopMode::Global, body, .. } = st {
+            for b in body {
+                match b {
+                    Stmt::Let { value: Scalar::Load { buffer, index, .. }, .. } | Stmt::Store { buffer, index, .. }
+                        if *index == Expr::sym(*s) =>
+                    {
+                        out.insert(*buffer);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Renders `kernel` to WGSL for a device with (`f16`) or without native f16.
 pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     let storage: Vec<Storage> = kernel.buffers.iter().map(|b| Storage::of(b.dtype, f16)).collect();
@@ -492,6 +604,9 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         single_thread_stores: false,
         red_types: Default::default(),
         error: None,
+        lane: None,
+        lane_vars: Default::default(),
+        vector_buffers: vectorised_buffers(kernel),
     };
     w.block(1, &kernel.body);
     if let Some(msg) = w.error {
@@ -504,7 +619,12 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     let _ = writeln!(src, "// {}: generated by kiln from the kernel IR.", kernel.name);
     for (i, (b, st)) in kernel.buffers.iter().zip(&storage).enumerate() {
         let access = if b.access == Access::Read { "read" } else { "read_write" };
-        let _ = writeln!(src, "@group(0) @binding({i}) var<storage, {access}> b{i}: array<{}>;", st.wgsl_element());
+        let elem = if w.vector_buffers.contains(&i) {
+            format!("vec{}<{}>", kernel.vector_width, st.wgsl_element())
+        } else {
+            st.wgsl_element().to_string()
+        };
+        let _ = writeln!(src, "@group(0) @binding({i}) var<storage, {access}> b{i}: array<{elem}>;");
     }
     let uses_symbols = !kernel.symbols.is_empty();
     if uses_symbols {

@@ -202,6 +202,8 @@ struct Scheduler<'g> {
     regions: Vec<(RegionKind, BTreeSet<NodeId>)>,
     /// Consumers that must not join a row region (lowering found they read a reduction at another row).
     refused: BTreeSet<NodeId>,
+    /// When set, only nodes of one group (the user-level op they came from) share a region: eager mode.
+    groups: Option<&'g [NodeId]>,
 }
 
 impl<'g> Scheduler<'g> {
@@ -210,6 +212,11 @@ impl<'g> Scheduler<'g> {
     }
 
     fn fits(&self, members: &BTreeSet<NodeId>, extra: NodeId) -> bool {
+        if let (Some(g), Some(first)) = (self.groups, members.first()) {
+            if g[extra.index()] != g[first.index()] {
+                return false;
+            }
+        }
         let mut m = members.clone();
         m.insert(extra);
         buffer_count(&self.f, &m) <= self.target.max_bindings as usize
@@ -434,15 +441,36 @@ fn region_name(index: usize, kind: &RegionKind, members: &BTreeSet<NodeId>, op_n
     }
 }
 
+/// How much to fuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FusionMode {
+    /// Everything the policy allows.
+    #[default]
+    Fused,
+    /// One kernel per user-level op (a softmax is one kernel, a chain of pointwise calls is one kernel
+    /// each), intermediates in device memory: the eager baseline every speedup is measured against, as
+    /// PyTorch eager is for torch.compile.
+    PerOp,
+}
+
 /// Schedules a primitive graph into regions for `target`. `op_names[i]` names the user-level op that
-/// node `i` came from (for kernel names); `refused` lists consumers that must not join row regions.
-pub fn fuse(graph: &Graph, op_names: &[String], target: &Target, refused: &BTreeSet<NodeId>) -> Result<Fusion> {
+/// node `i` came from (for kernel names); `refused` lists consumers that must not join row regions;
+/// with `per_op`, `origin[i]` (the user-level op of node `i`) bounds every region.
+pub fn fuse(
+    graph: &Graph,
+    op_names: &[String],
+    target: &Target,
+    refused: &BTreeSet<NodeId>,
+    per_op: Option<&[NodeId]>,
+) -> Result<Fusion> {
     let mut s = Scheduler {
         f: Facts::new(graph),
         target,
         assigned: vec![None; graph.nodes.len()],
         regions: Vec::new(),
         refused: refused.clone(),
+        groups: per_op,
     };
     s.row_regions();
     s.matmul_regions();

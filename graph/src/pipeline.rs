@@ -5,7 +5,7 @@
 use crate::data::TensorData;
 use crate::decompose::{decompose, Decomposed};
 use crate::error::{Error, Result};
-use crate::fuse::{fuse, Fusion, RegionKind};
+use crate::fuse::{fuse, Fusion, FusionMode, RegionKind};
 use crate::interp::bind_symbols;
 use crate::ir::{Graph, NodeId};
 use crate::kernel::{Access, Kernel};
@@ -32,8 +32,13 @@ pub struct CompiledGraph {
     pub target: Target,
 }
 
-/// Compiles `graph` for `target`.
+/// Compiles `graph` for `target`, fusing everything the policy allows.
 pub fn compile_graph(graph: &Graph, target: &Target) -> Result<CompiledGraph> {
+    compile_graph_with(graph, target, FusionMode::Fused)
+}
+
+/// Compiles `graph` for `target` with the given fusion mode (`PerOp`: the eager baseline).
+pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> Result<CompiledGraph> {
     let decomposed = decompose(graph)?;
     // Tracing records every op the user ran; only what an output needs is compiled.
     let (live, kept) = decomposed.graph.without_dead_nodes();
@@ -41,7 +46,8 @@ pub fn compile_graph(graph: &Graph, target: &Target) -> Result<CompiledGraph> {
     let names: Vec<String> = primitive.origin.iter().map(|&o| graph.node(o).op.name().to_string()).collect();
     let mut refused = BTreeSet::new();
     loop {
-        let fusion = fuse(&primitive.graph, &names, target, &refused)?;
+        let per_op = (mode == FusionMode::PerOp).then_some(primitive.origin.as_slice());
+        let fusion = fuse(&primitive.graph, &names, target, &refused, per_op)?;
         let lowered: Result<Vec<Kernel>, LowerFailure> =
             fusion.regions.iter().map(|r| lower(&primitive.graph, r, target)).collect();
         match lowered {

@@ -118,7 +118,9 @@ impl Gpu {
 
     async fn pipeline(&self, kernel: &Kernel) -> Result<(Rc<wgpu::ComputePipeline>, Vec<Storage>, bool)> {
         let shader = render(kernel, self.f16).map_err(|e| err(e.to_string()))?;
-        if let Some(p) = self.pipelines.borrow().get(&shader.source) {
+        // Keyed by the code, not the kernel's name: identical kernels (64 equal layers) share a pipeline.
+        let key: String = shader.source.lines().filter(|l| !l.starts_with("// ")).collect::<Vec<_>>().join("\n");
+        if let Some(p) = self.pipelines.borrow().get(&key) {
             return Ok((p.clone(), shader.storage, shader.uses_symbols));
         }
         validate(&kernel.name, &shader.source).map_err(|e| err(e.to_string()))?;
@@ -141,7 +143,7 @@ impl Gpu {
             return Err(err(format!("kernel {}: the device rejected the shader: {e}\n{numbered}", kernel.name)));
         }
         let p = Rc::new(pipeline);
-        self.pipelines.borrow_mut().insert(shader.source, p.clone());
+        self.pipelines.borrow_mut().insert(key, p.clone());
         Ok((p, shader.storage, shader.uses_symbols))
     }
 
@@ -167,49 +169,47 @@ impl Gpu {
     /// Runs a compiled graph: uploads `inputs`, launches every kernel in one submission, reads the outputs.
     /// Asynchronous underneath, so the same code serves the browser, which cannot block.
     pub async fn run_async(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
+        let prepared = self.prepare(c, inputs).await?;
+        self.launch(&prepared);
+        self.read(&prepared).await
+    }
+
+    /// Binds a compiled graph to device memory: buffers from the plan, inputs uploaded, one pipeline per
+    /// distinct shader, bind groups made once. [`Gpu::launch`] then replays it as one submission.
+    pub async fn prepare(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Prepared> {
         let bindings = c.bindings(inputs)?;
         let g = &c.primitive.graph;
-        // Device bytes per plan buffer: the widest value placed in it, in its device layout.
-        let mut sizes = vec![4u64; c.plan.buffers.len()];
+        // Device bytes per plan buffer: the widest value placed in it, in its device layout (a multiple of
+        // 16 so vector bindings cover whole vectors).
+        let mut sizes = vec![16u64; c.plan.buffers.len()];
         let mut place = |node: kiln_graph::NodeId, dtype, len: usize| -> Result<()> {
             let b = *c.plan.value_buffer.get(&node).ok_or_else(|| err(format!("{node} has no buffer")))?;
             let bytes = Storage::of(dtype, self.f16).bytes(len) as u64;
-            sizes[b] = sizes[b].max(bytes.div_ceil(4) * 4);
+            sizes[b] = sizes[b].max(bytes.div_ceil(16) * 16);
             Ok(())
         };
         for gi in &g.inputs {
             let n = g.node(gi.node);
             place(gi.node, n.dtype, n.shape.eval(&bindings)?.iter().product())?;
         }
+        let mut bytes_moved = 0u64;
         for k in &c.kernels {
             for b in &k.buffers {
-                place(b.node, b.dtype, b.len.eval(&bindings)?.max(0) as usize)?;
+                let len = b.len.eval(&bindings)?.max(0) as usize;
+                place(b.node, b.dtype, len)?;
+                bytes_moved += (len * b.dtype.size_bytes()) as u64;
             }
         }
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         let buffers: Vec<wgpu::Buffer> = sizes
             .iter()
-            .map(|&size| {
-                self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: None,
-                    size,
-                    usage,
-                    mapped_at_creation: false,
-                })
-            })
+            .map(|&size| self.device.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage, mapped_at_creation: false }))
             .collect();
         if let Some(e) = oom.pop().await {
             return Err(err(format!("out of device memory allocating {} bytes: {e}", sizes.iter().sum::<u64>())));
         }
-        for (gi, data) in g.inputs.iter().zip(inputs) {
-            let mut bytes = Storage::of(data.dtype(), self.f16).encode(data);
-            bytes.resize(bytes.len().div_ceil(4) * 4, 0);
-            if !bytes.is_empty() {
-                self.queue.write_buffer(&buffers[c.plan.value_buffer[&gi.node]], 0, &bytes);
-            }
-        }
-        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
+        let mut dispatches = Vec::new();
         let mut uniforms = Vec::new();
         for &ki in &c.plan.launches {
             let kernel = &c.kernels[ki];
@@ -239,24 +239,65 @@ impl Gpu {
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             });
-            let (x, y, z) = self.grid(groups)?;
-            let mut pass = encoder
-                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&kernel.name), timestamp_writes: None });
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &bind, &[]);
-            pass.dispatch_workgroups(x, y, z);
+            dispatches.push(Dispatch { name: kernel.name.clone(), pipeline, bind, grid: self.grid(groups)? });
         }
-        let mut staging = Vec::new();
+        let mut outputs = Vec::new();
         for o in &g.outputs {
-            let b =
-                c.plan.value_buffer.get(o).ok_or_else(|| err(format!("output {o} was not written by any kernel")))?;
+            let b = *c.plan.value_buffer.get(o).ok_or_else(|| err(format!("output {o} was not written by any kernel")))?;
+            let node = g.node(*o);
+            outputs.push((b, node.shape.eval(&bindings)?, node.dtype));
+        }
+        let prepared = Prepared { buffers, sizes, dispatches, _uniforms: uniforms, outputs, bytes_moved };
+        let input_buffers: Vec<usize> = g.inputs.iter().map(|gi| c.plan.value_buffer[&gi.node]).collect();
+        for (b, data) in input_buffers.into_iter().zip(inputs) {
+            self.upload(&prepared, b, data);
+        }
+        Ok(prepared)
+    }
+
+    /// Writes host data into plan buffer `buffer` of a prepared graph.
+    pub fn upload(&self, p: &Prepared, buffer: usize, data: &TensorData) {
+        let mut bytes = Storage::of(data.dtype(), self.f16).encode(data);
+        bytes.resize(bytes.len().div_ceil(4) * 4, 0);
+        if !bytes.is_empty() {
+            self.queue.write_buffer(&p.buffers[buffer], 0, &bytes);
+        }
+    }
+
+    /// Records every kernel of a prepared graph into one command buffer and submits it.
+    pub fn launch(&self, p: &Prepared) {
+        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
+        for d in &p.dispatches {
+            let mut pass =
+                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&d.name), timestamp_writes: None });
+            pass.set_pipeline(&d.pipeline);
+            pass.set_bind_group(0, &d.bind, &[]);
+            pass.dispatch_workgroups(d.grid.0, d.grid.1, d.grid.2);
+        }
+        self.queue.submit([encoder.finish()]);
+    }
+
+    /// Blocks until every submitted launch has finished (native only; a browser awaits readback instead).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map(|_| ())
+            .map_err(|e| err(format!("waiting for the device: {e}")))
+    }
+
+    /// Reads a prepared graph's outputs back to the host.
+    pub async fn read(&self, p: &Prepared) -> Result<Vec<TensorData>> {
+        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        let mut staging = Vec::new();
+        for &(b, _, _) in &p.outputs {
             let s = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("readback"),
-                size: sizes[*b],
+                size: p.sizes[b],
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             });
-            encoder.copy_buffer_to_buffer(&buffers[*b], 0, &s, 0, sizes[*b]);
+            encoder.copy_buffer_to_buffer(&p.buffers[b], 0, &s, 0, p.sizes[b]);
             staging.push(s);
         }
         self.queue.submit([encoder.finish()]);
@@ -270,18 +311,12 @@ impl Gpu {
         }
         // Native code drives the device here; in a browser the event loop does.
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
-            .map_err(|e| err(format!("waiting for the device: {e}")))?;
+        self.wait()?;
         let mut out = Vec::with_capacity(staging.len());
-        for ((o, s), rx) in g.outputs.iter().zip(&staging).zip(pending) {
-            rx.await
-                .map_err(|_| err("the device was lost before readback"))?
-                .map_err(|e| err(format!("reading back: {e}")))?;
-            let node = g.node(*o);
-            let dims = node.shape.eval(&bindings)?;
+        for ((s, rx), (_, dims, dtype)) in staging.iter().zip(pending).zip(&p.outputs) {
+            rx.await.map_err(|_| err("the device was lost before readback"))?.map_err(|e| err(format!("reading back: {e}")))?;
             let view = s.get_mapped_range(..).map_err(|e| err(format!("reading back: {e}")))?;
-            out.push(Storage::of(node.dtype, self.f16).decode(&view, &dims, node.dtype)?);
+            out.push(Storage::of(*dtype, self.f16).decode(&view, dims, *dtype)?);
         }
         Ok(out)
     }
@@ -303,6 +338,32 @@ impl Gpu {
         });
         self.queue.write_buffer(&buf, 0, &bytes);
         Ok(buf)
+    }
+}
+
+struct Dispatch {
+    name: String,
+    pipeline: Rc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    grid: (u32, u32, u32),
+}
+
+/// A compiled graph bound to device memory, ready to launch again and again (the reduce-overhead mode of
+/// wgpu: one pre-built submission, bind groups made once).
+pub struct Prepared {
+    buffers: Vec<wgpu::Buffer>,
+    sizes: Vec<u64>,
+    dispatches: Vec<Dispatch>,
+    _uniforms: Vec<wgpu::Buffer>,
+    outputs: Vec<(usize, Vec<usize>, kiln_graph::DType)>,
+    /// Bytes every launch reads and writes (each kernel's buffers, in their dtypes).
+    pub bytes_moved: u64,
+}
+
+impl Prepared {
+    /// Kernel launches per run.
+    pub fn launches(&self) -> usize {
+        self.dispatches.len()
     }
 }
 

@@ -1,0 +1,98 @@
+//! kiln-bench: runs the workloads on the backends it finds, proves each result against the CPU reference
+//! before timing it, and reports medians, achieved bandwidth as a fraction of a copy kernel measured in the
+//! same run, kernel counts and compile times, as JSON (`kiln-bench/1`) and Markdown.
+
+mod report;
+mod wgpu_timing;
+mod workloads;
+
+use clap::Parser;
+use report::Report;
+use std::path::PathBuf;
+
+/// Command line.
+#[derive(Parser, Debug)]
+#[command(version, about = "kiln's headless bench")]
+pub struct Cli {
+    /// `best` (CUDA, else any wgpu adapter, else the CPU reference), `all`, `wgpu` or `cpu`.
+    #[arg(long, default_value = "best")]
+    backend: String,
+    /// Workloads to run, e.g. `W1,W3` (default: all).
+    #[arg(long, value_delimiter = ',')]
+    workload: Vec<String>,
+    /// Small sizes, for CI and first runs.
+    #[arg(long)]
+    quick: bool,
+    /// Timed runs per measurement (after warm-up); the median is reported.
+    #[arg(long, default_value_t = 20)]
+    repeat: usize,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the Markdown report here.
+    #[arg(long)]
+    md: Option<PathBuf>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(report) => {
+            let failed = report.results.iter().any(|r| !r.correct);
+            println!("{}", report.markdown());
+            if failed {
+                eprintln!("kiln-bench: a result disagreed with the reference (see max_rel_err)");
+                std::process::exit(1);
+            }
+        }
+        Err(e) => {
+            eprintln!("kiln-bench: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn run(cli: &Cli) -> kiln::Result<Report> {
+    let chosen: Vec<workloads::Workload> = workloads::all()
+        .into_iter()
+        .filter(|w| cli.workload.is_empty() || cli.workload.iter().any(|x| x.eq_ignore_ascii_case(w.id)))
+        .collect();
+    let mut report = Report::new(cli.quick);
+    let want_wgpu = matches!(cli.backend.as_str(), "best" | "all" | "wgpu");
+    let gpu = if want_wgpu { kiln_wgsl::WgpuBackend::new() } else { Err(kiln::Error::Unsupported { what: "not requested".into(), loc: kiln::SourceLoc::internal() }) };
+    match gpu {
+        Ok(gpu) => {
+            report.devices.push(format!("wgpu: {}", gpu.gpu().describe()));
+            let copy = wgpu_timing::copy_bandwidth(&gpu, cli)?;
+            report.copy_gbps.insert("wgpu".into(), copy);
+            for w in &chosen {
+                eprintln!("{}: {}", w.id, w.what);
+                for row in wgpu_timing::measure(&gpu, w, cli, copy)? {
+                    report.results.push(row);
+                }
+            }
+        }
+        Err(e) if cli.backend == "wgpu" => return Err(e),
+        Err(e) => report.devices.push(format!("wgpu: unavailable ({e})")),
+    }
+    if cli.backend == "cpu" || cli.backend == "all" || (cli.backend == "best" && report.results.is_empty()) {
+        report.devices.push("cpu: the f64 reference interpreter".into());
+        for w in &chosen {
+            report.results.push(report::cpu_reference_row(w)?);
+        }
+    }
+    for note in [
+        "W5 (GPT-2-small-like stack) waits for a tiled matmul template and autodiff; W6 (densenet) for convolution support.",
+        "cuda: the PTX lowering has not landed yet.",
+    ] {
+        report.notes.push(note.into());
+    }
+    if let Some(p) = &cli.json {
+        std::fs::write(p, report.json()).map_err(|e| kiln::Error::Format { what: "JSON report".into(), msg: e.to_string() })?;
+    }
+    if let Some(p) = &cli.md {
+        std::fs::write(p, report.markdown()).map_err(|e| kiln::Error::Format { what: "Markdown report".into(), msg: e.to_string() })?;
+    }
+    Ok(report)
+}
+

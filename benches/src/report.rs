@@ -1,0 +1,138 @@
+//! The bench report: one row per workload × backend × mode, as versioned JSON and a Markdown table.
+
+use crate::workloads::Workload;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// JSON schema name and version.
+pub const SCHEMA: &str = "kiln-bench/1";
+
+/// One measured configuration.
+#[derive(Clone, Debug, Serialize)]
+pub struct ResultRow {
+    /// Workload id.
+    pub workload: String,
+    /// Backend name.
+    pub backend: String,
+    /// `eager` (one kernel per op) or `compiled`.
+    pub mode: String,
+    /// Median time of one run, in milliseconds.
+    pub median_ms: f64,
+    /// How the time was taken.
+    pub timing: String,
+    /// Largest relative error against the reference (checked before timing).
+    pub max_rel_err: f64,
+    /// Whether that error is within tolerance.
+    pub correct: bool,
+    /// Kernels launched per run.
+    pub kernels: usize,
+    /// Bytes read and written per run.
+    pub bytes: u64,
+    /// Achieved bandwidth, GB/s.
+    pub gbps: f64,
+    /// Fraction of the copy bandwidth measured in the same run.
+    pub frac_copy: f64,
+    /// FLOP/s where matmuls dominate.
+    pub tflops: Option<f64>,
+    /// Trace + compile time with nothing cached, ms (driver pipeline creation included).
+    pub cold_compile_ms: f64,
+    /// Compile time with a warm persistent cache, ms (`None` until the cache lands).
+    pub warm_compile_ms: Option<f64>,
+}
+
+/// The whole report.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// Schema tag.
+    pub schema: &'static str,
+    /// kiln version.
+    pub kiln_version: &'static str,
+    /// Whether sizes were the `--quick` ones.
+    pub quick: bool,
+    /// Devices and adapters, one line each.
+    pub devices: Vec<String>,
+    /// Copy bandwidth per backend, GB/s.
+    pub copy_gbps: BTreeMap<String, f64>,
+    /// Rows.
+    pub results: Vec<ResultRow>,
+    /// What is not measured and why.
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    /// An empty report.
+    pub fn new(quick: bool) -> Self {
+        Report {
+            schema: SCHEMA,
+            kiln_version: env!("CARGO_PKG_VERSION"),
+            quick,
+            devices: Vec::new(),
+            copy_gbps: BTreeMap::new(),
+            results: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// Pretty JSON.
+    pub fn json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("the report is plain data")
+    }
+
+    /// A Markdown table with a header naming devices and copy bandwidth.
+    pub fn markdown(&self) -> String {
+        let mut s = format!("# kiln-bench ({}{})\n\n", self.kiln_version, if self.quick { ", quick sizes" } else { "" });
+        for d in &self.devices {
+            s.push_str(&format!("- {d}\n"));
+        }
+        for (b, g) in &self.copy_gbps {
+            s.push_str(&format!("- copy bandwidth on {b}: {g:.1} GB/s (bytes read + written)\n"));
+        }
+        s.push_str("\n| workload | backend | mode | median ms | kernels | GB/s | % of copy | max rel err | cold compile ms | timing |\n");
+        s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---|\n");
+        for r in &self.results {
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.4} | {} | {:.1} | {:.0}% | {:.1e}{} | {:.1} | {} |\n",
+                r.workload,
+                r.backend,
+                r.mode,
+                r.median_ms,
+                r.kernels,
+                r.gbps,
+                r.frac_copy * 100.0,
+                r.max_rel_err,
+                if r.correct { "" } else { " ✗" },
+                r.cold_compile_ms,
+                r.timing
+            ));
+        }
+        for n in &self.notes {
+            s.push_str(&format!("\n- {n}"));
+        }
+        s.push('\n');
+        s
+    }
+}
+
+/// The CPU reference on the check sizes: correctness only (it is the reference), time for scale.
+pub fn cpu_reference_row(w: &Workload) -> kiln::Result<ResultRow> {
+    let inputs: Vec<kiln::Tensor> = w.check.iter().enumerate().map(|(i, s)| kiln::Tensor::from_data(crate::workloads::data(s, i))).collect();
+    let f = kiln::compile(|x: Vec<kiln::Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu);
+    let t = std::time::Instant::now();
+    f.call(inputs)?;
+    Ok(ResultRow {
+        workload: w.id.into(),
+        backend: "cpu".into(),
+        mode: "reference".into(),
+        median_ms: t.elapsed().as_secs_f64() * 1e3,
+        timing: "wall, 1 run at check size".into(),
+        max_rel_err: 0.0,
+        correct: true,
+        kernels: 0,
+        bytes: 0,
+        gbps: 0.0,
+        frac_copy: 0.0,
+        tflops: None,
+        cold_compile_ms: 0.0,
+        warm_compile_ms: None,
+    })
+}

@@ -1,0 +1,93 @@
+//! Timing on wgpu: graphs are prepared once (buffers, pipelines, bind groups) and each sample is one
+//! submission fenced by a device wait, so host transfers never enter the numbers.
+
+use crate::report::ResultRow;
+use crate::workloads::{data, Workload};
+use crate::Cli;
+use kiln_graph::{capture, compile_graph_with, DType, FusionMode, Tensor, TensorSpec};
+use kiln_wgsl::{Prepared, WgpuBackend};
+use std::time::Instant;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median seconds of `repeat` fenced launches after three warm-up launches.
+fn time(gpu: &WgpuBackend, p: &Prepared, repeat: usize) -> kiln::Result<f64> {
+    for _ in 0..3 {
+        gpu.gpu().launch(p);
+        gpu.gpu().wait()?;
+    }
+    let mut samples = Vec::with_capacity(repeat);
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        gpu.gpu().launch(p);
+        gpu.gpu().wait()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(samples))
+}
+
+/// GB/s of a plain copy kernel (a layout output: read once, written once) over 2^26 f32 (2^22 quick).
+pub fn copy_bandwidth(gpu: &WgpuBackend, cli: &Cli) -> kiln::Result<f64> {
+    let n = if cli.quick { 1 << 22 } else { 1 << 26 };
+    let spec = TensorSpec::new(DType::F32, &[n]);
+    let g = capture(std::slice::from_ref(&spec), |t| Ok(vec![t[0].unsqueeze(0)?]))?;
+    let c = compile_graph_with(&g, gpu.gpu().target(), FusionMode::Fused)?;
+    let x = data(&spec, 0);
+    let p = pollster::block_on(gpu.gpu().prepare(&c, &[&x]))?;
+    let s = time(gpu, &p, cli.repeat)?;
+    Ok((2 * n * 4) as f64 / s / 1e9)
+}
+
+/// Largest relative error of `w` on wgpu against the reference, at the check sizes.
+fn check(gpu: &WgpuBackend, w: &Workload) -> kiln::Result<f64> {
+    let inputs: Vec<Tensor> = w.check.iter().enumerate().map(|(i, s)| Tensor::from_data(data(s, i))).collect();
+    let got = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(gpu.clone()).call(inputs.clone())?;
+    let want = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
+    let mut worst = 0.0f64;
+    for (g, r) in got.iter().zip(&want) {
+        let (g, r) = (g.to_data()?, r.to_data()?);
+        for (a, b) in g.values().iter().zip(r.values()) {
+            let e = if a.is_nan() && b.is_nan() { 0.0 } else { (a - b).abs() / (1.0 + b.abs()) };
+            worst = worst.max(if e.is_nan() { f64::INFINITY } else { e });
+        }
+    }
+    Ok(worst)
+}
+
+/// Checks `w`, then times it in eager (one kernel per op) and compiled mode.
+pub fn measure(gpu: &WgpuBackend, w: &Workload, cli: &Cli, copy_gbps: f64) -> kiln::Result<Vec<ResultRow>> {
+    let err = check(gpu, w)?;
+    let specs = if cli.quick { &w.quick } else { &w.full };
+    let host: Vec<kiln_graph::TensorData> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
+    let refs: Vec<&kiln_graph::TensorData> = host.iter().collect();
+    let mut rows = Vec::new();
+    for (mode, name) in [(FusionMode::PerOp, "eager"), (FusionMode::Fused, "compiled")] {
+        let t = Instant::now();
+        let g = capture(specs, w.f)?;
+        let c = compile_graph_with(&g, gpu.gpu().target(), mode)?;
+        let p = pollster::block_on(gpu.gpu().prepare(&c, &refs))?;
+        let cold = t.elapsed().as_secs_f64() * 1e3;
+        let s = time(gpu, &p, cli.repeat)?;
+        let gbps = p.bytes_moved as f64 / s / 1e9;
+        rows.push(ResultRow {
+            workload: w.id.into(),
+            backend: "wgpu".into(),
+            mode: name.into(),
+            median_ms: s * 1e3,
+            timing: "fenced wall time".into(),
+            max_rel_err: err,
+            correct: err <= 1e-4,
+            kernels: p.launches(),
+            bytes: p.bytes_moved,
+            gbps,
+            frac_copy: gbps / copy_gbps,
+            tflops: (w.flops)(specs).map(|f| f / s / 1e12),
+            cold_compile_ms: cold,
+            warm_compile_ms: None,
+        });
+    }
+    Ok(rows)
+}

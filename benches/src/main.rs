@@ -59,7 +59,11 @@ fn run(cli: &Cli) -> kiln::Result<Report> {
         .collect();
     let mut report = Report::new(cli.quick);
     let want_wgpu = matches!(cli.backend.as_str(), "best" | "all" | "wgpu");
-    let gpu = if want_wgpu { kiln_wgsl::WgpuBackend::new() } else { Err(kiln::Error::Unsupported { what: "not requested".into(), loc: kiln::SourceLoc::internal() }) };
+    let gpu = if want_wgpu {
+        kiln_wgsl::WgpuBackend::new()
+    } else {
+        Err(kiln::Error::Unsupported { what: "not requested".into(), loc: kiln::SourceLoc::internal() })
+    };
     match gpu {
         Ok(gpu) => {
             report.devices.push(format!("wgpu: {}", gpu.gpu().describe()));
@@ -88,11 +92,12 @@ fn run(cli: &Cli) -> kiln::Result<Report> {
         report.notes.push(note.into());
     }
     if let Some(p) = &cli.json {
-        std::fs::write(p, report.json()).map_err(|e| kiln::Error::Format { what: "JSON report".into(), msg: e.to_string() })?;
+        std::fs::write(p, report.json())
+            .map_err(|e| kiln::Error::Format { what: "JSON report".into(), msg: e.to_string() })?;
     }
     if let Some(p) = &cli.md {
-        std::fs::write(p, report.markdown()).map_err(|e| kiln::Error::Format { what: "Markdown report".into(), msg: e.to_string() })?;
+        std::fs::write(p, report.markdown())
+            .map_err(|e| kiln::Error::Format { what: "Markdown report".into(), msg: e.to_string() })?;
     }
     Ok(report)
 }
-

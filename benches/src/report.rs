@@ -26,8 +26,10 @@ pub struct ResultRow {
     pub correct: bool,
     /// Kernels launched per run.
     pub kernels: usize,
-    /// Bytes read and written per run.
+    /// Bytes the computation must read and write (inputs once, outputs once); GB/s is quoted on these.
     pub bytes: u64,
+    /// Bytes all kernels actually read and write per run (intermediates included).
+    pub traffic_bytes: u64,
     /// Achieved bandwidth, GB/s.
     pub gbps: f64,
     /// Fraction of the copy bandwidth measured in the same run.
@@ -80,7 +82,8 @@ impl Report {
 
     /// A Markdown table with a header naming devices and copy bandwidth.
     pub fn markdown(&self) -> String {
-        let mut s = format!("# kiln-bench ({}{})\n\n", self.kiln_version, if self.quick { ", quick sizes" } else { "" });
+        let mut s =
+            format!("# kiln-bench ({}{})\n\n", self.kiln_version, if self.quick { ", quick sizes" } else { "" });
         for d in &self.devices {
             s.push_str(&format!("- {d}\n"));
         }
@@ -115,7 +118,8 @@ impl Report {
 
 /// The CPU reference on the check sizes: correctness only (it is the reference), time for scale.
 pub fn cpu_reference_row(w: &Workload) -> kiln::Result<ResultRow> {
-    let inputs: Vec<kiln::Tensor> = w.check.iter().enumerate().map(|(i, s)| kiln::Tensor::from_data(crate::workloads::data(s, i))).collect();
+    let inputs: Vec<kiln::Tensor> =
+        w.check.iter().enumerate().map(|(i, s)| kiln::Tensor::from_data(crate::workloads::data(s, i))).collect();
     let f = kiln::compile(|x: Vec<kiln::Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu);
     let t = std::time::Instant::now();
     f.call(inputs)?;
@@ -129,6 +133,7 @@ pub fn cpu_reference_row(w: &Workload) -> kiln::Result<ResultRow> {
         correct: true,
         kernels: 0,
         bytes: 0,
+        traffic_bytes: 0,
         gbps: 0.0,
         frac_copy: 0.0,
         tflops: None,

@@ -71,7 +71,7 @@ pub fn measure(gpu: &WgpuBackend, w: &Workload, cli: &Cli, copy_gbps: f64) -> ki
         let p = pollster::block_on(gpu.gpu().prepare(&c, &refs))?;
         let cold = t.elapsed().as_secs_f64() * 1e3;
         let s = time(gpu, &p, cli.repeat)?;
-        let gbps = p.bytes_moved as f64 / s / 1e9;
+        let gbps = p.io_bytes as f64 / s / 1e9;
         rows.push(ResultRow {
             workload: w.id.into(),
             backend: "wgpu".into(),
@@ -81,7 +81,8 @@ pub fn measure(gpu: &WgpuBackend, w: &Workload, cli: &Cli, copy_gbps: f64) -> ki
             max_rel_err: err,
             correct: err <= 1e-4,
             kernels: p.launches(),
-            bytes: p.bytes_moved,
+            bytes: p.io_bytes,
+            traffic_bytes: p.bytes_moved,
             gbps,
             frac_copy: gbps / copy_gbps,
             tflops: (w.flops)(specs).map(|f| f / s / 1e12),

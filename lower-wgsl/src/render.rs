@@ -51,7 +51,15 @@ struct Writer<'k> {
     lane_vars: std::collections::HashSet<VarId>,
     /// Buffers bound as arrays of vectors (accessed `vector_width` elements at a time).
     vector_buffers: std::collections::HashSet<usize>,
+    /// Persistent rows: the row elements each thread keeps in registers, by (buffer, dtype, index with
+    /// the pass variable replaced by `ROW_J`).
+    row_cache: HashMap<(usize, DType, Expr), usize>,
+    /// The loop variable of the row pass being written, while persistent rows are on.
+    pass_sym: Option<SymId>,
 }
+
+/// The canonical name of "the element of the row" shared by every pass of a persistent row kernel.
+const ROW_J: SymId = SymId(u32::MAX - 1);
 
 fn float_literal(v: f64) -> String {
     let x = v as f32;
@@ -181,6 +189,10 @@ impl<'k> Writer<'k> {
                 "i32" => format!("{}i", (*value as i64).clamp(i32::MIN as i64, i32::MAX as i64)),
                 _ => (if *value != 0.0 { "true" } else { "false" }).into(),
             },
+            Scalar::Load { buffer, index, guard: None } if self.cached_slot(*buffer, dtype, index).is_some() => {
+                let k = self.cached_slot(*buffer, dtype, index).unwrap_or_default();
+                format!("rc{k}[slot]")
+            }
             Scalar::Load { buffer, index, guard } => {
                 let (raw, from) = self.load(*buffer, index);
                 let v = self.convert(&raw, from, dtype);
@@ -260,6 +272,63 @@ impl<'k> Writer<'k> {
             }
             Scalar::Select { cond, a, b } => format!("select({}, {}, {})", self.var(*b), self.var(*a), self.var(*cond)),
             Scalar::Cast { a } => self.convert(&self.var(*a), self.dtype_of(*a), dtype),
+        }
+    }
+
+    /// The register array holding this load in a persistent row pass, if any.
+    fn cached_slot(&self, buffer: usize, dtype: DType, index: &Expr) -> Option<usize> {
+        let j = self.pass_sym?;
+        let key = (buffer, dtype, index.substitute(&std::collections::BTreeMap::from([(j, Expr::sym(ROW_J))])));
+        self.row_cache.get(&key).copied()
+    }
+
+    /// The header of a pass over a row: strided over the group's threads, or — for persistent rows —
+    /// over the thread's register slots, so slot `t` always holds element `local + t * threads`.
+    fn pass_header(&mut self, depth: usize, j: &str, n: &str) {
+        let t = self.k.launch.threads;
+        match self.k.row_cache {
+            Some(slots) if !self.row_cache.is_empty() || self.pass_sym.is_some() => {
+                self.line(depth, &format!("for (var slot: i32 = 0i; slot < {slots}i; slot = slot + 1i) {{"));
+                self.line(depth + 1, &format!("let {j}: i32 = local + slot * {t}i;"));
+                self.line(depth + 1, &format!("if ({j} >= {n}) {{ break; }}"));
+            }
+            _ => self.line(depth, &format!("for (var {j}: i32 = local; {j} < {n}; {j} = {j} + {t}i) {{")),
+        }
+    }
+
+    /// Persistent rows: before the row's passes, every thread loads its elements of the row once into
+    /// registers; each pass (reductions, then the epilogue) reads them from there.
+    fn fill_row_cache(&mut self, depth: usize, body: &[Stmt]) {
+        let Some(slots) = self.k.row_cache else { return };
+        let mut keys: Vec<(usize, DType, Expr, Expr)> = Vec::new();
+        for st in body {
+            let (s, inner) = match st {
+                Stmt::Reduce { sym, body, strategy: ReduceStrategy::Group { .. }, .. } => (*sym, body),
+                Stmt::Loop { sym, body, mode: LoopMode::Threads, .. } => (*sym, body),
+                _ => continue,
+            };
+            for b in inner {
+                if let Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. } = b {
+                    if index.symbols().contains(&s) {
+                        let norm = index.substitute(&std::collections::BTreeMap::from([(s, Expr::sym(ROW_J))]));
+                        if !keys.iter().any(|k| k.0 == *buffer && k.1 == *dtype && k.2 == norm) {
+                            keys.push((*buffer, *dtype, norm, index.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        let t = self.k.launch.threads;
+        for (k, (buffer, dtype, norm, _)) in keys.iter().enumerate() {
+            let ty = self.ty(*dtype);
+            self.line(depth, &format!("var rc{k}: array<{ty}, {slots}>;"));
+            self.line(depth, &format!("for (var slot: i32 = 0i; slot < {slots}i; slot = slot + 1i) {{"));
+            self.line(depth + 1, &format!("let rowj: i32 = local + slot * {t}i;"));
+            let (raw, from) = self.load(*buffer, norm);
+            let v = self.convert(&raw, from, *dtype);
+            self.line(depth + 1, &format!("rc{k}[slot] = {v};"));
+            self.line(depth, "}");
+            self.row_cache.insert((*buffer, *dtype, norm.clone()), k);
         }
     }
 
@@ -370,7 +439,19 @@ impl<'k> Writer<'k> {
                     LoopMode::Threads => format!("for (var {i}: i32 = local; {i} < {n}; {i} = {i} + {t}i) {{"),
                     LoopMode::Serial => format!("for (var {i}: i32 = 0i; {i} < {n}; {i} = {i} + 1i) {{"),
                 };
-                self.line(depth, &header);
+                let persistent = *mode == LoopMode::Threads && !self.row_cache.is_empty();
+                if persistent {
+                    self.pass_header(depth, &i, &n);
+                } else {
+                    self.line(depth, &header);
+                }
+                if *mode == LoopMode::Group {
+                    self.fill_row_cache(depth + 1, body);
+                }
+                let saved_pass = self.pass_sym;
+                if persistent {
+                    self.pass_sym = Some(*s);
+                }
                 let saved = self.single_thread_stores;
                 match mode {
                     LoopMode::Group => self.single_thread_stores = true,
@@ -379,6 +460,10 @@ impl<'k> Writer<'k> {
                 }
                 self.block(depth + 1, body);
                 self.single_thread_stores = saved;
+                self.pass_sym = saved_pass;
+                if *mode == LoopMode::Group {
+                    self.row_cache.clear();
+                }
                 self.line(depth, "}");
             }
             Stmt::Reduce { out, dtype, op, sym: s, extent, strategy, body, value } => {
@@ -395,7 +480,12 @@ impl<'k> Writer<'k> {
         let t = self.k.launch.threads;
         let n = self.expr(extent);
         let iv = format!("{}_v", sym(s));
-        self.line(depth, &format!("for (var {iv}: i32 = group * {t}i + local; {iv} < ({n}) / {w}i; {iv} = {iv} + ngroups * {t}i) {{"));
+        self.line(
+            depth,
+            &format!(
+                "for (var {iv}: i32 = group * {t}i + local; {iv} < ({n}) / {w}i; {iv} = {iv} + ngroups * {t}i) {{"
+            ),
+        );
         let d = depth + 1;
         self.line(d, &format!("let {}: i32 = {iv} * {w}i;", sym(s)));
         let at_i = |x: &Expr| *x == Expr::sym(s);
@@ -459,16 +549,23 @@ impl<'k> Writer<'k> {
             self.line(depth, &format!("var {idx}: i32 = 2147483647i;"));
         }
         let grouped = matches!(strategy, ReduceStrategy::Group { .. });
-        let header = if grouped {
-            format!("for (var {j}: i32 = local; {j} < {n}; {j} = {j} + {t}i) {{")
+        let persistent = grouped && !self.row_cache.is_empty();
+        if persistent {
+            self.pass_header(depth, &j, &n);
+        } else if grouped {
+            self.line(depth, &format!("for (var {j}: i32 = local; {j} < {n}; {j} = {j} + {t}i) {{"));
         } else {
-            format!("for (var {j}: i32 = 0i; {j} < {n}; {j} = {j} + 1i) {{")
-        };
-        self.line(depth, &header);
+            self.line(depth, &format!("for (var {j}: i32 = 0i; {j} < {n}; {j} = {j} + 1i) {{"));
+        }
         let saved = self.single_thread_stores;
+        let saved_pass = self.pass_sym;
+        if persistent {
+            self.pass_sym = Some(s);
+        }
         self.single_thread_stores = false;
         self.block(depth + 1, body);
         self.single_thread_stores = saved;
+        self.pass_sym = saved_pass;
         let v = self.convert(&self.var(value), self.dtype_of(value), dtype);
         if arg {
             let better = self.arg_better(op, ty, "cand", &j, &acc, &idx);
@@ -560,7 +657,9 @@ impl<'k> Writer<'k> {
 }
 
 fn sym(s: SymId) -> String {
-    if s.0 >= builtin::FIRST_LOCAL {
+    if s == ROW_J {
+        "rowj".into()
+    } else if s.0 >= builtin::FIRST_LOCAL {
         format!("i{}", s.0 - builtin::FIRST_LOCAL)
     } else {
         format!("sizes.s{}", s.0)
@@ -606,6 +705,8 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         error: None,
         lane: None,
         lane_vars: Default::default(),
+        row_cache: HashMap::new(),
+        pass_sym: None,
         vector_buffers: vectorised_buffers(kernel),
     };
     w.block(1, &kernel.body);

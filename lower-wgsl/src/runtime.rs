@@ -78,6 +78,8 @@ impl Gpu {
             })
             .await
             .map_err(|e| err(format!("requesting a device on {}: {e}", info.name)))?;
+        // KILN_WGPU_MAX_THREADS caps the workgroup size the pipeline may choose (for tuning experiments).
+        let cap = std::env::var("KILN_WGPU_MAX_THREADS").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(u32::MAX);
         let target = Target {
             name: format!("wgpu-{:?}-{}", info.backend, info.name).to_lowercase().replace(' ', "-"),
             max_bindings: limits.max_storage_buffers_per_shader_stage,
@@ -204,7 +206,14 @@ impl Gpu {
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         let buffers: Vec<wgpu::Buffer> = sizes
             .iter()
-            .map(|&size| self.device.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage, mapped_at_creation: false }))
+            .map(|&size| {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size,
+                    usage,
+                    mapped_at_creation: false,
+                })
+            })
             .collect();
         if let Some(e) = oom.pop().await {
             return Err(err(format!("out of device memory allocating {} bytes: {e}", sizes.iter().sum::<u64>())));
@@ -239,15 +248,26 @@ impl Gpu {
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             });
-            dispatches.push(Dispatch { name: kernel.name.clone(), pipeline, bind, grid: self.grid(groups)? });
+            dispatches.push(Dispatch { pipeline, bind, grid: self.grid(groups)? });
         }
         let mut outputs = Vec::new();
         for o in &g.outputs {
-            let b = *c.plan.value_buffer.get(o).ok_or_else(|| err(format!("output {o} was not written by any kernel")))?;
+            let b =
+                *c.plan.value_buffer.get(o).ok_or_else(|| err(format!("output {o} was not written by any kernel")))?;
             let node = g.node(*o);
             outputs.push((b, node.shape.eval(&bindings)?, node.dtype));
         }
-        let prepared = Prepared { buffers, sizes, dispatches, _uniforms: uniforms, outputs, bytes_moved };
+        let io_bytes = g
+            .inputs
+            .iter()
+            .map(|gi| gi.node)
+            .chain(g.outputs.iter().copied())
+            .map(|n| {
+                let node = g.node(n);
+                node.shape.eval(&bindings).map(|d| (d.iter().product::<usize>() * node.dtype.size_bytes()) as u64)
+            })
+            .sum::<std::result::Result<u64, _>>()?;
+        let prepared = Prepared { buffers, sizes, dispatches, _uniforms: uniforms, outputs, bytes_moved, io_bytes };
         let input_buffers: Vec<usize> = g.inputs.iter().map(|gi| c.plan.value_buffer[&gi.node]).collect();
         for (b, data) in input_buffers.into_iter().zip(inputs) {
             self.upload(&prepared, b, data);
@@ -267,12 +287,16 @@ impl Gpu {
     /// Records every kernel of a prepared graph into one command buffer and submits it.
     pub fn launch(&self, p: &Prepared) {
         let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
-        for d in &p.dispatches {
-            let mut pass =
-                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(&d.name), timestamp_writes: None });
-            pass.set_pipeline(&d.pipeline);
-            pass.set_bind_group(0, &d.bind, &[]);
-            pass.dispatch_workgroups(d.grid.0, d.grid.1, d.grid.2);
+        {
+            // One pass for the whole graph: WebGPU orders storage writes between dispatches of a pass, and a
+            // pass per kernel costs a barrier and bookkeeping each on some drivers.
+            let mut pass = encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes: None });
+            for d in &p.dispatches {
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, &d.bind, &[]);
+                pass.dispatch_workgroups(d.grid.0, d.grid.1, d.grid.2);
+            }
         }
         self.queue.submit([encoder.finish()]);
     }
@@ -288,7 +312,8 @@ impl Gpu {
 
     /// Reads a prepared graph's outputs back to the host.
     pub async fn read(&self, p: &Prepared) -> Result<Vec<TensorData>> {
-        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        let mut encoder =
+            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
         let mut staging = Vec::new();
         for &(b, _, _) in &p.outputs {
             let s = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -314,7 +339,9 @@ impl Gpu {
         self.wait()?;
         let mut out = Vec::with_capacity(staging.len());
         for ((s, rx), (_, dims, dtype)) in staging.iter().zip(pending).zip(&p.outputs) {
-            rx.await.map_err(|_| err("the device was lost before readback"))?.map_err(|e| err(format!("reading back: {e}")))?;
+            rx.await
+                .map_err(|_| err("the device was lost before readback"))?
+                .map_err(|e| err(format!("reading back: {e}")))?;
             let view = s.get_mapped_range(..).map_err(|e| err(format!("reading back: {e}")))?;
             out.push(Storage::of(*dtype, self.f16).decode(&view, dims, *dtype)?);
         }
@@ -342,7 +369,6 @@ impl Gpu {
 }
 
 struct Dispatch {
-    name: String,
     pipeline: Rc<wgpu::ComputePipeline>,
     bind: wgpu::BindGroup,
     grid: (u32, u32, u32),
@@ -358,6 +384,9 @@ pub struct Prepared {
     outputs: Vec<(usize, Vec<usize>, kiln_graph::DType)>,
     /// Bytes every launch reads and writes (each kernel's buffers, in their dtypes).
     pub bytes_moved: u64,
+    /// Bytes the computation itself must move: its inputs read once, its outputs written once. Achieved
+    /// bandwidth is quoted against this, as for any implementation.
+    pub io_bytes: u64,
 }
 
 impl Prepared {

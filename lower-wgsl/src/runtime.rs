@@ -85,7 +85,8 @@ impl Gpu {
             max_bindings: limits.max_storage_buffers_per_shader_stage,
             max_threads_per_group: limits
                 .max_compute_invocations_per_workgroup
-                .min(limits.max_compute_workgroup_size_x),
+                .min(limits.max_compute_workgroup_size_x)
+                .min(cap),
             max_groups_per_dim: limits.max_compute_workgroups_per_dimension as u64,
             grid_dims: 3,
             subgroup_size: None,

@@ -54,6 +54,8 @@ struct Writer<'k> {
     /// Persistent rows: the row elements each thread keeps in registers, by (buffer, dtype, index with
     /// the pass variable replaced by `ROW_J`).
     row_cache: HashMap<(usize, DType, Expr), usize>,
+    /// The register slot being written, in an unrolled persistent pass.
+    unroll_slot: Option<u32>,
     /// The loop variable of the row pass being written, while persistent rows are on.
     pass_sym: Option<SymId>,
 }
@@ -191,7 +193,7 @@ impl<'k> Writer<'k> {
             },
             Scalar::Load { buffer, index, guard: None } if self.cached_slot(*buffer, dtype, index).is_some() => {
                 let k = self.cached_slot(*buffer, dtype, index).unwrap_or_default();
-                format!("rc{k}[slot]")
+                format!("rc{k}_{}", self.unroll_slot.unwrap_or(0))
             }
             Scalar::Load { buffer, index, guard } => {
                 let (raw, from) = self.load(*buffer, index);
@@ -282,18 +284,25 @@ impl<'k> Writer<'k> {
         self.row_cache.get(&key).copied()
     }
 
-    /// The header of a pass over a row: strided over the group's threads, or — for persistent rows —
-    /// over the thread's register slots, so slot `t` always holds element `local + t * threads`.
-    fn pass_header(&mut self, depth: usize, j: &str, n: &str) {
+    /// Whether persistent rows are active in the row being written.
+    fn persistent(&self) -> bool {
+        self.k.row_cache.is_some() && !self.row_cache.is_empty()
+    }
+
+    /// Opens unrolled copy `slot` of a persistent row pass: element `local + slot * threads`, skipped
+    /// past the row's end. Closed by [`Writer::close_slot`].
+    fn open_slot(&mut self, depth: usize, j: &str, n: &str, slot: u32) {
         let t = self.k.launch.threads;
-        match self.k.row_cache {
-            Some(slots) if !self.row_cache.is_empty() || self.pass_sym.is_some() => {
-                self.line(depth, &format!("for (var slot: i32 = 0i; slot < {slots}i; slot = slot + 1i) {{"));
-                self.line(depth + 1, &format!("let {j}: i32 = local + slot * {t}i;"));
-                self.line(depth + 1, &format!("if ({j} >= {n}) {{ break; }}"));
-            }
-            _ => self.line(depth, &format!("for (var {j}: i32 = local; {j} < {n}; {j} = {j} + {t}i) {{")),
-        }
+        self.line(depth, "{");
+        self.line(depth + 1, &format!("let {j}: i32 = local + {}i;", slot * t));
+        self.line(depth + 1, &format!("if ({j} < {n}) {{"));
+        self.unroll_slot = Some(slot);
+    }
+
+    fn close_slot(&mut self, depth: usize) {
+        self.unroll_slot = None;
+        self.line(depth + 1, "}");
+        self.line(depth, "}");
     }
 
     /// Persistent rows: before the row's passes, every thread loads its elements of the row once into
@@ -321,13 +330,13 @@ impl<'k> Writer<'k> {
         let t = self.k.launch.threads;
         for (k, (buffer, dtype, norm, _)) in keys.iter().enumerate() {
             let ty = self.ty(*dtype);
-            self.line(depth, &format!("var rc{k}: array<{ty}, {slots}>;"));
-            self.line(depth, &format!("for (var slot: i32 = 0i; slot < {slots}i; slot = slot + 1i) {{"));
-            self.line(depth + 1, &format!("let rowj: i32 = local + slot * {t}i;"));
             let (raw, from) = self.load(*buffer, norm);
             let v = self.convert(&raw, from, *dtype);
-            self.line(depth + 1, &format!("rc{k}[slot] = {v};"));
-            self.line(depth, "}");
+            // Unrolled into scalars so they stay in registers (an indexed array may go to local memory).
+            for slot in 0..slots {
+                let at = v.replace("rowj", &format!("(local + {}i)", slot * t));
+                self.line(depth, &format!("let rc{k}_{slot}: {ty} = {at};"));
+            }
             self.row_cache.insert((*buffer, *dtype, norm.clone()), k);
         }
     }
@@ -428,6 +437,18 @@ impl<'k> Writer<'k> {
             Stmt::Loop { sym: s, extent, mode: LoopMode::Global, body } if self.k.vector_width > 1 => {
                 self.vector_loop(depth, *s, extent, body)
             }
+            Stmt::Loop { sym: s, extent, mode: LoopMode::Threads, body } if self.persistent() => {
+                let (n, i) = (self.expr(extent), sym(*s));
+                let saved = (self.pass_sym, self.single_thread_stores);
+                self.pass_sym = Some(*s);
+                self.single_thread_stores = false;
+                for slot in 0..self.k.row_cache.unwrap_or(1) {
+                    self.open_slot(depth, &i, &n, slot);
+                    self.block(depth + 2, body);
+                    self.close_slot(depth);
+                }
+                (self.pass_sym, self.single_thread_stores) = saved;
+            }
             Stmt::Loop { sym: s, extent, mode, body } => {
                 let (n, i) = (self.expr(extent), sym(*s));
                 let t = self.k.launch.threads;
@@ -439,19 +460,11 @@ impl<'k> Writer<'k> {
                     LoopMode::Threads => format!("for (var {i}: i32 = local; {i} < {n}; {i} = {i} + {t}i) {{"),
                     LoopMode::Serial => format!("for (var {i}: i32 = 0i; {i} < {n}; {i} = {i} + 1i) {{"),
                 };
-                let persistent = *mode == LoopMode::Threads && !self.row_cache.is_empty();
-                if persistent {
-                    self.pass_header(depth, &i, &n);
-                } else {
-                    self.line(depth, &header);
-                }
+                self.line(depth, &header);
                 if *mode == LoopMode::Group {
                     self.fill_row_cache(depth + 1, body);
                 }
                 let saved_pass = self.pass_sym;
-                if persistent {
-                    self.pass_sym = Some(*s);
-                }
                 let saved = self.single_thread_stores;
                 match mode {
                     LoopMode::Group => self.single_thread_stores = true,
@@ -549,33 +562,42 @@ impl<'k> Writer<'k> {
             self.line(depth, &format!("var {idx}: i32 = 2147483647i;"));
         }
         let grouped = matches!(strategy, ReduceStrategy::Group { .. });
-        let persistent = grouped && !self.row_cache.is_empty();
-        if persistent {
-            self.pass_header(depth, &j, &n);
-        } else if grouped {
-            self.line(depth, &format!("for (var {j}: i32 = local; {j} < {n}; {j} = {j} + {t}i) {{"));
-        } else {
-            self.line(depth, &format!("for (var {j}: i32 = 0i; {j} < {n}; {j} = {j} + 1i) {{"));
-        }
-        let saved = self.single_thread_stores;
-        let saved_pass = self.pass_sym;
+        let persistent = grouped && self.persistent();
+        let copies = if persistent { self.k.row_cache.unwrap_or(1) } else { 1 };
+        let saved = (self.single_thread_stores, self.pass_sym);
+        self.single_thread_stores = false;
         if persistent {
             self.pass_sym = Some(s);
         }
-        self.single_thread_stores = false;
-        self.block(depth + 1, body);
-        self.single_thread_stores = saved;
-        self.pass_sym = saved_pass;
-        let v = self.convert(&self.var(value), self.dtype_of(value), dtype);
-        if arg {
-            let better = self.arg_better(op, ty, "cand", &j, &acc, &idx);
-            self.line(depth + 1, &format!("let cand: {ty} = {v};"));
-            self.line(depth + 1, &format!("if {better} {{ {acc} = cand; {idx} = {j}; }}"));
-        } else {
-            let c = self.combine(op, ty, &acc, &v);
-            self.line(depth + 1, &format!("{acc} = {c};"));
+        for slot in 0..copies {
+            let inner = if persistent {
+                self.open_slot(depth, &j, &n, slot);
+                depth + 2
+            } else {
+                if grouped {
+                    self.line(depth, &format!("for (var {j}: i32 = local; {j} < {n}; {j} = {j} + {t}i) {{"));
+                } else {
+                    self.line(depth, &format!("for (var {j}: i32 = 0i; {j} < {n}; {j} = {j} + 1i) {{"));
+                }
+                depth + 1
+            };
+            self.block(inner, body);
+            let v = self.convert(&self.var(value), self.dtype_of(value), dtype);
+            if arg {
+                let better = self.arg_better(op, ty, "cand", &j, &acc, &idx);
+                self.line(inner, &format!("let cand: {ty} = {v};"));
+                self.line(inner, &format!("if {better} {{ {acc} = cand; {idx} = {j}; }}"));
+            } else {
+                let c = self.combine(op, ty, &acc, &v);
+                self.line(inner, &format!("{acc} = {c};"));
+            }
+            if persistent {
+                self.close_slot(depth);
+            } else {
+                self.line(depth, "}");
+            }
         }
-        self.line(depth, "}");
+        (self.single_thread_stores, self.pass_sym) = saved;
         if grouped {
             let red = format!("red_{ty}");
             self.red_types.insert(ty);
@@ -706,6 +728,7 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         lane: None,
         lane_vars: Default::default(),
         row_cache: HashMap::new(),
+        unroll_slot: None,
         pass_sym: None,
         vector_buffers: vectorised_buffers(kernel),
     };

@@ -17,7 +17,8 @@
 
 pub use kiln_graph as graph;
 pub use kiln_graph::{
-    compile, Args, Compiled, DType, Element, Error, Explanation, Result, SourceLoc, Static, Tensor, TensorData,
+    compile, Args, CompileStats, Compiled, DType, Dynamic, Element, Error, Explanation, Outputs, Result, SourceLoc,
+    Static, Tensor, TensorData,
 };
 
 use kiln_graph::{CpuReference, IntoBackend, KernelInterpreter};

@@ -1,15 +1,26 @@
-//! The driver: `compile(f)` returns a callable that traces `f` on each call and runs what it captured.
-//!
-//! Today the pipeline is: trace (with graph breaks) → run each graph on the backend. The later stages
-//! (guards → decompose → fuse → lower → plan) slot in between without changing this API.
+//! The driver: `compile(f)` returns a callable. A call checks the guards of the entries compiled so far
+//! and runs the first that holds, without tracing; otherwise it traces `f` (graph breaks split the trace),
+//! compiles each graph (`pipeline`: decompose → fuse → lower → plan, structure-keyed cache), runs it on the
+//! backend, and — when the trace was one unbroken graph — keeps it as a new entry under its guards.
 //! The traced function must be pure in its tensor inputs and static arguments, as with `jax.jit`.
 
 use crate::backend::{Backend, IntoBackend};
-use crate::error::Result;
+use crate::data::TensorData;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
 use crate::explain::Explanation;
-use crate::trace::{active, ActiveGuard, Tensor, TraceOptions, Tracer};
+use crate::guard::{ArgGuard, CallSignature, DimGuard, Dynamic, GuardFailure, Guards};
+use crate::ir::Graph;
+use crate::loc::SourceLoc;
+use crate::pipeline::CompiledGraph;
+use crate::shape::Shape;
+use crate::sym::Expr;
+use crate::trace::{active, ActiveGuard, Located, Tensor, TraceOptions, Tracer};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::rc::Rc;
+use std::time::Instant;
 
 /// Collects the tensor and static arguments of a traced call.
 #[derive(Default)]
@@ -88,16 +99,156 @@ impl<T: Debug> Args for Static<T> {
     }
 }
 
+/// How an output value was laid out, so a cached entry can rebuild it without running `f`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutTree {
+    /// One tensor.
+    Leaf,
+    /// A sequence (tuple or vector) of sub-trees.
+    List(Vec<OutTree>),
+}
+
+/// What a compiled function may return: tensors, and tuples and vectors of them.
+pub trait Outputs: Sized {
+    /// Appends every tensor inside, in order, and describes the layout.
+    fn flatten(&self, out: &mut Vec<Tensor>) -> OutTree;
+    /// Rebuilds from tensors in `flatten`'s order and its layout.
+    fn rebuild(tree: &OutTree, tensors: &mut dyn Iterator<Item = Tensor>) -> Option<Self>;
+}
+
+impl Outputs for Tensor {
+    fn flatten(&self, out: &mut Vec<Tensor>) -> OutTree {
+        out.push(self.clone());
+        OutTree::Leaf
+    }
+
+    fn rebuild(tree: &OutTree, tensors: &mut dyn Iterator<Item = Tensor>) -> Option<Self> {
+        matches!(tree, OutTree::Leaf).then(|| tensors.next()).flatten()
+    }
+}
+
+impl<T: Outputs> Outputs for Vec<T> {
+    fn flatten(&self, out: &mut Vec<Tensor>) -> OutTree {
+        OutTree::List(self.iter().map(|t| t.flatten(out)).collect())
+    }
+
+    fn rebuild(tree: &OutTree, tensors: &mut dyn Iterator<Item = Tensor>) -> Option<Self> {
+        match tree {
+            OutTree::List(items) => items.iter().map(|t| T::rebuild(t, tensors)).collect(),
+            OutTree::Leaf => None,
+        }
+    }
+}
+
+macro_rules! tuple_outputs {
+    ($($name:ident $idx:tt),+) => {
+        impl<$($name: Outputs),+> Outputs for ($($name,)+) {
+            fn flatten(&self, out: &mut Vec<Tensor>) -> OutTree {
+                OutTree::List(vec![$(self.$idx.flatten(out)),+])
+            }
+
+            fn rebuild(tree: &OutTree, tensors: &mut dyn Iterator<Item = Tensor>) -> Option<Self> {
+                match tree {
+                    OutTree::List(items) => Some(($($name::rebuild(items.get($idx)?, tensors)?,)+)),
+                    OutTree::Leaf => None,
+                }
+            }
+        }
+    };
+}
+tuple_outputs!(A 0, B 1);
+tuple_outputs!(A 0, B 1, C 2);
+tuple_outputs!(A 0, B 1, C 2, D 3);
+tuple_outputs!(A 0, B 1, C 2, D 3, E 4);
+
+/// Counters and timings of one compiled function, for explain and tests.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct CompileStats {
+    /// Calls made.
+    pub calls: usize,
+    /// Calls served by a cached entry, without tracing.
+    pub cache_hits: usize,
+    /// Calls that traced `f`.
+    pub traces: usize,
+    /// Traces caused by failed guards (the first compile is not a recompile).
+    pub recompiles: usize,
+    /// Each recompile's reason: the first guard that failed.
+    pub guard_failures: Vec<String>,
+    /// Calls run eagerly because the recompile limit was reached.
+    pub eager_fallbacks: usize,
+    /// Entries held.
+    pub entries: usize,
+    /// Time spent tracing and running traced calls, ms (compile and first run included).
+    pub trace_ms: f64,
+}
+
+/// Where one input of a cached graph comes from on a call.
+#[derive(Clone, Debug)]
+enum InputSource {
+    /// Tensor argument `i` of the call.
+    Arg(usize),
+    /// A tensor read from the environment at trace time (a weight).
+    Tensor(Tensor),
+}
+
+/// Where one output tensor of a cached entry comes from.
+#[derive(Clone, Debug)]
+enum OutputSource {
+    /// Output `k` of the graph.
+    Graph(usize),
+    /// Tensor argument `i`, returned unchanged.
+    Arg(usize),
+    /// A constant made during tracing.
+    Const(Rc<TensorData>),
+}
+
+/// A compiled entry: one unbroken graph, valid under its guards.
+struct Entry {
+    guards: Guards,
+    graph: Option<(Graph, Option<Rc<CompiledGraph>>)>,
+    inputs: Vec<InputSource>,
+    outputs: Vec<OutputSource>,
+    tree: OutTree,
+    explanation: Explanation,
+}
+
+#[derive(Default)]
+struct CacheState {
+    entries: Vec<Rc<Entry>>,
+    /// `(argument, dim)` pairs a recompile showed to vary (Dynamic::Auto).
+    promoted: BTreeSet<(usize, usize)>,
+    stats: CompileStats,
+    warned: bool,
+}
+
 /// A compiled function. Build with [`compile`], configure with the builder methods, run with `call`.
 pub struct Compiled<F> {
     f: F,
     fullgraph: bool,
     backend: Result<Rc<dyn Backend>, String>,
+    dynamic: Dynamic,
+    marks: BTreeMap<(usize, usize), (i64, Option<i64>)>,
+    recompile_limit: usize,
+    fail_on_recompile: bool,
+    state: RefCell<CacheState>,
 }
 
 /// Wraps `f` for tracing. Nothing runs until the first call.
 pub fn compile<F>(f: F) -> Compiled<F> {
-    Compiled { f, fullgraph: false, backend: Ok(TraceOptions::default().backend) }
+    Compiled {
+        f,
+        fullgraph: false,
+        backend: Ok(TraceOptions::default().backend),
+        dynamic: Dynamic::Auto,
+        marks: BTreeMap::new(),
+        recompile_limit: 8,
+        fail_on_recompile: false,
+        state: RefCell::new(CacheState::default()),
+    }
+}
+
+fn signature(tensors: &[Tensor]) -> Vec<(DType, Vec<usize>)> {
+    tensors.iter().map(|t| (t.dtype(), t.shape().as_concrete().unwrap_or_default())).collect()
 }
 
 impl<F> Compiled<F> {
@@ -113,6 +264,30 @@ impl<F> Compiled<F> {
         self
     }
 
+    /// When dims become symbolic (default: [`Dynamic::Auto`]).
+    pub fn dynamic(mut self, policy: Dynamic) -> Self {
+        self.dynamic = policy;
+        self
+    }
+
+    /// Traces dim `dim` of tensor argument `arg` as symbolic from the first call, for sizes in `range`.
+    pub fn mark_dynamic(mut self, arg: usize, dim: usize, range: std::ops::RangeInclusive<usize>) -> Self {
+        self.marks.insert((arg, dim), (*range.start() as i64, Some(*range.end() as i64)));
+        self
+    }
+
+    /// How many entries a function may compile before further new shapes run eagerly (default 8).
+    pub fn recompile_limit(mut self, limit: usize) -> Self {
+        self.recompile_limit = limit;
+        self
+    }
+
+    /// Makes reaching the recompile limit an error instead of an eager fallback.
+    pub fn fail_on_recompile(mut self, on: bool) -> Self {
+        self.fail_on_recompile = on;
+        self
+    }
+
     /// Name of the backend graphs run on.
     pub fn backend_name(&self) -> String {
         match &self.backend {
@@ -121,23 +296,35 @@ impl<F> Compiled<F> {
         }
     }
 
-    /// Traces and runs `f` on `args`, returning its result.
-    pub fn call<A: Args, R>(&self, args: A) -> Result<R>
+    /// Counters and timings so far.
+    pub fn stats(&self) -> CompileStats {
+        let st = self.state.borrow();
+        CompileStats { entries: st.entries.len(), ..st.stats.clone() }
+    }
+
+    /// The guards of every entry, printed (newest last).
+    pub fn guards(&self) -> Vec<String> {
+        self.state.borrow().entries.iter().map(|e| e.guards.to_string()).collect()
+    }
+
+    /// Runs `f` on `args` — from a cached entry when its guards hold, else by tracing — and returns its
+    /// result.
+    pub fn call<A: Args, R: Outputs>(&self, args: A) -> Result<R>
     where
         F: Fn(A) -> Result<R>,
     {
         Ok(self.call_explained(args)?.0)
     }
 
-    /// Traces and runs `f`, returning its result with the [`Explanation`] of what was captured.
-    pub fn call_explained<A: Args, R>(&self, args: A) -> Result<(R, Explanation)>
+    /// Runs `f` and returns its result with the [`Explanation`] of what was captured.
+    pub fn call_explained<A: Args, R: Outputs>(&self, args: A) -> Result<(R, Explanation)>
     where
         F: Fn(A) -> Result<R>,
     {
-        let backend = self.backend.clone().map_err(|what| crate::error::Error::Unsupported {
-            what: format!("backend: {what}"),
-            loc: crate::loc::SourceLoc::internal(),
-        })?;
+        let backend = self
+            .backend
+            .clone()
+            .map_err(|what| Error::Unsupported { what: format!("backend: {what}"), loc: SourceLoc::internal() })?;
         let mut visitor = ArgVisitor::default();
         args.visit(&mut visitor);
         if active().is_some() {
@@ -145,10 +332,120 @@ impl<F> Compiled<F> {
             let r = (self.f)(args)?;
             return Ok((r, Explanation::inlined(backend.name(), visitor.statics)));
         }
-        let tracer = Tracer::new(TraceOptions { fullgraph: self.fullgraph, backend: backend.clone() });
-        for (i, t) in visitor.tensors.iter().enumerate() {
-            tracer.register_arg(t, i);
+        self.state.borrow_mut().stats.calls += 1;
+        let sig = signature(&visitor.tensors);
+        let call = CallSignature { args: &sig, statics: &visitor.statics, backend: backend.name() };
+        let mut first_failure: Option<GuardFailure> = None;
+        let entries: Vec<Rc<Entry>> = self.state.borrow().entries.clone();
+        for e in entries.iter().rev() {
+            match e.guards.check(&call) {
+                Ok(_) => {
+                    self.state.borrow_mut().stats.cache_hits += 1;
+                    let r = self.run_entry(e, &visitor.tensors, backend.as_ref())?;
+                    let mut ex = e.explanation.clone();
+                    ex.cached = true;
+                    return Ok((r, ex));
+                }
+                Err(f) => {
+                    first_failure.get_or_insert(f);
+                }
+            }
         }
+        if let Some(f) = &first_failure {
+            tracing::info!(target: "kiln::recompiles", reason = %f, "recompiling");
+            let mut st = self.state.borrow_mut();
+            st.stats.recompiles += 1;
+            st.stats.guard_failures.push(f.reason.clone());
+            if let (Dynamic::Auto, Some(a), Some(d)) = (self.dynamic, f.arg, f.dim) {
+                st.promoted.insert((a, d));
+            }
+            if st.entries.len() >= self.recompile_limit {
+                if self.fail_on_recompile {
+                    return Err(Error::Unsupported {
+                        what: format!("recompile limit {} reached ({f})", self.recompile_limit),
+                        loc: SourceLoc::internal(),
+                    });
+                }
+                if !std::mem::replace(&mut st.warned, true) {
+                    tracing::warn!(target: "kiln::recompiles", limit = self.recompile_limit, reason = %f,
+                        "recompile limit reached: this function now runs eagerly");
+                }
+                st.stats.eager_fallbacks += 1;
+                drop(st);
+                let r = (self.f)(args)?;
+                return Ok((r, Explanation::inlined(backend.name(), visitor.statics)));
+            }
+        }
+        self.trace(args, visitor, backend)
+    }
+
+    /// Traces and runs `f` and returns only the explanation (like `torch._dynamo.explain`).
+    pub fn explain<A: Args, R: Outputs>(&self, args: A) -> Result<Explanation>
+    where
+        F: Fn(A) -> Result<R>,
+    {
+        Ok(self.call_explained(args)?.1)
+    }
+
+    /// The dims of argument `i` to trace symbolically, with their ranges, under the policy.
+    fn dynamic_dims(&self, i: usize, dims: &[usize]) -> Vec<Option<(i64, Option<i64>)>> {
+        let promoted = &self.state.borrow().promoted;
+        dims.iter()
+            .enumerate()
+            .map(|(d, &v)| {
+                if let Some(&r) = self.marks.get(&(i, d)) {
+                    return Some(r);
+                }
+                // Sizes 0 and 1 are specialised: broadcasting and emptiness change what code is right.
+                let wanted = match self.dynamic {
+                    Dynamic::Always => true,
+                    Dynamic::Never => false,
+                    Dynamic::Auto => promoted.contains(&(i, d)),
+                };
+                (wanted && v >= 2).then_some((2, None))
+            })
+            .collect()
+    }
+
+    fn trace<A: Args, R: Outputs>(
+        &self,
+        args: A,
+        visitor: ArgVisitor,
+        backend: Rc<dyn Backend>,
+    ) -> Result<(R, Explanation)>
+    where
+        F: Fn(A) -> Result<R>,
+    {
+        let start = Instant::now();
+        let tracer = Tracer::new(TraceOptions { fullgraph: self.fullgraph, backend: backend.clone() });
+        // Dynamic dims get symbols; equal sizes share one (duck sizing), which the guards then require.
+        let mut by_size: BTreeMap<(usize, i64, Option<i64>), crate::sym::SymId> = BTreeMap::new();
+        let mut arg_guards = Vec::with_capacity(visitor.tensors.len());
+        for (i, t) in visitor.tensors.iter().enumerate() {
+            let dims = t.shape().as_concrete().unwrap_or_default();
+            let dynamic = self.dynamic_dims(i, &dims);
+            let mut shape = Vec::with_capacity(dims.len());
+            let mut guards = Vec::with_capacity(dims.len());
+            for (&v, dynamic) in dims.iter().zip(&dynamic) {
+                match dynamic {
+                    Some((lo, hi)) => {
+                        let sym = *by_size.entry((v, *lo, *hi)).or_insert_with(|| {
+                            tracer.with_symbols(|t| t.new_symbol(&format!("s{}", t.len()), *lo, *hi))
+                        });
+                        shape.push(Expr::sym(sym));
+                        guards.push(DimGuard::Symbol { sym, lo: *lo, hi: *hi });
+                    }
+                    None => {
+                        shape.push(Expr::from(v));
+                        guards.push(DimGuard::Static(v));
+                    }
+                }
+            }
+            let symbolic = dynamic.iter().any(Option::is_some);
+            tracer.register_arg(t, i, symbolic.then_some(Shape(shape)));
+            arg_guards.push(ArgGuard { dtype: t.dtype(), dims: guards });
+        }
+        self.state.borrow_mut().stats.traces += 1;
         let result = {
             let _active = ActiveGuard::set(tracer.clone());
             (self.f)(args)
@@ -157,16 +454,95 @@ impl<F> Compiled<F> {
             return Err(e);
         }
         let result = result?;
+        let mut outs = Vec::new();
+        let tree = result.flatten(&mut outs);
+        let located = tracer.locate(&outs);
         tracer.flush(None)?;
         let record = tracer.finish();
-        Ok((result, Explanation::new(backend.name(), record, visitor.statics)))
+        let explanation = Explanation::new(backend.name(), record.clone(), visitor.statics.clone());
+        self.state.borrow_mut().stats.trace_ms += start.elapsed().as_secs_f64() * 1e3;
+        // One unbroken graph (or none): keep it as an entry.
+        if record.breaks.is_empty() && record.graphs.len() <= 1 {
+            let graph = record.graphs.into_iter().next();
+            let outputs = located
+                .iter()
+                .map(|l| match l {
+                    Located::Node(n) => graph
+                        .as_ref()
+                        .and_then(|g| g.graph.outputs.iter().position(|o| o == n))
+                        .map(OutputSource::Graph),
+                    Located::Arg(i) => Some(OutputSource::Arg(*i)),
+                    Located::Const(d) => Some(OutputSource::Const(d.clone())),
+                })
+                .collect::<Option<Vec<_>>>();
+            if let Some(outputs) = outputs {
+                let inputs = graph
+                    .as_ref()
+                    .map(|g| {
+                        g.graph
+                            .inputs
+                            .iter()
+                            .zip(&g.sources)
+                            .map(|(gi, src)| match (&gi.kind, src) {
+                                (crate::ir::InputKind::Arg { index }, _) => InputSource::Arg(*index),
+                                (_, Some(t)) => InputSource::Tensor(t.clone()),
+                                (_, None) => InputSource::Arg(usize::MAX),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let entry = Entry {
+                    guards: Guards { args: arg_guards, statics: visitor.statics, backend: backend.name().to_string() },
+                    graph: graph.map(|g| (g.graph, g.compiled)),
+                    inputs,
+                    outputs,
+                    tree,
+                    explanation: explanation.clone(),
+                };
+                tracing::debug!(target: "kiln::guards", guards = %entry.guards, "new entry");
+                self.state.borrow_mut().entries.push(Rc::new(entry));
+            }
+        }
+        Ok((result, explanation))
     }
 
-    /// Traces and runs `f` and returns only the explanation (like `torch._dynamo.explain`).
-    pub fn explain<A: Args, R>(&self, args: A) -> Result<Explanation>
-    where
-        F: Fn(A) -> Result<R>,
-    {
-        Ok(self.call_explained(args)?.1)
+    fn run_entry<R: Outputs>(&self, e: &Entry, args: &[Tensor], backend: &dyn Backend) -> Result<R> {
+        let results: Vec<Rc<TensorData>> = match &e.graph {
+            None => Vec::new(),
+            Some((graph, compiled)) => {
+                let mut data = Vec::with_capacity(e.inputs.len());
+                for src in &e.inputs {
+                    data.push(match src {
+                        InputSource::Arg(i) => args
+                            .get(*i)
+                            .ok_or_else(|| Error::Unsupported {
+                                what: "a cached graph input has no source".into(),
+                                loc: SourceLoc::internal(),
+                            })?
+                            .to_data()?,
+                        InputSource::Tensor(t) => t.to_data()?,
+                    });
+                }
+                let refs: Vec<&TensorData> = data.iter().map(|d| d.as_ref()).collect();
+                let out = match compiled {
+                    Some(c) => backend.run_compiled(c, &refs)?,
+                    None => backend.run(graph, &refs)?,
+                };
+                out.into_iter().map(Rc::new).collect()
+            }
+        };
+        let tensors: Vec<Tensor> = e
+            .outputs
+            .iter()
+            .map(|o| match o {
+                OutputSource::Graph(k) => Tensor::from_shared(results[*k].clone()),
+                OutputSource::Arg(i) => args[*i].clone(),
+                OutputSource::Const(d) => Tensor::from_shared(d.clone()),
+            })
+            .collect();
+        R::rebuild(&e.tree, &mut tensors.into_iter()).ok_or_else(|| Error::Unsupported {
+            what: "a cached entry's outputs do not match the function's result type".into(),
+            loc: SourceLoc::internal(),
+        })
     }
 }

@@ -17,17 +17,34 @@ pub struct Explanation {
     pub breaks: Vec<GraphBreak>,
     /// Static arguments, printed.
     pub static_args: Vec<String>,
-    /// True when the call was inlined into an enclosing trace (its graphs belong to that trace).
+    /// True when the call was inlined into an enclosing trace (its graphs belong to that trace), or ran
+    /// eagerly past the recompile limit.
     pub inlined: bool,
+    /// True when a cached entry served the call (no tracing); the graphs are the entry's.
+    pub cached: bool,
 }
 
 impl Explanation {
     pub(crate) fn new(backend: &str, r: TraceRecord, static_args: Vec<String>) -> Self {
-        Explanation { backend: backend.into(), graphs: r.graphs, breaks: r.breaks, static_args, inlined: false }
+        Explanation {
+            backend: backend.into(),
+            graphs: r.graphs,
+            breaks: r.breaks,
+            static_args,
+            inlined: false,
+            cached: false,
+        }
     }
 
     pub(crate) fn inlined(backend: &str, static_args: Vec<String>) -> Self {
-        Explanation { backend: backend.into(), graphs: vec![], breaks: vec![], static_args, inlined: true }
+        Explanation {
+            backend: backend.into(),
+            graphs: vec![],
+            breaks: vec![],
+            static_args,
+            inlined: true,
+            cached: false,
+        }
     }
 
     /// Number of graphs.

@@ -65,6 +65,11 @@ impl Tensor {
         Self::concrete(Rc::new(data), None)
     }
 
+    /// Wraps shared concrete data (no copy).
+    pub(crate) fn from_shared(data: Rc<TensorData>) -> Tensor {
+        Self::concrete(data, None)
+    }
+
     fn concrete(data: Rc<TensorData>, carried_from: Option<(u64, usize)>) -> Tensor {
         Tensor {
             cell: Rc::new(TensorCell { id: next_id(), state: RefCell::new(State::Concrete { data, carried_from }) }),
@@ -82,7 +87,11 @@ impl Tensor {
     /// Shape (symbolic where the trace made it so).
     pub fn shape(&self) -> Shape {
         match &*self.cell.state.borrow() {
-            State::Concrete { data, .. } => data.shape(),
+            // An argument traced with symbolic dims shows the trace its symbolic shape, so every op
+            // recorded on it is shape-generic.
+            State::Concrete { data, .. } => {
+                active().and_then(|t| t.arg_shape(self.id())).unwrap_or_else(|| data.shape())
+            }
             State::Lazy { shape, .. } => shape.clone(),
         }
     }
@@ -132,8 +141,17 @@ impl Tensor {
     #[track_caller]
     fn read_host(&self, what: &str) -> Result<Rc<TensorData>> {
         let loc = SourceLoc::caller();
-        if let State::Concrete { data, .. } = &*self.cell.state.borrow() {
-            return Ok(data.clone());
+        let concrete = match &*self.cell.state.borrow() {
+            State::Concrete { data, .. } => Some(data.clone()),
+            State::Lazy { .. } => None,
+        };
+        if let Some(data) = concrete {
+            // Reading an argument's values makes what follows depend on them: a break, so no cached
+            // entry is ever specialised on data it does not guard.
+            if let Some(t) = active().filter(|t| t.is_arg(self.id())) {
+                t.graph_break(format!("host read `{what}()` of an argument's values"), loc)?;
+            }
+            return Ok(data);
         }
         let tracer = active().ok_or_else(|| Error::Unsupported {
             what: "reading a traced tensor after its trace ended".into(),
@@ -168,7 +186,7 @@ pub struct GraphBreak {
 }
 
 /// A finished graph of one traced call.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TracedGraph {
     /// The graph as captured.
     pub graph: Graph,
@@ -177,6 +195,16 @@ pub struct TracedGraph {
     /// What the pipeline made of it, on backends that run kernels.
     #[serde(skip)]
     pub compiled: Option<Rc<CompiledGraph>>,
+    /// Per graph input: the tensor it was lifted from (`None` for the function's arguments).
+    #[serde(skip)]
+    pub sources: Vec<Option<Tensor>>,
+}
+
+impl PartialEq for TracedGraph {
+    /// The captured graphs and breaks; what they were compiled to and lifted from is not compared.
+    fn eq(&self, other: &Self) -> bool {
+        self.graph == other.graph && self.ended_by == other.ended_by
+    }
 }
 
 /// Options a tracer runs under.
@@ -209,12 +237,28 @@ struct TraceState {
     input_data: Vec<Rc<TensorData>>,
     live: Vec<Weak<TensorCell>>,
     args: HashMap<u64, usize>,
+    /// Symbolic shapes of arguments traced with dynamic dims.
+    arg_shapes: HashMap<u64, Shape>,
+    /// Per input of the current graph: the tensor it was lifted from (`None` for arguments).
+    sources: Vec<Option<Tensor>>,
     graphs: Vec<TracedGraph>,
     breaks: Vec<GraphBreak>,
     break_error: Option<Error>,
 }
 
+/// Where an output of the traced function comes from (see [`Tracer::locate`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Located {
+    /// A node of the final graph.
+    Node(NodeId),
+    /// Tensor argument `i`, returned unchanged.
+    Arg(usize),
+    /// A concrete value made during tracing.
+    Const(Rc<TensorData>),
+}
+
 /// What a finished trace leaves behind.
+#[derive(Clone)]
 pub(crate) struct TraceRecord {
     pub graphs: Vec<TracedGraph>,
     pub breaks: Vec<GraphBreak>,
@@ -246,8 +290,26 @@ impl Tracer {
     }
 
     /// Declares a concrete tensor as tensor argument number `index` of the traced function.
-    pub(crate) fn register_arg(&self, t: &Tensor, index: usize) {
-        self.st.borrow_mut().args.entry(t.id()).or_insert(index);
+    /// Declares a concrete tensor as argument `index`, optionally with the symbolic shape to trace it as.
+    pub(crate) fn register_arg(&self, t: &Tensor, index: usize, shape: Option<Shape>) {
+        let mut st = self.st.borrow_mut();
+        st.args.entry(t.id()).or_insert(index);
+        if let Some(s) = shape {
+            st.arg_shapes.insert(t.id(), s);
+        }
+    }
+
+    /// The symbol table of the graph being traced (where dynamic dims get their symbols).
+    pub(crate) fn with_symbols<T>(&self, f: impl FnOnce(&mut crate::sym::SymTable) -> T) -> T {
+        f(&mut self.st.borrow_mut().graph.symbols)
+    }
+
+    fn arg_shape(&self, id: u64) -> Option<Shape> {
+        self.st.try_borrow().ok()?.arg_shapes.get(&id).cloned()
+    }
+
+    fn is_arg(&self, id: u64) -> bool {
+        self.st.try_borrow().is_ok_and(|st| st.args.contains_key(&id))
     }
 
     pub(crate) fn take_break_error(&self) -> Option<Error> {
@@ -276,9 +338,12 @@ impl Tracer {
                     (None, Some((trace, g))) if *trace == self.id => InputKind::Carried { from_graph: *g },
                     _ => InputKind::Lifted,
                 };
-                let n = st.graph.add_input(data.dtype(), data.shape(), kind, loc.clone());
+                let shape = st.arg_shapes.get(&t.id()).cloned().unwrap_or_else(|| data.shape());
+                let source = (!matches!(kind, InputKind::Arg { .. })).then(|| t.clone());
+                let n = st.graph.add_input(data.dtype(), shape, kind, loc.clone());
                 st.lifted.insert(t.id(), n);
                 st.input_data.push(data.clone());
+                st.sources.push(source);
                 Ok(n)
             }
         }
@@ -324,6 +389,9 @@ impl Tracer {
         let mut graph = std::mem::take(&mut st.graph);
         graph.outputs = outputs;
         let input_data = std::mem::take(&mut st.input_data);
+        let sources = std::mem::take(&mut st.sources);
+        // The next graph starts with the same symbols (its carried inputs may have symbolic shapes).
+        st.graph.symbols = graph.symbols.clone();
         st.lifted.clear();
         let ran = graph.op_count() > 0 || !graph.outputs.is_empty();
         let index = st.graphs.len();
@@ -352,10 +420,26 @@ impl Tracer {
             b
         });
         if ran {
-            st.graphs.push(TracedGraph { graph, ended_by, compiled });
+            st.graphs.push(TracedGraph { graph, ended_by, compiled, sources });
         }
         st.graph_index += 1;
         Ok(())
+    }
+
+    /// Where each of `outs` will come from once the final graph has run: a node of that graph (its index
+    /// among the graph's outputs is resolved after the flush), an argument, or a constant. Call before the
+    /// final [`Tracer::flush`].
+    pub(crate) fn locate(&self, outs: &[Tensor]) -> Vec<Located> {
+        let st = self.st.borrow();
+        outs.iter()
+            .map(|t| match &*t.cell.state.borrow() {
+                State::Lazy { node, .. } => Located::Node(*node),
+                State::Concrete { data, .. } => match st.args.get(&t.id()) {
+                    Some(&i) => Located::Arg(i),
+                    None => Located::Const(data.clone()),
+                },
+            })
+            .collect()
     }
 
     pub(crate) fn finish(&self) -> TraceRecord {

@@ -1,0 +1,215 @@
+//! Guards: the conditions under which a compiled entry may run again without tracing. An entry records,
+//! for each tensor argument, its dtype, rank and every dim — a constant, or a symbol with a range — plus
+//! the static arguments and the backend. A call checks them cheaply; the first one that fails is the
+//! recompile reason kiln logs (`KILN_LOGS=recompiles`).
+
+use crate::dtype::DType;
+use crate::sym::{Bindings, SymId};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// When a dim becomes symbolic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dynamic {
+    /// Static first; a dim whose change caused a recompile becomes symbolic in the new entry (torch's
+    /// default).
+    #[default]
+    Auto,
+    /// Every dim is symbolic from the first compile (sizes 0 and 1 stay specialised).
+    Always,
+    /// Every dim is static: each new shape compiles anew.
+    Never,
+}
+
+/// One dim's guard.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DimGuard {
+    /// Exactly this size.
+    Static(usize),
+    /// Any size in `lo..=hi` (`hi` unbounded when `None`); dims sharing a symbol must be equal.
+    Symbol {
+        /// The symbol the compiled code uses for this dim.
+        sym: SymId,
+        /// Smallest size.
+        lo: i64,
+        /// Largest size.
+        hi: Option<i64>,
+    },
+}
+
+/// The guard of one tensor argument.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArgGuard {
+    /// Element type.
+    pub dtype: DType,
+    /// One guard per dim (the rank is their count).
+    pub dims: Vec<DimGuard>,
+}
+
+/// All guards of one compiled entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Guards {
+    /// Tensor arguments, in order.
+    pub args: Vec<ArgGuard>,
+    /// Static arguments, printed.
+    pub statics: Vec<String>,
+    /// The backend the entry runs on.
+    pub backend: String,
+}
+
+/// Why a guard failed: the recompile reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardFailure {
+    /// Which tensor argument, if one.
+    pub arg: Option<usize>,
+    /// Which of its dims, if one.
+    pub dim: Option<usize>,
+    /// In words.
+    pub reason: String,
+}
+
+impl fmt::Display for GuardFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+/// What a call presents to the guards: each tensor argument's dtype and dims, the statics, the backend.
+pub struct CallSignature<'a> {
+    /// `(dtype, dims)` per tensor argument.
+    pub args: &'a [(DType, Vec<usize>)],
+    /// Static arguments, printed.
+    pub statics: &'a [String],
+    /// Backend name.
+    pub backend: &'a str,
+}
+
+impl Guards {
+    /// Checks a call; on success returns the symbol values the call binds.
+    pub fn check(&self, call: &CallSignature) -> Result<Bindings, GuardFailure> {
+        let fail = |arg, dim, reason: String| Err(GuardFailure { arg, dim, reason });
+        if call.backend != self.backend {
+            return fail(None, None, format!("backend changed from {} to {}", self.backend, call.backend));
+        }
+        if call.statics != self.statics.as_slice() {
+            return fail(None, None, format!("static arguments changed from {:?} to {:?}", self.statics, call.statics));
+        }
+        if call.args.len() != self.args.len() {
+            return fail(None, None, format!("expected {} tensor arguments, got {}", self.args.len(), call.args.len()));
+        }
+        let mut b = Bindings::new();
+        for (i, (g, (dtype, dims))) in self.args.iter().zip(call.args).enumerate() {
+            if g.dtype != *dtype {
+                return fail(Some(i), None, format!("input {i}: dtype changed from {} to {dtype}", g.dtype));
+            }
+            if g.dims.len() != dims.len() {
+                return fail(Some(i), None, format!("input {i}: rank changed from {} to {}", g.dims.len(), dims.len()));
+            }
+            for (d, (dg, &v)) in g.dims.iter().zip(dims).enumerate() {
+                match dg {
+                    DimGuard::Static(s) if *s != v => {
+                        return fail(Some(i), Some(d), format!("input {i} dim {d}: expected size {s}, got {v}"));
+                    }
+                    DimGuard::Static(_) => {}
+                    DimGuard::Symbol { sym, lo, hi } => {
+                        let v = v as i64;
+                        if v < *lo || hi.is_some_and(|h| v > h) {
+                            let range = format!("{lo}..={}", hi.map_or("inf".into(), |h| h.to_string()));
+                            return fail(
+                                Some(i),
+                                Some(d),
+                                format!("input {i} dim {d}: size {v} is outside {sym}'s range {range}"),
+                            );
+                        }
+                        match b.get(*sym) {
+                            Some(prev) if prev != v => {
+                                return fail(
+                                    Some(i),
+                                    Some(d),
+                                    format!(
+                                        "input {i} dim {d}: size {v} differs from {prev}, which shares symbol {sym}"
+                                    ),
+                                );
+                            }
+                            _ => {
+                                b.bind(*sym, v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(b)
+    }
+
+    /// Number of symbolic dims.
+    pub fn symbolic_dims(&self) -> usize {
+        self.args.iter().flat_map(|a| &a.dims).filter(|d| matches!(d, DimGuard::Symbol { .. })).count()
+    }
+}
+
+impl fmt::Display for Guards {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, a) in self.args.iter().enumerate() {
+            let dims: Vec<String> = a
+                .dims
+                .iter()
+                .map(|d| match d {
+                    DimGuard::Static(s) => s.to_string(),
+                    DimGuard::Symbol { sym, lo, hi } => {
+                        format!("{sym}∈[{lo}, {}]", hi.map_or("∞".into(), |h| h.to_string()))
+                    }
+                })
+                .collect();
+            writeln!(f, "input {i}: {} [{}]", a.dtype, dims.join(", "))?;
+        }
+        if !self.statics.is_empty() {
+            writeln!(f, "statics: {:?}", self.statics)?;
+        }
+        write!(f, "backend: {}", self.backend)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guards() -> Guards {
+        Guards {
+            args: vec![
+                ArgGuard {
+                    dtype: DType::F32,
+                    dims: vec![DimGuard::Static(8), DimGuard::Symbol { sym: SymId(0), lo: 2, hi: None }],
+                },
+                ArgGuard { dtype: DType::F32, dims: vec![DimGuard::Symbol { sym: SymId(0), lo: 2, hi: None }] },
+            ],
+            statics: vec!["true".into()],
+            backend: "cpu".into(),
+        }
+    }
+
+    fn call<'a>(args: &'a [(DType, Vec<usize>)], statics: &'a [String]) -> CallSignature<'a> {
+        CallSignature { args, statics, backend: "cpu" }
+    }
+
+    #[test]
+    fn guards_bind_symbols_and_name_the_failing_dim() {
+        let g = guards();
+        let statics = vec!["true".to_string()];
+        let ok = [(DType::F32, vec![8, 40]), (DType::F32, vec![40])];
+        assert_eq!(g.check(&call(&ok, &statics)).unwrap().get(SymId(0)), Some(40));
+        let bad = [(DType::F32, vec![9, 40]), (DType::F32, vec![40])];
+        let f = g.check(&call(&bad, &statics)).unwrap_err();
+        assert_eq!((f.arg, f.dim), (Some(0), Some(0)));
+        assert!(f.reason.contains("input 0 dim 0"), "{f}");
+        let unequal = [(DType::F32, vec![8, 40]), (DType::F32, vec![41])];
+        assert!(g.check(&call(&unequal, &statics)).unwrap_err().reason.contains("shares symbol"));
+        let small = [(DType::F32, vec![8, 1]), (DType::F32, vec![1])];
+        assert!(g.check(&call(&small, &statics)).unwrap_err().reason.contains("outside"));
+        let dtype = [(DType::F16, vec![8, 40]), (DType::F32, vec![40])];
+        assert!(g.check(&call(&dtype, &statics)).unwrap_err().reason.contains("dtype changed"));
+        let other = vec!["false".to_string()];
+        assert!(g.check(&call(&ok, &other)).unwrap_err().reason.contains("static arguments"));
+    }
+}

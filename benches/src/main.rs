@@ -53,6 +53,10 @@ fn main() {
 }
 
 fn run(cli: &Cli) -> kiln::Result<Report> {
+    // A cache directory of the bench's own, empty at start, so cold compiles are cold and warm ones read it.
+    let cache = std::env::temp_dir().join(format!("kiln-bench-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::env::set_var("KILN_CACHE_DIR", &cache);
     let chosen: Vec<workloads::Workload> = workloads::all()
         .into_iter()
         .filter(|w| cli.workload.is_empty() || cli.workload.iter().any(|x| x.eq_ignore_ascii_case(w.id)))

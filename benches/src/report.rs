@@ -90,11 +90,11 @@ impl Report {
         for (b, g) in &self.copy_gbps {
             s.push_str(&format!("- copy bandwidth on {b}: {g:.1} GB/s (bytes read + written)\n"));
         }
-        s.push_str("\n| workload | backend | mode | median ms | kernels | GB/s | % of copy | max rel err | cold compile ms | timing |\n");
-        s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---|\n");
+        s.push_str("\n| workload | backend | mode | median ms | kernels | GB/s | % of copy | max rel err | cold compile ms | warm compile ms | timing |\n");
+        s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
         for r in &self.results {
             s.push_str(&format!(
-                "| {} | {} | {} | {:.4} | {} | {:.1} | {:.0}% | {:.1e}{} | {:.1} | {} |\n",
+                "| {} | {} | {} | {:.4} | {} | {:.1} | {:.0}% | {:.1e}{} | {:.1} | {} | {} |\n",
                 r.workload,
                 r.backend,
                 r.mode,
@@ -105,6 +105,7 @@ impl Report {
                 r.max_rel_err,
                 if r.correct { "" } else { " ✗" },
                 r.cold_compile_ms,
+                r.warm_compile_ms.map_or("—".into(), |w| format!("{w:.1}")),
                 r.timing
             ));
         }

@@ -22,7 +22,7 @@ use crate::shape::{reduced_shape, Shape};
 use crate::sym::Expr;
 
 /// A graph of primitives and where each of its nodes came from.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Decomposed {
     /// Same inputs, outputs, symbols and node types as the input graph, with no composite op left.
     pub graph: Graph,

@@ -4,6 +4,7 @@
 //! Start reading at [`compile`]: it is the pipeline as one short function.
 
 pub mod backend;
+pub mod cache;
 pub mod compile;
 pub mod data;
 pub mod decompose;
@@ -39,7 +40,7 @@ pub use guard::Dynamic;
 pub use ir::{Graph, Node, NodeId, Op};
 pub use loc::SourceLoc;
 pub use ops::{Operand, OperandValue};
-pub use pipeline::{compile_graph, compile_graph_with, CompiledGraph};
+pub use pipeline::{compile_cached, compile_graph, compile_graph_with, CompiledGraph};
 pub use shape::Shape;
 pub use target::Target;
 pub use trace::{capture, GraphBreak, Tensor, TensorSpec, TracedGraph};

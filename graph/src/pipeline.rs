@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 /// Everything compiling one graph produced.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CompiledGraph {
     /// The graph after decomposition, with each node's user-level origin.
     pub primitive: Decomposed,
@@ -35,6 +35,13 @@ pub struct CompiledGraph {
 /// Compiles `graph` for `target`, fusing everything the policy allows.
 pub fn compile_graph(graph: &Graph, target: &Target) -> Result<CompiledGraph> {
     compile_graph_with(graph, target, FusionMode::Fused)
+}
+
+/// [`compile_graph_with`] through the compile cache: structurally equal graphs compile once, in memory
+/// and across runs (see `cache`).
+pub fn compile_cached(graph: &Graph, target: &Target, mode: FusionMode) -> Result<std::rc::Rc<CompiledGraph>> {
+    let key = crate::cache::key(graph, target, mode);
+    crate::cache::get_or_compile(&key, || compile_graph_with(graph, target, mode))
 }
 
 /// Compiles `graph` for `target` with the given fusion mode (`PerOp`: the eager baseline).

@@ -13,7 +13,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, InputKind, Node, NodeId, Op};
 use crate::loc::SourceLoc;
-use crate::pipeline::{compile_graph, CompiledGraph};
+use crate::pipeline::CompiledGraph;
 use crate::shape::Shape;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
@@ -401,7 +401,7 @@ impl Tracer {
             let backend = &self.opts.backend;
             let results = match backend.target() {
                 Some(target) => {
-                    let c = Rc::new(compile_graph(&graph, target)?);
+                    let c = crate::pipeline::compile_cached(&graph, target, crate::fuse::FusionMode::Fused)?;
                     compiled = Some(c.clone());
                     backend.run_compiled(&c, &inputs)?
                 }

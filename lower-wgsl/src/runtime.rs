@@ -25,6 +25,53 @@ pub struct Gpu {
     f16: bool,
     target: Target,
     pipelines: RefCell<HashMap<String, Rc<wgpu::ComputePipeline>>>,
+    /// The driver's pipeline cache, persisted next to kiln's compile cache when the adapter has one.
+    driver_cache: Option<DriverCache>,
+}
+
+/// A persisted `wgpu::PipelineCache`: the driver's compiled shaders survive the process, so a warm start
+/// skips most of pipeline creation (the part of a cold compile that is not kiln's).
+struct DriverCache {
+    cache: wgpu::PipelineCache,
+    file: std::path::PathBuf,
+    dirty: std::cell::Cell<bool>,
+}
+
+impl DriverCache {
+    /// Opens the cache file for this adapter; a file whose checksum fails is ignored (and later replaced).
+    fn open(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Option<DriverCache> {
+        let key = wgpu::util::pipeline_cache_key(info)?;
+        let file = kiln_graph::cache::directory()?.join(key);
+        let data = std::fs::read(&file).ok().and_then(|bytes| {
+            let (sum, data) = bytes.split_at_checked(32)?;
+            (blake3::hash(data).as_bytes() == sum).then(|| data.to_vec())
+        });
+        // SAFETY: `data` is exactly what an earlier `PipelineCache::get_data` returned: this file holds
+        // nothing else and its checksum matched; wgpu also checks the adapter and version it was made for.
+        let cache = unsafe {
+            device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
+                label: Some("kiln"),
+                data: data.as_deref(),
+                fallback: true,
+            })
+        };
+        Some(DriverCache { cache, file, dirty: std::cell::Cell::new(false) })
+    }
+
+    fn save(&self) {
+        if !self.dirty.replace(false) {
+            return;
+        }
+        let Some(data) = self.cache.get_data() else { return };
+        let mut bytes = blake3::hash(&data).as_bytes().to_vec();
+        bytes.extend(data);
+        let tmp = self.file.with_extension(format!("{}.tmp", std::process::id()));
+        let ok = self.file.parent().is_some_and(|d| std::fs::create_dir_all(d).is_ok())
+            && std::fs::write(&tmp, bytes).is_ok();
+        if !ok || std::fs::rename(&tmp, &self.file).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
 }
 
 /// Ranks adapters: real GPUs first, then software ones; Vulkan/Metal/DX12 over GL.
@@ -68,7 +115,11 @@ impl Gpu {
         let info = adapter.get_info();
         let f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
         let limits = adapter.limits();
-        let required_features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+        let mut required_features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+        let persist = adapter.features().contains(wgpu::Features::PIPELINE_CACHE);
+        if persist {
+            required_features |= wgpu::Features::PIPELINE_CACHE;
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kiln"),
@@ -97,13 +148,19 @@ impl Gpu {
             max_vector_bytes: 16,
         };
         tracing::info!(target: "kiln::graph", adapter = %info.name, backend = ?info.backend, kind = ?info.device_type, "wgpu adapter");
-        Ok(Gpu { adapter: info, device, queue, f16, target, pipelines: RefCell::new(HashMap::new()) })
+        let driver_cache = if persist { DriverCache::open(&device, &info) } else { None };
+        Ok(Gpu { adapter: info, device, queue, f16, target, pipelines: RefCell::new(HashMap::new()), driver_cache })
     }
 
     /// Blocking [`Gpu::new_async`] for native code.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Gpu> {
         pollster::block_on(Self::new_async())
+    }
+
+    /// Forgets compiled pipelines (the bench measures cold compiles with it).
+    pub fn clear_pipelines(&self) {
+        self.pipelines.borrow_mut().clear();
     }
 
     /// The device as kiln's pipeline sees it.
@@ -138,8 +195,11 @@ impl Gpu {
             module: &module,
             entry_point: Some("main"),
             compilation_options: Default::default(),
-            cache: None,
+            cache: self.driver_cache.as_ref().map(|d| &d.cache),
         });
+        if let Some(d) = &self.driver_cache {
+            d.dirty.set(true);
+        }
         if let Some(e) = scope.pop().await {
             let numbered: String =
                 shader.source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
@@ -250,6 +310,9 @@ impl Gpu {
                 entries: &entries,
             });
             dispatches.push(Dispatch { pipeline, bind, grid: self.grid(groups)? });
+        }
+        if let Some(d) = &self.driver_cache {
+            d.save();
         }
         let mut outputs = Vec::new();
         for o in &g.outputs {

@@ -1,0 +1,173 @@
+//! The compile cache: compiled graphs keyed by *structure* — ops, dtypes, symbolic shapes, target, fusion
+//! mode, kiln version — never by which weights they read or where in the user's code they were traced. A
+//! model of 64 identical blocks, or the same function called from two places, compiles once.
+//!
+//! Two levels: an in-memory map, and a persistent directory (`KILN_CACHE_DIR`, default the OS cache
+//! directory; off on the web). A disk entry is checksummed and written atomically; a corrupt, truncated,
+//! foreign or stale one is reported, ignored and rewritten — never trusted blindly.
+
+use crate::fuse::FusionMode;
+use crate::ir::Graph;
+use crate::pipeline::CompiledGraph;
+use crate::target::Target;
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+/// Disk entries' format name and version.
+const FORMAT: &str = "kiln-compile-cache";
+const VERSION: u32 = 1;
+
+/// What the cache did, for stats and tests.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CacheStats {
+    /// Graphs compiled from scratch.
+    pub compiled: usize,
+    /// Served from memory.
+    pub memory_hits: usize,
+    /// Loaded from disk.
+    pub disk_hits: usize,
+    /// Disk entries rejected, each with its reason.
+    pub rejected: Vec<String>,
+}
+
+thread_local! {
+    static MEMORY: RefCell<HashMap<String, Rc<CompiledGraph>>> = RefCell::new(HashMap::new());
+    static STATS: RefCell<CacheStats> = RefCell::new(CacheStats::default());
+}
+
+/// This thread's cache counters.
+pub fn stats() -> CacheStats {
+    STATS.with(|s| s.borrow().clone())
+}
+
+/// Forgets the in-memory level (tests use it to exercise the disk level).
+pub fn clear_memory() {
+    MEMORY.with(|m| m.borrow_mut().clear());
+}
+
+/// The structural key of compiling `graph` for `target` in `mode`.
+pub fn key(graph: &Graph, target: &Target, mode: FusionMode) -> String {
+    let mut g = graph.clone();
+    for n in &mut g.nodes {
+        n.loc = crate::loc::SourceLoc::internal();
+    }
+    for i in &mut g.inputs {
+        i.kind = crate::ir::InputKind::Lifted;
+    }
+    let text = serde_json::to_string(&(&g, target, mode, env!("CARGO_PKG_VERSION")))
+        .expect("graphs and targets always serialise");
+    blake3::hash(text.as_bytes()).to_hex().to_string()
+}
+
+/// The persistent cache directory, if enabled here.
+pub fn directory() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("KILN_CACHE_DIR") {
+        return (!d.is_empty()).then(|| PathBuf::from(d));
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    return dirs::cache_dir().map(|d| d.join("kiln"));
+    #[cfg(target_arch = "wasm32")]
+    return None;
+}
+
+#[derive(Serialize, Deserialize)]
+struct DiskEntry {
+    format: String,
+    version: u32,
+    kiln: String,
+    key: String,
+    checksum: String,
+    payload: String,
+}
+
+fn count(f: impl FnOnce(&mut CacheStats)) {
+    STATS.with(|s| f(&mut s.borrow_mut()));
+}
+
+fn reject(path: &std::path::Path, why: String) {
+    tracing::warn!(target: "kiln::cache", path = %path.display(), reason = %why, "ignoring cache entry; recompiling");
+    count(|s| s.rejected.push(why));
+}
+
+fn load(dir: &std::path::Path, key: &str) -> Option<CompiledGraph> {
+    let path = dir.join(format!("{key}.json"));
+    let text = std::fs::read_to_string(&path).ok()?;
+    let entry: DiskEntry = match serde_json::from_str(&text) {
+        Ok(e) => e,
+        Err(e) => {
+            reject(&path, format!("unreadable ({e})"));
+            return None;
+        }
+    };
+    if entry.format != FORMAT || entry.version != VERSION || entry.kiln != env!("CARGO_PKG_VERSION") {
+        reject(&path, format!("written by {} {} (kiln {})", entry.format, entry.version, entry.kiln));
+        return None;
+    }
+    if entry.key != key {
+        reject(&path, "its key does not match its file name".into());
+        return None;
+    }
+    if blake3::hash(entry.payload.as_bytes()).to_hex().as_str() != entry.checksum {
+        reject(&path, "checksum mismatch (corrupt or truncated)".into());
+        return None;
+    }
+    match serde_json::from_str(&entry.payload) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            reject(&path, format!("payload does not decode ({e})"));
+            None
+        }
+    }
+}
+
+fn store(dir: &std::path::Path, key: &str, compiled: &CompiledGraph) {
+    let payload = match serde_json::to_string(compiled) {
+        Ok(p) => p,
+        Err(_) => return,
+    };
+    let entry = DiskEntry {
+        format: FORMAT.into(),
+        version: VERSION,
+        kiln: env!("CARGO_PKG_VERSION").into(),
+        key: key.into(),
+        checksum: blake3::hash(payload.as_bytes()).to_hex().to_string(),
+        payload,
+    };
+    let Ok(text) = serde_json::to_string(&entry) else { return };
+    // Write then rename: a reader never sees half a file, and concurrent writers each leave a whole one.
+    let tmp = dir.join(format!(".{key}.{}.tmp", std::process::id()));
+    let ok = std::fs::create_dir_all(dir).is_ok() && std::fs::write(&tmp, text).is_ok();
+    if !ok || std::fs::rename(&tmp, dir.join(format!("{key}.json"))).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::debug!(target: "kiln::cache", dir = %dir.display(), "could not write a cache entry");
+    }
+}
+
+/// The compiled graph for `key`, from memory or disk, or `compile()`'s result (then cached at both levels).
+pub fn get_or_compile(
+    key: &str,
+    compile: impl FnOnce() -> crate::error::Result<CompiledGraph>,
+) -> crate::error::Result<Rc<CompiledGraph>> {
+    if let Some(c) = MEMORY.with(|m| m.borrow().get(key).cloned()) {
+        count(|s| s.memory_hits += 1);
+        return Ok(c);
+    }
+    let dir = directory();
+    if let Some(c) = dir.as_deref().and_then(|d| load(d, key)) {
+        count(|s| s.disk_hits += 1);
+        let c = Rc::new(c);
+        MEMORY.with(|m| m.borrow_mut().insert(key.to_string(), c.clone()));
+        return Ok(c);
+    }
+    let c = compile()?;
+    count(|s| s.compiled += 1);
+    if let Some(d) = &dir {
+        store(d, key, &c);
+    }
+    let c = Rc::new(c);
+    MEMORY.with(|m| m.borrow_mut().insert(key.to_string(), c.clone()));
+    Ok(c)
+}

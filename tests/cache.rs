@@ -1,0 +1,105 @@
+//! The compile cache: structure-keyed (regional reuse without rewriting the model), persistent across
+//! runs, and never trusting a corrupt or truncated entry. One test function: it owns KILN_CACHE_DIR.
+
+use kiln::graph::{cache, capture, compile_cached, CompiledGraph, DType, FusionMode, Target, Tensor, TensorSpec};
+use kiln::{compile, Backend, Result};
+use std::collections::BTreeSet;
+
+fn f32s(d: &[usize]) -> TensorSpec {
+    TensorSpec::new(DType::F32, d)
+}
+
+/// W4: `Linear(10,10)` then 64 × [Linear → ReLU → sigmoid → Linear → ReLU], distinct weights per layer.
+fn w4(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let mut h = t[0].linear(&t[1], Some(&t[2]))?;
+    for l in 0..64 {
+        let p = 3 + 4 * l;
+        h = h.linear(&t[p], Some(&t[p + 1]))?.relu()?.sigmoid()?;
+        h = h.linear(&t[p + 2], Some(&t[p + 3]))?.relu()?;
+    }
+    Ok(vec![h])
+}
+
+/// Kernels that differ only in name and in which values they bind are one structure.
+fn distinct_structures(c: &CompiledGraph) -> usize {
+    let shapes: BTreeSet<String> = c
+        .kernels
+        .iter()
+        .map(|k| {
+            let mut k = k.clone();
+            k.name.clear();
+            for b in &mut k.buffers {
+                b.node = kiln::graph::NodeId(0);
+            }
+            serde_json::to_string(&k).unwrap()
+        })
+        .collect();
+    shapes.len()
+}
+
+fn softmax_graph(n: usize) -> kiln::graph::Graph {
+    capture(&[f32s(&[4, n])], |t| Ok(vec![t[0].mul(2.0)?.softmax(-1)?])).unwrap()
+}
+
+#[test]
+fn structure_keyed_persistent_and_checked() {
+    let dir = std::env::temp_dir().join(format!("kiln-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::env::set_var("KILN_CACHE_DIR", &dir);
+    let target = Target::interpreter();
+
+    // Regional reuse: the 64-layer W4 model, compiled whole, is three distinct kernel structures.
+    let mut inputs = vec![f32s(&[10, 10])];
+    for _ in 0..129 {
+        inputs.extend([f32s(&[10, 10]), f32s(&[10])]);
+    }
+    let t = std::time::Instant::now();
+    let w4_graph = capture(&inputs, w4).unwrap();
+    let c = compile_cached(&w4_graph, &target, FusionMode::Fused).unwrap();
+    let cold_ms = t.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(c.kernels.len(), 129);
+    assert_eq!(distinct_structures(&c), 3, "first linear, linear+relu+sigmoid, linear+relu");
+    eprintln!("W4 cold trace + compile: {cold_ms:.1} ms");
+
+    // Warm from disk: a new process (here: a cleared memory cache) loads instead of compiling.
+    let before = cache::stats();
+    cache::clear_memory();
+    let again = compile_cached(&w4_graph, &target, FusionMode::Fused).unwrap();
+    assert_eq!(cache::stats().disk_hits, before.disk_hits + 1);
+    assert_eq!(again.kernels, c.kernels);
+
+    // The key ignores where the code was traced from: the same structure from another call site hits.
+    let a = softmax_graph(64);
+    let b = capture(&[f32s(&[4, 64])], |t| Ok(vec![t[0].mul(2.0)?.softmax(-1)?])).unwrap();
+    assert_eq!(cache::key(&a, &target, FusionMode::Fused), cache::key(&b, &target, FusionMode::Fused));
+    assert_ne!(cache::key(&a, &target, FusionMode::Fused), cache::key(&softmax_graph(65), &target, FusionMode::Fused));
+
+    // A corrupt and a truncated entry are each reported and recompiled, and results stay right.
+    let g = softmax_graph(48);
+    compile_cached(&g, &target, FusionMode::Fused).unwrap();
+    let file = dir.join(format!("{}.json", cache::key(&g, &target, FusionMode::Fused)));
+    let text = std::fs::read_to_string(&file).unwrap();
+    for (damage, why) in [
+        (text.replacen("\\\"sum\\\"", "\\\"max\\\"", 1), "checksum mismatch"),
+        (text[..text.len() / 2].to_string(), "unreadable"),
+    ] {
+        std::fs::write(&file, damage).unwrap();
+        cache::clear_memory();
+        let before = cache::stats();
+        compile_cached(&g, &target, FusionMode::Fused).unwrap();
+        let after = cache::stats();
+        assert_eq!(after.compiled, before.compiled + 1, "recompiled after a bad entry");
+        assert!(after.rejected.last().is_some_and(|r| r.contains(why)), "{:?}", after.rejected);
+        // The rewritten entry is good again.
+        cache::clear_memory();
+        compile_cached(&g, &target, FusionMode::Fused).unwrap();
+        assert_eq!(cache::stats().disk_hits, after.disk_hits + 1);
+    }
+    let x = Tensor::from_slice(&(0..192).map(|i| i as f32 / 100.0).collect::<Vec<_>>(), &[4, 48]).unwrap();
+    let run = |b: Backend| -> Vec<f32> {
+        compile(|x: &Tensor| x.mul(2.0)?.softmax(-1)).backend(b).call(&x).unwrap().to_vec().unwrap()
+    };
+    let (k, r) = (run(Backend::Kernels), run(Backend::Cpu));
+    assert!(k.iter().zip(&r).all(|(a, b)| (a - b).abs() < 1e-6));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -17,6 +17,7 @@ fn normalise(x: &Tensor) -> Result<Tensor> {
 }
 
 fn main() -> Result<()> {
+    kiln::init_logs();
     let f = compile(normalise);
     for values in [[1.0f32, 2.0, 3.0, 6.0], [-1.0, -2.0, 0.5, 0.25]] {
         let x = Tensor::from_slice(&values, &[4])?;

@@ -14,6 +14,7 @@ fn block(x: &Tensor, w1: &Tensor, w2: &Tensor) -> Result<Tensor> {
 }
 
 fn main() -> Result<()> {
+    kiln::init_logs();
     let n = 8;
     let x = Tensor::from_slice(&(0..4 * n).map(|i| (i as f32 * 0.37).sin()).collect::<Vec<_>>(), &[4, n])?;
     let w1 =

@@ -24,6 +24,20 @@ pub use kiln_graph::{
 use kiln_graph::{CpuReference, IntoBackend, KernelInterpreter};
 use std::rc::Rc;
 
+/// Turns on kiln's logs as `KILN_LOGS` asks: a comma-separated list of `graph`, `fusion`, `guards`,
+/// `recompiles`, `cache`, `output_code` (or `all`), printed to stderr. Safe to call more than once; a
+/// program with its own `tracing` subscriber need not call it.
+pub fn init_logs() {
+    let Ok(wanted) = std::env::var("KILN_LOGS") else { return };
+    let all = ["graph", "fusion", "guards", "recompiles", "cache", "output_code"];
+    let names: Vec<&str> =
+        if wanted.trim() == "all" { all.to_vec() } else { wanted.split(',').map(str::trim).collect() };
+    let directives: Vec<String> =
+        names.iter().filter(|n| all.contains(n)).map(|n| format!("kiln::{n}=debug")).collect();
+    let filter = tracing_subscriber::EnvFilter::new(directives.join(","));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
 /// Which backend compiled graphs run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Backend {

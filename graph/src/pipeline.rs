@@ -16,6 +16,24 @@ use crate::plan::{plan, Plan};
 use crate::target::Target;
 use std::collections::BTreeSet;
 use std::fmt;
+use std::time::Instant;
+
+/// Milliseconds each stage of compiling one graph took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PhaseTimes {
+    /// Decomposition and dead-node pruning.
+    pub decompose_ms: f64,
+    /// Scheduling into regions (summed over rescheduling rounds).
+    pub fuse_ms: f64,
+    /// Regions to kernels.
+    pub lower_ms: f64,
+    /// The memory plan.
+    pub plan_ms: f64,
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
 
 /// Everything compiling one graph produced.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -30,6 +48,9 @@ pub struct CompiledGraph {
     pub plan: Plan,
     /// What it was compiled for.
     pub target: Target,
+    /// How long each stage took when it was compiled (not when loaded from a cache).
+    #[serde(default)]
+    pub timings: PhaseTimes,
 }
 
 /// Compiles `graph` for `target`, fusing everything the policy allows.
@@ -46,22 +67,34 @@ pub fn compile_cached(graph: &Graph, target: &Target, mode: FusionMode) -> Resul
 
 /// Compiles `graph` for `target` with the given fusion mode (`PerOp`: the eager baseline).
 pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> Result<CompiledGraph> {
+    let mut timings = PhaseTimes::default();
+    let clock = Instant::now();
     let decomposed = decompose(graph)?;
     // Tracing records every op the user ran; only what an output needs is compiled.
     let (live, kept) = decomposed.graph.without_dead_nodes();
     let primitive = Decomposed { graph: live, origin: kept.iter().map(|k| decomposed.origin[k.index()]).collect() };
     let names: Vec<String> = primitive.origin.iter().map(|&o| graph.node(o).op.name().to_string()).collect();
+    timings.decompose_ms = ms(clock);
     let mut refused = BTreeSet::new();
     loop {
         let per_op = (mode == FusionMode::PerOp).then_some(primitive.origin.as_slice());
+        let clock = Instant::now();
         let fusion = fuse(&primitive.graph, &names, target, &refused, per_op)?;
+        timings.fuse_ms += ms(clock);
+        let clock = Instant::now();
         let lowered: Result<Vec<Kernel>, LowerFailure> =
             fusion.regions.iter().map(|r| lower(&primitive.graph, r, target)).collect();
+        timings.lower_ms += ms(clock);
         match lowered {
             Ok(kernels) => {
+                let clock = Instant::now();
                 let plan = plan(&primitive.graph, &kernels);
-                tracing::debug!(target: "kiln::fusion", kernels = kernels.len(), "compiled graph");
-                return Ok(CompiledGraph { primitive, fusion, kernels, plan, target: target.clone() });
+                timings.plan_ms = ms(clock);
+                tracing::debug!(target: "kiln::fusion", kernels = kernels.len(), ?timings, "compiled graph");
+                for k in &kernels {
+                    tracing::debug!(target: "kiln::output_code", kernel = %k.name, "\n{k}");
+                }
+                return Ok(CompiledGraph { primitive, fusion, kernels, plan, target: target.clone(), timings });
             }
             // Lowering found a member reading a reduction at another row: schedule again without it.
             Err(LowerFailure::Refuse(n)) => {
@@ -151,14 +184,21 @@ impl fmt::Display for CompiledGraph {
     /// Regions (what each kernel fused, what it reads and writes) followed by each kernel's IR.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let g = &self.primitive.graph;
+        let t = &self.timings;
         writeln!(
             f,
-            "{} kernel(s) for target `{}` ({} primitive nodes; {} buffers, {} reused)",
+            "{} kernel(s) for target `{}` ({} primitive nodes; {} buffers, {} reused; compiled in {:.2} ms: \
+             decompose {:.2}, fuse {:.2}, lower {:.2}, plan {:.2})",
             self.kernels.len(),
             self.target.name,
             g.nodes.len(),
             self.plan.buffers.len(),
-            self.plan.reused
+            self.plan.reused,
+            t.decompose_ms + t.fuse_ms + t.lower_ms + t.plan_ms,
+            t.decompose_ms,
+            t.fuse_ms,
+            t.lower_ms,
+            t.plan_ms
         )?;
         for (r, k) in self.fusion.regions.iter().zip(&self.kernels) {
             let reads: Vec<NodeId> = k.buffers.iter().filter(|b| b.access == Access::Read).map(|b| b.node).collect();

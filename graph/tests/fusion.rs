@@ -173,3 +173,41 @@ fn explain_shows_the_w3_region_and_its_kernel_ir() {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
 }
+
+#[test]
+fn fusion_never_raises_peak_memory() {
+    use kiln_graph::{compile_graph_with, FusionMode};
+    let b = kiln_graph::sym::Bindings::new();
+    let (bsz, s, d) = (2, 64, 96);
+    let w5 = [
+        f32s(&[bsz, s, d]),
+        f32s(&[d]),
+        f32s(&[d]),
+        f32s(&[3 * d, d]),
+        f32s(&[3 * d]),
+        f32s(&[d, d]),
+        f32s(&[d]),
+        f32s(&[d]),
+        f32s(&[d]),
+        f32s(&[4 * d, d]),
+        f32s(&[4 * d]),
+        f32s(&[d, 4 * d]),
+        f32s(&[d]),
+    ];
+    let graphs = [
+        capture(&[f32s(&[4096])], |t| Ok(vec![w1(&t[0])?])).unwrap(),
+        capture(&[f32s(&[64, 512]), f32s(&[512]), f32s(&[512])], |t| {
+            Ok(vec![t[0].layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?.gelu()?])
+        })
+        .unwrap(),
+        capture(&w5, |t| Ok(vec![w5_block(t, 4)?])).unwrap(),
+    ];
+    for g in &graphs {
+        let target = Target::cuda(90);
+        let fused = compile_graph_with(g, &target, FusionMode::Fused).unwrap();
+        let per_op = compile_graph_with(g, &target, FusionMode::PerOp).unwrap();
+        let (pf, pe) = (fused.plan.peak_bytes(&b).unwrap(), per_op.plan.peak_bytes(&b).unwrap());
+        assert!(pf <= pe, "fused peak {pf} > one-kernel-per-op peak {pe}");
+        assert!(fused.kernels.len() < per_op.kernels.len() || fused.kernels.len() == 1);
+    }
+}

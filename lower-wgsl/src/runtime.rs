@@ -27,6 +27,20 @@ pub struct Gpu {
     pipelines: RefCell<HashMap<String, Rc<wgpu::ComputePipeline>>>,
     /// The driver's pipeline cache, persisted next to kiln's compile cache when the adapter has one.
     driver_cache: Option<DriverCache>,
+    stats: RefCell<GpuStats>,
+}
+
+/// What the runtime spent compiling, for compile statistics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuStats {
+    /// Pipelines created (a shader the driver compiled).
+    pub pipelines_created: usize,
+    /// Kernels served by an existing pipeline (same code).
+    pub pipelines_reused: usize,
+    /// Time rendering WGSL and validating it with naga, ms.
+    pub render_ms: f64,
+    /// Time the driver spent creating pipelines, ms.
+    pub driver_ms: f64,
 }
 
 /// A persisted `wgpu::PipelineCache`: the driver's compiled shaders survive the process, so a warm start
@@ -71,6 +85,24 @@ impl DriverCache {
         if !ok || std::fs::rename(&tmp, &self.file).is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
+    }
+}
+
+/// A monotonic instant where the platform has one (not on the web, where timings read as zero).
+#[cfg(not(target_arch = "wasm32"))]
+fn web_time_now() -> Option<std::time::Instant> {
+    Some(std::time::Instant::now())
+}
+
+#[cfg(target_arch = "wasm32")]
+fn web_time_now() -> Option<std::time::Instant> {
+    None
+}
+
+fn elapsed_ms(from: Option<std::time::Instant>, to: Option<std::time::Instant>) -> f64 {
+    match (from, to) {
+        (Some(a), Some(b)) => b.duration_since(a).as_secs_f64() * 1e3,
+        _ => 0.0,
     }
 }
 
@@ -149,7 +181,16 @@ impl Gpu {
         };
         tracing::info!(target: "kiln::graph", adapter = %info.name, backend = ?info.backend, kind = ?info.device_type, "wgpu adapter");
         let driver_cache = if persist { DriverCache::open(&device, &info) } else { None };
-        Ok(Gpu { adapter: info, device, queue, f16, target, pipelines: RefCell::new(HashMap::new()), driver_cache })
+        Ok(Gpu {
+            adapter: info,
+            device,
+            queue,
+            f16,
+            target,
+            pipelines: RefCell::new(HashMap::new()),
+            driver_cache,
+            stats: RefCell::new(GpuStats::default()),
+        })
     }
 
     /// Blocking [`Gpu::new_async`] for native code.
@@ -176,14 +217,23 @@ impl Gpu {
         )
     }
 
+    /// Pipelines created and reused, and time spent rendering and in the driver, so far.
+    pub fn stats(&self) -> GpuStats {
+        self.stats.borrow().clone()
+    }
+
     async fn pipeline(&self, kernel: &Kernel) -> Result<(Rc<wgpu::ComputePipeline>, Vec<Storage>, bool)> {
+        let clock = web_time_now();
         let shader = render(kernel, self.f16).map_err(|e| err(e.to_string()))?;
         // Keyed by the code, not the kernel's name: identical kernels (64 equal layers) share a pipeline.
         let key: String = shader.source.lines().filter(|l| !l.starts_with("// ")).collect::<Vec<_>>().join("\n");
         if let Some(p) = self.pipelines.borrow().get(&key) {
+            self.stats.borrow_mut().pipelines_reused += 1;
             return Ok((p.clone(), shader.storage, shader.uses_symbols));
         }
         validate(&kernel.name, &shader.source).map_err(|e| err(e.to_string()))?;
+        tracing::debug!(target: "kiln::output_code", kernel = %kernel.name, "\n{}", shader.source);
+        let rendered = web_time_now();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(&kernel.name),
@@ -204,6 +254,12 @@ impl Gpu {
             let numbered: String =
                 shader.source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
             return Err(err(format!("kernel {}: the device rejected the shader: {e}\n{numbered}", kernel.name)));
+        }
+        {
+            let mut st = self.stats.borrow_mut();
+            st.pipelines_created += 1;
+            st.render_ms += elapsed_ms(clock, rendered);
+            st.driver_ms += elapsed_ms(rendered, web_time_now());
         }
         let p = Rc::new(pipeline);
         self.pipelines.borrow_mut().insert(key, p.clone());

@@ -44,6 +44,8 @@ struct Writer<'k> {
     /// Inside a `Group` loop and outside any `Threads` loop: stores are thread 0's.
     single_thread_stores: bool,
     red_types: std::collections::BTreeSet<&'static str>,
+    /// Workgroup tiles of the matmul template: (A elements, B elements, element type).
+    mm_tiles: Option<(i64, i64, &'static str)>,
     error: Option<String>,
     /// Inside a vectorised loop: the lane being written and the loop variable.
     lane: Option<(u32, SymId)>,
@@ -644,35 +646,96 @@ impl<'k> Writer<'k> {
         }
     }
 
-    /// The matmul template, one output element per thread (grid-stride). Tiling through workgroup memory
-    /// is the next step for speed; the IR already carries the tile sizes.
+    /// The matmul template, tiled through workgroup memory: each workgroup owns a `tile.m × tile.n` block
+    /// of one batch's output (a grid-stride loop over blocks), its 256 threads as 16 × 16, each thread a
+    /// `tile.m/16 × tile.n/16` patch of accumulators in registers. Per `tile.k` step the group loads an
+    /// A and a B tile through the operand code (so transposes, head splits and broadcast batches are
+    /// index expressions, not copies), then every thread accumulates its patch; the fused epilogue runs on
+    /// each finished element.
     fn matmul(&mut self, depth: usize, m: &MatMul) {
         let [b, i, j, p] = m.syms.map(sym);
         let (bn, mm, nn, kk) = (self.expr(&m.batch), self.expr(&m.m), self.expr(&m.n), self.expr(&m.k));
-        let t = self.k.launch.threads;
+        let t = self.k.launch.threads as i64;
+        let (tm, tn, tk) = (m.tile.m as i64, m.tile.n as i64, m.tile.k as i64);
+        let (rm, rn) = (tm / 16, tn / 16);
         let acc_ty = self.ty(m.acc_dtype);
-        self.line(depth, &format!("let mm_total: i32 = {bn} * {mm} * {nn};"));
-        self.line(
-            depth,
-            &format!("for (var mm_t: i32 = group * {t}i + local; mm_t < mm_total; mm_t = mm_t + ngroups * {t}i) {{"),
-        );
+        if t != 256 || tm % 16 != 0 || tn % 16 != 0 {
+            self.fail(format!("matmul tile {tm}x{tn} with {t} threads: the WGSL template needs 256 threads and tiles of 16"));
+            return;
+        }
+        self.mm_tiles = Some((tm * tk, tk * tn, acc_ty));
         let d = depth + 1;
-        self.line(d, &format!("let {b}: i32 = mm_t / ({mm} * {nn});"));
-        self.line(d, &format!("let {i}: i32 = (mm_t / {nn}) % {mm};"));
-        self.line(d, &format!("let {j}: i32 = mm_t % {nn};"));
-        self.line(d, &format!("var mm_acc: {acc_ty} = {acc_ty}(0);"));
-        self.line(d, &format!("for (var {p}: i32 = 0i; {p} < {kk}; {p} = {p} + 1i) {{"));
-        self.block(d + 1, &m.a.body);
-        self.block(d + 1, &m.b.body);
+        self.line(depth, &format!("let mm_tiles_m: i32 = ({mm} + {}i) / {tm}i;", tm - 1));
+        self.line(depth, &format!("let mm_tiles_n: i32 = ({nn} + {}i) / {tn}i;", tn - 1));
+        self.line(depth, &format!("let mm_blocks: i32 = {bn} * mm_tiles_m * mm_tiles_n;"));
+        self.line(depth, "let mm_tx: i32 = local % 16i;");
+        self.line(depth, "let mm_ty: i32 = local / 16i;");
+        self.line(depth, "for (var mm_blk: i32 = group; mm_blk < mm_blocks; mm_blk = mm_blk + ngroups) {");
+        self.line(d, &format!("let {b}: i32 = mm_blk / (mm_tiles_m * mm_tiles_n);"));
+        self.line(d, &format!("let mm_row0: i32 = ((mm_blk / mm_tiles_n) % mm_tiles_m) * {tm}i;"));
+        self.line(d, &format!("let mm_col0: i32 = (mm_blk % mm_tiles_n) * {tn}i;"));
+        for r in 0..rm {
+            for c in 0..rn {
+                self.line(d, &format!("var mm_acc_{r}_{c}: {acc_ty} = {acc_ty}(0);"));
+            }
+        }
+        self.line(d, &format!("for (var mm_k0: i32 = 0i; mm_k0 < {kk}; mm_k0 = mm_k0 + {tk}i) {{"));
+        let e = d + 1;
+        // A tile: tm rows × tk columns, stored [column][row].
+        self.line(e, &format!("for (var mm_e: i32 = local; mm_e < {}i; mm_e = mm_e + {t}i) {{", tm * tk));
+        self.line(e + 1, &format!("let {i}: i32 = mm_row0 + mm_e / {tk}i;"));
+        self.line(e + 1, &format!("let {p}: i32 = mm_k0 + mm_e % {tk}i;"));
+        self.line(e + 1, &format!("var mm_v: {acc_ty} = {acc_ty}(0);"));
+        self.line(e + 1, &format!("if ({i} < {mm} && {p} < {kk}) {{"));
+        self.block(e + 2, &m.a.body);
         let a = self.convert(&self.var(m.a.value), self.dtype_of(m.a.value), m.acc_dtype);
+        self.line(e + 2, &format!("mm_v = {a};"));
+        self.line(e + 1, "}");
+        self.line(e + 1, &format!("mm_as[(mm_e % {tk}i) * {tm}i + mm_e / {tk}i] = mm_v;"));
+        self.line(e, "}");
+        // B tile: tk rows × tn columns, stored [row][column].
+        self.line(e, &format!("for (var mm_e: i32 = local; mm_e < {}i; mm_e = mm_e + {t}i) {{", tk * tn));
+        self.line(e + 1, &format!("let {p}: i32 = mm_k0 + mm_e / {tn}i;"));
+        self.line(e + 1, &format!("let {j}: i32 = mm_col0 + mm_e % {tn}i;"));
+        self.line(e + 1, &format!("var mm_v: {acc_ty} = {acc_ty}(0);"));
+        self.line(e + 1, &format!("if ({p} < {kk} && {j} < {nn}) {{"));
+        self.block(e + 2, &m.b.body);
         let bv = self.convert(&self.var(m.b.value), self.dtype_of(m.b.value), m.acc_dtype);
-        self.line(d + 1, &format!("mm_acc = mm_acc + {a} * {bv};"));
+        self.line(e + 2, &format!("mm_v = {bv};"));
+        self.line(e + 1, "}");
+        self.line(e + 1, "mm_bs[mm_e] = mm_v;");
+        self.line(e, "}");
+        self.line(e, "workgroupBarrier();");
+        self.line(e, &format!("for (var mm_kk: i32 = 0i; mm_kk < {tk}i; mm_kk = mm_kk + 1i) {{"));
+        for r in 0..rm {
+            self.line(e + 1, &format!("let mm_a{r}: {acc_ty} = mm_as[mm_kk * {tm}i + mm_ty * {rm}i + {r}i];"));
+        }
+        for c in 0..rn {
+            self.line(e + 1, &format!("let mm_b{c}: {acc_ty} = mm_bs[mm_kk * {tn}i + mm_tx * {rn}i + {c}i];"));
+        }
+        for r in 0..rm {
+            for c in 0..rn {
+                self.line(e + 1, &format!("mm_acc_{r}_{c} = mm_acc_{r}_{c} + mm_a{r} * mm_b{c};"));
+            }
+        }
+        self.line(e, "}");
+        self.line(e, "workgroupBarrier();");
         self.line(d, "}");
         self.var_dtype.insert(m.acc, m.acc_dtype);
-        self.line(d, &format!("let v{}: {acc_ty} = mm_acc;", m.acc.0));
         let saved = self.single_thread_stores;
         self.single_thread_stores = false;
-        self.block(d, &m.epilogue);
+        for r in 0..rm {
+            for c in 0..rn {
+                self.line(d, "{");
+                self.line(d + 1, &format!("let {i}: i32 = mm_row0 + mm_ty * {rm}i + {r}i;"));
+                self.line(d + 1, &format!("let {j}: i32 = mm_col0 + mm_tx * {rn}i + {c}i;"));
+                self.line(d + 1, &format!("if ({i} < {mm} && {j} < {nn}) {{"));
+                self.line(d + 2, &format!("let v{}: {acc_ty} = mm_acc_{r}_{c};", m.acc.0));
+                self.block(d + 2, &m.epilogue);
+                self.line(d + 1, "}");
+                self.line(d, "}");
+            }
+        }
         self.single_thread_stores = saved;
         self.line(depth, "}");
     }
@@ -724,6 +787,7 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         storage: storage.clone(),
         single_thread_stores: false,
         red_types: Default::default(),
+        mm_tiles: None,
         error: None,
         lane: None,
         lane_vars: Default::default(),
@@ -757,6 +821,10 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         let _ = writeln!(src, "@group(0) @binding({}) var<uniform> sizes: Sizes;", kernel.buffers.len());
     }
     let t = kernel.launch.threads;
+    if let Some((a, b, ty)) = w.mm_tiles {
+        let _ = writeln!(src, "var<workgroup> mm_as: array<{ty}, {a}>;");
+        let _ = writeln!(src, "var<workgroup> mm_bs: array<{ty}, {b}>;");
+    }
     for ty in &w.red_types {
         let elem = if *ty == "idx" { "i32" } else { ty };
         let _ = writeln!(src, "var<workgroup> red_{ty}: array<{elem}, {t}>;");

@@ -42,6 +42,42 @@ class W4(torch.nn.Module):
         return x
 
 
+class Block(torch.nn.Module):
+    """Pre-LN GPT block; `sdpa` picks F.scaled_dot_product_attention instead of the explicit form."""
+
+    def __init__(self, d, heads, sdpa):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+        self.heads, self.sdpa = heads, sdpa
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        if self.sdpa:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-1, -2)) / math.sqrt(d // self.heads)
+            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            a = att.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class W5(torch.nn.Module):
+    def __init__(self, d=768, sdpa=False):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(d, d // 64, sdpa) for _ in range(4))
+        self.ln = torch.nn.LayerNorm(d)
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = blk(x)
+        return self.ln(x)
+
+
 def inputs(wid, quick, dev):
     g = torch.Generator(device="cpu").manual_seed(0)
     r = lambda *s: (torch.rand(*s, generator=g) * 4 - 2).to(dev)
@@ -53,6 +89,8 @@ def inputs(wid, quick, dev):
     if wid == "W3":
         m, n = (1024, 1024) if quick else (8192, 4096)
         return [r(m, n), r(n), r(n)]
+    if wid.startswith("W5"):
+        return [r(2, 64, 128) if quick else r(8, 512, 768)]
     return [r(10, 10)]
 
 
@@ -89,7 +127,7 @@ def main():
     ap.add_argument("--json", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--workload", default="W1,W2,W3,W4")
+    ap.add_argument("--workload", default="W1,W2,W3,W4,W5,W5-sdpa")
     args = ap.parse_args()
     dev = "cuda"
     copy = copy_gbps(args.quick, args.repeat)
@@ -98,6 +136,9 @@ def main():
         xs = inputs(wid, args.quick, dev)
         if wid == "W4":
             model = W4().to(dev).eval()
+            base = lambda x: model(x)
+        elif wid.startswith("W5"):
+            model = W5(128 if args.quick else 768, sdpa=wid.endswith("sdpa")).to(dev).eval()
             base = lambda x: model(x)
         else:
             base = {"W1": w1, "W2": w2, "W3": w3}[wid]

@@ -2,6 +2,7 @@
 //! before timing it, and reports medians, achieved bandwidth as a fraction of a copy kernel measured in the
 //! same run, kernel counts and compile times, as JSON (`kiln-bench/1`) and Markdown.
 
+mod chart;
 mod report;
 mod wgpu_timing;
 mod workloads;
@@ -32,6 +33,12 @@ pub struct Cli {
     /// Write the Markdown report here.
     #[arg(long)]
     md: Option<PathBuf>,
+    /// Write the chart (SVG) here.
+    #[arg(long)]
+    chart: Option<PathBuf>,
+    /// Merge a peer's results (`benches/peers/torch_compile.py --json`) into the report.
+    #[arg(long)]
+    peer: Vec<PathBuf>,
 }
 
 fn main() {
@@ -90,10 +97,16 @@ fn run(cli: &Cli) -> kiln::Result<Report> {
         }
     }
     for note in [
-        "W5 (GPT-2-small-like stack) waits for a tiled matmul template and autodiff; W6 (densenet) for convolution support.",
+        "W5 runs forward in f32 only: the training step waits for autodiff, and bf16 on wgpu is stored widened to f32 (not a bf16 measurement). W6 (densenet) waits for convolution support.",
         "cuda: the PTX lowering has not landed yet.",
     ] {
         report.notes.push(note.into());
+    }
+    for p in &cli.peer {
+        report.merge_peer(p)?;
+    }
+    if let Some(p) = &cli.chart {
+        chart::draw(&report, p).map_err(|msg| kiln::Error::Format { what: "chart".into(), msg })?;
     }
     if let Some(p) = &cli.json {
         std::fs::write(p, report.json())

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 pub const SCHEMA: &str = "kiln-bench/1";
 
 /// One measured configuration.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct ResultRow {
     /// Workload id.
     pub workload: String,
@@ -24,11 +24,12 @@ pub struct ResultRow {
     pub max_rel_err: f64,
     /// Whether that error is within tolerance.
     pub correct: bool,
-    /// Kernels launched per run.
-    pub kernels: usize,
+    /// Kernels launched per run (`None` where the peer does not say).
+    pub kernels: Option<usize>,
     /// Bytes the computation must read and write (inputs once, outputs once); GB/s is quoted on these.
     pub bytes: u64,
     /// Bytes all kernels actually read and write per run (intermediates included).
+    #[serde(default)]
     pub traffic_bytes: u64,
     /// Achieved bandwidth, GB/s.
     pub gbps: f64,
@@ -61,7 +62,33 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
+#[derive(serde::Deserialize)]
+struct PeerFile {
+    schema: String,
+    #[serde(default)]
+    peer: String,
+    #[serde(default)]
+    devices: Vec<String>,
+    #[serde(default)]
+    copy_gbps: BTreeMap<String, f64>,
+    results: Vec<ResultRow>,
+}
+
 impl Report {
+    /// Adds a peer's results (same schema) to the report.
+    pub fn merge_peer(&mut self, path: &std::path::Path) -> kiln::Result<()> {
+        let bad = |msg: String| kiln::Error::Format { what: format!("peer results {}", path.display()), msg };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let peer: PeerFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if peer.schema != SCHEMA {
+            return Err(bad(format!("schema {} is not {SCHEMA}", peer.schema)));
+        }
+        self.devices.extend(peer.devices.into_iter().map(|d| format!("peer {}: {d}", peer.peer)));
+        self.copy_gbps.extend(peer.copy_gbps);
+        self.results.extend(peer.results);
+        Ok(())
+    }
+
     /// An empty report.
     pub fn new(quick: bool) -> Self {
         Report {
@@ -90,18 +117,19 @@ impl Report {
         for (b, g) in &self.copy_gbps {
             s.push_str(&format!("- copy bandwidth on {b}: {g:.1} GB/s (bytes read + written)\n"));
         }
-        s.push_str("\n| workload | backend | mode | median ms | kernels | GB/s | % of copy | max rel err | cold compile ms | warm compile ms | timing |\n");
-        s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        s.push_str("\n| workload | backend | mode | median ms | kernels | GB/s | % of copy | TFLOP/s | max rel err | cold compile ms | warm compile ms | timing |\n");
+        s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
         for r in &self.results {
             s.push_str(&format!(
-                "| {} | {} | {} | {:.4} | {} | {:.1} | {:.0}% | {:.1e}{} | {:.1} | {} | {} |\n",
+                "| {} | {} | {} | {:.4} | {} | {:.1} | {:.0}% | {} | {:.1e}{} | {:.1} | {} | {} |\n",
                 r.workload,
                 r.backend,
                 r.mode,
                 r.median_ms,
-                r.kernels,
+                r.kernels.map_or("—".into(), |k| k.to_string()),
                 r.gbps,
                 r.frac_copy * 100.0,
+                r.tflops.map_or("—".into(), |t| format!("{t:.2}")),
                 r.max_rel_err,
                 if r.correct { "" } else { " ✗" },
                 r.cold_compile_ms,
@@ -132,7 +160,7 @@ pub fn cpu_reference_row(w: &Workload) -> kiln::Result<ResultRow> {
         timing: "wall, 1 run at check size".into(),
         max_rel_err: 0.0,
         correct: true,
-        kernels: 0,
+        kernels: None,
         bytes: 0,
         traffic_bytes: 0,
         gbps: 0.0,

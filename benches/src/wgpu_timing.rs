@@ -94,7 +94,7 @@ pub fn measure(gpu: &WgpuBackend, w: &Workload, cli: &Cli, copy_gbps: f64) -> ki
             timing: "fenced wall time".into(),
             max_rel_err: err,
             correct: err <= 1e-4,
-            kernels: p.launches(),
+            kernels: Some(p.launches()),
             bytes: p.io_bytes,
             traffic_bytes: p.bytes_moved,
             gbps,

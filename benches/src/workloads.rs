@@ -57,6 +57,66 @@ fn w4_inputs(batch: usize) -> Vec<TensorSpec> {
     v
 }
 
+/// One pre-LN GPT block; `p` holds ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc1 w/b, fc2 w/b.
+fn gpt_block(x: &Tensor, p: &[Tensor], heads: usize) -> Result<Tensor> {
+    let dims = x.shape().as_concrete().expect("static shapes");
+    let (b, s, d) = (dims[0] as isize, dims[1] as isize, dims[2] as isize);
+    let hd = d / heads as isize;
+    let h = x.layer_norm(1, Some(&p[0]), Some(&p[1]), 1e-5)?;
+    let qkv = h.linear(&p[2], Some(&p[3]))?;
+    let split = |i: isize| -> Result<Tensor> {
+        qkv.narrow(-1, (i * d) as usize, d as usize)?.reshape(&[b, s, heads as isize, hd])?.permute(&[0, 2, 1, 3])
+    };
+    let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+    let att = q.matmul(&k.transpose(-1, -2)?)?.mul(1.0 / (hd as f64).sqrt())?.causal_mask()?.softmax(-1)?.matmul(&v)?;
+    let att = att.permute(&[0, 2, 1, 3])?.reshape(&[b, s, d])?;
+    let x = x.add(&att.linear(&p[4], Some(&p[5]))?)?;
+    let h = x.layer_norm(1, Some(&p[6]), Some(&p[7]), 1e-5)?;
+    x.add(&h.linear(&p[8], Some(&p[9]))?.gelu()?.linear(&p[10], Some(&p[11]))?)
+}
+
+/// W5 forward: 4 blocks then a final layer norm; inputs x, 4 × 12 block parameters, final w/b.
+fn w5(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let d = t[0].shape().as_concrete().expect("static")[2];
+    let heads = (d / 64).max(1);
+    let mut x = t[0].clone();
+    for blk in 0..4 {
+        x = gpt_block(&x, &t[1 + 12 * blk..13 + 12 * blk], heads)?;
+    }
+    Ok(vec![x.layer_norm(1, Some(&t[49]), Some(&t[50]), 1e-5)?])
+}
+
+fn w5_inputs(b: usize, s: usize, d: usize) -> Vec<TensorSpec> {
+    let mut v = vec![f32s(&[b, s, d])];
+    for _ in 0..4 {
+        v.extend([
+            f32s(&[d]),
+            f32s(&[d]),
+            f32s(&[3 * d, d]),
+            f32s(&[3 * d]),
+            f32s(&[d, d]),
+            f32s(&[d]),
+            f32s(&[d]),
+            f32s(&[d]),
+            f32s(&[4 * d, d]),
+            f32s(&[4 * d]),
+            f32s(&[d, 4 * d]),
+            f32s(&[d]),
+        ]);
+    }
+    v.extend([f32s(&[d]), f32s(&[d])]);
+    v
+}
+
+fn w5_flops(s: &[TensorSpec]) -> Option<f64> {
+    let d = s[0].shape.as_concrete()?;
+    let (b, n, d) = (d[0] as f64, d[1] as f64, d[2] as f64);
+    // QKV, scores, weighted values, projection, two MLP matmuls; 2 FLOPs per multiply-add.
+    let block =
+        2.0 * b * n * d * 3.0 * d + 2.0 * 2.0 * b * n * n * d + 2.0 * b * n * d * d + 2.0 * 2.0 * b * n * d * 4.0 * d;
+    Some(4.0 * block)
+}
+
 fn no_flops(_: &[TensorSpec]) -> Option<f64> {
     None
 }
@@ -100,6 +160,15 @@ pub fn all() -> Vec<Workload> {
             f: w4,
             flops: |s| Some(129.0 * 2.0 * (s[0].shape.numel().as_const().unwrap_or(0) as f64) * 10.0),
         },
+        Workload {
+            id: "W5",
+            what: "GPT-2-small-like stack, 4 pre-LN blocks + final LN, forward, f32, batch 8 x seq 512 x d 768",
+            full: w5_inputs(8, 512, 768),
+            quick: w5_inputs(2, 64, 128),
+            check: w5_inputs(1, 16, 128),
+            f: w5,
+            flops: w5_flops,
+        },
     ]
 }
 
@@ -107,7 +176,8 @@ pub fn all() -> Vec<Workload> {
 pub fn data(spec: &TensorSpec, salt: usize) -> kiln_graph::TensorData {
     let dims = spec.shape.as_concrete().expect("workload shapes are static");
     let n: usize = dims.iter().product();
-    let scale = if dims.len() == 2 && dims[0] == 10 && dims[1] == 10 { 0.3 } else { 1.0 };
+    // Weights (2-D) scaled like a fan-in initialisation, so deep stacks stay finite and well-conditioned.
+    let scale = if dims.len() == 2 { (1.0 / dims[1] as f64).sqrt() } else { 1.0 };
     let values = (0..n).map(|i| (((i * 7919 + salt * 104729) % 4001) as f64 / 1000.0 - 2.0) * scale).collect();
     kiln_graph::TensorData::from_f64(values, &dims, spec.dtype).expect("sizes match")
 }

@@ -660,7 +660,9 @@ impl<'k> Writer<'k> {
         let (rm, rn) = (tm / 16, tn / 16);
         let acc_ty = self.ty(m.acc_dtype);
         if t != 256 || tm % 16 != 0 || tn % 16 != 0 {
-            self.fail(format!("matmul tile {tm}x{tn} with {t} threads: the WGSL template needs 256 threads and tiles of 16"));
+            self.fail(format!(
+                "matmul tile {tm}x{tn} with {t} threads: the WGSL template needs 256 threads and tiles of 16"
+            ));
             return;
         }
         self.mm_tiles = Some((tm * tk, tk * tn, acc_ty));

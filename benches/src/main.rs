@@ -36,6 +36,9 @@ pub struct Cli {
     /// Write the chart (SVG) here.
     #[arg(long)]
     chart: Option<PathBuf>,
+    /// Redraw the chart of an earlier JSON report (no measuring) and exit.
+    #[arg(long)]
+    replot: Option<PathBuf>,
     /// Merge a peer's results (`benches/peers/torch_compile.py --json`) into the report.
     #[arg(long)]
     peer: Vec<PathBuf>,
@@ -43,6 +46,17 @@ pub struct Cli {
 
 fn main() {
     let cli = Cli::parse();
+    if let (Some(json), Some(out)) = (&cli.replot, &cli.chart) {
+        let report = std::fs::read_to_string(json)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str::<Report>(&t).map_err(|e| e.to_string()))
+            .and_then(|r| chart::draw(&r, out));
+        if let Err(e) = report {
+            eprintln!("kiln-bench: {e}");
+            std::process::exit(2);
+        }
+        return;
+    }
     match run(&cli) {
         Ok(report) => {
             let failed = report.results.iter().any(|r| !r.correct);

@@ -44,12 +44,12 @@ pub struct ResultRow {
 }
 
 /// The whole report.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct Report {
     /// Schema tag.
-    pub schema: &'static str,
+    pub schema: String,
     /// kiln version.
-    pub kiln_version: &'static str,
+    pub kiln_version: String,
     /// Whether sizes were the `--quick` ones.
     pub quick: bool,
     /// Devices and adapters, one line each.
@@ -92,8 +92,8 @@ impl Report {
     /// An empty report.
     pub fn new(quick: bool) -> Self {
         Report {
-            schema: SCHEMA,
-            kiln_version: env!("CARGO_PKG_VERSION"),
+            schema: SCHEMA.into(),
+            kiln_version: env!("CARGO_PKG_VERSION").into(),
             quick,
             devices: Vec::new(),
             copy_gbps: BTreeMap::new(),

@@ -38,6 +38,13 @@ pub fn init_logs() {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
+/// Runs eager ops (tensor ops outside `compile`) on `backend` from now on, on this thread: each op is
+/// one kernel through the same pipeline and runtime compiled code uses.
+pub fn set_eager_backend(backend: Backend) -> Result<()> {
+    kiln_graph::set_eager_backend(Some(backend.into_backend()?));
+    Ok(())
+}
+
 /// Which backend compiled graphs run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Backend {

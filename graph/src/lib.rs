@@ -43,4 +43,4 @@ pub use ops::{Operand, OperandValue};
 pub use pipeline::{compile_cached, compile_graph, compile_graph_with, CompiledGraph};
 pub use shape::Shape;
 pub use target::Target;
-pub use trace::{capture, GraphBreak, Tensor, TensorSpec, TracedGraph};
+pub use trace::{capture, set_eager_backend, GraphBreak, Tensor, TensorSpec, TracedGraph};

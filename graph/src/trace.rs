@@ -29,6 +29,15 @@ fn next_id() -> u64 {
 
 thread_local! {
     static ACTIVE: RefCell<Option<Rc<Tracer>>> = const { RefCell::new(None) };
+    /// Where eager ops (outside any trace) run; the CPU reference unless set.
+    static EAGER: RefCell<Option<Rc<dyn Backend>>> = const { RefCell::new(None) };
+}
+
+/// Makes eager ops on this thread run on `backend`: each op becomes its own kernel through the same
+/// pipeline and runtime as compiled code (the baseline torch calls eager mode). `None` restores the CPU
+/// reference. Concrete tensors still live on the host between ops.
+pub fn set_eager_backend(backend: Option<Rc<dyn Backend>>) {
+    EAGER.with(|e| *e.borrow_mut() = backend);
 }
 
 /// A tensor: concrete data, or a value in the graph being traced.
@@ -511,13 +520,14 @@ pub fn capture(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Te
     Ok(graph)
 }
 
-/// Records one op: into the active trace, or (eager mode) as a one-node graph run at once on the CPU
-/// reference. Shape and dtype inference happen before, in `ops`.
+/// Records one op: into the active trace, or (eager mode) as a one-node graph run at once on the eager
+/// backend (the CPU reference unless [`set_eager_backend`] chose another). Shape and dtype inference happen before, in `ops`.
 pub(crate) fn record(op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc: SourceLoc) -> Result<Tensor> {
     if let Some(t) = active() {
         return t.record(op, inputs, dtype, shape, loc);
     }
-    let eager = Tracer::new(TraceOptions::default());
+    let backend = EAGER.with(|e| e.borrow().clone()).unwrap_or_else(|| TraceOptions::default().backend);
+    let eager = Tracer::new(TraceOptions { fullgraph: false, backend });
     let out = eager.record(op, inputs, dtype, shape, loc)?;
     eager.flush(None)?;
     Ok(out)

@@ -28,6 +28,8 @@ pub struct Gpu {
     /// The driver's pipeline cache, persisted next to kiln's compile cache when the adapter has one.
     driver_cache: Option<DriverCache>,
     stats: RefCell<GpuStats>,
+    /// Free device buffers by size class (powers of two), reused across runs.
+    pool: RefCell<HashMap<u64, Vec<wgpu::Buffer>>>,
 }
 
 /// What the runtime spent compiling, for compile statistics.
@@ -190,6 +192,7 @@ impl Gpu {
             pipelines: RefCell::new(HashMap::new()),
             driver_cache,
             stats: RefCell::new(GpuStats::default()),
+            pool: RefCell::new(HashMap::new()),
         })
     }
 
@@ -290,7 +293,34 @@ impl Gpu {
     pub async fn run_async(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
         let prepared = self.prepare(c, inputs).await?;
         self.launch(&prepared);
-        self.read(&prepared).await
+        let out = self.read(&prepared).await;
+        self.recycle(prepared);
+        out
+    }
+
+    /// Returns a prepared graph's buffers to the pool for later runs.
+    pub fn recycle(&self, p: Prepared) {
+        let mut pool = self.pool.borrow_mut();
+        for b in p.buffers {
+            pool.entry(b.size()).or_default().push(b);
+        }
+    }
+
+    /// A storage buffer of at least `size` bytes: from the pool when one of its size class is free.
+    fn buffer(&self, size: u64) -> wgpu::Buffer {
+        // Size classes are powers of two from 256 bytes, so a model whose shapes vary a little reuses
+        // buffers instead of allocating per call.
+        let class = size.max(256).next_power_of_two();
+        if let Some(b) = self.pool.borrow_mut().get_mut(&class).and_then(Vec::pop) {
+            return b;
+        }
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: class,
+            usage,
+            mapped_at_creation: false,
+        })
     }
 
     /// Binds a compiled graph to device memory: buffers from the plan, inputs uploaded, one pipeline per
@@ -320,18 +350,7 @@ impl Gpu {
             }
         }
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-        let buffers: Vec<wgpu::Buffer> = sizes
-            .iter()
-            .map(|&size| {
-                self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: None,
-                    size,
-                    usage,
-                    mapped_at_creation: false,
-                })
-            })
-            .collect();
+        let buffers: Vec<wgpu::Buffer> = sizes.iter().map(|&size| self.buffer(size)).collect();
         if let Some(e) = oom.pop().await {
             return Err(err(format!("out of device memory allocating {} bytes: {e}", sizes.iter().sum::<u64>())));
         }

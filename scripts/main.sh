@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# kiln's main job. Until the bench lands (issue: headless bench), it runs the quickstart end to end on
-# the best backend found (CUDA when that lowering lands, else any wgpu adapter — lavapipe counts — else the
-# CPU reference) and prints the captured graph and its kernels.
+# kiln's main job: the bench on the best backend found (CUDA once that lowering lands, else any wgpu
+# adapter — lavapipe counts, at quick sizes — else the CPU reference). Writes bench-report.{md,json,svg}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
-cargo run --release --locked --example quickstart
+cargo run --release --locked -p kiln-bench -- --json bench-report.json --md bench-report.md --chart bench-report.svg "$@"

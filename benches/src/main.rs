@@ -12,7 +12,7 @@ use report::Report;
 use std::path::PathBuf;
 
 /// Command line.
-#[derive(Parser, Debug)]
+#[derive(Parser, Debug, Clone)]
 #[command(version, about = "kiln's headless bench")]
 pub struct Cli {
     /// `best` (CUDA, else any wgpu adapter, else the CPU reference), `all`, `wgpu` or `cpu`.
@@ -89,17 +89,31 @@ fn run(cli: &Cli) -> kiln::Result<Report> {
     } else {
         Err(kiln::Error::Unsupported { what: "not requested".into(), loc: kiln::SourceLoc::internal() })
     };
+    let mut quick = cli.quick;
     match gpu {
         Ok(gpu) => {
             report.devices.push(format!("wgpu: {}", gpu.gpu().describe()));
+            if !quick && gpu.gpu().is_software() {
+                // Full sizes take hours on a CPU Vulkan driver (lavapipe): measure the quick sizes instead.
+                quick = true;
+                report.quick = true;
+                report.notes.push("the only adapter is a CPU driver: quick sizes used".into());
+            }
+            let cli = &Cli { quick, ..cli.clone() };
             let copy = wgpu_timing::copy_bandwidth(&gpu, cli)?;
             report.copy_gbps.insert("wgpu".into(), copy);
+            let bar = indicatif::ProgressBar::new(chosen.len() as u64).with_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
             for w in &chosen {
-                eprintln!("{}: {}", w.id, w.what);
+                bar.set_message(format!("{}: {}", w.id, w.what));
                 for row in wgpu_timing::measure(&gpu, w, cli, copy)? {
                     report.results.push(row);
                 }
+                bar.inc(1);
             }
+            bar.finish_and_clear();
         }
         Err(e) if cli.backend == "wgpu" => return Err(e),
         Err(e) => report.devices.push(format!("wgpu: unavailable ({e})")),

@@ -202,6 +202,11 @@ impl Gpu {
         pollster::block_on(Self::new_async())
     }
 
+    /// True for a CPU implementation of the API (lavapipe, SwiftShader, WARP): correct, not fast.
+    pub fn is_software(&self) -> bool {
+        self.adapter.device_type == wgpu::DeviceType::Cpu
+    }
+
     /// Forgets compiled pipelines (the bench measures cold compiles with it).
     pub fn clear_pipelines(&self) {
         self.pipelines.borrow_mut().clear();

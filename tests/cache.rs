@@ -1,23 +1,13 @@
 //! The compile cache: structure-keyed (regional reuse without rewriting the model), persistent across
 //! runs, and never trusting a corrupt or truncated entry. One test function: it owns KILN_CACHE_DIR.
 
+use kiln::graph::workloads::{w4, w4_inputs};
 use kiln::graph::{cache, capture, compile_cached, CompiledGraph, DType, FusionMode, Target, Tensor, TensorSpec};
-use kiln::{compile, Backend, Result};
+use kiln::{compile, Backend};
 use std::collections::BTreeSet;
 
 fn f32s(d: &[usize]) -> TensorSpec {
     TensorSpec::new(DType::F32, d)
-}
-
-/// W4: `Linear(10,10)` then 64 × [Linear → ReLU → sigmoid → Linear → ReLU], distinct weights per layer.
-fn w4(t: &[Tensor]) -> Result<Vec<Tensor>> {
-    let mut h = t[0].linear(&t[1], Some(&t[2]))?;
-    for l in 0..64 {
-        let p = 3 + 4 * l;
-        h = h.linear(&t[p], Some(&t[p + 1]))?.relu()?.sigmoid()?;
-        h = h.linear(&t[p + 2], Some(&t[p + 3]))?.relu()?;
-    }
-    Ok(vec![h])
 }
 
 /// Kernels that differ only in name and in which values they bind are one structure.
@@ -49,12 +39,8 @@ fn structure_keyed_persistent_and_checked() {
     let target = Target::interpreter();
 
     // Regional reuse: the 64-layer W4 model, compiled whole, is three distinct kernel structures.
-    let mut inputs = vec![f32s(&[10, 10])];
-    for _ in 0..129 {
-        inputs.extend([f32s(&[10, 10]), f32s(&[10])]);
-    }
     let t = std::time::Instant::now();
-    let w4_graph = capture(&inputs, w4).unwrap();
+    let w4_graph = capture(&w4_inputs(10), w4).unwrap();
     let c = compile_cached(&w4_graph, &target, FusionMode::Fused).unwrap();
     let cold_ms = t.elapsed().as_secs_f64() * 1e3;
     assert_eq!(c.kernels.len(), 129);

@@ -2,11 +2,11 @@
 //! on NVIDIA Vulkan. With no adapter it fails saying what to install — unless KILN_WGPU_TESTS=skip says,
 //! explicitly, that this machine has none.
 
+mod common;
 mod conformance;
 
 fn wgpu() -> Option<std::rc::Rc<dyn kiln::graph::Backend>> {
-    if std::env::var("KILN_WGPU_TESTS").as_deref() == Ok("skip") {
-        eprintln!("KILN_WGPU_TESTS=skip: wgpu conformance tests skipped on request");
+    if common::wgpu_skipped() {
         return None;
     }
     use kiln::graph::IntoBackend;

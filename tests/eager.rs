@@ -1,6 +1,7 @@
 //! Eager mode on a kernel backend: every op outside `compile` runs at once as its own kernel, through the
 //! same pipeline and runtime, and agrees with the reference.
 
+mod common;
 use kiln::{set_eager_backend, Backend, Tensor};
 
 fn program(x: &Tensor) -> Vec<f32> {
@@ -28,9 +29,7 @@ fn eager_ops_run_as_kernels_on_the_kernel_interpreter() {
 
 #[test]
 fn eager_ops_run_as_kernels_on_wgpu() {
-    if std::env::var("KILN_WGPU_TESTS").as_deref() == Ok("skip") {
-        eprintln!("KILN_WGPU_TESTS=skip: skipped on request");
-        return;
+    if !common::wgpu_skipped() {
+        check(Backend::Wgpu);
     }
-    check(Backend::Wgpu);
 }

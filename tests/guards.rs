@@ -1,6 +1,7 @@
 //! Guards, recompiles and dynamic shapes: one implementation for every backend (`graph/src/guard.rs`,
 //! `graph/src/compile.rs`), checked here on the CPU kernel interpreter and on wgpu.
 
+mod common;
 use kiln::graph::IntoBackend;
 use kiln::{compile, Backend, DType, Dynamic, Result, Tensor};
 
@@ -139,8 +140,7 @@ fn one_symbolic_kernel_serves_twenty_sizes_on_the_kernel_interpreter() {
 
 #[test]
 fn one_symbolic_kernel_serves_twenty_sizes_on_wgpu() {
-    if std::env::var("KILN_WGPU_TESTS").as_deref() == Ok("skip") {
-        eprintln!("KILN_WGPU_TESTS=skip: skipped on request");
+    if common::wgpu_skipped() {
         return;
     }
     if let Err(e) = Backend::Wgpu.into_backend() {

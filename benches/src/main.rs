@@ -5,7 +5,8 @@
 mod chart;
 mod report;
 mod wgpu_timing;
-mod workloads;
+
+use kiln_graph::workloads;
 
 use clap::Parser;
 use report::Report;

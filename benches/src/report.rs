@@ -1,6 +1,6 @@
 //! The bench report: one row per workload × backend × mode, as versioned JSON and a Markdown table.
 
-use crate::workloads::Workload;
+use kiln_graph::workloads::Workload;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -148,7 +148,7 @@ impl Report {
 /// The CPU reference on the check sizes: correctness only (it is the reference), time for scale.
 pub fn cpu_reference_row(w: &Workload) -> kiln::Result<ResultRow> {
     let inputs: Vec<kiln::Tensor> =
-        w.check.iter().enumerate().map(|(i, s)| kiln::Tensor::from_data(crate::workloads::data(s, i))).collect();
+        w.check.iter().enumerate().map(|(i, s)| kiln::Tensor::from_data(kiln_graph::workloads::data(s, i))).collect();
     let f = kiln::compile(|x: Vec<kiln::Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu);
     let t = std::time::Instant::now();
     f.call(inputs)?;

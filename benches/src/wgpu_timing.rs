@@ -2,8 +2,8 @@
 //! submission fenced by a device wait, so host transfers never enter the numbers.
 
 use crate::report::ResultRow;
-use crate::workloads::{data, Workload};
 use crate::Cli;
+use kiln_graph::workloads::{data, Workload};
 use kiln_graph::{capture, compile_cached, compile_graph_with, DType, FusionMode, Tensor, TensorSpec};
 use kiln_wgsl::{Prepared, WgpuBackend};
 use std::time::Instant;

@@ -28,6 +28,7 @@ pub mod shape;
 pub mod sym;
 pub mod target;
 pub mod trace;
+pub mod workloads;
 
 pub use backend::{Backend, CpuReference, IntoBackend, KernelInterpreter};
 pub use compile::{compile, Args, CompileStats, Compiled, Outputs, Static};

@@ -542,9 +542,6 @@ fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymI
     width
 }
 
-/// Elements of a row one thread may keep in registers for a persistent, one-pass row kernel.
-const ROW_CACHE_MAX: u32 = 32;
-
 /// Threads per row workgroup unless a row needs more to fit in registers: larger groups measured slower
 /// on an H200 over Vulkan (fewer resident groups, longer barrier trees).
 const ROW_THREADS: u32 = 256;
@@ -558,13 +555,14 @@ fn row_strategy(target: &Target, row_len: &Expr) -> (bool, u32, Option<u32>) {
         Some(c) if c < 64 => (false, 256.min(max), None),
         Some(c) => {
             let c = c as u32;
+            let cache = target.max_row_cache.max(1);
             let threads = c
-                .div_ceil(ROW_CACHE_MAX)
+                .div_ceil(cache)
                 .next_power_of_two()
                 .clamp(ROW_THREADS.min(max), max)
                 .min(c.next_power_of_two().max(32));
             let per_thread = c.div_ceil(threads);
-            (true, threads, (per_thread <= ROW_CACHE_MAX).then_some(per_thread))
+            (true, threads, (target.max_row_cache > 0 && per_thread <= cache).then_some(per_thread))
         }
         None => (true, 256.min(max), None),
     }

@@ -30,6 +30,14 @@ pub struct Target {
     pub matrix_units: bool,
     /// Widest vector load or store, in bytes.
     pub max_vector_bytes: u32,
+    /// Most elements of a row one thread may keep in registers for a one-pass (persistent) row kernel;
+    /// 0 turns persistent rows off.
+    #[serde(default = "default_row_cache")]
+    pub max_row_cache: u32,
+}
+
+fn default_row_cache() -> u32 {
+    32
 }
 
 impl Target {
@@ -47,6 +55,7 @@ impl Target {
             bf16_compute: false,
             matrix_units: false,
             max_vector_bytes: 16,
+            max_row_cache: 32,
         }
     }
 
@@ -70,6 +79,7 @@ impl Target {
             bf16_compute: sm >= 80,
             matrix_units: sm >= 70,
             max_vector_bytes: 16,
+            max_row_cache: 32,
         }
     }
 

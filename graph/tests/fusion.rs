@@ -3,20 +3,17 @@
 
 use kiln_graph::fuse::RegionKind;
 use kiln_graph::kernel::Access;
-use kiln_graph::{capture, compile_graph, CompiledGraph, DType, Result, Target, Tensor, TensorSpec};
+use kiln_graph::{capture, compile_graph, CompiledGraph, Result, Target, Tensor, TensorSpec};
 
-fn f32s(dims: &[usize]) -> TensorSpec {
-    TensorSpec::new(DType::F32, dims)
-}
+use kiln_graph::workloads::{block_params, f32s, gpt_block, w4, w4_inputs};
 
 fn compiled(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>) -> CompiledGraph {
     let g = capture(inputs, f).expect("traces");
     compile_graph(&g, &Target::cuda(90)).expect("compiles")
 }
 
-/// W1: `gelu(x*1.5 + 0.5) * sigmoid(x) - tanh(x)`.
-pub fn w1(x: &Tensor) -> Result<Tensor> {
-    x.mul(1.5)?.add(0.5)?.gelu()?.mul(&x.sigmoid()?)?.sub(&x.tanh()?)
+fn w1(x: &Tensor) -> Result<Tensor> {
+    Ok(kiln_graph::workloads::w1(std::slice::from_ref(x))?.remove(0))
 }
 
 #[test]
@@ -54,24 +51,9 @@ fn w3_layernorm_gelu_is_one_row_kernel() {
     assert_eq!(c.kernels[0].buffers.iter().filter(|b| b.access == Access::Write).count(), 1);
 }
 
-/// W4: `Linear(10,10)` then 64 × [Linear → ReLU → sigmoid → Linear → ReLU]. Inputs: x, then (w, b) pairs.
-fn w4(t: &[Tensor]) -> Result<Vec<Tensor>> {
-    let mut h = t[0].linear(&t[1], Some(&t[2]))?;
-    for l in 0..64 {
-        let p = 3 + 4 * l;
-        h = h.linear(&t[p], Some(&t[p + 1]))?.relu()?.sigmoid()?;
-        h = h.linear(&t[p + 2], Some(&t[p + 3]))?.relu()?;
-    }
-    Ok(vec![h])
-}
-
 #[test]
 fn w4_layers_are_matmuls_with_fused_epilogues() {
-    let mut inputs = vec![f32s(&[10, 10])];
-    for _ in 0..129 {
-        inputs.extend([f32s(&[10, 10]), f32s(&[10])]);
-    }
-    let c = compiled(&inputs, w4);
+    let c = compiled(&w4_inputs(10), w4);
     assert_eq!(c.kernels.len(), 129, "one matmul per linear and nothing else");
     assert_eq!(c.kernel_kinds(), (0, 0, 129));
     let names: std::collections::BTreeSet<String> =
@@ -79,46 +61,21 @@ fn w4_layers_are_matmuls_with_fused_epilogues() {
     assert!(names.contains("fused_linear_relu_sigmoid") && names.contains("fused_linear_relu"), "{names:?}");
 }
 
-/// One W5 block: pre-LN attention and MLP with residuals. Inputs: x, ln1 w/b, qkv w/b, proj w/b,
-/// ln2 w/b, fc1 w/b, fc2 w/b.
+/// One W5 block on inputs x followed by the block's twelve parameters.
 fn w5_block(t: &[Tensor], heads: usize) -> Result<Tensor> {
-    let x = &t[0];
-    let dims = x.shape().as_concrete().expect("static");
-    let (b, s, d) = (dims[0] as isize, dims[1] as isize, dims[2] as isize);
-    let hd = d / heads as isize;
-    let h = x.layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?;
-    let qkv = h.linear(&t[3], Some(&t[4]))?;
-    let split = |i: isize| -> Result<Tensor> {
-        qkv.narrow(-1, (i * d) as usize, d as usize)?.reshape(&[b, s, heads as isize, hd])?.permute(&[0, 2, 1, 3])
-    };
-    let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-    let scores = q.matmul(&k.transpose(-1, -2)?)?.mul(1.0 / (hd as f64).sqrt())?;
-    let att = scores.causal_mask()?.softmax(-1)?.matmul(&v)?;
-    let att = att.permute(&[0, 2, 1, 3])?.reshape(&[b, s, d])?;
-    let x = x.add(&att.linear(&t[5], Some(&t[6]))?)?;
-    let h = x.layer_norm(1, Some(&t[7]), Some(&t[8]), 1e-5)?;
-    let h = h.linear(&t[9], Some(&t[10]))?.gelu()?.linear(&t[11], Some(&t[12]))?;
-    x.add(&h)
+    gpt_block(&t[0], &t[1..], heads)
+}
+
+fn w5_block_inputs(b: usize, s: usize, d: usize) -> Vec<TensorSpec> {
+    let mut v = vec![f32s(&[b, s, d])];
+    v.extend(block_params(d));
+    v
 }
 
 #[test]
 fn w5_block_is_six_matmuls_one_softmax_two_layernorms() {
     let (b, s, d) = (8, 512, 768);
-    let inputs = [
-        f32s(&[b, s, d]),
-        f32s(&[d]),
-        f32s(&[d]),
-        f32s(&[3 * d, d]),
-        f32s(&[3 * d]),
-        f32s(&[d, d]),
-        f32s(&[d]),
-        f32s(&[d]),
-        f32s(&[d]),
-        f32s(&[4 * d, d]),
-        f32s(&[4 * d]),
-        f32s(&[d, 4 * d]),
-        f32s(&[d]),
-    ];
+    let inputs = w5_block_inputs(b, s, d);
     let c = compiled(&inputs, |t| Ok(vec![w5_block(t, 12)?]));
     assert_eq!(c.kernel_kinds(), (0, 3, 6), "{:#?}", c.fusion.regions.iter().map(|r| &r.name).collect::<Vec<_>>());
     let rows: Vec<&str> = c
@@ -179,21 +136,7 @@ fn fusion_never_raises_peak_memory() {
     use kiln_graph::{compile_graph_with, FusionMode};
     let b = kiln_graph::sym::Bindings::new();
     let (bsz, s, d) = (2, 64, 96);
-    let w5 = [
-        f32s(&[bsz, s, d]),
-        f32s(&[d]),
-        f32s(&[d]),
-        f32s(&[3 * d, d]),
-        f32s(&[3 * d]),
-        f32s(&[d, d]),
-        f32s(&[d]),
-        f32s(&[d]),
-        f32s(&[d]),
-        f32s(&[4 * d, d]),
-        f32s(&[4 * d]),
-        f32s(&[d, 4 * d]),
-        f32s(&[d]),
-    ];
+    let w5 = w5_block_inputs(bsz, s, d);
     let graphs = [
         capture(&[f32s(&[4096])], |t| Ok(vec![w1(&t[0])?])).unwrap(),
         capture(&[f32s(&[64, 512]), f32s(&[512]), f32s(&[512])], |t| {

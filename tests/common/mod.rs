@@ -37,3 +37,13 @@ pub fn assert_close(got: &[f64], want: &[f64]) {
         assert!(ok, "element {i}: got {g}, want {w} (all: {got:?} vs {want:?})");
     }
 }
+
+/// Whether this run opted out of wgpu tests (`KILN_WGPU_TESTS=skip`); says so when it did. Without the
+/// opt-out a missing adapter is a failure, never a silent pass.
+pub fn wgpu_skipped() -> bool {
+    let skip = std::env::var("KILN_WGPU_TESTS").as_deref() == Ok("skip");
+    if skip {
+        eprintln!("KILN_WGPU_TESTS=skip: wgpu tests skipped on request");
+    }
+    skip
+}

@@ -1,7 +1,8 @@
-//! The workloads of `../shared/WORKLOADS.md`, defined once: each is a function over tensors plus its
-//! input shapes at full size, at the size the bench checks correctness on, and at `--quick` size.
+//! The benchmark workloads (W1–W5 of the project's workload list), defined once for the bench, the
+//! fusion and cache tests and the explorer: each is a function over tensors plus its input shapes at full
+//! size, at the size the bench checks correctness on, and at `--quick` size.
 
-use kiln_graph::{DType, Result, Tensor, TensorSpec};
+use crate::{DType, Result, Tensor, TensorSpec};
 
 /// One workload.
 pub struct Workload {
@@ -21,25 +22,29 @@ pub struct Workload {
     pub flops: fn(&[TensorSpec]) -> Option<f64>,
 }
 
-fn f32s(d: &[usize]) -> TensorSpec {
+/// An f32 input spec.
+pub fn f32s(d: &[usize]) -> TensorSpec {
     TensorSpec::new(DType::F32, d)
 }
 
-fn w1(t: &[Tensor]) -> Result<Vec<Tensor>> {
+/// W1: `gelu(x*1.5 + 0.5) * sigmoid(x) - tanh(x)`.
+pub fn w1(t: &[Tensor]) -> Result<Vec<Tensor>> {
     let x = &t[0];
     Ok(vec![x.mul(1.5)?.add(0.5)?.gelu()?.mul(&x.sigmoid()?)?.sub(&x.tanh()?)?])
 }
 
-fn w2(t: &[Tensor]) -> Result<Vec<Tensor>> {
+/// W2: softmax over the last axis.
+pub fn w2(t: &[Tensor]) -> Result<Vec<Tensor>> {
     Ok(vec![t[0].softmax(-1)?])
 }
 
-fn w3(t: &[Tensor]) -> Result<Vec<Tensor>> {
+/// W3: GELU of an affine layer norm; inputs x, weight, bias.
+pub fn w3(t: &[Tensor]) -> Result<Vec<Tensor>> {
     Ok(vec![t[0].layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?.gelu()?])
 }
 
 /// `Linear(10,10)` then 64 × [Linear → ReLU → sigmoid → Linear → ReLU]; inputs x, then (w, b) pairs.
-fn w4(t: &[Tensor]) -> Result<Vec<Tensor>> {
+pub fn w4(t: &[Tensor]) -> Result<Vec<Tensor>> {
     let mut h = t[0].linear(&t[1], Some(&t[2]))?;
     for l in 0..64 {
         let p = 3 + 4 * l;
@@ -49,7 +54,8 @@ fn w4(t: &[Tensor]) -> Result<Vec<Tensor>> {
     Ok(vec![h])
 }
 
-fn w4_inputs(batch: usize) -> Vec<TensorSpec> {
+/// W4's inputs: x of `batch` rows, then a weight and bias per linear layer.
+pub fn w4_inputs(batch: usize) -> Vec<TensorSpec> {
     let mut v = vec![f32s(&[batch, 10])];
     for _ in 0..129 {
         v.extend([f32s(&[10, 10]), f32s(&[10])]);
@@ -58,7 +64,7 @@ fn w4_inputs(batch: usize) -> Vec<TensorSpec> {
 }
 
 /// One pre-LN GPT block; `p` holds ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc1 w/b, fc2 w/b.
-fn gpt_block(x: &Tensor, p: &[Tensor], heads: usize) -> Result<Tensor> {
+pub fn gpt_block(x: &Tensor, p: &[Tensor], heads: usize) -> Result<Tensor> {
     let dims = x.shape().as_concrete().expect("static shapes");
     let (b, s, d) = (dims[0] as isize, dims[1] as isize, dims[2] as isize);
     let hd = d / heads as isize;
@@ -76,7 +82,7 @@ fn gpt_block(x: &Tensor, p: &[Tensor], heads: usize) -> Result<Tensor> {
 }
 
 /// W5 forward: 4 blocks then a final layer norm; inputs x, 4 × 12 block parameters, final w/b.
-fn w5(t: &[Tensor]) -> Result<Vec<Tensor>> {
+pub fn w5(t: &[Tensor]) -> Result<Vec<Tensor>> {
     let d = t[0].shape().as_concrete().expect("static")[2];
     let heads = (d / 64).max(1);
     let mut x = t[0].clone();
@@ -86,23 +92,29 @@ fn w5(t: &[Tensor]) -> Result<Vec<Tensor>> {
     Ok(vec![x.layer_norm(1, Some(&t[49]), Some(&t[50]), 1e-5)?])
 }
 
-fn w5_inputs(b: usize, s: usize, d: usize) -> Vec<TensorSpec> {
+/// One block's parameter specs: ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc1 w/b, fc2 w/b.
+pub fn block_params(d: usize) -> Vec<TensorSpec> {
+    vec![
+        f32s(&[d]),
+        f32s(&[d]),
+        f32s(&[3 * d, d]),
+        f32s(&[3 * d]),
+        f32s(&[d, d]),
+        f32s(&[d]),
+        f32s(&[d]),
+        f32s(&[d]),
+        f32s(&[4 * d, d]),
+        f32s(&[4 * d]),
+        f32s(&[d, 4 * d]),
+        f32s(&[d]),
+    ]
+}
+
+/// W5's inputs: x `[b, s, d]`, four blocks' parameters, the final layer norm's weight and bias.
+pub fn w5_inputs(b: usize, s: usize, d: usize) -> Vec<TensorSpec> {
     let mut v = vec![f32s(&[b, s, d])];
     for _ in 0..4 {
-        v.extend([
-            f32s(&[d]),
-            f32s(&[d]),
-            f32s(&[3 * d, d]),
-            f32s(&[3 * d]),
-            f32s(&[d, d]),
-            f32s(&[d]),
-            f32s(&[d]),
-            f32s(&[d]),
-            f32s(&[4 * d, d]),
-            f32s(&[4 * d]),
-            f32s(&[d, 4 * d]),
-            f32s(&[d]),
-        ]);
+        v.extend(block_params(d));
     }
     v.extend([f32s(&[d]), f32s(&[d])]);
     v
@@ -173,11 +185,11 @@ pub fn all() -> Vec<Workload> {
 }
 
 /// Deterministic input data for a spec: values in [-2, 2], weights scaled down so deep stacks stay finite.
-pub fn data(spec: &TensorSpec, salt: usize) -> kiln_graph::TensorData {
+pub fn data(spec: &TensorSpec, salt: usize) -> crate::TensorData {
     let dims = spec.shape.as_concrete().expect("workload shapes are static");
     let n: usize = dims.iter().product();
     // Weights (2-D) scaled like a fan-in initialisation, so deep stacks stay finite and well-conditioned.
     let scale = if dims.len() == 2 { (1.0 / dims[1] as f64).sqrt() } else { 1.0 };
     let values = (0..n).map(|i| (((i * 7919 + salt * 104729) % 4001) as f64 / 1000.0 - 2.0) * scale).collect();
-    kiln_graph::TensorData::from_f64(values, &dims, spec.dtype).expect("sizes match")
+    crate::TensorData::from_f64(values, &dims, spec.dtype).expect("sizes match")
 }

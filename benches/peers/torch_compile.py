@@ -100,9 +100,12 @@ def bytes_moved(wid, xs, out):
 
 
 def timed(fn, xs, repeat):
-    for _ in range(3):
+    # Warm up for at least half a second, as kiln-bench does, so both run at steady clocks.
+    t0, n = time.perf_counter(), 0
+    while n < 3 or time.perf_counter() - t0 < 0.5:
         fn(*xs)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        n += 1
     samples = []
     for _ in range(repeat):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

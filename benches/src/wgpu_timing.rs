@@ -13,11 +13,16 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Median seconds of `repeat` fenced launches after three warm-up launches.
+/// Median seconds of `repeat` fenced launches, after warm-up launches filling at least half a second:
+/// a GPU that has been idle runs its first milliseconds at lower clocks, which a fixed three-launch
+/// warm-up does not cover (runs of identical kernels differed 2.5x before this).
 fn time(gpu: &WgpuBackend, p: &Prepared, repeat: usize) -> kiln::Result<f64> {
-    for _ in 0..3 {
+    let warm = Instant::now();
+    let mut n = 0;
+    while n < 3 || warm.elapsed().as_secs_f64() < 0.5 {
         gpu.gpu().launch(p);
         gpu.gpu().wait()?;
+        n += 1;
     }
     let mut samples = Vec::with_capacity(repeat);
     for _ in 0..repeat.max(1) {

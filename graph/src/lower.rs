@@ -515,8 +515,10 @@ fn pointwise(mut l: Lowerer, region: &Region) -> Result<Kernel, LowerFailure> {
 /// The widest vector access every load and store of a pointwise loop allows: all indices must be the loop
 /// variable itself or independent of it, and the trip count a multiple of the width.
 fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymId, n: &Expr) -> u32 {
-    // 64-bit integers are not vectorised: several targets hold them as pairs of words.
-    if buffers.iter().any(|b| b.dtype == DType::I64) {
+    // 64-bit integers are not vectorised: several targets hold them as pairs of words. Nor are 2-byte
+    // floats where the target packs two per shared word.
+    let packed = |d: DType| target.packed_half_storage && matches!(d, DType::F16 | DType::BF16);
+    if buffers.iter().any(|b| b.dtype == DType::I64 || packed(b.dtype)) {
         return 1;
     }
     let narrowest = buffers.iter().map(|b| b.dtype.size_bytes() as u32).min().unwrap_or(4).max(1);

@@ -30,6 +30,10 @@ pub struct Target {
     pub matrix_units: bool,
     /// Widest vector load or store, in bytes.
     pub max_vector_bytes: u32,
+    /// 2-byte floats are stored two per 32-bit word that threads share (WGSL without native f16, and bf16
+    /// there): kernels touching them are not vectorised.
+    #[serde(default)]
+    pub packed_half_storage: bool,
     /// Most elements of a row one thread may keep in registers for a one-pass (persistent) row kernel;
     /// 0 turns persistent rows off.
     #[serde(default = "default_row_cache")]
@@ -55,6 +59,7 @@ impl Target {
             bf16_compute: false,
             matrix_units: false,
             max_vector_bytes: 16,
+            packed_half_storage: true,
             max_row_cache: 32,
         }
     }
@@ -79,6 +84,7 @@ impl Target {
             bf16_compute: sm >= 80,
             matrix_units: sm >= 70,
             max_vector_bytes: 16,
+            packed_half_storage: false,
             max_row_cache: 32,
         }
     }

@@ -147,7 +147,9 @@ impl Gpu {
             .max_by_key(|a| score(&a.get_info()))
             .ok_or_else(|| err(format!("{NO_ADAPTER_HINT}; adapters present: [{}]", names.join(", "))))?;
         let info = adapter.get_info();
-        let f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        // KILN_WGPU_NO_F16=1 ignores `shader-f16`, so tests cover the packed-f16 path on any adapter.
+        let f16 =
+            adapter.features().contains(wgpu::Features::SHADER_F16) && std::env::var_os("KILN_WGPU_NO_F16").is_none();
         let limits = adapter.limits();
         let mut required_features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
         let persist = adapter.features().contains(wgpu::Features::PIPELINE_CACHE);
@@ -180,6 +182,7 @@ impl Gpu {
             bf16_compute: false,
             matrix_units: false,
             max_vector_bytes: 16,
+            packed_half_storage: true,
             // KILN_WGPU_ROW_CACHE caps persistent rows (0: off), for tuning experiments.
             max_row_cache: std::env::var("KILN_WGPU_ROW_CACHE").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
         };

@@ -11,10 +11,10 @@ pub enum Storage {
     F32,
     /// `array<f16>` (device has `shader-f16`).
     F16,
-    /// `array<f32>` holding f16-rounded values (no `shader-f16`).
-    F16AsF32,
-    /// `array<f32>` holding bf16-rounded values.
-    Bf16AsF32,
+    /// `array<u32>`, two f16 per word (no `shader-f16`): the host's f16 layout, computed in f32.
+    F16Packed,
+    /// `array<u32>`, two bf16 per word: the host's bf16 layout, computed in f32.
+    Bf16Packed,
     /// `array<i32>`.
     I32,
     /// `array<i32>`, two words per element (little-endian low, high): the host's i64 layout. Shaders
@@ -30,8 +30,8 @@ impl Storage {
         match dtype {
             DType::F32 => Storage::F32,
             DType::F16 if f16_native => Storage::F16,
-            DType::F16 => Storage::F16AsF32,
-            DType::BF16 => Storage::Bf16AsF32,
+            DType::F16 => Storage::F16Packed,
+            DType::BF16 => Storage::Bf16Packed,
             DType::I32 => Storage::I32,
             DType::I64 => Storage::I64Pairs,
             DType::Bool => Storage::BoolU32,
@@ -41,17 +41,17 @@ impl Storage {
     /// The WGSL element type of the buffer array.
     pub fn wgsl_element(self) -> &'static str {
         match self {
-            Storage::F32 | Storage::F16AsF32 | Storage::Bf16AsF32 => "f32",
+            Storage::F32 => "f32",
             Storage::F16 => "f16",
             Storage::I32 | Storage::I64Pairs => "i32",
-            Storage::BoolU32 => "u32",
+            Storage::BoolU32 | Storage::F16Packed | Storage::Bf16Packed => "u32",
         }
     }
 
     /// Bytes `len` elements take on the device.
     pub fn bytes(self, len: usize) -> usize {
         len * match self {
-            Storage::F16 => 2,
+            Storage::F16 | Storage::F16Packed | Storage::Bf16Packed => 2,
             Storage::I64Pairs => 8,
             _ => 4,
         }
@@ -63,8 +63,9 @@ impl Storage {
         let mut out = Vec::with_capacity(self.bytes(v.len()));
         for &x in v {
             match self {
-                Storage::F32 | Storage::F16AsF32 | Storage::Bf16AsF32 => out.extend((x as f32).to_le_bytes()),
-                Storage::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
+                Storage::F32 => out.extend((x as f32).to_le_bytes()),
+                Storage::F16 | Storage::F16Packed => out.extend(half::f16::from_f64(x).to_le_bytes()),
+                Storage::Bf16Packed => out.extend(half::bf16::from_f64(x).to_le_bytes()),
                 Storage::I32 => out.extend((x as i32).to_le_bytes()),
                 Storage::I64Pairs => out.extend((x as i64).to_le_bytes()),
                 Storage::BoolU32 => out.extend(u32::from(x != 0.0).to_le_bytes()),
@@ -81,10 +82,9 @@ impl Storage {
             .map(|i| {
                 let b = &bytes[i * word..(i + 1) * word];
                 match self {
-                    Storage::F32 | Storage::F16AsF32 | Storage::Bf16AsF32 => {
-                        f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64
-                    }
-                    Storage::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+                    Storage::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+                    Storage::F16 | Storage::F16Packed => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+                    Storage::Bf16Packed => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
                     Storage::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
                     Storage::I64Pairs => i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64,
                     Storage::BoolU32 => f64::from(u8::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != 0)),

@@ -130,7 +130,7 @@ def main():
     ap.add_argument("--json", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--workload", default="W1,W2,W3,W4,W5,W5-sdpa")
+    ap.add_argument("--workload", default="W1,W2,W3,W4,W5,W5-sdpa,W5-bf16,W5-bf16-sdpa")
     args = ap.parse_args()
     dev = "cuda"
     copy = copy_gbps(args.quick, args.repeat)
@@ -142,6 +142,9 @@ def main():
             base = lambda x: model(x)
         elif wid.startswith("W5"):
             model = W5(128 if args.quick else 768, sdpa=wid.endswith("sdpa")).to(dev).eval()
+            if "bf16" in wid:
+                model = model.to(torch.bfloat16)
+                xs = [x.to(torch.bfloat16) for x in xs]
             base = lambda x: model(x)
         else:
             base = {"W1": w1, "W2": w2, "W3": w3}[wid]

@@ -126,7 +126,7 @@ fn run(cli: &Cli) -> kiln::Result<Report> {
         }
     }
     for note in [
-        "W5 runs forward in f32 only: the training step waits for autodiff; bf16 is not benchmarked yet. W6 (densenet) waits for convolution support.",
+        "W5 runs forward only (f32 and bf16): the training step waits for autodiff. W6 (densenet) waits for convolution support.",
         "cuda: the PTX lowering has not landed yet.",
     ] {
         report.notes.push(note.into());

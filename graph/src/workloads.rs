@@ -133,6 +133,11 @@ fn no_flops(_: &[TensorSpec]) -> Option<f64> {
     None
 }
 
+/// `specs` with every f32 input turned into `dtype` (the half-precision variants of a workload).
+pub fn with_dtype(specs: Vec<TensorSpec>, dtype: DType) -> Vec<TensorSpec> {
+    specs.into_iter().map(|s| TensorSpec { dtype: if s.dtype == DType::F32 { dtype } else { s.dtype }, ..s }).collect()
+}
+
 /// Every workload the bench knows, in order.
 pub fn all() -> Vec<Workload> {
     vec![
@@ -178,6 +183,15 @@ pub fn all() -> Vec<Workload> {
             full: w5_inputs(8, 512, 768),
             quick: w5_inputs(2, 64, 128),
             check: w5_inputs(1, 16, 128),
+            f: w5,
+            flops: w5_flops,
+        },
+        Workload {
+            id: "W5-bf16",
+            what: "the W5 stack in bf16 (inputs and weights bf16; matmuls accumulate in f32)",
+            full: with_dtype(w5_inputs(8, 512, 768), DType::BF16),
+            quick: with_dtype(w5_inputs(2, 64, 128), DType::BF16),
+            check: with_dtype(w5_inputs(1, 16, 128), DType::BF16),
             f: w5,
             flops: w5_flops,
         },

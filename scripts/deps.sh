@@ -20,6 +20,16 @@ if command -v rustup >/dev/null 2>&1; then
   rustup target list --installed 2>/dev/null | grep -q '^wasm32-unknown-unknown$' \
     || rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
 fi
+# NVIDIA's ptxas (from PyPI, into .tools/), so every generated PTX kernel is assembled even without a GPU.
+kiln_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ptxas="$kiln_root/.tools/nvcc/nvidia/cuda_nvcc/bin/ptxas"
+if [ ! -x "$ptxas" ] && command -v python3 >/dev/null 2>&1; then
+  echo "installing ptxas (nvidia-cuda-nvcc-cu12 from PyPI) into .tools/" >&2
+  python3 -m pip install -q --disable-pip-version-check --target "$kiln_root/.tools/nvcc" nvidia-cuda-nvcc-cu12 >/dev/null 2>&1 || true
+fi
+if [ -x "$ptxas" ]; then
+  export KILN_PTXAS="$ptxas"
+fi
 # Mesa warns when this is unset or shared; a private 0700 directory keeps logs clean.
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
   XDG_RUNTIME_DIR="$(mktemp -d)"

@@ -16,6 +16,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+/// This build of kiln: its version and a fingerprint of the compiler's source, so entries made by another
+/// build (even of the same version) are never served.
+const BUILD: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("KILN_SOURCE_HASH"));
+
 /// Disk entries' format name and version.
 const FORMAT: &str = "kiln-compile-cache";
 const VERSION: u32 = 1;
@@ -57,8 +61,7 @@ pub fn key(graph: &Graph, target: &Target, mode: FusionMode) -> String {
     for i in &mut g.inputs {
         i.kind = crate::ir::InputKind::Lifted;
     }
-    let text = serde_json::to_string(&(&g, target, mode, env!("CARGO_PKG_VERSION")))
-        .expect("graphs and targets always serialise");
+    let text = serde_json::to_string(&(&g, target, mode, BUILD)).expect("graphs and targets always serialise");
     blake3::hash(text.as_bytes()).to_hex().to_string()
 }
 
@@ -102,7 +105,7 @@ fn load(dir: &std::path::Path, key: &str) -> Option<CompiledGraph> {
             return None;
         }
     };
-    if entry.format != FORMAT || entry.version != VERSION || entry.kiln != env!("CARGO_PKG_VERSION") {
+    if entry.format != FORMAT || entry.version != VERSION || entry.kiln != BUILD {
         reject(&path, format!("written by {} {} (kiln {})", entry.format, entry.version, entry.kiln));
         return None;
     }
@@ -131,7 +134,7 @@ fn store(dir: &std::path::Path, key: &str, compiled: &CompiledGraph) {
     let entry = DiskEntry {
         format: FORMAT.into(),
         version: VERSION,
-        kiln: env!("CARGO_PKG_VERSION").into(),
+        kiln: BUILD.into(),
         key: key.into(),
         checksum: blake3::hash(payload.as_bytes()).to_hex().to_string(),
         payload,

@@ -604,7 +604,14 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
                     ReduceOp::Max => KReduceOp::Max,
                     ReduceOp::Min => KReduceOp::Min,
                 };
-                (k, l.compute_dtype(node.dtype))
+                // Half-precision sums accumulate in f32 on every target (as PyTorch does): an f16 running sum
+                // of a few hundred terms is already wrong in its second digit.
+                let acc = if matches!(node.dtype, DType::F16 | DType::BF16) {
+                    DType::F32
+                } else {
+                    l.compute_dtype(node.dtype)
+                };
+                (k, acc)
             }
             Op::ArgReduce { op, .. } => {
                 (if *op == ArgReduceOp::ArgMax { KReduceOp::ArgMax } else { KReduceOp::ArgMin }, DType::I64)

@@ -1,0 +1,48 @@
+//! NVIDIA's `ptxas`, used to check every generated kernel without a GPU: it assembles PTX for a target
+//! and rejects bad PTX with a line-numbered error. `scripts/deps.sh` installs it from PyPI
+//! (`nvidia-cuda-nvcc-cu12`) and points `KILN_PTXAS` at it.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// How to get ptxas here, for the error when it is missing.
+pub const INSTALL_HINT: &str =
+    "ptxas not found: run `source scripts/deps.sh` (it installs `nvidia-cuda-nvcc-cu12` from \
+     PyPI into .tools/) or set KILN_PTXAS to a ptxas binary";
+
+/// The ptxas binary: `KILN_PTXAS`, else the one `scripts/deps.sh` installs, else `ptxas` on the PATH.
+pub fn find() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KILN_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/nvcc/nvidia/cuda_nvcc/bin/ptxas");
+    if local.exists() {
+        return Some(local);
+    }
+    let on_path = Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success());
+    on_path.then(|| PathBuf::from("ptxas"))
+}
+
+/// Assembles `ptx` for `sm_<sm>`; on failure, ptxas's message followed by the numbered source.
+pub fn assemble(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Result<(), String> {
+    let dir = std::env::temp_dir();
+    let file = dir.join(format!("kiln-{}-{name}-{sm}.ptx", std::process::id()));
+    std::fs::write(&file, ptx).map_err(|e| format!("writing {}: {e}", file.display()))?;
+    let out = Command::new(ptxas)
+        .arg(format!("-arch=sm_{sm}"))
+        .arg(&file)
+        .arg("-o")
+        .arg("/dev/null")
+        .output()
+        .map_err(|e| format!("running {}: {e}", ptxas.display()));
+    let _ = std::fs::remove_file(&file);
+    let out = out?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let numbered: String = ptx.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
+    Err(format!(
+        "kernel {name}: ptxas rejected the PTX for sm_{sm}:\n{}\n{numbered}",
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}

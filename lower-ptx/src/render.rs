@@ -1,0 +1,915 @@
+//! Kernel IR → PTX. A printer, like the WGSL one: typed virtual registers, predicated bounds and guards,
+//! loops as labelled branches, workgroup reductions through shared memory and `bar.sync`. Floats are
+//! computed in f32 (halves are converted on load and rounded on store); transcendental functions use the
+//! hardware's approximate instructions only where their error is far inside kiln's tolerance (`ex2`,
+//! `lg2` with range-safe scaling); erf and tanh are written out.
+//!
+//! What the IR leaves to the renderer — vector width and persistent rows — is not used yet: every kernel
+//! is rendered in its scalar, looped form, which the IR defines as equivalent.
+
+use kiln_graph::dtype::DType;
+use kiln_graph::ir::{BinaryOp, UnaryOp};
+use kiln_graph::kernel::{KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, Scalar, Stmt, VarId};
+use kiln_graph::sym::{Expr, ExprTree, SymId};
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// A construct the renderer cannot express in PTX.
+#[derive(Debug, thiserror::Error)]
+#[error("kernel {kernel}: {msg}")]
+pub struct RenderError {
+    /// Kernel name.
+    pub kernel: String,
+    /// What is not expressible.
+    pub msg: String,
+}
+
+/// A rendered kernel.
+#[derive(Clone, Debug)]
+pub struct PtxKernel {
+    /// Entry point (the kernel's name).
+    pub name: String,
+    /// The PTX module text.
+    pub source: String,
+    /// Compute capability it targets (e.g. 90).
+    pub sm: u32,
+}
+
+/// The register type values of a dtype are computed in.
+fn reg_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 => "f32",
+        DType::I32 => "s32",
+        DType::I64 => "s64",
+        DType::Bool => "pred",
+    }
+}
+
+fn f32_imm(v: f64) -> String {
+    format!("0f{:08X}", (v as f32).to_bits())
+}
+
+struct Writer<'k> {
+    k: &'k Kernel,
+    body: String,
+    decls: Vec<String>,
+    next: usize,
+    vars: HashMap<VarId, (String, DType)>,
+    syms: HashMap<SymId, String>,
+    single_thread_stores: bool,
+    shared: std::collections::BTreeSet<&'static str>,
+    error: Option<String>,
+}
+
+impl<'k> Writer<'k> {
+    fn reg(&mut self, ty: &str) -> String {
+        self.next += 1;
+        let name = format!("%t{}", self.next);
+        self.decls.push(format!(".reg .{ty} {name};"));
+        name
+    }
+
+    fn label(&mut self) -> String {
+        self.next += 1;
+        format!("L{}", self.next)
+    }
+
+    fn emit(&mut self, line: &str) {
+        let _ = writeln!(self.body, "    {line}");
+    }
+
+    fn place(&mut self, label: &str) {
+        let _ = writeln!(self.body, "{label}:");
+    }
+
+    fn fail(&mut self, msg: String) {
+        self.error.get_or_insert(msg);
+    }
+
+    fn sym(&mut self, s: SymId) -> String {
+        if let Some(r) = self.syms.get(&s) {
+            return r.clone();
+        }
+        self.fail(format!("symbol {s} is used before it is bound"));
+        "0".into()
+    }
+
+    /// An index expression into an s64 register.
+    fn expr(&mut self, e: &Expr) -> String {
+        let t = e.tree();
+        self.tree(&t)
+    }
+
+    fn tree(&mut self, t: &ExprTree) -> String {
+        match t {
+            ExprTree::Const(c) => {
+                let r = self.reg("s64");
+                self.emit(&format!("mov.s64 {r}, {c};"));
+                r
+            }
+            ExprTree::Sym(s) => self.sym(*s),
+            ExprTree::Add(v) | ExprTree::Mul(v) => {
+                let op = if matches!(t, ExprTree::Add(_)) { "add.s64" } else { "mul.lo.s64" };
+                let mut acc = self.tree(&v[0]);
+                for x in &v[1..] {
+                    let y = self.tree(x);
+                    let r = self.reg("s64");
+                    self.emit(&format!("{op} {r}, {acc}, {y};"));
+                    acc = r;
+                }
+                acc
+            }
+            ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b) => {
+                let (a, b) = (self.tree(a), self.tree(b));
+                let (q, r) = (self.reg("s64"), self.reg("s64"));
+                self.emit(&format!("div.s64 {q}, {a}, {b};"));
+                self.emit(&format!("rem.s64 {r}, {a}, {b};"));
+                // Floor semantics: when the remainder is nonzero and its sign differs from the divisor's.
+                let (p1, p2, p3) = (self.reg("pred"), self.reg("pred"), self.reg("pred"));
+                self.emit(&format!("setp.ne.s64 {p1}, {r}, 0;"));
+                self.emit(&format!("setp.lt.s64 {p2}, {r}, 0;"));
+                self.emit(&format!("setp.lt.s64 {p3}, {b}, 0;"));
+                self.emit(&format!("xor.pred {p2}, {p2}, {p3};"));
+                self.emit(&format!("and.pred {p1}, {p1}, {p2};"));
+                if matches!(t, ExprTree::FloorDiv(..)) {
+                    self.emit(&format!("@{p1} sub.s64 {q}, {q}, 1;"));
+                    q
+                } else {
+                    self.emit(&format!("@{p1} add.s64 {r}, {r}, {b};"));
+                    r
+                }
+            }
+            ExprTree::Min(a, b) | ExprTree::Max(a, b) => {
+                let op = if matches!(t, ExprTree::Min(..)) { "min.s64" } else { "max.s64" };
+                let (a, b) = (self.tree(a), self.tree(b));
+                let r = self.reg("s64");
+                self.emit(&format!("{op} {r}, {a}, {b};"));
+                r
+            }
+        }
+    }
+
+    fn var(&mut self, v: VarId) -> (String, DType) {
+        if let Some(x) = self.vars.get(&v) {
+            return x.clone();
+        }
+        self.fail(format!("{v} is read before it is defined"));
+        ("%t0".into(), DType::F32)
+    }
+
+    /// Converts register `x` of dtype `from` to a new register of dtype `to`, rounding to halves.
+    fn convert(&mut self, x: &str, from: DType, to: DType) -> String {
+        let (tf, tt) = (reg_type(from), reg_type(to));
+        let r = self.reg(tt);
+        match (tf, tt) {
+            ("f32", "f32") => match to {
+                DType::F16 if from != DType::F16 => {
+                    let h = self.reg("b16");
+                    self.emit(&format!("cvt.rn.f16.f32 {h}, {x};"));
+                    self.emit(&format!("cvt.f32.f16 {r}, {h};"));
+                }
+                DType::BF16 if from != DType::BF16 => {
+                    let (h, w) = (self.reg("b16"), self.reg("b32"));
+                    self.emit(&format!("cvt.rn.bf16.f32 {h}, {x};"));
+                    self.emit(&format!("mov.b32 {w}, {{0, {h}}};"));
+                    self.emit(&format!("mov.b32 {r}, {w};"));
+                }
+                _ => self.emit(&format!("mov.f32 {r}, {x};")),
+            },
+            (a, b) if a == b => self.emit(&format!("mov.{a} {r}, {x};")),
+            ("pred", t) => {
+                let (one, zero) = if t == "f32" { ("0f3F800000", "0f00000000") } else { ("1", "0") };
+                self.emit(&format!("selp.{t} {r}, {one}, {zero}, {x};"));
+            }
+            ("f32", "pred") => self.emit(&format!("setp.neu.f32 {r}, {x}, 0f00000000;")),
+            (t, "pred") => self.emit(&format!("setp.ne.{t} {r}, {x}, 0;")),
+            ("f32", t) => self.emit(&format!("cvt.rzi.{t}.f32 {r}, {x};")),
+            (t, "f32") => {
+                self.emit(&format!("cvt.rn.f32.{t} {r}, {x};"));
+                if matches!(to, DType::F16 | DType::BF16) {
+                    return self.convert(&r, DType::F32, to);
+                }
+            }
+            (a, b) => self.emit(&format!("cvt.{b}.{a} {r}, {x};")),
+        }
+        r
+    }
+
+    fn address(&mut self, buffer: usize, index: &Expr) -> String {
+        let idx = self.expr(index);
+        let size = self.k.buffers[buffer].dtype.size_bytes();
+        let a = self.reg("s64");
+        self.emit(&format!("mad.lo.s64 {a}, {idx}, {size}, %b{buffer};"));
+        a
+    }
+
+    /// Loads buffer element `index` into a register of the buffer's compute type.
+    fn load(&mut self, buffer: usize, index: &Expr, guard: Option<&str>) -> (String, DType) {
+        let a = self.address(buffer, index);
+        let d = self.k.buffers[buffer].dtype;
+        let pre = guard.map(|g| format!("@{g} ")).unwrap_or_default();
+        let r = self.reg(reg_type(d));
+        match d {
+            DType::F32 => {
+                self.emit(&format!("mov.f32 {r}, 0f00000000;"));
+                self.emit(&format!("{pre}ld.global.f32 {r}, [{a}];"));
+            }
+            DType::I32 | DType::I64 => {
+                let t = reg_type(d);
+                self.emit(&format!("mov.{t} {r}, 0;"));
+                self.emit(&format!("{pre}ld.global.{t} {r}, [{a}];"));
+            }
+            DType::F16 | DType::BF16 => {
+                let h = self.reg("b16");
+                self.emit(&format!("mov.b16 {h}, 0;"));
+                self.emit(&format!("{pre}ld.global.b16 {h}, [{a}];"));
+                if d == DType::F16 {
+                    self.emit(&format!("cvt.f32.f16 {r}, {h};"));
+                } else {
+                    let w = self.reg("b32");
+                    self.emit(&format!("mov.b32 {w}, {{0, {h}}};"));
+                    self.emit(&format!("mov.b32 {r}, {w};"));
+                }
+            }
+            DType::Bool => {
+                let w = self.reg("u32");
+                self.emit(&format!("mov.u32 {w}, 0;"));
+                self.emit(&format!("{pre}ld.global.u8 {w}, [{a}];"));
+                self.emit(&format!("setp.ne.u32 {r}, {w}, 0;"));
+            }
+        }
+        (r, d)
+    }
+
+    fn store(&mut self, buffer: usize, index: &Expr, value: VarId) {
+        let (v, from) = self.var(value);
+        let d = self.k.buffers[buffer].dtype;
+        let x = self.convert(&v, from, d);
+        let skip = self.label();
+        if self.single_thread_stores {
+            let p = self.reg("pred");
+            self.emit(&format!("setp.ne.s64 {p}, %local, 0;"));
+            self.emit(&format!("@{p} bra {skip};"));
+        }
+        let a = self.address(buffer, index);
+        match d {
+            DType::F32 => self.emit(&format!("st.global.f32 [{a}], {x};")),
+            DType::I32 | DType::I64 => self.emit(&format!("st.global.{} [{a}], {x};", reg_type(d))),
+            DType::F16 | DType::BF16 => {
+                let h = self.reg("b16");
+                let cvt = if d == DType::F16 { "cvt.rn.f16.f32" } else { "cvt.rn.bf16.f32" };
+                self.emit(&format!("{cvt} {h}, {x};"));
+                self.emit(&format!("st.global.b16 [{a}], {h};"));
+            }
+            DType::Bool => {
+                let w = self.reg("u16");
+                self.emit(&format!("selp.u16 {w}, 1, 0, {x};"));
+                self.emit(&format!("st.global.u8 [{a}], {w};"));
+            }
+        }
+        self.place(&skip);
+    }
+
+    /// `e^x` from `ex2` (relative error ~2^-22).
+    fn exp(&mut self, x: &str) -> String {
+        let (t, r) = (self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("mul.f32 {t}, {x}, 0f3FB8AA3B;"));
+        self.emit(&format!("ex2.approx.f32 {r}, {t};"));
+        r
+    }
+
+    fn f32_unary(&mut self, op: UnaryOp, x: &str) -> String {
+        let r = self.reg("f32");
+        match op {
+            UnaryOp::Neg => self.emit(&format!("neg.f32 {r}, {x};")),
+            UnaryOp::Abs => self.emit(&format!("abs.f32 {r}, {x};")),
+            UnaryOp::Exp => return self.exp(x),
+            UnaryOp::Log => {
+                let t = self.reg("f32");
+                self.emit(&format!("lg2.approx.f32 {t}, {x};"));
+                self.emit(&format!("mul.f32 {r}, {t}, 0f3F317218;"));
+            }
+            UnaryOp::Sqrt => self.emit(&format!("sqrt.rn.f32 {r}, {x};")),
+            UnaryOp::Rsqrt => self.emit(&format!("rsqrt.approx.f32 {r}, {x};")),
+            UnaryOp::Sin => self.emit(&format!("sin.approx.f32 {r}, {x};")),
+            UnaryOp::Cos => self.emit(&format!("cos.approx.f32 {r}, {x};")),
+            UnaryOp::Tanh => {
+                // tanh|x| = (1 - e^{-2|x|}) / (1 + e^{-2|x|}), then the sign of x; NaN flows through.
+                let (a, m) = (self.reg("f32"), self.reg("f32"));
+                self.emit(&format!("abs.f32 {a}, {x};"));
+                self.emit(&format!("mul.f32 {m}, {a}, 0fC0000000;"));
+                let e = self.exp(&m);
+                let (n, d, q) = (self.reg("f32"), self.reg("f32"), self.reg("f32"));
+                self.emit(&format!("sub.f32 {n}, 0f3F800000, {e};"));
+                self.emit(&format!("add.f32 {d}, 0f3F800000, {e};"));
+                self.emit(&format!("div.rn.f32 {q}, {n}, {d};"));
+                self.emit(&format!("copysign.f32 {r}, {x}, {q};"));
+            }
+            UnaryOp::Sigmoid => {
+                let m = self.reg("f32");
+                self.emit(&format!("neg.f32 {m}, {x};"));
+                let e = self.exp(&m);
+                let d = self.reg("f32");
+                self.emit(&format!("add.f32 {d}, 0f3F800000, {e};"));
+                self.emit(&format!("rcp.rn.f32 {r}, {d};"));
+            }
+            UnaryOp::Erf => return self.erf(x),
+            UnaryOp::Relu => self.emit(&format!("max.NaN.f32 {r}, {x}, 0f00000000;")),
+            UnaryOp::Reciprocal => self.emit(&format!("rcp.rn.f32 {r}, {x};")),
+            UnaryOp::Floor => self.emit(&format!("cvt.rmi.f32.f32 {r}, {x};")),
+            UnaryOp::Ceil => self.emit(&format!("cvt.rpi.f32.f32 {r}, {x};")),
+            UnaryOp::Round => self.emit(&format!("cvt.rni.f32.f32 {r}, {x};")),
+            UnaryOp::Not | UnaryOp::IsNan => unreachable!("bool-valued ops are handled by the caller"),
+        }
+        r
+    }
+
+    /// erf: a Taylor series below |x| = 0.5 (where 1 - erfc would cancel), the Numerical Recipes erfc fit
+    /// (fractional error < 1.2e-7) above; both computed, one selected, so a warp never diverges.
+    fn erf(&mut self, x: &str) -> String {
+        let (a, z) = (self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("abs.f32 {a}, {x};"));
+        self.emit(&format!("mul.f32 {z}, {x}, {x};"));
+        let series = [-0.0007575758, 0.0046296296, -0.0238095238, 0.1, -0.3333333333];
+        let mut acc = self.reg("f32");
+        self.emit(&format!("mov.f32 {acc}, {};", f32_imm(series[0])));
+        for c in &series[1..] {
+            let n = self.reg("f32");
+            self.emit(&format!("fma.rn.f32 {n}, {acc}, {z}, {};", f32_imm(*c)));
+            acc = n;
+        }
+        let (s1, small) = (self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("fma.rn.f32 {s1}, {acc}, {z}, 0f3F800000;"));
+        self.emit(&format!("mul.f32 {small}, {s1}, {x};"));
+        self.emit(&format!("mul.f32 {small}, {small}, {};", f32_imm(std::f64::consts::FRAC_2_SQRT_PI)));
+        let (h, den, t) = (self.reg("f32"), self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("mul.f32 {h}, {a}, 0f3F000000;"));
+        self.emit(&format!("add.f32 {den}, {h}, 0f3F800000;"));
+        self.emit(&format!("rcp.rn.f32 {t}, {den};"));
+        let poly = [
+            0.17087277,
+            -0.82215223,
+            1.48851587,
+            -1.13520398,
+            0.27886807,
+            -0.18628806,
+            0.09678418,
+            0.37409196,
+            1.00002368,
+            -1.26551223,
+        ];
+        let mut p = self.reg("f32");
+        self.emit(&format!("mov.f32 {p}, {};", f32_imm(poly[0])));
+        for c in &poly[1..] {
+            let n = self.reg("f32");
+            self.emit(&format!("fma.rn.f32 {n}, {p}, {t}, {};", f32_imm(*c)));
+            p = n;
+        }
+        let (sq, arg) = (self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("mul.f32 {sq}, {a}, {a};"));
+        self.emit(&format!("sub.f32 {arg}, {p}, {sq};"));
+        let e = self.exp(&arg);
+        let (te, big, signed) = (self.reg("f32"), self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("mul.f32 {te}, {t}, {e};"));
+        self.emit(&format!("sub.f32 {big}, 0f3F800000, {te};"));
+        self.emit(&format!("copysign.f32 {signed}, {x}, {big};"));
+        let (lt, r) = (self.reg("pred"), self.reg("f32"));
+        self.emit(&format!("setp.lt.f32 {lt}, {a}, 0f3F000000;"));
+        self.emit(&format!("selp.f32 {r}, {small}, {signed}, {lt};"));
+        // NaN in, NaN out (the selects above would drop it).
+        let nan = self.reg("pred");
+        self.emit(&format!("setp.nan.f32 {nan}, {x}, {x};"));
+        self.emit(&format!("@{nan} mov.f32 {r}, {x};"));
+        r
+    }
+
+    fn pow(&mut self, a: &str, b: &str) -> String {
+        // |a|^b via lg2/ex2, sign restored for negative a with an odd integer b, NaN for negative a with a
+        // fractional b, 1 for b == 0.
+        let (abs, l, m) = (self.reg("f32"), self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("abs.f32 {abs}, {a};"));
+        self.emit(&format!("lg2.approx.f32 {l}, {abs};"));
+        self.emit(&format!("mul.f32 {m}, {l}, {b};"));
+        let r = self.reg("f32");
+        self.emit(&format!("ex2.approx.f32 {r}, {m};"));
+        let (neg, int, half, odd) = (self.reg("pred"), self.reg("pred"), self.reg("f32"), self.reg("pred"));
+        let (rb, fl) = (self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("setp.lt.f32 {neg}, {a}, 0f00000000;"));
+        self.emit(&format!("cvt.rni.f32.f32 {rb}, {b};"));
+        self.emit(&format!("setp.eq.f32 {int}, {rb}, {b};"));
+        self.emit(&format!("mul.f32 {half}, {b}, 0f3F000000;"));
+        self.emit(&format!("cvt.rmi.f32.f32 {fl}, {half};"));
+        self.emit(&format!("setp.neu.f32 {odd}, {fl}, {half};"));
+        let (flip, bad, zero) = (self.reg("pred"), self.reg("pred"), self.reg("pred"));
+        self.emit(&format!("and.pred {flip}, {neg}, {odd};"));
+        self.emit(&format!("@{flip} neg.f32 {r}, {r};"));
+        self.emit(&format!("not.pred {bad}, {int};"));
+        self.emit(&format!("and.pred {bad}, {bad}, {neg};"));
+        self.emit(&format!("@{bad} mov.f32 {r}, 0f7FC00000;"));
+        self.emit(&format!("setp.eq.f32 {zero}, {b}, 0f00000000;"));
+        self.emit(&format!("@{zero} mov.f32 {r}, 0f3F800000;"));
+        r
+    }
+
+    fn scalar(&mut self, dtype: DType, value: &Scalar) -> String {
+        let ty = reg_type(dtype);
+        match value {
+            Scalar::Const { value } => {
+                let r = self.reg(ty);
+                match ty {
+                    "f32" => self.emit(&format!("mov.f32 {r}, {};", f32_imm(*value))),
+                    "pred" => self.emit(&format!("setp.ne.s32 {r}, {}, 0;", i32::from(*value != 0.0))),
+                    t => self.emit(&format!("mov.{t} {r}, {};", *value as i64)),
+                }
+                r
+            }
+            Scalar::Load { buffer, index, guard } => {
+                let g = guard.map(|g| self.var(g).0);
+                let (raw, from) = self.load(*buffer, index, g.as_deref());
+                self.convert(&raw, from, dtype)
+            }
+            Scalar::Index { expr } => {
+                let e = self.expr(expr);
+                self.convert(&e, DType::I64, dtype)
+            }
+            Scalar::Unary { op, a } => {
+                let (x, from) = self.var(*a);
+                let r = match (op, reg_type(from)) {
+                    (UnaryOp::Not, _) => {
+                        let r = self.reg("pred");
+                        self.emit(&format!("not.pred {r}, {x};"));
+                        return r;
+                    }
+                    (UnaryOp::IsNan, "f32") => {
+                        let r = self.reg("pred");
+                        self.emit(&format!("setp.nan.f32 {r}, {x}, {x};"));
+                        return r;
+                    }
+                    (UnaryOp::IsNan, _) => {
+                        let r = self.reg("pred");
+                        self.emit(&format!("setp.ne.s32 {r}, 0, 0;"));
+                        return r;
+                    }
+                    (_, "f32") => self.f32_unary(*op, &x),
+                    (op, t) => {
+                        let r = self.reg(t);
+                        match op {
+                            UnaryOp::Neg => self.emit(&format!("neg.{t} {r}, {x};")),
+                            UnaryOp::Abs => self.emit(&format!("abs.{t} {r}, {x};")),
+                            UnaryOp::Relu => self.emit(&format!("max.{t} {r}, {x}, 0;")),
+                            _ => {
+                                let f = self.convert(&x, from, DType::F32);
+                                let y = self.f32_unary(*op, &f);
+                                return self.convert(&y, DType::F32, dtype);
+                            }
+                        }
+                        r
+                    }
+                };
+                if reg_type(dtype) == "f32" && from != dtype {
+                    return self.convert(&r, DType::F32, dtype);
+                }
+                r
+            }
+            Scalar::Binary { op, a, b } => {
+                let ((x, dx), (y, _)) = (self.var(*a), self.var(*b));
+                self.binary(*op, &x, &y, dx)
+            }
+            Scalar::Select { cond, a, b } => {
+                let ((c, _), (x, _), (y, _)) = (self.var(*cond), self.var(*a), self.var(*b));
+                let r = self.reg(ty);
+                if ty == "pred" {
+                    let (t1, t2, nc) = (self.reg("pred"), self.reg("pred"), self.reg("pred"));
+                    self.emit(&format!("and.pred {t1}, {c}, {x};"));
+                    self.emit(&format!("not.pred {nc}, {c};"));
+                    self.emit(&format!("and.pred {t2}, {nc}, {y};"));
+                    self.emit(&format!("or.pred {r}, {t1}, {t2};"));
+                } else {
+                    self.emit(&format!("selp.{ty} {r}, {x}, {y}, {c};"));
+                }
+                r
+            }
+            Scalar::Cast { a } => {
+                let (x, from) = self.var(*a);
+                self.convert(&x, from, dtype)
+            }
+        }
+    }
+
+    fn binary(&mut self, op: BinaryOp, x: &str, y: &str, operand: DType) -> String {
+        let t = reg_type(operand);
+        let cmp = |op: BinaryOp| match op {
+            BinaryOp::Eq => "eq",
+            BinaryOp::Ne if t == "f32" => "neu",
+            BinaryOp::Ne => "ne",
+            BinaryOp::Lt => "lt",
+            BinaryOp::Le => "le",
+            BinaryOp::Gt => "gt",
+            _ => "ge",
+        };
+        if op.is_comparison() {
+            let r = self.reg("pred");
+            if t == "pred" {
+                self.emit(&format!("xor.pred {r}, {x}, {y};"));
+                if op == BinaryOp::Eq {
+                    self.emit(&format!("not.pred {r}, {r};"));
+                }
+            } else {
+                self.emit(&format!("setp.{}.{t} {r}, {x}, {y};", cmp(op)));
+            }
+            return r;
+        }
+        if matches!(op, BinaryOp::And | BinaryOp::Or) {
+            let r = self.reg("pred");
+            let o = if op == BinaryOp::And { "and" } else { "or" };
+            self.emit(&format!("{o}.pred {r}, {x}, {y};"));
+            return r;
+        }
+        if op == BinaryOp::Pow {
+            if t == "f32" {
+                return self.pow(x, y);
+            }
+            let (fx, fy) = (self.convert(x, operand, DType::F32), self.convert(y, operand, DType::F32));
+            let p = self.pow(&fx, &fy);
+            return self.convert(&p, DType::F32, operand);
+        }
+        let r = self.reg(t);
+        match (op, t) {
+            (BinaryOp::Add, _) => self.emit(&format!("add.{t} {r}, {x}, {y};")),
+            (BinaryOp::Sub, _) => self.emit(&format!("sub.{t} {r}, {x}, {y};")),
+            (BinaryOp::Mul, "f32") => self.emit(&format!("mul.f32 {r}, {x}, {y};")),
+            (BinaryOp::Mul, _) => self.emit(&format!("mul.lo.{t} {r}, {x}, {y};")),
+            (BinaryOp::Div, "f32") => self.emit(&format!("div.rn.f32 {r}, {x}, {y};")),
+            (BinaryOp::Div, _) => {
+                // Floor division, as the reference.
+                let (rm, p1, p2, p3) = (self.reg(t), self.reg("pred"), self.reg("pred"), self.reg("pred"));
+                self.emit(&format!("div.{t} {r}, {x}, {y};"));
+                self.emit(&format!("rem.{t} {rm}, {x}, {y};"));
+                self.emit(&format!("setp.ne.{t} {p1}, {rm}, 0;"));
+                self.emit(&format!("setp.lt.{t} {p2}, {rm}, 0;"));
+                self.emit(&format!("setp.lt.{t} {p3}, {y}, 0;"));
+                self.emit(&format!("xor.pred {p2}, {p2}, {p3};"));
+                self.emit(&format!("and.pred {p1}, {p1}, {p2};"));
+                self.emit(&format!("@{p1} sub.{t} {r}, {r}, 1;"));
+            }
+            (BinaryOp::Max, "f32") => self.emit(&format!("max.NaN.f32 {r}, {x}, {y};")),
+            (BinaryOp::Min, "f32") => self.emit(&format!("min.NaN.f32 {r}, {x}, {y};")),
+            (BinaryOp::Max, _) => self.emit(&format!("max.{t} {r}, {x}, {y};")),
+            (BinaryOp::Min, _) => self.emit(&format!("min.{t} {r}, {x}, {y};")),
+            _ => unreachable!("comparisons, logic and pow are handled above"),
+        }
+        r
+    }
+
+    fn block(&mut self, body: &[Stmt]) {
+        for s in body {
+            self.stmt(s);
+        }
+    }
+
+    /// `for sym in start..extent step stride { body }` as labelled branches.
+    fn counted_loop(&mut self, s: SymId, start: &str, stride: &str, extent: &Expr, body: impl FnOnce(&mut Self)) {
+        let i = self.reg("s64");
+        self.syms.insert(s, i.clone());
+        let n = self.expr(extent);
+        let (top, end) = (self.label(), self.label());
+        self.emit(&format!("mov.s64 {i}, {start};"));
+        self.place(&top);
+        let p = self.reg("pred");
+        self.emit(&format!("setp.ge.s64 {p}, {i}, {n};"));
+        self.emit(&format!("@{p} bra {end};"));
+        body(self);
+        self.emit(&format!("add.s64 {i}, {i}, {stride};"));
+        self.emit(&format!("bra {top};"));
+        self.place(&end);
+    }
+
+    fn stmt(&mut self, s: &Stmt) {
+        match s {
+            Stmt::Let { var, dtype, value } => {
+                let r = self.scalar(*dtype, value);
+                self.vars.insert(*var, (r, *dtype));
+            }
+            Stmt::BindIndex { sym, var, bound } => {
+                let (v, from) = self.var(*var);
+                let x = self.convert(&v, from, DType::I64);
+                let b = self.expr(bound);
+                let (hi, r) = (self.reg("s64"), self.reg("s64"));
+                self.emit(&format!("sub.s64 {hi}, {b}, 1;"));
+                self.emit(&format!("min.s64 {r}, {x}, {hi};"));
+                self.emit(&format!("max.s64 {r}, {r}, 0;"));
+                self.syms.insert(*sym, r);
+            }
+            Stmt::Store { buffer, index, value } => self.store(*buffer, index, *value),
+            Stmt::Loop { sym, extent, mode, body } => {
+                let saved = self.single_thread_stores;
+                let (start, stride) = match mode {
+                    LoopMode::Global => ("%gstart", "%gstride"),
+                    LoopMode::Group => ("%group", "%ngroups"),
+                    LoopMode::Threads => ("%local", "%threads"),
+                    LoopMode::Serial => ("0", "1"),
+                };
+                match mode {
+                    LoopMode::Group => self.single_thread_stores = true,
+                    LoopMode::Threads | LoopMode::Global => self.single_thread_stores = false,
+                    LoopMode::Serial => {}
+                }
+                self.counted_loop(*sym, start, stride, extent, |w| w.block(body));
+                self.single_thread_stores = saved;
+            }
+            Stmt::Reduce { out, dtype, op, sym, extent, strategy, body, value } => {
+                self.reduce(*out, *dtype, *op, *sym, extent, *strategy, body, *value)
+            }
+            Stmt::MatMul(m) => self.matmul(m),
+        }
+    }
+
+    fn init(&mut self, op: KReduceOp, ty: &str) -> &'static str {
+        match (op, ty) {
+            (KReduceOp::Sum, "f32") => "0f00000000",
+            (KReduceOp::Sum, _) => "0",
+            (KReduceOp::Max | KReduceOp::ArgMax, "f32") => "0fFF800000",
+            (KReduceOp::Min | KReduceOp::ArgMin, "f32") => "0f7F800000",
+            (KReduceOp::Max | KReduceOp::ArgMax, "s32") => "-2147483648",
+            (KReduceOp::Min | KReduceOp::ArgMin, "s32") => "2147483647",
+            (KReduceOp::Max | KReduceOp::ArgMax, _) => "-9223372036854775808",
+            (KReduceOp::Min | KReduceOp::ArgMin, _) => "9223372036854775807",
+        }
+    }
+
+    fn combine(&mut self, op: KReduceOp, ty: &str, acc: &str, v: &str) {
+        match (op, ty) {
+            (KReduceOp::Sum, _) => self.emit(&format!("add.{ty} {acc}, {acc}, {v};")),
+            (KReduceOp::Max, "f32") => self.emit(&format!("max.NaN.f32 {acc}, {acc}, {v};")),
+            (KReduceOp::Min, "f32") => self.emit(&format!("min.NaN.f32 {acc}, {acc}, {v};")),
+            (KReduceOp::Max, _) => self.emit(&format!("max.{ty} {acc}, {acc}, {v};")),
+            (KReduceOp::Min, _) => self.emit(&format!("min.{ty} {acc}, {acc}, {v};")),
+            _ => unreachable!("arg reductions combine pairs"),
+        }
+    }
+
+    /// Moves `(v, i)` into `(bv, bi)` when it is better: NaN first (the first NaN stays), then the extreme
+    /// value, then the smaller index.
+    fn arg_update(&mut self, op: KReduceOp, ty: &str, v: &str, i: &str, bv: &str, bi: &str) {
+        let (nv, nb) = (self.reg("pred"), self.reg("pred"));
+        if ty == "f32" {
+            self.emit(&format!("setp.nan.f32 {nv}, {v}, {v};"));
+            self.emit(&format!("setp.nan.f32 {nb}, {bv}, {bv};"));
+        } else {
+            self.emit(&format!("setp.ne.s32 {nv}, 0, 0;"));
+            self.emit(&format!("setp.ne.s32 {nb}, 0, 0;"));
+        }
+        let cmp = if op == KReduceOp::ArgMax { "gt" } else { "lt" };
+        let (ext, eq, earlier, a, b, better) = (
+            self.reg("pred"),
+            self.reg("pred"),
+            self.reg("pred"),
+            self.reg("pred"),
+            self.reg("pred"),
+            self.reg("pred"),
+        );
+        self.emit(&format!("setp.{cmp}.{ty} {ext}, {v}, {bv};"));
+        self.emit(&format!("setp.eq.{ty} {eq}, {v}, {bv};"));
+        self.emit(&format!("setp.lt.s64 {earlier}, {i}, {bi};"));
+        self.emit(&format!("and.pred {eq}, {eq}, {earlier};"));
+        self.emit(&format!("or.pred {ext}, {ext}, {eq};"));
+        // a: both non-NaN and better; b: v NaN and (best not NaN or earlier).
+        self.emit(&format!("or.pred {a}, {nv}, {nb};"));
+        self.emit(&format!("not.pred {a}, {a};"));
+        self.emit(&format!("and.pred {a}, {a}, {ext};"));
+        self.emit(&format!("not.pred {b}, {nb};"));
+        self.emit(&format!("or.pred {b}, {b}, {earlier};"));
+        self.emit(&format!("and.pred {b}, {b}, {nv};"));
+        self.emit(&format!("or.pred {better}, {a}, {b};"));
+        self.emit(&format!("@{better} mov.{ty} {bv}, {v};"));
+        self.emit(&format!("@{better} mov.s64 {bi}, {i};"));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce(
+        &mut self,
+        out: VarId,
+        dtype: DType,
+        op: KReduceOp,
+        s: SymId,
+        extent: &Expr,
+        strategy: ReduceStrategy,
+        body: &[Stmt],
+        value: VarId,
+    ) {
+        let ty = reg_type(dtype);
+        let arg = matches!(op, KReduceOp::ArgMax | KReduceOp::ArgMin);
+        let (acc, idx) = (self.reg(ty), self.reg("s64"));
+        let init = self.init(op, ty);
+        self.emit(&format!("mov.{ty} {acc}, {init};"));
+        self.emit(&format!("mov.s64 {idx}, 9223372036854775807;"));
+        let grouped = matches!(strategy, ReduceStrategy::Group { .. });
+        let (start, stride) = if grouped { ("%local", "%threads") } else { ("0", "1") };
+        let saved = self.single_thread_stores;
+        self.single_thread_stores = false;
+        let (acc2, idx2) = (acc.clone(), idx.clone());
+        self.counted_loop(s, start, stride, extent, |w| {
+            w.block(body);
+            let (v, from) = w.var(value);
+            let v = w.convert(&v, from, dtype);
+            if arg {
+                let j = w.sym(s);
+                w.arg_update(op, ty, &v, &j, &acc2, &idx2);
+            } else {
+                w.combine(op, ty, &acc2, &v);
+            }
+        });
+        self.single_thread_stores = saved;
+        if grouped {
+            let t = self.k.launch.threads as i64;
+            let elem = if ty == "f32" || ty == "s32" { 4 } else { 8 };
+            let shared = match ty {
+                "f32" => "red_f32",
+                "s32" => "red_s32",
+                _ => "red_s64",
+            };
+            self.shared.insert(shared);
+            if arg {
+                self.shared.insert("red_idx");
+            }
+            let (base, ibase, a) = (self.reg("s64"), self.reg("s64"), self.reg("s64"));
+            self.emit(&format!("mov.u64 {base}, {shared};"));
+            self.emit(&format!("mad.lo.s64 {a}, %local, {elem}, {base};"));
+            self.emit(&format!("st.shared.{ty} [{a}], {acc};"));
+            let ia = self.reg("s64");
+            if arg {
+                self.emit(&format!("mov.u64 {ibase}, red_idx;"));
+                self.emit(&format!("mad.lo.s64 {ia}, %local, 8, {ibase};"));
+                self.emit(&format!("st.shared.s64 [{ia}], {idx};"));
+            }
+            self.emit("bar.sync 0;");
+            let mut stride = t / 2;
+            while stride > 0 {
+                let skip = self.label();
+                let p = self.reg("pred");
+                self.emit(&format!("setp.ge.s64 {p}, %local, {stride};"));
+                self.emit(&format!("@{p} bra {skip};"));
+                let (other, x, y) = (self.reg("s64"), self.reg(ty), self.reg(ty));
+                self.emit(&format!("add.s64 {other}, {a}, {};", stride * elem));
+                self.emit(&format!("ld.shared.{ty} {x}, [{a}];"));
+                self.emit(&format!("ld.shared.{ty} {y}, [{other}];"));
+                if arg {
+                    let (io, ix, iy) = (self.reg("s64"), self.reg("s64"), self.reg("s64"));
+                    self.emit(&format!("add.s64 {io}, {ia}, {};", stride * 8));
+                    self.emit(&format!("ld.shared.s64 {ix}, [{ia}];"));
+                    self.emit(&format!("ld.shared.s64 {iy}, [{io}];"));
+                    self.arg_update(op, ty, &y, &iy, &x, &ix);
+                    self.emit(&format!("st.shared.s64 [{ia}], {ix};"));
+                } else {
+                    self.combine(op, ty, &x, &y);
+                }
+                self.emit(&format!("st.shared.{ty} [{a}], {x};"));
+                self.place(&skip);
+                self.emit("bar.sync 0;");
+                stride /= 2;
+            }
+            self.emit(&format!("ld.shared.{ty} {acc}, [{base}];"));
+            if arg {
+                self.emit(&format!("ld.shared.s64 {idx}, [{ibase}];"));
+            }
+            self.emit("bar.sync 0;");
+        }
+        if arg {
+            self.vars.insert(out, (idx, DType::I64));
+        } else {
+            self.vars.insert(out, (acc, dtype));
+        }
+    }
+
+    /// The matmul template in its plain form (one output element per thread, grid-stride). Matmul regions
+    /// are meant for cuBLASLt on this backend; this form keeps every kernel runnable and checkable.
+    fn matmul(&mut self, m: &MatMul) {
+        let [bs, is, js, ps] = m.syms;
+        let (bn, mm, nn) = (self.expr(&m.batch), self.expr(&m.m), self.expr(&m.n));
+        let (mn, total) = (self.reg("s64"), self.reg("s64"));
+        self.emit(&format!("mul.lo.s64 {mn}, {mm}, {nn};"));
+        self.emit(&format!("mul.lo.s64 {total}, {mn}, {bn};"));
+        let t = self.reg("s64");
+        let (top, end) = (self.label(), self.label());
+        self.emit(&format!("mov.s64 {t}, %gstart;"));
+        self.place(&top);
+        let p = self.reg("pred");
+        self.emit(&format!("setp.ge.s64 {p}, {t}, {total};"));
+        self.emit(&format!("@{p} bra {end};"));
+        let (b, rest, i, j) = (self.reg("s64"), self.reg("s64"), self.reg("s64"), self.reg("s64"));
+        self.emit(&format!("div.s64 {b}, {t}, {mn};"));
+        self.emit(&format!("rem.s64 {rest}, {t}, {mn};"));
+        self.emit(&format!("div.s64 {i}, {rest}, {nn};"));
+        self.emit(&format!("rem.s64 {j}, {rest}, {nn};"));
+        self.syms.insert(bs, b);
+        self.syms.insert(is, i);
+        self.syms.insert(js, j);
+        let acc_ty = reg_type(m.acc_dtype);
+        let acc = self.reg(acc_ty);
+        let zero = if acc_ty == "f32" { "0f00000000" } else { "0" };
+        self.emit(&format!("mov.{acc_ty} {acc}, {zero};"));
+        let acc2 = acc.clone();
+        self.counted_loop(ps, "0", "1", &m.k, |w| {
+            w.block(&m.a.body);
+            w.block(&m.b.body);
+            let (x, dx) = w.var(m.a.value);
+            let (y, dy) = w.var(m.b.value);
+            let (x, y) = (w.convert(&x, dx, m.acc_dtype), w.convert(&y, dy, m.acc_dtype));
+            if acc_ty == "f32" {
+                w.emit(&format!("fma.rn.f32 {acc2}, {x}, {y}, {acc2};"));
+            } else {
+                w.emit(&format!("mad.lo.{acc_ty} {acc2}, {x}, {y}, {acc2};"));
+            }
+        });
+        self.vars.insert(m.acc, (acc, m.acc_dtype));
+        let saved = self.single_thread_stores;
+        self.single_thread_stores = false;
+        self.block(&m.epilogue);
+        self.single_thread_stores = saved;
+        self.emit(&format!("add.s64 {t}, {t}, %gstride;"));
+        self.emit(&format!("bra {top};"));
+        self.place(&end);
+    }
+}
+
+/// The PTX ISA version to emit for a compute capability: the lowest with every instruction used
+/// (`max.NaN`, bf16 conversions: 7.0 on sm_80; sm_90 needs 7.8).
+fn isa(sm: u32) -> &'static str {
+    if sm >= 90 {
+        "7.8"
+    } else {
+        "7.0"
+    }
+}
+
+/// Renders `kernel` as a PTX module for `sm_<sm>` (80 or newer).
+pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
+    let fail = |msg: String| RenderError { kernel: kernel.name.clone(), msg };
+    if sm < 80 {
+        return Err(fail(format!("sm_{sm} is not supported (sm_80 or newer)")));
+    }
+    let mut w = Writer {
+        k: kernel,
+        body: String::new(),
+        decls: Vec::new(),
+        next: 0,
+        vars: HashMap::new(),
+        syms: HashMap::new(),
+        single_thread_stores: false,
+        shared: Default::default(),
+        error: None,
+    };
+    for s in &kernel.symbols {
+        w.syms.insert(*s, format!("%s{}", s.0));
+    }
+    w.block(&kernel.body);
+    if let Some(msg) = w.error {
+        return Err(fail(msg));
+    }
+    let t = kernel.launch.threads;
+    let mut src = String::new();
+    let _ = writeln!(src, "// {}: generated by kiln from the kernel IR.", kernel.name);
+    let _ = writeln!(src, ".version {}\n.target sm_{sm}\n.address_size 64\n", isa(sm));
+    for sh in &w.shared {
+        let (ty, n) = match *sh {
+            "red_f32" => ("f32", 4),
+            "red_s32" => ("s32", 4),
+            _ => ("s64", 8),
+        };
+        let _ = writeln!(src, ".shared .align {n} .{ty} {sh}[{t}];");
+    }
+    let mut params: Vec<String> = (0..kernel.buffers.len()).map(|i| format!("    .param .u64 p_b{i}")).collect();
+    params.extend(kernel.symbols.iter().map(|s| format!("    .param .s64 p_s{}", s.0)));
+    let _ = writeln!(src, ".visible .entry {}(\n{}\n)\n.maxntid {t}, 1, 1\n{{", kernel.name, params.join(",\n"));
+    for i in 0..kernel.buffers.len() {
+        let _ = writeln!(src, "    .reg .s64 %b{i};");
+    }
+    for s in &kernel.symbols {
+        let _ = writeln!(src, "    .reg .s64 %s{};", s.0);
+    }
+    src.push_str("    .reg .s64 %local, %group, %ngroups, %threads, %gstart, %gstride;\n    .reg .u32 %u<8>;\n");
+    for d in &w.decls {
+        let _ = writeln!(src, "    {d}");
+    }
+    for i in 0..kernel.buffers.len() {
+        let _ = writeln!(src, "    ld.param.u64 %b{i}, [p_b{i}];");
+        let _ = writeln!(src, "    cvta.to.global.u64 %b{i}, %b{i};");
+    }
+    for s in &kernel.symbols {
+        let _ = writeln!(src, "    ld.param.s64 %s{0}, [p_s{0}];", s.0);
+    }
+    // Flattened workgroup index over a folded 3-D grid, as in every backend.
+    src.push_str(
+        "    mov.u32 %u0, %ctaid.x;\n    mov.u32 %u1, %ctaid.y;\n    mov.u32 %u2, %ctaid.z;\n\
+         \x20   mov.u32 %u3, %nctaid.x;\n    mov.u32 %u4, %nctaid.y;\n    mov.u32 %u5, %nctaid.z;\n\
+         \x20   mov.u32 %u6, %tid.x;\n\
+         \x20   mad.lo.u32 %u2, %u2, %u4, %u1;\n    mad.lo.u32 %u0, %u2, %u3, %u0;\n\
+         \x20   cvt.u64.u32 %group, %u0;\n    mul.lo.u32 %u3, %u3, %u4;\n    mul.lo.u32 %u3, %u3, %u5;\n\
+         \x20   cvt.u64.u32 %ngroups, %u3;\n    cvt.u64.u32 %local, %u6;\n",
+    );
+    let _ = writeln!(src, "    mov.s64 %threads, {t};");
+    src.push_str("    mad.lo.s64 %gstart, %group, %threads, %local;\n    mul.lo.s64 %gstride, %ngroups, %threads;\n");
+    src.push_str(&w.body);
+    src.push_str("    ret;\n}\n");
+    Ok(PtxKernel { name: kernel.name.clone(), source: src, sm })
+}

@@ -1,0 +1,18 @@
+//! The conformance suite with every kernel rendered to PTX and assembled by ptxas for sm_80 and sm_90
+//! (results from the kernel interpreter). Without ptxas it fails saying how to install it, unless
+//! KILN_PTXAS_TESTS=skip opts out explicitly.
+
+mod conformance;
+
+fn ptx() -> Option<std::rc::Rc<dyn kiln::graph::Backend>> {
+    if std::env::var("KILN_PTXAS_TESTS").as_deref() == Ok("skip") {
+        eprintln!("KILN_PTXAS_TESTS=skip: ptxas checks skipped on request");
+        return None;
+    }
+    match kiln_ptx::PtxasChecked::new() {
+        Ok(b) => Some(std::rc::Rc::new(b)),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+conformance_suite!(ptx(), random_cases = 300, big = false, ieee_nan = true);

@@ -127,7 +127,7 @@ fn run(cli: &Cli) -> kiln::Result<Report> {
     }
     for note in [
         "W5 runs forward only (f32 and bf16): the training step waits for autodiff. W6 (densenet) waits for convolution support.",
-        "cuda: the PTX lowering has not landed yet.",
+        "cuda: PTX kernels are generated and ptxas-checked, but the CUDA runtime has not landed yet: no CUDA rows.",
     ] {
         report.notes.push(note.into());
     }

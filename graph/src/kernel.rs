@@ -25,6 +25,16 @@ use crate::sym::{Expr, SymId};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// A kernel a renderer cannot express in its language (every renderer reports it the same way).
+#[derive(Debug, thiserror::Error)]
+#[error("kernel {kernel}: {msg}")]
+pub struct RenderError {
+    /// Kernel name.
+    pub kernel: String,
+    /// What is not expressible.
+    pub msg: String,
+}
+
 /// A scalar SSA value of a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct VarId(pub u32);

@@ -14,15 +14,7 @@ use kiln_graph::sym::{Expr, ExprTree, SymId};
 use std::collections::HashMap;
 use std::fmt::Write;
 
-/// A construct the renderer cannot express in PTX.
-#[derive(Debug, thiserror::Error)]
-#[error("kernel {kernel}: {msg}")]
-pub struct RenderError {
-    /// Kernel name.
-    pub kernel: String,
-    /// What is not expressible.
-    pub msg: String,
-}
+pub use kiln_graph::kernel::RenderError;
 
 /// A rendered kernel.
 #[derive(Clone, Debug)]

@@ -12,15 +12,7 @@ use std::fmt::Write;
 /// Helper functions every kernel may call.
 pub const PRELUDE: &str = include_str!("prelude.wgsl");
 
-/// A construct the renderer cannot express in WGSL.
-#[derive(Debug, thiserror::Error)]
-#[error("kernel {kernel}: {msg}")]
-pub struct RenderError {
-    /// Kernel name.
-    pub kernel: String,
-    /// What is not expressible.
-    pub msg: String,
-}
+pub use kiln_graph::kernel::RenderError;
 
 /// A rendered shader and what the runtime needs to bind it.
 #[derive(Clone, Debug)]
@@ -322,9 +314,15 @@ impl<'k> Writer<'k> {
                 Stmt::Loop { sym, body, mode: LoopMode::Threads, .. } => (*sym, body),
                 _ => continue,
             };
+            // Indices bound inside the pass (gathers) do not exist before it: such loads stay in the pass.
+            let bound: std::collections::BTreeSet<SymId> = inner
+                .iter()
+                .filter_map(|b| if let Stmt::BindIndex { sym, .. } = b { Some(*sym) } else { None })
+                .collect();
             for b in inner {
                 if let Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. } = b {
-                    if index.symbols().contains(&s) {
+                    let syms = index.symbols();
+                    if syms.contains(&s) && syms.is_disjoint(&bound) {
                         let norm = index.substitute(&std::collections::BTreeMap::from([(s, Expr::sym(ROW_J))]));
                         if !keys.iter().any(|k| k.0 == *buffer && k.1 == *dtype && k.2 == norm) {
                             keys.push((*buffer, *dtype, norm, index.clone()));

@@ -237,6 +237,9 @@ pub fn regressions(backend: &Rc<dyn Backend>) {
             ],
         ),
     ];
+    // A gather inside a persistent row kernel (its index is bound inside the pass): index_select, then min.
+    let gather_in_row = vec![(vec![20, 5], vec![2], vec![st(36, 0, 0, 0), st(37, 2, 0, 0)])];
+    let cases: Vec<_> = cases.into_iter().chain(gather_in_row).collect();
     for (da, db, steps) in cases {
         check(&da, &db, 0, &steps, backend).unwrap();
     }

@@ -25,8 +25,10 @@ pub fn find() -> Option<PathBuf> {
 
 /// Assembles `ptx` for `sm_<sm>`; on failure, ptxas's message followed by the numbered source.
 pub fn assemble(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Result<(), String> {
-    let dir = std::env::temp_dir();
-    let file = dir.join(format!("kiln-{}-{name}-{sm}.ptx", std::process::id()));
+    // Unique per call: tests assemble the same kernel from several threads at once.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = std::env::temp_dir().join(format!("kiln-{}-{n}-{name}-{sm}.ptx", std::process::id()));
     std::fs::write(&file, ptx).map_err(|e| format!("writing {}: {e}", file.display()))?;
     let out = Command::new(ptxas)
         .arg(format!("-arch=sm_{sm}"))

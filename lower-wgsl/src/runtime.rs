@@ -235,14 +235,14 @@ impl Gpu {
         self.stats.borrow().clone()
     }
 
-    async fn pipeline(&self, kernel: &Kernel) -> Result<(Rc<wgpu::ComputePipeline>, Vec<Storage>, bool)> {
+    async fn pipeline(&self, kernel: &Kernel) -> Result<(Rc<wgpu::ComputePipeline>, bool)> {
         let clock = web_time_now();
         let shader = render(kernel, self.f16).map_err(|e| err(e.to_string()))?;
         // Keyed by the code, not the kernel's name: identical kernels (64 equal layers) share a pipeline.
         let key: String = shader.source.lines().filter(|l| !l.starts_with("// ")).collect::<Vec<_>>().join("\n");
         if let Some(p) = self.pipelines.borrow().get(&key) {
             self.stats.borrow_mut().pipelines_reused += 1;
-            return Ok((p.clone(), shader.storage, shader.uses_symbols));
+            return Ok((p.clone(), shader.uses_symbols));
         }
         validate(&kernel.name, &shader.source).map_err(|e| err(e.to_string()))?;
         tracing::debug!(target: "kiln::output_code", kernel = %kernel.name, "\n{}", shader.source);
@@ -276,7 +276,7 @@ impl Gpu {
         }
         let p = Rc::new(pipeline);
         self.pipelines.borrow_mut().insert(key, p.clone());
-        Ok((p, shader.storage, shader.uses_symbols))
+        Ok((p, shader.uses_symbols))
     }
 
     /// Splits a workgroup count into a grid within the per-dimension limit (kernels tolerate extra groups).
@@ -372,7 +372,7 @@ impl Gpu {
             if groups == 0 {
                 continue;
             }
-            let (pipeline, _storage, uses_symbols) = self.pipeline(kernel).await?;
+            let (pipeline, uses_symbols) = self.pipeline(kernel).await?;
             let mut entries: Vec<wgpu::BindGroupEntry> = kernel
                 .buffers
                 .iter()

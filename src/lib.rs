@@ -2,7 +2,8 @@
 //!
 //! A tensor compiler in Rust, in the spirit of `torch.compile`: write model code against [`Tensor`], wrap
 //! it in [`compile`], and kiln traces it into one graph IR, then (as the pipeline grows) fuses it into
-//! regions and lowers each region to WGSL or PTX. Today every graph runs on the CPU reference.
+//! regions and lowers each region to WGSL (wgpu) or PTX (CUDA); `Backend::Auto` picks CUDA, else any wgpu
+//! adapter, else the CPU reference.
 //!
 //! ```
 //! use kiln::{compile, DType, Tensor};
@@ -58,15 +59,20 @@ pub enum Backend {
     Kernels,
     /// WGSL kernels through wgpu (Vulkan, Metal, DX12; WebGPU in browsers).
     Wgpu,
+    /// PTX kernels through the CUDA driver (NVIDIA GPUs, compute capability 8.0 or newer).
+    Cuda,
 }
 
 impl Backend {
     /// Every backend this build knows, best first.
-    pub const ALL: [Backend; 4] = [Backend::Auto, Backend::Wgpu, Backend::Kernels, Backend::Cpu];
+    pub const ALL: [Backend; 5] = [Backend::Auto, Backend::Cuda, Backend::Wgpu, Backend::Kernels, Backend::Cpu];
 
     /// The backends that can run here now, best first (what `Auto` chooses from).
     pub fn available() -> Vec<Backend> {
         let mut v = Vec::new();
+        if Backend::Cuda.into_backend().is_ok() {
+            v.push(Backend::Cuda);
+        }
         if Backend::Wgpu.into_backend().is_ok() {
             v.push(Backend::Wgpu);
         }
@@ -97,13 +103,34 @@ fn wgpu_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
     Err(Error::Backend { backend: "wgpu".into(), msg: "this build of kiln has no `wgpu` feature".into() })
 }
 
+#[cfg(feature = "cuda")]
+thread_local! {
+    /// One CUDA device per thread (loaded modules and pooled memory live on it), leaked like wgpu's.
+    static CUDA: std::cell::OnceCell<Result<&'static kiln_ptx::CudaBackend, String>> = const { std::cell::OnceCell::new() };
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
+    let open = || kiln_ptx::CudaBackend::new().map(|b| &*Box::leak(Box::new(b))).map_err(|e| e.to_string());
+    CUDA.with(|cell| match cell.get_or_init(open) {
+        Ok(b) => Ok(Rc::new((*b).clone()) as Rc<dyn kiln_graph::Backend>),
+        Err(msg) => Err(Error::Backend { backend: "cuda".into(), msg: msg.clone() }),
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
+    Err(Error::Backend { backend: "cuda".into(), msg: "this build of kiln has no `cuda` feature".into() })
+}
+
 impl IntoBackend for Backend {
     fn into_backend(self) -> Result<Rc<dyn kiln_graph::Backend>> {
         match self {
-            Backend::Auto => wgpu_backend().or_else(|_| Ok(Rc::new(CpuReference))),
+            Backend::Auto => cuda_backend().or_else(|_| wgpu_backend()).or_else(|_| Ok(Rc::new(CpuReference))),
             Backend::Cpu => Ok(Rc::new(CpuReference)),
             Backend::Kernels => Ok(Rc::new(KernelInterpreter::default())),
             Backend::Wgpu => wgpu_backend(),
+            Backend::Cuda => cuda_backend(),
         }
     }
 }

@@ -150,6 +150,17 @@ fn one_symbolic_kernel_serves_twenty_sizes_on_wgpu() {
 }
 
 #[test]
+fn one_symbolic_kernel_serves_twenty_sizes_on_cuda() {
+    if common::cuda_skipped() {
+        return;
+    }
+    if let Err(e) = Backend::Cuda.into_backend() {
+        panic!("{e}");
+    }
+    symbolic_sizes(Backend::Cuda);
+}
+
+#[test]
 fn a_cached_call_does_not_trace_and_reads_new_argument_values() {
     let c = compile(|x: &Tensor| x.mul(3.0)).backend(Backend::Kernels);
     let a: Vec<f32> = c.call(&x(&[5])).unwrap().to_vec().unwrap();

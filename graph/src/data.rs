@@ -71,6 +71,49 @@ impl TensorData {
         &self.values
     }
 
+    /// The values in the dtype's own little-endian layout (`size_bytes` each; bool as one byte 0/1): what
+    /// byte-addressed devices (CUDA) hold, so uploads are one copy.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.values.len() * self.dtype.size_bytes());
+        for &x in &self.values {
+            match self.dtype {
+                DType::F32 => out.extend((x as f32).to_le_bytes()),
+                DType::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
+                DType::BF16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
+                DType::I32 => out.extend((x as i32).to_le_bytes()),
+                DType::I64 => out.extend((x as i64).to_le_bytes()),
+                DType::Bool => out.push(u8::from(x != 0.0)),
+            }
+        }
+        out
+    }
+
+    /// Reads `dims` elements of `dtype` from bytes in the layout [`TensorData::to_le_bytes`] writes;
+    /// bytes past the elements are ignored (device buffers are rounded up).
+    #[track_caller]
+    pub fn from_le_bytes(bytes: &[u8], dims: &[usize], dtype: DType) -> Result<Self> {
+        let n: usize = dims.iter().product();
+        let w = dtype.size_bytes();
+        if bytes.len() < n * w {
+            return Err(Error::Format {
+                what: "tensor bytes".into(),
+                msg: format!("{} bytes hold fewer than the {n} {} elements of {dims:?}", bytes.len(), dtype.name()),
+            });
+        }
+        let values = bytes[..n * w]
+            .chunks_exact(w)
+            .map(|b| match dtype {
+                DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+                DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+                DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+                DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+                DType::I64 => i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64,
+                DType::Bool => f64::from(u8::from(b[0] != 0)),
+            })
+            .collect();
+        Ok(TensorData { dtype, dims: dims.to_vec(), values })
+    }
+
     /// The values converted to a host element type (a cast when `T` differs from the dtype).
     pub fn to_vec<T: Element>(&self) -> Vec<T> {
         self.values.iter().map(|&v| T::from_f64(T::DTYPE.round(v))).collect()

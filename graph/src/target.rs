@@ -100,6 +100,17 @@ impl Target {
         }
     }
 
+    /// Folds a count of workgroups into a grid within the per-dimension limit, x fastest (kernels
+    /// flatten the grid back and tolerate the few extra groups rounding adds). `None` past `limit^3`.
+    pub fn fold_grid(&self, groups: u64) -> Option<(u32, u32, u32)> {
+        let max = self.max_groups_per_dim.clamp(1, u32::MAX as u64);
+        let x = groups.min(max);
+        let rest = groups.div_ceil(x.max(1));
+        let y = rest.min(max);
+        let z = rest.div_ceil(y.max(1));
+        (z <= max).then_some((x as u32, y as u32, z as u32))
+    }
+
     /// This target with a different binding limit (tests of the splitting logic use tiny limits).
     pub fn with_max_bindings(mut self, n: u32) -> Target {
         self.max_bindings = n;

@@ -1,10 +1,12 @@
 //! kiln-ptx: the NVIDIA lowering. Kernels from `kiln-graph` are printed as PTX — no CUDA C, no NVRTC —
-//! for a compute capability, and checked by `ptxas`. The cudarc runtime (launches, cuBLASLt for matmul
-//! regions, CUDA graphs) builds on this renderer.
+//! for a compute capability, checked by `ptxas`, and run by a cudarc runtime (driver API loaded at run
+//! time, so building needs no CUDA) with CUDA graphs for the reduce-overhead mode.
 
 pub mod check;
 pub mod ptxas;
 pub mod render;
+pub mod runtime;
 
 pub use check::PtxasChecked;
 pub use render::{render, PtxKernel, RenderError};
+pub use runtime::{Cuda, CudaBackend, CudaStats, Prepared};

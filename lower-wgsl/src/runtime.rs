@@ -279,17 +279,8 @@ impl Gpu {
         Ok((p, shader.uses_symbols))
     }
 
-    /// Splits a workgroup count into a grid within the per-dimension limit (kernels tolerate extra groups).
     fn grid(&self, groups: u64) -> Result<(u32, u32, u32)> {
-        let max = self.target.max_groups_per_dim.max(1);
-        let x = groups.min(max);
-        let rest = groups.div_ceil(x.max(1));
-        let y = rest.min(max);
-        let z = rest.div_ceil(y.max(1));
-        if z > max {
-            return Err(err(format!("{groups} workgroups exceed a {max}^3 grid")));
-        }
-        Ok((x as u32, y as u32, z as u32))
+        self.target.fold_grid(groups).ok_or_else(|| err(format!("{groups} workgroups exceed a 3-D grid")))
     }
 
     /// Blocking [`Gpu::run_async`] for native code.

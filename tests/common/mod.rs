@@ -31,9 +31,15 @@ pub fn read(t: &Result<Tensor>) -> (Vec<f64>, Vec<usize>) {
 /// Asserts elementwise closeness (relative 1e-6, absolute 1e-6), NaN equal to NaN.
 #[track_caller]
 pub fn assert_close(got: &[f64], want: &[f64]) {
+    assert_close_tol(got, want, 1e-6);
+}
+
+/// Asserts elementwise closeness within `tol` (relative, absolute below 1), NaN equal to NaN.
+#[track_caller]
+pub fn assert_close_tol(got: &[f64], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "length: got {got:?}, want {want:?}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= 1e-6 * w.abs().max(1.0);
+        let ok = (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * w.abs().max(1.0);
         assert!(ok, "element {i}: got {g}, want {w} (all: {got:?} vs {want:?})");
     }
 }
@@ -44,6 +50,17 @@ pub fn wgpu_skipped() -> bool {
     let skip = std::env::var("KILN_WGPU_TESTS").as_deref() == Ok("skip");
     if skip {
         eprintln!("KILN_WGPU_TESTS=skip: wgpu tests skipped on request");
+    }
+    skip
+}
+
+/// Whether this run opted out of CUDA tests (`KILN_CUDA_TESTS=skip`, which `scripts/test.sh` sets only on
+/// a machine without a CUDA driver, and says so); says so when it did. Without the opt-out a missing
+/// driver is a failure, never a silent pass.
+pub fn cuda_skipped() -> bool {
+    let skip = std::env::var("KILN_CUDA_TESTS").as_deref() == Ok("skip");
+    if skip {
+        eprintln!("KILN_CUDA_TESTS=skip: CUDA tests skipped on request");
     }
     skip
 }

@@ -1,0 +1,117 @@
+//! Measuring on a device: each graph is prepared once (buffers, kernels, parameters) and each sample is
+//! one launch timed as the device does best (CUDA events; fenced wall time on wgpu), so host transfers
+//! never enter the numbers. Written once for every [`Device`].
+
+use crate::device::Device;
+use crate::report::ResultRow;
+use crate::Cli;
+use kiln_graph::workloads::{data, Workload};
+use kiln_graph::{capture, compile_cached, compile_graph_with, DType, FusionMode, Tensor, TensorSpec};
+use std::time::Instant;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median seconds of `repeat` samples, after warm-up launches filling at least half a second: a GPU that
+/// has been idle runs its first milliseconds at lower clocks, which a fixed three-launch warm-up does
+/// not cover (runs of identical kernels differed 2.5x before this).
+fn time<D: Device>(dev: &D, run: &D::Run, repeat: usize) -> kiln::Result<f64> {
+    let warm = Instant::now();
+    let mut n = 0;
+    while n < 3 || warm.elapsed().as_secs_f64() < 0.5 {
+        dev.launch(run)?;
+        dev.wait()?;
+        n += 1;
+    }
+    let mut samples = Vec::with_capacity(repeat);
+    for _ in 0..repeat.max(1) {
+        samples.push(dev.sample(run)?);
+    }
+    Ok(median(samples))
+}
+
+/// GB/s of a plain copy kernel (a layout output: read once, written once) over 2^26 f32 (2^22 quick).
+pub fn copy_bandwidth<D: Device>(dev: &D, cli: &Cli) -> kiln::Result<f64> {
+    let n = if cli.quick { 1 << 22 } else { 1 << 26 };
+    let spec = TensorSpec::new(DType::F32, &[n]);
+    let g = capture(std::slice::from_ref(&spec), |t| Ok(vec![t[0].unsqueeze(0)?]))?;
+    let c = compile_graph_with(&g, dev.target(), FusionMode::Fused)?;
+    let x = data(&spec, 0);
+    let run = dev.prepare(&c, &[&x])?;
+    let s = time(dev, &run, cli.repeat)?;
+    Ok((2 * n * 4) as f64 / s / 1e9)
+}
+
+/// Largest relative error of `w` on the device against the reference, at the check sizes.
+fn check<D: Device>(dev: &D, w: &Workload) -> kiln::Result<f64> {
+    let inputs: Vec<Tensor> = w.check.iter().enumerate().map(|(i, s)| Tensor::from_data(data(s, i))).collect();
+    let got = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(dev.backend()).call(inputs.clone())?;
+    let want = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
+    let mut worst = 0.0f64;
+    for (g, r) in got.iter().zip(&want) {
+        let (g, r) = (g.to_data()?, r.to_data()?);
+        for (a, b) in g.values().iter().zip(r.values()) {
+            let e = if a.is_nan() && b.is_nan() { 0.0 } else { (a - b).abs() / (1.0 + b.abs()) };
+            worst = worst.max(if e.is_nan() { f64::INFINITY } else { e });
+        }
+    }
+    Ok(worst)
+}
+
+/// Checks `w`, then times it eager (one kernel per op), compiled, and compiled with reduce-overhead
+/// where the device has it.
+pub fn measure<D: Device>(dev: &D, w: &Workload, cli: &Cli, copy_gbps: f64) -> kiln::Result<Vec<ResultRow>> {
+    let err = check(dev, w)?;
+    let specs = if cli.quick { &w.quick } else { &w.full };
+    let host: Vec<kiln_graph::TensorData> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
+    let refs: Vec<&kiln_graph::TensorData> = host.iter().collect();
+    let mut rows = Vec::new();
+    for (mode, name) in [(FusionMode::PerOp, "eager"), (FusionMode::Fused, "compiled")] {
+        // Cold: nothing cached anywhere in kiln (the bench's cache directory starts empty).
+        kiln_graph::cache::clear_memory();
+        dev.clear();
+        let t = Instant::now();
+        let g = capture(specs, w.f)?;
+        let c = compile_cached(&g, dev.target(), mode)?;
+        let run = dev.prepare(&c, &refs)?;
+        let cold = t.elapsed().as_secs_f64() * 1e3;
+        drop(run);
+        // Warm: a new process with the persistent cache filled (memory caches cleared, disk kept).
+        kiln_graph::cache::clear_memory();
+        dev.clear();
+        let t = Instant::now();
+        let g = capture(specs, w.f)?;
+        let c = compile_cached(&g, dev.target(), mode)?;
+        let mut run = dev.prepare(&c, &refs)?;
+        let warm = t.elapsed().as_secs_f64() * 1e3;
+        let mut variants = vec![(name, time(dev, &run, cli.repeat)?)];
+        if mode == FusionMode::Fused && dev.capture(&mut run)? {
+            variants.push(("reduce-overhead", time(dev, &run, cli.repeat)?));
+        }
+        let (io, traffic) = dev.bytes(&run);
+        for (name, s) in variants {
+            let gbps = io as f64 / s / 1e9;
+            rows.push(ResultRow {
+                workload: w.id.into(),
+                backend: dev.name().into(),
+                mode: name.into(),
+                median_ms: s * 1e3,
+                timing: dev.timing().into(),
+                max_rel_err: err,
+                // f32 within 1e-4 (reductions and matmuls sum thousands of terms); half precision 3e-2.
+                correct: err <= if specs.iter().any(|s| s.dtype != DType::F32) { 3e-2 } else { 1e-4 },
+                kernels: Some(dev.launches(&run)),
+                bytes: io,
+                traffic_bytes: traffic,
+                gbps,
+                frac_copy: gbps / copy_gbps,
+                tflops: (w.flops)(specs).map(|f| f / s / 1e12),
+                cold_compile_ms: cold,
+                warm_compile_ms: Some(warm),
+            });
+        }
+    }
+    Ok(rows)
+}

@@ -1,0 +1,429 @@
+//! The CUDA runtime over cudarc's driver API, loaded at run time: no CUDA is needed to build kiln, and a
+//! machine without a driver gets a typed "unavailable" error. It loads the renderer's PTX through the
+//! driver's JIT (one module per distinct kernel text), allocates plan buffers from a pool, launches with
+//! buffer pointers and symbol values as the parameters the renderer declares, and captures a prepared
+//! graph as a CUDA graph for the reduce-overhead mode.
+
+use crate::render::render;
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PushKernelArg,
+};
+use kiln_graph::kernel::Kernel;
+use kiln_graph::{CompiledGraph, DType, Error, Result, Target, TensorData};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+pub(crate) fn err(msg: impl Into<String>) -> Error {
+    Error::Backend { backend: "cuda".into(), msg: msg.into() }
+}
+
+/// A driver error with the driver's own words; out-of-memory and device loss are named as such.
+pub(crate) fn driver(what: &str, e: DriverError) -> Error {
+    let words = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+    let kind = match e.0 {
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY => "out of device memory: ",
+        CUresult::CUDA_ERROR_LAUNCH_FAILED | CUresult::CUDA_ERROR_ILLEGAL_ADDRESS => "device fault (context lost): ",
+        _ => "",
+    };
+    err(format!("{what}: {kind}{words} ({:?})", e.0))
+}
+
+/// How to get CUDA here, for the error when it is missing.
+pub const NO_DRIVER_HINT: &str =
+    "no CUDA driver found (libcuda.so.1 is installed with NVIDIA's driver); kiln needs no CUDA toolkit";
+
+/// Newest compute capability kiln's PTX names; newer GPUs JIT the sm_90 PTX forward.
+const NEWEST_SM: u32 = 90;
+
+/// A CUDA device ready to run kiln kernels, with its own stream (CUDA graph capture needs one that is
+/// not the legacy default stream).
+pub struct Cuda {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    sm: u32,
+    name: String,
+    driver_version: i32,
+    target: Target,
+    functions: RefCell<HashMap<String, CudaFunction>>,
+    pool: RefCell<HashMap<usize, Vec<CudaSlice<u8>>>>,
+    stats: RefCell<CudaStats>,
+}
+
+/// What the runtime spent compiling, for compile statistics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CudaStats {
+    /// Modules the driver JIT-compiled from PTX.
+    pub modules_loaded: usize,
+    /// Kernels served by an already loaded module (same PTX).
+    pub modules_reused: usize,
+    /// Time rendering PTX, ms.
+    pub render_ms: f64,
+    /// Time the driver spent loading (JIT-compiling) modules, ms.
+    pub driver_ms: f64,
+}
+
+fn ms_since(t: std::time::Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+impl Cuda {
+    /// Opens device `ordinal` (0 unless `KILN_CUDA_DEVICE` says otherwise); a typed error when no driver
+    /// or device is there.
+    pub fn new() -> Result<Cuda> {
+        // SAFETY: only probes whether the driver library can be opened.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(err(NO_DRIVER_HINT));
+        }
+        let ordinal = std::env::var("KILN_CUDA_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver("opening the CUDA device", e))?;
+        // One stream per device, in order: the per-buffer events cudarc records for multi-stream safety
+        // would only add work to every launch.
+        // SAFETY: no buffer of this context is ever used on another stream.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().map_err(|e| driver("reading the compute capability", e))?;
+        let sm = (major * 10 + minor) as u32;
+        if sm < 80 {
+            return Err(err(format!("compute capability {major}.{minor}: kiln's PTX needs sm_80 or newer")));
+        }
+        let name = ctx.name().map_err(|e| driver("reading the device name", e))?;
+        let mut driver_version = 0;
+        // SAFETY: writes one int; the library was found above.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) };
+        let stream = ctx.new_stream().map_err(|e| driver("creating a stream", e))?;
+        let mut target = Target::cuda(sm.min(NEWEST_SM));
+        target.name = format!("cuda-sm_{sm}");
+        tracing::info!(target: "kiln::graph", device = %name, sm, "cuda device");
+        Ok(Cuda {
+            ctx,
+            stream,
+            // The PTX's `.target`: sm_90 for Hopper and newer, sm_80 PTX JIT-compiled forward otherwise.
+            sm: if sm >= NEWEST_SM { NEWEST_SM } else { 80 },
+            name,
+            driver_version,
+            target,
+            functions: RefCell::new(HashMap::new()),
+            pool: RefCell::new(HashMap::new()),
+            stats: RefCell::new(CudaStats::default()),
+        })
+    }
+
+    /// The device as kiln's pipeline sees it.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// One line naming the device, its compute capability and the driver.
+    pub fn describe(&self) -> String {
+        let v = self.driver_version;
+        format!("{} (CUDA, sm_{}, driver API {}.{})", self.name, self.sm, v / 1000, (v % 1000) / 10)
+    }
+
+    /// Modules loaded and reused, and time spent rendering and in the driver, so far.
+    pub fn stats(&self) -> CudaStats {
+        self.stats.borrow().clone()
+    }
+
+    /// Forgets loaded modules (the bench measures cold compiles with it).
+    pub fn clear_modules(&self) {
+        self.functions.borrow_mut().clear();
+    }
+
+    /// The stream every launch goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The loaded function for a kernel: rendered, then JIT-compiled by the driver unless a kernel with
+    /// the same text (another of 64 equal layers) already was.
+    fn function(&self, kernel: &Kernel) -> Result<CudaFunction> {
+        let clock = std::time::Instant::now();
+        let ptx = render(kernel, self.sm).map_err(|e| err(e.to_string()))?;
+        let key = ptx.source.replace(&kernel.name, "kernel");
+        if let Some(f) = self.functions.borrow().get(&key) {
+            self.stats.borrow_mut().modules_reused += 1;
+            return Ok(f.clone());
+        }
+        let rendered = std::time::Instant::now();
+        tracing::debug!(target: "kiln::output_code", kernel = %kernel.name, "\n{}", ptx.source);
+        let loaded = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx.source.clone()))
+            .and_then(|m| m.load_function(&kernel.name));
+        let f = loaded.map_err(|e| {
+            let numbered: String =
+                ptx.source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
+            err(format!("kernel {}: the driver rejected the PTX: {:?}\n{numbered}", kernel.name, e.0))
+        })?;
+        {
+            let mut st = self.stats.borrow_mut();
+            st.modules_loaded += 1;
+            st.render_ms += rendered.duration_since(clock).as_secs_f64() * 1e3;
+            st.driver_ms += ms_since(rendered);
+        }
+        self.functions.borrow_mut().insert(key, f.clone());
+        Ok(f)
+    }
+
+    /// Device memory of at least `bytes`: from the pool when a buffer of its size class is free.
+    fn buffer(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        // Powers of two from 256 bytes, so shapes that vary a little reuse buffers instead of allocating.
+        let class = bytes.max(256).next_power_of_two();
+        if let Some(b) = self.pool.borrow_mut().get_mut(&class).and_then(Vec::pop) {
+            return Ok(b);
+        }
+        // SAFETY: plan buffers are written by a kernel or an upload before any kernel reads them.
+        unsafe { self.stream.alloc::<u8>(class) }.map_err(|e| driver(&format!("allocating {class} bytes"), e))
+    }
+
+    /// Binds a compiled graph to device memory: buffers from the plan, inputs uploaded, one loaded
+    /// function per distinct kernel, parameters resolved. [`Cuda::launch`] then replays it.
+    pub fn prepare(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Prepared> {
+        let bindings = c.bindings(inputs)?;
+        let g = &c.primitive.graph;
+        let mut sizes = vec![16usize; c.plan.buffers.len()];
+        let mut place = |node: kiln_graph::NodeId, dtype: DType, len: usize| -> Result<()> {
+            let b = *c.plan.value_buffer.get(&node).ok_or_else(|| err(format!("{node} has no buffer")))?;
+            // Whole 16-byte vectors, so vector loads at the end of a buffer stay inside it.
+            sizes[b] = sizes[b].max((len * dtype.size_bytes()).div_ceil(16) * 16);
+            Ok(())
+        };
+        for gi in &g.inputs {
+            let n = g.node(gi.node);
+            place(gi.node, n.dtype, n.shape.eval(&bindings)?.iter().product())?;
+        }
+        let mut bytes_moved = 0u64;
+        for k in &c.kernels {
+            for b in &k.buffers {
+                let len = b.len.eval(&bindings)?.max(0) as usize;
+                place(b.node, b.dtype, len)?;
+                bytes_moved += (len * b.dtype.size_bytes()) as u64;
+            }
+        }
+        let mut buffers = Vec::with_capacity(sizes.len());
+        for &s in &sizes {
+            buffers.push(self.buffer(s)?);
+        }
+        let pointers: Vec<u64> = buffers.iter().map(|b| b.device_ptr(&self.stream).0).collect();
+        let mut launches = Vec::new();
+        for &ki in &c.plan.launches {
+            let kernel = &c.kernels[ki];
+            let groups = kernel.launch.groups.eval(&bindings)?.max(0) as u64;
+            if groups == 0 {
+                continue;
+            }
+            let function = self.function(kernel)?;
+            let mut params: Vec<u64> = kernel.buffers.iter().map(|b| pointers[c.plan.value_buffer[&b.node]]).collect();
+            for s in &kernel.symbols {
+                let v =
+                    bindings.get(*s).ok_or_else(|| err(format!("kernel {}: symbol {s} has no value", kernel.name)))?;
+                // The renderer declares symbols `.s64`: the bits of the i64 travel in a u64 slot.
+                params.push(v as u64);
+            }
+            let grid = self
+                .target
+                .fold_grid(groups)
+                .ok_or_else(|| err(format!("kernel {}: {groups} blocks exceed a 3-D grid", kernel.name)))?;
+            let config = LaunchConfig { grid_dim: grid, block_dim: (kernel.launch.threads, 1, 1), shared_mem_bytes: 0 };
+            launches.push(Launch { function, config, params });
+        }
+        let mut outputs = Vec::new();
+        for o in &g.outputs {
+            let b =
+                *c.plan.value_buffer.get(o).ok_or_else(|| err(format!("output {o} was not written by any kernel")))?;
+            let node = g.node(*o);
+            outputs.push((b, node.shape.eval(&bindings)?, node.dtype));
+        }
+        let io_bytes = g
+            .inputs
+            .iter()
+            .map(|gi| gi.node)
+            .chain(g.outputs.iter().copied())
+            .map(|n| {
+                let node = g.node(n);
+                node.shape.eval(&bindings).map(|d| (d.iter().product::<usize>() * node.dtype.size_bytes()) as u64)
+            })
+            .sum::<std::result::Result<u64, _>>()?;
+        let mut prepared = Prepared { buffers, launches, outputs, bytes_moved, io_bytes, graph: None };
+        let input_buffers: Vec<usize> = g.inputs.iter().map(|gi| c.plan.value_buffer[&gi.node]).collect();
+        for (b, data) in input_buffers.into_iter().zip(inputs) {
+            self.upload(&mut prepared, b, data)?;
+        }
+        Ok(prepared)
+    }
+
+    /// Writes host data into plan buffer `buffer` of a prepared graph.
+    pub fn upload(&self, p: &mut Prepared, buffer: usize, data: &TensorData) -> Result<()> {
+        let bytes = data.to_le_bytes();
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let dst = &mut p.buffers[buffer];
+        if bytes.len() > dst.len() {
+            return Err(err(format!("upload of {} bytes into a {}-byte buffer", bytes.len(), dst.len())));
+        }
+        let mut view = dst.slice_mut(0..bytes.len());
+        self.stream.memcpy_htod(&bytes, &mut view).map_err(|e| driver("uploading an input", e))
+    }
+
+    /// Enqueues every kernel of a prepared graph on the stream (or replays its CUDA graph once captured).
+    pub fn launch(&self, p: &Prepared) -> Result<()> {
+        if let Some(graph) = &p.graph {
+            return graph.launch().map_err(|e| driver("replaying the CUDA graph", e));
+        }
+        self.enqueue(p)
+    }
+
+    fn enqueue(&self, p: &Prepared) -> Result<()> {
+        for l in &p.launches {
+            let mut b = self.stream.launch_builder(&l.function);
+            for v in &l.params {
+                b.arg(v);
+            }
+            // SAFETY: the parameters are exactly those the renderer declared for this kernel (one pointer
+            // per bound buffer, sized by the plan for the launch's symbol values, then each symbol), and
+            // every index a kernel computes is guarded by the bounds the kernel IR carries.
+            unsafe { b.launch(l.config) }.map_err(|e| driver("launching a kernel", e))?;
+        }
+        Ok(())
+    }
+
+    /// Records a prepared graph's launches once as a CUDA graph; [`Cuda::launch`] then replays it with one
+    /// driver call (torch's reduce-overhead mode). Symbol values are part of the capture: prepare again
+    /// and re-capture when they change.
+    pub fn capture(&self, p: &mut Prepared) -> Result<()> {
+        p.graph = None;
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| driver("beginning graph capture", e))?;
+        let enqueued = self.enqueue(p);
+        let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        enqueued?;
+        let graph = graph.map_err(|e| driver("ending graph capture", e))?;
+        p.graph = Some(graph.ok_or_else(|| err("graph capture recorded nothing"))?);
+        Ok(())
+    }
+
+    /// Blocks until everything enqueued has finished.
+    pub fn wait(&self) -> Result<()> {
+        self.stream.synchronize().map_err(|e| driver("waiting for the device", e))
+    }
+
+    /// Reads a prepared graph's outputs back to the host (waits for the stream).
+    pub fn read(&self, p: &Prepared) -> Result<Vec<TensorData>> {
+        let mut out = Vec::with_capacity(p.outputs.len());
+        for (b, dims, dtype) in &p.outputs {
+            let n = dims.iter().product::<usize>() * dtype.size_bytes();
+            let bytes = if n == 0 {
+                Vec::new()
+            } else {
+                self.stream.clone_dtoh(&p.buffers[*b].slice(0..n)).map_err(|e| driver("reading back", e))?
+            };
+            self.wait()?;
+            out.push(TensorData::from_le_bytes(&bytes, dims, *dtype)?);
+        }
+        Ok(out)
+    }
+
+    /// Returns a prepared graph's buffers to the pool for later runs.
+    pub fn recycle(&self, p: Prepared) {
+        let mut pool = self.pool.borrow_mut();
+        for b in p.buffers {
+            pool.entry(b.len()).or_default().push(b);
+        }
+    }
+
+    /// Runs a compiled graph: uploads `inputs`, launches every kernel, reads the outputs.
+    pub fn run(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
+        let prepared = self.prepare(c, inputs)?;
+        self.launch(&prepared)?;
+        let out = self.read(&prepared);
+        self.recycle(prepared);
+        out
+    }
+
+    /// Seconds one launch of `p` takes on the device, between two events recorded on the stream around
+    /// it (launch overhead on the host is outside; a CUDA graph replay is one launch).
+    pub fn time_launch(&self, p: &Prepared) -> Result<f64> {
+        let event =
+            || self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| driver("creating an event", e));
+        let (start, end) = (event()?, event()?);
+        start.record(&self.stream).map_err(|e| driver("recording an event", e))?;
+        self.launch(p)?;
+        end.record(&self.stream).map_err(|e| driver("recording an event", e))?;
+        end.synchronize().map_err(|e| driver("waiting for the device", e))?;
+        let ms = start.elapsed_ms(&end).map_err(|e| driver("reading an event", e))?;
+        Ok(f64::from(ms) / 1e3)
+    }
+}
+
+struct Launch {
+    function: CudaFunction,
+    config: LaunchConfig,
+    params: Vec<u64>,
+}
+
+/// A compiled graph bound to device memory, ready to launch again and again; after [`Cuda::capture`] it
+/// replays as one CUDA graph.
+pub struct Prepared {
+    buffers: Vec<CudaSlice<u8>>,
+    launches: Vec<Launch>,
+    outputs: Vec<(usize, Vec<usize>, DType)>,
+    graph: Option<CudaGraph>,
+    /// Bytes every launch reads and writes (each kernel's buffers, in their dtypes).
+    pub bytes_moved: u64,
+    /// Bytes the computation itself must move: its inputs read once, its outputs written once.
+    pub io_bytes: u64,
+}
+
+impl Prepared {
+    /// Kernel launches per run.
+    pub fn launches(&self) -> usize {
+        self.launches.len()
+    }
+
+    /// True once captured as a CUDA graph.
+    pub fn is_captured(&self) -> bool {
+        self.graph.is_some()
+    }
+}
+
+/// kiln's CUDA backend.
+#[derive(Clone)]
+pub struct CudaBackend {
+    cuda: Rc<Cuda>,
+}
+
+impl CudaBackend {
+    /// Opens the CUDA device; a typed error when there is none.
+    pub fn new() -> Result<Self> {
+        Ok(CudaBackend { cuda: Rc::new(Cuda::new()?) })
+    }
+
+    /// The device.
+    pub fn cuda(&self) -> &Cuda {
+        &self.cuda
+    }
+}
+
+impl kiln_graph::Backend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn target(&self) -> Option<&Target> {
+        Some(self.cuda.target())
+    }
+
+    fn run_compiled(&self, compiled: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
+        self.cuda.run(compiled, inputs)
+    }
+}
+
+impl kiln_graph::IntoBackend for CudaBackend {
+    fn into_backend(self) -> Result<Rc<dyn kiln_graph::Backend>> {
+        Ok(Rc::new(self))
+    }
+}

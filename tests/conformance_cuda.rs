@@ -1,0 +1,77 @@
+//! The conformance suite on CUDA: every kernel rendered to PTX, JIT-compiled by the driver and run on the
+//! GPU, then compared with the reference. It runs on the lent GPU; a machine without a CUDA driver fails
+//! saying so — unless KILN_CUDA_TESTS=skip says, explicitly, that this machine has none.
+
+mod common;
+mod conformance;
+
+use kiln::graph::{capture, compile_graph, DType, TensorSpec};
+
+fn cuda() -> Option<std::rc::Rc<dyn kiln::graph::Backend>> {
+    if common::cuda_skipped() {
+        return None;
+    }
+    use kiln::graph::IntoBackend;
+    match kiln::Backend::Cuda.into_backend() {
+        Ok(b) => Some(b),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+conformance_suite!(cuda(), random_cases = 500, big = true, ieee_nan = true);
+
+#[test]
+fn reports_the_device() {
+    let Some(_) = cuda() else { return };
+    let cuda = kiln_ptx::CudaBackend::new().unwrap();
+    eprintln!("cuda device: {}", cuda.cuda().describe());
+}
+
+/// A prepared graph captured as a CUDA graph replays to the same values, and new input values uploaded
+/// into the captured buffers are read by the replay (the graph holds buffers, not data).
+#[test]
+fn a_captured_graph_replays_and_reads_new_inputs() {
+    let Some(_) = cuda() else { return };
+    let be = kiln_ptx::CudaBackend::new().unwrap();
+    let cuda = be.cuda();
+    let spec = TensorSpec::new(DType::F32, &[64, 300]);
+    let g = capture(std::slice::from_ref(&spec), |t| Ok(vec![t[0].mul(2.0)?.softmax(-1)?.add(1.0)?])).unwrap();
+    let c = compile_graph(&g, cuda.target()).unwrap();
+    let x = kiln::graph::workloads::data(&spec, 0);
+    let want = c.run_interpreted(&[&x]).unwrap();
+    let mut p = cuda.prepare(&c, &[&x]).unwrap();
+    cuda.capture(&mut p).unwrap();
+    assert!(p.is_captured());
+    for _ in 0..3 {
+        cuda.launch(&p).unwrap();
+    }
+    let got = cuda.read(&p).unwrap();
+    common::assert_close_tol(got[0].values(), want[0].values(), 1e-5);
+    let y = kiln::graph::workloads::data(&spec, 7);
+    cuda.upload(&mut p, 0, &y).unwrap();
+    cuda.launch(&p).unwrap();
+    let got = cuda.read(&p).unwrap();
+    common::assert_close_tol(got[0].values(), c.run_interpreted(&[&y]).unwrap()[0].values(), 1e-5);
+}
+
+#[test]
+fn eager_ops_run_as_kernels_on_cuda() {
+    let Some(_) = cuda() else { return };
+    kiln::set_eager_backend(kiln::Backend::Cuda).unwrap();
+    let x = kiln::Tensor::from_slice(&[0.5f32, -1.0, 2.0, 3.5], &[2, 2]).unwrap();
+    let y: Vec<f32> = x.exp().unwrap().sum(&[1], false).unwrap().to_vec().unwrap();
+    kiln::set_eager_backend(kiln::Backend::Cpu).unwrap();
+    let want = [0.5f32.exp() + (-1.0f32).exp(), 2.0f32.exp() + 3.5f32.exp()];
+    for (a, b) in y.iter().zip(want) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{a} vs {b}");
+    }
+}
+
+/// Opening CUDA is an error, never a panic, where there is no driver or device (CI has none).
+#[test]
+fn opening_cuda_is_a_typed_result() {
+    match kiln_ptx::CudaBackend::new() {
+        Ok(b) => eprintln!("cuda present: {}", b.cuda().describe()),
+        Err(e) => assert!(e.to_string().starts_with("cuda: "), "{e}"),
+    }
+}

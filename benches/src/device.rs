@@ -34,6 +34,15 @@ pub trait Device {
     fn timing(&self) -> &'static str {
         "fenced wall time"
     }
+    /// GB/s of the runtime's own device-to-device copy of `bytes` (the driver's memcpy), where it has one
+    /// that is not a kiln kernel.
+    fn native_copy_gbps(&self, _bytes: usize, _repeat: usize) -> Result<Option<f64>> {
+        Ok(None)
+    }
+    /// Milliseconds each kernel of one run took, in launch order, where the device can say.
+    fn profile(&self, _run: &Self::Run) -> Result<Option<Vec<(String, f64)>>> {
+        Ok(None)
+    }
     /// Seconds one launch takes, as `timing` says (default: launch, wait, wall clock).
     fn sample(&self, run: &Self::Run) -> Result<f64> {
         let t = Instant::now();
@@ -116,5 +125,11 @@ impl Device for kiln_ptx::CudaBackend {
     }
     fn sample(&self, run: &Self::Run) -> Result<f64> {
         self.cuda().time_launch(run)
+    }
+    fn profile(&self, run: &Self::Run) -> Result<Option<Vec<(String, f64)>>> {
+        self.cuda().profile(run).map(Some)
+    }
+    fn native_copy_gbps(&self, bytes: usize, repeat: usize) -> Result<Option<f64>> {
+        self.cuda().memcpy_gbps(bytes, repeat).map(Some)
     }
 }

@@ -42,6 +42,9 @@ pub struct Cli {
     /// Redraw the chart of an earlier JSON report (no measuring) and exit.
     #[arg(long)]
     replot: Option<PathBuf>,
+    /// Time every kernel of each compiled run and list where the time goes (devices with events).
+    #[arg(long)]
+    profile: bool,
     /// Merge a peer's results (`benches/peers/torch_compile.py --json`) into the report.
     #[arg(long)]
     peer: Vec<PathBuf>,
@@ -156,7 +159,15 @@ fn wants(cli: &Cli, report: &Report, b: &str) -> bool {
 
 /// Copy bandwidth, then every chosen workload on one device, with a progress bar.
 fn run_device<D: Device>(dev: &D, report: &mut Report, chosen: &[workloads::Workload], cli: &Cli) -> kiln::Result<()> {
-    let copy = timing::copy_bandwidth(dev, cli)?;
+    let (kernel, native) = timing::copy_bandwidth(dev, cli)?;
+    // Fractions are quoted against the better of kiln's copy kernel and the runtime's own memcpy.
+    let copy = native.map_or(kernel, |n| n.max(kernel));
+    if let Some(n) = native {
+        report.devices.push(format!(
+            "{}: copy bandwidth: kiln's copy kernel {kernel:.0} GB/s, driver memcpy {n:.0} GB/s",
+            dev.name()
+        ));
+    }
     report.copy_gbps.insert(dev.name().into(), copy);
     let bar = indicatif::ProgressBar::new(chosen.len() as u64).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")

@@ -41,6 +41,18 @@ pub struct ResultRow {
     pub cold_compile_ms: f64,
     /// Compile time with a warm persistent cache, ms (`None` until the cache lands).
     pub warm_compile_ms: Option<f64>,
+    /// Per-kernel device time of one run, ms, in launch order (`--profile`, where the device can say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Vec<KernelTime>>,
+}
+
+/// One kernel's share of a profiled run.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct KernelTime {
+    /// Kernel name (what it fuses).
+    pub kernel: String,
+    /// Device time, ms.
+    pub ms: f64,
 }
 
 /// The whole report.
@@ -137,6 +149,32 @@ impl Report {
                 r.timing
             ));
         }
+        for r in &self.results {
+            let Some(p) = &r.profile else { continue };
+            // Kernels with the same name pattern (64 equal layers) add up: group by name without its index.
+            let mut by: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+            for k in p {
+                let e = by.entry(k.kernel.split_once('_').map_or(k.kernel.as_str(), |x| x.1)).or_default();
+                *e = (e.0 + k.ms, e.1 + 1);
+            }
+            let total: f64 = p.iter().map(|k| k.ms).sum();
+            let mut top: Vec<_> = by.into_iter().collect();
+            top.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+            s.push_str(&format!(
+                "\n{} on {} ({}), {total:.3} ms in {} kernels:\n",
+                r.workload,
+                r.backend,
+                r.mode,
+                p.len()
+            ));
+            for (name, (ms, n)) in top.iter().take(8) {
+                s.push_str(&format!(
+                    "- {ms:.3} ms ({:.0}%) {name}{}\n",
+                    100.0 * ms / total,
+                    if *n > 1 { format!(" ×{n}") } else { String::new() }
+                ));
+            }
+        }
         for n in &self.notes {
             s.push_str(&format!("\n- {n}"));
         }
@@ -168,5 +206,6 @@ pub fn cpu_reference_row(w: &Workload) -> kiln::Result<ResultRow> {
         tflops: None,
         cold_compile_ms: 0.0,
         warm_compile_ms: None,
+        profile: None,
     })
 }

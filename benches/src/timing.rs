@@ -32,8 +32,9 @@ fn time<D: Device>(dev: &D, run: &D::Run, repeat: usize) -> kiln::Result<f64> {
     Ok(median(samples))
 }
 
-/// GB/s of a plain copy kernel (a layout output: read once, written once) over 2^26 f32 (2^22 quick).
-pub fn copy_bandwidth<D: Device>(dev: &D, cli: &Cli) -> kiln::Result<f64> {
+/// GB/s of a plain copy kernel (a layout output: read once, written once) over 2^26 f32 (2^22 quick),
+/// and of the runtime's own memcpy of the same bytes where it has one.
+pub fn copy_bandwidth<D: Device>(dev: &D, cli: &Cli) -> kiln::Result<(f64, Option<f64>)> {
     let n = if cli.quick { 1 << 22 } else { 1 << 26 };
     let spec = TensorSpec::new(DType::F32, &[n]);
     let g = capture(std::slice::from_ref(&spec), |t| Ok(vec![t[0].unsqueeze(0)?]))?;
@@ -41,7 +42,7 @@ pub fn copy_bandwidth<D: Device>(dev: &D, cli: &Cli) -> kiln::Result<f64> {
     let x = data(&spec, 0);
     let run = dev.prepare(&c, &[&x])?;
     let s = time(dev, &run, cli.repeat)?;
-    Ok((2 * n * 4) as f64 / s / 1e9)
+    Ok(((2 * n * 4) as f64 / s / 1e9, dev.native_copy_gbps(n * 4, cli.repeat)?))
 }
 
 /// Largest relative error of `w` on the device against the reference, at the check sizes.
@@ -87,6 +88,7 @@ pub fn measure<D: Device>(dev: &D, w: &Workload, cli: &Cli, copy_gbps: f64) -> k
         let mut run = dev.prepare(&c, &refs)?;
         let warm = t.elapsed().as_secs_f64() * 1e3;
         let mut variants = vec![(name, time(dev, &run, cli.repeat)?)];
+        let profile = if cli.profile && mode == FusionMode::Fused { dev.profile(&run)? } else { None };
         if mode == FusionMode::Fused && dev.capture(&mut run)? {
             variants.push(("reduce-overhead", time(dev, &run, cli.repeat)?));
         }
@@ -110,6 +112,10 @@ pub fn measure<D: Device>(dev: &D, w: &Workload, cli: &Cli, copy_gbps: f64) -> k
                 tflops: (w.flops)(specs).map(|f| f / s / 1e12),
                 cold_compile_ms: cold,
                 warm_compile_ms: Some(warm),
+                profile: (name == "compiled")
+                    .then(|| profile.clone())
+                    .flatten()
+                    .map(|p| p.into_iter().map(|(kernel, ms)| crate::report::KernelTime { kernel, ms }).collect()),
             });
         }
     }

@@ -107,9 +107,15 @@ struct Facts<'g> {
 }
 
 impl<'g> Facts<'g> {
-    fn new(graph: &'g Graph) -> Self {
+    fn new(graph: &'g Graph, materialized: &BTreeSet<NodeId>) -> Self {
         let n = graph.nodes.len();
-        let role: Vec<Role> = graph.nodes.iter().map(|x| role(&x.op)).collect();
+        // A materialised layout node is computed (copied) like a pointwise op and stored.
+        let role: Vec<Role> = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, x)| if materialized.contains(&NodeId(i as u32)) { Role::Pointwise } else { role(&x.op) })
+            .collect();
         let producers: Vec<Vec<NodeId>> = graph
             .nodes
             .iter()
@@ -325,7 +331,9 @@ impl<'g> Scheduler<'g> {
             // The epilogue: pointwise consumers over the output's elements, grown forward.
             let shape = self.f.shape(m).clone();
             let mut members = BTreeSet::from([m]);
-            loop {
+            // A library GEMM is one call with nothing fused into it: its epilogue starts the next region.
+            let mut grow = !crate::gemm::wants_library(self.target, self.f.graph, m);
+            while grow {
                 let mut changed = false;
                 let snapshot: Vec<NodeId> = members.iter().copied().collect();
                 for x in snapshot {
@@ -343,9 +351,7 @@ impl<'g> Scheduler<'g> {
                         }
                     }
                 }
-                if !changed {
-                    break;
-                }
+                grow = changed;
             }
             self.commit(RegionKind::MatMul { node: m }, members);
         }
@@ -454,22 +460,31 @@ pub enum FusionMode {
     PerOp,
 }
 
+/// What lowering told the scheduler in earlier rounds (the pipeline's feedback loop).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Feedback {
+    /// Consumers that must not join row regions (they read a reduction at another row).
+    pub refused: BTreeSet<NodeId>,
+    /// Layout nodes stored in a buffer of their own: a GEMM library cannot read the view in place.
+    pub materialized: BTreeSet<NodeId>,
+}
+
 /// Schedules a primitive graph into regions for `target`. `op_names[i]` names the user-level op that
-/// node `i` came from (for kernel names); `refused` lists consumers that must not join row regions;
+/// node `i` came from (for kernel names); `feedback` carries what lowering asked for in earlier rounds;
 /// with `per_op`, `origin[i]` (the user-level op of node `i`) bounds every region.
 pub fn fuse(
     graph: &Graph,
     op_names: &[String],
     target: &Target,
-    refused: &BTreeSet<NodeId>,
+    feedback: &Feedback,
     per_op: Option<&[NodeId]>,
 ) -> Result<Fusion> {
     let mut s = Scheduler {
-        f: Facts::new(graph),
+        f: Facts::new(graph, &feedback.materialized),
         target,
         assigned: vec![None; graph.nodes.len()],
         regions: Vec::new(),
-        refused: refused.clone(),
+        refused: feedback.refused.clone(),
         groups: per_op,
     };
     s.row_regions();

@@ -18,6 +18,8 @@
 //! - `MatMul` is the matmul template: for every output element `(b, i, j)` it accumulates
 //!   `a(b, i, p) * b(b, p, j)` over `p` (operand bodies are evaluated at those indices), binds the sum to
 //!   `acc` and runs the epilogue, which ends in stores.
+//! - `Gemm` is a whole kernel that a device's GEMM library runs instead of generated code; its operands
+//!   are strided views of buffers, its output a row-major buffer. Renderers do not print it.
 
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, NodeId, UnaryOp};
@@ -232,6 +234,8 @@ pub enum Stmt {
     },
     /// The matmul template (see the module docs).
     MatMul(Box<MatMul>),
+    /// A matmul the device's GEMM library runs (cuBLAS on CUDA): the kernel is this one call, not code.
+    Gemm(Box<Gemm>),
 }
 
 /// One operand of the matmul template: statements computing the element at `(b, row, col)` of the
@@ -282,6 +286,127 @@ pub struct MatMul {
     pub tile: Tile,
 }
 
+/// How one GEMM operand lies in its buffer (element `(r, c)` of one batch entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GemmLayout {
+    /// At `offset + r * ld + c`.
+    RowMajor,
+    /// At `offset + r + c * ld`.
+    ColMajor,
+}
+
+/// One operand of a library GEMM: a strided view of a kernel buffer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GemmOperand {
+    /// Kernel buffer number.
+    pub buffer: usize,
+    /// Element offset of entry `(0, 0)` of batch entry 0.
+    pub offset: Expr,
+    /// Row- or column-major.
+    pub layout: GemmLayout,
+    /// Leading dimension, in elements (at least the contiguous extent).
+    pub ld: Expr,
+}
+
+/// One batch dimension of a library GEMM, with each operand's stride along it (0: broadcast).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GemmBatch {
+    /// Entries.
+    pub extent: Expr,
+    /// Stride in `a`, elements.
+    pub a: Expr,
+    /// Stride in `b`, elements.
+    pub b: Expr,
+    /// Stride in the output, elements.
+    pub out: Expr,
+}
+
+/// `out[batch.., i, j] = sum_p a[batch.., i, p] * b[batch.., p, j]`, accumulated in f32 and rounded once
+/// to `dtype`; `out` is row-major (`ld = n`). `graph` chooses it (see `gemm`) only where every operand is
+/// a strided view a GEMM library takes as it is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Gemm {
+    /// Output rows.
+    pub m: Expr,
+    /// Output columns.
+    pub n: Expr,
+    /// Reduction depth.
+    pub k: Expr,
+    /// Batch dimensions, outermost first (empty: one matrix).
+    pub batch: Vec<GemmBatch>,
+    /// Left operand, `m x k`.
+    pub a: GemmOperand,
+    /// Right operand, `k x n`.
+    pub b: GemmOperand,
+    /// Output kernel buffer.
+    pub out: usize,
+    /// Dtype of both operands and the output.
+    pub dtype: DType,
+}
+
+/// The symbol persistent-row loads are keyed by: "the element of the row" that every pass shares.
+pub const ROW_ELEMENT: SymId = SymId(u32::MAX - 1);
+
+/// A load a persistent row (`Kernel::row_cache`) performs once per element, before the row's passes:
+/// every pass that reads `buffer` at `index` (its loop variable written as [`ROW_ELEMENT`]) with
+/// `dtype` reads the kept register instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowLoad {
+    /// Kernel buffer number.
+    pub buffer: usize,
+    /// The compute dtype the load is converted to.
+    pub dtype: DType,
+    /// Element index, in terms of [`ROW_ELEMENT`].
+    pub index: Expr,
+}
+
+impl RowLoad {
+    /// `index`, read inside a pass over `pass`, as a key of the row's kept loads.
+    pub fn key(index: &Expr, pass: SymId) -> Expr {
+        index.substitute(&std::collections::BTreeMap::from([(pass, Expr::sym(ROW_ELEMENT))]))
+    }
+
+    /// The loads of a row (the body of its `Group` loop) that a persistent row keeps: those indexed by a
+    /// pass's loop variable, unguarded, and not by an index bound inside the pass (a gather's index does
+    /// not exist before the pass runs). Both renderers keep exactly these.
+    pub fn of_row(row: &[Stmt]) -> Vec<RowLoad> {
+        let mut out: Vec<RowLoad> = Vec::new();
+        for st in row {
+            let (pass, inner) = match st {
+                Stmt::Reduce { sym, body, strategy: ReduceStrategy::Group { .. }, .. } => (*sym, body),
+                Stmt::Loop { sym, body, mode: LoopMode::Threads, .. } => (*sym, body),
+                _ => continue,
+            };
+            let bound: std::collections::BTreeSet<SymId> = inner
+                .iter()
+                .filter_map(|b| if let Stmt::BindIndex { sym, .. } = b { Some(*sym) } else { None })
+                .collect();
+            for b in inner {
+                if let Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. } = b {
+                    let syms = index.symbols();
+                    if syms.contains(&pass) && syms.is_disjoint(&bound) {
+                        let load = RowLoad { buffer: *buffer, dtype: *dtype, index: RowLoad::key(index, pass) };
+                        if !out.contains(&load) {
+                            out.push(load);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The trip count of a row's passes (they all run over the row's elements), if the row has a pass.
+    pub fn row_len(row: &[Stmt]) -> Option<&Expr> {
+        row.iter().find_map(|st| match st {
+            Stmt::Reduce { extent, strategy: ReduceStrategy::Group { .. }, .. } => Some(extent),
+            Stmt::Loop { extent, mode: LoopMode::Threads, .. } => Some(extent),
+            _ => None,
+        })
+    }
+}
+
 /// How a kernel is launched.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Launch {
@@ -322,6 +447,14 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// The library GEMM this kernel is, when it is one (its whole body is the call).
+    pub fn gemm(&self) -> Option<&Gemm> {
+        match self.body.as_slice() {
+            [Stmt::Gemm(g)] => Some(g),
+            _ => None,
+        }
+    }
+
     /// Number of statements, recursively (a size measure for logs and tests).
     pub fn stmt_count(&self) -> usize {
         fn count(b: &[Stmt]) -> usize {
@@ -330,6 +463,7 @@ impl Kernel {
                     1 + match s {
                         Stmt::Loop { body, .. } | Stmt::Reduce { body, .. } => count(body),
                         Stmt::MatMul(m) => count(&m.a.body) + count(&m.b.body) + count(&m.epilogue),
+                        Stmt::Gemm(_) => 0,
                         _ => 0,
                     }
                 })
@@ -424,6 +558,31 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                 writeln!(f, "{pad}  epilogue ({} = acc):", m.acc)?;
                 write_block(f, &m.epilogue, depth + 2)?;
                 writeln!(f, "{pad}}}")?;
+            }
+            Stmt::Gemm(g) => {
+                let operand = |o: &GemmOperand| {
+                    format!("b{}[{} + {:?} ld {}]", o.buffer, show_expr(&o.offset), o.layout, show_expr(&o.ld))
+                };
+                let batch: Vec<String> = g
+                    .batch
+                    .iter()
+                    .map(|b| {
+                        let [e, sa, sb, so] = [&b.extent, &b.a, &b.b, &b.out].map(show_expr);
+                        format!("{e} (strides {sa}, {sb}, {so})")
+                    })
+                    .collect();
+                writeln!(
+                    f,
+                    "{pad}gemm library b{} = {} @ {} ({}: m {}, n {}, k {}; batch [{}])",
+                    g.out,
+                    operand(&g.a),
+                    operand(&g.b),
+                    g.dtype,
+                    show_expr(&g.m),
+                    show_expr(&g.n),
+                    show_expr(&g.k),
+                    batch.join(", ")
+                )?;
             }
         }
     }

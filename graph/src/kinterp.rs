@@ -5,7 +5,7 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::interp::{binary, nan_max, nan_min, unary};
-use crate::kernel::{KReduceOp, Kernel, Scalar, Stmt, VarId};
+use crate::kernel::{Gemm, KReduceOp, Kernel, Scalar, Stmt, VarId};
 use crate::loc::SourceLoc;
 use crate::sym::{Bindings, Expr};
 use std::collections::HashMap;
@@ -167,6 +167,58 @@ impl<M: Memory> Env<'_, M> {
                             self.block(&m.epilogue)?;
                         }
                     }
+                }
+            }
+            Stmt::Gemm(g) => self.gemm(g)?,
+        }
+        Ok(())
+    }
+}
+
+impl<M: Memory> Env<'_, M> {
+    /// A library GEMM, as the library computes it: f32 accumulation, one rounding to the dtype.
+    fn gemm(&mut self, g: &Gemm) -> Result<()> {
+        let [m, n, k] = [&g.m, &g.n, &g.k].map(|e| self.index(e));
+        let (m, n, k) = (m?, n?, k?);
+        let (a_off, a_ld, b_off, b_ld) =
+            (self.index(&g.a.offset)?, self.index(&g.a.ld)?, self.index(&g.b.offset)?, self.index(&g.b.ld)?);
+        let mut batch = Vec::with_capacity(g.batch.len());
+        for b in &g.batch {
+            batch.push([self.index(&b.extent)?, self.index(&b.a)?, self.index(&b.b)?, self.index(&b.out)?]);
+        }
+        let entries: i64 = batch.iter().map(|b| b[0]).product();
+        let name = self.kernel.name.clone();
+        let read = |mem: &mut M, buffer: usize, i: i64| -> Result<f64> {
+            let slot = mem.slot(buffer);
+            usize::try_from(i).ok().and_then(|i| slot.get(i).copied()).ok_or_else(|| Error::Runtime {
+                op: name.clone(),
+                msg: format!("gemm read b{buffer}[{i}] is out of bounds ({} elements)", slot.len()),
+                loc: SourceLoc::internal(),
+            })
+        };
+        for e in 0..entries {
+            // Batch entry `e` as a multi-index, innermost fastest, turned into each operand's base.
+            let (mut rest, mut base) = (e, [a_off, b_off, 0]);
+            for b in batch.iter().rev() {
+                let i = rest % b[0];
+                rest /= b[0];
+                base = [base[0] + i * b[1], base[1] + i * b[2], base[2] + i * b[3]];
+            }
+            for i in 0..m {
+                for j in 0..n {
+                    let mut acc = 0.0;
+                    for p in 0..k {
+                        let x = read(self.mem, g.a.buffer, g.a.element(base[0], a_ld, i, p))?;
+                        let y = read(self.mem, g.b.buffer, g.b.element(base[1], b_ld, p, j))?;
+                        acc = DType::F32.round(acc + x * y);
+                    }
+                    let o = usize::try_from(base[2] + i * n + j).unwrap_or(usize::MAX);
+                    let slot = self.mem.slot(g.out);
+                    let len = slot.len();
+                    *slot
+                        .get_mut(o)
+                        .ok_or_else(|| fail(self.kernel, format!("gemm write b{}[{o}] of {len}", g.out)))? =
+                        g.dtype.round(acc);
                 }
             }
         }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod explain;
 pub mod export;
 pub mod fuse;
+pub mod gemm;
 pub mod guard;
 pub mod interp;
 pub mod ir;

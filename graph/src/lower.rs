@@ -11,6 +11,7 @@ use crate::kernel::{
     builtin, Access, BufferParam, KReduceOp, Kernel, Launch, LoopMode, MatMul, MatOperand, ReduceStrategy, Scalar,
     Stmt, Tile, VarId,
 };
+use crate::kernel::{Gemm, GemmBatch, RowLoad};
 use crate::shape::Shape;
 use crate::sym::{Expr, SymId, SymTable};
 use crate::target::Target;
@@ -22,6 +23,8 @@ pub enum LowerFailure {
     /// This member reads a reduction at another row than the one being computed: the scheduler must keep
     /// it out of the row region.
     Refuse(NodeId),
+    /// This layout node is a view a GEMM library cannot read in place: the scheduler must store it.
+    Materialize(NodeId),
 }
 
 /// A place in a node's output: its dims, a flat row-major index, and the multi-index when it is known
@@ -66,6 +69,8 @@ impl Point {
 struct Lowerer<'a> {
     g: &'a Graph,
     target: &'a Target,
+    /// Layout nodes another region stores: read from their buffers, not recomputed as views.
+    materialized: &'a BTreeSet<NodeId>,
     members: BTreeSet<NodeId>,
     buffers: Vec<BufferParam>,
     buffer_index: HashMap<(NodeId, Access), usize>,
@@ -86,10 +91,11 @@ struct Lowerer<'a> {
 }
 
 impl<'a> Lowerer<'a> {
-    fn new(g: &'a Graph, target: &'a Target, region: &Region) -> Self {
+    fn new(g: &'a Graph, target: &'a Target, region: &Region, materialized: &'a BTreeSet<NodeId>) -> Self {
         Lowerer {
             g,
             target,
+            materialized,
             members: region.members.iter().copied().collect(),
             buffers: Vec::new(),
             buffer_index: HashMap::new(),
@@ -122,6 +128,9 @@ impl<'a> Lowerer<'a> {
         self.next_sym += 1;
         let hi = extent.simplify_in(&self.ranges);
         self.ranges.set_range(s, 0, hi.as_const().map(|e| e - 1));
+        if hi.as_const().is_none() {
+            self.ranges.set_extent(s, hi);
+        }
         s
     }
 
@@ -250,7 +259,8 @@ impl<'a> Lowerer<'a> {
         }
         let node = self.g.node(n);
         let is_member = self.members.contains(&n);
-        let computed_elsewhere = !is_member && crate::fuse::role(&node.op) != crate::fuse::Role::Transparent;
+        let computed_elsewhere = !is_member
+            && (crate::fuse::role(&node.op) != crate::fuse::Role::Transparent || self.materialized.contains(&n));
         let v = if computed_elsewhere {
             self.load(n, p.flat.clone())
         } else {
@@ -447,6 +457,16 @@ impl<'a> Lowerer<'a> {
                         visit(&m.b.body, out);
                         visit(&m.epilogue, out);
                     }
+                    Stmt::Gemm(g) => {
+                        for e in [&g.m, &g.n, &g.k, &g.a.offset, &g.a.ld, &g.b.offset, &g.b.ld] {
+                            add(out, e);
+                        }
+                        for b in &g.batch {
+                            for e in [&b.extent, &b.a, &b.b, &b.out] {
+                                add(out, e);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -512,8 +532,9 @@ fn pointwise(mut l: Lowerer, region: &Region) -> Result<Kernel, LowerFailure> {
     Ok(k)
 }
 
-/// The widest vector access every load and store of a pointwise loop allows: all indices must be the loop
-/// variable itself or independent of it, and the trip count a multiple of the width.
+/// The widest vector access a pointwise loop allows: the trip count a multiple of the width and a body
+/// of plain statements. Loads and stores at the loop index move as vectors; any other access (a bias
+/// broadcast along the row, a gather) happens per lane.
 fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymId, n: &Expr) -> u32 {
     // 64-bit integers are not vectorised: several targets hold them as pairs of words. Nor are 2-byte
     // floats where the target packs two per shared word.
@@ -525,17 +546,18 @@ fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymI
     // Four lanes: the widest vector WGSL has, and PTX's widest for 32-bit elements.
     let mut width = (target.max_vector_bytes / narrowest).clamp(1, 4);
     let unit = Expr::sym(i);
-    let ok = |e: &Expr| *e == unit || !e.symbols().contains(&i);
     let mut fits = true;
+    let mut contiguous = false;
     for s in body {
         match s {
-            Stmt::Let { value: Scalar::Load { index, .. }, .. } | Stmt::Store { index, .. } => fits &= ok(index),
-            Stmt::Let { value: Scalar::Index { expr }, .. } => fits &= !expr.symbols().contains(&i),
+            Stmt::Let { value: Scalar::Load { index, .. }, .. } | Stmt::Store { index, .. } => {
+                contiguous |= *index == unit
+            }
             Stmt::Let { .. } => {}
             _ => fits = false,
         }
     }
-    if !fits {
+    if !fits || !contiguous {
         return 1;
     }
     while width > 1 && !n.is_divisible_by(width as i64) {
@@ -543,10 +565,6 @@ fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymI
     }
     width
 }
-
-/// Threads per row workgroup unless a row needs more to fit in registers: larger groups measured slower
-/// on an H200 over Vulkan (fewer resident groups, longer barrier trees).
-const ROW_THREADS: u32 = 256;
 
 /// Decides how a row reduction maps to threads: a workgroup per row when rows are long enough to keep
 /// its threads busy (256 threads, more only when a row would not otherwise fit in registers), otherwise
@@ -558,11 +576,10 @@ fn row_strategy(target: &Target, row_len: &Expr) -> (bool, u32, Option<u32>) {
         Some(c) => {
             let c = c as u32;
             let cache = target.max_row_cache.max(1);
-            let threads = c
-                .div_ceil(cache)
-                .next_power_of_two()
-                .clamp(ROW_THREADS.min(max), max)
-                .min(c.next_power_of_two().max(32));
+            // Short rows get smaller groups, about 8 elements a thread: a 512-wide attention row on 256
+            // threads spends its time starting groups, not moving data.
+            let fewest = target.row_threads.min(c.div_ceil(8).next_power_of_two().max(32)).min(max).max(1);
+            let threads = c.div_ceil(cache).next_power_of_two().clamp(fewest, max).min(c.next_power_of_two().max(32));
             let per_thread = c.div_ceil(threads);
             (true, threads, (target.max_row_cache > 0 && per_thread <= cache).then_some(per_thread))
         }
@@ -674,7 +691,24 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
     }
     let body = l.pop_block();
     let mode = if grouped { LoopMode::Group } else { LoopMode::Global };
+    let row_body = body.clone();
     l.blocks[0].push(Stmt::Loop { sym: row, extent: row_count.clone(), mode, body });
+    // A persistent row keeps every cached load's elements: with several loads per element (x, weight,
+    // bias in a layer norm) more threads share the row so each keeps at most `max_row_cache` values
+    // (W3 at 256 threads, 48 registers each: 0.196 ms; at 512, 24 each: 0.156 ms; benches/NOTES.md).
+    let (threads, row_cache) = match (row_cache, row_len.as_const()) {
+        (Some(_), Some(len)) => {
+            let loads = RowLoad::of_row(&row_body).len().max(1) as u32;
+            let budget = l.target.max_row_cache.max(1);
+            let mut t = threads;
+            while t < l.target.max_threads_per_group && (len as u32).div_ceil(t) * loads > budget {
+                t *= 2;
+            }
+            let per_thread = (len as u32).div_ceil(t);
+            (t, (per_thread * loads <= budget).then_some(per_thread))
+        }
+        _ => (threads, row_cache),
+    };
     let groups = if grouped { row_count } else { ceil_div(&row_count, threads) };
     let mut k = l.finish(&region.name, Launch { groups, threads });
     k.row_cache = row_cache;
@@ -730,9 +764,79 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
     Ok(l.finish(&region.name, Launch { groups, threads }))
 }
 
-/// Lowers one region of `graph` to a kernel for `target`.
-pub fn lower(graph: &Graph, region: &Region, target: &Target) -> Result<Kernel, LowerFailure> {
-    let mut l = Lowerer::new(graph, target, region);
+/// The region of matmul `node` as one library GEMM call, when `gemm` chose the library for it. Each
+/// operand must be a strided view of a buffer the library reads in place; a view that is not (heads
+/// permuted back into rows) is sent back to the scheduler to be stored first, as `.contiguous()` would.
+/// `None` leaves the region to the template.
+fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Option<Kernel>, LowerFailure> {
+    if region.stored != [node] || region.members.len() != 1 || !crate::gemm::wants_library(l.target, l.g, node) {
+        return Ok(None);
+    }
+    let mm = l.g.node(node);
+    let (a_node, b_node, dtype) = (mm.inputs[0], mm.inputs[1], mm.dtype);
+    let dims = mm.shape.dims().to_vec();
+    let r = dims.len();
+    let (m, n) = (dims[r - 2].clone(), dims[r - 1].clone());
+    let k = l.g.node(a_node).shape.dims()[r - 1].clone();
+    let batch_syms: Vec<SymId> = dims[..r - 2].iter().map(|d| l.new_sym(d)).collect();
+    let [is, js, ps] = [&m, &n, &k].map(|e| l.new_sym(e));
+    // Each operand must be one plain load whose index is affine in the batch, row and column symbols.
+    let operand = |l: &mut Lowerer, node: NodeId, row: SymId, col: SymId, extents: (&Expr, &Expr)| {
+        let mut syms = batch_syms.clone();
+        syms.extend([row, col]);
+        l.push_block(&syms);
+        let idx: Vec<Expr> = syms.iter().map(|&s| Expr::sym(s)).collect();
+        let g = l.g;
+        let at = Point::from_multi(g.node(node).shape.dims(), &idx, &l.ranges);
+        let v = l.value(node, &at).ok();
+        let body = l.pop_block();
+        let (buffer, index) = match (v, body.as_slice()) {
+            (Some(v), [Stmt::Let { var, value: Scalar::Load { buffer, index, guard: None }, .. }]) if *var == v => {
+                (*buffer, index.simplify_in(&l.ranges))
+            }
+            _ => return None,
+        };
+        let (offset, strides) = crate::gemm::affine(&index, &syms)?;
+        let (rs, cs) = (&strides[strides.len() - 2], &strides[strides.len() - 1]);
+        let op = crate::gemm::operand(buffer, offset, extents, (rs, cs), &l.ranges)?;
+        Some((op, strides[..strides.len() - 2].to_vec()))
+    };
+    let view = |n: NodeId| crate::fuse::role(&l.g.node(n).op) == crate::fuse::Role::Transparent;
+    let (a_view, b_view) = (view(a_node), view(b_node));
+    let a = operand(&mut l, a_node, is, ps, (&m, &k));
+    let b = operand(&mut l, b_node, ps, js, (&k, &n));
+    let ((a, a_batch), (b, b_batch)) = match (a, b) {
+        (Some(a), Some(b)) => (a, b),
+        (None, _) if a_view && !l.materialized.contains(&a_node) => return Err(LowerFailure::Materialize(a_node)),
+        (_, None) if b_view && !l.materialized.contains(&b_node) => return Err(LowerFailure::Materialize(b_node)),
+        _ => return Ok(None),
+    };
+    let out = l.buffer(node, Access::Write);
+    let mut out_stride = m.clone() * n.clone();
+    let mut batch = Vec::with_capacity(r - 2);
+    for d in (0..r - 2).rev() {
+        batch.push(GemmBatch {
+            extent: dims[d].clone(),
+            a: a_batch[d].clone(),
+            b: b_batch[d].clone(),
+            out: out_stride.clone(),
+        });
+        out_stride = out_stride * dims[d].clone();
+    }
+    batch.reverse();
+    l.blocks[0].push(Stmt::Gemm(Box::new(Gemm { m, n, k, batch, a, b, out, dtype })));
+    Ok(Some(l.finish(&region.name, Launch { groups: Expr::from(1usize), threads: 1 })))
+}
+
+/// Lowers one region of `graph` to a kernel for `target`; `materialized` lists the layout nodes other
+/// regions store (see `fuse::Feedback`).
+pub fn lower(
+    graph: &Graph,
+    region: &Region,
+    target: &Target,
+    materialized: &BTreeSet<NodeId>,
+) -> Result<Kernel, LowerFailure> {
+    let mut l = Lowerer::new(graph, target, region, materialized);
     // Nothing to compute when every output is empty: the kernel binds its outputs and does no work.
     if region.stored.iter().all(|&s| graph.node(s).shape.numel().as_const() == Some(0)) {
         for &s in &region.stored {
@@ -743,6 +847,11 @@ pub fn lower(graph: &Graph, region: &Region, target: &Target) -> Result<Kernel, 
     match &region.kind {
         RegionKind::Pointwise => pointwise(l, region),
         RegionKind::Rows { input_shape, axes } => rows(l, region, input_shape, axes),
-        RegionKind::MatMul { node } => matmul(l, region, *node),
+        RegionKind::MatMul { node } => {
+            match library_matmul(Lowerer::new(graph, target, region, materialized), region, *node)? {
+                Some(k) => Ok(k),
+                None => matmul(l, region, *node),
+            }
+        }
     }
 }

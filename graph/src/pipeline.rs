@@ -5,7 +5,7 @@
 use crate::data::TensorData;
 use crate::decompose::{decompose, Decomposed};
 use crate::error::{Error, Result};
-use crate::fuse::{fuse, Fusion, FusionMode, RegionKind};
+use crate::fuse::{fuse, Feedback, Fusion, FusionMode, RegionKind};
 use crate::interp::bind_symbols;
 use crate::ir::{Graph, NodeId};
 use crate::kernel::{Access, Kernel};
@@ -14,7 +14,6 @@ use crate::loc::SourceLoc;
 use crate::lower::{lower, LowerFailure};
 use crate::plan::{plan, Plan};
 use crate::target::Target;
-use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Instant;
 
@@ -75,15 +74,15 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     let primitive = Decomposed { graph: live, origin: kept.iter().map(|k| decomposed.origin[k.index()]).collect() };
     let names: Vec<String> = primitive.origin.iter().map(|&o| graph.node(o).op.name().to_string()).collect();
     timings.decompose_ms = ms(clock);
-    let mut refused = BTreeSet::new();
+    let mut feedback = Feedback::default();
     loop {
         let per_op = (mode == FusionMode::PerOp).then_some(primitive.origin.as_slice());
         let clock = Instant::now();
-        let fusion = fuse(&primitive.graph, &names, target, &refused, per_op)?;
+        let fusion = fuse(&primitive.graph, &names, target, &feedback, per_op)?;
         timings.fuse_ms += ms(clock);
         let clock = Instant::now();
         let lowered: Result<Vec<Kernel>, LowerFailure> =
-            fusion.regions.iter().map(|r| lower(&primitive.graph, r, target)).collect();
+            fusion.regions.iter().map(|r| lower(&primitive.graph, r, target, &feedback.materialized)).collect();
         timings.lower_ms += ms(clock);
         match lowered {
             Ok(kernels) => {
@@ -98,12 +97,21 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
             }
             // Lowering found a member reading a reduction at another row: schedule again without it.
             Err(LowerFailure::Refuse(n)) => {
-                if !refused.insert(n) {
+                if !feedback.refused.insert(n) {
                     return Err(Error::Unsupported {
                         what: format!(
                             "scheduling {n} ({}): lowering refused it twice",
                             primitive.graph.node(n).op.name()
                         ),
+                        loc: primitive.graph.node(n).loc.clone(),
+                    });
+                }
+            }
+            // A GEMM library cannot read this view in place: store it first.
+            Err(LowerFailure::Materialize(n)) => {
+                if !feedback.materialized.insert(n) {
+                    return Err(Error::Unsupported {
+                        what: format!("materialising {n} ({}) did not help", primitive.graph.node(n).op.name()),
                         loc: primitive.graph.node(n).loc.clone(),
                     });
                 }

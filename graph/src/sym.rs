@@ -661,16 +661,68 @@ impl Expr {
         }
     }
 
+    fn is_zero(&self) -> bool {
+        self.terms.is_empty() && self.constant == 0
+    }
+
+    /// The symbol when `self` is exactly one symbol.
+    fn single_sym(&self) -> Option<SymId> {
+        match (self.constant, self.terms.as_slice()) {
+            (0, [Term { atoms, coeff: 1 }]) => match atoms.as_slice() {
+                [Atom::Sym(s)] => Some(*s),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// `self` as `q * m + r` for a symbolic monomial `m` (coefficient 1, no constant): `q` gathers the
+    /// terms whose atoms include all of `m`'s, `r` the rest. `None` when `m` is not such a monomial or no
+    /// term is a multiple of it.
+    fn split_multiple_of(&self, m: &Expr) -> Option<(Expr, Expr)> {
+        let [Term { atoms: unit, coeff: 1 }] = m.terms.as_slice() else { return None };
+        if m.constant != 0 {
+            return None;
+        }
+        let (mut q, mut r) = (Expr::ZERO, Expr::constant(self.constant));
+        for t in &self.terms {
+            let mut rest = t.atoms.clone();
+            let divides = unit.iter().all(|a| match rest.iter().position(|b| b == a) {
+                Some(i) => {
+                    rest.remove(i);
+                    true
+                }
+                None => false,
+            });
+            let term = |atoms: Vec<Atom>| Expr { terms: vec![Term { atoms, coeff: t.coeff }], constant: 0 };
+            if divides {
+                q = q.checked_add(&term(rest)).ok()?;
+            } else {
+                r = r.checked_add(&term(t.atoms.clone())).ok()?;
+            }
+        }
+        (!q.is_zero()).then_some((q, r))
+    }
+
     /// Rewrites `self` using the ranges in `table`: `a // k` becomes 0 and `a % k` becomes `a` when
     /// `0 <= a < k`, and `min`/`max` whose order the ranges decide collapse to one side. Index
     /// expressions built from loop variables lose their redundant divisions this way.
+    ///
+    /// Symbolic divisors use the extents recorded with [`SymTable::set_extent`]: `(q*y + i) // y` is `q` and
+    /// `(q*y + i) % y` is `i` when `0 <= i < y` is known (a loop variable over `0..y`), which is what
+    /// flattening and unflattening an index over symbolic dims produces.
     pub fn simplify_in(&self, table: &SymTable) -> Expr {
         let below = |x: &Expr, y: &Expr| match y.as_const() {
             Some(k) if k > 0 => {
                 let b = table.bounds(x);
                 b.lo.is_some_and(|lo| lo >= 0) && b.hi.is_some_and(|hi| hi < k)
             }
-            _ => false,
+            _ => x.is_zero() || x.single_sym().is_some_and(|s| table.extent(s) == Some(y)),
+        };
+        // `x` as `q*y + r` with `r` below `y`: `(q, r)`.
+        let split = |x: &Expr, y: &Expr| -> Option<(Expr, Expr)> {
+            let (q, r) = x.split_multiple_of(y)?;
+            below(&r, y).then_some((q, r))
         };
         let mut acc = Expr::constant(self.constant);
         for t in &self.terms {
@@ -685,6 +737,8 @@ impl Expr {
                         let (x, y) = (x.simplify_in(table), y.simplify_in(table));
                         if below(&x, &y) {
                             Expr::ZERO
+                        } else if let Some((q, _)) = split(&x, &y) {
+                            q
                         } else {
                             x.floor_div(&y)
                         }
@@ -693,6 +747,8 @@ impl Expr {
                         let (x, y) = (x.simplify_in(table), y.simplify_in(table));
                         if below(&x, &y) {
                             x
+                        } else if let Some((_, r)) = split(&x, &y) {
+                            r
                         } else {
                             x.modulo(&y)
                         }
@@ -718,7 +774,38 @@ impl Expr {
             }
             acc = acc.add(&prod);
         }
-        acc
+        acc.fold_div_mod()
+    }
+
+    /// Folds `c*k*(y // k) + c*(y % k)` into `c*y` (true for every integer `y` and non-zero `k` under
+    /// floor semantics), repeatedly: a flat index split into coordinates and recombined with the same
+    /// strides (`393216*(i // 512) + 768*(i % 512)` is `768*i`) collapses back, so kernels do not
+    /// divide at all.
+    fn fold_div_mod(self) -> Expr {
+        let mut e = self;
+        'again: loop {
+            for t in &e.terms {
+                let [Atom::Mod(y, k)] = t.atoms.as_slice() else { continue };
+                let Some(quotient) = y.checked_floor_div(k).ok().and_then(|q| q.checked_mul(k).ok()) else {
+                    continue;
+                };
+                let Ok(whole) = quotient.checked_mul(&Expr::constant(t.coeff)) else { continue };
+                let [partner] = whole.terms.as_slice() else { continue };
+                if whole.constant != 0 || !e.terms.contains(partner) {
+                    continue;
+                }
+                let remainder = Expr { terms: vec![t.clone()], constant: 0 };
+                let folded = e
+                    .checked_sub(&whole)
+                    .and_then(|x| x.checked_sub(&remainder))
+                    .and_then(|x| x.checked_add(&y.checked_mul(&Expr::constant(t.coeff))?));
+                if let Ok(f) = folded {
+                    e = f;
+                    continue 'again;
+                }
+            }
+            return e;
+        }
     }
 
     /// Evaluates with checked arithmetic; never panics.
@@ -1126,6 +1213,10 @@ pub struct SymTable {
     /// Ranges of symbols created elsewhere (a kernel's loop variables), by id.
     #[serde(default)]
     extra: BTreeMap<SymId, (i64, Option<i64>)>,
+    /// Symbolic exclusive upper bounds of loop variables (`0 <= s < extent`), for divisions by symbolic
+    /// dims.
+    #[serde(default)]
+    extents: BTreeMap<SymId, Expr>,
 }
 
 impl SymTable {
@@ -1159,6 +1250,19 @@ impl SymTable {
         if hi.is_none_or(|hi| lo <= hi) && self.info(s).is_none() {
             self.extra.insert(s, (lo, hi));
         }
+    }
+
+    /// Records that a loop variable this table did not create runs over `0..extent` (a symbolic extent;
+    /// constant ones are plain ranges, see [`SymTable::set_range`]).
+    pub fn set_extent(&mut self, s: SymId, extent: Expr) {
+        if self.info(s).is_none() {
+            self.extents.insert(s, extent);
+        }
+    }
+
+    /// The symbolic extent recorded for `s`.
+    pub fn extent(&self, s: SymId) -> Option<&Expr> {
+        self.extents.get(&s)
     }
 
     /// The first symbol with this name.
@@ -1422,6 +1526,19 @@ mod tests {
         assert_eq!((s(one.0) * 5 + s(j.0)).simplify_in(&t), s(j.0));
         // Unknown upper bounds keep the operation.
         assert_eq!(s(n.0).modulo(&c(4)).simplify_in(&t), s(n.0).modulo(&c(4)));
+        // Coordinates recombined with their own strides fold back into the flat index, nested too.
+        let i = s(n.0);
+        let split =
+            i.floor_div(&c(6144)) * 3145728 + i.floor_div(&c(512)).modulo(&c(12)) * 262144 + i.modulo(&c(512)) * 512;
+        assert_eq!(split.simplify_in(&t), i.clone() * 512);
+        // A loop variable over a symbolic extent: (q*m + k) // m is q and (q*m + k) % m is k.
+        let mut t2 = t.clone();
+        let (q, m, k) = (s(j.0), s(n.0), SymId((1 << 20) + 3));
+        t2.set_extent(k, m.clone());
+        let flat = q.clone() * m.clone() + s(k.0);
+        assert_eq!(flat.floor_div(&m).simplify_in(&t2), q);
+        assert_eq!(flat.modulo(&m).simplify_in(&t2), s(k.0));
+        assert_eq!(flat.floor_div(&m).simplify_in(&t), flat.floor_div(&m), "no extent, no rewrite");
     }
 
     #[test]
@@ -1534,6 +1651,19 @@ mod tests {
             prop_assert_eq!((&a + &b) - &b, a.clone());
             prop_assert_eq!(a.min(&b), b.min(&a));
             prop_assert_eq!(a.max(&b), b.max(&a));
+        }
+
+        #[test]
+        fn simplify_in_preserves_values(t in tree(), x in 0i64..=8, y in 1i64..=5, z in -4i64..=4) {
+            let mut table = SymTable::new();
+            table.new_symbol("x", 0, Some(8));
+            table.new_symbol("y", 1, None);
+            table.new_symbol("z", -4, Some(4));
+            let e = build(&t);
+            if let Ok(v) = e.eval(&bindings(&[x, y, z])) {
+                let simple = e.simplify_in(&table);
+                prop_assert_eq!(simple.eval(&bindings(&[x, y, z])), Ok(v), "{} became {}", e, simple);
+            }
         }
 
         #[test]

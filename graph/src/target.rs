@@ -38,6 +38,17 @@ pub struct Target {
     /// 0 turns persistent rows off.
     #[serde(default = "default_row_cache")]
     pub max_row_cache: u32,
+    /// Has a GEMM library (cuBLAS) that large float matmuls go to (see `gemm`).
+    #[serde(default)]
+    pub library_gemm: bool,
+    /// Threads per row workgroup unless a row needs more to fit in registers (a measured preference:
+    /// see `benches/NOTES.md`).
+    #[serde(default = "default_row_threads")]
+    pub row_threads: u32,
+}
+
+fn default_row_threads() -> u32 {
+    256
 }
 
 fn default_row_cache() -> u32 {
@@ -61,6 +72,8 @@ impl Target {
             max_vector_bytes: 16,
             packed_half_storage: true,
             max_row_cache: 32,
+            library_gemm: false,
+            row_threads: 256,
         }
     }
 
@@ -86,6 +99,8 @@ impl Target {
             max_vector_bytes: 16,
             packed_half_storage: false,
             max_row_cache: 32,
+            library_gemm: true,
+            row_threads: 256,
         }
     }
 

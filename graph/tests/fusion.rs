@@ -72,11 +72,13 @@ fn w5_block_inputs(b: usize, s: usize, d: usize) -> Vec<TensorSpec> {
     v
 }
 
+/// With its own matmul template (no GEMM library), each matmul fuses its epilogue.
 #[test]
 fn w5_block_is_six_matmuls_one_softmax_two_layernorms() {
     let (b, s, d) = (8, 512, 768);
     let inputs = w5_block_inputs(b, s, d);
-    let c = compiled(&inputs, |t| Ok(vec![w5_block(t, 12)?]));
+    let g = capture(&inputs, |t| Ok(vec![w5_block(t, 12)?])).expect("traces");
+    let c = compile_graph(&g, &Target { library_gemm: false, ..Target::cuda(90) }).expect("compiles");
     assert_eq!(c.kernel_kinds(), (0, 3, 6), "{:#?}", c.fusion.regions.iter().map(|r| &r.name).collect::<Vec<_>>());
     let rows: Vec<&str> = c
         .fusion
@@ -153,4 +155,15 @@ fn fusion_never_raises_peak_memory() {
         assert!(pf <= pe, "fused peak {pf} > one-kernel-per-op peak {pe}");
         assert!(fused.kernels.len() < per_op.kernels.len() || fused.kernels.len() == 1);
     }
+}
+
+/// With cuBLAS, the six matmuls are library calls; the attention output, whose heads the projection
+/// reads back as rows, is stored once; bias, GELU and the residuals fuse into the kernels between.
+#[test]
+fn w5_block_on_a_gemm_library() {
+    let c = compiled(&w5_block_inputs(8, 512, 768), |t| Ok(vec![w5_block(t, 12)?]));
+    let gemms = c.kernels.iter().filter(|k| k.gemm().is_some()).count();
+    assert_eq!(gemms, 6, "{c}");
+    assert_eq!(c.kernel_kinds().1, 3, "two layer norms and the softmax stay row kernels");
+    assert!(c.kernels.len() <= 14, "{} kernels:\n{c}", c.kernels.len());
 }

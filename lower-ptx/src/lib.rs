@@ -1,8 +1,10 @@
 //! kiln-ptx: the NVIDIA lowering. Kernels from `kiln-graph` are printed as PTX — no CUDA C, no NVRTC —
 //! for a compute capability, checked by `ptxas`, and run by a cudarc runtime (driver API loaded at run
-//! time, so building needs no CUDA) with CUDA graphs for the reduce-overhead mode.
+//! time, so building needs no CUDA) with cuBLAS for the matmuls `graph` gives to a library and CUDA
+//! graphs for the reduce-overhead mode.
 
 pub mod check;
+mod gemm;
 pub mod ptxas;
 pub mod render;
 pub mod runtime;

@@ -4,12 +4,15 @@
 //! hardware's approximate instructions only where their error is far inside kiln's tolerance (`ex2`,
 //! `lg2` with range-safe scaling); erf and tanh are written out.
 //!
-//! What the IR leaves to the renderer — vector width and persistent rows — is not used yet: every kernel
-//! is rendered in its scalar, looped form, which the IR defines as equivalent.
+//! Persistent rows keep each thread's elements in registers across the row's passes (the loads
+//! `RowLoad::of_row` names); workgroup reductions shuffle inside warps before crossing them through
+//! shared memory.
 
 use kiln_graph::dtype::DType;
 use kiln_graph::ir::{BinaryOp, UnaryOp};
-use kiln_graph::kernel::{KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, Scalar, Stmt, VarId};
+use kiln_graph::kernel::{
+    KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, RowLoad, Scalar, Stmt, VarId, ROW_ELEMENT,
+};
 use kiln_graph::sym::{Expr, ExprTree, SymId};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -51,6 +54,15 @@ struct Writer<'k> {
     single_thread_stores: bool,
     shared: std::collections::BTreeSet<&'static str>,
     error: Option<String>,
+    /// Persistent rows: each kept load's register per unrolled slot (see `RowLoad`).
+    row_cache: HashMap<(usize, DType, Expr), Vec<String>>,
+    /// The pass being written in a persistent row: its loop variable and slot.
+    pass: Option<(SymId, usize)>,
+    /// Inside a vectorised loop: the loop variable, the lane being written, each vector-loaded buffer's
+    /// lane registers, and each vector-stored buffer's lane values so far.
+    lane: Option<(SymId, usize)>,
+    vector_loads: HashMap<usize, Vec<String>>,
+    vector_stores: HashMap<usize, Vec<String>>,
 }
 
 impl<'k> Writer<'k> {
@@ -110,6 +122,45 @@ impl<'k> Writer<'k> {
                     acc = r;
                 }
                 acc
+            }
+            // Power-of-two divisors (most strides) are a shift and a mask, exact for negative values
+            // under floor semantics: 64-bit division is a long software routine on the GPU.
+            ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b) if matches!(**b, ExprTree::Const(k) if k > 0 && (k as u64).is_power_of_two()) =>
+            {
+                let ExprTree::Const(k) = **b else { unreachable!("matched above") };
+                let a = self.tree(a);
+                let r = self.reg("s64");
+                if matches!(t, ExprTree::FloorDiv(..)) {
+                    self.emit(&format!("shr.s64 {r}, {a}, {};", k.trailing_zeros()));
+                } else {
+                    self.emit(&format!("and.b64 {r}, {a}, {};", k - 1));
+                }
+                r
+            }
+            // Other positive constants: 32-bit division (which ptxas turns into a multiply and a shift)
+            // whenever the dividend fits, as index values nearly always do; 64-bit otherwise.
+            ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b) if matches!(**b, ExprTree::Const(k) if k > 0 && k < 1 << 31) =>
+            {
+                let ExprTree::Const(k) = **b else { unreachable!("matched above") };
+                let a = self.tree(a);
+                let (small, a32, q32) = (self.reg("pred"), self.reg("u32"), self.reg("u32"));
+                let (q, r, neg) = (self.reg("s64"), self.reg("s64"), self.reg("pred"));
+                self.emit(&format!("setp.lt.u64 {small}, {a}, 4294967296;"));
+                self.emit(&format!("@{small} cvt.u32.u64 {a32}, {a};"));
+                self.emit(&format!("@{small} div.u32 {q32}, {a32}, {k};"));
+                self.emit(&format!("@{small} cvt.u64.u32 {q}, {q32};"));
+                self.emit(&format!("@!{small} div.s64 {q}, {a}, {k};"));
+                // Truncation rounds a negative quotient up; floor needs one less when it was inexact.
+                self.emit(&format!("mul.lo.s64 {r}, {q}, {k};"));
+                self.emit(&format!("sub.s64 {r}, {a}, {r};"));
+                self.emit(&format!("setp.lt.s64 {neg}, {r}, 0;"));
+                self.emit(&format!("@{neg} sub.s64 {q}, {q}, 1;"));
+                self.emit(&format!("@{neg} add.s64 {r}, {r}, {k};"));
+                if matches!(t, ExprTree::FloorDiv(..)) {
+                    q
+                } else {
+                    r
+                }
             }
             ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b) => {
                 let (a, b) = (self.tree(a), self.tree(b));
@@ -237,6 +288,23 @@ impl<'k> Writer<'k> {
         let (v, from) = self.var(value);
         let d = self.k.buffers[buffer].dtype;
         let x = self.convert(&v, from, d);
+        if self.lane.is_some_and(|(s, _)| *index == Expr::sym(s)) && self.vector_stores.contains_key(&buffer) {
+            let bits = match d {
+                DType::F16 | DType::BF16 => {
+                    let h = self.reg("b16");
+                    let cvt = if d == DType::F16 { "cvt.rn.f16.f32" } else { "cvt.rn.bf16.f32" };
+                    self.emit(&format!("{cvt} {h}, {x};"));
+                    h
+                }
+                _ => {
+                    let b = self.reg("b32");
+                    self.emit(&format!("mov.b32 {b}, {x};"));
+                    b
+                }
+            };
+            self.vector_stores.entry(buffer).or_default().push(bits);
+            return;
+        }
         let skip = self.label();
         if self.single_thread_stores {
             let p = self.reg("pred");
@@ -416,6 +484,19 @@ impl<'k> Writer<'k> {
                 r
             }
             Scalar::Load { buffer, index, guard } => {
+                if let (None, Some((s, lane))) = (guard, self.lane) {
+                    if *index == Expr::sym(s) {
+                        if let Some(regs) = self.vector_loads.get(buffer) {
+                            let raw = regs[lane].clone();
+                            return self.widen(&raw, *buffer, dtype);
+                        }
+                    }
+                }
+                if let (None, Some((pass, slot))) = (guard, self.pass) {
+                    if let Some(regs) = self.row_cache.get(&(*buffer, dtype, RowLoad::key(index, pass))) {
+                        return regs[slot].clone();
+                    }
+                }
                 let g = guard.map(|g| self.var(g).0);
                 let (raw, from) = self.load(*buffer, index, g.as_deref());
                 self.convert(&raw, from, dtype)
@@ -458,14 +539,19 @@ impl<'k> Writer<'k> {
                         r
                     }
                 };
-                if reg_type(dtype) == "f32" && from != dtype {
+                // Halves are computed in f32 registers: every value is rounded to its dtype (IR rule).
+                if reg_type(dtype) == "f32" && (from != dtype || matches!(dtype, DType::F16 | DType::BF16)) {
                     return self.convert(&r, DType::F32, dtype);
                 }
                 r
             }
             Scalar::Binary { op, a, b } => {
                 let ((x, dx), (y, _)) = (self.var(*a), self.var(*b));
-                self.binary(*op, &x, &y, dx)
+                let r = self.binary(*op, &x, &y, dx);
+                if matches!(dtype, DType::F16 | DType::BF16) && !op.is_comparison() {
+                    return self.convert(&r, DType::F32, dtype);
+                }
+                r
             }
             Scalar::Select { cond, a, b } => {
                 let ((c, _), (x, _), (y, _)) = (self.var(*cond), self.var(*a), self.var(*b));
@@ -559,6 +645,145 @@ impl<'k> Writer<'k> {
         }
     }
 
+    /// A `Global` loop `vector_width` elements at a time (the IR guarantees the trip count divides and
+    /// that loads and stores at the loop index are the contiguous ones): 2- and 4-byte buffers read and
+    /// written there move as one vector per thread, the body runs once per lane.
+    fn vector_loop(&mut self, s: SymId, extent: &Expr, body: &[Stmt]) {
+        let w = self.k.vector_width as usize;
+        let vectors = extent.floor_div(&Expr::from(w as i64));
+        let vectorisable = |d: DType| matches!(d.size_bytes(), 2 | 4);
+        let at_i = |x: &Expr| *x == Expr::sym(s);
+        let mut loads = std::collections::BTreeSet::new();
+        let mut stores = std::collections::BTreeSet::new();
+        for st in body {
+            match st {
+                Stmt::Let { value: Scalar::Load { buffer, index, guard: None }, .. } if at_i(index) => {
+                    loads.insert(*buffer);
+                }
+                Stmt::Store { buffer, index, .. } if at_i(index) => {
+                    stores.insert(*buffer);
+                }
+                _ => {}
+            }
+        }
+        loads.retain(|b| vectorisable(self.k.buffers[*b].dtype));
+        stores.retain(|b| vectorisable(self.k.buffers[*b].dtype));
+        let v = SymId(u32::MAX - 2);
+        self.counted_loop(v, "%gstart", "%gstride", &vectors, |w_| {
+            let base = w_.reg("s64");
+            let vv = w_.sym(v);
+            w_.emit(&format!("mul.lo.s64 {base}, {vv}, {w};"));
+            for &b in &loads {
+                let a = w_.address_of(b, &base);
+                let (ty, regs) = w_.lane_regs(b, w);
+                w_.emit(&format!("ld.global.v{w}.{ty} {{{}}}, [{a}];", regs.join(", ")));
+                w_.vector_loads.insert(b, regs);
+            }
+            for &b in &stores {
+                w_.vector_stores.insert(b, Vec::new());
+            }
+            for lane in 0..w {
+                let i = w_.reg("s64");
+                w_.emit(&format!("add.s64 {i}, {base}, {lane};"));
+                w_.syms.insert(s, i);
+                w_.lane = Some((s, lane));
+                w_.block(body);
+            }
+            w_.lane = None;
+            for &b in &stores {
+                let a = w_.address_of(b, &base);
+                let vals = w_.vector_stores.remove(&b).unwrap_or_default();
+                let ty = if w_.k.buffers[b].dtype.size_bytes() == 2 { "b16" } else { "b32" };
+                w_.emit(&format!("st.global.v{w}.{ty} [{a}], {{{}}};", vals.join(", ")));
+            }
+            w_.vector_loads.clear();
+        });
+    }
+
+    /// Registers for the `w` lanes of buffer `b`'s vector, and the PTX type they are moved as.
+    fn lane_regs(&mut self, b: usize, w: usize) -> (&'static str, Vec<String>) {
+        let ty = if self.k.buffers[b].dtype.size_bytes() == 2 { "b16" } else { "b32" };
+        (ty, (0..w).map(|_| self.reg(ty)).collect())
+    }
+
+    /// The address of element `index` (a register) of buffer `b`.
+    fn address_of(&mut self, b: usize, index: &str) -> String {
+        let size = self.k.buffers[b].dtype.size_bytes();
+        let a = self.reg("s64");
+        self.emit(&format!("mad.lo.s64 {a}, {index}, {size}, %b{b};"));
+        a
+    }
+
+    /// A vector lane's raw bits (`b16`/`b32`) as a value of `dtype`, via the buffer's dtype.
+    fn widen(&mut self, raw: &str, b: usize, dtype: DType) -> String {
+        let d = self.k.buffers[b].dtype;
+        let r = self.reg(reg_type(d));
+        match d {
+            DType::F16 => self.emit(&format!("cvt.f32.f16 {r}, {raw};")),
+            DType::BF16 => {
+                let wide = self.reg("b32");
+                self.emit(&format!("mov.b32 {wide}, {{0, {raw}}};"));
+                self.emit(&format!("mov.b32 {r}, {wide};"));
+            }
+            _ => self.emit(&format!("mov.b32 {r}, {raw};")),
+        }
+        self.convert(&r, d, dtype)
+    }
+
+    /// Whether the row being written keeps loads in registers (persistent rows).
+    fn persistent(&self) -> bool {
+        self.k.row_cache.is_some() && !self.row_cache.is_empty()
+    }
+
+    /// Where slot `u` of a persistent row starts: element `local + u * threads`, and whether it is past
+    /// the row's end `n`.
+    fn slot_element(&mut self, u: u32, n: &str) -> (String, String) {
+        let (j, past) = (self.reg("s64"), self.reg("pred"));
+        self.emit(&format!("add.s64 {j}, %local, {};", u * self.k.launch.threads));
+        self.emit(&format!("setp.ge.s64 {past}, {j}, {n};"));
+        (j, past)
+    }
+
+    /// Persistent rows: before the row's passes, each thread loads its elements of the row once into
+    /// registers (`RowLoad::of_row` says which loads); the passes read them from there.
+    fn fill_row_cache(&mut self, row: &[Stmt]) {
+        let (Some(slots), Some(n)) = (self.k.row_cache, RowLoad::row_len(row)) else { return };
+        let loads = RowLoad::of_row(row);
+        if loads.is_empty() {
+            return;
+        }
+        let n = self.expr(n);
+        let elements: Vec<(String, String)> = (0..slots).map(|u| self.slot_element(u, &n)).collect();
+        for load in loads {
+            let mut regs = Vec::with_capacity(elements.len());
+            for (j, past) in &elements {
+                let inside = self.reg("pred");
+                self.emit(&format!("not.pred {inside}, {past};"));
+                self.syms.insert(ROW_ELEMENT, j.clone());
+                let (raw, from) = self.load(load.buffer, &load.index, Some(&inside));
+                regs.push(self.convert(&raw, from, load.dtype));
+            }
+            self.row_cache.insert((load.buffer, load.dtype, load.index), regs);
+        }
+    }
+
+    /// A pass of a persistent row, unrolled: `each` runs once per slot with `s` bound to the slot's
+    /// element, skipped past the row's end.
+    fn slots(&mut self, s: SymId, extent: &Expr, mut each: impl FnMut(&mut Self)) {
+        let n = self.expr(extent);
+        let saved = self.pass;
+        for u in 0..self.k.row_cache.unwrap_or(1) {
+            let (j, past) = self.slot_element(u, &n);
+            let skip = self.label();
+            self.emit(&format!("@{past} bra {skip};"));
+            self.syms.insert(s, j);
+            self.pass = Some((s, u as usize));
+            each(self);
+            self.place(&skip);
+        }
+        self.pass = saved;
+    }
+
     /// `for sym in start..extent step stride { body }` as labelled branches.
     fn counted_loop(&mut self, s: SymId, start: &str, stride: &str, extent: &Expr, body: impl FnOnce(&mut Self)) {
         let i = self.reg("s64");
@@ -593,6 +818,11 @@ impl<'k> Writer<'k> {
                 self.syms.insert(*sym, r);
             }
             Stmt::Store { buffer, index, value } => self.store(*buffer, index, *value),
+            Stmt::Loop { sym, extent, mode: LoopMode::Global, body } if self.k.vector_width > 1 => {
+                let saved = std::mem::replace(&mut self.single_thread_stores, false);
+                self.vector_loop(*sym, extent, body);
+                self.single_thread_stores = saved;
+            }
             Stmt::Loop { sym, extent, mode, body } => {
                 let saved = self.single_thread_stores;
                 let (start, stride) = match mode {
@@ -606,13 +836,24 @@ impl<'k> Writer<'k> {
                     LoopMode::Threads | LoopMode::Global => self.single_thread_stores = false,
                     LoopMode::Serial => {}
                 }
-                self.counted_loop(*sym, start, stride, extent, |w| w.block(body));
+                if *mode == LoopMode::Threads && self.persistent() {
+                    self.slots(*sym, extent, |w| w.block(body));
+                } else if *mode == LoopMode::Group {
+                    self.counted_loop(*sym, start, stride, extent, |w| {
+                        w.fill_row_cache(body);
+                        w.block(body);
+                        w.row_cache.clear();
+                    });
+                } else {
+                    self.counted_loop(*sym, start, stride, extent, |w| w.block(body));
+                }
                 self.single_thread_stores = saved;
             }
             Stmt::Reduce { out, dtype, op, sym, extent, strategy, body, value } => {
                 self.reduce(*out, *dtype, *op, *sym, extent, *strategy, body, *value)
             }
             Stmt::MatMul(m) => self.matmul(m),
+            Stmt::Gemm(_) => self.fail("a library GEMM is a runtime call, not PTX".into()),
         }
     }
 
@@ -700,7 +941,7 @@ impl<'k> Writer<'k> {
         let saved = self.single_thread_stores;
         self.single_thread_stores = false;
         let (acc2, idx2) = (acc.clone(), idx.clone());
-        self.counted_loop(s, start, stride, extent, |w| {
+        let each = |w: &mut Self| {
             w.block(body);
             let (v, from) = w.var(value);
             let v = w.convert(&v, from, dtype);
@@ -710,10 +951,18 @@ impl<'k> Writer<'k> {
             } else {
                 w.combine(op, ty, &acc2, &v);
             }
-        });
+        };
+        if grouped && self.persistent() {
+            self.slots(s, extent, each);
+        } else {
+            self.counted_loop(s, start, stride, extent, each);
+        }
         self.single_thread_stores = saved;
-        if grouped {
-            let t = self.k.launch.threads as i64;
+        let t = self.k.launch.threads as i64;
+        let warps = matches!(strategy, ReduceStrategy::Group { subgroup: Some(32) }) && t % 32 == 0;
+        if warps && !arg && (ty == "f32" || ty == "s32") {
+            self.warp_reduce(op, ty, &acc, t);
+        } else if grouped {
             let elem = if ty == "f32" || ty == "s32" { 4 } else { 8 };
             let shared = match ty {
                 "f32" => "red_f32",
@@ -771,6 +1020,38 @@ impl<'k> Writer<'k> {
         } else {
             self.vars.insert(out, (acc, dtype));
         }
+    }
+
+    /// Combines the partials of a workgroup: butterfly shuffles inside each warp, then every thread
+    /// folds the warps' results from shared memory (two barriers, against one per halving step of a
+    /// shared-memory tree). Every thread ends with the total in `acc`.
+    fn warp_reduce(&mut self, op: KReduceOp, ty: &str, acc: &str, threads: i64) {
+        for offset in [16, 8, 4, 2, 1] {
+            let y = self.reg(ty);
+            self.emit(&format!("shfl.sync.bfly.b32 {y}, {acc}, {offset}, 31, -1;"));
+            self.combine(op, ty, acc, &y);
+        }
+        let shared = if ty == "f32" { "red_f32" } else { "red_s32" };
+        self.shared.insert(shared);
+        let (base, lane, a, skip) = (self.reg("s64"), self.reg("s64"), self.reg("s64"), self.label());
+        self.emit(&format!("mov.u64 {base}, {shared};"));
+        self.emit(&format!("and.b64 {lane}, %local, 31;"));
+        self.emit(&format!("shr.s64 {a}, %local, 5;"));
+        self.emit(&format!("mad.lo.s64 {a}, {a}, 4, {base};"));
+        let p = self.reg("pred");
+        self.emit(&format!("setp.ne.s64 {p}, {lane}, 0;"));
+        self.emit(&format!("@{p} bra {skip};"));
+        self.emit(&format!("st.shared.{ty} [{a}], {acc};"));
+        self.place(&skip);
+        self.emit("bar.sync 0;");
+        self.emit(&format!("ld.shared.{ty} {acc}, [{base}];"));
+        for w in 1..threads / 32 {
+            let y = self.reg(ty);
+            self.emit(&format!("ld.shared.{ty} {y}, [{base}+{}];", w * 4));
+            self.combine(op, ty, acc, &y);
+        }
+        // Nobody may overwrite the partials before every thread has read them.
+        self.emit("bar.sync 0;");
     }
 
     /// The matmul template in its plain form (one output element per thread, grid-stride). Matmul regions
@@ -850,6 +1131,11 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
         single_thread_stores: false,
         shared: Default::default(),
         error: None,
+        row_cache: HashMap::new(),
+        pass: None,
+        lane: None,
+        vector_loads: HashMap::new(),
+        vector_stores: HashMap::new(),
     };
     for s in &kernel.symbols {
         w.syms.insert(*s, format!("%s{}", s.0));

@@ -4,6 +4,7 @@
 //! buffer pointers and symbol values as the parameters the renderer declares, and captures a prepared
 //! graph as a CUDA graph for the reduce-overhead mode.
 
+use crate::gemm::{Blas, GemmCall};
 use crate::render::render;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode};
 use cudarc::driver::{
@@ -50,6 +51,8 @@ pub struct Cuda {
     functions: RefCell<HashMap<String, CudaFunction>>,
     pool: RefCell<HashMap<usize, Vec<CudaSlice<u8>>>>,
     stats: RefCell<CudaStats>,
+    /// cuBLAS, opened at the first library GEMM.
+    blas: RefCell<Option<Rc<Blas>>>,
 }
 
 /// What the runtime spent compiling, for compile statistics.
@@ -95,6 +98,16 @@ impl Cuda {
         let stream = ctx.new_stream().map_err(|e| driver("creating a stream", e))?;
         let mut target = Target::cuda(sm.min(NEWEST_SM));
         target.name = format!("cuda-sm_{sm}");
+        // KILN_CUDA_GEMM=kiln keeps every matmul on kiln's own template (for comparisons).
+        target.library_gemm = std::env::var("KILN_CUDA_GEMM").as_deref() != Ok("kiln");
+        // Tuning knobs for experiments (benches/NOTES.md): threads per row group, persistent-row cap.
+        let knob = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+        if let Some(t) = knob("KILN_CUDA_ROW_THREADS") {
+            target.row_threads = t;
+        }
+        if let Some(c) = knob("KILN_CUDA_ROW_CACHE") {
+            target.max_row_cache = c;
+        }
         tracing::info!(target: "kiln::graph", device = %name, sm, "cuda device");
         Ok(Cuda {
             ctx,
@@ -107,6 +120,7 @@ impl Cuda {
             functions: RefCell::new(HashMap::new()),
             pool: RefCell::new(HashMap::new()),
             stats: RefCell::new(CudaStats::default()),
+            blas: RefCell::new(None),
         })
     }
 
@@ -167,6 +181,16 @@ impl Cuda {
         Ok(f)
     }
 
+    /// cuBLAS on this device's stream, opened once.
+    fn blas(&self) -> Result<Rc<Blas>> {
+        if let Some(b) = self.blas.borrow().as_ref() {
+            return Ok(b.clone());
+        }
+        let b = Rc::new(Blas::new(&self.stream)?);
+        *self.blas.borrow_mut() = Some(b.clone());
+        Ok(b)
+    }
+
     /// Device memory of at least `bytes`: from the pool when a buffer of its size class is free.
     fn buffer(&self, bytes: usize) -> Result<CudaSlice<u8>> {
         // Powers of two from 256 bytes, so shapes that vary a little reuse buffers instead of allocating.
@@ -214,6 +238,13 @@ impl Cuda {
             if groups == 0 {
                 continue;
             }
+            if let Some(gemm) = kernel.gemm() {
+                let kernel_pointers: Vec<u64> =
+                    kernel.buffers.iter().map(|b| pointers[c.plan.value_buffer[&b.node]]).collect();
+                let call = GemmCall::plan(gemm, &bindings, &kernel_pointers, &self.stream)?;
+                launches.push((kernel.name.clone(), Step::Gemm(self.blas()?, call)));
+                continue;
+            }
             let function = self.function(kernel)?;
             let mut params: Vec<u64> = kernel.buffers.iter().map(|b| pointers[c.plan.value_buffer[&b.node]]).collect();
             for s in &kernel.symbols {
@@ -227,7 +258,7 @@ impl Cuda {
                 .fold_grid(groups)
                 .ok_or_else(|| err(format!("kernel {}: {groups} blocks exceed a 3-D grid", kernel.name)))?;
             let config = LaunchConfig { grid_dim: grid, block_dim: (kernel.launch.threads, 1, 1), shared_mem_bytes: 0 };
-            launches.push(Launch { function, config, params });
+            launches.push((kernel.name.clone(), Step::Kernel(Launch { function, config, params })));
         }
         let mut outputs = Vec::new();
         for o in &g.outputs {
@@ -277,17 +308,46 @@ impl Cuda {
     }
 
     fn enqueue(&self, p: &Prepared) -> Result<()> {
-        for l in &p.launches {
-            let mut b = self.stream.launch_builder(&l.function);
-            for v in &l.params {
-                b.arg(v);
-            }
-            // SAFETY: the parameters are exactly those the renderer declared for this kernel (one pointer
-            // per bound buffer, sized by the plan for the launch's symbol values, then each symbol), and
-            // every index a kernel computes is guarded by the bounds the kernel IR carries.
-            unsafe { b.launch(l.config) }.map_err(|e| driver("launching a kernel", e))?;
+        for (_, step) in &p.launches {
+            self.step(step)?;
         }
         Ok(())
+    }
+
+    fn step(&self, step: &Step) -> Result<()> {
+        let l = match step {
+            Step::Kernel(l) => l,
+            Step::Gemm(blas, call) => return blas.run(call),
+        };
+        let mut b = self.stream.launch_builder(&l.function);
+        for v in &l.params {
+            b.arg(v);
+        }
+        // SAFETY: the parameters are exactly those the renderer declared for this kernel (one pointer per
+        // bound buffer, sized by the plan for the launch's symbol values, then each symbol), and every
+        // index a kernel computes is guarded by the bounds the kernel IR carries.
+        unsafe { b.launch(l.config) }.map_err(|e| driver("launching a kernel", e))?;
+        Ok(())
+    }
+
+    /// Milliseconds each step of one run of `p` took on the device, in launch order (an event between
+    /// every two steps): where the time of a compiled graph goes.
+    pub fn profile(&self, p: &Prepared) -> Result<Vec<(String, f64)>> {
+        let mut marks = vec![self.event()?];
+        marks[0].record(&self.stream).map_err(|e| driver("recording an event", e))?;
+        for (_, step) in &p.launches {
+            self.step(step)?;
+            let e = self.event()?;
+            e.record(&self.stream).map_err(|e| driver("recording an event", e))?;
+            marks.push(e);
+        }
+        self.wait()?;
+        let mut out = Vec::with_capacity(p.launches.len());
+        for ((name, _), w) in p.launches.iter().zip(marks.windows(2)) {
+            let ms = w[0].elapsed_ms(&w[1]).map_err(|e| driver("reading an event", e))?;
+            out.push((name.clone(), f64::from(ms)));
+        }
+        Ok(out)
     }
 
     /// Records a prepared graph's launches once as a CUDA graph; [`Cuda::launch`] then replays it with one
@@ -344,12 +404,39 @@ impl Cuda {
         out
     }
 
+    /// GB/s (bytes read + written) of the driver's device-to-device copy of `bytes`, the median of
+    /// `repeat` timed copies: the ceiling any kernel's bandwidth is quoted against.
+    pub fn memcpy_gbps(&self, bytes: usize, repeat: usize) -> Result<f64> {
+        let src = self.buffer(bytes)?;
+        let mut dst = self.buffer(bytes)?;
+        let mut samples = Vec::with_capacity(repeat);
+        for i in 0..repeat.max(1) + 3 {
+            let (start, end) = (self.event()?, self.event()?);
+            start.record(&self.stream).map_err(|e| driver("recording an event", e))?;
+            self.stream.memcpy_dtod(&src, &mut dst).map_err(|e| driver("copying", e))?;
+            end.record(&self.stream).map_err(|e| driver("recording an event", e))?;
+            end.synchronize().map_err(|e| driver("waiting for the device", e))?;
+            let ms = f64::from(start.elapsed_ms(&end).map_err(|e| driver("reading an event", e))?);
+            if i >= 3 {
+                samples.push(ms);
+            }
+        }
+        samples.sort_by(f64::total_cmp);
+        let ms = samples[samples.len() / 2];
+        let mut pool = self.pool.borrow_mut();
+        pool.entry(src.len()).or_default().push(src);
+        pool.entry(dst.len()).or_default().push(dst);
+        Ok(2.0 * (bytes.max(256).next_power_of_two() as f64) / (ms / 1e3) / 1e9)
+    }
+
+    fn event(&self) -> Result<cudarc::driver::CudaEvent> {
+        self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| driver("creating an event", e))
+    }
+
     /// Seconds one launch of `p` takes on the device, between two events recorded on the stream around
     /// it (launch overhead on the host is outside; a CUDA graph replay is one launch).
     pub fn time_launch(&self, p: &Prepared) -> Result<f64> {
-        let event =
-            || self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(|e| driver("creating an event", e));
-        let (start, end) = (event()?, event()?);
+        let (start, end) = (self.event()?, self.event()?);
         start.record(&self.stream).map_err(|e| driver("recording an event", e))?;
         self.launch(p)?;
         end.record(&self.stream).map_err(|e| driver("recording an event", e))?;
@@ -357,6 +444,12 @@ impl Cuda {
         let ms = start.elapsed_ms(&end).map_err(|e| driver("reading an event", e))?;
         Ok(f64::from(ms) / 1e3)
     }
+}
+
+/// One step of a prepared graph: a generated kernel, or a library GEMM call.
+enum Step {
+    Kernel(Launch),
+    Gemm(Rc<Blas>, GemmCall),
 }
 
 struct Launch {
@@ -369,7 +462,8 @@ struct Launch {
 /// replays as one CUDA graph.
 pub struct Prepared {
     buffers: Vec<CudaSlice<u8>>,
-    launches: Vec<Launch>,
+    /// Each step with the name of the kernel it runs.
+    launches: Vec<(String, Step)>,
     outputs: Vec<(usize, Vec<usize>, DType)>,
     graph: Option<CudaGraph>,
     /// Bytes every launch reads and writes (each kernel's buffers, in their dtypes).

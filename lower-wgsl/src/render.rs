@@ -4,7 +4,9 @@
 use crate::storage::Storage;
 use kiln_graph::dtype::DType;
 use kiln_graph::ir::{BinaryOp, UnaryOp};
-use kiln_graph::kernel::{builtin, Access, KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, Scalar, Stmt, VarId};
+use kiln_graph::kernel::{
+    builtin, Access, KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, RowLoad, Scalar, Stmt, VarId, ROW_ELEMENT,
+};
 use kiln_graph::sym::{Expr, ExprTree, SymId};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -46,16 +48,13 @@ struct Writer<'k> {
     /// Buffers bound as arrays of vectors (accessed `vector_width` elements at a time).
     vector_buffers: std::collections::HashSet<usize>,
     /// Persistent rows: the row elements each thread keeps in registers, by (buffer, dtype, index with
-    /// the pass variable replaced by `ROW_J`).
+    /// the pass variable replaced by `ROW_ELEMENT`).
     row_cache: HashMap<(usize, DType, Expr), usize>,
     /// The register slot being written, in an unrolled persistent pass.
     unroll_slot: Option<u32>,
     /// The loop variable of the row pass being written, while persistent rows are on.
     pass_sym: Option<SymId>,
 }
-
-/// The canonical name of "the element of the row" shared by every pass of a persistent row kernel.
-const ROW_J: SymId = SymId(u32::MAX - 1);
 
 fn float_literal(v: f64) -> String {
     let x = v as f32;
@@ -89,6 +88,15 @@ impl<'k> Writer<'k> {
     }
 
     fn expr(&mut self, e: &Expr) -> String {
+        // Inside a vectorised loop the loop variable is lane 0's element: lane `l` reads `i + l`.
+        let shifted;
+        let e = match self.lane {
+            Some((l, i)) if l > 0 && e.symbols().contains(&i) => {
+                shifted = e.substitute(&std::collections::BTreeMap::from([(i, Expr::sym(i) + Expr::from(l as i64))]));
+                &shifted
+            }
+            _ => e,
+        };
         fn go(w: &mut Writer, t: &ExprTree) -> String {
             match t {
                 ExprTree::Const(c) => match i32::try_from(*c) {
@@ -277,8 +285,7 @@ impl<'k> Writer<'k> {
 
     /// The register array holding this load in a persistent row pass, if any.
     fn cached_slot(&self, buffer: usize, dtype: DType, index: &Expr) -> Option<usize> {
-        let j = self.pass_sym?;
-        let key = (buffer, dtype, index.substitute(&std::collections::BTreeMap::from([(j, Expr::sym(ROW_J))])));
+        let key = (buffer, dtype, RowLoad::key(index, self.pass_sym?));
         self.row_cache.get(&key).copied()
     }
 
@@ -307,41 +314,17 @@ impl<'k> Writer<'k> {
     /// registers; each pass (reductions, then the epilogue) reads them from there.
     fn fill_row_cache(&mut self, depth: usize, body: &[Stmt]) {
         let Some(slots) = self.k.row_cache else { return };
-        let mut keys: Vec<(usize, DType, Expr, Expr)> = Vec::new();
-        for st in body {
-            let (s, inner) = match st {
-                Stmt::Reduce { sym, body, strategy: ReduceStrategy::Group { .. }, .. } => (*sym, body),
-                Stmt::Loop { sym, body, mode: LoopMode::Threads, .. } => (*sym, body),
-                _ => continue,
-            };
-            // Indices bound inside the pass (gathers) do not exist before it: such loads stay in the pass.
-            let bound: std::collections::BTreeSet<SymId> = inner
-                .iter()
-                .filter_map(|b| if let Stmt::BindIndex { sym, .. } = b { Some(*sym) } else { None })
-                .collect();
-            for b in inner {
-                if let Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. } = b {
-                    let syms = index.symbols();
-                    if syms.contains(&s) && syms.is_disjoint(&bound) {
-                        let norm = index.substitute(&std::collections::BTreeMap::from([(s, Expr::sym(ROW_J))]));
-                        if !keys.iter().any(|k| k.0 == *buffer && k.1 == *dtype && k.2 == norm) {
-                            keys.push((*buffer, *dtype, norm, index.clone()));
-                        }
-                    }
-                }
-            }
-        }
         let t = self.k.launch.threads;
-        for (k, (buffer, dtype, norm, _)) in keys.iter().enumerate() {
-            let ty = self.ty(*dtype);
-            let (raw, from) = self.load(*buffer, norm);
-            let v = self.convert(&raw, from, *dtype);
+        for (k, load) in RowLoad::of_row(body).into_iter().enumerate() {
+            let ty = self.ty(load.dtype);
+            let (raw, from) = self.load(load.buffer, &load.index);
+            let v = self.convert(&raw, from, load.dtype);
             // Unrolled into scalars so they stay in registers (an indexed array may go to local memory).
             for slot in 0..slots {
                 let at = v.replace("rowj", &format!("(local + {}i)", slot * t));
                 self.line(depth, &format!("let rc{k}_{slot}: {ty} = {at};"));
             }
-            self.row_cache.insert((*buffer, *dtype, norm.clone()), k);
+            self.row_cache.insert((load.buffer, load.dtype, load.index), k);
         }
     }
 
@@ -500,6 +483,9 @@ impl<'k> Writer<'k> {
                 self.reduce(depth, *out, *dtype, *op, *s, extent, *strategy, body, *value)
             }
             Stmt::MatMul(m) => self.matmul(depth, m),
+            Stmt::Gemm(_) => {
+                self.fail("this target has no GEMM library (the kernel should be a matmul template)".into())
+            }
         }
     }
 
@@ -525,14 +511,14 @@ impl<'k> Writer<'k> {
             match st {
                 Stmt::Let { var, value: Scalar::Load { buffer, index, .. }, .. } => {
                     self.lane_vars.insert(*var);
-                    if at_i(index) {
+                    if at_i(index) && self.vector_buffers.contains(buffer) {
                         loaded.insert(*buffer);
                     }
                 }
                 Stmt::Let { var, .. } => {
                     self.lane_vars.insert(*var);
                 }
-                Stmt::Store { buffer, index, .. } if at_i(index) => {
+                Stmt::Store { buffer, index, .. } if at_i(index) && self.vector_buffers.contains(buffer) => {
                     stored.insert(*buffer);
                 }
                 _ => {}
@@ -759,7 +745,7 @@ impl<'k> Writer<'k> {
 }
 
 fn sym(s: SymId) -> String {
-    if s == ROW_J {
+    if s == ROW_ELEMENT {
         "rowj".into()
     } else if s.0 >= builtin::FIRST_LOCAL {
         format!("i{}", s.0 - builtin::FIRST_LOCAL)
@@ -776,20 +762,25 @@ fn vectorised_buffers(kernel: &Kernel) -> std::collections::HashSet<usize> {
     if kernel.vector_width <= 1 {
         return out;
     }
+    // Buffers read or written only at the loop index are bound as vectors; one also accessed elsewhere
+    // (a bias read at `i % n`) stays scalar and is read per lane.
+    let mut elsewhere = std::collections::HashSet::new();
     for st in &kernel.body {
         if let Stmt::Loop { sym: s, mode: LoopMode::Global, body, .. } = st {
             for b in body {
-                match b {
-                    Stmt::Let { value: Scalar::Load { buffer, index, .. }, .. } | Stmt::Store { buffer, index, .. }
-                        if *index == Expr::sym(*s) =>
-                    {
+                if let Stmt::Let { value: Scalar::Load { buffer, index, .. }, .. } | Stmt::Store { buffer, index, .. } =
+                    b
+                {
+                    if *index == Expr::sym(*s) {
                         out.insert(*buffer);
+                    } else {
+                        elsewhere.insert(*buffer);
                     }
-                    _ => {}
                 }
             }
         }
     }
+    out.retain(|b| !elsewhere.contains(b));
     out
 }
 

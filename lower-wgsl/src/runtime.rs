@@ -185,6 +185,8 @@ impl Gpu {
             packed_half_storage: true,
             // KILN_WGPU_ROW_CACHE caps persistent rows (0: off), for tuning experiments.
             max_row_cache: std::env::var("KILN_WGPU_ROW_CACHE").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
+            library_gemm: false,
+            row_threads: 256,
         };
         tracing::info!(target: "kiln::graph", adapter = %info.name, backend = ?info.backend, kind = ?info.device_type, "wgpu adapter");
         let driver_cache = if persist { DriverCache::open(&device, &info) } else { None };

@@ -220,6 +220,34 @@ pub fn every_op(b: &Rc<dyn Backend>) {
             ])
         });
     }
+    large_matmuls(b);
+}
+
+/// Matmuls big enough (over `gemm::LIBRARY_MIN_MACS`) that targets with a GEMM library hand them to
+/// it: transposed weights broadcast over a batch, column-major operands, attention's two-level batch of
+/// permuted views, and a view no library can read in place (the template takes it).
+fn large_matmuls(b: &Rc<dyn Backend>) {
+    for d in [DType::F32, DType::BF16] {
+        let x = t(&[2, 48, 96], d, |i| wave(i) / 3.0);
+        let w = t(&[80, 96], d, |i| wave(i + 7) / 3.0);
+        let bias = t(&[80], d, |i| wave(i + 3));
+        let qkv = t(&[2, 64, 192], d, |i| wave(i + 1) / 3.0);
+        let z = t(&[8, 6, 64], d, |i| wave(i + 2) / 3.0);
+        let xt = t(&[2, 96, 48], d, |i| wave(i + 5) / 3.0);
+        case(b, &format!("large matmuls {d}"), &[x, w, bias, qkv, z, xt], tol(d, 10.0), |v| {
+            let (x, w, bias, qkv, z, xt) = (&v[0], &v[1], &v[2], &v[3], &v[4], &v[5]);
+            let heads = |i: usize| qkv.narrow(2, i * 64, 64)?.reshape(&[2, 64, 4, 16])?.permute(&[0, 2, 1, 3]);
+            let (q, k, vv) = (heads(0)?, heads(1)?, heads(2)?);
+            let att = q.matmul(&k.transpose(-1, -2)?)?.mul(0.25)?.softmax(-1)?.matmul(&vv)?;
+            let zt = z.permute(&[1, 0, 2])?.reshape(&[48, 64])?;
+            Ok(vec![
+                x.linear(w, Some(bias))?.gelu()?,
+                xt.transpose(1, 2)?.matmul(&w.transpose(0, 1)?)?,
+                att.permute(&[0, 2, 1, 3])?.reshape(&[2, 64, 64])?,
+                zt.matmul(&w.narrow(1, 0, 64)?.transpose(0, 1)?)?,
+            ])
+        });
+    }
 }
 
 /// Empty and size-1 dims, NaN and Inf, and (when `big`) grids past 65535 workgroups. `ieee_nan`: the
@@ -261,6 +289,13 @@ pub fn edge_cases(b: &Rc<dyn Backend>, big: bool, ieee_nan: bool) {
         case(b, "NaN and Inf through arithmetic", &[s], 1e-5, |v| {
             let x = &v[0];
             Ok(vec![x.exp()?, x.sub(x)?, x.mul(0.0)?, x.sigmoid()?, x.sum(&[], false)?, x.narrow(0, 1, 7)?.softmax(0)?])
+        });
+        // Every half-precision value is rounded to its dtype, intermediates too: exp(12) overflows f16
+        // even when the result is cast back to f32 (found by the random CUDA graphs).
+        let y = t(&[4], DType::F32, |i| [2.0, 10.0, 12.0, 20.0][i]);
+        case(b, "half intermediates round and overflow", &[y], 1e-2, |v| {
+            let h = v[0].cast(DType::F16)?;
+            Ok(vec![h.exp()?.cast(DType::F32)?, h.mul(&h)?.mul(&h)?.cast(DType::F32)?])
         });
     }
     if big {

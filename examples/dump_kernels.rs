@@ -1,0 +1,29 @@
+//! Prints a workload's compiled graph (regions and kernel IR) for a target, and the PTX or WGSL of one
+//! kernel: `cargo run --example dump_kernels -- W5 cuda [kernel-substring]`.
+
+use kiln::graph::{capture, compile_graph, workloads, Target};
+
+fn main() -> kiln::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let id = args.get(1).map_or("W1", String::as_str);
+    let target = match args.get(2).map(String::as_str) {
+        Some("webgpu") => Target::webgpu_default(),
+        _ => Target::cuda(90),
+    };
+    let w = workloads::all().into_iter().find(|w| w.id.eq_ignore_ascii_case(id)).expect("a workload id");
+    let g = capture(&w.full, w.f)?;
+    let c = compile_graph(&g, &target)?;
+    match args.get(3) {
+        None => println!("{c}"),
+        Some(name) => {
+            for k in c.kernels.iter().filter(|k| k.name.contains(name.as_str())).take(1) {
+                println!("{k}");
+                match kiln_ptx::render(k, 90) {
+                    Ok(p) => println!("{}", p.source),
+                    Err(e) => println!("{e}"),
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! When a matmul goes to the device's GEMM library (cuBLAS) instead of kiln's matmul template, and the
+//! strided description the library gets. Vendor GEMMs are tuned per architecture far beyond a generic
+//! template; what kiln keeps is the fusion around them: the epilogue becomes the next fused kernel.
+//! Both decisions (whether, and the operand layouts) are made here from the `Target`, so runtimes only
+//! translate the description into calls.
+
+use crate::dtype::DType;
+use crate::ir::{Graph, NodeId};
+use crate::kernel::{GemmLayout, GemmOperand};
+use crate::sym::{Expr, SymId, SymTable};
+use crate::target::Target;
+use std::collections::BTreeMap;
+
+/// Multiply-adds below which kiln's own template (with its fused epilogue) beats a library call plus a
+/// separate epilogue kernel: W4's 10 x 10 layers are ~1000 each, and one library launch costs more than
+/// the whole fused layer.
+pub const LIBRARY_MIN_MACS: i64 = 1 << 18;
+
+/// Whether matmul `node` runs on the target's GEMM library: the target has one, the dtype is a float
+/// the library takes, and the product is big enough (or symbolic, so possibly big).
+pub fn wants_library(target: &Target, graph: &Graph, node: NodeId) -> bool {
+    let n = graph.node(node);
+    if !target.library_gemm || !matches!(n.dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return false;
+    }
+    let Some(a) = n.inputs.first() else { return false };
+    let k = graph.node(*a).shape.dims().last().cloned().unwrap_or_else(|| Expr::from(1usize));
+    let macs = n.shape.numel() * k;
+    macs.as_const().is_none_or(|c| c >= LIBRARY_MIN_MACS)
+}
+
+/// `e` as `offset + sum(coef_s * s)` over `syms` when it is exactly that (no floor-division or modulo
+/// of them survives): `(offset, coefficients)`, the coefficients free of `syms`.
+pub fn affine(e: &Expr, syms: &[SymId]) -> Option<(Expr, Vec<Expr>)> {
+    let zero: BTreeMap<SymId, Expr> = syms.iter().map(|&s| (s, Expr::from(0i64))).collect();
+    let offset = e.checked_substitute(&zero).ok()?;
+    let mut coefs = Vec::with_capacity(syms.len());
+    for &s in syms {
+        let shift = BTreeMap::from([(s, Expr::sym(s) + Expr::from(1i64))]);
+        let c = e.checked_substitute(&shift).ok()?.checked_sub(e).ok()?;
+        if c.symbols().iter().any(|x| syms.contains(x)) {
+            return None;
+        }
+        coefs.push(c);
+    }
+    let mut rebuilt = offset.clone();
+    for (&s, c) in syms.iter().zip(&coefs) {
+        rebuilt = rebuilt.checked_add(&Expr::sym(s).checked_mul(c).ok()?).ok()?;
+    }
+    (rebuilt == *e).then_some((offset, coefs))
+}
+
+/// The operand layout for a `rows x cols` view with the given strides, if a GEMM library can read it
+/// in place: one of the two strides is 1 and the other (the leading dimension) spans the contiguous
+/// extent. A dimension of extent 1 takes any stride.
+pub fn operand(
+    buffer: usize,
+    offset: Expr,
+    (rows, cols): (&Expr, &Expr),
+    (row_stride, col_stride): (&Expr, &Expr),
+    table: &SymTable,
+) -> Option<GemmOperand> {
+    let one = |e: &Expr| e.as_const() == Some(1);
+    let spans = |ld: &Expr, extent: &Expr| table.known_ge(ld, extent) == Some(true);
+    let row_major = (one(cols) || one(col_stride)) && (one(rows) || spans(row_stride, cols));
+    let col_major = (one(rows) || one(row_stride)) && (one(cols) || spans(col_stride, rows));
+    let (layout, ld) = if row_major {
+        (GemmLayout::RowMajor, if one(rows) { cols.clone() } else { row_stride.clone() })
+    } else if col_major {
+        (GemmLayout::ColMajor, if one(cols) { rows.clone() } else { col_stride.clone() })
+    } else {
+        return None;
+    };
+    // Libraries want a leading dimension of at least 1 even for empty matrices.
+    let ld = if table.known_ge(&ld, &Expr::from(1i64)) == Some(true) { ld } else { return None };
+    Some(GemmOperand { buffer, offset, layout, ld })
+}
+
+impl GemmOperand {
+    /// Element index of `(r, c)` for evaluated `start` (offset plus batch strides) and `ld`.
+    pub fn element(&self, start: i64, ld: i64, r: i64, c: i64) -> i64 {
+        match self.layout {
+            GemmLayout::RowMajor => start + r * ld + c,
+            GemmLayout::ColMajor => start + r + c * ld,
+        }
+    }
+}

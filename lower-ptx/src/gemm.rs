@@ -1,0 +1,260 @@
+//! Library GEMMs on CUDA: the strided description `graph` chose (`kiln_graph::kernel::Gemm`) turned into
+//! cuBLAS calls. cuBLAS is column-major; a row-major `C = A·B` is the column-major `Cᵀ = Bᵀ·Aᵀ`, so the
+//! operands swap and each one's layout picks its transpose flag. Batch dimensions that are strided
+//! alike merge; one remaining stride is a strided batched call, two or more levels (attention: batch ×
+//! heads over views of one projection) one batched call over device arrays of pointers.
+
+use crate::runtime::err;
+use cudarc::cublas::result as blas;
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasOperation_t, cudaDataType, cudaStream_t,
+};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use kiln_graph::kernel::{Gemm, GemmLayout, GemmOperand};
+use kiln_graph::sym::Bindings;
+use kiln_graph::{DType, Result};
+use std::sync::Arc;
+
+/// Workspace handed to cuBLAS, so it never allocates while a CUDA graph is being captured (PyTorch gives
+/// Hopper the same 32 MiB).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+fn blas_err(what: &str, e: blas::CublasError) -> kiln_graph::Error {
+    err(format!("cuBLAS {what}: {:?}", e.0))
+}
+
+/// A cuBLAS handle bound to the runtime's stream, with its workspace.
+pub(crate) struct Blas {
+    handle: cublasHandle_t,
+    _workspace: CudaSlice<u8>,
+}
+
+impl Blas {
+    /// Opens cuBLAS on `stream` (a typed error when libcublas is missing).
+    pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Blas> {
+        stream.context().bind_to_thread().map_err(|e| crate::runtime::driver("binding the context", e))?;
+        let handle = blas::create_handle().map_err(|e| blas_err("opening a handle", e))?;
+        let open = || -> Result<CudaSlice<u8>> {
+            // SAFETY: the handle was just created; the stream outlives it (both live in `Cuda`).
+            unsafe { blas::set_stream(handle, stream.cu_stream() as cudaStream_t) }
+                .map_err(|e| blas_err("setting the stream", e))?;
+            // SAFETY: cuBLAS only uses the workspace as scratch; it is never read uninitialised.
+            let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
+                .map_err(|e| crate::runtime::driver("allocating the cuBLAS workspace", e))?;
+            let (ptr, _) = workspace.device_ptr(stream);
+            // SAFETY: the workspace lives as long as the handle (same struct).
+            unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(handle, ptr as *mut _, WORKSPACE_BYTES) }
+                .result()
+                .map_err(|e| blas_err("setting the workspace", e))?;
+            Ok(workspace)
+        };
+        match open() {
+            Ok(w) => Ok(Blas { handle, _workspace: w }),
+            Err(e) => {
+                // SAFETY: created above, used by nothing else.
+                let _ = unsafe { blas::destroy_handle(handle) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Enqueues one call.
+    pub(crate) fn run(&self, c: &GemmCall) -> Result<()> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        if let Some(p) = &c.arrays {
+            // SAFETY: as below; the pointer arrays live in device memory owned by the call.
+            return unsafe {
+                cudarc::cublas::sys::cublasGemmBatchedEx(
+                    self.handle,
+                    c.op_a,
+                    c.op_b,
+                    c.m,
+                    c.n,
+                    c.k,
+                    &alpha as *const f32 as *const _,
+                    p.a as *const *const _,
+                    c.dtype,
+                    c.lda,
+                    p.b as *const *const _,
+                    c.dtype,
+                    c.ldb,
+                    &beta as *const f32 as *const _,
+                    p.c as *const *mut _,
+                    c.dtype,
+                    c.ldc,
+                    c.batch,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .result()
+            .map_err(|e| blas_err("batched GEMM", e));
+        }
+        // SAFETY: `GemmCall::plan` derived every pointer, leading dimension and stride from buffers the plan
+        // sized for these symbol values, and checked each leading dimension against its extent.
+        unsafe {
+            blas::gemm_strided_batched_ex(
+                self.handle,
+                c.op_a,
+                c.op_b,
+                c.m,
+                c.n,
+                c.k,
+                &alpha as *const f32 as *const _,
+                c.a as *const _,
+                c.dtype,
+                c.lda,
+                c.stride_a,
+                c.b as *const _,
+                c.dtype,
+                c.ldb,
+                c.stride_b,
+                &beta as *const f32 as *const _,
+                c.c as *mut _,
+                c.dtype,
+                c.ldc,
+                c.stride_c,
+                c.batch,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| blas_err("strided batched GEMM", e))
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: the handle is owned here and destroyed once.
+        let _ = unsafe { blas::destroy_handle(self.handle) };
+    }
+}
+
+/// Device arrays of per-entry pointers, for batches no single stride describes.
+#[derive(Debug)]
+pub(crate) struct PointerArrays {
+    _memory: CudaSlice<u64>,
+    a: u64,
+    b: u64,
+    c: u64,
+}
+
+/// One cuBLAS call with everything resolved (column-major terms: `C = op(A)·op(B)`).
+#[derive(Debug)]
+pub(crate) struct GemmCall {
+    op_a: cublasOperation_t,
+    op_b: cublasOperation_t,
+    m: i32,
+    n: i32,
+    k: i32,
+    a: u64,
+    lda: i32,
+    stride_a: i64,
+    b: u64,
+    ldb: i32,
+    stride_b: i64,
+    c: u64,
+    ldc: i32,
+    stride_c: i64,
+    batch: i32,
+    dtype: cudaDataType,
+    /// Set when the batch has two levels (attention's batch × heads over views): one pointer-array
+    /// call instead of one strided call per outer entry.
+    arrays: Option<PointerArrays>,
+}
+
+fn int(name: &str, v: i64) -> Result<i32> {
+    i32::try_from(v).map_err(|_| err(format!("GEMM {name} = {v} does not fit cuBLAS's 32-bit sizes")))
+}
+
+fn data_type(d: DType) -> Result<cudaDataType> {
+    Ok(match d {
+        DType::F32 => cudaDataType::CUDA_R_32F,
+        DType::F16 => cudaDataType::CUDA_R_16F,
+        DType::BF16 => cudaDataType::CUDA_R_16BF,
+        other => return Err(err(format!("cuBLAS GEMM of {other}"))),
+    })
+}
+
+impl GemmCall {
+    /// The call computing `g` for symbol values `b`, with `pointers[i]` the device address of kernel
+    /// buffer `i`: strided batched when one stride per operand describes the batch, else batched over
+    /// device arrays of pointers (uploaded on `stream`).
+    pub(crate) fn plan(g: &Gemm, b: &Bindings, pointers: &[u64], stream: &Arc<CudaStream>) -> Result<GemmCall> {
+        let ev = |e: &kiln_graph::sym::Expr| e.eval(b).map_err(kiln_graph::Error::from);
+        let (m, n, k) = (ev(&g.m)?, ev(&g.n)?, ev(&g.k)?);
+        let mut dims: Vec<[i64; 4]> = Vec::new();
+        for d in &g.batch {
+            dims.push([ev(&d.extent)?, ev(&d.a)?, ev(&d.b)?, ev(&d.out)?]);
+        }
+        // Merge an outer dimension into the inner one when all three strides continue it.
+        let mut merged: Vec<[i64; 4]> = Vec::new();
+        for d in dims {
+            if let Some(outer) = merged.last_mut() {
+                if (1..4).all(|s| outer[s] == d[s] * d[0]) {
+                    *outer = [outer[0] * d[0], d[1], d[2], d[3]];
+                    continue;
+                }
+            }
+            merged.push(d);
+        }
+        let inner = merged.pop().unwrap_or([1, 0, 0, 0]);
+        let size = g.dtype.size_bytes() as i64;
+        let operand = |o: &GemmOperand| -> Result<(u64, cublasOperation_t, i32)> {
+            let base = pointers[o.buffer] as i64 + ev(&o.offset)? * size;
+            let op = match o.layout {
+                GemmLayout::RowMajor => cublasOperation_t::CUBLAS_OP_N,
+                GemmLayout::ColMajor => cublasOperation_t::CUBLAS_OP_T,
+            };
+            Ok((base as u64, op, int("leading dimension", ev(&o.ld)?)?))
+        };
+        // Swapped: cuBLAS's A is kiln's b, its B kiln's a.
+        let (b_ptr, op_a, lda) = operand(&g.b)?;
+        let (a_ptr, op_b, ldb) = operand(&g.a)?;
+        let c_ptr = pointers[g.out];
+        let call = GemmCall {
+            op_a,
+            op_b,
+            m: int("n", n)?,
+            n: int("m", m)?,
+            k: int("k", k)?,
+            a: b_ptr,
+            lda,
+            stride_a: inner[2],
+            b: a_ptr,
+            ldb,
+            stride_b: inner[1],
+            c: c_ptr,
+            ldc: int("n", n)?,
+            stride_c: inner[3],
+            batch: int("batch", inner[0])?,
+            dtype: data_type(g.dtype)?,
+            arrays: None,
+        };
+        let outer: i64 = merged.iter().map(|d| d[0]).product();
+        if outer == 1 {
+            return Ok(call);
+        }
+        let mut lists: [Vec<u64>; 3] = Default::default();
+        for e in 0..outer * inner[0] {
+            // Entry `e` as a multi-index over the outer dimensions and then the inner one.
+            let (mut rest, mut off) = (e, [0i64; 3]);
+            for d in merged.iter().chain(std::iter::once(&inner)).rev() {
+                let i = rest % d[0];
+                rest /= d[0];
+                off = [off[0] + i * d[1], off[1] + i * d[2], off[2] + i * d[3]];
+            }
+            let at = |p: u64, elems: i64| (p as i64 + elems * size) as u64;
+            lists[0].push(at(b_ptr, off[1]));
+            lists[1].push(at(a_ptr, off[0]));
+            lists[2].push(at(c_ptr, off[2]));
+        }
+        let count = lists[0].len();
+        let host: Vec<u64> = lists.concat();
+        let memory = stream.clone_htod(&host).map_err(|e| crate::runtime::driver("uploading GEMM pointers", e))?;
+        let (base, _) = memory.device_ptr(stream);
+        let arrays =
+            PointerArrays { a: base, b: base + 8 * count as u64, c: base + 16 * count as u64, _memory: memory };
+        Ok(GemmCall { batch: int("batch", count as i64)?, arrays: Some(arrays), ..call })
+    }
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kiln's main job: the bench on the best backend found (CUDA once that lowering lands, else any wgpu
+# kiln's main job: the bench on the best backend found (CUDA, else any wgpu
 # adapter — lavapipe counts, at quick sizes — else the CPU reference). Writes bench-report.{md,json,svg}.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -18,8 +18,8 @@
 
 pub use kiln_graph as graph;
 pub use kiln_graph::{
-    compile, Args, CompileStats, Compiled, DType, Dynamic, Element, Error, Explanation, Outputs, Result, SourceLoc,
-    Static, Tensor, TensorData,
+    compile, Args, CompileStats, Compiled, DType, Dynamic, Element, Error, Explanation, Mode, Outputs, Result,
+    SourceLoc, Static, Tensor, TensorData,
 };
 
 use kiln_graph::{CpuReference, IntoBackend, KernelInterpreter};
@@ -81,21 +81,32 @@ impl Backend {
     }
 }
 
+/// A device opened once per thread, kept for the whole program (leaked): opening costs milliseconds,
+/// compiled pipelines and modules are cached on it, and a device torn down with its thread's locals can
+/// touch other thread-locals that are already gone.
+type DeviceSlot<B> = std::thread::LocalKey<std::cell::OnceCell<Result<&'static B, String>>>;
+
+#[allow(dead_code)] // unused when built without both GPU features
+fn shared_device<B: kiln_graph::Backend + Clone + 'static>(
+    slot: &'static DeviceSlot<B>,
+    name: &str,
+    open: fn() -> Result<B>,
+) -> Result<Rc<dyn kiln_graph::Backend>> {
+    let open = || open().map(|b| &*Box::leak(Box::new(b))).map_err(|e| e.to_string());
+    slot.with(|cell| match cell.get_or_init(open) {
+        Ok(b) => Ok(Rc::new((*b).clone()) as Rc<dyn kiln_graph::Backend>),
+        Err(msg) => Err(Error::Backend { backend: name.into(), msg: msg.clone() }),
+    })
+}
+
 #[cfg(feature = "wgpu")]
 thread_local! {
-    /// One device per thread: opening an adapter costs milliseconds and pipelines are cached on it. It
-    /// lives for the whole program (leaked), because a device torn down with its thread's locals can touch
-    /// other thread-locals that are already gone.
     static WGPU: std::cell::OnceCell<Result<&'static kiln_wgsl::WgpuBackend, String>> = const { std::cell::OnceCell::new() };
 }
 
 #[cfg(feature = "wgpu")]
 fn wgpu_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
-    let open = || kiln_wgsl::WgpuBackend::new().map(|b| &*Box::leak(Box::new(b))).map_err(|e| e.to_string());
-    WGPU.with(|cell| match cell.get_or_init(open) {
-        Ok(b) => Ok(Rc::new((*b).clone()) as Rc<dyn kiln_graph::Backend>),
-        Err(msg) => Err(Error::Backend { backend: "wgpu".into(), msg: msg.clone() }),
-    })
+    shared_device(&WGPU, "wgpu", kiln_wgsl::WgpuBackend::new)
 }
 
 #[cfg(not(feature = "wgpu"))]
@@ -105,17 +116,12 @@ fn wgpu_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
 
 #[cfg(feature = "cuda")]
 thread_local! {
-    /// One CUDA device per thread (loaded modules and pooled memory live on it), leaked like wgpu's.
     static CUDA: std::cell::OnceCell<Result<&'static kiln_ptx::CudaBackend, String>> = const { std::cell::OnceCell::new() };
 }
 
 #[cfg(feature = "cuda")]
 fn cuda_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
-    let open = || kiln_ptx::CudaBackend::new().map(|b| &*Box::leak(Box::new(b))).map_err(|e| e.to_string());
-    CUDA.with(|cell| match cell.get_or_init(open) {
-        Ok(b) => Ok(Rc::new((*b).clone()) as Rc<dyn kiln_graph::Backend>),
-        Err(msg) => Err(Error::Backend { backend: "cuda".into(), msg: msg.clone() }),
-    })
+    shared_device(&CUDA, "cuda", kiln_ptx::CudaBackend::new)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -75,3 +75,22 @@ fn opening_cuda_is_a_typed_result() {
         Err(e) => assert!(e.to_string().starts_with("cuda: "), "{e}"),
     }
 }
+
+/// `Mode::ReduceOverhead` through `kiln::compile`: the first call records a CUDA graph, later calls with
+/// the same sizes replay it on new values, other sizes (symbolic) record again; every result matches
+/// the reference.
+#[test]
+fn reduce_overhead_mode_replays_and_rerecords() {
+    let Some(_) = cuda() else { return };
+    let f = |x: &kiln::Tensor| x.mul(2.0)?.softmax(-1)?.add(1.0);
+    let c =
+        kiln::compile(f).backend(kiln::Backend::Cuda).mode(kiln::Mode::ReduceOverhead).dynamic(kiln::Dynamic::Always);
+    let r = kiln::compile(f).backend(kiln::Backend::Cpu);
+    for (rows, salt) in [(64, 0), (64, 1), (64, 2), (37, 3), (64, 4)] {
+        let x = kiln::Tensor::from_data(kiln::graph::workloads::data(&TensorSpec::new(DType::F32, &[rows, 300]), salt));
+        let got: kiln::Tensor = c.call(&x).unwrap();
+        let want: kiln::Tensor = r.call(&x).unwrap();
+        common::assert_close_tol(got.to_data().unwrap().values(), want.to_data().unwrap().values(), 1e-5);
+    }
+    assert_eq!(c.stats().traces, 1, "{:?}", c.stats());
+}

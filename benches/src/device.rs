@@ -45,11 +45,16 @@ pub trait Device {
     }
     /// Seconds one launch takes, as `timing` says (default: launch, wait, wall clock).
     fn sample(&self, run: &Self::Run) -> Result<f64> {
-        let t = Instant::now();
-        self.launch(run)?;
-        self.wait()?;
-        Ok(t.elapsed().as_secs_f64())
+        wall_time(self, run)
     }
+}
+
+/// Seconds from enqueueing one launch to the device having finished it.
+fn wall_time<D: Device + ?Sized>(dev: &D, run: &D::Run) -> Result<f64> {
+    let t = Instant::now();
+    dev.launch(run)?;
+    dev.wait()?;
+    Ok(t.elapsed().as_secs_f64())
 }
 
 impl Device for kiln_wgsl::WgpuBackend {
@@ -84,6 +89,19 @@ impl Device for kiln_wgsl::WgpuBackend {
     }
     fn wait(&self) -> Result<()> {
         self.gpu().wait()
+    }
+    fn timing(&self) -> &'static str {
+        if self.gpu().has_timestamps() {
+            "timestamp queries"
+        } else {
+            "fenced wall time"
+        }
+    }
+    fn sample(&self, run: &Self::Run) -> Result<f64> {
+        match self.gpu().time_launch(run)? {
+            Some(s) => Ok(s),
+            None => wall_time(self, run),
+        }
     }
 }
 

@@ -37,6 +37,29 @@ pub trait Backend {
             loc: SourceLoc::internal(),
         })
     }
+    /// Runs a compiled graph in `mode`. A backend with a cheaper way to replay the same graph (CUDA
+    /// graphs) uses it for [`Mode::ReduceOverhead`]; the others run it as `run_compiled` does.
+    fn run_compiled_in(
+        &self,
+        compiled: &Rc<CompiledGraph>,
+        inputs: &[&TensorData],
+        mode: Mode,
+    ) -> Result<Vec<TensorData>> {
+        let _ = mode;
+        self.run_compiled(compiled, inputs)
+    }
+}
+
+/// How a compiled graph is launched, as in `torch.compile(mode=...)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Every call binds its buffers and launches each kernel.
+    #[default]
+    Default,
+    /// The first call with given shape-symbol values records the launches once (a CUDA graph) and later
+    /// calls replay them with one driver call, copying new inputs into the recorded buffers. Other symbol
+    /// values record again.
+    ReduceOverhead,
 }
 
 /// The CPU reference interpreter as a backend: slow, exact (f64), and always there.

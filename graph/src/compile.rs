@@ -230,6 +230,7 @@ pub struct Compiled<F> {
     marks: BTreeMap<(usize, usize), (i64, Option<i64>)>,
     recompile_limit: usize,
     fail_on_recompile: bool,
+    mode: crate::backend::Mode,
     state: RefCell<CacheState>,
 }
 
@@ -243,6 +244,7 @@ pub fn compile<F>(f: F) -> Compiled<F> {
         marks: BTreeMap::new(),
         recompile_limit: 8,
         fail_on_recompile: false,
+        mode: crate::backend::Mode::Default,
         state: RefCell::new(CacheState::default()),
     }
 }
@@ -267,6 +269,12 @@ impl<F> Compiled<F> {
     /// When dims become symbolic (default: [`Dynamic::Auto`]).
     pub fn dynamic(mut self, policy: Dynamic) -> Self {
         self.dynamic = policy;
+        self
+    }
+
+    /// How compiled graphs are launched (`Mode::ReduceOverhead`: CUDA graphs where the backend has them).
+    pub fn mode(mut self, mode: crate::backend::Mode) -> Self {
+        self.mode = mode;
         self
     }
 
@@ -525,7 +533,7 @@ impl<F> Compiled<F> {
                 }
                 let refs: Vec<&TensorData> = data.iter().map(|d| d.as_ref()).collect();
                 let out = match compiled {
-                    Some(c) => backend.run_compiled(c, &refs)?,
+                    Some(c) => backend.run_compiled_in(c, &refs, self.mode)?,
                     None => backend.run(graph, &refs)?,
                 };
                 out.into_iter().map(Rc::new).collect()

@@ -31,7 +31,7 @@ pub mod target;
 pub mod trace;
 pub mod workloads;
 
-pub use backend::{Backend, CpuReference, IntoBackend, KernelInterpreter};
+pub use backend::{Backend, CpuReference, IntoBackend, KernelInterpreter, Mode};
 pub use compile::{compile, Args, CompileStats, Compiled, Outputs, Static};
 pub use data::TensorData;
 pub use dtype::{DType, Element};

@@ -137,6 +137,80 @@ impl CompiledGraph {
         bind_symbols(&self.primitive.graph, inputs)
     }
 
+    /// Each graph output's plan buffer, dims and dtype under `bindings` (what a runtime reads back).
+    pub fn output_slots(&self, bindings: &crate::sym::Bindings) -> Result<Vec<(usize, Vec<usize>, crate::DType)>> {
+        let g = &self.primitive.graph;
+        g.outputs
+            .iter()
+            .map(|o| {
+                let b = *self.plan.value_buffer.get(o).ok_or_else(|| Error::Unsupported {
+                    what: format!("output {o} was not written by any kernel"),
+                    loc: SourceLoc::internal(),
+                })?;
+                let node = g.node(*o);
+                Ok((b, node.shape.eval(bindings)?, node.dtype))
+            })
+            .collect()
+    }
+
+    /// Device bytes for each plan buffer under `bindings`: the widest value placed in it, in the device's
+    /// layout (`bytes(dtype, elements)`), rounded up to 16 so vector accesses stay inside it.
+    pub fn buffer_bytes(
+        &self,
+        bindings: &crate::sym::Bindings,
+        bytes: impl Fn(crate::DType, usize) -> u64,
+    ) -> Result<Vec<u64>> {
+        let g = &self.primitive.graph;
+        let mut sizes = vec![16u64; self.plan.buffers.len()];
+        let mut place = |node: NodeId, dtype, len: usize| -> Result<()> {
+            let b = *self.plan.value_buffer.get(&node).ok_or_else(|| Error::Unsupported {
+                what: format!("{node} has no buffer"),
+                loc: SourceLoc::internal(),
+            })?;
+            sizes[b] = sizes[b].max(bytes(dtype, len).div_ceil(16) * 16);
+            Ok(())
+        };
+        for gi in &g.inputs {
+            let n = g.node(gi.node);
+            place(gi.node, n.dtype, n.shape.eval(bindings)?.iter().product())?;
+        }
+        for k in &self.kernels {
+            for b in &k.buffers {
+                place(b.node, b.dtype, b.len.eval(bindings)?.max(0) as usize)?;
+            }
+        }
+        Ok(sizes)
+    }
+
+    /// The plan buffer of each graph input, in input order (where a runtime uploads them).
+    pub fn input_buffers(&self) -> Vec<usize> {
+        self.primitive.graph.inputs.iter().map(|gi| self.plan.value_buffer[&gi.node]).collect()
+    }
+
+    /// Bytes the computation itself must move: its inputs read once, its outputs written once. Achieved
+    /// bandwidth is quoted against this, as for any implementation.
+    pub fn io_bytes(&self, bindings: &crate::sym::Bindings) -> Result<u64> {
+        let g = &self.primitive.graph;
+        let nodes = g.inputs.iter().map(|gi| gi.node).chain(g.outputs.iter().copied());
+        let mut total = 0u64;
+        for n in nodes {
+            let node = g.node(n);
+            total += (node.shape.eval(bindings)?.iter().product::<usize>() * node.dtype.size_bytes()) as u64;
+        }
+        Ok(total)
+    }
+
+    /// Bytes every kernel reads and writes per run (intermediates included).
+    pub fn traffic_bytes(&self, bindings: &crate::sym::Bindings) -> Result<u64> {
+        let mut total = 0u64;
+        for k in &self.kernels {
+            for b in &k.buffers {
+                total += b.len.eval(bindings)?.max(0) as u64 * b.dtype.size_bytes() as u64;
+            }
+        }
+        Ok(total)
+    }
+
     /// Runs the kernels on the CPU kernel interpreter, honouring the plan's buffer reuse.
     pub fn run_interpreted(&self, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
         let g = &self.primitive.graph;

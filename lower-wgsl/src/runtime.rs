@@ -30,6 +30,15 @@ pub struct Gpu {
     stats: RefCell<GpuStats>,
     /// Free device buffers by size class (powers of two), reused across runs.
     pool: RefCell<HashMap<u64, Vec<wgpu::Buffer>>>,
+    /// Two timestamps around a launch, where the adapter has timestamp queries.
+    timestamps: Option<Timestamps>,
+}
+
+/// A query set for two timestamps and the buffers they are resolved into and read back from.
+struct Timestamps {
+    queries: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    readback: wgpu::Buffer,
 }
 
 /// What the runtime spent compiling, for compile statistics.
@@ -156,6 +165,11 @@ impl Gpu {
         if persist {
             required_features |= wgpu::Features::PIPELINE_CACHE;
         }
+        // Timestamp queries time a submission on the GPU itself (the bench prefers them to wall time).
+        let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        if timestamps {
+            required_features |= wgpu::Features::TIMESTAMP_QUERY;
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kiln"),
@@ -190,6 +204,25 @@ impl Gpu {
         };
         tracing::info!(target: "kiln::graph", adapter = %info.name, backend = ?info.backend, kind = ?info.device_type, "wgpu adapter");
         let driver_cache = if persist { DriverCache::open(&device, &info) } else { None };
+        let timestamps = timestamps.then(|| Timestamps {
+            queries: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("kiln timing"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            }),
+            resolved: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln timing"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            readback: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln timing readback"),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        });
         Ok(Gpu {
             adapter: info,
             device,
@@ -200,6 +233,7 @@ impl Gpu {
             driver_cache,
             stats: RefCell::new(GpuStats::default()),
             pool: RefCell::new(HashMap::new()),
+            timestamps,
         })
     }
 
@@ -330,28 +364,10 @@ impl Gpu {
     /// distinct shader, bind groups made once. [`Gpu::launch`] then replays it as one submission.
     pub async fn prepare(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Prepared> {
         let bindings = c.bindings(inputs)?;
-        let g = &c.primitive.graph;
         // Device bytes per plan buffer: the widest value placed in it, in its device layout (a multiple of
         // 16 so vector bindings cover whole vectors).
-        let mut sizes = vec![16u64; c.plan.buffers.len()];
-        let mut place = |node: kiln_graph::NodeId, dtype, len: usize| -> Result<()> {
-            let b = *c.plan.value_buffer.get(&node).ok_or_else(|| err(format!("{node} has no buffer")))?;
-            let bytes = Storage::of(dtype, self.f16).bytes(len) as u64;
-            sizes[b] = sizes[b].max(bytes.div_ceil(16) * 16);
-            Ok(())
-        };
-        for gi in &g.inputs {
-            let n = g.node(gi.node);
-            place(gi.node, n.dtype, n.shape.eval(&bindings)?.iter().product())?;
-        }
-        let mut bytes_moved = 0u64;
-        for k in &c.kernels {
-            for b in &k.buffers {
-                let len = b.len.eval(&bindings)?.max(0) as usize;
-                place(b.node, b.dtype, len)?;
-                bytes_moved += (len * b.dtype.size_bytes()) as u64;
-            }
-        }
+        let sizes = c.buffer_bytes(&bindings, |d, n| Storage::of(d, self.f16).bytes(n) as u64)?;
+        let bytes_moved = c.traffic_bytes(&bindings)?;
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buffers: Vec<wgpu::Buffer> = sizes.iter().map(|&size| self.buffer(size)).collect();
         if let Some(e) = oom.pop().await {
@@ -392,26 +408,10 @@ impl Gpu {
         if let Some(d) = &self.driver_cache {
             d.save();
         }
-        let mut outputs = Vec::new();
-        for o in &g.outputs {
-            let b =
-                *c.plan.value_buffer.get(o).ok_or_else(|| err(format!("output {o} was not written by any kernel")))?;
-            let node = g.node(*o);
-            outputs.push((b, node.shape.eval(&bindings)?, node.dtype));
-        }
-        let io_bytes = g
-            .inputs
-            .iter()
-            .map(|gi| gi.node)
-            .chain(g.outputs.iter().copied())
-            .map(|n| {
-                let node = g.node(n);
-                node.shape.eval(&bindings).map(|d| (d.iter().product::<usize>() * node.dtype.size_bytes()) as u64)
-            })
-            .sum::<std::result::Result<u64, _>>()?;
+        let outputs = c.output_slots(&bindings)?;
+        let io_bytes = c.io_bytes(&bindings)?;
         let prepared = Prepared { buffers, sizes, dispatches, _uniforms: uniforms, outputs, bytes_moved, io_bytes };
-        let input_buffers: Vec<usize> = g.inputs.iter().map(|gi| c.plan.value_buffer[&gi.node]).collect();
-        for (b, data) in input_buffers.into_iter().zip(inputs) {
+        for (b, data) in c.input_buffers().into_iter().zip(inputs) {
             self.upload(&prepared, b, data);
         }
         Ok(prepared)
@@ -428,19 +428,61 @@ impl Gpu {
 
     /// Records every kernel of a prepared graph into one command buffer and submits it.
     pub fn launch(&self, p: &Prepared) {
+        self.queue.submit([self.encode(p, None).finish()]);
+    }
+
+    /// One compute pass over every dispatch of `p`, with timestamps at its start and end when given.
+    fn encode(&self, p: &Prepared, timestamps: Option<&Timestamps>) -> wgpu::CommandEncoder {
         let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
         {
             // One pass for the whole graph: WebGPU orders storage writes between dispatches of a pass, and a
             // pass per kernel costs a barrier and bookkeeping each on some drivers.
-            let mut pass = encoder
-                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes: None });
+            let timestamp_writes = timestamps.map(|t| wgpu::ComputePassTimestampWrites {
+                query_set: &t.queries,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            });
+            let mut pass =
+                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes });
             for d in &p.dispatches {
                 pass.set_pipeline(&d.pipeline);
                 pass.set_bind_group(0, &d.bind, &[]);
                 pass.dispatch_workgroups(d.grid.0, d.grid.1, d.grid.2);
             }
         }
-        self.queue.submit([encoder.finish()]);
+        if let Some(t) = timestamps {
+            encoder.resolve_query_set(&t.queries, 0..2, &t.resolved, 0);
+            encoder.copy_buffer_to_buffer(&t.resolved, 0, &t.readback, 0, 16);
+        }
+        encoder
+    }
+
+    /// Whether [`Gpu::time_launch`] can time on the GPU (the adapter has timestamp queries).
+    pub fn has_timestamps(&self) -> bool {
+        self.timestamps.is_some()
+    }
+
+    /// Seconds one launch of `p` takes on the GPU, between timestamps written at the start and the end of
+    /// its compute pass; `None` where the adapter has no timestamp queries.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn time_launch(&self, p: &Prepared) -> Result<Option<f64>> {
+        let Some(t) = &self.timestamps else { return Ok(None) };
+        self.queue.submit([self.encode(p, Some(t)).finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        t.readback.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|_| err("the device was lost while timing"))?
+            .map_err(|e| err(format!("reading timestamps: {e}")))?;
+        let ticks = {
+            let view = t.readback.get_mapped_range(..).map_err(|e| err(format!("reading timestamps: {e}")))?;
+            let at = |i: usize| u64::from_le_bytes(view[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+            at(1).saturating_sub(at(0))
+        };
+        t.readback.unmap();
+        Ok(Some(ticks as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9))
     }
 
     /// Blocks until every submitted launch has finished (native only; a browser awaits readback instead).

@@ -27,3 +27,25 @@ fn workloads_match_the_reference_on_wgpu() {
         assert!(worst < 1e-4);
     }
 }
+
+/// Where the adapter has timestamp queries, a launch is timed on the GPU: a positive time no longer than
+/// the wall time around the same timed submission. Elsewhere timing says it cannot.
+#[test]
+fn timestamps_time_a_launch_where_the_adapter_has_them() {
+    use kiln_graph::{capture, compile_graph, workloads::data, DType, TensorSpec};
+    let backend = WgpuBackend::new().unwrap();
+    let gpu = backend.gpu();
+    let spec = TensorSpec::new(DType::F32, &[1 << 16]);
+    let g = capture(std::slice::from_ref(&spec), |t| Ok(vec![t[0].exp()?])).unwrap();
+    let c = compile_graph(&g, gpu.target()).unwrap();
+    let x = data(&spec, 0);
+    let p = pollster::block_on(gpu.prepare(&c, &[&x])).unwrap();
+    let clock = std::time::Instant::now();
+    let timed = gpu.time_launch(&p).unwrap();
+    let wall = clock.elapsed().as_secs_f64();
+    eprintln!("timestamps: {}, timed {timed:?} s, wall {wall} s", gpu.has_timestamps());
+    match timed {
+        Some(s) => assert!(s > 0.0 && s <= wall, "{s} s on the GPU, {wall} s around it"),
+        None => assert!(!gpu.has_timestamps()),
+    }
+}

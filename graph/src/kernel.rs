@@ -433,9 +433,9 @@ pub struct Kernel {
     pub symbols: Vec<SymId>,
     /// Launch shape.
     pub launch: Launch,
-    /// Elements of the `Global` loop one thread may handle at once with vector loads and stores: every
-    /// access in the loop is at the loop index itself (or does not depend on it), and the trip count is a
-    /// multiple of this, so `vector_width` consecutive iterations touch aligned, consecutive elements. 1
+    /// Elements of the `Global` loop one thread may handle at once: the trip count is a multiple of this,
+    /// so `vector_width` consecutive iterations touch aligned, consecutive elements of the buffers
+    /// [`Kernel::vector_buffers`] names, which move as vectors; other accesses happen once per lane. 1
     /// means scalar.
     pub vector_width: u32,
     /// Row kernels: each thread keeps up to this many elements of its row in registers, so every pass
@@ -447,6 +447,32 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// The buffers a vectorised kernel (`vector_width > 1`) moves as vectors: every access to them in its
+    /// `Global` loop is at the loop index itself. A buffer also read elsewhere (a bias at `i % n`) is read
+    /// per lane. Both renderers vectorise exactly these.
+    pub fn vector_buffers(&self) -> std::collections::BTreeSet<usize> {
+        let mut at_index = std::collections::BTreeSet::new();
+        let mut elsewhere = std::collections::BTreeSet::new();
+        if self.vector_width <= 1 {
+            return at_index;
+        }
+        for st in &self.body {
+            let Stmt::Loop { sym, mode: LoopMode::Global, body, .. } = st else { continue };
+            for b in body {
+                if let Stmt::Let { value: Scalar::Load { buffer, index, .. }, .. } | Stmt::Store { buffer, index, .. } =
+                    b
+                {
+                    if *index == Expr::sym(*sym) {
+                        at_index.insert(*buffer);
+                    } else {
+                        elsewhere.insert(*buffer);
+                    }
+                }
+            }
+        }
+        &at_index - &elsewhere
+    }
+
     /// The library GEMM this kernel is, when it is one (its whole body is the call).
     pub fn gemm(&self) -> Option<&Gemm> {
         match self.body.as_slice() {

@@ -19,6 +19,10 @@ use std::fmt::Write;
 
 pub use kiln_graph::kernel::RenderError;
 
+/// The loop variable of a vectorised loop: which vector a thread moves (the IR's own variable is the
+/// element, one per lane).
+const VECTOR_INDEX: SymId = SymId(u32::MAX - 2);
+
 /// A rendered kernel.
 #[derive(Clone, Debug)]
 pub struct PtxKernel {
@@ -206,16 +210,9 @@ impl<'k> Writer<'k> {
         let r = self.reg(tt);
         match (tf, tt) {
             ("f32", "f32") => match to {
-                DType::F16 if from != DType::F16 => {
-                    let h = self.reg("b16");
-                    self.emit(&format!("cvt.rn.f16.f32 {h}, {x};"));
-                    self.emit(&format!("cvt.f32.f16 {r}, {h};"));
-                }
-                DType::BF16 if from != DType::BF16 => {
-                    let (h, w) = (self.reg("b16"), self.reg("b32"));
-                    self.emit(&format!("cvt.rn.bf16.f32 {h}, {x};"));
-                    self.emit(&format!("mov.b32 {w}, {{0, {h}}};"));
-                    self.emit(&format!("mov.b32 {r}, {w};"));
+                DType::F16 | DType::BF16 if from != to => {
+                    let h = self.f32_to_half(x, to);
+                    return self.half_to_f32(&h, to);
                 }
                 _ => self.emit(&format!("mov.f32 {r}, {x};")),
             },
@@ -266,13 +263,7 @@ impl<'k> Writer<'k> {
                 let h = self.reg("b16");
                 self.emit(&format!("mov.b16 {h}, 0;"));
                 self.emit(&format!("{pre}ld.global.b16 {h}, [{a}];"));
-                if d == DType::F16 {
-                    self.emit(&format!("cvt.f32.f16 {r}, {h};"));
-                } else {
-                    let w = self.reg("b32");
-                    self.emit(&format!("mov.b32 {w}, {{0, {h}}};"));
-                    self.emit(&format!("mov.b32 {r}, {w};"));
-                }
+                return (self.half_to_f32(&h, d), d);
             }
             DType::Bool => {
                 let w = self.reg("u32");
@@ -284,18 +275,34 @@ impl<'k> Writer<'k> {
         (r, d)
     }
 
+    /// The f32 value of half `h` (16 bits) of dtype `d`.
+    fn half_to_f32(&mut self, h: &str, d: DType) -> String {
+        let r = self.reg("f32");
+        if d == DType::F16 {
+            self.emit(&format!("cvt.f32.f16 {r}, {h};"));
+        } else {
+            let w = self.reg("b32");
+            self.emit(&format!("mov.b32 {w}, {{0, {h}}};"));
+            self.emit(&format!("mov.b32 {r}, {w};"));
+        }
+        r
+    }
+
+    /// The 16 bits of f32 `x` rounded to half dtype `d`.
+    fn f32_to_half(&mut self, x: &str, d: DType) -> String {
+        let h = self.reg("b16");
+        let cvt = if d == DType::F16 { "cvt.rn.f16.f32" } else { "cvt.rn.bf16.f32" };
+        self.emit(&format!("{cvt} {h}, {x};"));
+        h
+    }
+
     fn store(&mut self, buffer: usize, index: &Expr, value: VarId) {
         let (v, from) = self.var(value);
         let d = self.k.buffers[buffer].dtype;
         let x = self.convert(&v, from, d);
         if self.lane.is_some_and(|(s, _)| *index == Expr::sym(s)) && self.vector_stores.contains_key(&buffer) {
             let bits = match d {
-                DType::F16 | DType::BF16 => {
-                    let h = self.reg("b16");
-                    let cvt = if d == DType::F16 { "cvt.rn.f16.f32" } else { "cvt.rn.bf16.f32" };
-                    self.emit(&format!("{cvt} {h}, {x};"));
-                    h
-                }
+                DType::F16 | DType::BF16 => self.f32_to_half(&x, d),
                 _ => {
                     let b = self.reg("b32");
                     self.emit(&format!("mov.b32 {b}, {x};"));
@@ -316,9 +323,7 @@ impl<'k> Writer<'k> {
             DType::F32 => self.emit(&format!("st.global.f32 [{a}], {x};")),
             DType::I32 | DType::I64 => self.emit(&format!("st.global.{} [{a}], {x};", reg_type(d))),
             DType::F16 | DType::BF16 => {
-                let h = self.reg("b16");
-                let cvt = if d == DType::F16 { "cvt.rn.f16.f32" } else { "cvt.rn.bf16.f32" };
-                self.emit(&format!("{cvt} {h}, {x};"));
+                let h = self.f32_to_half(&x, d);
                 self.emit(&format!("st.global.b16 [{a}], {h};"));
             }
             DType::Bool => {
@@ -651,24 +656,25 @@ impl<'k> Writer<'k> {
     fn vector_loop(&mut self, s: SymId, extent: &Expr, body: &[Stmt]) {
         let w = self.k.vector_width as usize;
         let vectors = extent.floor_div(&Expr::from(w as i64));
-        let vectorisable = |d: DType| matches!(d.size_bytes(), 2 | 4);
-        let at_i = |x: &Expr| *x == Expr::sym(s);
-        let mut loads = std::collections::BTreeSet::new();
-        let mut stores = std::collections::BTreeSet::new();
-        for st in body {
-            match st {
-                Stmt::Let { value: Scalar::Load { buffer, index, guard: None }, .. } if at_i(index) => {
-                    loads.insert(*buffer);
-                }
-                Stmt::Store { buffer, index, .. } if at_i(index) => {
-                    stores.insert(*buffer);
-                }
-                _ => {}
-            }
-        }
-        loads.retain(|b| vectorisable(self.k.buffers[*b].dtype));
-        stores.retain(|b| vectorisable(self.k.buffers[*b].dtype));
-        let v = SymId(u32::MAX - 2);
+        // PTX vectors of 2- and 4-byte elements; other vector buffers are still read per lane.
+        let vectors_of = |d: DType| matches!(d.size_bytes(), 2 | 4);
+        let buffers: Vec<usize> =
+            self.k.vector_buffers().into_iter().filter(|b| vectors_of(self.k.buffers[*b].dtype)).collect();
+        let accessed = |store: bool| -> Vec<usize> {
+            buffers
+                .iter()
+                .copied()
+                .filter(|b| {
+                    body.iter().any(|st| match st {
+                        Stmt::Let { value: Scalar::Load { buffer, .. }, .. } => !store && buffer == b,
+                        Stmt::Store { buffer, .. } => store && buffer == b,
+                        _ => false,
+                    })
+                })
+                .collect()
+        };
+        let (loads, stores) = (accessed(false), accessed(true));
+        let v = VECTOR_INDEX;
         self.counted_loop(v, "%gstart", "%gstride", &vectors, |w_| {
             let base = w_.reg("s64");
             let vv = w_.sym(v);
@@ -717,16 +723,13 @@ impl<'k> Writer<'k> {
     /// A vector lane's raw bits (`b16`/`b32`) as a value of `dtype`, via the buffer's dtype.
     fn widen(&mut self, raw: &str, b: usize, dtype: DType) -> String {
         let d = self.k.buffers[b].dtype;
-        let r = self.reg(reg_type(d));
-        match d {
-            DType::F16 => self.emit(&format!("cvt.f32.f16 {r}, {raw};")),
-            DType::BF16 => {
-                let wide = self.reg("b32");
-                self.emit(&format!("mov.b32 {wide}, {{0, {raw}}};"));
-                self.emit(&format!("mov.b32 {r}, {wide};"));
-            }
-            _ => self.emit(&format!("mov.b32 {r}, {raw};")),
-        }
+        let r = if matches!(d, DType::F16 | DType::BF16) {
+            self.half_to_f32(raw, d)
+        } else {
+            let r = self.reg(reg_type(d));
+            self.emit(&format!("mov.b32 {r}, {raw};"));
+            r
+        };
         self.convert(&r, d, dtype)
     }
 

@@ -754,36 +754,6 @@ fn sym(s: SymId) -> String {
     }
 }
 
-/// Buffers a vectorised kernel accesses at its `Global` loop's index: they are bound as arrays of vectors.
-/// Every other buffer (a broadcast operand read at a fixed index) stays scalar, since its length need not
-/// be a multiple of the vector width.
-fn vectorised_buffers(kernel: &Kernel) -> std::collections::HashSet<usize> {
-    let mut out = std::collections::HashSet::new();
-    if kernel.vector_width <= 1 {
-        return out;
-    }
-    // Buffers read or written only at the loop index are bound as vectors; one also accessed elsewhere
-    // (a bias read at `i % n`) stays scalar and is read per lane.
-    let mut elsewhere = std::collections::HashSet::new();
-    for st in &kernel.body {
-        if let Stmt::Loop { sym: s, mode: LoopMode::Global, body, .. } = st {
-            for b in body {
-                if let Stmt::Let { value: Scalar::Load { buffer, index, .. }, .. } | Stmt::Store { buffer, index, .. } =
-                    b
-                {
-                    if *index == Expr::sym(*s) {
-                        out.insert(*buffer);
-                    } else {
-                        elsewhere.insert(*buffer);
-                    }
-                }
-            }
-        }
-    }
-    out.retain(|b| !elsewhere.contains(b));
-    out
-}
-
 /// Renders `kernel` to WGSL for a device with (`f16`) or without native f16.
 pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     let storage: Vec<Storage> = kernel.buffers.iter().map(|b| Storage::of(b.dtype, f16)).collect();
@@ -802,7 +772,7 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         row_cache: HashMap::new(),
         unroll_slot: None,
         pass_sym: None,
-        vector_buffers: vectorised_buffers(kernel),
+        vector_buffers: kernel.vector_buffers().into_iter().collect(),
     };
     w.block(1, &kernel.body);
     if let Some(msg) = w.error {

@@ -4,7 +4,10 @@
 //!
 //! Two levels: an in-memory map, and a persistent directory (`KILN_CACHE_DIR`, default the OS cache
 //! directory; off on the web). A disk entry is checksummed and written atomically; a corrupt, truncated,
-//! foreign or stale one is reported, ignored and rewritten — never trusted blindly.
+//! foreign or stale one is reported, ignored and rewritten — never trusted blindly. The directory is
+//! capped (`KILN_CACHE_MAX_BYTES`, default [`DEFAULT_MAX_BYTES`]): past the cap the least recently used
+//! entries are evicted (a load refreshes an entry's modification time). `kiln cache stats|clear` shows
+//! and empties it.
 
 use crate::fuse::FusionMode;
 use crate::ir::Graph;
@@ -40,6 +43,18 @@ pub struct CacheStats {
 thread_local! {
     static MEMORY: RefCell<HashMap<String, Rc<CompiledGraph>>> = RefCell::new(HashMap::new());
     static STATS: RefCell<CacheStats> = RefCell::new(CacheStats::default());
+}
+
+/// The default cap on the persistent directory: 512 MiB.
+pub const DEFAULT_MAX_BYTES: u64 = 512 << 20;
+
+/// This thread's cache hits so far (memory and disk): a cheap counter for callers that want to know
+/// whether one compile was served from the cache.
+pub fn hits() -> usize {
+    STATS.with(|s| {
+        let s = s.borrow();
+        s.memory_hits + s.disk_hits
+    })
 }
 
 /// This thread's cache counters.
@@ -98,6 +113,10 @@ fn reject(path: &std::path::Path, why: String) {
 fn load(dir: &std::path::Path, key: &str) -> Option<CompiledGraph> {
     let path = dir.join(format!("{key}.json"));
     let text = std::fs::read_to_string(&path).ok()?;
+    // Recently used: eviction removes the entries loaded longest ago first.
+    if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
     let entry: DiskEntry = match serde_json::from_str(&text) {
         Ok(e) => e,
         Err(e) => {
@@ -147,6 +166,75 @@ fn store(dir: &std::path::Path, key: &str, compiled: &CompiledGraph) {
         let _ = std::fs::remove_file(&tmp);
         tracing::debug!(target: "kiln::cache", dir = %dir.display(), "could not write a cache entry");
     }
+    evict(dir, max_bytes());
+}
+
+/// The cap on the persistent directory's size (`KILN_CACHE_MAX_BYTES`, else [`DEFAULT_MAX_BYTES`]).
+pub fn max_bytes() -> u64 {
+    std::env::var("KILN_CACHE_MAX_BYTES").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_MAX_BYTES)
+}
+
+/// What the persistent directory holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DiskUsage {
+    /// The directory (`None` when the persistent cache is off).
+    pub directory: Option<PathBuf>,
+    /// Entries.
+    pub entries: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// The cap eviction keeps to.
+    pub max_bytes: u64,
+}
+
+/// Entries of `dir`, oldest use first: (path, bytes, modified).
+fn entries(dir: &std::path::Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+    let Ok(read) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut v: Vec<_> = read
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((e.path(), m.len(), m.modified().unwrap_or(std::time::UNIX_EPOCH)))
+        })
+        .collect();
+    v.sort_by_key(|(_, _, t)| *t);
+    v
+}
+
+/// Removes the least recently used entries of `dir` until it holds at most `max` bytes.
+fn evict(dir: &std::path::Path, max: u64) {
+    let list = entries(dir);
+    let mut total: u64 = list.iter().map(|(_, b, _)| b).sum();
+    for (path, bytes, _) in list {
+        if total <= max {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            tracing::debug!(target: "kiln::cache", path = %path.display(), "evicted (cache over its size cap)");
+            total -= bytes;
+        }
+    }
+}
+
+/// What the persistent directory holds now.
+pub fn disk_usage() -> DiskUsage {
+    let directory = directory();
+    let list = directory.as_deref().map(entries).unwrap_or_default();
+    DiskUsage { entries: list.len(), bytes: list.iter().map(|(_, b, _)| b).sum(), max_bytes: max_bytes(), directory }
+}
+
+/// Deletes every entry of the persistent directory (and the in-memory level); returns how many files
+/// were removed.
+pub fn clear_disk() -> std::io::Result<usize> {
+    clear_memory();
+    let Some(dir) = directory() else { return Ok(0) };
+    let mut removed = 0;
+    for (path, _, _) in entries(&dir) {
+        std::fs::remove_file(path)?;
+        removed += 1;
+    }
+    Ok(removed)
 }
 
 /// The compiled graph for `key`, from memory or disk, or `compile()`'s result (then cached at both levels).

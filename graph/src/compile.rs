@@ -178,6 +178,12 @@ pub struct CompileStats {
     pub eager_fallbacks: usize,
     /// Entries held.
     pub entries: usize,
+    /// Traces made to check that an entry traced with other tensors does not depend on their identity
+    /// (a tensor that was both an argument and a captured weight); not recompiles.
+    pub verifications: usize,
+    /// Graphs of traced calls whose compilation the compile cache served (a function with graph breaks
+    /// re-runs its Rust code every call, but each graph between breaks compiles once).
+    pub graph_cache_hits: usize,
     /// Time spent tracing and running traced calls, ms (compile and first run included).
     pub trace_ms: f64,
 }
@@ -203,8 +209,20 @@ enum OutputSource {
 }
 
 /// A compiled entry: one unbroken graph, valid under its guards.
+///
+/// Tracing cannot tell an argument from a captured tensor that *is* the same tensor (`g(&w)` where `g`
+/// also reads `w`): both are one handle, merged into one input. So an entry is first trusted only for
+/// the argument identities it was traced with; the first call with other tensors traces again
+/// (`verifications`), and either confirms the entry (the same graph and inputs: it serves every tensor
+/// from then on) or pins it to the tensors it was traced with.
 struct Entry {
     guards: Guards,
+    /// Identities of the tensor arguments it was traced with.
+    traced_ids: Vec<u64>,
+    /// A trace with other argument tensors gave the same graph and inputs.
+    verified: std::cell::Cell<bool>,
+    /// A trace with other argument tensors did not: only the traced tensors may use this entry.
+    pinned: std::cell::Cell<bool>,
     graph: Option<(Graph, Option<Rc<CompiledGraph>>)>,
     inputs: Vec<InputSource>,
     outputs: Vec<OutputSource>,
@@ -232,6 +250,32 @@ pub struct Compiled<F> {
     fail_on_recompile: bool,
     mode: crate::backend::Mode,
     state: RefCell<CacheState>,
+}
+
+impl Entry {
+    /// Whether `other` runs the same graph on the same inputs (arguments by position, captured tensors by
+    /// identity) and returns the same outputs: then this entry does not depend on which tensors it got.
+    fn same_program(&self, other: &Entry) -> bool {
+        let graphs = match (&self.graph, &other.graph) {
+            (Some((a, _)), Some((b, _))) => a == b,
+            (None, None) => true,
+            _ => false,
+        };
+        let inputs = self.inputs.len() == other.inputs.len()
+            && self.inputs.iter().zip(&other.inputs).all(|(a, b)| match (a, b) {
+                (InputSource::Arg(i), InputSource::Arg(j)) => i == j,
+                (InputSource::Tensor(s), InputSource::Tensor(t)) => s.id() == t.id(),
+                _ => false,
+            });
+        let outputs = self.outputs.len() == other.outputs.len()
+            && self.outputs.iter().zip(&other.outputs).all(|(a, b)| match (a, b) {
+                (OutputSource::Graph(i), OutputSource::Graph(j)) => i == j,
+                (OutputSource::Arg(i), OutputSource::Arg(j)) => i == j,
+                (OutputSource::Const(x), OutputSource::Const(y)) => x == y,
+                _ => false,
+            });
+        graphs && inputs && outputs && self.guards == other.guards && self.tree == other.tree
+    }
 }
 
 /// Wraps `f` for tracing. Nothing runs until the first call.
@@ -342,11 +386,22 @@ impl<F> Compiled<F> {
         }
         self.state.borrow_mut().stats.calls += 1;
         let sig = signature(&visitor.tensors);
-        let call = CallSignature { args: &sig, statics: &visitor.statics, backend: backend.name() };
+        let ids: Vec<u64> = visitor.tensors.iter().map(Tensor::id).collect();
+        let call = CallSignature { args: &sig, statics: &visitor.statics, backend: backend.name(), ids: &ids };
         let mut first_failure: Option<GuardFailure> = None;
         let entries: Vec<Rc<Entry>> = self.state.borrow().entries.clone();
+        // A verified entry whose guards hold serves the call; else the newest unverified one is checked
+        // by tracing again with these tensors.
+        let mut unverified: Option<Rc<Entry>> = None;
         for e in entries.iter().rev() {
+            let same_tensors = e.traced_ids == ids;
+            if e.pinned.get() && !same_tensors {
+                continue;
+            }
             match e.guards.check(&call) {
+                Ok(_) if !e.verified.get() && !same_tensors => {
+                    unverified.get_or_insert_with(|| e.clone());
+                }
                 Ok(_) => {
                     self.state.borrow_mut().stats.cache_hits += 1;
                     let r = self.run_entry(e, &visitor.tensors, backend.as_ref())?;
@@ -358,6 +413,10 @@ impl<F> Compiled<F> {
                     first_failure.get_or_insert(f);
                 }
             }
+        }
+        if let Some(e) = unverified {
+            self.state.borrow_mut().stats.verifications += 1;
+            return self.trace(args, visitor, backend, Some(e));
         }
         if let Some(f) = &first_failure {
             tracing::info!(target: "kiln::recompiles", reason = %f, "recompiling");
@@ -384,7 +443,7 @@ impl<F> Compiled<F> {
                 return Ok((r, Explanation::inlined(backend.name(), visitor.statics)));
             }
         }
-        self.trace(args, visitor, backend)
+        self.trace(args, visitor, backend, None)
     }
 
     /// Traces and runs `f` and returns only the explanation (like `torch._dynamo.explain`).
@@ -415,11 +474,14 @@ impl<F> Compiled<F> {
             .collect()
     }
 
+    /// Traces and runs `f`; keeps the result as a new entry when it is one unbroken graph. With
+    /// `verifying`, the trace checks that entry instead (see [`Entry`]).
     fn trace<A: Args, R: Outputs>(
         &self,
         args: A,
         visitor: ArgVisitor,
         backend: Rc<dyn Backend>,
+        verifying: Option<Rc<Entry>>,
     ) -> Result<(R, Explanation)>
     where
         F: Fn(A) -> Result<R>,
@@ -440,6 +502,7 @@ impl<F> Compiled<F> {
                         let sym = *by_size.entry((v, *lo, *hi)).or_insert_with(|| {
                             tracer.with_symbols(|t| t.new_symbol(&format!("s{}", t.len()), *lo, *hi))
                         });
+                        tracer.hint(sym, v as i64);
                         shape.push(Expr::sym(sym));
                         guards.push(DimGuard::Symbol { sym, lo: *lo, hi: *hi });
                     }
@@ -453,7 +516,9 @@ impl<F> Compiled<F> {
             tracer.register_arg(t, i, symbolic.then_some(Shape(shape)));
             arg_guards.push(ArgGuard { dtype: t.dtype(), dims: guards });
         }
-        self.state.borrow_mut().stats.traces += 1;
+        if verifying.is_none() {
+            self.state.borrow_mut().stats.traces += 1;
+        }
         let result = {
             let _active = ActiveGuard::set(tracer.clone());
             (self.f)(args)
@@ -468,7 +533,13 @@ impl<F> Compiled<F> {
         tracer.flush(None)?;
         let record = tracer.finish();
         let explanation = Explanation::new(backend.name(), record.clone(), visitor.statics.clone());
-        self.state.borrow_mut().stats.trace_ms += start.elapsed().as_secs_f64() * 1e3;
+        {
+            let mut st = self.state.borrow_mut();
+            st.stats.trace_ms += start.elapsed().as_secs_f64() * 1e3;
+            st.stats.graph_cache_hits += tracer.cache_hits();
+        }
+        let ids: Vec<u64> = visitor.tensors.iter().map(Tensor::id).collect();
+        let mut kept = false;
         // One unbroken graph (or none): keep it as an entry.
         if record.breaks.is_empty() && record.graphs.len() <= 1 {
             let graph = record.graphs.into_iter().next();
@@ -484,7 +555,7 @@ impl<F> Compiled<F> {
                 })
                 .collect::<Option<Vec<_>>>();
             if let Some(outputs) = outputs {
-                let inputs = graph
+                let inputs: Vec<InputSource> = graph
                     .as_ref()
                     .map(|g| {
                         g.graph
@@ -499,16 +570,48 @@ impl<F> Compiled<F> {
                             .collect()
                     })
                     .unwrap_or_default();
+                let captured = inputs
+                    .iter()
+                    .filter_map(|i| if let InputSource::Tensor(t) = i { Some(t.id()) } else { None })
+                    .collect();
                 let entry = Entry {
-                    guards: Guards { args: arg_guards, statics: visitor.statics, backend: backend.name().to_string() },
+                    guards: Guards {
+                        args: arg_guards,
+                        statics: visitor.statics,
+                        backend: backend.name().to_string(),
+                        aliases: crate::guard::alias_pattern(&ids),
+                        captured,
+                        shape_checks: tracer.shape_checks(),
+                    },
+                    traced_ids: ids.clone(),
+                    verified: std::cell::Cell::new(false),
+                    pinned: std::cell::Cell::new(false),
                     graph: graph.map(|g| (g.graph, g.compiled)),
                     inputs,
                     outputs,
                     tree,
                     explanation: explanation.clone(),
                 };
-                tracing::debug!(target: "kiln::guards", guards = %entry.guards, "new entry");
-                self.state.borrow_mut().entries.push(Rc::new(entry));
+                match &verifying {
+                    Some(old) if old.same_program(&entry) => {
+                        old.verified.set(true);
+                        kept = true;
+                    }
+                    _ => {
+                        tracing::debug!(target: "kiln::guards", guards = %entry.guards, "new entry");
+                        self.state.borrow_mut().entries.push(Rc::new(entry));
+                        kept = true;
+                    }
+                }
+            }
+        }
+        if let Some(old) = verifying.filter(|old| !old.verified.get()) {
+            // These tensors traced to another program: the old entry serves only the tensors it was
+            // traced with.
+            tracing::info!(target: "kiln::guards", "an entry depends on its argument identities; pinned to them");
+            old.pinned.set(true);
+            if !kept {
+                self.state.borrow_mut().stats.traces += 1;
             }
         }
         Ok((result, explanation))

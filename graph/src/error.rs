@@ -107,6 +107,29 @@ pub enum Error {
         /// The line that recorded the op.
         loc: SourceLoc,
     },
+    /// A size beyond what kiln can address (element counts past 2^60, or an i64 overflow in a size).
+    #[error("{loc}: `{op}`: {msg}")]
+    TooLarge {
+        /// The op being recorded.
+        op: String,
+        /// What is too large, with the sizes.
+        msg: String,
+        /// The user's line.
+        loc: SourceLoc,
+    },
+    /// Memory for a tensor or buffer could not be had (host or device), or a buffer exceeds what the
+    /// device can hold or bind.
+    #[error("{device}: out of memory: {what} needs {bytes} bytes{}", limit.map(|l| format!(" (the limit is {l})")).unwrap_or_default())]
+    OutOfMemory {
+        /// Where (`host`, `wgpu`, `cuda`).
+        device: String,
+        /// The tensor or buffer, named.
+        what: String,
+        /// Bytes asked for.
+        bytes: u64,
+        /// The device's limit, when a limit (rather than free memory) was the reason.
+        limit: Option<u64>,
+    },
     /// A symbolic-size error (unbound symbol, overflow).
     #[error("symbolic size: {0}")]
     Sym(#[from] SymError),

@@ -104,6 +104,18 @@ struct Facts<'g> {
     output_reach: Vec<bool>,
     /// `ancestors[n]` holds every compute node `n` depends on.
     ancestors: Vec<BTreeSet<NodeId>>,
+    /// Some node checks a value at run time (gather indices, integer division): its kernel may bind a
+    /// fault word, one binding fewer for buffers.
+    checks: bool,
+}
+
+/// Whether lowering `n` emits a run-time check ([`crate::kernel::FaultSite`]).
+pub fn checks_at_run_time(g: &Graph, n: &crate::ir::Node) -> bool {
+    match n.op {
+        Op::Gather { .. } | Op::IndexSelect { .. } => true,
+        Op::Binary { op: crate::ir::BinaryOp::Div } => g.node(n.inputs[0]).dtype.is_int(),
+        _ => false,
+    }
 }
 
 impl<'g> Facts<'g> {
@@ -167,7 +179,8 @@ impl<'g> Facts<'g> {
             }
             ancestors[i] = set;
         }
-        Facts { graph, role, producers, consumers, output_reach, ancestors }
+        let checks = graph.nodes.iter().any(|node| checks_at_run_time(graph, node));
+        Facts { graph, role, producers, consumers, output_reach, ancestors, checks }
     }
 
     fn shape(&self, n: NodeId) -> &Shape {
@@ -225,7 +238,7 @@ impl<'g> Scheduler<'g> {
         }
         let mut m = members.clone();
         m.insert(extra);
-        buffer_count(&self.f, &m) <= self.target.max_bindings as usize
+        buffer_count(&self.f, &m) + usize::from(self.f.checks) <= self.target.max_bindings as usize
     }
 
     fn commit(&mut self, kind: RegionKind, members: BTreeSet<NodeId>) {

@@ -1,7 +1,9 @@
 //! Guards: the conditions under which a compiled entry may run again without tracing. An entry records,
 //! for each tensor argument, its dtype, rank and every dim — a constant, or a symbol with a range — plus
-//! the static arguments and the backend. A call checks them cheaply; the first one that fails is the
-//! recompile reason kiln logs (`KILN_LOGS=recompiles`).
+//! the static arguments and the backend, which arguments are the same tensor (aliasing: `f(&x, &x)`
+//! traces `x - x` as one input), which captured tensors (weights) the graph reads, and the shape
+//! constraints tracing assumed (a reshape's `-1` that divides only for some sizes). A call checks them
+//! cheaply; the first one that fails is the recompile reason kiln logs (`KILN_LOGS=recompiles`).
 
 use crate::dtype::DType;
 use crate::sym::{Bindings, SymId};
@@ -56,6 +58,19 @@ pub struct Guards {
     pub statics: Vec<String>,
     /// The backend the entry runs on.
     pub backend: String,
+    /// Per tensor argument: the index of the first argument that is the same tensor (itself when
+    /// distinct). Tracing merges aliased arguments into one graph input, so the pattern must match.
+    pub aliases: Vec<usize>,
+    /// Identities of the captured tensors (weights) the graph reads as inputs of their own: an argument
+    /// that *is* one of them was traced differently (merged with the capture), so it cannot reuse this entry.
+    pub captured: Vec<u64>,
+    /// Shape expressions tracing assumed to be zero (e.g. `(2*s0) % 4` for a reshape to `[-1, 4]`).
+    pub shape_checks: Vec<crate::sym::Expr>,
+}
+
+/// The aliasing pattern of tensor identities: per position, the first position with the same identity.
+pub fn alias_pattern(ids: &[u64]) -> Vec<usize> {
+    ids.iter().enumerate().map(|(i, id)| ids[..i].iter().position(|x| x == id).unwrap_or(i)).collect()
 }
 
 /// Why a guard failed: the recompile reason.
@@ -83,6 +98,8 @@ pub struct CallSignature<'a> {
     pub statics: &'a [String],
     /// Backend name.
     pub backend: &'a str,
+    /// Identity of each tensor argument ([`crate::Tensor::id`]).
+    pub ids: &'a [u64],
 }
 
 impl Guards {
@@ -140,6 +157,24 @@ impl Guards {
                 }
             }
         }
+        let aliases = alias_pattern(call.ids);
+        if aliases != self.aliases {
+            return fail(
+                None,
+                None,
+                format!("argument aliasing changed from {:?} to {aliases:?} (same tensor passed twice)", self.aliases),
+            );
+        }
+        if let Some(i) = call.ids.iter().position(|id| self.captured.contains(id)) {
+            return fail(Some(i), None, format!("input {i} is a tensor the function also captures (a weight)"));
+        }
+        for check in &self.shape_checks {
+            match check.eval(&b) {
+                Ok(0) => {}
+                Ok(v) => return fail(None, None, format!("shape constraint `{check} == 0` does not hold ({v})")),
+                Err(e) => return fail(None, None, format!("shape constraint `{check} == 0`: {e}")),
+            }
+        }
         Ok(b)
     }
 
@@ -167,6 +202,15 @@ impl fmt::Display for Guards {
         if !self.statics.is_empty() {
             writeln!(f, "statics: {:?}", self.statics)?;
         }
+        if self.aliases.iter().enumerate().any(|(i, &a)| a != i) {
+            writeln!(f, "aliasing: {:?}", self.aliases)?;
+        }
+        if !self.captured.is_empty() {
+            writeln!(f, "captured tensors: {}", self.captured.len())?;
+        }
+        for c in &self.shape_checks {
+            writeln!(f, "shape: {c} == 0")?;
+        }
         write!(f, "backend: {}", self.backend)
     }
 }
@@ -174,6 +218,7 @@ impl fmt::Display for Guards {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sym::Expr;
 
     fn guards() -> Guards {
         Guards {
@@ -186,11 +231,14 @@ mod tests {
             ],
             statics: vec!["true".into()],
             backend: "cpu".into(),
+            aliases: vec![0, 1],
+            captured: vec![99],
+            shape_checks: vec![],
         }
     }
 
     fn call<'a>(args: &'a [(DType, Vec<usize>)], statics: &'a [String]) -> CallSignature<'a> {
-        CallSignature { args, statics, backend: "cpu" }
+        CallSignature { args, statics, backend: "cpu", ids: &[1, 2] }
     }
 
     #[test]
@@ -211,5 +259,20 @@ mod tests {
         assert!(g.check(&call(&dtype, &statics)).unwrap_err().reason.contains("dtype changed"));
         let other = vec!["false".to_string()];
         assert!(g.check(&call(&ok, &other)).unwrap_err().reason.contains("static arguments"));
+        let same = CallSignature { ids: &[1, 1], ..call(&ok, &statics) };
+        assert!(g.check(&same).unwrap_err().reason.contains("aliasing changed"));
+        let weight = CallSignature { ids: &[1, 99], ..call(&ok, &statics) };
+        assert_eq!(g.check(&weight).unwrap_err().arg, Some(1));
+    }
+
+    #[test]
+    fn shape_checks_are_evaluated_with_the_call_sizes() {
+        let s = Expr::sym(SymId(0));
+        let g = Guards { shape_checks: vec![(s * Expr::from(2usize)).modulo(&Expr::from(4usize))], ..guards() };
+        let statics = vec!["true".to_string()];
+        let even = [(DType::F32, vec![8, 40]), (DType::F32, vec![40])];
+        assert!(g.check(&call(&even, &statics)).is_ok());
+        let odd = [(DType::F32, vec![8, 41]), (DType::F32, vec![41])];
+        assert!(g.check(&call(&odd, &statics)).unwrap_err().reason.contains("shape constraint"));
     }
 }

@@ -28,6 +28,9 @@ pub fn run(graph: &Graph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
             .map(|a| values[a.index()].as_ref().expect("topological order: inputs are computed first"))
             .collect();
         let dims = node.shape.eval(&bindings)?;
+        // Fail with a typed error, not an abort, when the host cannot hold the result.
+        let numel = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
+        drop(crate::data::host_reserve(numel, || format!("`{}` at {} ({dims:?})", node.op.name(), node.loc))?);
         let out = eval_node(node, &args, dims, inputs)?;
         values[i] = Some(out);
         for a in &node.inputs {

@@ -236,6 +236,29 @@ pub enum Stmt {
     MatMul(Box<MatMul>),
     /// A matmul the device's GEMM library runs (cuBLAS on CUDA): the kernel is this one call, not code.
     Gemm(Box<Gemm>),
+    /// When bool `cond` holds, records fault `site` (an index of [`Kernel::faults`]) in the kernel's
+    /// fault word; the run then fails with that site's error. Execution goes on (indices are clamped),
+    /// so no memory outside a buffer is touched. Sites are numbered so the largest recorded wins.
+    Fault {
+        /// The bool value that signals the fault.
+        cond: VarId,
+        /// Which site.
+        site: u32,
+    },
+}
+
+/// A check a kernel performs at run time, which the reference performs too: an index out of range in
+/// a gather, an integer division by zero. Renderers write a fault word (WGSL: one `atomic<u32>` binding
+/// after the buffers and symbols; PTX: one pointer parameter after the buffers) and the runtime turns a
+/// nonzero word into [`crate::Error::Runtime`] naming the op and the user's line.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FaultSite {
+    /// The user-level op, e.g. `index_select`.
+    pub op: String,
+    /// What went wrong, e.g. `an index is out of range for a dim of size 5`.
+    pub msg: String,
+    /// The primitive-graph node that checks it (its origin gives the user's line).
+    pub node: NodeId,
 }
 
 /// One operand of the matmul template: statements computing the element at `(b, row, col)` of the
@@ -444,6 +467,9 @@ pub struct Kernel {
     pub row_cache: Option<u32>,
     /// The program.
     pub body: Vec<Stmt>,
+    /// Run-time checks the body's [`Stmt::Fault`]s signal; empty for most kernels (no fault word bound).
+    #[serde(default)]
+    pub faults: Vec<FaultSite>,
 }
 
 impl Kernel {
@@ -545,6 +571,7 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                 writeln!(f, "{pad}{} = clamp({var}, 0, {})", sym_name(*sym), show_expr(bound))?
             }
             Stmt::Store { buffer, index, value } => writeln!(f, "{pad}b{buffer}[{}] = {value}", show_expr(index))?,
+            Stmt::Fault { cond, site } => writeln!(f, "{pad}fault {site} if {cond}")?,
             Stmt::Loop { sym, extent, mode, body } => {
                 writeln!(f, "{pad}for {} in 0..{} ({mode:?}) {{", sym_name(*sym), show_expr(extent))?;
                 write_block(f, body, depth + 1)?;

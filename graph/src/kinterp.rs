@@ -21,6 +21,8 @@ struct Env<'k, M: Memory> {
     mem: &'k mut M,
     vars: HashMap<VarId, f64>,
     syms: Bindings,
+    /// The fault word: the largest site recorded plus one, as devices keep it.
+    fault: u32,
 }
 
 fn fail(kernel: &Kernel, msg: String) -> Error {
@@ -59,7 +61,8 @@ impl<M: Memory> Env<'_, M> {
             Scalar::Binary { op, a, b } => {
                 let (x, y) = (self.var(*a)?, self.var(*b)?);
                 // Integer division floors; the operands' dtype is the result's unless this is a comparison.
-                binary(*op, x, y, dtype.is_int()).ok_or_else(|| fail(self.kernel, "integer division by zero".into()))?
+                // Division by zero gives 0 here as on devices; the kernel's fault check reports it.
+                binary(*op, x, y, dtype.is_int()).unwrap_or(0.0)
             }
             Scalar::Select { cond, a, b } => {
                 if self.var(*cond)? != 0.0 {
@@ -86,12 +89,15 @@ impl<M: Memory> Env<'_, M> {
                 self.vars.insert(*var, dtype.round(v));
             }
             Stmt::BindIndex { sym, var, bound } => {
+                // Clamped as on devices; a fault check before it reports the bad index.
                 let v = self.var(*var)?;
                 let b = self.index(bound)?;
-                if v < 0.0 || v >= b as f64 {
-                    return Err(fail(self.kernel, format!("index {v} is out of range for a dim of size {b}")));
+                self.syms.bind(*sym, (v as i64).clamp(0, (b - 1).max(0)));
+            }
+            Stmt::Fault { cond, site } => {
+                if self.var(*cond)? != 0.0 {
+                    self.fault = self.fault.max(site + 1);
                 }
-                self.syms.bind(*sym, v as i64);
             }
             Stmt::Store { buffer, index, value } => {
                 let i = self.index(index)?;
@@ -226,8 +232,10 @@ impl<M: Memory> Env<'_, M> {
     }
 }
 
-/// Runs `kernel` with shape symbols bound by `bindings`.
-pub fn run_kernel<M: Memory>(kernel: &Kernel, mem: &mut M, bindings: &Bindings) -> Result<()> {
-    let mut env = Env { kernel, mem, vars: HashMap::new(), syms: bindings.clone() };
-    env.block(&kernel.body)
+/// Runs `kernel` with shape symbols bound by `bindings`; returns its fault word (0: no check failed,
+/// else one more than the largest [`Kernel::faults`] site that did).
+pub fn run_kernel<M: Memory>(kernel: &Kernel, mem: &mut M, bindings: &Bindings) -> Result<u32> {
+    let mut env = Env { kernel, mem, vars: HashMap::new(), syms: bindings.clone(), fault: 0 };
+    env.block(&kernel.body)?;
+    Ok(env.fault)
 }

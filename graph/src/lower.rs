@@ -11,7 +11,7 @@ use crate::kernel::{
     builtin, Access, BufferParam, KReduceOp, Kernel, Launch, LoopMode, MatMul, MatOperand, ReduceStrategy, Scalar,
     Stmt, Tile, VarId,
 };
-use crate::kernel::{Gemm, GemmBatch, RowLoad};
+use crate::kernel::{FaultSite, Gemm, GemmBatch, RowLoad};
 use crate::shape::Shape;
 use crate::sym::{Expr, SymId, SymTable};
 use crate::target::Target;
@@ -88,6 +88,8 @@ struct Lowerer<'a> {
     ranges: SymTable,
     /// Members being evaluated, innermost last (to name the one that reads a reduction wrongly).
     evaluating: Vec<NodeId>,
+    /// Run-time checks emitted so far (see [`FaultSite`]).
+    faults: Vec<FaultSite>,
 }
 
 impl<'a> Lowerer<'a> {
@@ -110,7 +112,28 @@ impl<'a> Lowerer<'a> {
             reduce_results: HashMap::new(),
             ranges: g.symbols.clone(),
             evaluating: Vec::new(),
+            faults: Vec::new(),
         }
+    }
+
+    /// Emits a run-time check: when `bad` holds (and the current load guard, so values a guarded-off
+    /// branch never reads cannot fault), the kernel records a fault naming `node`'s op and `msg`.
+    fn fault(&mut self, bad: VarId, node: NodeId, msg: String) {
+        let cond = match self.guard {
+            Some(g) => self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a: g, b: bad }),
+            None => bad,
+        };
+        let op = self.g.node(node).op.name().to_string();
+        let site = FaultSite { op, msg, node };
+        let index = match self.faults.iter().position(|f| *f == site) {
+            Some(i) => i,
+            None => {
+                self.faults.push(site);
+                self.faults.len() - 1
+            }
+        };
+        let depth = self.var_depth.get(&cond).copied().unwrap_or(0);
+        self.blocks[depth].push(Stmt::Fault { cond, site: index as u32 });
     }
 
     /// The dtype values of a storage dtype are computed in on this target.
@@ -300,6 +323,11 @@ impl<'a> Lowerer<'a> {
                 let a = self.value(input(0), p)?;
                 let b = self.value(input(1), p)?;
                 let (a, b) = (self.coerce(a, operand_dtype), self.coerce(b, operand_dtype));
+                if *op == BinaryOp::Div && operand_dtype.is_int() {
+                    let zero = self.let_(operand_dtype, Scalar::Const { value: 0.0 });
+                    let bad = self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::Eq, a: b, b: zero });
+                    self.fault(bad, n, "integer division by zero".into());
+                }
                 self.let_(cd, Scalar::Binary { op: *op, a, b })
             }
             Op::Where => {
@@ -403,6 +431,16 @@ impl<'a> Lowerer<'a> {
                 let iv = self.value(input(1), &index_point)?;
                 let dims = in_dims(0);
                 let sym = self.new_sym(&dims[*axis]);
+                // Out-of-range indices are the user's error (the reference reports them); the kernel
+                // records a fault and clamps, so memory outside the buffer is never touched.
+                let wide = self.coerce(iv, DType::I64);
+                let zero = self.let_(DType::I64, Scalar::Const { value: 0.0 });
+                let end = self.let_(DType::I64, Scalar::Index { expr: dims[*axis].clone() });
+                let below = self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::Lt, a: wide, b: zero });
+                let above = self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::Ge, a: wide, b: end });
+                let bad = self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::Or, a: below, b: above });
+                let msg = format!("an index is out of range for a dim of size {}", dims[*axis]);
+                self.fault(bad, n, msg);
                 let depth = self.var_depth.get(&iv).copied().unwrap_or(0);
                 self.sym_depth.insert(sym, depth);
                 self.blocks[depth].push(Stmt::BindIndex { sym, var: iv, bound: dims[*axis].clone() });
@@ -442,7 +480,7 @@ impl<'a> Lowerer<'a> {
             for s in stmts {
                 match s {
                     Stmt::Let { value: Scalar::Load { index: e, .. } | Scalar::Index { expr: e }, .. } => add(out, e),
-                    Stmt::Let { .. } => {}
+                    Stmt::Let { .. } | Stmt::Fault { .. } => {}
                     Stmt::BindIndex { bound, .. } => add(out, bound),
                     Stmt::Store { index, .. } => add(out, index),
                     Stmt::Loop { extent, body, .. } | Stmt::Reduce { extent, body, .. } => {
@@ -492,6 +530,7 @@ impl<'a> Lowerer<'a> {
             vector_width: 1,
             row_cache: None,
             body,
+            faults: self.faults,
         }
     }
 }
@@ -574,14 +613,19 @@ fn row_strategy(target: &Target, row_len: &Expr) -> (bool, u32, Option<u32>) {
     match row_len.as_const() {
         Some(c) if c < 64 => (false, 256.min(max), None),
         Some(c) => {
-            let c = c as u32;
-            let cache = target.max_row_cache.max(1);
+            // 64-bit arithmetic: a row may hold 2^32 elements or more (a full reduction of a big tensor);
+            // only the thread count, bounded by the target, narrows to u32.
+            let c = c as u64;
+            let (max64, cache) = (max as u64, target.max_row_cache.max(1) as u64);
             // Short rows get smaller groups, about 8 elements a thread: a 512-wide attention row on 256
             // threads spends its time starting groups, not moving data.
-            let fewest = target.row_threads.min(c.div_ceil(8).next_power_of_two().max(32)).min(max).max(1);
-            let threads = c.div_ceil(cache).next_power_of_two().clamp(fewest, max).min(c.next_power_of_two().max(32));
+            let fewest = (target.row_threads as u64).min(c.div_ceil(8).next_power_of_two().max(32)).min(max64).max(1);
+            let whole = c.checked_next_power_of_two().unwrap_or(u64::MAX).max(32);
+            let per_cache = c.div_ceil(cache).checked_next_power_of_two().unwrap_or(u64::MAX);
+            let threads = per_cache.clamp(fewest, max64.max(fewest)).min(whole);
             let per_thread = c.div_ceil(threads);
-            (true, threads, (target.max_row_cache > 0 && per_thread <= cache).then_some(per_thread))
+            let cached = (target.max_row_cache > 0 && per_thread <= cache).then_some(per_thread as u32);
+            (true, threads as u32, cached)
         }
         None => (true, 256.min(max), None),
     }
@@ -698,14 +742,14 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
     // (W3 at 256 threads, 48 registers each: 0.196 ms; at 512, 24 each: 0.156 ms; benches/NOTES.md).
     let (threads, row_cache) = match (row_cache, row_len.as_const()) {
         (Some(_), Some(len)) => {
-            let loads = RowLoad::of_row(&row_body).len().max(1) as u32;
-            let budget = l.target.max_row_cache.max(1);
-            let mut t = threads;
-            while t < l.target.max_threads_per_group && (len as u32).div_ceil(t) * loads > budget {
+            let loads = RowLoad::of_row(&row_body).len().max(1) as u64;
+            let budget = l.target.max_row_cache.max(1) as u64;
+            let (len, mut t) = (len as u64, threads as u64);
+            while t < l.target.max_threads_per_group as u64 && len.div_ceil(t) * loads > budget {
                 t *= 2;
             }
-            let per_thread = (len as u32).div_ceil(t);
-            (t, (per_thread * loads <= budget).then_some(per_thread))
+            let per_thread = len.div_ceil(t);
+            (t as u32, (per_thread * loads <= budget).then_some(per_thread as u32))
         }
         _ => (threads, row_cache),
     };

@@ -149,6 +149,62 @@ binary_methods!(
     eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge, logical_and => And, logical_or => Or,
 );
 
+/// Two dims that must be equal: the same expression, or — under a trace — dims that are equal at this
+/// call's sizes (a dynamic `s0` that is 10 meeting a weight's 10), which the trace then assumes and
+/// guards, keeping the constant one (torch specialises the same way).
+fn unify_dims(a: &Dim, b: &Dim) -> Option<Dim> {
+    if a == b {
+        return Some(a.clone());
+    }
+    let diff = a.checked_sub(b).ok()?;
+    (crate::trace::assume_zero(&diff) == Some(true)).then(|| if b.as_const().is_some() { b.clone() } else { a.clone() })
+}
+
+impl Tensor {
+    /// This tensor with each dim that broadcasting or a weight unified with a constant (see
+    /// [`unify_dims`]) replaced by that constant: a free reshape under the trace's guard, so every node
+    /// downstream sees one consistent shape. Dims of size 1 (broadcast) stay as they are.
+    fn specialized(&self, dims: &[Dim], loc: &SourceLoc) -> Result<Tensor> {
+        let s = self.shape();
+        let one = Expr::from(1usize);
+        let out: Vec<Dim> =
+            s.dims().iter().zip(dims).map(|(d, t)| if *d == one || d == t { d.clone() } else { t.clone() }).collect();
+        if out.len() != s.rank() || out == s.dims() {
+            return Ok(self.clone());
+        }
+        record(Op::Reshape, &[self], self.dtype(), Shape(out), loc.clone())
+    }
+}
+
+/// PyTorch broadcasting of two shapes (dims aligned from the right; a 1 stretches), with symbolic dims
+/// unified as [`unify_dims`] does. The error shows the sizes the user passed.
+fn broadcast(a: &Shape, b: &Shape, op: &str, loc: &SourceLoc) -> Result<Shape> {
+    if let Ok(s) = broadcast_shapes(a, b) {
+        return Ok(s);
+    }
+    let rank = a.rank().max(b.rank());
+    let one = Expr::from(1usize);
+    let at = |s: &Shape, i: usize| (i + s.rank()).checked_sub(rank).map_or(one.clone(), |j| s.dims()[j].clone());
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let (da, db) = (at(a, i), at(b, i));
+        let d = if db == one {
+            Some(da)
+        } else if da == one {
+            Some(db)
+        } else {
+            unify_dims(&da, &db)
+        };
+        out.push(d.ok_or_else(|| Error::Broadcast {
+            op: op.into(),
+            lhs: crate::trace::shape_for_humans(a),
+            rhs: crate::trace::shape_for_humans(b),
+            loc: loc.clone(),
+        })?);
+    }
+    Ok(Shape(out))
+}
+
 impl Tensor {
     /// A concrete tensor from host elements; `dims` must multiply to `values.len()`.
     #[track_caller]
@@ -165,7 +221,11 @@ impl Tensor {
     /// Every element `value` (rounded to `dtype`).
     #[track_caller]
     pub fn full(value: f64, dims: &[usize], dtype: DType) -> Result<Tensor> {
-        record(Op::Full { value: dtype.round(value) }, &[], dtype, Shape::from_dims(dims), SourceLoc::caller())
+        let loc = SourceLoc::caller();
+        if dims.iter().any(|&d| i64::try_from(d).is_err()) {
+            return Err(Error::TooLarge { op: "full".into(), msg: format!("size {dims:?} exceeds i64"), loc });
+        }
+        record(Op::Full { value: dtype.round(value) }, &[], dtype, Shape::from_dims(dims), loc)
     }
 
     /// All zeros.
@@ -227,12 +287,7 @@ impl Tensor {
     }
 
     fn broadcast_with(&self, other: &Tensor, op: &str, loc: &SourceLoc) -> Result<Shape> {
-        broadcast_shapes(&self.shape(), &other.shape()).map_err(|_| Error::Broadcast {
-            op: op.into(),
-            lhs: self.shape().to_string(),
-            rhs: other.shape().to_string(),
-            loc: loc.clone(),
-        })
+        broadcast(&self.shape(), &other.shape(), op, loc)
     }
 
     /// Explicit broadcast: leading size-1 dims by reshape, then an expand; a no-op when shapes match.
@@ -242,7 +297,8 @@ impl Tensor {
             return Ok(self.clone());
         }
         let pad = target.rank() - s.rank();
-        let mut t = self.clone();
+        let mut t = self.specialized(&target.dims()[pad..], loc)?;
+        let s = t.shape();
         if pad > 0 {
             let mut dims = vec![Expr::from(1usize); pad];
             dims.extend(s.dims().iter().cloned());
@@ -264,12 +320,7 @@ impl Tensor {
         let dtype = a.tensor().or(b.tensor()).map_or(DType::F32, |t| t.dtype());
         let mut shape = self.shape();
         for t in [a.tensor(), b.tensor()].into_iter().flatten() {
-            shape = broadcast_shapes(&shape, &t.shape()).map_err(|_| Error::Broadcast {
-                op: "where".into(),
-                lhs: shape.to_string(),
-                rhs: t.shape().to_string(),
-                loc: loc.clone(),
-            })?;
+            shape = broadcast(&shape, &t.shape(), "where", &loc)?;
         }
         let (a, b) = (a.into_tensor(dtype, &shape, &loc)?, b.into_tensor(dtype, &shape, &loc)?);
         if a.dtype() != b.dtype() {
@@ -381,36 +432,47 @@ impl Tensor {
         let loc = SourceLoc::caller();
         let s = self.shape();
         let numel = s.numel();
-        let reshape_err = |to: String| Error::Reshape {
-            from: s.to_string(),
-            from_numel: numel.to_string(),
-            to,
-            to_numel: "?".into(),
+        let shown = format!("{dims:?}");
+        let reshape_err = |to_numel: String| Error::Reshape {
+            from: crate::trace::shape_for_humans(&s),
+            from_numel: crate::trace::concrete_value(&numel).map_or_else(|| numel.to_string(), |v| v.to_string()),
+            to: shown.clone(),
+            to_numel,
             loc: loc.clone(),
         };
-        let shown = format!("{dims:?}");
         if dims.iter().filter(|&&d| d == -1).count() > 1 || dims.iter().any(|&d| d < -1) {
             return Err(invalid("reshape", format!("{shown}: at most one -1 and no other negative size"), &loc));
         }
-        let known = dims.iter().filter(|&&d| d >= 0).fold(Expr::from(1usize), |acc, &d| acc * Expr::from(d as usize));
+        let too_large = || Error::TooLarge {
+            op: "reshape".into(),
+            msg: format!("{shown} has more elements than kiln can address"),
+            loc: loc.clone(),
+        };
+        let mut known = Expr::from(1usize);
+        for &d in dims.iter().filter(|&&d| d >= 0) {
+            let d = i64::try_from(d).map_err(|_| too_large())?;
+            known = known.checked_mul(&Expr::from(d)).map_err(|_| too_large())?;
+        }
         let out: Vec<Dim> = if dims.contains(&-1) {
             if known.as_const() == Some(0) {
-                return Err(reshape_err(shown));
+                return Err(reshape_err("? (a -1 next to a zero size)".into()));
             }
-            let inferred = numel.checked_floor_div(&known).map_err(|_| reshape_err(shown.clone()))?;
+            let inferred = numel.checked_floor_div(&known).map_err(|_| reshape_err("?".into()))?;
+            // `[2, s0]` to `[-1, 4]` needs 4 to divide 2*s0: true for this call's sizes, it becomes a
+            // guard of the compiled entry (as torch does), false it is the user's error.
             if inferred.clone() * known.clone() != numel {
-                return Err(reshape_err(shown));
+                let rem = numel.checked_modulo(&known).map_err(|_| reshape_err("?".into()))?;
+                if crate::trace::assume_zero(&rem) != Some(true) {
+                    return Err(reshape_err(format!("a multiple of {known}")));
+                }
             }
             dims.iter().map(|&d| if d == -1 { inferred.clone() } else { Expr::from(d as usize) }).collect()
         } else {
             if known != numel {
-                return Err(Error::Reshape {
-                    from: s.to_string(),
-                    from_numel: numel.to_string(),
-                    to: shown,
-                    to_numel: known.to_string(),
-                    loc,
-                });
+                let diff = numel.checked_sub(&known).map_err(|_| too_large())?;
+                if crate::trace::assume_zero(&diff) != Some(true) {
+                    return Err(reshape_err(known.to_string()));
+                }
             }
             dims.iter().map(|&d| Expr::from(d as usize)).collect()
         };
@@ -477,9 +539,21 @@ impl Tensor {
             });
         }
         let target = Shape(target);
-        let ok = broadcast_shapes(&s, &target).map(|b| b == target).unwrap_or(false);
+        if target.checked_numel().is_err() {
+            return Err(Error::TooLarge {
+                op: "expand".into(),
+                msg: format!("{dims:?} has more elements than kiln can address"),
+                loc,
+            });
+        }
+        let ok = broadcast(&s, &target, "expand", &loc).is_ok_and(|b| b == target);
         if !ok {
-            return Err(Error::Broadcast { op: "expand".into(), lhs: s.to_string(), rhs: target.to_string(), loc });
+            return Err(Error::Broadcast {
+                op: "expand".into(),
+                lhs: crate::trace::shape_for_humans(&s),
+                rhs: crate::trace::shape_for_humans(&target),
+                loc,
+            });
         }
         self.expand_to(&target, &loc)
     }
@@ -691,14 +765,16 @@ impl Tensor {
         let (ra, rb) = (da.rank(), db.rank());
         let (m, k) = (&da.dims()[ra - 2], &da.dims()[ra - 1]);
         let (k2, n) = (&db.dims()[rb - 2], &db.dims()[rb - 1]);
-        if k != k2 {
-            return Err(Error::Shape { op: "matmul".into(), msg: format!("inner dims differ: {sa} @ {sb}"), loc });
-        }
-        let batch = broadcast_shapes(&Shape(da.dims()[..ra - 2].to_vec()), &Shape(db.dims()[..rb - 2].to_vec()))
+        let Some(k) = unify_dims(k, k2) else {
+            let (ha, hb) = (crate::trace::shape_for_humans(&da), crate::trace::shape_for_humans(&db));
+            return Err(Error::Shape { op: "matmul".into(), msg: format!("inner dims differ: {ha} @ {hb}"), loc });
+        };
+        let k = &k;
+        let batch = broadcast(&Shape(da.dims()[..ra - 2].to_vec()), &Shape(db.dims()[..rb - 2].to_vec()), "matmul", &loc)
             .map_err(|_| Error::Broadcast {
                 op: "matmul".into(),
-                lhs: sa.to_string(),
-                rhs: sb.to_string(),
+                lhs: crate::trace::shape_for_humans(&da),
+                rhs: crate::trace::shape_for_humans(&db),
                 loc: loc.clone(),
             })?;
         let with = |x: &Dim, y: &Dim| {
@@ -822,16 +898,23 @@ impl Tensor {
         let loc = SourceLoc::caller();
         check_dtype("linear", DTypeRule::Float, self.dtype(), &loc)?;
         let (s, w) = (self.shape(), weight.shape());
-        let fits = s.rank() >= 1 && w.rank() == 2 && s.dims()[s.rank() - 1] == w.dims()[1];
-        if !fits {
+        let unified = (s.rank() >= 1 && w.rank() == 2).then(|| unify_dims(&s.dims()[s.rank() - 1], &w.dims()[1]));
+        if unified.as_ref().is_none_or(Option::is_none) {
+            let (hs, hw) = (crate::trace::shape_for_humans(&s), crate::trace::shape_for_humans(&w));
             return Err(Error::Shape {
                 op: "linear".into(),
-                msg: format!("input {s} does not fit weight {w} ([out, in])"),
+                msg: format!("input {hs} does not fit weight {hw} ([out, in])"),
                 loc,
             });
         }
+        // A dynamic feature dim unified with the weight's: the input is viewed with the constant.
+        let mut spec = s.dims().to_vec();
+        if let (Some(u), Some(last)) = (unified.flatten(), spec.last_mut()) {
+            *last = u;
+        }
+        let x = self.specialized(&spec, &loc)?;
         let out_f = w.dims()[0].clone();
-        let mut inputs = vec![self, weight];
+        let mut inputs = vec![&x, weight];
         if let Some(b) = bias {
             if b.shape() != Shape(vec![out_f.clone()]) {
                 return Err(Error::Shape {

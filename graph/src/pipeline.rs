@@ -61,7 +61,26 @@ pub fn compile_graph(graph: &Graph, target: &Target) -> Result<CompiledGraph> {
 /// and across runs (see `cache`).
 pub fn compile_cached(graph: &Graph, target: &Target, mode: FusionMode) -> Result<std::rc::Rc<CompiledGraph>> {
     let key = crate::cache::key(graph, target, mode);
-    crate::cache::get_or_compile(&key, || compile_graph_with(graph, target, mode))
+    let c = crate::cache::get_or_compile(&key, || compile_graph_with(graph, target, mode))?;
+    Ok(with_locations_of(c, graph))
+}
+
+/// A cached compile of a structurally equal graph carries the source lines of whichever graph compiled
+/// first; errors and reports must name *this* graph's lines, so they are copied over (through the
+/// origin map) when they differ.
+fn with_locations_of(c: std::rc::Rc<CompiledGraph>, graph: &Graph) -> std::rc::Rc<CompiledGraph> {
+    let loc_of = |i: usize| graph.nodes.get(c.primitive.origin[i].index()).map(|n| &n.loc);
+    let same = (0..c.primitive.graph.nodes.len()).all(|i| loc_of(i).is_none_or(|l| *l == c.primitive.graph.nodes[i].loc));
+    if same {
+        return c;
+    }
+    let mut patched = (*c).clone();
+    for i in 0..patched.primitive.graph.nodes.len() {
+        if let Some(l) = loc_of(i) {
+            patched.primitive.graph.nodes[i].loc = l.clone();
+        }
+    }
+    std::rc::Rc::new(patched)
 }
 
 /// Compiles `graph` for `target` with the given fusion mode (`PerOp`: the eager baseline).
@@ -216,8 +235,9 @@ impl CompiledGraph {
         let g = &self.primitive.graph;
         let bindings = bind_symbols(g, inputs)?;
         let mut arrays: Vec<Vec<f64>> = Vec::with_capacity(self.plan.buffers.len());
-        for b in &self.plan.buffers {
-            arrays.push(vec![0.0; b.bytes.eval(&bindings)?.max(0) as usize]);
+        for (i, b) in self.plan.buffers.iter().enumerate() {
+            let n = b.bytes.eval(&bindings)?.max(0) as usize;
+            arrays.push(crate::data::host_zeros(n, || format!("plan buffer {i}"))?);
         }
         for (gi, data) in g.inputs.iter().zip(inputs) {
             let slot = &mut arrays[self.plan.value_buffer[&gi.node]];
@@ -227,7 +247,8 @@ impl CompiledGraph {
         for &k in &self.plan.launches {
             let kernel = &self.kernels[k];
             let map = kernel.buffers.iter().map(|b| self.plan.value_buffer[&b.node]).collect();
-            run_kernel(kernel, &mut PlanMemory { arrays: &mut arrays, map }, &bindings)?;
+            let fault = run_kernel(kernel, &mut PlanMemory { arrays: &mut arrays, map }, &bindings)?;
+            self.check_fault(k, fault)?;
         }
         g.outputs
             .iter()
@@ -242,6 +263,29 @@ impl CompiledGraph {
                 Ok(TensorData::from_rounded(arrays[*buf][..n].to_vec(), dims, node.dtype))
             })
             .collect()
+    }
+
+    /// The error a kernel's fault word stands for (`Ok` for 0): the failed check's op and message, at the
+    /// user's line that recorded the op. Every runtime reads the word after a run and calls this.
+    pub fn check_fault(&self, kernel: usize, word: u32) -> Result<()> {
+        if word == 0 {
+            return Ok(());
+        }
+        let k = &self.kernels[kernel];
+        let Some(site) = k.faults.get(word as usize - 1) else {
+            return Err(Error::Unsupported {
+                what: format!("kernel {} reported fault word {word}, which it does not define", k.name),
+                loc: SourceLoc::internal(),
+            });
+        };
+        let loc = self.primitive.graph.nodes.get(site.node.index()).map_or_else(SourceLoc::internal, |n| n.loc.clone());
+        Err(Error::Runtime { op: site.op.clone(), msg: format!("{} (kernel {})", site.msg, k.name), loc })
+    }
+
+    /// Kernels with run-time checks, in launch order: `(position in plan.launches, kernel)`. A runtime
+    /// binds one fault word to each.
+    pub fn checked_launches(&self) -> Vec<(usize, usize)> {
+        self.plan.launches.iter().enumerate().filter(|(_, &k)| !self.kernels[k].faults.is_empty()).map(|(i, &k)| (i, k)).collect()
     }
 
     /// Kernels of each kind: `(pointwise, rows, matmul)`.

@@ -38,6 +38,18 @@ impl Shape {
         self.0.iter().fold(Expr::from(1usize), |acc, d| acc * d.clone())
     }
 
+    /// The number of elements, or an error when it overflows i64 or passes [`MAX_ELEMENTS`].
+    pub fn checked_numel(&self) -> Result<Expr, crate::sym::SymError> {
+        let mut n = Expr::from(1usize);
+        for d in &self.0 {
+            n = n.checked_mul(d)?;
+        }
+        if n.as_const().is_some_and(|c| c > MAX_ELEMENTS) {
+            return Err(crate::sym::SymError::Overflow { expr: format!("{n} elements (more than 2^60)") });
+        }
+        Ok(n)
+    }
+
     /// The dims as numbers when every dim is constant.
     pub fn as_concrete(&self) -> Option<Vec<usize>> {
         self.0.iter().map(|d| d.as_const().and_then(|c| usize::try_from(c).ok())).collect()
@@ -113,6 +125,9 @@ pub fn reduced_shape(s: &Shape, axes: &[usize], keepdim: bool) -> Shape {
     }
     Shape(out)
 }
+
+/// The most elements one tensor may have: its bytes and every index into it stay far inside i64.
+pub const MAX_ELEMENTS: i64 = 1 << 60;
 
 /// Turns a possibly negative axis into an index, or `None` when it is out of range.
 pub fn normalize_axis(axis: isize, rank: usize) -> Option<usize> {

@@ -253,6 +253,12 @@ struct TraceState {
     graphs: Vec<TracedGraph>,
     breaks: Vec<GraphBreak>,
     break_error: Option<Error>,
+    /// The traced call's value of every shape symbol (what a symbolic dim is at this call).
+    hints: crate::sym::Bindings,
+    /// Shape expressions the trace assumed to be zero: guards of the entry it becomes.
+    shape_checks: Vec<crate::sym::Expr>,
+    /// Graphs whose compilation came from the compile cache.
+    cache_hits: usize,
 }
 
 /// Where an output of the traced function comes from (see [`Tracer::locate`]).
@@ -306,6 +312,21 @@ impl Tracer {
         if let Some(s) = shape {
             st.arg_shapes.insert(t.id(), s);
         }
+    }
+
+    /// Records the traced call's value of a shape symbol.
+    pub(crate) fn hint(&self, sym: crate::sym::SymId, value: i64) {
+        self.st.borrow_mut().hints.bind(sym, value);
+    }
+
+    /// The shape checks this trace assumed, for the entry's guards.
+    pub(crate) fn shape_checks(&self) -> Vec<crate::sym::Expr> {
+        self.st.borrow().shape_checks.clone()
+    }
+
+    /// Graphs of this trace whose compilation was served by the compile cache.
+    pub(crate) fn cache_hits(&self) -> usize {
+        self.st.borrow().cache_hits
     }
 
     /// The symbol table of the graph being traced (where dynamic dims get their symbols).
@@ -410,7 +431,11 @@ impl Tracer {
             let backend = &self.opts.backend;
             let results = match backend.target() {
                 Some(target) => {
+                    let hits = crate::cache::hits();
                     let c = crate::pipeline::compile_cached(&graph, target, crate::fuse::FusionMode::Fused)?;
+                    if crate::cache::hits() > hits {
+                        st.cache_hits += 1;
+                    }
                     compiled = Some(c.clone());
                     backend.run_compiled(&c, &inputs)?
                 }
@@ -455,6 +480,45 @@ impl Tracer {
         let mut st = self.st.borrow_mut();
         TraceRecord { graphs: std::mem::take(&mut st.graphs), breaks: std::mem::take(&mut st.breaks) }
     }
+}
+
+/// Under an active trace whose call sizes are known: the value of `expr` at this call.
+pub(crate) fn concrete_value(expr: &crate::sym::Expr) -> Option<i64> {
+    if let Some(c) = expr.as_const() {
+        return Some(c);
+    }
+    let t = active()?;
+    let st = t.st.try_borrow().ok()?;
+    expr.eval(&st.hints).ok()
+}
+
+/// A shape printed with the sizes of the traced call (`[2, 8]`), followed by its symbolic form when it
+/// has one (`[2, 8] (symbolic [2, s0])`): errors show users the sizes they passed.
+pub(crate) fn shape_for_humans(s: &Shape) -> String {
+    if s.as_concrete().is_some() {
+        return s.to_string();
+    }
+    let dims: Option<Vec<String>> = s.dims().iter().map(|d| concrete_value(d).map(|v| v.to_string())).collect();
+    match dims {
+        Some(d) => format!("[{}] (symbolic {s})", d.join(", ")),
+        None => s.to_string(),
+    }
+}
+
+/// Under an active trace: whether `expr` is zero at this call's sizes. When it is, the trace assumes it
+/// from now on and the entry guards it (a later call where it fails recompiles). `None` when there is no
+/// trace or the value is unknown (placeholder capture).
+pub(crate) fn assume_zero(expr: &crate::sym::Expr) -> Option<bool> {
+    let value = concrete_value(expr)?;
+    if value == 0 && expr.as_const().is_none() {
+        let t = active()?;
+        let mut st = t.st.try_borrow_mut().ok()?;
+        if !st.shape_checks.contains(expr) {
+            tracing::debug!(target: "kiln::guards", check = %expr, "shape guard added");
+            st.shape_checks.push(expr.clone());
+        }
+    }
+    Some(value == 0)
 }
 
 /// The element type and dims of a placeholder input for [`capture`].
@@ -523,6 +587,10 @@ pub fn capture(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Te
 /// Records one op: into the active trace, or (eager mode) as a one-node graph run at once on the eager
 /// backend (the CPU reference unless [`set_eager_backend`] chose another). Shape and dtype inference happen before, in `ops`.
 pub(crate) fn record(op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc: SourceLoc) -> Result<Tensor> {
+    // Every size kiln computes later (bytes, strides, grids) stays inside i64 once this holds.
+    if let Err(e) = shape.checked_numel() {
+        return Err(Error::TooLarge { op: op.name().into(), msg: format!("a result of shape {shape}: {e}"), loc });
+    }
     if let Some(t) = active() {
         return t.record(op, inputs, dtype, shape, loc);
     }

@@ -821,6 +821,10 @@ impl<'k> Writer<'k> {
                 self.syms.insert(*sym, r);
             }
             Stmt::Store { buffer, index, value } => self.store(*buffer, index, *value),
+            Stmt::Fault { cond, site } => {
+                let (c, _) = self.var(*cond);
+                self.emit(&format!("@{c} red.global.max.u32 [%fault], {};", site + 1));
+            }
             Stmt::Loop { sym, extent, mode: LoopMode::Global, body } if self.k.vector_width > 1 => {
                 let saved = std::mem::replace(&mut self.single_thread_stores, false);
                 self.vector_loop(*sym, extent, body);
@@ -1161,6 +1165,11 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
     }
     let mut params: Vec<String> = (0..kernel.buffers.len()).map(|i| format!("    .param .u64 p_b{i}")).collect();
     params.extend(kernel.symbols.iter().map(|s| format!("    .param .s64 p_s{}", s.0)));
+    let faults = !kernel.faults.is_empty();
+    if faults {
+        // The fault word (kernel IR `Fault`): one u32 the runtime reads after the launch.
+        params.push("    .param .u64 p_fault".into());
+    }
     let _ = writeln!(src, ".visible .entry {}(\n{}\n)\n.maxntid {t}, 1, 1\n{{", kernel.name, params.join(",\n"));
     for i in 0..kernel.buffers.len() {
         let _ = writeln!(src, "    .reg .s64 %b{i};");
@@ -1175,6 +1184,9 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
     for i in 0..kernel.buffers.len() {
         let _ = writeln!(src, "    ld.param.u64 %b{i}, [p_b{i}];");
         let _ = writeln!(src, "    cvta.to.global.u64 %b{i}, %b{i};");
+    }
+    if faults {
+        src.push_str("    .reg .u64 %fault;\n    ld.param.u64 %fault, [p_fault];\n    cvta.to.global.u64 %fault, %fault;\n");
     }
     for s in &kernel.symbols {
         let _ = writeln!(src, "    ld.param.s64 %s{0}, [p_s{0}];", s.0);

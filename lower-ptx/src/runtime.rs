@@ -213,6 +213,10 @@ impl Cuda {
             buffers.push(self.buffer(s as usize)?);
         }
         let pointers: Vec<u64> = buffers.iter().map(|b| b.device_ptr(&self.stream).0).collect();
+        // One u32 fault word per kernel with run-time checks, zeroed before every run.
+        let fault_kernels: Vec<usize> = c.checked_launches().into_iter().map(|(_, k)| k).collect();
+        let faults = self.buffer(4 * fault_kernels.len().max(1))?;
+        let fault_base = faults.device_ptr(&self.stream).0;
         let mut launches = Vec::new();
         for &ki in &c.plan.launches {
             let kernel = &c.kernels[ki];
@@ -235,6 +239,9 @@ impl Cuda {
                 // The renderer declares symbols `.s64`: the bits of the i64 travel in a u64 slot.
                 params.push(v as u64);
             }
+            if let Some(slot) = fault_kernels.iter().position(|&k| k == ki) {
+                params.push(fault_base + 4 * slot as u64);
+            }
             let grid = self
                 .target
                 .fold_grid(groups)
@@ -244,7 +251,8 @@ impl Cuda {
         }
         let outputs = c.output_slots(&bindings)?;
         let io_bytes = c.io_bytes(&bindings)?;
-        let mut prepared = Prepared { buffers, launches, outputs, bytes_moved, io_bytes, graph: None };
+        let mut prepared =
+            Prepared { buffers, launches, outputs, bytes_moved, io_bytes, graph: None, faults, fault_kernels };
         for (b, data) in c.input_buffers().into_iter().zip(inputs) {
             self.upload(&mut prepared, b, data)?;
         }
@@ -274,6 +282,13 @@ impl Cuda {
     }
 
     fn enqueue(&self, p: &Prepared) -> Result<()> {
+        if !p.fault_kernels.is_empty() {
+            let n = 4 * p.fault_kernels.len();
+            // SAFETY: the fault buffer holds at least `n` bytes (4 per checked kernel).
+            let ptr = p.faults.device_ptr(&self.stream).0;
+            unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, n, self.stream.cu_stream()) }
+                .map_err(|e| driver("clearing the fault words", e))?;
+        }
         for (_, step) in &p.launches {
             self.step(step)?;
         }
@@ -353,10 +368,25 @@ impl Cuda {
         Ok(out)
     }
 
+    /// Reads the fault words of the last run of `p` (waits for the stream) and turns the first nonzero
+    /// one into the error it stands for.
+    pub fn check_faults(&self, c: &CompiledGraph, p: &Prepared) -> Result<()> {
+        if p.fault_kernels.is_empty() {
+            return Ok(());
+        }
+        let bytes =
+            self.stream.clone_dtoh(&p.faults.slice(0..4 * p.fault_kernels.len())).map_err(|e| driver("reading faults", e))?;
+        self.wait()?;
+        for (&k, w) in p.fault_kernels.iter().zip(bytes.chunks_exact(4)) {
+            c.check_fault(k, u32::from_le_bytes([w[0], w[1], w[2], w[3]]))?;
+        }
+        Ok(())
+    }
+
     /// Returns a prepared graph's buffers to the pool for later runs.
     pub fn recycle(&self, p: Prepared) {
         let mut pool = self.pool.borrow_mut();
-        for b in p.buffers {
+        for b in p.buffers.into_iter().chain([p.faults]) {
             pool.entry(b.len()).or_default().push(b);
         }
     }
@@ -365,7 +395,7 @@ impl Cuda {
     pub fn run(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
         let prepared = self.prepare(c, inputs)?;
         self.launch(&prepared)?;
-        let out = self.read(&prepared);
+        let out = self.check_faults(c, &prepared).and_then(|()| self.read(&prepared));
         self.recycle(prepared);
         out
     }
@@ -432,6 +462,9 @@ pub struct Prepared {
     launches: Vec<(String, Step)>,
     outputs: Vec<(usize, Vec<usize>, DType)>,
     graph: Option<CudaGraph>,
+    /// Fault words, one per kernel with run-time checks (`fault_kernels`, by kernel index).
+    faults: CudaSlice<u8>,
+    fault_kernels: Vec<usize>,
     /// Bytes every launch reads and writes (each kernel's buffers, in their dtypes).
     pub bytes_moved: u64,
     /// Bytes the computation itself must move: its inputs read once, its outputs written once.
@@ -497,6 +530,7 @@ impl CudaBackend {
         };
         let p = &replays[at].2;
         self.cuda.launch(p)?;
+        self.cuda.check_faults(compiled, p)?;
         self.cuda.read(p)
     }
 

@@ -434,6 +434,10 @@ impl<'k> Writer<'k> {
                 self.line(depth, &format!("let {} = clamp({v}, 0i, max({b} - 1i, 0i));", sym(*s)));
             }
             Stmt::Store { buffer, index, value } => self.store(depth, *buffer, index, *value),
+            Stmt::Fault { cond, site } => {
+                let c = self.var(*cond);
+                self.line(depth, &format!("if ({c}) {{ atomicMax(&kfault, {}u); }}", site + 1));
+            }
             Stmt::Loop { sym: s, extent, mode: LoopMode::Global, body } if self.k.vector_width > 1 => {
                 self.vector_loop(depth, *s, extent, body)
             }
@@ -754,6 +758,11 @@ fn sym(s: SymId) -> String {
     }
 }
 
+/// The binding of a kernel's fault word (when it has checks): after the buffers and the symbol block.
+pub fn fault_binding(kernel: &Kernel) -> u32 {
+    kernel.buffers.len() as u32 + 1
+}
+
 /// Renders `kernel` to WGSL for a device with (`f16`) or without native f16.
 pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     let storage: Vec<Storage> = kernel.buffers.iter().map(|b| Storage::of(b.dtype, f16)).collect();
@@ -795,11 +804,17 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         };
         let _ = writeln!(src, "@group(0) @binding({i}) var<storage, {access}> b{i}: array<{elem}>;");
     }
-    let uses_symbols = !kernel.symbols.is_empty();
+    // A symbol only sizes a buffer (the body never reads it) when the shape is symbolic but every index
+    // is constant: the block is then left out, as the pipeline's derived layout would leave it out.
+    let uses_symbols = !kernel.symbols.is_empty() && w.out.contains("sizes.");
     if uses_symbols {
         let fields: Vec<String> = kernel.symbols.iter().map(|s| format!("s{}: i32", s.0)).collect();
         let _ = writeln!(src, "struct Sizes {{ {} }}", fields.join(", "));
         let _ = writeln!(src, "@group(0) @binding({}) var<uniform> sizes: Sizes;", kernel.buffers.len());
+    }
+    if !kernel.faults.is_empty() {
+        // The fault word (kernel IR `Fault`): its binding follows the symbol block's slot.
+        let _ = writeln!(src, "@group(0) @binding({}) var<storage, read_write> kfault: atomic<u32>;", fault_binding(kernel));
     }
     let t = kernel.launch.threads;
     if let Some((a, b, ty)) = w.mm_tiles {

@@ -330,7 +330,10 @@ impl Gpu {
     pub async fn run_async(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
         let prepared = self.prepare(c, inputs).await?;
         self.launch(&prepared);
-        let out = self.read(&prepared).await;
+        let out = match self.check_faults(c, &prepared).await {
+            Ok(()) => self.read(&prepared).await,
+            Err(e) => Err(e),
+        };
         self.recycle(prepared);
         out
     }
@@ -338,26 +341,33 @@ impl Gpu {
     /// Returns a prepared graph's buffers to the pool for later runs.
     pub fn recycle(&self, p: Prepared) {
         let mut pool = self.pool.borrow_mut();
-        for b in p.buffers {
+        for b in p.buffers.into_iter().chain([p.faults]) {
             pool.entry(b.size()).or_default().push(b);
         }
     }
 
-    /// A storage buffer of at least `size` bytes: from the pool when one of its size class is free.
-    fn buffer(&self, size: u64) -> wgpu::Buffer {
+    /// A storage buffer of at least `size` bytes: from the pool when one of its size class is free. A
+    /// size past what one binding may cover is a typed error naming `what`, never a driver panic.
+    fn buffer(&self, size: u64, what: &str) -> Result<wgpu::Buffer> {
+        let limits = self.device.limits();
+        let max_binding = u64::from(limits.max_storage_buffer_binding_size);
+        if size > max_binding || size > limits.max_buffer_size {
+            return Err(Error::OutOfMemory {
+                device: "wgpu".into(),
+                what: format!("{what} (one storage binding on {})", self.adapter.name),
+                bytes: size,
+                limit: Some(max_binding.min(limits.max_buffer_size)),
+            });
+        }
         // Size classes are powers of two from 256 bytes, so a model whose shapes vary a little reuses
-        // buffers instead of allocating per call.
+        // buffers instead of allocating per call; a class past the device's largest buffer is not used.
         let class = size.max(256).next_power_of_two();
+        let class = if class > limits.max_buffer_size { size.div_ceil(256) * 256 } else { class };
         if let Some(b) = self.pool.borrow_mut().get_mut(&class).and_then(Vec::pop) {
-            return b;
+            return Ok(b);
         }
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-        self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size: class,
-            usage,
-            mapped_at_creation: false,
-        })
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor { label: None, size: class, usage, mapped_at_creation: false }))
     }
 
     /// Binds a compiled graph to device memory: buffers from the plan, inputs uploaded, one pipeline per
@@ -369,9 +379,21 @@ impl Gpu {
         let sizes = c.buffer_bytes(&bindings, |d, n| Storage::of(d, self.f16).bytes(n) as u64)?;
         let bytes_moved = c.traffic_bytes(&bindings)?;
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffers: Vec<wgpu::Buffer> = sizes.iter().map(|&size| self.buffer(size)).collect();
-        if let Some(e) = oom.pop().await {
-            return Err(err(format!("out of device memory allocating {} bytes: {e}", sizes.iter().sum::<u64>())));
+        let buffers = sizes.iter().enumerate().map(|(i, &size)| self.buffer(size, &format!("plan buffer {i}")));
+        let buffers: Result<Vec<wgpu::Buffer>> = buffers.collect();
+        // One fault word per kernel with run-time checks, each at its own aligned offset.
+        let fault_kernels: Vec<usize> = c.checked_launches().into_iter().map(|(_, k)| k).collect();
+        let stride = u64::from(self.device.limits().min_storage_buffer_offset_alignment).max(4);
+        let faults = self.buffer(stride * fault_kernels.len().max(1) as u64, "fault words");
+        let popped = oom.pop().await;
+        let (buffers, faults) = (buffers?, faults?);
+        if let Some(e) = popped {
+            return Err(Error::OutOfMemory {
+                device: "wgpu".into(),
+                what: format!("the buffers of a graph ({e})"),
+                bytes: sizes.iter().sum::<u64>(),
+                limit: None,
+            });
         }
         let mut dispatches = Vec::new();
         let mut uniforms = Vec::new();
@@ -386,11 +408,29 @@ impl Gpu {
                 .buffers
                 .iter()
                 .enumerate()
-                .map(|(i, b)| wgpu::BindGroupEntry {
-                    binding: i as u32,
-                    resource: buffers[c.plan.value_buffer[&b.node]].as_entire_binding(),
+                .map(|(i, b)| {
+                    // Bind the range the plan uses: the pooled buffer may be larger than one binding allows.
+                    let slot = c.plan.value_buffer[&b.node];
+                    wgpu::BindGroupEntry {
+                        binding: i as u32,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &buffers[slot],
+                            offset: 0,
+                            size: wgpu::BufferSize::new(sizes[slot]),
+                        }),
+                    }
                 })
                 .collect();
+            if let Some(slot) = fault_kernels.iter().position(|&k| k == ki) {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: crate::render::fault_binding(kernel),
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &faults,
+                        offset: stride * slot as u64,
+                        size: wgpu::BufferSize::new(4),
+                    }),
+                });
+            }
             if uses_symbols {
                 uniforms.push(self.symbol_block(kernel, &bindings)?);
                 entries.push(wgpu::BindGroupEntry {
@@ -410,7 +450,18 @@ impl Gpu {
         }
         let outputs = c.output_slots(&bindings)?;
         let io_bytes = c.io_bytes(&bindings)?;
-        let prepared = Prepared { buffers, sizes, dispatches, _uniforms: uniforms, outputs, bytes_moved, io_bytes };
+        let prepared = Prepared {
+            buffers,
+            sizes,
+            dispatches,
+            _uniforms: uniforms,
+            outputs,
+            bytes_moved,
+            io_bytes,
+            faults,
+            fault_kernels,
+            fault_stride: stride,
+        };
         for (b, data) in c.input_buffers().into_iter().zip(inputs) {
             self.upload(&prepared, b, data);
         }
@@ -434,6 +485,9 @@ impl Gpu {
     /// One compute pass over every dispatch of `p`, with timestamps at its start and end when given.
     fn encode(&self, p: &Prepared, timestamps: Option<&Timestamps>) -> wgpu::CommandEncoder {
         let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
+        if !p.fault_kernels.is_empty() {
+            encoder.clear_buffer(&p.faults, 0, None);
+        }
         {
             // One pass for the whole graph: WebGPU orders storage writes between dispatches of a pass, and a
             // pass per kernel costs a barrier and bookkeeping each on some drivers.
@@ -492,6 +546,37 @@ impl Gpu {
             .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
             .map(|_| ())
             .map_err(|e| err(format!("waiting for the device: {e}")))
+    }
+
+    /// Reads the fault words of the last run of `p` and turns the first nonzero one into the error it
+    /// stands for.
+    pub async fn check_faults(&self, c: &CompiledGraph, p: &Prepared) -> Result<()> {
+        if p.fault_kernels.is_empty() {
+            return Ok(());
+        }
+        let size = p.fault_stride * p.fault_kernels.len() as u64;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("fault readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("faults") });
+        encoder.copy_buffer_to_buffer(&p.faults, 0, &staging, 0, size);
+        self.queue.submit([encoder.finish()]);
+        let (tx, rx) = futures_channel::oneshot::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.wait()?;
+        rx.await.map_err(|_| err("the device was lost before readback"))?.map_err(|e| err(format!("reading faults: {e}")))?;
+        let view = staging.get_mapped_range(..).map_err(|e| err(format!("reading faults: {e}")))?;
+        for (slot, &k) in p.fault_kernels.iter().enumerate() {
+            let at = (p.fault_stride * slot as u64) as usize;
+            c.check_fault(k, u32::from_le_bytes([view[at], view[at + 1], view[at + 2], view[at + 3]]))?;
+        }
+        Ok(())
     }
 
     /// Reads a prepared graph's outputs back to the host.
@@ -564,6 +649,10 @@ pub struct Prepared {
     buffers: Vec<wgpu::Buffer>,
     sizes: Vec<u64>,
     dispatches: Vec<Dispatch>,
+    /// Fault words of the kernels with run-time checks (`fault_kernels`), `fault_stride` bytes apart.
+    faults: wgpu::Buffer,
+    fault_kernels: Vec<usize>,
+    fault_stride: u64,
     _uniforms: Vec<wgpu::Buffer>,
     outputs: Vec<(usize, Vec<usize>, kiln_graph::DType)>,
     /// Bytes every launch reads and writes (each kernel's buffers, in their dtypes).

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod ops;
+pub mod user_cases;
 
 use kiln::graph::{compile, Backend, CpuReference, DType, Result, Tensor};
 use proptest::prelude::*;
@@ -28,6 +29,37 @@ macro_rules! conformance_suite {
         fn edge_cases_match_the_reference() {
             let Some(b) = backend() else { return };
             conformance::ops::edge_cases(&b, $big, $nan);
+        }
+
+        #[test]
+        fn aliased_arguments_are_not_merged() {
+            let Some(b) = backend() else { return };
+            conformance::user_cases::aliased_arguments(&b);
+        }
+
+        #[test]
+        fn an_argument_that_is_a_captured_weight() {
+            let Some(b) = backend() else { return };
+            conformance::user_cases::argument_that_is_a_captured_weight(&b);
+        }
+
+        #[test]
+        fn run_time_checks_are_typed_errors() {
+            let Some(b) = backend() else { return };
+            conformance::user_cases::run_time_checks(&b);
+        }
+
+        #[test]
+        fn dynamic_dims_reshape_and_broadcast() {
+            let Some(b) = backend() else { return };
+            conformance::user_cases::dynamic_reshapes(&b);
+            conformance::user_cases::broadcast_errors_show_sizes(&b);
+        }
+
+        #[test]
+        fn huge_sizes_are_typed_errors() {
+            let Some(b) = backend() else { return };
+            conformance::user_cases::huge_sizes(&b);
         }
 
         #[test]

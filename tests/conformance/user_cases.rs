@@ -1,0 +1,159 @@
+//! Wrong answers and panics found by using kiln as a user would, replayed on every backend: aliased
+//! arguments, a tensor that is both an argument and a captured weight, run-time checks (integer
+//! division by zero, out-of-range gather indices) reported as typed errors at the user's line, dynamic
+//! shapes through reshapes and broadcasts, and sizes too large to hold.
+
+use kiln::graph::{compile, Backend, DType, Dynamic, Error, Tensor};
+use std::rc::Rc;
+
+fn f32s(v: &[f32], dims: &[usize]) -> Tensor {
+    Tensor::from_slice(v, dims).unwrap()
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    t.to_data().unwrap().values().to_vec()
+}
+
+#[track_caller]
+fn assert_values(t: &Tensor, want: &[f64]) {
+    let got = values(t);
+    assert_eq!(got.len(), want.len(), "length: got {got:?}, want {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "got {got:?}, want {want:?}");
+    }
+}
+
+/// `f(&x, &x)` then `f(&x, &y)`: the second call must not reuse the graph traced with one input.
+pub fn aliased_arguments(b: &Rc<dyn Backend>) {
+    let f = compile(|(a, c): (&Tensor, &Tensor)| a.sub(c)).backend(b.clone());
+    let x = f32s(&[1.0, 2.0, 3.0], &[3]);
+    let y = f32s(&[0.5, 0.5, 4.0], &[3]);
+    assert_values(&f.call((&x, &x)).unwrap(), &[0.0, 0.0, 0.0]);
+    assert_values(&f.call((&x, &y)).unwrap(), &[0.5, 1.5, -1.0]);
+    assert_values(&f.call((&y, &y)).unwrap(), &[0.0, 0.0, 0.0]);
+    assert_values(&f.call((&y, &x)).unwrap(), &[-0.5, -1.5, 1.0]);
+}
+
+/// A function that adds a captured weight, called with the weight itself and with other tensors, in
+/// both orders: every result is `a + w`.
+pub fn argument_that_is_a_captured_weight(b: &Rc<dyn Backend>) {
+    let w = f32s(&[10.0, 20.0], &[2]);
+    let x = f32s(&[1.0, 2.0], &[2]);
+    let y = f32s(&[3.0, 4.0], &[2]);
+    let g = compile(|a: &Tensor| a.add(&w)).backend(b.clone());
+    assert_values(&g.call(&w).unwrap(), &[20.0, 40.0]);
+    assert_values(&g.call(&x).unwrap(), &[11.0, 22.0]);
+    assert_values(&g.call(&y).unwrap(), &[13.0, 24.0]);
+    assert_values(&g.call(&w).unwrap(), &[20.0, 40.0]);
+    let h = compile(|a: &Tensor| a.add(&w)).backend(b.clone());
+    assert_values(&h.call(&x).unwrap(), &[11.0, 22.0]);
+    assert_values(&h.call(&w).unwrap(), &[20.0, 40.0]);
+    assert_values(&h.call(&y).unwrap(), &[13.0, 24.0]);
+    let s = h.stats();
+    assert!(s.traces <= 3, "verified entries are reused: {s:?}");
+}
+
+#[track_caller]
+fn assert_runtime_error<T: std::fmt::Debug>(r: kiln::Result<T>, op: &str, line: u32) {
+    match r {
+        Err(Error::Runtime { op: got, loc, msg }) => {
+            assert_eq!(got, op, "{msg}");
+            assert!(loc.file.ends_with("user_cases.rs") && loc.line == line, "error at {loc}, want line {line}: {msg}");
+        }
+        other => panic!("expected a run-time error from `{op}` at line {line}, got {other:?}"),
+    }
+}
+
+/// Integer division by zero and out-of-range gather indices are errors on every backend (as the
+/// reference and `docs/ops.md` say), naming the op and the user's line; valid inputs still work after.
+pub fn run_time_checks(b: &Rc<dyn Backend>) {
+    let div_line = line!() + 1;
+    let div = compile(|(a, c): (&Tensor, &Tensor)| a.div(c)).backend(b.clone());
+    let a = Tensor::from_slice(&[7i32, 8, 9, -7], &[4]).unwrap();
+    let zero = Tensor::from_slice(&[2i32, 0, 3, 2], &[4]).unwrap();
+    assert_runtime_error(div.call((&a, &zero)), "div", div_line);
+    let ok = Tensor::from_slice(&[2i32, 4, 3, 2], &[4]).unwrap();
+    assert_eq!(div.call((&a, &ok)).unwrap().to_vec::<i32>().unwrap(), vec![3, 2, 3, -4]);
+
+    let sel_line = line!() + 1;
+    let select = compile(|(x, i): (&Tensor, &Tensor)| x.index_select(0, i)?.mul(2.0)).backend(b.clone());
+    let x = f32s(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2]);
+    for bad in [[0i64, 3], [-1, 1]] {
+        let idx = Tensor::from_slice(&bad, &[2]).unwrap();
+        assert_runtime_error(select.call((&x, &idx)), "index_select", sel_line);
+    }
+    let idx = Tensor::from_slice(&[2i64, 0], &[2]).unwrap();
+    assert_values(&select.call((&x, &idx)).unwrap(), &[10.0, 12.0, 2.0, 4.0]);
+
+    let gather_line = line!() + 1;
+    let gather = compile(|(x, i): (&Tensor, &Tensor)| x.gather(1, i)).backend(b.clone());
+    let idx = Tensor::from_slice(&[0i64, 2, 1, 1, 0, 0], &[3, 2]).unwrap();
+    assert_runtime_error(gather.call((&x, &idx)), "gather", gather_line);
+}
+
+/// A dim made symbolic by a recompile (or `Dynamic::Always`) still reshapes: `-1` is solved
+/// symbolically under a divisibility guard, an equality becomes a guard, and a reshape that really does
+/// not fit is the user's error showing the sizes they passed.
+pub fn dynamic_reshapes(b: &Rc<dyn Backend>) {
+    let heads = compile(|x: &Tensor| x.reshape(&[-1, 4])?.sum(&[1], false)).backend(b.clone());
+    let data = |n: usize| Tensor::from_slice(&(0..n).map(|v| v as f32).collect::<Vec<_>>(), &[2, n / 2]).unwrap();
+    let sums = |n: usize| (0..n / 4).map(|r| (0..4).map(|c| (r * 4 + c) as f64).sum()).collect::<Vec<f64>>();
+    for n in [12, 16, 20, 24] {
+        assert_values(&heads.call(&data(n)).unwrap(), &sums(n));
+    }
+    assert!(heads.stats().traces <= 2, "{:?}", heads.stats());
+    let odd = Tensor::from_slice(&[0.0f32; 14], &[2, 7]).unwrap();
+    match heads.call(&odd) {
+        Err(e @ Error::Reshape { .. }) => assert!(e.to_string().contains("[2, 7]"), "{e}"),
+        other => panic!("expected a reshape error, got {other:?}"),
+    }
+
+    let always = compile(|x: &Tensor| x.reshape(&[-1, 4])?.sum(&[0], false)).backend(b.clone()).dynamic(Dynamic::Always);
+    let x = Tensor::from_slice(&(0..12).map(|v| v as f32).collect::<Vec<_>>(), &[3, 4]).unwrap();
+    assert_values(&always.call(&x).unwrap(), &[12.0, 15.0, 18.0, 21.0]);
+
+    let flat = compile(|x: &Tensor| x.reshape(&[16])?.mul(2.0)).backend(b.clone());
+    for dims in [[4, 4], [2, 8], [8, 2]] {
+        let x = Tensor::from_slice(&[1.0f32; 16], &dims).unwrap();
+        assert_values(&flat.call(&x).unwrap(), &[2.0; 16]);
+    }
+    assert!(matches!(flat.call(&Tensor::from_slice(&[1.0f32; 9], &[3, 3]).unwrap()), Err(Error::Reshape { .. })));
+
+    // A dynamic feature dim meeting a weight's fixed size: specialised with a guard, not an error.
+    let w = f32s(&[1.0; 12], &[3, 4]);
+    let lin = compile(|x: &Tensor| x.linear(&w, None)).backend(b.clone()).dynamic(Dynamic::Always);
+    for rows in [2, 5] {
+        let x = Tensor::from_slice(&vec![1.0f32; rows * 4], &[rows, 4]).unwrap();
+        assert_values(&lin.call(&x).unwrap(), &vec![4.0; rows * 3]);
+    }
+}
+
+/// A broadcast error after a dim went symbolic names the sizes the user passed.
+pub fn broadcast_errors_show_sizes(b: &Rc<dyn Backend>) {
+    let f = compile(|(a, c): (&Tensor, &Tensor)| a.add(c)).backend(b.clone()).dynamic(Dynamic::Always);
+    let a = f32s(&[0.0; 6], &[2, 3]);
+    f.call((&a, &f32s(&[0.0; 3], &[3]))).unwrap();
+    match f.call((&a, &f32s(&[0.0; 4], &[4]))) {
+        Err(e @ Error::Broadcast { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("[2, 3]") && m.contains("[4]"), "{m}");
+        }
+        other => panic!("expected a broadcast error, got {other:?}"),
+    }
+}
+
+/// Sizes no machine holds are typed errors, never panics or aborts.
+pub fn huge_sizes(b: &Rc<dyn Backend>) {
+    let x = f32s(&[1.0], &[1]);
+    let big = 1isize << 32;
+    let r = compile(|x: &Tensor| x.expand(&[big, big])?.reshape(&[big, big, 1])).backend(b.clone()).call(&x);
+    assert!(matches!(r, Err(Error::TooLarge { .. })), "{r:?}");
+    let e = 1isize << 40;
+    let r = compile(|x: &Tensor| x.reshape(&[1, 1, 1, 1])?.expand(&[e, e, 2, 3])).backend(b.clone()).call(&x);
+    assert!(matches!(r, Err(Error::TooLarge { .. })), "{r:?}");
+    let r = compile(|x: &Tensor| Tensor::zeros(&[1 << 40], DType::F32)?.add(x)).backend(b.clone()).call(&x);
+    assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
+    // The device (or host) still runs a normal call afterwards.
+    let ok: Tensor = compile(|x: &Tensor| x.add(1.0)).backend(b.clone()).call(&x).unwrap();
+    assert_values(&ok, &[2.0]);
+}

@@ -86,6 +86,7 @@ fn structure_keyed_persistent_and_checked() {
         compile(|x: &Tensor| x.mul(2.0)?.softmax(-1)).backend(b).call(&x).unwrap().to_vec().unwrap()
     };
     let (k, r) = (run(Backend::Kernels), run(Backend::Cpu));
-    assert!(k.iter().zip(&r).all(|(a, b)| (a - b).abs() < 1e-6));
+    assert_eq!(k.len(), r.len());
+    assert!(k.iter().zip(&r).all(|(a, b)| (a - b).abs() < 1e-6), "{k:?} vs {r:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

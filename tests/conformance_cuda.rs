@@ -1,16 +1,21 @@
 //! The conformance suite on CUDA: every kernel rendered to PTX, JIT-compiled by the driver and run on the
-//! GPU, then compared with the reference. It runs on the lent GPU; a machine without a CUDA driver fails
-//! saying so — unless KILN_CUDA_TESTS=skip says, explicitly, that this machine has none.
+//! GPU, then compared with the reference. The tests need an NVIDIA GPU, so they are marked ignored: the
+//! harness counts them as ignored where there is none, and `scripts/test.sh` runs them with
+//! `--include-ignored` wherever `libcuda.so.1` exists (there a missing device fails, saying so).
 
 mod common;
 mod conformance;
 
 use kiln::graph::{capture, compile_graph, DType, TensorSpec};
 
+/// Why every GPU test here is ignored by default.
+macro_rules! needs_gpu {
+    () => {
+        "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"
+    };
+}
+
 fn cuda() -> Option<std::rc::Rc<dyn kiln::graph::Backend>> {
-    if common::cuda_skipped() {
-        return None;
-    }
     use kiln::graph::IntoBackend;
     match kiln::Backend::Cuda.into_backend() {
         Ok(b) => Some(b),
@@ -18,9 +23,16 @@ fn cuda() -> Option<std::rc::Rc<dyn kiln::graph::Backend>> {
     }
 }
 
-conformance_suite!(cuda(), random_cases = 500, big = true, ieee_nan = true);
+conformance_suite!(
+    #[ignore = needs_gpu!()]
+    backend = cuda(),
+    random_cases = 500,
+    big = true,
+    ieee_nan = true
+);
 
 #[test]
+#[ignore = needs_gpu!()]
 fn reports_the_device() {
     let Some(_) = cuda() else { return };
     let cuda = kiln_ptx::CudaBackend::new().unwrap();
@@ -30,6 +42,7 @@ fn reports_the_device() {
 /// A prepared graph captured as a CUDA graph replays to the same values, and new input values uploaded
 /// into the captured buffers are read by the replay (the graph holds buffers, not data).
 #[test]
+#[ignore = needs_gpu!()]
 fn a_captured_graph_replays_and_reads_new_inputs() {
     let Some(_) = cuda() else { return };
     let be = kiln_ptx::CudaBackend::new().unwrap();
@@ -55,6 +68,7 @@ fn a_captured_graph_replays_and_reads_new_inputs() {
 }
 
 #[test]
+#[ignore = needs_gpu!()]
 fn eager_ops_run_as_kernels_on_cuda() {
     let Some(_) = cuda() else { return };
     kiln::set_eager_backend(kiln::Backend::Cuda).unwrap();
@@ -62,6 +76,7 @@ fn eager_ops_run_as_kernels_on_cuda() {
     let y: Vec<f32> = x.exp().unwrap().sum(&[1], false).unwrap().to_vec().unwrap();
     kiln::set_eager_backend(kiln::Backend::Cpu).unwrap();
     let want = [0.5f32.exp() + (-1.0f32).exp(), 2.0f32.exp() + 3.5f32.exp()];
+    assert_eq!(y.len(), want.len());
     for (a, b) in y.iter().zip(want) {
         assert!((a - b).abs() <= 1e-5 * b.abs(), "{a} vs {b}");
     }
@@ -80,6 +95,7 @@ fn opening_cuda_is_a_typed_result() {
 /// the same sizes replay it on new values, other sizes (symbolic) record again; every result matches
 /// the reference.
 #[test]
+#[ignore = needs_gpu!()]
 fn reduce_overhead_mode_replays_and_rerecords() {
     let Some(_) = cuda() else { return };
     let f = |x: &kiln::Tensor| x.mul(2.0)?.softmax(-1)?.add(1.0);

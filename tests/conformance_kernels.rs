@@ -3,7 +3,7 @@
 mod conformance;
 
 conformance_suite!(
-    Some(std::rc::Rc::new(kiln::graph::KernelInterpreter::default())),
+    backend = Some(std::rc::Rc::new(kiln::graph::KernelInterpreter::default())),
     random_cases = 1000,
     big = false,
     ieee_nan = true

@@ -15,4 +15,4 @@ fn ptx() -> Option<std::rc::Rc<dyn kiln::graph::Backend>> {
     }
 }
 
-conformance_suite!(ptx(), random_cases = 300, big = false, ieee_nan = true);
+conformance_suite!(backend = ptx(), random_cases = 300, big = false, ieee_nan = true);

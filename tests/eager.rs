@@ -17,6 +17,7 @@ fn check(backend: Backend) {
     set_eager_backend(backend).unwrap();
     let got = program(&x);
     set_eager_backend(Backend::Cpu).unwrap();
+    assert_eq!(got.len(), want.len(), "every element comes back");
     for (a, b) in got.iter().zip(&want) {
         assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
     }

@@ -17,6 +17,7 @@ fn explain_prints_the_fused_w3_kernel() {
     // And it computes what the reference computes.
     let reference = compile(|x: &Tensor| x.layer_norm(1, Some(&w), Some(&b), 1e-5)?.gelu()).backend(Backend::Cpu);
     let (a, r) = (y.to_vec::<f32>().unwrap(), reference.call(&x).unwrap().to_vec::<f32>().unwrap());
+    assert_eq!(a.len(), r.len());
     for (p, q) in a.iter().zip(&r) {
         assert!((p - q).abs() <= 1e-5 * (1.0 + q.abs()), "{p} vs {q}");
     }

@@ -128,4 +128,39 @@ fn eager_and_compiled_agree_on_reads_outside_any_trace() {
     assert!(!y.is_traced());
     let (v, _) = read(&Ok(y));
     assert_close(&v, &[1f64.exp() as f32 as f64, 2f64.exp() as f32 as f64]);
+    // The same function compiled (kernels, not the eager reference) agrees.
+    let f = kiln::compile(|x: &kiln::Tensor| x.exp()).backend(kiln::Backend::Kernels);
+    let (c, ex) = f.call_explained(&x).unwrap();
+    assert_eq!((ex.graph_count(), ex.backend.as_str()), (1, "cpu-kernels"));
+    assert_close(&read(&Ok(c)).0, &v);
+}
+
+/// A function with a graph break runs its Rust code on every call (it is opaque host code: the value
+/// read decides what follows), but each graph between breaks compiles once: later calls are served by
+/// the compile cache, and the stats and the explanation say so.
+#[test]
+fn graphs_around_a_break_compile_once() {
+    let f = compile(|x: &Tensor| -> Result<Tensor> {
+        let y = x.mul(2.0)?;
+        // Data-dependent control flow: the host reads a value and picks a branch.
+        if y.sum(&[0], false)?.item::<f32>()? > 0.0 {
+            y.add(1.0)
+        } else {
+            y.sub(1.0)
+        }
+    })
+    .backend(kiln::Backend::Kernels);
+    for i in 0..4 {
+        let x = f32s(&[1.0 + i as f32, 2.0], &[2]);
+        let (y, ex) = f.call_explained(&x).unwrap();
+        assert_close(&read(&Ok(y)).0, &[2.0 * (1.0 + i as f64) + 1.0, 5.0]);
+        assert_eq!(ex.graph_count(), 2);
+        if i > 0 {
+            assert!(ex.graphs.iter().all(|g| g.cache_hit), "{ex}");
+            assert!(ex.to_string().contains("compile served from the cache"), "{ex}");
+        }
+    }
+    let s = f.stats();
+    assert_eq!(s.traces, 4, "{s:?}");
+    assert!(s.graph_cache_hits >= 6, "calls 2-4 reuse both graphs' compiles: {s:?}");
 }

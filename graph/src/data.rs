@@ -29,7 +29,12 @@ pub(crate) fn host_zeros(n: usize, what: impl Fn() -> String) -> Result<Vec<f64>
 pub(crate) fn host_reserve(n: usize, what: impl Fn() -> String) -> Result<Vec<f64>> {
     let mut v: Vec<f64> = Vec::new();
     let bytes = (n as u64).saturating_mul(8);
-    v.try_reserve_exact(n).map_err(|_| Error::OutOfMemory { device: "host".into(), what: what(), bytes, limit: None })?;
+    v.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
+        device: "host".into(),
+        what: what(),
+        bytes,
+        limit: None,
+    })?;
     Ok(v)
 }
 

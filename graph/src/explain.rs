@@ -83,7 +83,8 @@ impl fmt::Display for Explanation {
         }
         for (i, g) in self.graphs.iter().enumerate() {
             let hist: Vec<String> = g.graph.op_histogram().iter().map(|(n, c)| format!("{n}×{c}")).collect();
-            writeln!(f, "\ngraph {i}: {} op(s) [{}]", g.graph.op_count(), hist.join(", "))?;
+            let hit = if g.cache_hit { " (compile served from the cache)" } else { "" };
+            writeln!(f, "\ngraph {i}: {} op(s) [{}]{hit}", g.graph.op_count(), hist.join(", "))?;
             for line in g.graph.to_string().lines() {
                 writeln!(f, "    {line}")?;
             }

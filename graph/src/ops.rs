@@ -770,13 +770,14 @@ impl Tensor {
             return Err(Error::Shape { op: "matmul".into(), msg: format!("inner dims differ: {ha} @ {hb}"), loc });
         };
         let k = &k;
-        let batch = broadcast(&Shape(da.dims()[..ra - 2].to_vec()), &Shape(db.dims()[..rb - 2].to_vec()), "matmul", &loc)
-            .map_err(|_| Error::Broadcast {
-                op: "matmul".into(),
-                lhs: crate::trace::shape_for_humans(&da),
-                rhs: crate::trace::shape_for_humans(&db),
-                loc: loc.clone(),
-            })?;
+        let batch =
+            broadcast(&Shape(da.dims()[..ra - 2].to_vec()), &Shape(db.dims()[..rb - 2].to_vec()), "matmul", &loc)
+                .map_err(|_| Error::Broadcast {
+                    op: "matmul".into(),
+                    lhs: crate::trace::shape_for_humans(&da),
+                    rhs: crate::trace::shape_for_humans(&db),
+                    loc: loc.clone(),
+                })?;
         let with = |x: &Dim, y: &Dim| {
             let mut d = batch.dims().to_vec();
             d.push(x.clone());

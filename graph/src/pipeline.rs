@@ -70,7 +70,8 @@ pub fn compile_cached(graph: &Graph, target: &Target, mode: FusionMode) -> Resul
 /// origin map) when they differ.
 fn with_locations_of(c: std::rc::Rc<CompiledGraph>, graph: &Graph) -> std::rc::Rc<CompiledGraph> {
     let loc_of = |i: usize| graph.nodes.get(c.primitive.origin[i].index()).map(|n| &n.loc);
-    let same = (0..c.primitive.graph.nodes.len()).all(|i| loc_of(i).is_none_or(|l| *l == c.primitive.graph.nodes[i].loc));
+    let same =
+        (0..c.primitive.graph.nodes.len()).all(|i| loc_of(i).is_none_or(|l| *l == c.primitive.graph.nodes[i].loc));
     if same {
         return c;
     }
@@ -285,7 +286,13 @@ impl CompiledGraph {
     /// Kernels with run-time checks, in launch order: `(position in plan.launches, kernel)`. A runtime
     /// binds one fault word to each.
     pub fn checked_launches(&self) -> Vec<(usize, usize)> {
-        self.plan.launches.iter().enumerate().filter(|(_, &k)| !self.kernels[k].faults.is_empty()).map(|(i, &k)| (i, k)).collect()
+        self.plan
+            .launches
+            .iter()
+            .enumerate()
+            .filter(|(_, &k)| !self.kernels[k].faults.is_empty())
+            .map(|(i, &k)| (i, k))
+            .collect()
     }
 
     /// Kernels of each kind: `(pointwise, rows, matmul)`.

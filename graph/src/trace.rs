@@ -207,6 +207,10 @@ pub struct TracedGraph {
     /// Per graph input: the tensor it was lifted from (`None` for the function's arguments).
     #[serde(skip)]
     pub sources: Vec<Option<Tensor>>,
+    /// The compile cache served its compilation (a structurally equal graph compiled before: the graphs
+    /// of a function with breaks, traced again on every call, compile once).
+    #[serde(default)]
+    pub cache_hit: bool,
 }
 
 impl PartialEq for TracedGraph {
@@ -426,6 +430,7 @@ impl Tracer {
         let ran = graph.op_count() > 0 || !graph.outputs.is_empty();
         let index = st.graphs.len();
         let mut compiled = None;
+        let mut cache_hit = false;
         if ran {
             let inputs: Vec<&TensorData> = input_data.iter().map(|d| d.as_ref()).collect();
             let backend = &self.opts.backend;
@@ -434,6 +439,7 @@ impl Tracer {
                     let hits = crate::cache::hits();
                     let c = crate::pipeline::compile_cached(&graph, target, crate::fuse::FusionMode::Fused)?;
                     if crate::cache::hits() > hits {
+                        cache_hit = true;
                         st.cache_hits += 1;
                     }
                     compiled = Some(c.clone());
@@ -454,7 +460,7 @@ impl Tracer {
             b
         });
         if ran {
-            st.graphs.push(TracedGraph { graph, ended_by, compiled, sources });
+            st.graphs.push(TracedGraph { graph, ended_by, compiled, sources, cache_hit });
         }
         st.graph_index += 1;
         Ok(())

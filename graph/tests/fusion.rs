@@ -167,3 +167,38 @@ fn w5_block_on_a_gemm_library() {
     assert_eq!(c.kernel_kinds().1, 3, "two layer norms and the softmax stay row kernels");
     assert!(c.kernels.len() <= 14, "{} kernels:\n{c}", c.kernels.len());
 }
+
+/// A full reduction of 2^32 elements or more (and of 2^31..2^32) lowers with 64-bit extents: one row
+/// whose reduction loop covers every element, a thread count within the target, and no panic (the row
+/// length once went through a `u32` and wrapped, so the kernel summed a fraction of the input).
+#[test]
+fn reductions_past_two_to_the_32_cover_every_element() {
+    use kiln_graph::kernel::Stmt;
+    fn extents(body: &[Stmt], out: &mut Vec<i64>) {
+        for s in body {
+            match s {
+                Stmt::Reduce { extent, body, .. } => {
+                    out.extend(extent.as_const());
+                    extents(body, out);
+                }
+                Stmt::Loop { body, .. } => extents(body, out),
+                _ => {}
+            }
+        }
+    }
+    for n in [(1usize << 32) + 8, (1 << 31) + 5, (1 << 33) + 1] {
+        for target in [Target::cuda(90), Target::interpreter()] {
+            let g = capture(&[f32s(&[n])], |t| Ok(vec![t[0].sum(&[0], false)?])).unwrap();
+            let c = compile_graph(&g, &target).expect("compiles");
+            for k in &c.kernels {
+                let mut e = Vec::new();
+                extents(&k.body, &mut e);
+                assert!(e.contains(&(n as i64)), "{n}: reduction extents {e:?} in\n{k}");
+                assert!(k.launch.threads >= 1 && k.launch.threads <= target.max_threads_per_group, "{k}");
+            }
+            let c = compile_graph(&capture(&[f32s(&[n])], |t| Ok(vec![t[0].max(&[0], false)?])).unwrap(), &target)
+                .expect("compiles");
+            assert!(c.kernels.iter().all(|k| k.launch.threads <= target.max_threads_per_group));
+        }
+    }
+}

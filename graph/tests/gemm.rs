@@ -17,7 +17,9 @@ fn close(specs: &[TensorSpec], f: fn(&[Tensor]) -> Result<Vec<Tensor>>, target: 
     let refs: Vec<_> = inputs.iter().collect();
     let got = c.run_interpreted(&refs).unwrap();
     let want = interp::run(&g, &refs).unwrap();
+    assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.dims(), w.dims());
         for (a, b) in g.values().iter().zip(w.values()) {
             assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}\n{c}");
         }
@@ -107,7 +109,9 @@ fn symbolic_sizes_give_a_symbolic_description() {
         let (got, ex) = f.call_explained::<_, Vec<Tensor>>(x.clone()).unwrap();
         assert!(ex.to_string().contains("gemm library"), "{ex}");
         let want: Vec<Tensor> = r.call(x).unwrap();
+        assert_eq!(got.len(), want.len());
         let (g, w) = (got[0].to_data().unwrap(), want[0].to_data().unwrap());
+        assert_eq!(g.dims(), w.dims());
         for (a, b) in g.values().iter().zip(w.values()) {
             assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
         }

@@ -1186,7 +1186,9 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
         let _ = writeln!(src, "    cvta.to.global.u64 %b{i}, %b{i};");
     }
     if faults {
-        src.push_str("    .reg .u64 %fault;\n    ld.param.u64 %fault, [p_fault];\n    cvta.to.global.u64 %fault, %fault;\n");
+        src.push_str(
+            "    .reg .u64 %fault;\n    ld.param.u64 %fault, [p_fault];\n    cvta.to.global.u64 %fault, %fault;\n",
+        );
     }
     for s in &kernel.symbols {
         let _ = writeln!(src, "    ld.param.s64 %s{0}, [p_s{0}];", s.0);

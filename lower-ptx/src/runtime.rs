@@ -199,7 +199,24 @@ impl Cuda {
             return Ok(b);
         }
         // SAFETY: plan buffers are written by a kernel or an upload before any kernel reads them.
-        unsafe { self.stream.alloc::<u8>(class) }.map_err(|e| driver(&format!("allocating {class} bytes"), e))
+        let alloc = || unsafe { self.stream.alloc::<u8>(class) };
+        match alloc() {
+            Ok(b) => Ok(b),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                // Cached buffers hold memory nobody uses now: give them back and try once more.
+                self.pool.borrow_mut().clear();
+                alloc().map_err(|e| match e.0 {
+                    CUresult::CUDA_ERROR_OUT_OF_MEMORY => Error::OutOfMemory {
+                        device: "cuda".into(),
+                        what: format!("a buffer of {bytes} bytes"),
+                        bytes: class as u64,
+                        limit: None,
+                    },
+                    _ => driver(&format!("allocating {class} bytes"), e),
+                })
+            }
+            Err(e) => Err(driver(&format!("allocating {class} bytes"), e)),
+        }
     }
 
     /// Binds a compiled graph to device memory: buffers from the plan, inputs uploaded, one loaded
@@ -374,8 +391,10 @@ impl Cuda {
         if p.fault_kernels.is_empty() {
             return Ok(());
         }
-        let bytes =
-            self.stream.clone_dtoh(&p.faults.slice(0..4 * p.fault_kernels.len())).map_err(|e| driver("reading faults", e))?;
+        let bytes = self
+            .stream
+            .clone_dtoh(&p.faults.slice(0..4 * p.fault_kernels.len()))
+            .map_err(|e| driver("reading faults", e))?;
         self.wait()?;
         for (&k, w) in p.fault_kernels.iter().zip(bytes.chunks_exact(4)) {
             c.check_fault(k, u32::from_le_bytes([w[0], w[1], w[2], w[3]]))?;

@@ -814,7 +814,11 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     }
     if !kernel.faults.is_empty() {
         // The fault word (kernel IR `Fault`): its binding follows the symbol block's slot.
-        let _ = writeln!(src, "@group(0) @binding({}) var<storage, read_write> kfault: atomic<u32>;", fault_binding(kernel));
+        let _ = writeln!(
+            src,
+            "@group(0) @binding({}) var<storage, read_write> kfault: atomic<u32>;",
+            fault_binding(kernel)
+        );
     }
     let t = kernel.launch.threads;
     if let Some((a, b, ty)) = w.mm_tiles {

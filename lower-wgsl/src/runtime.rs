@@ -350,7 +350,7 @@ impl Gpu {
     /// size past what one binding may cover is a typed error naming `what`, never a driver panic.
     fn buffer(&self, size: u64, what: &str) -> Result<wgpu::Buffer> {
         let limits = self.device.limits();
-        let max_binding = u64::from(limits.max_storage_buffer_binding_size);
+        let max_binding = limits.max_storage_buffer_binding_size;
         if size > max_binding || size > limits.max_buffer_size {
             return Err(Error::OutOfMemory {
                 device: "wgpu".into(),
@@ -367,7 +367,12 @@ impl Gpu {
             return Ok(b);
         }
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-        Ok(self.device.create_buffer(&wgpu::BufferDescriptor { label: None, size: class, usage, mapped_at_creation: false }))
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: class,
+            usage,
+            mapped_at_creation: false,
+        }))
     }
 
     /// Binds a compiled graph to device memory: buffers from the plan, inputs uploaded, one pipeline per
@@ -570,7 +575,9 @@ impl Gpu {
         });
         #[cfg(not(target_arch = "wasm32"))]
         self.wait()?;
-        rx.await.map_err(|_| err("the device was lost before readback"))?.map_err(|e| err(format!("reading faults: {e}")))?;
+        rx.await
+            .map_err(|_| err("the device was lost before readback"))?
+            .map_err(|e| err(format!("reading faults: {e}")))?;
         let view = staging.get_mapped_range(..).map_err(|e| err(format!("reading faults: {e}")))?;
         for (slot, &k) in p.fault_kernels.iter().enumerate() {
             let at = (p.fault_stride * slot as u64) as usize;

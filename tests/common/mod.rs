@@ -53,14 +53,3 @@ pub fn wgpu_skipped() -> bool {
     }
     skip
 }
-
-/// Whether this run opted out of CUDA tests (`KILN_CUDA_TESTS=skip`, which `scripts/test.sh` sets only on
-/// a machine without a CUDA driver, and says so); says so when it did. Without the opt-out a missing
-/// driver is a failure, never a silent pass.
-pub fn cuda_skipped() -> bool {
-    let skip = std::env::var("KILN_CUDA_TESTS").as_deref() == Ok("skip");
-    if skip {
-        eprintln!("KILN_CUDA_TESTS=skip: CUDA tests skipped on request");
-    }
-    skip
-}

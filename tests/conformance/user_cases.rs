@@ -108,7 +108,8 @@ pub fn dynamic_reshapes(b: &Rc<dyn Backend>) {
         other => panic!("expected a reshape error, got {other:?}"),
     }
 
-    let always = compile(|x: &Tensor| x.reshape(&[-1, 4])?.sum(&[0], false)).backend(b.clone()).dynamic(Dynamic::Always);
+    let always =
+        compile(|x: &Tensor| x.reshape(&[-1, 4])?.sum(&[0], false)).backend(b.clone()).dynamic(Dynamic::Always);
     let x = Tensor::from_slice(&(0..12).map(|v| v as f32).collect::<Vec<_>>(), &[3, 4]).unwrap();
     assert_values(&always.call(&x).unwrap(), &[12.0, 15.0, 18.0, 21.0]);
 

@@ -20,8 +20,22 @@ pub fn run(graph: &Graph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
     }
     let bindings = bind_symbols(graph, inputs)?;
     let last_use = last_uses(graph);
+    // Only what an output needs runs, as in compiled code: a check in an unused node (an out-of-range
+    // index nobody reads) is not an error on any backend.
+    let mut needed = vec![false; graph.nodes.len()];
+    for o in &graph.outputs {
+        needed[o.index()] = true;
+    }
+    for (i, node) in graph.nodes.iter().enumerate().rev() {
+        if needed[i] {
+            node.inputs.iter().for_each(|a| needed[a.index()] = true);
+        }
+    }
     let mut values: Vec<Option<TensorData>> = vec![None; graph.nodes.len()];
     for (i, node) in graph.nodes.iter().enumerate() {
+        if !needed[i] {
+            continue;
+        }
         let args: Vec<&TensorData> = node
             .inputs
             .iter()

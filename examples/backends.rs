@@ -5,8 +5,11 @@ use kiln::Backend;
 
 fn main() {
     println!("backends available here, best first: {:?}", Backend::available());
-    match kiln_wgsl::WgpuBackend::new() {
-        Ok(b) => println!("wgpu adapter: {}", b.gpu().describe()),
-        Err(e) => println!("wgpu: {e}"),
+    for b in [Backend::Cuda, Backend::Wgpu] {
+        match b.runtime() {
+            Ok(Some(rt)) => println!("{}: {}", rt.name(), rt.driver().describe()),
+            Ok(None) => {}
+            Err(e) => println!("{e}"),
+        }
     }
 }

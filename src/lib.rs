@@ -18,12 +18,12 @@
 
 pub use kiln_graph as graph;
 pub use kiln_graph::{
-    compile, Args, CompileStats, Compiled, DType, Dynamic, Element, Error, Explanation, Mode, Outputs, Result,
-    SourceLoc, Static, Tensor, TensorData,
+    compile, Args, CompileStats, Compiled, DType, Dynamic, Element, Error, Explanation, MemoryStats, Mode, Outputs,
+    Result, Runtime, SourceLoc, Static, Tensor, TensorData,
 };
 
 use kiln_graph::{CpuReference, IntoBackend, KernelInterpreter};
-use std::rc::Rc;
+use std::sync::{Arc, OnceLock};
 
 /// Turns on kiln's logs as `KILN_LOGS` asks: a comma-separated list of `graph`, `fusion`, `guards`,
 /// `recompiles`, `cache`, `output_code` (or `all`), printed to stderr. Safe to call more than once; a
@@ -40,13 +40,13 @@ pub fn init_logs() {
 }
 
 /// Runs eager ops (tensor ops outside `compile`) on `backend` from now on, on this thread: each op is
-/// one kernel through the same pipeline and runtime compiled code uses.
+/// one kernel through the same pipeline and runtime compiled code uses, its result left on the device.
 pub fn set_eager_backend(backend: Backend) -> Result<()> {
     kiln_graph::set_eager_backend(Some(backend.into_backend()?));
     Ok(())
 }
 
-/// Which backend compiled graphs run on.
+/// Which backend compiled graphs run on, and where tensors live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Backend {
     /// The best one available: CUDA, else any wgpu adapter, else the CPU reference.
@@ -55,7 +55,7 @@ pub enum Backend {
     /// The CPU reference interpreter (f64, exact, slow).
     Cpu,
     /// The full compiler pipeline (decompose, fuse, lower, plan) with its kernels run by the CPU kernel
-    /// interpreter: the kernels a GPU would get, executed without one.
+    /// interpreter on a host-memory device: the kernels a GPU would get, executed without one.
     Kernels,
     /// WGSL kernels through wgpu (Vulkan, Metal, DX12; WebGPU in browsers).
     Wgpu,
@@ -79,62 +79,63 @@ impl Backend {
         v.extend([Backend::Kernels, Backend::Cpu]);
         v
     }
+
+    /// The device runtime behind this backend (`None` for the CPU reference), shared by the process.
+    pub fn runtime(self) -> Result<Option<std::sync::Arc<kiln_graph::Runtime>>> {
+        Ok(self.into_backend()?.runtime())
+    }
 }
 
-/// A device opened once per thread, kept for the whole program (leaked): opening costs milliseconds,
-/// compiled pipelines and modules are cached on it, and a device torn down with its thread's locals can
-/// touch other thread-locals that are already gone.
-type DeviceSlot<B> = std::thread::LocalKey<std::cell::OnceCell<Result<&'static B, String>>>;
+/// One runtime per device per process, opened on first use and shared by every thread: opening costs
+/// milliseconds, and tensors, pools and loaded kernels belong to it.
+type DeviceSlot = OnceLock<std::result::Result<Arc<kiln_graph::Runtime>, String>>;
 
 #[allow(dead_code)] // unused when built without both GPU features
-fn shared_device<B: kiln_graph::Backend + Clone + 'static>(
-    slot: &'static DeviceSlot<B>,
+fn shared(
+    slot: &'static DeviceSlot,
     name: &str,
-    open: fn() -> Result<B>,
-) -> Result<Rc<dyn kiln_graph::Backend>> {
-    let open = || open().map(|b| &*Box::leak(Box::new(b))).map_err(|e| e.to_string());
-    slot.with(|cell| match cell.get_or_init(open) {
-        Ok(b) => Ok(Rc::new((*b).clone()) as Rc<dyn kiln_graph::Backend>),
+    open: fn() -> Result<Arc<kiln_graph::Runtime>>,
+) -> Result<Arc<dyn kiln_graph::Backend>> {
+    match slot.get_or_init(|| open().map_err(|e| e.to_string())) {
+        Ok(rt) => Ok(rt.clone()),
         Err(msg) => Err(Error::Backend { backend: name.into(), msg: msg.clone() }),
-    })
+    }
 }
 
-#[cfg(feature = "wgpu")]
-thread_local! {
-    static WGPU: std::cell::OnceCell<Result<&'static kiln_wgsl::WgpuBackend, String>> = const { std::cell::OnceCell::new() };
+static KERNELS: DeviceSlot = OnceLock::new();
+
+#[cfg(all(feature = "wgpu", not(target_arch = "wasm32")))]
+static WGPU: DeviceSlot = OnceLock::new();
+
+#[cfg(all(feature = "wgpu", not(target_arch = "wasm32")))]
+fn wgpu_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
+    shared(&WGPU, "wgpu", kiln_wgsl::Gpu::runtime)
 }
 
-#[cfg(feature = "wgpu")]
-fn wgpu_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
-    shared_device(&WGPU, "wgpu", kiln_wgsl::WgpuBackend::new)
+#[cfg(not(all(feature = "wgpu", not(target_arch = "wasm32"))))]
+fn wgpu_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
+    Err(Error::Backend { backend: "wgpu".into(), msg: "this build of kiln opens no wgpu device here".into() })
 }
 
-#[cfg(not(feature = "wgpu"))]
-fn wgpu_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
-    Err(Error::Backend { backend: "wgpu".into(), msg: "this build of kiln has no `wgpu` feature".into() })
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+static CUDA: DeviceSlot = OnceLock::new();
+
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+fn cuda_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
+    shared(&CUDA, "cuda", kiln_ptx::Cuda::runtime)
 }
 
-#[cfg(feature = "cuda")]
-thread_local! {
-    static CUDA: std::cell::OnceCell<Result<&'static kiln_ptx::CudaBackend, String>> = const { std::cell::OnceCell::new() };
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
-    shared_device(&CUDA, "cuda", kiln_ptx::CudaBackend::new)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_backend() -> Result<Rc<dyn kiln_graph::Backend>> {
+#[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
+fn cuda_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
     Err(Error::Backend { backend: "cuda".into(), msg: "this build of kiln has no `cuda` feature".into() })
 }
 
 impl IntoBackend for Backend {
-    fn into_backend(self) -> Result<Rc<dyn kiln_graph::Backend>> {
+    fn into_backend(self) -> Result<Arc<dyn kiln_graph::Backend>> {
         match self {
-            Backend::Auto => cuda_backend().or_else(|_| wgpu_backend()).or_else(|_| Ok(Rc::new(CpuReference))),
-            Backend::Cpu => Ok(Rc::new(CpuReference)),
-            Backend::Kernels => Ok(Rc::new(KernelInterpreter::default())),
+            Backend::Auto => cuda_backend().or_else(|_| wgpu_backend()).or_else(|_| Ok(Arc::new(CpuReference))),
+            Backend::Cpu => Ok(Arc::new(CpuReference)),
+            Backend::Kernels => shared(&KERNELS, "cpu-kernels", || Ok(KernelInterpreter::default().runtime())),
             Backend::Wgpu => wgpu_backend(),
             Backend::Cuda => cuda_backend(),
         }

@@ -15,7 +15,7 @@ macro_rules! needs_gpu {
     };
 }
 
-fn cuda() -> Option<std::rc::Rc<dyn kiln::graph::Backend>> {
+fn cuda() -> Option<std::sync::Arc<dyn kiln::graph::Backend>> {
     use kiln::graph::IntoBackend;
     match kiln::Backend::Cuda.into_backend() {
         Ok(b) => Some(b),
@@ -34,37 +34,32 @@ conformance_suite!(
 #[test]
 #[ignore = needs_gpu!()]
 fn reports_the_device() {
-    let Some(_) = cuda() else { return };
-    let cuda = kiln_ptx::CudaBackend::new().unwrap();
-    eprintln!("cuda device: {}", cuda.cuda().describe());
+    let rt = kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
+    eprintln!("cuda device: {}", rt.driver().describe());
 }
 
-/// A prepared graph captured as a CUDA graph replays to the same values, and new input values uploaded
-/// into the captured buffers are read by the replay (the graph holds buffers, not data).
+/// A recorded run (a CUDA graph) replays to the same values; new inputs in other buffers are copied into
+/// the recording's own (one re-record, then a copy per replay), never read from the old ones.
 #[test]
 #[ignore = needs_gpu!()]
-fn a_captured_graph_replays_and_reads_new_inputs() {
-    let Some(_) = cuda() else { return };
-    let be = kiln_ptx::CudaBackend::new().unwrap();
-    let cuda = be.cuda();
+fn a_recorded_graph_replays_and_reads_new_inputs() {
+    let rt = kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
     let spec = TensorSpec::new(DType::F32, &[64, 300]);
     let g = capture(std::slice::from_ref(&spec), |t| Ok(vec![t[0].mul(2.0)?.softmax(-1)?.add(1.0)?])).unwrap();
-    let c = compile_graph(&g, cuda.target()).unwrap();
-    let x = kiln::graph::workloads::data(&spec, 0);
-    let want = c.run_interpreted(&[&x]).unwrap();
-    let mut p = cuda.prepare(&c, &[&x]).unwrap();
-    cuda.capture(&mut p).unwrap();
-    assert!(p.is_captured());
-    for _ in 0..3 {
-        cuda.launch(&p).unwrap();
+    let c = std::sync::Arc::new(compile_graph(&g, rt.target()).unwrap());
+    let before = rt.stats();
+    for salt in 0..4 {
+        let x = kiln::graph::workloads::data(&spec, salt);
+        let want = c.run_interpreted(&[&x]).unwrap();
+        let out = rt.run_recorded(&c, &[rt.upload(&x).unwrap()]).unwrap();
+        assert_eq!(out.len(), 1);
+        let got = rt.download(&out[0]).unwrap();
+        common::assert_close_tol(got.values(), want[0].values(), 1e-5);
     }
-    let got = cuda.read(&p).unwrap();
-    common::assert_close_tol(got[0].values(), want[0].values(), 1e-5);
-    let y = kiln::graph::workloads::data(&spec, 7);
-    cuda.upload(&mut p, 0, &y).unwrap();
-    cuda.launch(&p).unwrap();
-    let got = cuda.read(&p).unwrap();
-    common::assert_close_tol(got[0].values(), c.run_interpreted(&[&y]).unwrap()[0].values(), 1e-5);
+    let s = rt.stats();
+    assert!(s.recordings - before.recordings <= 2, "{s:?}");
+    assert!(s.replays - before.replays >= 4, "{s:?}");
+    assert!(s.replay_input_copies - before.replay_input_copies >= 2, "{s:?}");
 }
 
 #[test]
@@ -85,8 +80,8 @@ fn eager_ops_run_as_kernels_on_cuda() {
 /// Opening CUDA is an error, never a panic, where there is no driver or device (CI has none).
 #[test]
 fn opening_cuda_is_a_typed_result() {
-    match kiln_ptx::CudaBackend::new() {
-        Ok(b) => eprintln!("cuda present: {}", b.cuda().describe()),
+    match kiln_ptx::Cuda::new() {
+        Ok(b) => eprintln!("cuda present: {}", kiln::graph::device::Driver::describe(&b)),
         Err(e) => assert!(e.to_string().starts_with("cuda: "), "{e}"),
     }
 }

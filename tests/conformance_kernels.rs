@@ -3,7 +3,7 @@
 mod conformance;
 
 conformance_suite!(
-    backend = Some(std::rc::Rc::new(kiln::graph::KernelInterpreter::default())),
+    backend = Some(kiln::graph::KernelInterpreter::default().runtime()),
     random_cases = 1000,
     big = false,
     ieee_nan = true

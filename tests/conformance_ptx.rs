@@ -4,13 +4,13 @@
 
 mod conformance;
 
-fn ptx() -> Option<std::rc::Rc<dyn kiln::graph::Backend>> {
+fn ptx() -> Option<std::sync::Arc<dyn kiln::graph::Backend>> {
     if std::env::var("KILN_PTXAS_TESTS").as_deref() == Ok("skip") {
         eprintln!("KILN_PTXAS_TESTS=skip: ptxas checks skipped on request");
         return None;
     }
-    match kiln_ptx::PtxasChecked::new() {
-        Ok(b) => Some(std::rc::Rc::new(b)),
+    match kiln_ptx::PtxasChecked::runtime() {
+        Ok(b) => Some(b),
         Err(e) => panic!("{e}"),
     }
 }

@@ -5,10 +5,10 @@ mod conformance;
 
 use conformance::user_cases;
 use kiln::graph::{Backend, CpuReference};
-use std::rc::Rc;
+use std::sync::Arc;
 
-fn reference() -> Rc<dyn Backend> {
-    Rc::new(CpuReference)
+fn reference() -> Arc<dyn Backend> {
+    Arc::new(CpuReference)
 }
 
 #[test]

@@ -5,7 +5,7 @@
 mod common;
 mod conformance;
 
-fn wgpu() -> Option<std::rc::Rc<dyn kiln::graph::Backend>> {
+fn wgpu() -> Option<std::sync::Arc<dyn kiln::graph::Backend>> {
     if common::wgpu_skipped() {
         return None;
     }
@@ -21,8 +21,8 @@ conformance_suite!(backend = wgpu(), random_cases = 500, big = true, ieee_nan = 
 #[test]
 fn reports_the_adapter() {
     let Some(_) = wgpu() else { return };
-    let gpu = kiln_wgsl::WgpuBackend::new().unwrap();
-    eprintln!("wgpu adapter: {}", gpu.gpu().describe());
+    let rt = kiln::Backend::Wgpu.runtime().unwrap().expect("wgpu has a runtime");
+    eprintln!("wgpu adapter: {}", rt.driver().describe());
 }
 
 /// A tensor near the adapter's storage-binding limit (128 MiB on lavapipe): just below it runs (the

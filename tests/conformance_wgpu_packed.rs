@@ -11,8 +11,8 @@ fn every_op_matches_the_reference_with_packed_halves() {
     }
     // Set before this binary opens its device; no other test here opens one first.
     std::env::set_var("KILN_WGPU_NO_F16", "1");
-    let b = kiln_wgsl::WgpuBackend::new().unwrap_or_else(|e| panic!("{e}"));
-    let b: std::rc::Rc<dyn kiln::graph::Backend> = std::rc::Rc::new(b);
+    let b = kiln_wgsl::Gpu::runtime().unwrap_or_else(|e| panic!("{e}"));
+    let b: std::sync::Arc<dyn kiln::graph::Backend> = b;
     conformance::ops::every_op(&b);
     conformance::ops::edge_cases(&b, false, false);
 }

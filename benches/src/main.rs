@@ -97,28 +97,31 @@ fn run(cli: &Cli) -> kiln::Result<Report> {
         });
     }
     if wants(cli, &report, "cuda") {
-        match kiln_ptx::CudaBackend::new() {
-            Ok(cuda) => {
-                report.devices.push(format!("cuda: {}", cuda.cuda().describe()));
-                run_device(&cuda, &mut report, &chosen, cli)?;
+        match kiln::Backend::Cuda.runtime() {
+            Ok(Some(rt)) => {
+                report.devices.push(format!("cuda: {}", rt.driver().describe()));
+                run_device(&Device { rt }, &mut report, &chosen, cli)?;
             }
+            Ok(None) => {}
             Err(e) if cli.backend == "cuda" => return Err(e),
             Err(e) => report.devices.push(format!("cuda: unavailable ({e})")),
         }
     }
     if wants(cli, &report, "wgpu") {
-        match kiln_wgsl::WgpuBackend::new() {
-            Ok(gpu) => {
-                report.devices.push(format!("wgpu: {}", gpu.gpu().describe()));
+        match kiln::Backend::Wgpu.runtime() {
+            Ok(Some(rt)) => {
+                report.devices.push(format!("wgpu: {}", rt.driver().describe()));
+                let software = rt.driver().as_any().downcast_ref::<kiln_wgsl::Gpu>().is_some_and(|g| g.is_software());
                 let mut cli = cli.clone();
-                if !cli.quick && gpu.gpu().is_software() {
+                if !cli.quick && software {
                     // Full sizes take hours on a CPU Vulkan driver (lavapipe): measure the quick sizes.
                     cli.quick = true;
                     report.quick = true;
                     report.notes.push("the only adapter is a CPU driver: quick sizes used".into());
                 }
-                run_device(&gpu, &mut report, &chosen, &cli)?;
+                run_device(&Device { rt }, &mut report, &chosen, &cli)?;
             }
+            Ok(None) => {}
             Err(e) if cli.backend == "wgpu" => return Err(e),
             Err(e) => report.devices.push(format!("wgpu: unavailable ({e})")),
         }
@@ -158,7 +161,7 @@ fn wants(cli: &Cli, report: &Report, b: &str) -> bool {
 }
 
 /// Copy bandwidth, then every chosen workload on one device, with a progress bar.
-fn run_device<D: Device>(dev: &D, report: &mut Report, chosen: &[workloads::Workload], cli: &Cli) -> kiln::Result<()> {
+fn run_device(dev: &Device, report: &mut Report, chosen: &[workloads::Workload], cli: &Cli) -> kiln::Result<()> {
     let (kernel, native) = timing::copy_bandwidth(dev, cli)?;
     // Fractions are quoted against the better of kiln's copy kernel and the runtime's own memcpy.
     let copy = native.map_or(kernel, |n| n.max(kernel));

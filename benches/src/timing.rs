@@ -5,6 +5,7 @@
 use crate::device::Device;
 use crate::report::ResultRow;
 use crate::Cli;
+use kiln_graph::runtime::Prepared;
 use kiln_graph::workloads::{data, Workload};
 use kiln_graph::{capture, compile_cached, compile_graph_with, DType, FusionMode, Tensor, TensorSpec};
 use std::time::Instant;
@@ -17,7 +18,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Median seconds of `repeat` samples, after warm-up launches filling at least half a second: a GPU that
 /// has been idle runs its first milliseconds at lower clocks, which a fixed three-launch warm-up does
 /// not cover (runs of identical kernels differed 2.5x before this).
-fn time<D: Device>(dev: &D, run: &D::Run, repeat: usize) -> kiln::Result<f64> {
+fn time(dev: &Device, run: &Prepared, repeat: usize) -> kiln::Result<f64> {
     let warm = Instant::now();
     let mut n = 0;
     while n < 3 || warm.elapsed().as_secs_f64() < 0.5 {
@@ -34,11 +35,11 @@ fn time<D: Device>(dev: &D, run: &D::Run, repeat: usize) -> kiln::Result<f64> {
 
 /// GB/s of a plain copy kernel (a layout output: read once, written once) over 2^26 f32 (2^22 quick),
 /// and of the runtime's own memcpy of the same bytes where it has one.
-pub fn copy_bandwidth<D: Device>(dev: &D, cli: &Cli) -> kiln::Result<(f64, Option<f64>)> {
+pub fn copy_bandwidth(dev: &Device, cli: &Cli) -> kiln::Result<(f64, Option<f64>)> {
     let n = if cli.quick { 1 << 22 } else { 1 << 26 };
     let spec = TensorSpec::new(DType::F32, &[n]);
     let g = capture(std::slice::from_ref(&spec), |t| Ok(vec![t[0].unsqueeze(0)?]))?;
-    let c = compile_graph_with(&g, dev.target(), FusionMode::Fused)?;
+    let c = std::sync::Arc::new(compile_graph_with(&g, dev.target(), FusionMode::Fused)?);
     let x = data(&spec, 0);
     let run = dev.prepare(&c, &[&x])?;
     let s = time(dev, &run, cli.repeat)?;
@@ -46,13 +47,19 @@ pub fn copy_bandwidth<D: Device>(dev: &D, cli: &Cli) -> kiln::Result<(f64, Optio
 }
 
 /// Largest relative error of `w` on the device against the reference, at the check sizes.
-fn check<D: Device>(dev: &D, w: &Workload) -> kiln::Result<f64> {
+fn check(dev: &Device, w: &Workload) -> kiln::Result<f64> {
     let inputs: Vec<Tensor> = w.check.iter().enumerate().map(|(i, s)| Tensor::from_data(data(s, i))).collect();
     let got = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(dev.backend()).call(inputs.clone())?;
     let want = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
     let mut worst = 0.0f64;
+    if got.len() != want.len() {
+        return Ok(f64::INFINITY);
+    }
     for (g, r) in got.iter().zip(&want) {
         let (g, r) = (g.to_data()?, r.to_data()?);
+        if g.dims() != r.dims() {
+            return Ok(f64::INFINITY);
+        }
         for (a, b) in g.values().iter().zip(r.values()) {
             let e = if a.is_nan() && b.is_nan() { 0.0 } else { (a - b).abs() / (1.0 + b.abs()) };
             worst = worst.max(if e.is_nan() { f64::INFINITY } else { e });
@@ -63,7 +70,7 @@ fn check<D: Device>(dev: &D, w: &Workload) -> kiln::Result<f64> {
 
 /// Checks `w`, then times it eager (one kernel per op), compiled, and compiled with reduce-overhead
 /// where the device has it.
-pub fn measure<D: Device>(dev: &D, w: &Workload, cli: &Cli, copy_gbps: f64) -> kiln::Result<Vec<ResultRow>> {
+pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64) -> kiln::Result<Vec<ResultRow>> {
     let err = check(dev, w)?;
     let specs = if cli.quick { &w.quick } else { &w.full };
     let host: Vec<kiln_graph::TensorData> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
@@ -92,7 +99,10 @@ pub fn measure<D: Device>(dev: &D, w: &Workload, cli: &Cli, copy_gbps: f64) -> k
         if mode == FusionMode::Fused && dev.capture(&mut run)? {
             variants.push(("reduce-overhead", time(dev, &run, cli.repeat)?));
         }
-        let (io, traffic) = dev.bytes(&run);
+        if mode == FusionMode::Fused {
+            variants.push(("public call", public_call(dev, w, &host, cli.repeat)?));
+        }
+        let (io, traffic) = (run.io_bytes, run.bytes_moved);
         for (name, s) in variants {
             let gbps = io as f64 / s / 1e9;
             rows.push(ResultRow {
@@ -100,11 +110,11 @@ pub fn measure<D: Device>(dev: &D, w: &Workload, cli: &Cli, copy_gbps: f64) -> k
                 backend: dev.name().into(),
                 mode: name.into(),
                 median_ms: s * 1e3,
-                timing: dev.timing().into(),
+                timing: if name == "public call" { "host wall time, call + sync".into() } else { dev.timing().into() },
                 max_rel_err: err,
                 // f32 within 1e-4 (reductions and matmuls sum thousands of terms); half precision 3e-2.
                 correct: err <= if specs.iter().any(|s| s.dtype != DType::F32) { 3e-2 } else { 1e-4 },
-                kernels: Some(dev.launches(&run)),
+                kernels: Some(run.launches()),
                 bytes: io,
                 traffic_bytes: traffic,
                 gbps,
@@ -120,4 +130,41 @@ pub fn measure<D: Device>(dev: &D, w: &Workload, cli: &Cli, copy_gbps: f64) -> k
         }
     }
     Ok(rows)
+}
+
+/// Seconds of the user's call as a user makes it: `compile(f).call(..)` on inputs already on the device,
+/// then a wait for the device — host wall time, median of `repeat` after a half-second warm-up. Nothing
+/// crosses to the host (the transfer counters are checked to say so).
+fn public_call(dev: &Device, w: &Workload, host: &[kiln_graph::TensorData], repeat: usize) -> kiln::Result<f64> {
+    let backend = dev.backend();
+    let inputs: Vec<Tensor> =
+        host.iter().map(|d| Tensor::from_data(d.clone()).to(backend.clone())).collect::<kiln::Result<_>>()?;
+    let f = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(backend);
+    let warm = Instant::now();
+    let mut n = 0;
+    while n < 3 || warm.elapsed().as_secs_f64() < 0.5 {
+        let _: Vec<Tensor> = f.call(inputs.clone())?;
+        dev.wait()?;
+        n += 1;
+    }
+    dev.rt.reset_transfers();
+    let mut samples = Vec::with_capacity(repeat);
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        let out: Vec<Tensor> = f.call(inputs.clone())?;
+        dev.wait()?;
+        samples.push(t.elapsed().as_secs_f64());
+        drop(out);
+    }
+    let moved = dev.rt.memory_stats();
+    if moved.uploaded + moved.downloaded > 0 {
+        return Err(kiln::Error::Backend {
+            backend: dev.name().into(),
+            msg: format!(
+                "a call on device inputs moved {} bytes to and from the host",
+                moved.uploaded + moved.downloaded
+            ),
+        });
+    }
+    Ok(median(samples))
 }

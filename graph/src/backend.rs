@@ -7,46 +7,35 @@ use crate::error::{Error, Result};
 use crate::ir::Graph;
 use crate::loc::SourceLoc;
 use crate::pipeline::{compile_graph, CompiledGraph};
+use crate::runtime::Runtime;
 use crate::target::Target;
-use std::rc::Rc;
+use crate::value::Value;
+use std::sync::Arc;
 
 /// Something that executes graphs.
 ///
-/// A backend either runs graphs directly (the reference: `target()` is `None`) or runs kernels: then the
-/// shared pipeline compiles each graph for its `Target` and hands the result to `run_compiled`.
-pub trait Backend {
-    /// Short name for logs, explain and reports (`cpu`, `wgpu`, `cuda`).
+/// A backend either runs graphs directly on the host (the reference: `target()` is `None`) or is a
+/// device [`Runtime`]: then the shared pipeline compiles each graph for its `Target` and the runtime runs
+/// the kernels on device tensors. Backends are shared by threads.
+pub trait Backend: Send + Sync {
+    /// Short name for logs, explain and reports (`cpu`, `cpu-kernels`, `wgpu`, `cuda`).
     fn name(&self) -> &str;
     /// The device description kernels are compiled for; `None` for backends that run graphs directly.
     fn target(&self) -> Option<&Target> {
         None
     }
-    /// Runs `graph` on `inputs` (in `Graph::inputs` order) and returns one value per `Graph::outputs`.
+    /// The device runtime, for backends that run kernels.
+    fn runtime(&self) -> Option<Arc<Runtime>> {
+        None
+    }
+    /// Runs `graph` on host `inputs` (in `Graph::inputs` order) and returns one value per
+    /// `Graph::outputs`, on the host.
     fn run(&self, graph: &Graph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
-        let target = self.target().ok_or_else(|| Error::Unsupported {
-            what: format!("backend `{}` implements neither `run` nor `target`", self.name()),
+        let rt = self.runtime().ok_or_else(|| Error::Unsupported {
+            what: format!("backend `{}` implements neither `run` nor `runtime`", self.name()),
             loc: SourceLoc::internal(),
         })?;
-        self.run_compiled(&compile_graph(graph, target)?, inputs)
-    }
-    /// Runs a graph compiled for `target()`.
-    fn run_compiled(&self, compiled: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
-        let _ = (compiled, inputs);
-        Err(Error::Unsupported {
-            what: format!("backend `{}` does not run compiled kernels", self.name()),
-            loc: SourceLoc::internal(),
-        })
-    }
-    /// Runs a compiled graph in `mode`. A backend with a cheaper way to replay the same graph (CUDA
-    /// graphs) uses it for [`Mode::ReduceOverhead`]; the others run it as `run_compiled` does.
-    fn run_compiled_in(
-        &self,
-        compiled: &Rc<CompiledGraph>,
-        inputs: &[&TensorData],
-        mode: Mode,
-    ) -> Result<Vec<TensorData>> {
-        let _ = mode;
-        self.run_compiled(compiled, inputs)
+        rt.run_host(&Arc::new(compile_graph(graph, rt.target())?), inputs)
     }
 }
 
@@ -57,9 +46,31 @@ pub enum Mode {
     #[default]
     Default,
     /// The first call with given shape-symbol values records the launches once (a CUDA graph) and later
-    /// calls replay them with one driver call, copying new inputs into the recorded buffers. Other symbol
-    /// values record again.
+    /// calls replay them with one driver call; inputs whose buffers change between calls are copied into
+    /// the recording's own. Other symbol values record again.
     ReduceOverhead,
+}
+
+/// Runs one graph on `backend`: on a device runtime, its compiled form on device tensors (inputs bound
+/// or uploaded once, outputs left on the device); on a host backend, the graph on host data.
+pub(crate) fn execute(
+    backend: &dyn Backend,
+    graph: &Graph,
+    compiled: Option<&Arc<CompiledGraph>>,
+    inputs: &[Arc<Value>],
+    mode: Mode,
+) -> Result<Vec<Arc<Value>>> {
+    if let (Some(rt), Some(c)) = (backend.runtime(), compiled) {
+        let devs = inputs.iter().map(|v| v.on(&rt)).collect::<Result<Vec<_>>>()?;
+        let outs = match mode {
+            Mode::ReduceOverhead => rt.run_recorded(c, &devs)?,
+            Mode::Default => rt.run(c, &devs)?,
+        };
+        return Ok(outs.into_iter().map(Value::from_device).collect());
+    }
+    let hosts = inputs.iter().map(|v| v.to_host()).collect::<Result<Vec<_>>>()?;
+    let refs: Vec<&TensorData> = hosts.iter().map(|d| d.as_ref()).collect();
+    Ok(backend.run(graph, &refs)?.into_iter().map(|d| Value::from_host(Arc::new(d))).collect())
 }
 
 /// The CPU reference interpreter as a backend: slow, exact (f64), and always there.
@@ -76,17 +87,38 @@ impl Backend for CpuReference {
     }
 }
 
-/// The whole pipeline — decompose, fuse, lower, plan — with kernels run by the CPU kernel interpreter:
-/// what a GPU backend would run, executed exactly, without a GPU.
+/// A device runtime is a backend: kernels compiled for its target, run on device tensors.
+impl Backend for Runtime {
+    fn name(&self) -> &str {
+        Runtime::name(self)
+    }
+
+    fn target(&self) -> Option<&Target> {
+        Some(Runtime::target(self))
+    }
+
+    fn runtime(&self) -> Option<Arc<Runtime>> {
+        Some(self.arc())
+    }
+}
+
+/// The whole pipeline — decompose, fuse, lower, plan — with kernels run by the CPU kernel interpreter on
+/// a host-memory device: what a GPU backend would run, executed exactly, without a GPU, through the same
+/// runtime core.
 #[derive(Clone, Debug)]
 pub struct KernelInterpreter {
-    target: Target,
+    pub(crate) target: Target,
 }
 
 impl KernelInterpreter {
     /// Kernels compiled for `target` (use a GPU's target to see exactly its kernels run).
     pub fn new(target: Target) -> Self {
         KernelInterpreter { target }
+    }
+
+    /// A runtime over this device (each call makes a new one; share it to share its pool).
+    pub fn runtime(self) -> Arc<Runtime> {
+        Runtime::new(self)
     }
 }
 
@@ -96,40 +128,32 @@ impl Default for KernelInterpreter {
     }
 }
 
-impl Backend for KernelInterpreter {
-    fn name(&self) -> &str {
-        "cpu-kernels"
-    }
-
-    fn target(&self) -> Option<&Target> {
-        Some(&self.target)
-    }
-
-    fn run_compiled(&self, compiled: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
-        compiled.run_interpreted(inputs)
-    }
-}
-
 impl IntoBackend for KernelInterpreter {
-    fn into_backend(self) -> Result<Rc<dyn Backend>> {
-        Ok(Rc::new(self))
+    fn into_backend(self) -> Result<Arc<dyn Backend>> {
+        Ok(Runtime::new(self))
     }
 }
 
 /// Turns a user's backend choice into a backend (the facade's `Backend` enum implements it).
 pub trait IntoBackend {
     /// The backend, or an error saying why it is unavailable here.
-    fn into_backend(self) -> Result<Rc<dyn Backend>>;
+    fn into_backend(self) -> Result<Arc<dyn Backend>>;
 }
 
-impl IntoBackend for Rc<dyn Backend> {
-    fn into_backend(self) -> Result<Rc<dyn Backend>> {
+impl IntoBackend for Arc<dyn Backend> {
+    fn into_backend(self) -> Result<Arc<dyn Backend>> {
+        Ok(self)
+    }
+}
+
+impl IntoBackend for Arc<Runtime> {
+    fn into_backend(self) -> Result<Arc<dyn Backend>> {
         Ok(self)
     }
 }
 
 impl IntoBackend for CpuReference {
-    fn into_backend(self) -> Result<Rc<dyn Backend>> {
-        Ok(Rc::new(self))
+    fn into_backend(self) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(self))
     }
 }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::rc::Rc;
+use std::sync::{Arc, LazyLock, Mutex};
 
 /// This build of kiln: its version and a fingerprint of the compiler's source, so entries made by another
 /// build (even of the same version) are never served.
@@ -40,8 +40,11 @@ pub struct CacheStats {
     pub rejected: Vec<String>,
 }
 
+/// The in-memory level, shared by every thread of the process.
+static MEMORY: LazyLock<Mutex<HashMap<String, Arc<CompiledGraph>>>> = LazyLock::new(Mutex::default);
+
 thread_local! {
-    static MEMORY: RefCell<HashMap<String, Rc<CompiledGraph>>> = RefCell::new(HashMap::new());
+    /// Counters of what this thread's compiles did (per thread, so a test reads its own).
     static STATS: RefCell<CacheStats> = RefCell::new(CacheStats::default());
 }
 
@@ -64,7 +67,7 @@ pub fn stats() -> CacheStats {
 
 /// Forgets the in-memory level (tests use it to exercise the disk level).
 pub fn clear_memory() {
-    MEMORY.with(|m| m.borrow_mut().clear());
+    crate::runtime::lock(&MEMORY).clear();
 }
 
 /// The structural key of compiling `graph` for `target` in `mode`.
@@ -241,16 +244,16 @@ pub fn clear_disk() -> std::io::Result<usize> {
 pub fn get_or_compile(
     key: &str,
     compile: impl FnOnce() -> crate::error::Result<CompiledGraph>,
-) -> crate::error::Result<Rc<CompiledGraph>> {
-    if let Some(c) = MEMORY.with(|m| m.borrow().get(key).cloned()) {
+) -> crate::error::Result<Arc<CompiledGraph>> {
+    if let Some(c) = crate::runtime::lock(&MEMORY).get(key).cloned() {
         count(|s| s.memory_hits += 1);
         return Ok(c);
     }
     let dir = directory();
     if let Some(c) = dir.as_deref().and_then(|d| load(d, key)) {
         count(|s| s.disk_hits += 1);
-        let c = Rc::new(c);
-        MEMORY.with(|m| m.borrow_mut().insert(key.to_string(), c.clone()));
+        let c = Arc::new(c);
+        crate::runtime::lock(&MEMORY).insert(key.to_string(), c.clone());
         return Ok(c);
     }
     let c = compile()?;
@@ -258,7 +261,7 @@ pub fn get_or_compile(
     if let Some(d) = &dir {
         store(d, key, &c);
     }
-    let c = Rc::new(c);
-    MEMORY.with(|m| m.borrow_mut().insert(key.to_string(), c.clone()));
+    let c = Arc::new(c);
+    crate::runtime::lock(&MEMORY).insert(key.to_string(), c.clone());
     Ok(c)
 }

@@ -5,7 +5,6 @@
 //! The traced function must be pure in its tensor inputs and static arguments, as with `jax.jit`.
 
 use crate::backend::{Backend, IntoBackend};
-use crate::data::TensorData;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::explain::Explanation;
@@ -13,14 +12,15 @@ use crate::guard::{ArgGuard, CallSignature, DimGuard, Dynamic, GuardFailure, Gua
 use crate::ir::Graph;
 use crate::loc::SourceLoc;
 use crate::pipeline::CompiledGraph;
+use crate::runtime::lock;
 use crate::shape::Shape;
 use crate::sym::Expr;
 use crate::trace::{active, ActiveGuard, Located, Tensor, TraceOptions, Tracer};
-use std::cell::RefCell;
+use crate::value::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
-use std::rc::Rc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Collects the tensor and static arguments of a traced call.
 #[derive(Default)]
@@ -205,7 +205,7 @@ enum OutputSource {
     /// Tensor argument `i`, returned unchanged.
     Arg(usize),
     /// A constant made during tracing.
-    Const(Rc<TensorData>),
+    Const(Arc<Value>),
 }
 
 /// A compiled entry: one unbroken graph, valid under its guards.
@@ -220,10 +220,10 @@ struct Entry {
     /// Identities of the tensor arguments it was traced with.
     traced_ids: Vec<u64>,
     /// A trace with other argument tensors gave the same graph and inputs.
-    verified: std::cell::Cell<bool>,
+    verified: AtomicBool,
     /// A trace with other argument tensors did not: only the traced tensors may use this entry.
-    pinned: std::cell::Cell<bool>,
-    graph: Option<(Graph, Option<Rc<CompiledGraph>>)>,
+    pinned: AtomicBool,
+    graph: Option<(Graph, Option<Arc<CompiledGraph>>)>,
     inputs: Vec<InputSource>,
     outputs: Vec<OutputSource>,
     tree: OutTree,
@@ -232,7 +232,7 @@ struct Entry {
 
 #[derive(Default)]
 struct CacheState {
-    entries: Vec<Rc<Entry>>,
+    entries: Vec<Arc<Entry>>,
     /// `(argument, dim)` pairs a recompile showed to vary (Dynamic::Auto).
     promoted: BTreeSet<(usize, usize)>,
     stats: CompileStats,
@@ -240,16 +240,19 @@ struct CacheState {
 }
 
 /// A compiled function. Build with [`compile`], configure with the builder methods, run with `call`.
+///
+/// `Send + Sync` when `F` is: many threads may call one compiled function at once (each traces on its
+/// own thread when it must; entries and statistics are shared behind a lock held only briefly).
 pub struct Compiled<F> {
     f: F,
     fullgraph: bool,
-    backend: Result<Rc<dyn Backend>, String>,
+    backend: Result<Arc<dyn Backend>, String>,
     dynamic: Dynamic,
     marks: BTreeMap<(usize, usize), (i64, Option<i64>)>,
     recompile_limit: usize,
     fail_on_recompile: bool,
     mode: crate::backend::Mode,
-    state: RefCell<CacheState>,
+    state: Mutex<CacheState>,
 }
 
 impl Entry {
@@ -271,7 +274,7 @@ impl Entry {
             && self.outputs.iter().zip(&other.outputs).all(|(a, b)| match (a, b) {
                 (OutputSource::Graph(i), OutputSource::Graph(j)) => i == j,
                 (OutputSource::Arg(i), OutputSource::Arg(j)) => i == j,
-                (OutputSource::Const(x), OutputSource::Const(y)) => x == y,
+                (OutputSource::Const(x), OutputSource::Const(y)) => Arc::ptr_eq(x, y),
                 _ => false,
             });
         graphs && inputs && outputs && self.guards == other.guards && self.tree == other.tree
@@ -289,7 +292,7 @@ pub fn compile<F>(f: F) -> Compiled<F> {
         recompile_limit: 8,
         fail_on_recompile: false,
         mode: crate::backend::Mode::Default,
-        state: RefCell::new(CacheState::default()),
+        state: Mutex::new(CacheState::default()),
     }
 }
 
@@ -350,13 +353,13 @@ impl<F> Compiled<F> {
 
     /// Counters and timings so far.
     pub fn stats(&self) -> CompileStats {
-        let st = self.state.borrow();
+        let st = lock(&self.state);
         CompileStats { entries: st.entries.len(), ..st.stats.clone() }
     }
 
     /// The guards of every entry, printed (newest last).
     pub fn guards(&self) -> Vec<String> {
-        self.state.borrow().entries.iter().map(|e| e.guards.to_string()).collect()
+        lock(&self.state).entries.iter().map(|e| e.guards.to_string()).collect()
     }
 
     /// Runs `f` on `args` — from a cached entry when its guards hold, else by tracing — and returns its
@@ -384,26 +387,26 @@ impl<F> Compiled<F> {
             let r = (self.f)(args)?;
             return Ok((r, Explanation::inlined(backend.name(), visitor.statics)));
         }
-        self.state.borrow_mut().stats.calls += 1;
+        lock(&self.state).stats.calls += 1;
         let sig = signature(&visitor.tensors);
         let ids: Vec<u64> = visitor.tensors.iter().map(Tensor::id).collect();
         let call = CallSignature { args: &sig, statics: &visitor.statics, backend: backend.name(), ids: &ids };
         let mut first_failure: Option<GuardFailure> = None;
-        let entries: Vec<Rc<Entry>> = self.state.borrow().entries.clone();
+        let entries: Vec<Arc<Entry>> = lock(&self.state).entries.clone();
         // A verified entry whose guards hold serves the call; else the newest unverified one is checked
         // by tracing again with these tensors.
-        let mut unverified: Option<Rc<Entry>> = None;
+        let mut unverified: Option<Arc<Entry>> = None;
         for e in entries.iter().rev() {
             let same_tensors = e.traced_ids == ids;
-            if e.pinned.get() && !same_tensors {
+            if e.pinned.load(Ordering::Acquire) && !same_tensors {
                 continue;
             }
             match e.guards.check(&call) {
-                Ok(_) if !e.verified.get() && !same_tensors => {
+                Ok(_) if !e.verified.load(Ordering::Acquire) && !same_tensors => {
                     unverified.get_or_insert_with(|| e.clone());
                 }
                 Ok(_) => {
-                    self.state.borrow_mut().stats.cache_hits += 1;
+                    lock(&self.state).stats.cache_hits += 1;
                     let r = self.run_entry(e, &visitor.tensors, backend.as_ref())?;
                     let mut ex = e.explanation.clone();
                     ex.cached = true;
@@ -415,12 +418,12 @@ impl<F> Compiled<F> {
             }
         }
         if let Some(e) = unverified {
-            self.state.borrow_mut().stats.verifications += 1;
+            lock(&self.state).stats.verifications += 1;
             return self.trace(args, visitor, backend, Some(e));
         }
         if let Some(f) = &first_failure {
             tracing::info!(target: "kiln::recompiles", reason = %f, "recompiling");
-            let mut st = self.state.borrow_mut();
+            let mut st = lock(&self.state);
             st.stats.recompiles += 1;
             st.stats.guard_failures.push(f.reason.clone());
             if let (Dynamic::Auto, Some(a), Some(d)) = (self.dynamic, f.arg, f.dim) {
@@ -456,7 +459,7 @@ impl<F> Compiled<F> {
 
     /// The dims of argument `i` to trace symbolically, with their ranges, under the policy.
     fn dynamic_dims(&self, i: usize, dims: &[usize]) -> Vec<Option<(i64, Option<i64>)>> {
-        let promoted = &self.state.borrow().promoted;
+        let promoted = &lock(&self.state).promoted;
         dims.iter()
             .enumerate()
             .map(|(d, &v)| {
@@ -480,13 +483,13 @@ impl<F> Compiled<F> {
         &self,
         args: A,
         visitor: ArgVisitor,
-        backend: Rc<dyn Backend>,
-        verifying: Option<Rc<Entry>>,
+        backend: Arc<dyn Backend>,
+        verifying: Option<Arc<Entry>>,
     ) -> Result<(R, Explanation)>
     where
         F: Fn(A) -> Result<R>,
     {
-        let start = Instant::now();
+        let start = web_time::Instant::now();
         let tracer = Tracer::new(TraceOptions { fullgraph: self.fullgraph, backend: backend.clone() });
         // Dynamic dims get symbols; equal sizes share one (duck sizing), which the guards then require.
         let mut by_size: BTreeMap<(usize, i64, Option<i64>), crate::sym::SymId> = BTreeMap::new();
@@ -517,7 +520,7 @@ impl<F> Compiled<F> {
             arg_guards.push(ArgGuard { dtype: t.dtype(), dims: guards });
         }
         if verifying.is_none() {
-            self.state.borrow_mut().stats.traces += 1;
+            lock(&self.state).stats.traces += 1;
         }
         let result = {
             let _active = ActiveGuard::set(tracer.clone());
@@ -534,7 +537,7 @@ impl<F> Compiled<F> {
         let record = tracer.finish();
         let explanation = Explanation::new(backend.name(), record.clone(), visitor.statics.clone());
         {
-            let mut st = self.state.borrow_mut();
+            let mut st = lock(&self.state);
             st.stats.trace_ms += start.elapsed().as_secs_f64() * 1e3;
             st.stats.graph_cache_hits += tracer.cache_hits();
         }
@@ -584,8 +587,8 @@ impl<F> Compiled<F> {
                         shape_checks: tracer.shape_checks(),
                     },
                     traced_ids: ids.clone(),
-                    verified: std::cell::Cell::new(false),
-                    pinned: std::cell::Cell::new(false),
+                    verified: AtomicBool::new(false),
+                    pinned: AtomicBool::new(false),
                     graph: graph.map(|g| (g.graph, g.compiled)),
                     inputs,
                     outputs,
@@ -594,61 +597,57 @@ impl<F> Compiled<F> {
                 };
                 match &verifying {
                     Some(old) if old.same_program(&entry) => {
-                        old.verified.set(true);
+                        old.verified.store(true, Ordering::Release);
                         kept = true;
                     }
                     _ => {
                         tracing::debug!(target: "kiln::guards", guards = %entry.guards, "new entry");
-                        self.state.borrow_mut().entries.push(Rc::new(entry));
+                        lock(&self.state).entries.push(Arc::new(entry));
                         kept = true;
                     }
                 }
             }
         }
-        if let Some(old) = verifying.filter(|old| !old.verified.get()) {
+        if let Some(old) = verifying.filter(|old| !old.verified.load(Ordering::Acquire)) {
             // These tensors traced to another program: the old entry serves only the tensors it was
             // traced with.
             tracing::info!(target: "kiln::guards", "an entry depends on its argument identities; pinned to them");
-            old.pinned.set(true);
+            old.pinned.store(true, Ordering::Release);
             if !kept {
-                self.state.borrow_mut().stats.traces += 1;
+                lock(&self.state).stats.traces += 1;
             }
         }
         Ok((result, explanation))
     }
 
     fn run_entry<R: Outputs>(&self, e: &Entry, args: &[Tensor], backend: &dyn Backend) -> Result<R> {
-        let results: Vec<Rc<TensorData>> = match &e.graph {
+        let results: Vec<Arc<Value>> = match &e.graph {
             None => Vec::new(),
             Some((graph, compiled)) => {
-                let mut data = Vec::with_capacity(e.inputs.len());
+                let mut values = Vec::with_capacity(e.inputs.len());
                 for src in &e.inputs {
-                    data.push(match src {
-                        InputSource::Arg(i) => args
-                            .get(*i)
-                            .ok_or_else(|| Error::Unsupported {
-                                what: "a cached graph input has no source".into(),
-                                loc: SourceLoc::internal(),
-                            })?
-                            .to_data()?,
-                        InputSource::Tensor(t) => t.to_data()?,
-                    });
+                    let t = match src {
+                        InputSource::Arg(i) => args.get(*i).ok_or_else(|| Error::Unsupported {
+                            what: "a cached graph input has no source".into(),
+                            loc: SourceLoc::internal(),
+                        })?,
+                        InputSource::Tensor(t) => t,
+                    };
+                    values.push(t.value().ok_or_else(|| Error::Unsupported {
+                        what: "a traced tensor passed to a compiled function from inside another trace".into(),
+                        loc: SourceLoc::internal(),
+                    })?);
                 }
-                let refs: Vec<&TensorData> = data.iter().map(|d| d.as_ref()).collect();
-                let out = match compiled {
-                    Some(c) => backend.run_compiled_in(c, &refs, self.mode)?,
-                    None => backend.run(graph, &refs)?,
-                };
-                out.into_iter().map(Rc::new).collect()
+                crate::backend::execute(backend, graph, compiled.as_ref(), &values, self.mode)?
             }
         };
         let tensors: Vec<Tensor> = e
             .outputs
             .iter()
             .map(|o| match o {
-                OutputSource::Graph(k) => Tensor::from_shared(results[*k].clone()),
+                OutputSource::Graph(k) => Tensor::from_value(results[*k].clone()),
                 OutputSource::Arg(i) => args[*i].clone(),
-                OutputSource::Const(d) => Tensor::from_shared(d.clone()),
+                OutputSource::Const(d) => Tensor::from_value(d.clone()),
             })
             .collect();
         R::rebuild(&e.tree, &mut tensors.into_iter()).ok_or_else(|| Error::Unsupported {

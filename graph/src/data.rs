@@ -17,14 +17,6 @@ fn check_len(len: usize, dims: &[usize]) -> Result<()> {
     Err(Error::DataLength { len, shape: Shape::from_dims(dims).to_string(), numel, loc: SourceLoc::caller() })
 }
 
-/// `n` zeroed f64 values on the host, or [`Error::OutOfMemory`] naming `what` when the allocation fails
-/// (never an abort: `zeros([2^40])` is a typed error).
-pub(crate) fn host_zeros(n: usize, what: impl Fn() -> String) -> Result<Vec<f64>> {
-    let mut v = host_reserve(n, what)?;
-    v.resize(n, 0.0);
-    Ok(v)
-}
-
 /// An empty vector with room for `n` f64 values, or [`Error::OutOfMemory`].
 pub(crate) fn host_reserve(n: usize, what: impl Fn() -> String) -> Result<Vec<f64>> {
     let mut v: Vec<f64> = Vec::new();

@@ -73,18 +73,23 @@ fn last_uses(graph: &Graph) -> Vec<usize> {
 
 /// Binds each symbol that appears alone as an input dim to that input's actual size, and checks the rest.
 pub(crate) fn bind_symbols(graph: &Graph, inputs: &[&TensorData]) -> Result<Bindings> {
+    let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|d| (d.dtype(), d.dims())).collect();
+    bind_symbol_dims(graph, &shapes)
+}
+
+/// [`bind_symbols`] from each input's dtype and dims (device tensors have no host data to look at).
+pub(crate) fn bind_symbol_dims(graph: &Graph, inputs: &[(DType, &[usize])]) -> Result<Bindings> {
     let mut b = Bindings::new();
-    for (gi, data) in graph.inputs.iter().zip(inputs) {
+    for (gi, &(dtype, dims)) in graph.inputs.iter().zip(inputs) {
         let node = graph.node(gi.node);
-        let mismatch = || Error::Runtime {
-            op: "input".into(),
-            msg: format!("expected {} {}, got {} {:?}", node.dtype, node.shape, data.dtype(), data.dims()),
-            loc: node.loc.clone(),
-        };
-        if node.shape.rank() != data.dims().len() || node.dtype != data.dtype() {
-            return Err(mismatch());
+        if node.shape.rank() != dims.len() || node.dtype != dtype {
+            return Err(Error::Runtime {
+                op: "input".into(),
+                msg: format!("expected {} {}, got {dtype} {dims:?}", node.dtype, node.shape),
+                loc: node.loc.clone(),
+            });
         }
-        for (d, &actual) in node.shape.dims().iter().zip(data.dims()) {
+        for (d, &actual) in node.shape.dims().iter().zip(dims) {
             let syms = d.symbols();
             if let (1, Some(&s)) = (syms.len(), syms.iter().next()) {
                 if *d == Expr::sym(s) && b.get(s).is_none() {
@@ -93,12 +98,12 @@ pub(crate) fn bind_symbols(graph: &Graph, inputs: &[&TensorData]) -> Result<Bind
             }
         }
     }
-    for (gi, data) in graph.inputs.iter().zip(inputs) {
+    for (gi, &(_, dims)) in graph.inputs.iter().zip(inputs) {
         let node = graph.node(gi.node);
-        if node.shape.eval(&b)? != data.dims() {
+        if node.shape.eval(&b)? != dims {
             return Err(Error::Runtime {
                 op: "input".into(),
-                msg: format!("dims {:?} do not satisfy {}", data.dims(), node.shape),
+                msg: format!("dims {dims:?} do not satisfy {}", node.shape),
                 loc: node.loc.clone(),
             });
         }

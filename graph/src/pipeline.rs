@@ -9,13 +9,12 @@ use crate::fuse::{fuse, Feedback, Fusion, FusionMode, RegionKind};
 use crate::interp::bind_symbols;
 use crate::ir::{Graph, NodeId};
 use crate::kernel::{Access, Kernel};
-use crate::kinterp::{run_kernel, Memory};
 use crate::loc::SourceLoc;
 use crate::lower::{lower, LowerFailure};
 use crate::plan::{plan, Plan};
 use crate::target::Target;
 use std::fmt;
-use std::time::Instant;
+use web_time::Instant;
 
 /// Milliseconds each stage of compiling one graph took.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -50,6 +49,9 @@ pub struct CompiledGraph {
     /// How long each stage took when it was compiled (not when loaded from a cache).
     #[serde(default)]
     pub timings: PhaseTimes,
+    /// Each kernel's structural id, computed once (see [`CompiledGraph::kernel_ids`]).
+    #[serde(skip)]
+    ids: std::sync::OnceLock<Vec<u64>>,
 }
 
 /// Compiles `graph` for `target`, fusing everything the policy allows.
@@ -59,7 +61,7 @@ pub fn compile_graph(graph: &Graph, target: &Target) -> Result<CompiledGraph> {
 
 /// [`compile_graph_with`] through the compile cache: structurally equal graphs compile once, in memory
 /// and across runs (see `cache`).
-pub fn compile_cached(graph: &Graph, target: &Target, mode: FusionMode) -> Result<std::rc::Rc<CompiledGraph>> {
+pub fn compile_cached(graph: &Graph, target: &Target, mode: FusionMode) -> Result<std::sync::Arc<CompiledGraph>> {
     let key = crate::cache::key(graph, target, mode);
     let c = crate::cache::get_or_compile(&key, || compile_graph_with(graph, target, mode))?;
     Ok(with_locations_of(c, graph))
@@ -68,7 +70,7 @@ pub fn compile_cached(graph: &Graph, target: &Target, mode: FusionMode) -> Resul
 /// A cached compile of a structurally equal graph carries the source lines of whichever graph compiled
 /// first; errors and reports must name *this* graph's lines, so they are copied over (through the
 /// origin map) when they differ.
-fn with_locations_of(c: std::rc::Rc<CompiledGraph>, graph: &Graph) -> std::rc::Rc<CompiledGraph> {
+fn with_locations_of(c: std::sync::Arc<CompiledGraph>, graph: &Graph) -> std::sync::Arc<CompiledGraph> {
     let loc_of = |i: usize| graph.nodes.get(c.primitive.origin[i].index()).map(|n| &n.loc);
     let same =
         (0..c.primitive.graph.nodes.len()).all(|i| loc_of(i).is_none_or(|l| *l == c.primitive.graph.nodes[i].loc));
@@ -81,7 +83,7 @@ fn with_locations_of(c: std::rc::Rc<CompiledGraph>, graph: &Graph) -> std::rc::R
             patched.primitive.graph.nodes[i].loc = l.clone();
         }
     }
-    std::rc::Rc::new(patched)
+    std::sync::Arc::new(patched)
 }
 
 /// Compiles `graph` for `target` with the given fusion mode (`PerOp`: the eager baseline).
@@ -113,7 +115,15 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
                 for k in &kernels {
                     tracing::debug!(target: "kiln::output_code", kernel = %k.name, "\n{k}");
                 }
-                return Ok(CompiledGraph { primitive, fusion, kernels, plan, target: target.clone(), timings });
+                return Ok(CompiledGraph {
+                    primitive,
+                    fusion,
+                    kernels,
+                    plan,
+                    target: target.clone(),
+                    timings,
+                    ids: Default::default(),
+                });
             }
             // Lowering found a member reading a reduction at another row: schedule again without it.
             Err(LowerFailure::Refuse(n)) => {
@@ -137,17 +147,6 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
                 }
             }
         }
-    }
-}
-
-struct PlanMemory<'a> {
-    arrays: &'a mut [Vec<f64>],
-    map: Vec<usize>,
-}
-
-impl Memory for PlanMemory<'_> {
-    fn slot(&mut self, buffer: usize) -> &mut Vec<f64> {
-        &mut self.arrays[self.map[buffer]]
     }
 }
 
@@ -231,39 +230,14 @@ impl CompiledGraph {
         Ok(total)
     }
 
-    /// Runs the kernels on the CPU kernel interpreter, honouring the plan's buffer reuse.
+    /// Runs the kernels on the CPU kernel interpreter (through the runtime core, on a host-memory device
+    /// of this graph's target), host data in and out.
     pub fn run_interpreted(&self, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
-        let g = &self.primitive.graph;
-        let bindings = bind_symbols(g, inputs)?;
-        let mut arrays: Vec<Vec<f64>> = Vec::with_capacity(self.plan.buffers.len());
-        for (i, b) in self.plan.buffers.iter().enumerate() {
-            let n = b.bytes.eval(&bindings)?.max(0) as usize;
-            arrays.push(crate::data::host_zeros(n, || format!("plan buffer {i}"))?);
-        }
-        for (gi, data) in g.inputs.iter().zip(inputs) {
-            let slot = &mut arrays[self.plan.value_buffer[&gi.node]];
-            slot.clear();
-            slot.extend_from_slice(data.values());
-        }
-        for &k in &self.plan.launches {
-            let kernel = &self.kernels[k];
-            let map = kernel.buffers.iter().map(|b| self.plan.value_buffer[&b.node]).collect();
-            let fault = run_kernel(kernel, &mut PlanMemory { arrays: &mut arrays, map }, &bindings)?;
-            self.check_fault(k, fault)?;
-        }
-        g.outputs
-            .iter()
-            .map(|o| {
-                let node = g.node(*o);
-                let dims = node.shape.eval(&bindings)?;
-                let n: usize = dims.iter().product();
-                let buf = self.plan.value_buffer.get(o).ok_or_else(|| Error::Unsupported {
-                    what: format!("output {o} was not written by any kernel"),
-                    loc: SourceLoc::internal(),
-                })?;
-                Ok(TensorData::from_rounded(arrays[*buf][..n].to_vec(), dims, node.dtype))
-            })
-            .collect()
+        let rt = crate::KernelInterpreter::new(self.target.clone()).runtime();
+        let out = rt.run_host(&std::sync::Arc::new(self.clone()), inputs);
+        // A failed check is reported at the next host read; make sure it is this run's.
+        rt.check_faults()?;
+        out
     }
 
     /// The error a kernel's fault word stands for (`Ok` for 0): the failed check's op and message, at the
@@ -281,6 +255,24 @@ impl CompiledGraph {
         };
         let loc = self.primitive.graph.nodes.get(site.node.index()).map_or_else(SourceLoc::internal, |n| n.loc.clone());
         Err(Error::Runtime { op: site.op.clone(), msg: format!("{} (kernel {})", site.msg, k.name), loc })
+    }
+
+    /// Each kernel's structural id: a hash of the kernel IR (which already names its target's choices),
+    /// computed once per compiled graph. Runtimes key loaded modules on it, so equal kernels render and
+    /// load once however many graphs hold them.
+    pub fn kernel_ids(&self) -> &[u64] {
+        self.ids.get_or_init(|| {
+            self.kernels
+                .iter()
+                .map(|k| {
+                    // The name is for people; two kernels that differ only in it are one module.
+                    let anonymous = crate::kernel::Kernel { name: String::new(), ..k.clone() };
+                    let text = serde_json::to_string(&anonymous).unwrap_or_default();
+                    let h = blake3::hash(text.as_bytes());
+                    u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default())
+                })
+                .collect()
+        })
     }
 
     /// Kernels with run-time checks, in launch order: `(position in plan.launches, kernel)`. A runtime

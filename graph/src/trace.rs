@@ -14,12 +14,15 @@ use crate::error::{Error, Result};
 use crate::ir::{Graph, InputKind, Node, NodeId, Op};
 use crate::loc::SourceLoc;
 use crate::pipeline::CompiledGraph;
+use crate::runtime::lock;
 use crate::shape::Shape;
+use crate::value::Value;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::{Rc, Weak};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -30,32 +33,33 @@ fn next_id() -> u64 {
 thread_local! {
     static ACTIVE: RefCell<Option<Rc<Tracer>>> = const { RefCell::new(None) };
     /// Where eager ops (outside any trace) run; the CPU reference unless set.
-    static EAGER: RefCell<Option<Rc<dyn Backend>>> = const { RefCell::new(None) };
+    static EAGER: RefCell<Option<Arc<dyn Backend>>> = const { RefCell::new(None) };
 }
 
 /// Makes eager ops on this thread run on `backend`: each op becomes its own kernel through the same
 /// pipeline and runtime as compiled code (the baseline torch calls eager mode). `None` restores the CPU
-/// reference. Concrete tensors still live on the host between ops.
-pub fn set_eager_backend(backend: Option<Rc<dyn Backend>>) {
+/// reference. On a device backend, eager results stay on the device until read.
+pub fn set_eager_backend(backend: Option<Arc<dyn Backend>>) {
     EAGER.with(|e| *e.borrow_mut() = backend);
 }
 
 /// A tensor: concrete data, or a value in the graph being traced.
 ///
-/// Cloning is cheap (a shared handle). Tensors are not `Send`: tracing is per thread, as in PyTorch.
+/// Cloning is cheap (a shared handle). Tensors are `Send + Sync`: a concrete tensor may be used from any
+/// thread; tracing is per thread (each thread traces its own calls), as in PyTorch.
 #[derive(Clone)]
 pub struct Tensor {
-    pub(crate) cell: Rc<TensorCell>,
+    pub(crate) cell: Arc<TensorCell>,
 }
 
 pub(crate) struct TensorCell {
     id: u64,
-    state: RefCell<State>,
+    state: Mutex<State>,
 }
 
 enum State {
     Concrete {
-        data: Rc<TensorData>,
+        data: Arc<Value>,
         /// `(trace id, graph index)` when an earlier graph of a trace computed it.
         carried_from: Option<(u64, usize)>,
     },
@@ -71,23 +75,36 @@ enum State {
 impl Tensor {
     /// Wraps concrete host data.
     pub fn from_data(data: TensorData) -> Tensor {
-        Self::concrete(Rc::new(data), None)
+        Self::concrete(Value::from_host(Arc::new(data)), None)
     }
 
-    /// Wraps shared concrete data (no copy).
-    pub(crate) fn from_shared(data: Rc<TensorData>) -> Tensor {
-        Self::concrete(data, None)
+    /// Wraps a concrete value (host or device; no copy).
+    pub fn from_value(value: Arc<Value>) -> Tensor {
+        Self::concrete(value, None)
     }
 
-    fn concrete(data: Rc<TensorData>, carried_from: Option<(u64, usize)>) -> Tensor {
+    fn concrete(data: Arc<Value>, carried_from: Option<(u64, usize)>) -> Tensor {
         Tensor {
-            cell: Rc::new(TensorCell { id: next_id(), state: RefCell::new(State::Concrete { data, carried_from }) }),
+            cell: Arc::new(TensorCell { id: next_id(), state: Mutex::new(State::Concrete { data, carried_from }) }),
         }
+    }
+
+    /// The concrete value, or `None` while traced.
+    pub fn value(&self) -> Option<Arc<Value>> {
+        match &*lock(&self.cell.state) {
+            State::Concrete { data, .. } => Some(data.clone()),
+            State::Lazy { .. } => None,
+        }
+    }
+
+    /// The device this tensor's data lives on (`None`: the host, or traced).
+    pub fn device_name(&self) -> Option<&'static str> {
+        self.value().and_then(|v| v.device_name())
     }
 
     /// Element type.
     pub fn dtype(&self) -> DType {
-        match &*self.cell.state.borrow() {
+        match &*lock(&self.cell.state) {
             State::Concrete { data, .. } => data.dtype(),
             State::Lazy { dtype, .. } => *dtype,
         }
@@ -95,14 +112,36 @@ impl Tensor {
 
     /// Shape (symbolic where the trace made it so).
     pub fn shape(&self) -> Shape {
-        match &*self.cell.state.borrow() {
+        let concrete = match &*lock(&self.cell.state) {
+            State::Concrete { data, .. } => Ok(data.shape()),
+            State::Lazy { shape, .. } => Err(shape.clone()),
+        };
+        match concrete {
             // An argument traced with symbolic dims shows the trace its symbolic shape, so every op
             // recorded on it is shape-generic.
-            State::Concrete { data, .. } => {
-                active().and_then(|t| t.arg_shape(self.id())).unwrap_or_else(|| data.shape())
-            }
-            State::Lazy { shape, .. } => shape.clone(),
+            Ok(shape) => active().and_then(|t| t.arg_shape(self.id())).unwrap_or(shape),
+            Err(shape) => shape,
         }
+    }
+
+    /// Replaces this tensor's value with `src`'s (same dtype and shape): how a weight is updated in place.
+    /// Compiled functions that captured this tensor read the new value on their next call (they guard on
+    /// the tensor, not on its data), and upload it to their device once.
+    #[track_caller]
+    pub fn assign(&self, src: &Tensor) -> Result<()> {
+        let loc = SourceLoc::caller();
+        let (Some(new), Some(_)) = (src.value(), self.value()) else {
+            return Err(Error::Unsupported { what: "assigning to or from a traced tensor".into(), loc });
+        };
+        if new.dtype() != self.dtype() || new.dims() != self.value().map(|v| v.dims().to_vec()).unwrap_or_default() {
+            return Err(Error::Shape {
+                op: "assign".into(),
+                msg: format!("{} {} into {} {}", new.dtype(), new.shape(), self.dtype(), self.shape()),
+                loc,
+            });
+        }
+        *lock(&self.cell.state) = State::Concrete { data: new, carried_from: None };
+        Ok(())
     }
 
     /// Number of dims.
@@ -112,7 +151,7 @@ impl Tensor {
 
     /// True while this tensor names a node of a graph being traced.
     pub fn is_traced(&self) -> bool {
-        matches!(&*self.cell.state.borrow(), State::Lazy { .. })
+        matches!(&*lock(&self.cell.state), State::Lazy { .. })
     }
 
     /// A stable identity for this handle's value (used for lifting and, later, guards).
@@ -120,9 +159,10 @@ impl Tensor {
         self.cell.id
     }
 
-    /// The concrete data. Reading a traced value is a graph break (see the module docs).
+    /// The concrete data on the host (read back from the device, and kept, when it lives there). Reading
+    /// a traced value is a graph break (see the module docs).
     #[track_caller]
-    pub fn to_data(&self) -> Result<Rc<TensorData>> {
+    pub fn to_data(&self) -> Result<Arc<TensorData>> {
         self.read_host("to_data")
     }
 
@@ -130,6 +170,16 @@ impl Tensor {
     #[track_caller]
     pub fn to_vec<T: crate::dtype::Element>(&self) -> Result<Vec<T>> {
         Ok(self.read_host("to_vec")?.to_vec())
+    }
+
+    /// [`Tensor::to_vec`] without blocking: how a browser (which cannot block) or an async caller reads a
+    /// tensor that lives on a device. Not for traced tensors (await outside the traced function).
+    pub async fn to_vec_async<T: crate::dtype::Element>(&self) -> Result<Vec<T>> {
+        let value = self.value().ok_or_else(|| Error::Unsupported {
+            what: "an asynchronous read of a traced tensor".into(),
+            loc: SourceLoc::internal(),
+        })?;
+        Ok(value.to_host_async().await?.to_vec())
     }
 
     /// The single element of a one-element tensor. A graph break when traced.
@@ -148,36 +198,47 @@ impl Tensor {
     }
 
     #[track_caller]
-    fn read_host(&self, what: &str) -> Result<Rc<TensorData>> {
+    fn read_host(&self, what: &str) -> Result<Arc<TensorData>> {
         let loc = SourceLoc::caller();
-        let concrete = match &*self.cell.state.borrow() {
-            State::Concrete { data, .. } => Some(data.clone()),
-            State::Lazy { .. } => None,
-        };
-        if let Some(data) = concrete {
+        if let Some(data) = self.value() {
             // Reading an argument's values makes what follows depend on them: a break, so no cached
             // entry is ever specialised on data it does not guard.
             if let Some(t) = active().filter(|t| t.is_arg(self.id())) {
                 t.graph_break(format!("host read `{what}()` of an argument's values"), loc)?;
             }
-            return Ok(data);
+            return data.to_host();
         }
         let tracer = active().ok_or_else(|| Error::Unsupported {
             what: "reading a traced tensor after its trace ended".into(),
             loc: loc.clone(),
         })?;
         tracer.graph_break(format!("host read `{what}()` of a traced tensor"), loc)?;
-        match &*self.cell.state.borrow() {
-            State::Concrete { data, .. } => Ok(data.clone()),
-            State::Lazy { .. } => unreachable!("a graph break materialises every live traced tensor"),
+        match self.value() {
+            Some(data) => data.to_host(),
+            None => unreachable!("a graph break materialises every live traced tensor"),
+        }
+    }
+
+    /// This tensor's data on `backend`'s device (uploaded once; a no-op when it is there already). On a
+    /// backend without a device (the CPU reference) the data moves to the host.
+    #[track_caller]
+    pub fn to(&self, backend: impl crate::backend::IntoBackend) -> Result<Tensor> {
+        let backend = backend.into_backend()?;
+        let value = self.value().ok_or_else(|| Error::Unsupported {
+            what: "moving a traced tensor (move its inputs instead)".into(),
+            loc: SourceLoc::caller(),
+        })?;
+        match backend.runtime() {
+            Some(rt) => Ok(Tensor::from_value(Value::from_device(value.on(&rt)?))),
+            None => Ok(Tensor::from_data(value.to_host()?.as_ref().clone())),
         }
     }
 }
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &*self.cell.state.borrow() {
-            State::Concrete { data, .. } => write!(f, "Tensor({} {}, {:?})", data.dtype(), data.shape(), data.values()),
+        match &*lock(&self.cell.state) {
+            State::Concrete { data, .. } => write!(f, "Tensor({data:?})"),
             State::Lazy { dtype, shape, node, .. } => write!(f, "Tensor(traced {node}: {dtype} {shape})"),
         }
     }
@@ -203,7 +264,7 @@ pub struct TracedGraph {
     pub ended_by: Option<GraphBreak>,
     /// What the pipeline made of it, on backends that run kernels.
     #[serde(skip)]
-    pub compiled: Option<Rc<CompiledGraph>>,
+    pub compiled: Option<Arc<CompiledGraph>>,
     /// Per graph input: the tensor it was lifted from (`None` for the function's arguments).
     #[serde(skip)]
     pub sources: Vec<Option<Tensor>>,
@@ -226,12 +287,12 @@ pub struct TraceOptions {
     /// Make a graph break an error.
     pub fullgraph: bool,
     /// Where graphs run.
-    pub backend: Rc<dyn Backend>,
+    pub backend: Arc<dyn Backend>,
 }
 
 impl Default for TraceOptions {
     fn default() -> Self {
-        TraceOptions { fullgraph: false, backend: Rc::new(CpuReference) }
+        TraceOptions { fullgraph: false, backend: Arc::new(CpuReference) }
     }
 }
 
@@ -247,7 +308,7 @@ struct TraceState {
     graph: Graph,
     graph_index: usize,
     lifted: HashMap<u64, NodeId>,
-    input_data: Vec<Rc<TensorData>>,
+    input_data: Vec<Arc<Value>>,
     live: Vec<Weak<TensorCell>>,
     args: HashMap<u64, usize>,
     /// Symbolic shapes of arguments traced with dynamic dims.
@@ -273,7 +334,7 @@ pub(crate) enum Located {
     /// Tensor argument `i`, returned unchanged.
     Arg(usize),
     /// A concrete value made during tracing.
-    Const(Rc<TensorData>),
+    Const(Arc<Value>),
 }
 
 /// What a finished trace leaves behind.
@@ -352,7 +413,7 @@ impl Tracer {
 
     /// The node that stands for `t` in the current graph, lifting concrete data in as an input.
     fn node_of(&self, st: &mut TraceState, t: &Tensor, loc: &SourceLoc) -> Result<NodeId> {
-        match &*t.cell.state.borrow() {
+        match &*lock(&t.cell.state) {
             State::Lazy { trace, graph, node, .. } => {
                 if *trace == self.id && *graph == st.graph_index {
                     Ok(*node)
@@ -387,11 +448,11 @@ impl Tracer {
         let mut st = self.st.borrow_mut();
         let ids = inputs.iter().map(|t| self.node_of(&mut st, t, &loc)).collect::<Result<Vec<_>>>()?;
         let node = st.graph.push(Node { op, inputs: ids, dtype, shape: shape.clone(), loc });
-        let cell = Rc::new(TensorCell {
+        let cell = Arc::new(TensorCell {
             id: next_id(),
-            state: RefCell::new(State::Lazy { trace: self.id, graph: st.graph_index, node, dtype, shape }),
+            state: Mutex::new(State::Lazy { trace: self.id, graph: st.graph_index, node, dtype, shape }),
         });
-        st.live.push(Rc::downgrade(&cell));
+        st.live.push(Arc::downgrade(&cell));
         Ok(Tensor { cell })
     }
 
@@ -412,8 +473,12 @@ impl Tracer {
         let mut cells = Vec::new();
         for w in std::mem::take(&mut st.live) {
             if let Some(c) = w.upgrade() {
-                if let State::Lazy { node, .. } = &*c.state.borrow() {
-                    cells.push((c.clone(), *node));
+                let node = match &*lock(&c.state) {
+                    State::Lazy { node, .. } => Some(*node),
+                    State::Concrete { .. } => None,
+                };
+                if let Some(node) = node {
+                    cells.push((c, node));
                 }
             }
         }
@@ -432,26 +497,27 @@ impl Tracer {
         let mut compiled = None;
         let mut cache_hit = false;
         if ran {
-            let inputs: Vec<&TensorData> = input_data.iter().map(|d| d.as_ref()).collect();
             let backend = &self.opts.backend;
-            let results = match backend.target() {
-                Some(target) => {
-                    let hits = crate::cache::hits();
-                    let c = crate::pipeline::compile_cached(&graph, target, crate::fuse::FusionMode::Fused)?;
-                    if crate::cache::hits() > hits {
-                        cache_hit = true;
-                        st.cache_hits += 1;
-                    }
-                    compiled = Some(c.clone());
-                    backend.run_compiled(&c, &inputs)?
+            if let Some(target) = backend.target() {
+                let hits = crate::cache::hits();
+                let c = crate::pipeline::compile_cached(&graph, target, crate::fuse::FusionMode::Fused)?;
+                if crate::cache::hits() > hits {
+                    cache_hit = true;
+                    st.cache_hits += 1;
                 }
-                None => backend.run(&graph, &inputs)?,
-            };
-            let by_node: HashMap<NodeId, Rc<TensorData>> =
-                graph.outputs.iter().copied().zip(results.into_iter().map(Rc::new)).collect();
+                compiled = Some(c);
+            }
+            let results = crate::backend::execute(
+                backend.as_ref(),
+                &graph,
+                compiled.as_ref(),
+                &input_data,
+                crate::backend::Mode::Default,
+            )?;
+            let by_node: HashMap<NodeId, Arc<Value>> = graph.outputs.iter().copied().zip(results).collect();
             for (cell, node) in cells {
                 let data = by_node[&node].clone();
-                *cell.state.borrow_mut() = State::Concrete { data, carried_from: Some((self.id, index)) };
+                *lock(&cell.state) = State::Concrete { data, carried_from: Some((self.id, index)) };
             }
         }
         let ended_by = ended_by.map(|mut b| {
@@ -472,7 +538,7 @@ impl Tracer {
     pub(crate) fn locate(&self, outs: &[Tensor]) -> Vec<Located> {
         let st = self.st.borrow();
         outs.iter()
-            .map(|t| match &*t.cell.state.borrow() {
+            .map(|t| match &*lock(&t.cell.state) {
                 State::Lazy { node, .. } => Located::Node(*node),
                 State::Concrete { data, .. } => match st.args.get(&t.id()) {
                     Some(&i) => Located::Arg(i),
@@ -557,9 +623,9 @@ pub fn capture(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Te
                 let node =
                     st.graph.add_input(spec.dtype, spec.shape.clone(), InputKind::Arg { index }, SourceLoc::internal());
                 Tensor {
-                    cell: Rc::new(TensorCell {
+                    cell: Arc::new(TensorCell {
                         id: next_id(),
-                        state: RefCell::new(State::Lazy {
+                        state: Mutex::new(State::Lazy {
                             trace: tracer.id,
                             graph: 0,
                             node,

@@ -123,6 +123,10 @@ impl Blas {
     }
 }
 
+// SAFETY: a cuBLAS handle may move between threads; the driver uses it behind a mutex, one call at a
+// time.
+unsafe impl Send for Blas {}
+
 impl Drop for Blas {
     fn drop(&mut self) {
         // SAFETY: the handle is owned here and destroyed once.

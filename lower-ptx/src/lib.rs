@@ -11,4 +11,4 @@ pub mod runtime;
 
 pub use check::PtxasChecked;
 pub use render::{render, PtxKernel, RenderError};
-pub use runtime::{Cuda, CudaBackend, CudaStats, Prepared};
+pub use runtime::Cuda;

@@ -10,4 +10,4 @@ pub use storage::Storage;
 pub use validate::{validate, ValidationError};
 pub mod runtime;
 
-pub use runtime::{Gpu, GpuStats, Prepared, WgpuBackend};
+pub use runtime::{Gpu, GpuStats};

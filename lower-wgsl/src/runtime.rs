@@ -1,19 +1,24 @@
-//! The wgpu runtime: picks an adapter, requests a device with the limits kiln uses, describes it as a
-//! `Target`, and runs compiled graphs — buffers from the plan, one pipeline per distinct shader, bind
-//! groups, dispatches folded into 2-D/3-D grids past the per-dimension limit, and readback.
+//! The wgpu driver: picks an adapter, requests a device with the limits kiln uses, describes it as a
+//! `Target`, and is the thin device half of kiln's one runtime core (`kiln_graph::runtime`): storage
+//! buffers, one pipeline per kernel (validated WGSL), bind groups cached by what they bind, and the
+//! launches of a run recorded into one command buffer, submitted once.
 
 use crate::render::render;
 use crate::storage::Storage;
 use crate::validate::validate;
+use kiln_graph::device::{Driver, Launch, Module, Raw};
 use kiln_graph::kernel::Kernel;
-use kiln_graph::sym::Bindings;
-use kiln_graph::{CompiledGraph, Error, Result, Target, TensorData};
-use std::cell::RefCell;
+use kiln_graph::runtime::Runtime;
+use kiln_graph::{DType, Error, Result, Target, TensorData};
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 fn err(msg: impl Into<String>) -> Error {
     Error::Backend { backend: "wgpu".into(), msg: msg.into() }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A wgpu device ready to run kiln kernels.
@@ -24,14 +29,35 @@ pub struct Gpu {
     queue: wgpu::Queue,
     f16: bool,
     target: Target,
-    pipelines: RefCell<HashMap<String, Rc<wgpu::ComputePipeline>>>,
     /// The driver's pipeline cache, persisted next to kiln's compile cache when the adapter has one.
     driver_cache: Option<DriverCache>,
-    stats: RefCell<GpuStats>,
-    /// Free device buffers by size class (powers of two), reused across runs.
-    pool: RefCell<HashMap<u64, Vec<wgpu::Buffer>>>,
-    /// Two timestamps around a launch, where the adapter has timestamp queries.
+    /// Work enqueued since the last submission, in order.
+    batch: Mutex<Vec<Op>>,
+    /// Bind groups by what they bind (pooled buffers recur, so runs after the first make none).
+    bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
+    /// Uniform blocks of symbol values by their bytes (immutable once written).
+    uniforms: Mutex<HashMap<Vec<u8>, wgpu::Buffer>>,
+    /// Two timestamps around a submission, where the adapter has timestamp queries.
     timestamps: Option<Timestamps>,
+    /// The next submission writes timestamps (set by `time`).
+    timing: std::sync::atomic::AtomicBool,
+    stats: Mutex<GpuStats>,
+}
+
+/// What binds a launch: the pipeline, each binding (allocation id, offset, size), and the symbol bytes.
+type BindKey = (usize, Vec<(u64, u64, u64)>, Vec<u8>);
+
+/// One piece of enqueued work.
+enum Op {
+    Clear { buffer: wgpu::Buffer, offset: u64, size: u64 },
+    Copy { src: wgpu::Buffer, dst: wgpu::Buffer, size: u64 },
+    Dispatch { pipeline: Arc<wgpu::ComputePipeline>, bind: wgpu::BindGroup, grid: (u32, u32, u32) },
+}
+
+/// A loaded kernel.
+struct Pipeline {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    uses_symbols: bool,
 }
 
 /// A query set for two timestamps and the buffers they are resolved into and read back from.
@@ -41,17 +67,20 @@ struct Timestamps {
     readback: wgpu::Buffer,
 }
 
-/// What the runtime spent compiling, for compile statistics.
+/// What the driver spent compiling, for compile statistics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GpuStats {
     /// Pipelines created (a shader the driver compiled).
     pub pipelines_created: usize,
-    /// Kernels served by an existing pipeline (same code).
-    pub pipelines_reused: usize,
     /// Time rendering WGSL and validating it with naga, ms.
     pub render_ms: f64,
     /// Time the driver spent creating pipelines, ms.
     pub driver_ms: f64,
+}
+
+fn buffer_of(raw: &Raw) -> &wgpu::Buffer {
+    // Every allocation of this driver is made by `alloc` below.
+    raw.downcast_ref::<wgpu::Buffer>().expect("an allocation of the wgpu driver")
 }
 
 /// A persisted `wgpu::PipelineCache`: the driver's compiled shaders survive the process, so a warm start
@@ -59,7 +88,7 @@ pub struct GpuStats {
 struct DriverCache {
     cache: wgpu::PipelineCache,
     file: std::path::PathBuf,
-    dirty: std::cell::Cell<bool>,
+    dirty: std::sync::atomic::AtomicBool,
 }
 
 impl DriverCache {
@@ -80,11 +109,11 @@ impl DriverCache {
                 fallback: true,
             })
         };
-        Some(DriverCache { cache, file, dirty: std::cell::Cell::new(false) })
+        Some(DriverCache { cache, file, dirty: std::sync::atomic::AtomicBool::new(false) })
     }
 
     fn save(&self) {
-        if !self.dirty.replace(false) {
+        if !self.dirty.swap(false, std::sync::atomic::Ordering::Relaxed) {
             return;
         }
         let Some(data) = self.cache.get_data() else { return };
@@ -96,24 +125,6 @@ impl DriverCache {
         if !ok || std::fs::rename(&tmp, &self.file).is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
-    }
-}
-
-/// A monotonic instant where the platform has one (not on the web, where timings read as zero).
-#[cfg(not(target_arch = "wasm32"))]
-fn web_time_now() -> Option<std::time::Instant> {
-    Some(std::time::Instant::now())
-}
-
-#[cfg(target_arch = "wasm32")]
-fn web_time_now() -> Option<std::time::Instant> {
-    None
-}
-
-fn elapsed_ms(from: Option<std::time::Instant>, to: Option<std::time::Instant>) -> f64 {
-    match (from, to) {
-        (Some(a), Some(b)) => b.duration_since(a).as_secs_f64() * 1e3,
-        _ => 0.0,
     }
 }
 
@@ -229,60 +240,283 @@ impl Gpu {
             queue,
             f16,
             target,
-            pipelines: RefCell::new(HashMap::new()),
             driver_cache,
-            stats: RefCell::new(GpuStats::default()),
-            pool: RefCell::new(HashMap::new()),
+            batch: Mutex::default(),
+            bind_groups: Mutex::default(),
+            uniforms: Mutex::default(),
             timestamps,
+            timing: std::sync::atomic::AtomicBool::new(false),
+            stats: Mutex::default(),
         })
+    }
+
+    /// A runtime over the best adapter, opened without blocking (the only way in a browser).
+    pub async fn runtime_async() -> Result<Arc<Runtime>> {
+        Ok(Runtime::new(Gpu::new_async().await?))
     }
 
     /// Blocking [`Gpu::new_async`] for native code.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Gpu> {
-        pollster::block_on(Self::new_async())
+        pollster::block_on(Gpu::new_async())
     }
 
-    /// True for a CPU implementation of the API (lavapipe, SwiftShader, WARP): correct, not fast.
+    /// A runtime over the best adapter (the facade keeps one per process).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn runtime() -> Result<Arc<Runtime>> {
+        Ok(Runtime::new(Gpu::new()?))
+    }
+
+    /// Whether the adapter is a software rasteriser (lavapipe, SwiftShader).
     pub fn is_software(&self) -> bool {
         self.adapter.device_type == wgpu::DeviceType::Cpu
     }
 
-    /// Forgets compiled pipelines (the bench measures cold compiles with it).
-    pub fn clear_pipelines(&self) {
-        self.pipelines.borrow_mut().clear();
+    /// Pipelines created and time spent rendering and in the driver, so far.
+    pub fn stats(&self) -> GpuStats {
+        lock(&self.stats).clone()
     }
 
-    /// The device as kiln's pipeline sees it.
-    pub fn target(&self) -> &Target {
+    /// Submits everything enqueued so far as one command buffer: clears and copies where they stand,
+    /// consecutive dispatches in one compute pass (WebGPU orders storage writes between the dispatches
+    /// of a pass; a pass per kernel costs a barrier and bookkeeping each on some drivers).
+    fn flush(&self) {
+        let ops = std::mem::take(&mut *lock(&self.batch));
+        let timing = self.timing.swap(false, std::sync::atomic::Ordering::AcqRel);
+        if ops.is_empty() && !timing {
+            return;
+        }
+        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
+        let passes = ops.iter().filter(|o| matches!(o, Op::Dispatch { .. })).count();
+        let mut dispatched = 0;
+        let mut ops = ops.into_iter().peekable();
+        while let Some(op) = ops.next() {
+            match op {
+                Op::Clear { buffer, offset, size } => encoder.clear_buffer(&buffer, offset, Some(size)),
+                Op::Copy { src, dst, size } => encoder.copy_buffer_to_buffer(&src, 0, &dst, 0, size),
+                Op::Dispatch { pipeline, bind, grid } => {
+                    let mut run = vec![(pipeline, bind, grid)];
+                    while let Some(Op::Dispatch { .. }) = ops.peek() {
+                        if let Some(Op::Dispatch { pipeline, bind, grid }) = ops.next() {
+                            run.push((pipeline, bind, grid));
+                        }
+                    }
+                    let (first, last) = (dispatched == 0, dispatched + run.len() == passes);
+                    dispatched += run.len();
+                    let timestamp_writes =
+                        self.timestamps.as_ref().filter(|_| timing).map(|t| wgpu::ComputePassTimestampWrites {
+                            query_set: &t.queries,
+                            beginning_of_pass_write_index: first.then_some(0),
+                            end_of_pass_write_index: last.then_some(1),
+                        });
+                    let mut pass = encoder
+                        .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes });
+                    for (p, b, g) in &run {
+                        pass.set_pipeline(p);
+                        pass.set_bind_group(0, b, &[]);
+                        pass.dispatch_workgroups(g.0, g.1, g.2);
+                    }
+                }
+            }
+        }
+        if let (Some(t), true) = (&self.timestamps, timing) {
+            encoder.resolve_query_set(&t.queries, 0..2, &t.resolved, 0);
+            encoder.copy_buffer_to_buffer(&t.resolved, 0, &t.readback, 0, 16);
+        }
+        self.queue.submit([encoder.finish()]);
+    }
+
+    /// Blocks until every submitted piece of work has finished (native only: a browser awaits).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map(|_| ())
+            .map_err(|e| err(format!("waiting for the device: {e}")))
+    }
+
+    /// Copies `bytes` of `src` into a fresh staging buffer (after the work enqueued before) and submits.
+    fn stage(&self, src: &wgpu::Buffer, bytes: u64) -> wgpu::Buffer {
+        self.flush();
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder =
+            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
+        self.queue.submit([encoder.finish()]);
+        staging
+    }
+
+    /// Maps `buffer` for reading once the device has written it, and returns its bytes (blocking).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn map_read(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        buffer.map_async(wgpu::MapMode::Read, ..bytes, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|_| err("the device was lost before readback"))?
+            .map_err(|e| err(format!("reading back: {e}")))?;
+        let out = buffer.get_mapped_range(..bytes).map_err(|e| err(format!("reading back: {e}")))?.to_vec();
+        buffer.unmap();
+        Ok(out)
+    }
+
+    fn uniform(&self, bytes: Vec<u8>) -> wgpu::Buffer {
+        let mut u = lock(&self.uniforms);
+        if u.len() > 4096 {
+            u.clear();
+        }
+        u.entry(bytes)
+            .or_insert_with_key(|bytes| {
+                let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("kiln symbols"),
+                    size: bytes.len() as u64,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                self.queue.write_buffer(&buf, 0, bytes);
+                buf
+            })
+            .clone()
+    }
+}
+
+impl Driver for Gpu {
+    fn name(&self) -> &'static str {
+        "wgpu"
+    }
+
+    fn target(&self) -> &Target {
         &self.target
     }
 
-    /// One line naming the adapter, its API and kind (never mistake lavapipe or GL for a GPU).
-    pub fn describe(&self) -> String {
-        format!(
-            "{} ({:?}, {:?}, driver {})",
-            self.adapter.name, self.adapter.backend, self.adapter.device_type, self.adapter.driver_info
-        )
+    fn describe(&self) -> String {
+        let i = &self.adapter;
+        format!("{} ({:?}, {:?}, driver {} {})", i.name, i.backend, i.device_type, i.driver, i.driver_info)
     }
 
-    /// Pipelines created and reused, and time spent rendering and in the driver, so far.
-    pub fn stats(&self) -> GpuStats {
-        self.stats.borrow().clone()
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
-    async fn pipeline(&self, kernel: &Kernel) -> Result<(Rc<wgpu::ComputePipeline>, bool)> {
-        let clock = web_time_now();
-        let shader = render(kernel, self.f16).map_err(|e| err(e.to_string()))?;
-        // Keyed by the code, not the kernel's name: identical kernels (64 equal layers) share a pipeline.
-        let key: String = shader.source.lines().filter(|l| !l.starts_with("// ")).collect::<Vec<_>>().join("\n");
-        if let Some(p) = self.pipelines.borrow().get(&key) {
-            self.stats.borrow_mut().pipelines_reused += 1;
-            return Ok((p.clone(), shader.uses_symbols));
+    fn bytes(&self, dtype: DType, n: usize) -> u64 {
+        Storage::of(dtype, self.f16).bytes(n) as u64
+    }
+
+    fn encode(&self, data: &TensorData) -> Vec<u8> {
+        Storage::of(data.dtype(), self.f16).encode(data)
+    }
+
+    fn decode(&self, bytes: &[u8], dims: &[usize], dtype: DType) -> Result<TensorData> {
+        Storage::of(dtype, self.f16).decode(bytes, dims, dtype)
+    }
+
+    fn max_buffer_bytes(&self) -> u64 {
+        self.device.limits().max_buffer_size
+    }
+
+    fn max_binding_bytes(&self) -> u64 {
+        self.device.limits().max_storage_buffer_binding_size
+    }
+
+    fn offset_alignment(&self) -> u64 {
+        u64::from(self.device.limits().min_storage_buffer_offset_alignment)
+    }
+
+    fn alloc(&self, bytes: u64) -> Result<Raw> {
+        let size = bytes.div_ceil(4) * 4;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer =
+            self.device.create_buffer(&wgpu::BufferDescriptor { label: None, size, usage, mapped_at_creation: false });
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            // Cached bind groups hold pooled buffers alive: let them go before the runtime retries.
+            lock(&self.bind_groups).clear();
+            return Err(Error::OutOfMemory {
+                device: "wgpu".into(),
+                what: format!("a buffer ({e})"),
+                bytes,
+                limit: None,
+            });
         }
+        #[cfg(target_arch = "wasm32")]
+        drop(scope);
+        Ok(Box::new(buffer))
+    }
+
+    fn write(&self, dst: &Raw, bytes: &[u8]) -> Result<()> {
+        // Work enqueued before must see the old contents: submit it first (a write lands before the next
+        // submission).
+        self.flush();
+        if bytes.len() % 4 == 0 {
+            self.queue.write_buffer(buffer_of(dst), 0, bytes);
+        } else {
+            let mut padded = bytes.to_vec();
+            padded.resize(bytes.len().div_ceil(4) * 4, 0);
+            self.queue.write_buffer(buffer_of(dst), 0, &padded);
+        }
+        Ok(())
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn read(&self, src: &Raw, bytes: u64) -> Result<Vec<u8>> {
+        let size = bytes.div_ceil(4) * 4;
+        let staging = self.stage(buffer_of(src), size);
+        let mut out = self.map_read(&staging, size)?;
+        out.truncate(bytes as usize);
+        Ok(out)
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn read(&self, _src: &Raw, _bytes: u64) -> Result<Vec<u8>> {
+        Err(err("a browser cannot block on the GPU: read tensors with `to_vec_async`"))
+    }
+
+    fn read_async<'a>(&'a self, src: &'a Raw, bytes: u64) -> kiln_graph::device::ReadFuture<'a> {
+        Box::pin(async move {
+            let size = bytes.div_ceil(4) * 4;
+            let staging = self.stage(buffer_of(src), size);
+            let (tx, rx) = futures_channel::oneshot::channel();
+            staging.map_async(wgpu::MapMode::Read, ..size, move |r| {
+                let _ = tx.send(r);
+            });
+            // Native code drives the device here; in a browser the event loop does.
+            #[cfg(not(target_arch = "wasm32"))]
+            self.wait()?;
+            rx.await
+                .map_err(|_| err("the device was lost before readback"))?
+                .map_err(|e| err(format!("reading back: {e}")))?;
+            let mut out = staging.get_mapped_range(..size).map_err(|e| err(format!("reading back: {e}")))?.to_vec();
+            staging.unmap();
+            out.truncate(bytes as usize);
+            Ok(out)
+        })
+    }
+
+    fn zero(&self, dst: &Raw, offset: u64, bytes: u64) -> Result<()> {
+        lock(&self.batch).push(Op::Clear { buffer: buffer_of(dst).clone(), offset, size: bytes.div_ceil(4) * 4 });
+        Ok(())
+    }
+
+    fn copy(&self, src: &Raw, dst: &Raw, bytes: u64) -> Result<()> {
+        let size = bytes.div_ceil(4) * 4;
+        lock(&self.batch).push(Op::Copy { src: buffer_of(src).clone(), dst: buffer_of(dst).clone(), size });
+        Ok(())
+    }
+
+    fn load(&self, kernel: &Kernel) -> Result<Module> {
+        let clock = web_time::Instant::now();
+        let shader = render(kernel, self.f16).map_err(|e| err(e.to_string()))?;
         validate(&kernel.name, &shader.source).map_err(|e| err(e.to_string()))?;
         tracing::debug!(target: "kiln::output_code", kernel = %kernel.name, "\n{}", shader.source);
-        let rendered = web_time_now();
+        let rendered = web_time::Instant::now();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(&kernel.name),
@@ -297,426 +531,126 @@ impl Gpu {
             cache: self.driver_cache.as_ref().map(|d| &d.cache),
         });
         if let Some(d) = &self.driver_cache {
-            d.dirty.set(true);
+            d.dirty.store(true, std::sync::atomic::Ordering::Relaxed);
+            d.save();
         }
-        if let Some(e) = scope.pop().await {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(e) = pollster::block_on(scope.pop()) {
             let numbered: String =
                 shader.source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
             return Err(err(format!("kernel {}: the device rejected the shader: {e}\n{numbered}", kernel.name)));
         }
+        #[cfg(target_arch = "wasm32")]
+        drop(scope);
         {
-            let mut st = self.stats.borrow_mut();
+            let mut st = lock(&self.stats);
             st.pipelines_created += 1;
-            st.render_ms += elapsed_ms(clock, rendered);
-            st.driver_ms += elapsed_ms(rendered, web_time_now());
+            st.render_ms += rendered.duration_since(clock).as_secs_f64() * 1e3;
+            st.driver_ms += rendered.elapsed().as_secs_f64() * 1e3;
         }
-        let p = Rc::new(pipeline);
-        self.pipelines.borrow_mut().insert(key, p.clone());
-        Ok((p, shader.uses_symbols))
+        Ok(Arc::new(Pipeline { pipeline: Arc::new(pipeline), uses_symbols: shader.uses_symbols }))
     }
 
-    fn grid(&self, groups: u64) -> Result<(u32, u32, u32)> {
-        self.target.fold_grid(groups).ok_or_else(|| err(format!("{groups} workgroups exceed a 3-D grid")))
-    }
-
-    /// Blocking [`Gpu::run_async`] for native code.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn run(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
-        pollster::block_on(self.run_async(c, inputs))
-    }
-
-    /// Runs a compiled graph: uploads `inputs`, launches every kernel in one submission, reads the outputs.
-    /// Asynchronous underneath, so the same code serves the browser, which cannot block.
-    pub async fn run_async(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
-        let prepared = self.prepare(c, inputs).await?;
-        self.launch(&prepared);
-        let out = match self.check_faults(c, &prepared).await {
-            Ok(()) => self.read(&prepared).await,
-            Err(e) => Err(e),
-        };
-        self.recycle(prepared);
-        out
-    }
-
-    /// Returns a prepared graph's buffers to the pool for later runs.
-    pub fn recycle(&self, p: Prepared) {
-        let mut pool = self.pool.borrow_mut();
-        for b in p.buffers.into_iter().chain([p.faults]) {
-            pool.entry(b.size()).or_default().push(b);
-        }
-    }
-
-    /// A storage buffer of at least `size` bytes: from the pool when one of its size class is free. A
-    /// size past what one binding may cover is a typed error naming `what`, never a driver panic.
-    fn buffer(&self, size: u64, what: &str) -> Result<wgpu::Buffer> {
-        let limits = self.device.limits();
-        let max_binding = limits.max_storage_buffer_binding_size;
-        if size > max_binding || size > limits.max_buffer_size {
-            return Err(Error::OutOfMemory {
-                device: "wgpu".into(),
-                what: format!("{what} (one storage binding on {})", self.adapter.name),
-                bytes: size,
-                limit: Some(max_binding.min(limits.max_buffer_size)),
-            });
-        }
-        // Size classes are powers of two from 256 bytes, so a model whose shapes vary a little reuses
-        // buffers instead of allocating per call; a class past the device's largest buffer is not used.
-        let class = size.max(256).next_power_of_two();
-        let class = if class > limits.max_buffer_size { size.div_ceil(256) * 256 } else { class };
-        if let Some(b) = self.pool.borrow_mut().get_mut(&class).and_then(Vec::pop) {
-            return Ok(b);
-        }
-        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: None,
-            size: class,
-            usage,
-            mapped_at_creation: false,
-        }))
-    }
-
-    /// Binds a compiled graph to device memory: buffers from the plan, inputs uploaded, one pipeline per
-    /// distinct shader, bind groups made once. [`Gpu::launch`] then replays it as one submission.
-    pub async fn prepare(&self, c: &CompiledGraph, inputs: &[&TensorData]) -> Result<Prepared> {
-        let bindings = c.bindings(inputs)?;
-        // Device bytes per plan buffer: the widest value placed in it, in its device layout (a multiple of
-        // 16 so vector bindings cover whole vectors).
-        let sizes = c.buffer_bytes(&bindings, |d, n| Storage::of(d, self.f16).bytes(n) as u64)?;
-        let bytes_moved = c.traffic_bytes(&bindings)?;
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffers = sizes.iter().enumerate().map(|(i, &size)| self.buffer(size, &format!("plan buffer {i}")));
-        let buffers: Result<Vec<wgpu::Buffer>> = buffers.collect();
-        // One fault word per kernel with run-time checks, each at its own aligned offset.
-        let fault_kernels: Vec<usize> = c.checked_launches().into_iter().map(|(_, k)| k).collect();
-        let stride = u64::from(self.device.limits().min_storage_buffer_offset_alignment).max(4);
-        let faults = self.buffer(stride * fault_kernels.len().max(1) as u64, "fault words");
-        let popped = oom.pop().await;
-        let (buffers, faults) = (buffers?, faults?);
-        if let Some(e) = popped {
-            return Err(Error::OutOfMemory {
-                device: "wgpu".into(),
-                what: format!("the buffers of a graph ({e})"),
-                bytes: sizes.iter().sum::<u64>(),
-                limit: None,
-            });
-        }
-        let mut dispatches = Vec::new();
-        let mut uniforms = Vec::new();
-        for &ki in &c.plan.launches {
-            let kernel = &c.kernels[ki];
-            let groups = kernel.launch.groups.eval(&bindings)?.max(0) as u64;
-            if groups == 0 {
-                continue;
+    fn launch(&self, module: &Module, kernel: &Kernel, l: &Launch) -> Result<()> {
+        let p = module.downcast_ref::<Pipeline>().ok_or_else(|| err("a module of another driver"))?;
+        let mut symbols = Vec::new();
+        if p.uses_symbols {
+            for (s, &v) in kernel.symbols.iter().zip(l.symbols) {
+                let v = i32::try_from(v)
+                    .map_err(|_| err(format!("kernel {}: {s} = {v} does not fit in i32", kernel.name)))?;
+                symbols.extend(v.to_le_bytes());
             }
-            let (pipeline, uses_symbols) = self.pipeline(kernel).await?;
-            let mut entries: Vec<wgpu::BindGroupEntry> = kernel
-                .buffers
-                .iter()
-                .enumerate()
-                .map(|(i, b)| {
-                    // Bind the range the plan uses: the pooled buffer may be larger than one binding allows.
-                    let slot = c.plan.value_buffer[&b.node];
-                    wgpu::BindGroupEntry {
+            symbols.resize(symbols.len().div_ceil(16).max(1) * 16, 0);
+        }
+        let mut bound: Vec<(u64, u64, u64)> = l.buffers.iter().map(|b| (b.id, b.offset, b.bytes)).collect();
+        if let Some(f) = l.fault {
+            bound.push((f.id, f.offset, f.bytes));
+        }
+        let key: BindKey = (Arc::as_ptr(&p.pipeline) as usize, bound, symbols.clone());
+        let cached = lock(&self.bind_groups).get(&key).cloned();
+        let bind = match cached {
+            Some(b) => b,
+            None => {
+                let uniform = p.uses_symbols.then(|| self.uniform(symbols));
+                fn binding(raw: &Raw, offset: u64, size: u64) -> wgpu::BindingResource<'_> {
+                    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: buffer_of(raw),
+                        offset,
+                        size: wgpu::BufferSize::new(size.div_ceil(4).max(1) * 4),
+                    })
+                }
+                let mut entries: Vec<wgpu::BindGroupEntry> = l
+                    .buffers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| wgpu::BindGroupEntry {
                         binding: i as u32,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: &buffers[slot],
-                            offset: 0,
-                            size: wgpu::BufferSize::new(sizes[slot]),
-                        }),
-                    }
-                })
-                .collect();
-            if let Some(slot) = fault_kernels.iter().position(|&k| k == ki) {
-                entries.push(wgpu::BindGroupEntry {
-                    binding: crate::render::fault_binding(kernel),
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &faults,
-                        offset: stride * slot as u64,
-                        size: wgpu::BufferSize::new(4),
-                    }),
+                        resource: binding(b.raw, b.offset, b.bytes),
+                    })
+                    .collect();
+                if let Some(u) = &uniform {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: kernel.buffers.len() as u32,
+                        resource: u.as_entire_binding(),
+                    });
+                }
+                if let Some(f) = l.fault {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: crate::render::fault_binding(kernel),
+                        resource: binding(f.raw, f.offset, f.bytes),
+                    });
+                }
+                let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(&kernel.name),
+                    layout: &p.pipeline.get_bind_group_layout(0),
+                    entries: &entries,
                 });
+                let mut groups = lock(&self.bind_groups);
+                if groups.len() > 4096 {
+                    groups.clear();
+                }
+                groups.insert(key, bind.clone());
+                bind
             }
-            if uses_symbols {
-                uniforms.push(self.symbol_block(kernel, &bindings)?);
-                entries.push(wgpu::BindGroupEntry {
-                    binding: kernel.buffers.len() as u32,
-                    resource: uniforms[uniforms.len() - 1].as_entire_binding(),
-                });
-            }
-            let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(&kernel.name),
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
-            dispatches.push(Dispatch { pipeline, bind, grid: self.grid(groups)? });
-        }
-        if let Some(d) = &self.driver_cache {
-            d.save();
-        }
-        let outputs = c.output_slots(&bindings)?;
-        let io_bytes = c.io_bytes(&bindings)?;
-        let prepared = Prepared {
-            buffers,
-            sizes,
-            dispatches,
-            _uniforms: uniforms,
-            outputs,
-            bytes_moved,
-            io_bytes,
-            faults,
-            fault_kernels,
-            fault_stride: stride,
         };
-        for (b, data) in c.input_buffers().into_iter().zip(inputs) {
-            self.upload(&prepared, b, data);
-        }
-        Ok(prepared)
-    }
-
-    /// Writes host data into plan buffer `buffer` of a prepared graph.
-    pub fn upload(&self, p: &Prepared, buffer: usize, data: &TensorData) {
-        let mut bytes = Storage::of(data.dtype(), self.f16).encode(data);
-        bytes.resize(bytes.len().div_ceil(4) * 4, 0);
-        if !bytes.is_empty() {
-            self.queue.write_buffer(&p.buffers[buffer], 0, &bytes);
-        }
-    }
-
-    /// Records every kernel of a prepared graph into one command buffer and submits it.
-    pub fn launch(&self, p: &Prepared) {
-        self.queue.submit([self.encode(p, None).finish()]);
-    }
-
-    /// One compute pass over every dispatch of `p`, with timestamps at its start and end when given.
-    fn encode(&self, p: &Prepared, timestamps: Option<&Timestamps>) -> wgpu::CommandEncoder {
-        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
-        if !p.fault_kernels.is_empty() {
-            encoder.clear_buffer(&p.faults, 0, None);
-        }
-        {
-            // One pass for the whole graph: WebGPU orders storage writes between dispatches of a pass, and a
-            // pass per kernel costs a barrier and bookkeeping each on some drivers.
-            let timestamp_writes = timestamps.map(|t| wgpu::ComputePassTimestampWrites {
-                query_set: &t.queries,
-                beginning_of_pass_write_index: Some(0),
-                end_of_pass_write_index: Some(1),
-            });
-            let mut pass =
-                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes });
-            for d in &p.dispatches {
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, &d.bind, &[]);
-                pass.dispatch_workgroups(d.grid.0, d.grid.1, d.grid.2);
-            }
-        }
-        if let Some(t) = timestamps {
-            encoder.resolve_query_set(&t.queries, 0..2, &t.resolved, 0);
-            encoder.copy_buffer_to_buffer(&t.resolved, 0, &t.readback, 0, 16);
-        }
-        encoder
-    }
-
-    /// Whether [`Gpu::time_launch`] can time on the GPU (the adapter has timestamp queries).
-    pub fn has_timestamps(&self) -> bool {
-        self.timestamps.is_some()
-    }
-
-    /// Seconds one launch of `p` takes on the GPU, between timestamps written at the start and the end of
-    /// its compute pass; `None` where the adapter has no timestamp queries.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn time_launch(&self, p: &Prepared) -> Result<Option<f64>> {
-        let Some(t) = &self.timestamps else { return Ok(None) };
-        self.queue.submit([self.encode(p, Some(t)).finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        t.readback.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv()
-            .map_err(|_| err("the device was lost while timing"))?
-            .map_err(|e| err(format!("reading timestamps: {e}")))?;
-        let ticks = {
-            let view = t.readback.get_mapped_range(..).map_err(|e| err(format!("reading timestamps: {e}")))?;
-            let at = |i: usize| u64::from_le_bytes(view[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-            at(1).saturating_sub(at(0))
-        };
-        t.readback.unmap();
-        Ok(Some(ticks as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9))
-    }
-
-    /// Blocks until every submitted launch has finished (native only; a browser awaits readback instead).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn wait(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
-            .map(|_| ())
-            .map_err(|e| err(format!("waiting for the device: {e}")))
-    }
-
-    /// Reads the fault words of the last run of `p` and turns the first nonzero one into the error it
-    /// stands for.
-    pub async fn check_faults(&self, c: &CompiledGraph, p: &Prepared) -> Result<()> {
-        if p.fault_kernels.is_empty() {
-            return Ok(());
-        }
-        let size = p.fault_stride * p.fault_kernels.len() as u64;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("fault readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("faults") });
-        encoder.copy_buffer_to_buffer(&p.faults, 0, &staging, 0, size);
-        self.queue.submit([encoder.finish()]);
-        let (tx, rx) = futures_channel::oneshot::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        #[cfg(not(target_arch = "wasm32"))]
-        self.wait()?;
-        rx.await
-            .map_err(|_| err("the device was lost before readback"))?
-            .map_err(|e| err(format!("reading faults: {e}")))?;
-        let view = staging.get_mapped_range(..).map_err(|e| err(format!("reading faults: {e}")))?;
-        for (slot, &k) in p.fault_kernels.iter().enumerate() {
-            let at = (p.fault_stride * slot as u64) as usize;
-            c.check_fault(k, u32::from_le_bytes([view[at], view[at + 1], view[at + 2], view[at + 3]]))?;
-        }
+        let grid = self
+            .target
+            .fold_grid(l.groups)
+            .ok_or_else(|| err(format!("kernel {}: {} workgroups exceed a 3-D grid", kernel.name, l.groups)))?;
+        lock(&self.batch).push(Op::Dispatch { pipeline: p.pipeline.clone(), bind, grid });
         Ok(())
     }
 
-    /// Reads a prepared graph's outputs back to the host.
-    pub async fn read(&self, p: &Prepared) -> Result<Vec<TensorData>> {
-        let mut encoder =
-            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
-        let mut staging = Vec::new();
-        for &(b, _, _) in &p.outputs {
-            let s = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("readback"),
-                size: p.sizes[b],
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            encoder.copy_buffer_to_buffer(&p.buffers[b], 0, &s, 0, p.sizes[b]);
-            staging.push(s);
-        }
-        self.queue.submit([encoder.finish()]);
-        let mut pending = Vec::with_capacity(staging.len());
-        for s in &staging {
-            let (tx, rx) = futures_channel::oneshot::channel();
-            s.map_async(wgpu::MapMode::Read, .., move |r| {
-                let _ = tx.send(r);
-            });
-            pending.push(rx);
-        }
-        // Native code drives the device here; in a browser the event loop does.
+    fn submit(&self) -> Result<()> {
+        self.flush();
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.flush();
         #[cfg(not(target_arch = "wasm32"))]
         self.wait()?;
-        let mut out = Vec::with_capacity(staging.len());
-        for ((s, rx), (_, dims, dtype)) in staging.iter().zip(pending).zip(&p.outputs) {
-            rx.await
-                .map_err(|_| err("the device was lost before readback"))?
-                .map_err(|e| err(format!("reading back: {e}")))?;
-            let view = s.get_mapped_range(..).map_err(|e| err(format!("reading back: {e}")))?;
-            out.push(Storage::of(*dtype, self.f16).decode(&view, dims, *dtype)?);
-        }
-        Ok(out)
-    }
-
-    fn symbol_block(&self, kernel: &Kernel, b: &Bindings) -> Result<wgpu::Buffer> {
-        let mut bytes = Vec::new();
-        for s in &kernel.symbols {
-            let v = b.get(*s).ok_or_else(|| err(format!("kernel {}: symbol {s} has no value", kernel.name)))?;
-            let v =
-                i32::try_from(v).map_err(|_| err(format!("kernel {}: {s} = {v} does not fit in i32", kernel.name)))?;
-            bytes.extend(v.to_le_bytes());
-        }
-        bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);
-        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln symbols"),
-            size: bytes.len() as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        self.queue.write_buffer(&buf, 0, &bytes);
-        Ok(buf)
-    }
-}
-
-struct Dispatch {
-    pipeline: Rc<wgpu::ComputePipeline>,
-    bind: wgpu::BindGroup,
-    grid: (u32, u32, u32),
-}
-
-/// A compiled graph bound to device memory, ready to launch again and again (the reduce-overhead mode of
-/// wgpu: one pre-built submission, bind groups made once).
-pub struct Prepared {
-    buffers: Vec<wgpu::Buffer>,
-    sizes: Vec<u64>,
-    dispatches: Vec<Dispatch>,
-    /// Fault words of the kernels with run-time checks (`fault_kernels`), `fault_stride` bytes apart.
-    faults: wgpu::Buffer,
-    fault_kernels: Vec<usize>,
-    fault_stride: u64,
-    _uniforms: Vec<wgpu::Buffer>,
-    outputs: Vec<(usize, Vec<usize>, kiln_graph::DType)>,
-    /// Bytes every launch reads and writes (each kernel's buffers, in their dtypes).
-    pub bytes_moved: u64,
-    /// Bytes the computation itself must move: its inputs read once, its outputs written once. Achieved
-    /// bandwidth is quoted against this, as for any implementation.
-    pub io_bytes: u64,
-}
-
-impl Prepared {
-    /// Kernel launches per run.
-    pub fn launches(&self) -> usize {
-        self.dispatches.len()
-    }
-}
-
-/// kiln's wgpu backend.
-#[derive(Clone)]
-pub struct WgpuBackend {
-    gpu: Rc<Gpu>,
-}
-
-impl WgpuBackend {
-    /// Opens the best adapter; errors say what to install when there is none.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn new() -> Result<Self> {
-        Ok(WgpuBackend { gpu: Rc::new(Gpu::new()?) })
-    }
-
-    /// Opens the best adapter without blocking (the browser's way).
-    pub async fn new_async() -> Result<Self> {
-        Ok(WgpuBackend { gpu: Rc::new(Gpu::new_async().await?) })
-    }
-
-    /// The device.
-    pub fn gpu(&self) -> &Gpu {
-        &self.gpu
-    }
-}
-
-impl kiln_graph::Backend for WgpuBackend {
-    fn name(&self) -> &str {
-        "wgpu"
-    }
-
-    fn target(&self) -> Option<&Target> {
-        Some(self.gpu.target())
+        Ok(())
     }
 
     #[cfg(not(target_arch = "wasm32"))]
-    fn run_compiled(&self, compiled: &CompiledGraph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
-        self.gpu.run(compiled, inputs)
+    fn time(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
+        let Some(t) = &self.timestamps else { return Ok(None) };
+        self.flush();
+        self.timing.store(true, std::sync::atomic::Ordering::Release);
+        enqueue()?;
+        self.flush();
+        let bytes = self.map_read(&t.readback, 16)?;
+        let at = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let ticks = at(1).saturating_sub(at(0));
+        Ok(Some(ticks as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9))
     }
-}
 
-impl kiln_graph::IntoBackend for WgpuBackend {
-    fn into_backend(self) -> Result<Rc<dyn kiln_graph::Backend>> {
-        Ok(Rc::new(self))
+    fn timing(&self) -> &'static str {
+        if self.timestamps.is_some() {
+            "timestamp queries"
+        } else {
+            "fenced wall time"
+        }
     }
 }

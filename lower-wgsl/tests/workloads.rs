@@ -1,12 +1,12 @@
 //! W1, softmax, layer norm, matmul and argmax at small sizes on wgpu, against the reference.
 
 use kiln_graph::{compile, CpuReference, Tensor};
-use kiln_wgsl::WgpuBackend;
+use kiln_wgsl::Gpu;
 
 #[test]
 fn workloads_match_the_reference_on_wgpu() {
-    let backend = WgpuBackend::new().unwrap();
-    eprintln!("adapter: {}", backend.gpu().describe());
+    let backend = Gpu::runtime().unwrap();
+    eprintln!("adapter: {}", backend.driver().describe());
     let x = Tensor::from_slice(&(0..1000).map(|i| (i as f32 - 500.0) / 100.0).collect::<Vec<_>>(), &[10, 100]).unwrap();
     let f = |x: &Tensor| -> kiln_graph::Result<Vec<Tensor>> {
         let w1 = x.mul(1.5)?.add(0.5)?.gelu()?.mul(&x.sigmoid()?)?.sub(&x.tanh()?)?;
@@ -20,8 +20,10 @@ fn workloads_match_the_reference_on_wgpu() {
     };
     let got = compile(f).backend(backend).call(&x).unwrap();
     let want = compile(f).backend(CpuReference).call(&x).unwrap();
+    assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(&want) {
         let (g, w) = (g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+        assert_eq!(g.len(), w.len());
         let worst = g.iter().zip(&w).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0.0f32, f32::max);
         eprintln!("max rel err {worst}");
         assert!(worst < 1e-4);
@@ -33,19 +35,21 @@ fn workloads_match_the_reference_on_wgpu() {
 #[test]
 fn timestamps_time_a_launch_where_the_adapter_has_them() {
     use kiln_graph::{capture, compile_graph, workloads::data, DType, TensorSpec};
-    let backend = WgpuBackend::new().unwrap();
-    let gpu = backend.gpu();
+    let rt = Gpu::runtime().unwrap();
+    let has = rt.driver().timing() == "timestamp queries";
     let spec = TensorSpec::new(DType::F32, &[1 << 16]);
     let g = capture(std::slice::from_ref(&spec), |t| Ok(vec![t[0].exp()?])).unwrap();
-    let c = compile_graph(&g, gpu.target()).unwrap();
-    let x = data(&spec, 0);
-    let p = pollster::block_on(gpu.prepare(&c, &[&x])).unwrap();
+    let c = std::sync::Arc::new(compile_graph(&g, rt.target()).unwrap());
+    let x = rt.upload(&data(&spec, 0)).unwrap();
+    let p = rt.prepare(&c, &[x]).unwrap();
+    let timed = rt.driver().time(&mut || rt.launch(&p)).unwrap();
     let clock = std::time::Instant::now();
-    let timed = gpu.time_launch(&p).unwrap();
+    let again = rt.driver().time(&mut || rt.launch(&p)).unwrap();
     let wall = clock.elapsed().as_secs_f64();
-    eprintln!("timestamps: {}, timed {timed:?} s, wall {wall} s", gpu.has_timestamps());
+    eprintln!("timestamps: {has}, timed {timed:?} then {again:?} s, wall {wall} s");
+    let timed = again;
     match timed {
         Some(s) => assert!(s > 0.0 && s <= wall, "{s} s on the GPU, {wall} s around it"),
-        None => assert!(!gpu.has_timestamps()),
+        None => assert!(!has),
     }
 }

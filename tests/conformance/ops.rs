@@ -2,7 +2,7 @@
 //! are not multiples of a workgroup, empty and size-1 dims), and NaN/Inf propagation.
 
 use kiln::graph::{compile, Backend, CpuReference, DType, Result, Tensor, TensorData};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// A deterministic tensor: `dims`, `dtype`, values from `gen(i)` (rounded to the dtype).
 pub fn t(dims: &[usize], dtype: DType, gen: impl Fn(usize) -> f64) -> Tensor {
@@ -43,7 +43,7 @@ fn close(got: &TensorData, want: &TensorData, tol: f64) -> std::result::Result<(
 
 /// Runs `f` on `inputs` through `backend` and through the reference, and compares.
 pub fn case(
-    backend: &Rc<dyn Backend>,
+    backend: &Arc<dyn Backend>,
     name: &str,
     inputs: &[Tensor],
     tol: f64,
@@ -67,7 +67,7 @@ type UnaryFn = fn(&Tensor) -> Result<Tensor>;
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// Every op, over the dtypes it accepts.
-pub fn every_op(b: &Rc<dyn Backend>) {
+pub fn every_op(b: &Arc<dyn Backend>) {
     use kiln::graph::ir::UnaryOp as U;
     let unary: [(U, UnaryFn); 17] = [
         (U::Neg, |x| x.neg()),
@@ -226,7 +226,7 @@ pub fn every_op(b: &Rc<dyn Backend>) {
 /// Matmuls big enough (over `gemm::LIBRARY_MIN_MACS`) that targets with a GEMM library hand them to
 /// it: transposed weights broadcast over a batch, column-major operands, attention's two-level batch of
 /// permuted views, and a view no library can read in place (the template takes it).
-fn large_matmuls(b: &Rc<dyn Backend>) {
+fn large_matmuls(b: &Arc<dyn Backend>) {
     for d in [DType::F32, DType::BF16] {
         let x = t(&[2, 48, 96], d, |i| wave(i) / 3.0);
         let w = t(&[80, 96], d, |i| wave(i + 7) / 3.0);
@@ -253,7 +253,7 @@ fn large_matmuls(b: &Rc<dyn Backend>) {
 /// Empty and size-1 dims, NaN and Inf, and (when `big`) grids past 65535 workgroups. `ieee_nan`: the
 /// backend promises IEEE NaN/Inf through plain arithmetic (WGSL does not: its spec lets drivers assume
 /// NaN and Inf never occur, so there only kiln's NaN-aware ops are checked).
-pub fn edge_cases(b: &Rc<dyn Backend>, big: bool, ieee_nan: bool) {
+pub fn edge_cases(b: &Arc<dyn Backend>, big: bool, ieee_nan: bool) {
     let empty = t(&[0, 5], DType::F32, wave);
     case(b, "empty tensors", &[empty], 0.0, |v| {
         Ok(vec![v[0].add(1.0)?, v[0].sum(&[0], false)?, v[0].exp()?.transpose(0, 1)?])

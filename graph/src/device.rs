@@ -1,0 +1,141 @@
+//! The `Driver` trait: the little a device must do for kiln — allocate, move bytes, load a kernel, launch
+//! it — so that everything else about running compiled graphs (the buffer pool, binding a plan, launch
+//! order, the module cache, fault words, capture policy, memory statistics) is written once, in
+//! [`crate::runtime`]. CUDA and wgpu implement it thinly; the kernel interpreter implements it over host
+//! memory, so the runtime core is tested without a GPU.
+//!
+//! Work is ordered as the device orders it (a CUDA stream, a wgpu queue): a driver may return from
+//! `launch` before the kernel ran; `read` waits for exactly the work before it.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernel::Kernel;
+use crate::loc::SourceLoc;
+use crate::sym::Bindings;
+use crate::target::Target;
+use crate::TensorData;
+use std::any::Any;
+use std::sync::Arc;
+
+/// A device allocation as the driver made it (a `CudaSlice`, a `wgpu::Buffer`, host bytes). The runtime
+/// owns it and gives it back to the driver's pool; only the driver looks inside.
+pub type Raw = Box<dyn Any + Send + Sync>;
+
+/// A kernel loaded on a device (a CUDA function, a wgpu pipeline), cached by the runtime under the
+/// kernel's structural id so equal kernels load once.
+pub type Module = Arc<dyn Any + Send + Sync>;
+
+/// One bound buffer of a launch: the allocation and the bytes of it the kernel may touch.
+#[derive(Clone, Copy)]
+pub struct Bound<'a> {
+    /// The allocation.
+    pub raw: &'a Raw,
+    /// Its identity (stable while the allocation lives; drivers key binding caches on it).
+    pub id: u64,
+    /// Bytes the kernel may touch, from offset 0.
+    pub bytes: u64,
+    /// Byte offset of the binding (fault words sit at offsets of one shared allocation).
+    pub offset: u64,
+}
+
+/// Everything one launch needs.
+pub struct Launch<'a> {
+    /// One binding per kernel buffer, in the kernel's order.
+    pub buffers: &'a [Bound<'a>],
+    /// The value of each of the kernel's symbols, in its order.
+    pub symbols: &'a [i64],
+    /// The symbol values of the whole run (GEMM descriptions evaluate their sizes with them).
+    pub bindings: &'a Bindings,
+    /// The fault word, for kernels with run-time checks.
+    pub fault: Option<Bound<'a>>,
+    /// Workgroups to launch (the driver folds them into a grid with [`Target::fold_grid`]).
+    pub groups: u64,
+}
+
+/// The bytes of an asynchronous read.
+pub type ReadFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>>> + 'a>>;
+
+/// A recorded sequence of launches that replays with one call (a CUDA graph).
+pub type Recording = Box<dyn Any + Send + Sync>;
+
+/// What kiln needs from a device. See the module docs.
+pub trait Driver: Send + Sync + 'static {
+    /// Backend name (`cuda`, `wgpu`, `cpu-kernels`).
+    fn name(&self) -> &'static str;
+    /// The device described for the compiler.
+    fn target(&self) -> &Target;
+    /// The device in words, for reports.
+    fn describe(&self) -> String;
+    /// The driver itself, so tools (the bench) can reach device-specific extras.
+    fn as_any(&self) -> &dyn Any;
+    /// Device bytes of `n` elements of `dtype` in the device's layout.
+    fn bytes(&self, dtype: DType, n: usize) -> u64 {
+        (n * dtype.size_bytes()) as u64
+    }
+    /// Host data in the device's layout.
+    fn encode(&self, data: &TensorData) -> Vec<u8> {
+        data.to_le_bytes()
+    }
+    /// Device bytes back to host data.
+    fn decode(&self, bytes: &[u8], dims: &[usize], dtype: DType) -> Result<TensorData> {
+        TensorData::from_le_bytes(bytes, dims, dtype)
+    }
+    /// The largest allocation the device makes.
+    fn max_buffer_bytes(&self) -> u64 {
+        u64::MAX
+    }
+    /// The most bytes one kernel binding may cover.
+    fn max_binding_bytes(&self) -> u64 {
+        u64::MAX
+    }
+    /// Byte stride between fault words in one allocation (binding offsets must be aligned to it).
+    fn offset_alignment(&self) -> u64 {
+        4
+    }
+    /// A fresh allocation of `bytes`; [`Error::OutOfMemory`] when the device has no room.
+    fn alloc(&self, bytes: u64) -> Result<Raw>;
+    /// Writes `bytes` at the start of `dst`, ordered after the work enqueued before.
+    fn write(&self, dst: &Raw, bytes: &[u8]) -> Result<()>;
+    /// Reads the first `bytes` of `src` once the work enqueued before has finished.
+    fn read(&self, src: &Raw, bytes: u64) -> Result<Vec<u8>>;
+    /// [`Driver::read`] without blocking: what a browser, which cannot block, uses (and async callers).
+    fn read_async<'a>(&'a self, src: &'a Raw, bytes: u64) -> ReadFuture<'a> {
+        Box::pin(std::future::ready(self.read(src, bytes)))
+    }
+    /// Zeroes `bytes` of `dst` from `offset`, in order with launches.
+    fn zero(&self, dst: &Raw, offset: u64, bytes: u64) -> Result<()>;
+    /// Copies `bytes` from `src` to `dst` on the device, in order with launches.
+    fn copy(&self, src: &Raw, dst: &Raw, bytes: u64) -> Result<()>;
+    /// Renders and loads a kernel (a library GEMM loads nothing).
+    fn load(&self, kernel: &Kernel) -> Result<Module>;
+    /// Enqueues one launch of a loaded kernel.
+    fn launch(&self, module: &Module, kernel: &Kernel, launch: &Launch) -> Result<()>;
+    /// Hands the work enqueued since the last call to the device (wgpu submits one command buffer per
+    /// run; stream-ordered drivers need nothing).
+    fn submit(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Waits until every enqueued piece of work has finished.
+    fn synchronize(&self) -> Result<()>;
+    /// Records the launches `enqueue` makes into something [`Driver::replay`] runs with one call;
+    /// `None` where the device has no such thing (then the runtime launches again each time).
+    fn record(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
+        let _ = enqueue;
+        Ok(None)
+    }
+    /// Replays a recording.
+    fn replay(&self, recording: &Recording) -> Result<()> {
+        let _ = recording;
+        Err(Error::Unsupported { what: format!("{}: graph replay", self.name()), loc: SourceLoc::internal() })
+    }
+    /// Seconds the device spent on the work `enqueue` makes, timed on the device (events, timestamp
+    /// queries); `None` where it cannot time itself.
+    fn time(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
+        let _ = enqueue;
+        Ok(None)
+    }
+    /// How [`Driver::time`] times (`CUDA events`, `timestamp queries`).
+    fn timing(&self) -> &'static str {
+        "fenced wall time"
+    }
+}

@@ -1,0 +1,696 @@
+//! The one runtime core: runs compiled graphs on any [`Driver`]. Written once for every device:
+//!
+//! - **Buffers** are pooled by size class (powers of two from 256 bytes, exact past the device's largest
+//!   buffer) and handed out as [`DeviceBuffer`]s that return to the pool when dropped. An allocation
+//!   that fails frees the pool and tries once more before it is [`Error::OutOfMemory`].
+//! - **Binding a plan**: graph inputs are the caller's device tensors, bound in place (never copied);
+//!   outputs get fresh buffers the caller keeps; intermediates come from the pool and go back after the
+//!   run. Work is ordered on the device (one stream / queue), so a buffer returned to the pool may be
+//!   handed to the next run at once.
+//! - **Modules** load once per kernel structure ([`CompiledGraph::kernel_ids`]): a miss renders, a hit
+//!   renders nothing.
+//! - **Fault words** (run-time checks, see [`crate::kernel::FaultSite`]) are zeroed before a run and read
+//!   at the next host read — the first time the host waits anyway — so a checked kernel never adds a
+//!   synchronisation. A fault is reported then, naming the op and the user's line.
+//! - **Capture**: reduce-overhead mode records a run once per compiled graph and symbol values
+//!   ([`Driver::record`]); replays copy inputs that live elsewhere into the recorded buffers and copy the
+//!   outputs out (a replay overwrites its own buffers), counted in [`RuntimeStats`].
+//! - **Statistics**: memory in use, cached and peak; bytes uploaded and downloaded (what the tests of
+//!   "inputs on the device are never copied" read).
+
+use crate::device::{Bound, Driver, Launch, Module, Raw, Recording};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::loc::SourceLoc;
+use crate::pipeline::CompiledGraph;
+use crate::sym::Bindings;
+use crate::target::Target;
+use crate::TensorData;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+/// Locks a mutex, also after a panic elsewhere poisoned it (the data stays consistent: every critical
+/// section here is a few plain updates).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Device memory and host↔device traffic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryStats {
+    /// Bytes of live device buffers (tensors, and a run's buffers while it is being enqueued).
+    pub in_use: u64,
+    /// Bytes held by the pool for reuse.
+    pub cached: u64,
+    /// The most `in_use` has been.
+    pub peak: u64,
+    /// Host → device bytes since the last [`Runtime::reset_transfers`].
+    pub uploaded: u64,
+    /// Device → host bytes since the last [`Runtime::reset_transfers`].
+    pub downloaded: u64,
+    /// Allocations the driver made (pool misses).
+    pub allocations: u64,
+}
+
+/// What the runtime did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RuntimeStats {
+    /// Graph runs enqueued.
+    pub runs: u64,
+    /// Kernel launches enqueued (a replayed recording counts its launches).
+    pub launches: u64,
+    /// Kernels loaded (rendered and compiled by the driver).
+    pub modules_loaded: u64,
+    /// Kernels served by an already loaded module of the same structure.
+    pub modules_reused: u64,
+    /// Recordings made (reduce-overhead mode).
+    pub recordings: u64,
+    /// Replays of a recording.
+    pub replays: u64,
+    /// Inputs copied into a recording's buffers because they lived elsewhere.
+    pub replay_input_copies: u64,
+}
+
+/// A device allocation owned by kiln; dropping the last handle returns it to its runtime's pool.
+pub struct DeviceBuffer {
+    raw: Option<Raw>,
+    id: u64,
+    class: u64,
+    runtime: Arc<Runtime>,
+}
+
+impl DeviceBuffer {
+    /// Bytes allocated.
+    pub fn bytes(&self) -> u64 {
+        self.class
+    }
+
+    /// The driver's allocation.
+    pub fn raw(&self) -> &Raw {
+        // Only `Drop` takes it out.
+        self.raw.as_ref().expect("a live buffer holds its allocation")
+    }
+
+    /// A stable identity while the buffer lives.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The runtime it belongs to.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
+    fn bound(&self, bytes: u64) -> Bound<'_> {
+        Bound { raw: self.raw(), id: self.id, bytes, offset: 0 }
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if let Some(raw) = self.raw.take() {
+            self.runtime.release(raw, self.class);
+        }
+    }
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({} bytes on {})", self.class, self.runtime.name())
+    }
+}
+
+/// A tensor's data on a device: a buffer, with the dtype and dims of what it holds.
+#[derive(Clone, Debug)]
+pub struct DeviceTensor {
+    /// The buffer (shared: tensors are immutable, so a value may be bound by many runs).
+    pub buffer: Arc<DeviceBuffer>,
+    /// Element type.
+    pub dtype: DType,
+    /// Dims.
+    pub dims: Vec<usize>,
+}
+
+impl DeviceTensor {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product()
+    }
+}
+
+/// Fault words of an enqueued run, read at the next host read.
+struct PendingFaults {
+    words: Arc<DeviceBuffer>,
+    stride: u64,
+    kernels: Vec<usize>,
+    compiled: Arc<CompiledGraph>,
+}
+
+struct Step {
+    kernel: usize,
+    module: Module,
+    symbols: Vec<i64>,
+    groups: u64,
+    fault_slot: Option<usize>,
+}
+
+/// A compiled graph bound to device buffers, ready to be launched again and again (the bench's device
+/// time and the reduce-overhead mode use it; [`Runtime::run`] makes one per call).
+pub struct Prepared {
+    compiled: Arc<CompiledGraph>,
+    bindings: Bindings,
+    buffers: Vec<Arc<DeviceBuffer>>,
+    sizes: Vec<u64>,
+    steps: Vec<Step>,
+    faults: Option<(Arc<DeviceBuffer>, Vec<usize>, u64)>,
+    outputs: Vec<(usize, Vec<usize>, DType)>,
+    recording: Option<Recording>,
+    /// Bytes every launch reads and writes (each kernel's buffers, in their dtypes).
+    pub bytes_moved: u64,
+    /// Bytes the computation itself must move: its inputs read once, its outputs written once.
+    pub io_bytes: u64,
+}
+
+impl Prepared {
+    /// Kernel launches per run.
+    pub fn launches(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// True once recorded for replay.
+    pub fn is_recorded(&self) -> bool {
+        self.recording.is_some()
+    }
+
+    /// The compiled graph it runs.
+    pub fn compiled(&self) -> &Arc<CompiledGraph> {
+        &self.compiled
+    }
+
+    /// Names of its kernels in launch order.
+    pub fn kernel_names(&self) -> Vec<String> {
+        self.steps.iter().map(|s| self.compiled.kernels[s.kernel].name.clone()).collect()
+    }
+}
+
+/// A reduce-overhead recording: which graph and symbol values, and which inputs it owns a buffer for.
+struct Recorded {
+    compiled: Arc<CompiledGraph>,
+    values: Vec<i64>,
+    prepared: Prepared,
+    private: Vec<bool>,
+}
+
+/// Recordings kept for reduce-overhead mode; the oldest goes past this many.
+const MAX_RECORDINGS: usize = 16;
+
+/// Unread fault words kept before the runtime reads them without being asked (bounded memory).
+const MAX_PENDING_FAULTS: usize = 256;
+
+/// The runtime core over one device. One per device per process, shared (`Arc`) by every tensor,
+/// compiled function and thread using it.
+pub struct Runtime {
+    driver: Box<dyn Driver>,
+    me: Weak<Runtime>,
+    pool: Mutex<HashMap<u64, Vec<Raw>>>,
+    modules: Mutex<HashMap<u64, Module>>,
+    mem: Mutex<MemoryStats>,
+    stats: Mutex<RuntimeStats>,
+    pending: Mutex<Vec<PendingFaults>>,
+    recordings: Mutex<Vec<Recorded>>,
+    next_id: AtomicU64,
+}
+
+impl Runtime {
+    /// A runtime over `driver`.
+    pub fn new(driver: impl Driver) -> Arc<Runtime> {
+        Arc::new_cyclic(|me| Runtime {
+            driver: Box::new(driver),
+            me: me.clone(),
+            pool: Mutex::default(),
+            modules: Mutex::default(),
+            mem: Mutex::default(),
+            stats: Mutex::default(),
+            pending: Mutex::default(),
+            recordings: Mutex::default(),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The device driver.
+    pub fn driver(&self) -> &dyn Driver {
+        self.driver.as_ref()
+    }
+
+    /// Backend name.
+    pub fn name(&self) -> &'static str {
+        self.driver.name()
+    }
+
+    /// The target kernels are compiled for.
+    pub fn target(&self) -> &Target {
+        self.driver.target()
+    }
+
+    /// This runtime's shared handle.
+    pub fn arc(&self) -> Arc<Runtime> {
+        self.this()
+    }
+
+    fn this(&self) -> Arc<Runtime> {
+        // `me` is set by `new` and the runtime is only reachable through that Arc.
+        self.me.upgrade().expect("a runtime is used through its Arc")
+    }
+
+    /// Memory statistics now.
+    pub fn memory_stats(&self) -> MemoryStats {
+        *lock(&self.mem)
+    }
+
+    /// Zeroes the upload/download counters.
+    pub fn reset_transfers(&self) {
+        let mut m = lock(&self.mem);
+        m.uploaded = 0;
+        m.downloaded = 0;
+    }
+
+    /// What the runtime did so far.
+    pub fn stats(&self) -> RuntimeStats {
+        *lock(&self.stats)
+    }
+
+    /// Forgets loaded modules (cold-compile measurements).
+    pub fn clear_modules(&self) {
+        lock(&self.modules).clear();
+    }
+
+    /// Frees every pooled buffer.
+    pub fn trim(&self) {
+        let freed: u64 = lock(&self.pool).drain().map(|(class, v)| class * v.len() as u64).sum();
+        lock(&self.mem).cached -= freed;
+    }
+
+    fn release(&self, raw: Raw, class: u64) {
+        lock(&self.pool).entry(class).or_default().push(raw);
+        let mut m = lock(&self.mem);
+        m.in_use -= class;
+        m.cached += class;
+    }
+
+    /// A buffer of at least `bytes`, from the pool when one of its size class is free. `what` names it
+    /// in an out-of-memory error.
+    pub fn alloc(&self, bytes: u64, what: &str) -> Result<Arc<DeviceBuffer>> {
+        let d = &self.driver;
+        if bytes > d.max_binding_bytes() || bytes > d.max_buffer_bytes() {
+            return Err(Error::OutOfMemory {
+                device: d.name().into(),
+                what: format!("{what} (one binding on {})", d.describe()),
+                bytes,
+                limit: Some(d.max_binding_bytes().min(d.max_buffer_bytes())),
+            });
+        }
+        let class = bytes.max(256).checked_next_power_of_two().unwrap_or(u64::MAX);
+        let class = if class > d.max_buffer_bytes() { bytes.div_ceil(256) * 256 } else { class };
+        let pooled = lock(&self.pool).get_mut(&class).and_then(Vec::pop);
+        let raw = match pooled {
+            Some(raw) => {
+                lock(&self.mem).cached -= class;
+                raw
+            }
+            None => {
+                let raw = match d.alloc(class) {
+                    Err(Error::OutOfMemory { .. }) => {
+                        // Cached buffers hold memory nobody uses now: free them and try once more.
+                        self.trim();
+                        d.alloc(class)
+                    }
+                    other => other,
+                };
+                let raw = raw.map_err(|e| match e {
+                    Error::OutOfMemory { device, bytes, limit, .. } => {
+                        Error::OutOfMemory { device, what: what.to_string(), bytes, limit }
+                    }
+                    e => e,
+                })?;
+                lock(&self.mem).allocations += 1;
+                raw
+            }
+        };
+        {
+            let mut m = lock(&self.mem);
+            m.in_use += class;
+            m.peak = m.peak.max(m.in_use);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(DeviceBuffer { raw: Some(raw), id, class, runtime: self.this() }))
+    }
+
+    /// Copies host data to a new device tensor.
+    pub fn upload(&self, data: &TensorData) -> Result<DeviceTensor> {
+        let bytes = self.driver.encode(data);
+        let buffer = self.alloc(bytes.len() as u64, "an uploaded tensor")?;
+        if !bytes.is_empty() {
+            self.driver.write(buffer.raw(), &bytes)?;
+        }
+        lock(&self.mem).uploaded += bytes.len() as u64;
+        Ok(DeviceTensor { buffer, dtype: data.dtype(), dims: data.dims().to_vec() })
+    }
+
+    /// Reads a device tensor back (waits for the work that writes it). Fault words of earlier runs are
+    /// read first: a failed check is reported here.
+    pub fn download(&self, t: &DeviceTensor) -> Result<TensorData> {
+        self.check_faults()?;
+        let n = self.driver.bytes(t.dtype, t.numel());
+        let bytes = if n == 0 { Vec::new() } else { self.driver.read(t.buffer.raw(), n)? };
+        lock(&self.mem).downloaded += n;
+        self.driver.decode(&bytes, &t.dims, t.dtype)
+    }
+
+    /// [`Runtime::download`] without blocking (browsers, async callers). Failed run-time checks of earlier
+    /// runs are reported by the next blocking read or [`Runtime::synchronize`].
+    pub async fn download_async(&self, t: &DeviceTensor) -> Result<TensorData> {
+        let n = self.driver.bytes(t.dtype, t.numel());
+        let bytes = if n == 0 { Vec::new() } else { self.driver.read_async(t.buffer.raw(), n).await? };
+        lock(&self.mem).downloaded += n;
+        self.driver.decode(&bytes, &t.dims, t.dtype)
+    }
+
+    /// Reads the fault words of every run enqueued since the last check; the first failed check is the
+    /// error (naming the op and the user's line). Waits for those runs.
+    pub fn check_faults(&self) -> Result<()> {
+        let pending = std::mem::take(&mut *lock(&self.pending));
+        let mut first = None;
+        for p in pending {
+            let words = self.driver.read(p.words.raw(), p.stride * p.kernels.len() as u64)?;
+            for (slot, &k) in p.kernels.iter().enumerate() {
+                let at = (p.stride * slot as u64) as usize;
+                let word = u32::from_le_bytes([words[at], words[at + 1], words[at + 2], words[at + 3]]);
+                if let Err(e) = p.compiled.check_fault(k, word) {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Waits for everything enqueued, then reports any failed check.
+    pub fn synchronize(&self) -> Result<()> {
+        self.driver.synchronize()?;
+        self.check_faults()
+    }
+
+    fn module(&self, id: u64, kernel: &crate::kernel::Kernel) -> Result<Module> {
+        if let Some(m) = lock(&self.modules).get(&id).cloned() {
+            lock(&self.stats).modules_reused += 1;
+            return Ok(m);
+        }
+        let m = self.driver.load(kernel)?;
+        lock(&self.stats).modules_loaded += 1;
+        lock(&self.modules).insert(id, m.clone());
+        Ok(m)
+    }
+
+    /// Binds a compiled graph to device memory: `inputs` (in graph-input order) bound in place, fresh
+    /// buffers for outputs, pooled ones for intermediates, every kernel loaded.
+    pub fn prepare(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Prepared> {
+        let g = &c.primitive.graph;
+        if inputs.len() != g.inputs.len() {
+            return Err(Error::Runtime {
+                op: "run".into(),
+                msg: format!("the graph takes {} inputs, {} were given", g.inputs.len(), inputs.len()),
+                loc: SourceLoc::internal(),
+            });
+        }
+        let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|t| (t.dtype, t.dims.as_slice())).collect();
+        let bindings = crate::interp::bind_symbol_dims(g, &shapes)?;
+        let sizes = c.buffer_bytes(&bindings, |d, n| self.driver.bytes(d, n))?;
+        let mut buffers: Vec<Option<Arc<DeviceBuffer>>> = vec![None; sizes.len()];
+        for (gi, t) in g.inputs.iter().zip(inputs) {
+            let slot = c.plan.value_buffer[&gi.node];
+            if !Arc::ptr_eq(t.buffer.runtime(), &self.this()) {
+                return Err(Error::Unsupported {
+                    what: format!("an input on `{}` bound to a run on `{}`", t.buffer.runtime().name(), self.name()),
+                    loc: SourceLoc::internal(),
+                });
+            }
+            buffers[slot] = Some(t.buffer.clone());
+        }
+        let mut filled = Vec::with_capacity(sizes.len());
+        for (i, (b, &size)) in buffers.into_iter().zip(&sizes).enumerate() {
+            filled.push(match b {
+                Some(b) => b,
+                None => self.alloc(size, &format!("plan buffer {i} of a {}-kernel graph", c.kernels.len()))?,
+            });
+        }
+        let checked: Vec<usize> = c.checked_launches().into_iter().map(|(_, k)| k).collect();
+        let stride = self.driver.offset_alignment().max(4);
+        let faults = if checked.is_empty() {
+            None
+        } else {
+            Some((self.alloc(stride * checked.len() as u64, "fault words")?, checked.clone(), stride))
+        };
+        let ids = c.kernel_ids();
+        let mut steps = Vec::new();
+        for &k in &c.plan.launches {
+            let kernel = &c.kernels[k];
+            let groups = kernel.launch.groups.eval(&bindings)?.max(0) as u64;
+            if groups == 0 {
+                continue;
+            }
+            let symbols = kernel
+                .symbols
+                .iter()
+                .map(|s| {
+                    bindings.get(*s).ok_or_else(|| Error::Backend {
+                        backend: self.name().into(),
+                        msg: format!("kernel {}: symbol {s} has no value", kernel.name),
+                    })
+                })
+                .collect::<Result<Vec<i64>>>()?;
+            let module = self.module(ids[k], kernel)?;
+            steps.push(Step { kernel: k, module, symbols, groups, fault_slot: checked.iter().position(|&x| x == k) });
+        }
+        Ok(Prepared {
+            outputs: c.output_slots(&bindings)?,
+            io_bytes: c.io_bytes(&bindings)?,
+            bytes_moved: c.traffic_bytes(&bindings)?,
+            compiled: c.clone(),
+            bindings,
+            buffers: filled,
+            sizes,
+            steps,
+            faults,
+            recording: None,
+        })
+    }
+
+    /// Enqueues every launch of `p` (without submitting).
+    fn enqueue_launches(&self, p: &Prepared) -> Result<()> {
+        if let Some((words, kernels, stride)) = &p.faults {
+            self.driver.zero(words.raw(), 0, stride * kernels.len() as u64)?;
+        }
+        (0..p.steps.len()).try_for_each(|i| self.enqueue_step(p, i))
+    }
+
+    /// Milliseconds each launch of one run of `p` takes on the device, in launch order, with the kernel's
+    /// name; `None` where the device cannot time itself. Each launch is timed alone.
+    pub fn profile(&self, p: &Prepared) -> Result<Option<Vec<(String, f64)>>> {
+        let mut out = Vec::with_capacity(p.steps.len());
+        for (i, step) in p.steps.iter().enumerate() {
+            let timed = self.driver.time(&mut || {
+                self.enqueue_step(p, i)?;
+                self.driver.submit()
+            })?;
+            let Some(s) = timed else { return Ok(None) };
+            out.push((p.compiled.kernels[step.kernel].name.clone(), s * 1e3));
+        }
+        Ok(Some(out))
+    }
+
+    /// Enqueues launch `i` of `p`.
+    fn enqueue_step(&self, p: &Prepared, i: usize) -> Result<()> {
+        let c = &p.compiled;
+        {
+            let step = &p.steps[i];
+            let kernel = &c.kernels[step.kernel];
+            let bound: Vec<Bound> = kernel
+                .buffers
+                .iter()
+                .map(|b| {
+                    let slot = c.plan.value_buffer[&b.node];
+                    p.buffers[slot].bound(p.sizes[slot])
+                })
+                .collect();
+            let fault = match (&p.faults, step.fault_slot) {
+                (Some((words, _, stride)), Some(slot)) => {
+                    Some(Bound { raw: words.raw(), id: words.id(), bytes: 4, offset: stride * slot as u64 })
+                }
+                _ => None,
+            };
+            let launch =
+                Launch { buffers: &bound, symbols: &step.symbols, bindings: &p.bindings, fault, groups: step.groups };
+            self.driver.launch(&step.module, kernel, &launch)
+        }
+    }
+
+    /// Launches a prepared graph once (replaying its recording when it has one) and hands the work to the
+    /// device. Returns without waiting.
+    pub fn launch(&self, p: &Prepared) -> Result<()> {
+        match &p.recording {
+            Some(r) => {
+                self.driver.replay(r)?;
+                lock(&self.stats).replays += 1;
+            }
+            None => {
+                self.enqueue_launches(p)?;
+                self.driver.submit()?;
+            }
+        }
+        {
+            let mut s = lock(&self.stats);
+            s.runs += 1;
+            s.launches += p.steps.len() as u64;
+        }
+        if let Some((words, kernels, stride)) = &p.faults {
+            let mut pending = lock(&self.pending);
+            pending.push(PendingFaults {
+                words: words.clone(),
+                stride: *stride,
+                kernels: kernels.clone(),
+                compiled: p.compiled.clone(),
+            });
+            if pending.len() >= MAX_PENDING_FAULTS {
+                drop(pending);
+                self.check_faults()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records `p`'s launches for replay where the device can ([`Driver::record`]); `false` where it
+    /// cannot (launching again is then the replay).
+    pub fn record(&self, p: &mut Prepared) -> Result<bool> {
+        p.recording = None;
+        let recording = self.driver.record(&mut || self.enqueue_launches(p))?;
+        let recorded = recording.is_some();
+        p.recording = recording;
+        if recorded {
+            lock(&self.stats).recordings += 1;
+        }
+        Ok(recorded)
+    }
+
+    /// Seconds one launch of `p` takes, timed on the device where it can time itself, else host wall time
+    /// around a launch and a wait.
+    pub fn time_launch(&self, p: &Prepared) -> Result<f64> {
+        if let Some(s) = self.driver.time(&mut || self.launch(p))? {
+            return Ok(s);
+        }
+        let t = web_time::Instant::now();
+        self.launch(p)?;
+        self.driver.synchronize()?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// The output tensors of a prepared graph (its output buffers, shared).
+    pub fn outputs(&self, p: &Prepared) -> Vec<DeviceTensor> {
+        p.outputs
+            .iter()
+            .map(|(b, dims, dtype)| DeviceTensor { buffer: p.buffers[*b].clone(), dtype: *dtype, dims: dims.clone() })
+            .collect()
+    }
+
+    /// Runs a compiled graph on device tensors and returns device tensors; nothing waits and nothing
+    /// crosses to the host.
+    pub fn run(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Vec<DeviceTensor>> {
+        let p = self.prepare(c, inputs)?;
+        self.launch(&p)?;
+        Ok(self.outputs(&p))
+    }
+
+    /// Reduce-overhead: replays the recording made for this compiled graph and these symbol values
+    /// (recording it on first use). Inputs that keep their buffer from call to call (weights) stay bound
+    /// in place; an input whose buffer changed is given a buffer of the recording's own (one re-record)
+    /// and copied into it on every later replay, as torch does for non-static inputs. Outputs are copied
+    /// out to fresh buffers, since the next replay overwrites the recorded ones.
+    pub fn run_recorded(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Vec<DeviceTensor>> {
+        let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|t| (t.dtype, t.dims.as_slice())).collect();
+        let bindings = crate::interp::bind_symbol_dims(&c.primitive.graph, &shapes)?;
+        let values: Vec<i64> = bindings.iter().map(|(_, v)| v).collect();
+        let mut recs = lock(&self.recordings);
+        let found = recs.iter().position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values);
+        let slots: Vec<usize> = c.primitive.graph.inputs.iter().map(|gi| c.plan.value_buffer[&gi.node]).collect();
+        let (mut private, stale) = match found.map(|i| &recs[i]) {
+            Some(r) => {
+                let moved: Vec<bool> =
+                    slots.iter().zip(inputs).map(|(&s, t)| r.prepared.buffers[s].id() != t.buffer.id()).collect();
+                let stale = moved.iter().zip(&r.private).any(|(m, p)| *m && !p);
+                (r.private.clone(), stale)
+            }
+            None => (vec![false; inputs.len()], true),
+        };
+        let at = match (found, stale) {
+            (Some(i), false) => i,
+            _ => {
+                if let Some(i) = found {
+                    let old = recs.remove(i);
+                    for ((s, t), p) in slots.iter().zip(inputs).zip(private.iter_mut()) {
+                        *p |= old.prepared.buffers[*s].id() != t.buffer.id();
+                    }
+                }
+                let bound = inputs
+                    .iter()
+                    .zip(&private)
+                    .map(|(t, &own)| {
+                        if !own {
+                            return Ok(t.clone());
+                        }
+                        let b = self.alloc(self.driver.bytes(t.dtype, t.numel()), "a recorded input")?;
+                        Ok(DeviceTensor { buffer: b, dtype: t.dtype, dims: t.dims.clone() })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let mut prepared = self.prepare(c, &bound)?;
+                self.record(&mut prepared)?;
+                if recs.len() >= MAX_RECORDINGS {
+                    recs.remove(0);
+                }
+                recs.push(Recorded { compiled: c.clone(), values, prepared, private });
+                recs.len() - 1
+            }
+        };
+        let r = &recs[at];
+        for ((&s, t), &own) in slots.iter().zip(inputs).zip(&r.private) {
+            if own && r.prepared.buffers[s].id() != t.buffer.id() {
+                let n = self.driver.bytes(t.dtype, t.numel());
+                self.driver.copy(t.buffer.raw(), r.prepared.buffers[s].raw(), n)?;
+                lock(&self.stats).replay_input_copies += 1;
+            }
+        }
+        self.launch(&r.prepared)?;
+        let mut outs = Vec::with_capacity(r.prepared.outputs.len());
+        for (b, dims, dtype) in &r.prepared.outputs {
+            let n = self.driver.bytes(*dtype, dims.iter().product());
+            let fresh = self.alloc(n, "an output")?;
+            if n > 0 {
+                self.driver.copy(r.prepared.buffers[*b].raw(), fresh.raw(), n)?;
+            }
+            outs.push(DeviceTensor { buffer: fresh, dtype: *dtype, dims: dims.clone() });
+        }
+        self.driver.submit()?;
+        Ok(outs)
+    }
+
+    /// Host in, host out: uploads `inputs`, runs, downloads the outputs (tests and tools).
+    pub fn run_host(&self, c: &Arc<CompiledGraph>, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
+        let devs = inputs.iter().map(|d| self.upload(d)).collect::<Result<Vec<_>>>()?;
+        let outs = self.run(c, &devs)?;
+        outs.iter().map(|t| self.download(t)).collect()
+    }
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Runtime({})", self.driver.describe())
+    }
+}

@@ -1,0 +1,115 @@
+//! A concrete tensor value: where its data lives. A value made on the host (`Tensor::from_slice`) has a
+//! host copy; a value a device computed lives in a device buffer and gets a host copy only when read.
+//! A host value used on a device is uploaded once and the device copy kept with it, so a weight read by
+//! every call of a compiled function crosses to the device once.
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::runtime::{lock, DeviceTensor, Runtime};
+use crate::shape::Shape;
+use crate::TensorData;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A concrete value: a host copy, a device copy, or both.
+pub struct Value {
+    dtype: DType,
+    dims: Vec<usize>,
+    host: OnceLock<Arc<TensorData>>,
+    device: Mutex<Option<DeviceTensor>>,
+}
+
+impl Value {
+    /// A value held on the host.
+    pub fn from_host(data: Arc<TensorData>) -> Arc<Value> {
+        let v =
+            Value { dtype: data.dtype(), dims: data.dims().to_vec(), host: OnceLock::new(), device: Mutex::new(None) };
+        let _ = v.host.set(data);
+        Arc::new(v)
+    }
+
+    /// A value that lives on a device.
+    pub fn from_device(t: DeviceTensor) -> Arc<Value> {
+        Arc::new(Value { dtype: t.dtype, dims: t.dims.clone(), host: OnceLock::new(), device: Mutex::new(Some(t)) })
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Dims.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// The shape as constant dims.
+    pub fn shape(&self) -> Shape {
+        Shape::from_dims(&self.dims)
+    }
+
+    /// The host copy, if there is one yet.
+    pub fn host_if_present(&self) -> Option<&Arc<TensorData>> {
+        self.host.get()
+    }
+
+    /// The device copy, if there is one.
+    pub fn device(&self) -> Option<DeviceTensor> {
+        lock(&self.device).clone()
+    }
+
+    /// The name of the device the value lives on (`None`: host only).
+    pub fn device_name(&self) -> Option<&'static str> {
+        lock(&self.device).as_ref().map(|t| t.buffer.runtime().name())
+    }
+
+    /// The data on the host: the host copy, or the device copy read back (waits for it) and kept.
+    pub fn to_host(&self) -> Result<Arc<TensorData>> {
+        if let Some(h) = self.host.get() {
+            return Ok(h.clone());
+        }
+        let t = self.device().expect("a value without a host copy has a device copy");
+        let data = Arc::new(t.buffer.runtime().download(&t)?);
+        Ok(self.host.get_or_init(|| data).clone())
+    }
+
+    /// [`Value::to_host`] without blocking.
+    pub async fn to_host_async(&self) -> Result<Arc<TensorData>> {
+        if let Some(h) = self.host.get() {
+            return Ok(h.clone());
+        }
+        let t = self.device().expect("a value without a host copy has a device copy");
+        let data = Arc::new(t.buffer.runtime().download_async(&t).await?);
+        Ok(self.host.get_or_init(|| data).clone())
+    }
+
+    /// The value on `rt`: bound in place when it lives there, else uploaded — and the upload kept when the
+    /// value has no device copy yet (weights cross once).
+    pub fn on(&self, rt: &Arc<Runtime>) -> Result<DeviceTensor> {
+        let mut dev = lock(&self.device);
+        if let Some(t) = dev.as_ref().filter(|t| Arc::ptr_eq(t.buffer.runtime(), rt)) {
+            return Ok(t.clone());
+        }
+        let elsewhere = dev.clone();
+        drop(dev);
+        let host = match elsewhere {
+            Some(_) => self.to_host()?,
+            None => self.host.get().expect("a value has a host or a device copy").clone(),
+        };
+        let t = rt.upload(&host)?;
+        dev = lock(&self.device);
+        if dev.is_none() {
+            *dev = Some(t.clone());
+        }
+        Ok(t)
+    }
+}
+
+impl std::fmt::Debug for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.host.get(), self.device_name()) {
+            (Some(h), _) => write!(f, "{} {}, {:?}", self.dtype, self.shape(), h.values()),
+            (None, Some(d)) => write!(f, "{} {} on {d}", self.dtype, self.shape()),
+            (None, None) => write!(f, "{} {}", self.dtype, self.shape()),
+        }
+    }
+}

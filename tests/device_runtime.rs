@@ -1,0 +1,145 @@
+//! Tensors live on the device: what the runtime core promises, on every device (the kernel interpreter's
+//! host-memory device and wgpu in CI — lavapipe where there is no GPU — and CUDA on a GPU machine).
+//! Each backend's checks run in one test, in order, because they read the device's shared counters.
+
+mod common;
+
+use kiln::graph::{KernelInterpreter, Runtime};
+use kiln::{compile, Tensor};
+use std::sync::Arc;
+
+fn host(v: &[f32], dims: &[usize]) -> Tensor {
+    Tensor::from_slice(v, dims).unwrap()
+}
+
+/// Inputs on the device are bound, never copied; outputs stay until read: 100 chained calls move no
+/// byte between host and device after the first upload.
+fn chained_calls_move_nothing(rt: &Arc<Runtime>) {
+    let n = 4096;
+    let x = host(&vec![1.0; n], &[n]).to(rt.clone()).unwrap();
+    assert_eq!(x.device_name(), Some(rt.name()));
+    let f = compile(|x: &Tensor| x.mul(0.5)?.add(1.0)).backend(rt.clone());
+    let mut y: Tensor = f.call(&x).unwrap();
+    rt.reset_transfers();
+    for _ in 0..100 {
+        y = f.call(&y).unwrap();
+    }
+    let m = rt.memory_stats();
+    assert_eq!((m.uploaded, m.downloaded), (0, 0), "{m:?}");
+    assert_eq!(y.device_name(), Some(rt.name()), "outputs stay on the device");
+    // y converges to 2 (the fixed point of y/2 + 1).
+    let v: Vec<f32> = y.to_vec().unwrap();
+    assert_eq!(v.len(), n);
+    assert!(v.iter().all(|&e| (e - 2.0).abs() < 1e-6), "{:?}", &v[..4]);
+    assert_eq!(rt.memory_stats().downloaded, (n * 4) as u64, "reading it moves it once");
+}
+
+/// A captured weight crosses to the device once in 100 calls; replacing it (`assign`) is seen by the
+/// next call and crosses once more.
+fn weights_upload_once_and_replacements_are_seen(rt: &Arc<Runtime>) {
+    let w = host(&[10.0, 20.0, 30.0, 40.0], &[4]);
+    let x = host(&[1.0, 2.0, 3.0, 4.0], &[4]).to(rt.clone()).unwrap();
+    let g = compile(|x: &Tensor| x.add(&w)).backend(rt.clone());
+    rt.reset_transfers();
+    let mut last = None;
+    for _ in 0..100 {
+        last = Some(g.call(&x).unwrap());
+    }
+    assert_eq!(rt.memory_stats().uploaded, 16, "the weight's 16 bytes, once: {:?}", rt.memory_stats());
+    assert_eq!(last.unwrap().to_vec::<f32>().unwrap(), vec![11.0, 22.0, 33.0, 44.0]);
+    w.assign(&host(&[0.5, 0.5, 0.5, 0.5], &[4])).unwrap();
+    rt.reset_transfers();
+    let y: Tensor = g.call(&x).unwrap();
+    let z: Tensor = g.call(&x).unwrap();
+    assert_eq!(rt.memory_stats().uploaded, 16, "the new weight crosses once");
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![1.5, 2.5, 3.5, 4.5]);
+    assert_eq!(z.to_vec::<f32>().unwrap(), vec![1.5, 2.5, 3.5, 4.5]);
+    assert!(w.assign(&host(&[1.0; 3], &[3])).is_err(), "a replacement keeps the shape");
+}
+
+/// One compiled function called from 8 threads, 200 calls each, on their own inputs: every result right.
+fn many_threads_share_one_compiled_function(rt: &Arc<Runtime>) {
+    let w = host(&[2.0; 8], &[8]);
+    let f = compile(|x: &Tensor| x.mul(&w)?.sum(&[0], false)).backend(rt.clone());
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (f, rt) = (&f, rt.clone());
+            s.spawn(move || {
+                for i in 0..200 {
+                    let v = (t * 1000 + i) as f32;
+                    let x = host(&[v; 8], &[8]).to(rt.clone()).unwrap();
+                    let y: f32 = f.call(&x).unwrap().item().unwrap();
+                    assert_eq!(y, 16.0 * v, "thread {t} call {i}");
+                }
+            });
+        }
+    });
+    let s = f.stats();
+    assert_eq!(s.calls, 1600, "{s:?}");
+    assert!(s.traces <= 8 && s.cache_hits >= 1500, "threads reuse the entry: {s:?}");
+}
+
+/// Dropping every tensor returns the device memory to the pool: in use is back where it started.
+fn dropped_tensors_return_memory(rt: &Arc<Runtime>) {
+    let start = rt.memory_stats().in_use;
+    {
+        let x = host(&vec![1.0; 1 << 16], &[1 << 16]).to(rt.clone()).unwrap();
+        let f = compile(|x: &Tensor| x.exp()?.softmax(-1)).backend(rt.clone());
+        let ys: Vec<Tensor> = (0..10).map(|_| f.call(&x).unwrap()).collect();
+        assert!(rt.memory_stats().in_use > start);
+        drop(ys);
+    }
+    assert_eq!(rt.memory_stats().in_use, start, "{:?}", rt.memory_stats());
+    assert!(rt.memory_stats().cached > 0, "freed buffers wait in the pool for reuse");
+}
+
+/// A device tensor read without blocking (what a browser must do) gives what the blocking read gives.
+fn reads_without_blocking(rt: &Arc<Runtime>) {
+    let x = host(&[1.0, 2.0, 3.0], &[3]).to(rt.clone()).unwrap();
+    let y: Tensor = compile(|x: &Tensor| x.mul(3.0)).backend(rt.clone()).call(&x).unwrap();
+    assert_eq!(pollster::block_on(y.to_vec_async::<f32>()).unwrap(), vec![3.0, 6.0, 9.0]);
+}
+
+fn all(rt: &Arc<Runtime>) {
+    reads_without_blocking(rt);
+    chained_calls_move_nothing(rt);
+    weights_upload_once_and_replacements_are_seen(rt);
+    many_threads_share_one_compiled_function(rt);
+    dropped_tensors_return_memory(rt);
+}
+
+#[test]
+fn on_the_kernel_interpreter() {
+    all(&KernelInterpreter::default().runtime());
+}
+
+#[test]
+fn on_wgpu() {
+    if common::wgpu_skipped() {
+        return;
+    }
+    let rt = kiln::Backend::Wgpu.runtime().unwrap_or_else(|e| panic!("{e}")).expect("wgpu has a runtime");
+    all(&rt);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
+fn on_cuda() {
+    let rt = kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
+    all(&rt);
+    // Asking for more than the device has is a typed error naming the buffer; the device goes on.
+    let r = compile(|x: &Tensor| Tensor::zeros(&[1 << 40], kiln::DType::F32)?.add(x))
+        .backend(rt.clone())
+        .call(&host(&[1.0], &[1]));
+    assert!(matches!(r, Err(kiln::Error::OutOfMemory { .. })), "{r:?}");
+    chained_calls_move_nothing(&rt);
+}
+
+/// Tensors and compiled functions cross threads.
+#[test]
+fn handles_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Tensor>();
+    check::<kiln::Compiled<fn(&Tensor) -> kiln::Result<Tensor>>>();
+    check::<Runtime>();
+}

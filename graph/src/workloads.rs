@@ -43,6 +43,16 @@ pub fn w3(t: &[Tensor]) -> Result<Vec<Tensor>> {
     Ok(vec![t[0].layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?.gelu()?])
 }
 
+/// LG: `gelu(x @ wᵀ + b)`, one large linear layer with its activation; inputs x, w, b.
+pub fn linear_gelu(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].linear(&t[1], Some(&t[2]))?.gelu()?])
+}
+
+fn linear_flops(s: &[TensorSpec]) -> Option<f64> {
+    let (x, w) = (s[0].shape.as_concrete()?, s[1].shape.as_concrete()?);
+    Some(2.0 * x[0] as f64 * x[1] as f64 * w[0] as f64)
+}
+
 /// `Linear(10,10)` then 64 × [Linear → ReLU → sigmoid → Linear → ReLU]; inputs x, then (w, b) pairs.
 pub fn w4(t: &[Tensor]) -> Result<Vec<Tensor>> {
     let mut h = t[0].linear(&t[1], Some(&t[2]))?;
@@ -185,6 +195,15 @@ pub fn all() -> Vec<Workload> {
             check: w5_inputs(1, 16, 128),
             f: w5,
             flops: w5_flops,
+        },
+        Workload {
+            id: "LG",
+            what: "gelu(linear(x)), 4096 x 4096 @ 4096 x 4096 + bias, f32 (one large layer, the public-call check)",
+            full: vec![f32s(&[4096, 4096]), f32s(&[4096, 4096]), f32s(&[4096])],
+            quick: vec![f32s(&[256, 256]), f32s(&[256, 256]), f32s(&[256])],
+            check: vec![f32s(&[64, 512]), f32s(&[256, 512]), f32s(&[256])],
+            f: linear_gelu,
+            flops: linear_flops,
         },
         Workload {
             id: "W5-bf16",

@@ -106,13 +106,17 @@ def bytes_moved(wid, xs, out):
     return sum(x.numel() * x.element_size() for x in xs) + out.numel() * out.element_size()
 
 
-def timed(fn, xs, repeat):
-    # Warm up for at least half a second, as kiln-bench does, so both run at steady clocks.
+def warm_up(fn, xs):
+    # At least half a second, as kiln-bench does, so both run at steady clocks.
     t0, n = time.perf_counter(), 0
     while n < 3 or time.perf_counter() - t0 < 0.5:
         fn(*xs)
         torch.cuda.synchronize()
         n += 1
+
+
+def timed(fn, xs, repeat):
+    warm_up(fn, xs)
     samples = []
     for _ in range(repeat):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -127,11 +131,7 @@ def timed(fn, xs, repeat):
 def public_call(fn, xs, repeat):
     """The user's call as a user makes it: the call on inputs already on the GPU, then a synchronize;
     host wall time, median after the same warm-up (kiln-bench's "public call" row)."""
-    t0, n = time.perf_counter(), 0
-    while n < 3 or time.perf_counter() - t0 < 0.5:
-        fn(*xs)
-        torch.cuda.synchronize()
-        n += 1
+    warm_up(fn, xs)
     samples = []
     for _ in range(repeat):
         t = time.perf_counter()

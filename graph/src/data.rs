@@ -1,12 +1,13 @@
 //! Concrete tensor data on the host: what users hand in and read back, and what the CPU reference holds.
 //!
-//! Values are kept as f64 already rounded to the dtype, so one representation serves every dtype and
-//! the reference can compute in f64 without conversions at each op. (i64 is exact within ±2^53.)
+//! Data is kept in its dtype's bytes; the f64 reference reads an f64 view of it (exact for every dtype,
+//! i64 within ±2^53).
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::loc::SourceLoc;
 use crate::shape::Shape;
+use std::sync::OnceLock;
 
 #[track_caller]
 fn check_len(len: usize, dims: &[usize]) -> Result<()> {
@@ -30,20 +31,43 @@ pub(crate) fn host_reserve(n: usize, what: impl Fn() -> String) -> Result<Vec<f6
     Ok(v)
 }
 
-/// A dense, row-major tensor on the host.
-#[derive(Clone, Debug, PartialEq)]
+/// A dense, row-major tensor on the host, held in its dtype: f32 as 4 bytes, bf16 as 2, bool as 1, in the
+/// little-endian layout devices hold (an upload is one copy). The CPU reference reads it widened to f64
+/// ([`TensorData::values`]), a view made on first use and kept; data the reference computes starts as
+/// that view and gets its bytes when a device or the user asks.
+#[derive(Clone)]
 pub struct TensorData {
     dtype: DType,
     dims: Vec<usize>,
-    values: Vec<f64>,
+    bytes: OnceLock<Vec<u8>>,
+    values: OnceLock<Vec<f64>>,
+}
+
+impl PartialEq for TensorData {
+    fn eq(&self, other: &Self) -> bool {
+        self.dtype == other.dtype && self.dims == other.dims && self.values() == other.values()
+    }
+}
+
+impl std::fmt::Debug for TensorData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TensorData({} {:?}, {:?})", self.dtype, self.dims, self.values())
+    }
+}
+
+fn with_bytes(dtype: DType, dims: Vec<usize>, bytes: Vec<u8>) -> TensorData {
+    let t = TensorData { dtype, dims, bytes: OnceLock::new(), values: OnceLock::new() };
+    let _ = t.bytes.set(bytes);
+    t
 }
 
 impl TensorData {
-    /// Builds from typed elements; errors when `values.len()` is not the product of `dims`.
+    /// Builds from typed elements (one bulk copy into the dtype's bytes); errors when `values.len()` is
+    /// not the product of `dims`.
     #[track_caller]
     pub fn new<T: Element>(values: &[T], dims: &[usize]) -> Result<Self> {
         check_len(values.len(), dims)?;
-        Ok(TensorData { dtype: T::DTYPE, dims: dims.to_vec(), values: values.iter().map(|v| v.to_f64()).collect() })
+        Ok(with_bytes(T::DTYPE, dims.to_vec(), <T as Element>::to_le(values)))
     }
 
     /// Builds from f64 values, rounding each to `dtype`.
@@ -56,7 +80,9 @@ impl TensorData {
     /// Wraps values the caller has already rounded to `dtype` (the reference's hot path).
     pub(crate) fn from_rounded(values: Vec<f64>, dims: Vec<usize>, dtype: DType) -> Self {
         debug_assert_eq!(values.len(), dims.iter().product::<usize>());
-        TensorData { dtype, dims, values }
+        let t = TensorData { dtype, dims, bytes: OnceLock::new(), values: OnceLock::new() };
+        let _ = t.values.set(values);
+        t
     }
 
     /// Element type.
@@ -76,33 +102,47 @@ impl TensorData {
 
     /// Number of elements.
     pub fn numel(&self) -> usize {
-        self.values.len()
+        self.dims.iter().product()
     }
 
-    /// The values widened to f64.
+    /// The values widened to f64 (made from the bytes on first use, then kept).
     pub fn values(&self) -> &[f64] {
-        &self.values
+        self.values.get_or_init(|| {
+            let b = self.le_bytes();
+            match self.dtype {
+                DType::F32 => <f32 as Element>::from_le(b).into_iter().map(f64::from).collect(),
+                DType::F16 => <half::f16 as Element>::from_le(b).into_iter().map(|x| x.to_f64()).collect(),
+                DType::BF16 => <half::bf16 as Element>::from_le(b).into_iter().map(|x| x.to_f64()).collect(),
+                DType::I32 => <i32 as Element>::from_le(b).into_iter().map(f64::from).collect(),
+                DType::I64 => <i64 as Element>::from_le(b).into_iter().map(|x| x as f64).collect(),
+                DType::Bool => b.iter().map(|&x| f64::from(u8::from(x != 0))).collect(),
+            }
+        })
     }
 
     /// The values in the dtype's own little-endian layout (`size_bytes` each; bool as one byte 0/1): what
-    /// byte-addressed devices (CUDA) hold, so uploads are one copy.
-    pub fn to_le_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.values.len() * self.dtype.size_bytes());
-        for &x in &self.values {
+    /// byte-addressed devices (CUDA) hold, so an upload is one copy.
+    pub fn le_bytes(&self) -> &[u8] {
+        self.bytes.get_or_init(|| {
+            let v = self.values.get().map(Vec::as_slice).unwrap_or_default();
             match self.dtype {
-                DType::F32 => out.extend((x as f32).to_le_bytes()),
-                DType::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
-                DType::BF16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
-                DType::I32 => out.extend((x as i32).to_le_bytes()),
-                DType::I64 => out.extend((x as i64).to_le_bytes()),
-                DType::Bool => out.push(u8::from(x != 0.0)),
+                DType::F32 => <f32 as Element>::to_le(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()),
+                DType::F16 => <half::f16 as Element>::to_le(&v.iter().map(|&x| half::f16::from_f64(x)).collect::<Vec<_>>()),
+                DType::BF16 => <half::bf16 as Element>::to_le(&v.iter().map(|&x| half::bf16::from_f64(x)).collect::<Vec<_>>()),
+                DType::I32 => <i32 as Element>::to_le(&v.iter().map(|&x| x as i32).collect::<Vec<_>>()),
+                DType::I64 => <i64 as Element>::to_le(&v.iter().map(|&x| x as i64).collect::<Vec<_>>()),
+                DType::Bool => v.iter().map(|&x| u8::from(x != 0.0)).collect(),
             }
-        }
-        out
+        })
     }
 
-    /// Reads `dims` elements of `dtype` from bytes in the layout [`TensorData::to_le_bytes`] writes;
-    /// bytes past the elements are ignored (device buffers are rounded up).
+    /// [`TensorData::le_bytes`], owned.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        self.le_bytes().to_vec()
+    }
+
+    /// Reads `dims` elements of `dtype` from bytes in the layout [`TensorData::le_bytes`] gives (one
+    /// copy); bytes past the elements are ignored (device buffers are rounded up).
     #[track_caller]
     pub fn from_le_bytes(bytes: &[u8], dims: &[usize], dtype: DType) -> Result<Self> {
         let n: usize = dims.iter().product();
@@ -113,22 +153,17 @@ impl TensorData {
                 msg: format!("{} bytes hold fewer than the {n} {} elements of {dims:?}", bytes.len(), dtype.name()),
             });
         }
-        let values = bytes[..n * w]
-            .chunks_exact(w)
-            .map(|b| match dtype {
-                DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-                DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
-                DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-                DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-                DType::I64 => i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64,
-                DType::Bool => f64::from(u8::from(b[0] != 0)),
-            })
-            .collect();
-        Ok(TensorData { dtype, dims: dims.to_vec(), values })
+        Ok(with_bytes(dtype, dims.to_vec(), bytes[..n * w].to_vec()))
     }
 
-    /// The values converted to a host element type (a cast when `T` differs from the dtype).
+    /// The values converted to a host element type: a bulk copy when `T` is the dtype, else a cast of
+    /// each value.
     pub fn to_vec<T: Element>(&self) -> Vec<T> {
-        self.values.iter().map(|&v| T::from_f64(T::DTYPE.round(v))).collect()
+        if T::DTYPE == self.dtype {
+            if let Some(b) = self.bytes.get() {
+                return <T as Element>::from_le(b);
+            }
+        }
+        self.values().iter().map(|&v| T::from_f64(T::DTYPE.round(v))).collect()
     }
 }

@@ -72,9 +72,9 @@ pub trait Driver: Send + Sync + 'static {
     fn bytes(&self, dtype: DType, n: usize) -> u64 {
         (n * dtype.size_bytes()) as u64
     }
-    /// Host data in the device's layout.
-    fn encode(&self, data: &TensorData) -> Vec<u8> {
-        data.to_le_bytes()
+    /// Host data in the device's layout (borrowed where it is the host's: no copy).
+    fn encode<'a>(&self, data: &'a TensorData) -> std::borrow::Cow<'a, [u8]> {
+        std::borrow::Cow::Borrowed(data.le_bytes())
     }
     /// Device bytes back to host data.
     fn decode(&self, bytes: &[u8], dims: &[usize], dtype: DType) -> Result<TensorData> {

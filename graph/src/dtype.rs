@@ -134,7 +134,15 @@ pub trait Element: Copy + 'static {
     fn to_f64(self) -> f64;
     /// Narrows from an f64 already rounded to `DTYPE`.
     fn from_f64(x: f64) -> Self;
+    /// The elements in their little-endian byte layout, in bulk (one copy for every dtype but bool).
+    fn to_le(values: &[Self]) -> Vec<u8>;
+    /// Elements from bytes in that layout, in bulk.
+    fn from_le(bytes: &[u8]) -> Vec<Self>;
 }
+
+// kiln's host layout is little-endian, as the devices': the bulk casts below rely on it.
+#[cfg(target_endian = "big")]
+compile_error!("kiln's host tensors use the little-endian layout of its devices");
 
 macro_rules! element {
     ($t:ty, $d:expr, |$x:ident| $to:expr, |$y:ident| $from:expr) => {
@@ -147,6 +155,13 @@ macro_rules! element {
             fn from_f64($y: f64) -> Self {
                 $from
             }
+            fn to_le(values: &[Self]) -> Vec<u8> {
+                bytemuck::cast_slice(values).to_vec()
+            }
+            fn from_le(bytes: &[u8]) -> Vec<Self> {
+                // An owned copy: `bytes` need not be aligned for the element type.
+                bytes.chunks_exact(std::mem::size_of::<Self>()).map(bytemuck::pod_read_unaligned).collect()
+            }
         }
     };
 }
@@ -156,7 +171,26 @@ element!(f16, DType::F16, |x| x.to_f64(), |y| f16::from_f64(y));
 element!(bf16, DType::BF16, |x| x.to_f64(), |y| bf16::from_f64(y));
 element!(i32, DType::I32, |x| x as f64, |y| y as i32);
 element!(i64, DType::I64, |x| x as f64, |y| y as i64);
-element!(bool, DType::Bool, |x| if x { 1.0 } else { 0.0 }, |y| y != 0.0);
+
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+    fn to_f64(self) -> f64 {
+        if self {
+            1.0
+        } else {
+            0.0
+        }
+    }
+    fn from_f64(x: f64) -> Self {
+        x != 0.0
+    }
+    fn to_le(values: &[Self]) -> Vec<u8> {
+        values.iter().map(|&b| u8::from(b)).collect()
+    }
+    fn from_le(bytes: &[u8]) -> Vec<Self> {
+        bytes.iter().map(|&b| b != 0).collect()
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -57,6 +57,15 @@ pub struct Cuda {
     target: Target,
     /// cuBLAS, opened at the first library GEMM; a handle serves one call at a time, hence the lock.
     blas: Mutex<Option<Blas>>,
+    /// Held (shared) by every operation on the stream and (exclusively) through a graph capture: work
+    /// another thread put on the stream while it is being captured would be recorded into the graph
+    /// instead of running, or refused.
+    gate: std::sync::RwLock<()>,
+}
+
+thread_local! {
+    /// This thread is capturing the stream (its own launches go into the capture, without the gate).
+    static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A loaded kernel: its function, or for a library GEMM the calls planned so far (by pointers and
@@ -134,6 +143,7 @@ impl Cuda {
             driver_version,
             target,
             blas: Mutex::new(None),
+            gate: std::sync::RwLock::new(()),
         })
     }
 
@@ -154,6 +164,11 @@ impl Cuda {
             *b = Some(Blas::new(&self.stream)?);
         }
         b.as_ref().map_or(Ok(()), |b| b.run(call))
+    }
+
+    /// Shared use of the stream (none needed while this thread captures it).
+    fn gate(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
+        (!CAPTURING.with(|c| c.get())).then(|| self.gate.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Makes this device's context current on the calling thread (raw driver calls need it; cudarc's own
@@ -235,6 +250,7 @@ impl Driver for Cuda {
     }
 
     fn write(&self, dst: &Raw, bytes: &[u8]) -> Result<()> {
+        let _gate = self.gate();
         self.bind()?;
         let dst = self.ptr(dst);
         // SAFETY: the destination holds at least `bytes.len()` bytes (the runtime sized it); the copy is
@@ -245,6 +261,7 @@ impl Driver for Cuda {
     }
 
     fn read(&self, src: &Raw, bytes: u64) -> Result<Vec<u8>> {
+        let _gate = self.gate();
         let view = slice(src).slice(0..bytes as usize);
         let out = self.stream.clone_dtoh(&view).map_err(|e| driver("reading back", e))?;
         self.stream.synchronize().map_err(|e| driver("reading back", e))?;
@@ -252,6 +269,7 @@ impl Driver for Cuda {
     }
 
     fn zero(&self, dst: &Raw, offset: u64, bytes: u64) -> Result<()> {
+        let _gate = self.gate();
         self.bind()?;
         // SAFETY: the range lies inside the allocation (the runtime sized it).
         unsafe {
@@ -261,6 +279,7 @@ impl Driver for Cuda {
     }
 
     fn copy(&self, src: &Raw, dst: &Raw, bytes: u64) -> Result<()> {
+        let _gate = self.gate();
         self.bind()?;
         // SAFETY: both allocations hold at least `bytes` (the runtime sized them); ordered on the stream.
         unsafe {
@@ -293,6 +312,7 @@ impl Driver for Cuda {
     }
 
     fn launch(&self, module: &Module, kernel: &Kernel, l: &Launch) -> Result<()> {
+        let _gate = self.gate();
         let loaded = module.downcast_ref::<Loaded>().ok_or_else(|| err("a module of another driver"))?;
         let pointers: Vec<u64> = l.buffers.iter().map(|b| self.ptr(b.raw) + b.offset).collect();
         let f = match loaded {
@@ -340,10 +360,46 @@ impl Driver for Cuda {
     }
 
     fn synchronize(&self) -> Result<()> {
+        let _gate = self.gate();
         self.stream.synchronize().map_err(|e| driver("waiting for the device", e))
     }
 
     fn record(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
+        let _exclusive = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        CAPTURING.with(|c| c.set(true));
+        let recorded = self.capture(enqueue);
+        CAPTURING.with(|c| c.set(false));
+        recorded
+    }
+
+    fn replay(&self, recording: &Recording) -> Result<()> {
+        let _gate = self.gate();
+        let g = recording.downcast_ref::<Captured>().ok_or_else(|| err("a recording of another driver"))?;
+        g.0.launch().map_err(|e| driver("replaying the CUDA graph", e))
+    }
+
+    fn time(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
+        let (start, end) = (self.event()?, self.event()?);
+        {
+            let _gate = self.gate();
+            start.record(&self.stream).map_err(|e| driver("recording an event", e))?;
+        }
+        enqueue()?;
+        let _gate = self.gate();
+        end.record(&self.stream).map_err(|e| driver("recording an event", e))?;
+        end.synchronize().map_err(|e| driver("waiting for the device", e))?;
+        let ms = start.elapsed_ms(&end).map_err(|e| driver("reading an event", e))?;
+        Ok(Some(f64::from(ms) / 1e3))
+    }
+
+    fn timing(&self) -> &'static str {
+        "CUDA events"
+    }
+}
+
+impl Cuda {
+    /// Captures the stream around `enqueue` (the caller holds the gate exclusively).
+    fn capture(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| driver("beginning graph capture", e))?;
@@ -354,24 +410,5 @@ impl Driver for Cuda {
         let graph = graph.ok_or_else(|| err("graph capture recorded nothing"))?;
         tracing::debug!(target: "kiln::graph", "recorded a CUDA graph");
         Ok(Some(Box::new(Captured(graph))))
-    }
-
-    fn replay(&self, recording: &Recording) -> Result<()> {
-        let g = recording.downcast_ref::<Captured>().ok_or_else(|| err("a recording of another driver"))?;
-        g.0.launch().map_err(|e| driver("replaying the CUDA graph", e))
-    }
-
-    fn time(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
-        let (start, end) = (self.event()?, self.event()?);
-        start.record(&self.stream).map_err(|e| driver("recording an event", e))?;
-        enqueue()?;
-        end.record(&self.stream).map_err(|e| driver("recording an event", e))?;
-        end.synchronize().map_err(|e| driver("waiting for the device", e))?;
-        let ms = start.elapsed_ms(&end).map_err(|e| driver("reading an event", e))?;
-        Ok(Some(f64::from(ms) / 1e3))
-    }
-
-    fn timing(&self) -> &'static str {
-        "CUDA events"
     }
 }

@@ -280,8 +280,16 @@ impl Gpu {
     /// Submits everything enqueued so far as one command buffer: clears and copies where they stand,
     /// consecutive dispatches in one compute pass (WebGPU orders storage writes between the dispatches
     /// of a pass; a pass per kernel costs a barrier and bookkeeping each on some drivers).
+    ///
+    /// The batch's lock is held through the submission: two threads flushing at once must not submit
+    /// their halves of the queue's work out of order.
     fn flush(&self) {
-        let ops = std::mem::take(&mut *lock(&self.batch));
+        self.flush_locked(&mut lock(&self.batch));
+    }
+
+    /// [`Gpu::flush`] with the batch already locked by the caller (who may queue more in order after it).
+    fn flush_locked(&self, batch: &mut Vec<Op>) {
+        let ops = std::mem::take(batch);
         let timing = self.timing.swap(false, std::sync::atomic::Ordering::AcqRel);
         if ops.is_empty() && !timing {
             return;
@@ -337,7 +345,8 @@ impl Gpu {
 
     /// Copies `bytes` of `src` into a fresh staging buffer (after the work enqueued before) and submits.
     fn stage(&self, src: &wgpu::Buffer, bytes: u64) -> wgpu::Buffer {
-        self.flush();
+        let mut batch = lock(&self.batch);
+        self.flush_locked(&mut batch);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: bytes,
@@ -409,7 +418,7 @@ impl Driver for Gpu {
         Storage::of(dtype, self.f16).bytes(n) as u64
     }
 
-    fn encode(&self, data: &TensorData) -> Vec<u8> {
+    fn encode<'a>(&self, data: &'a TensorData) -> std::borrow::Cow<'a, [u8]> {
         Storage::of(data.dtype(), self.f16).encode(data)
     }
 
@@ -453,8 +462,9 @@ impl Driver for Gpu {
 
     fn write(&self, dst: &Raw, bytes: &[u8]) -> Result<()> {
         // Work enqueued before must see the old contents: submit it first (a write lands before the next
-        // submission).
-        self.flush();
+        // submission), holding the batch so no other thread's work slips in between.
+        let mut batch = lock(&self.batch);
+        self.flush_locked(&mut batch);
         if bytes.len() % 4 == 0 {
             self.queue.write_buffer(buffer_of(dst), 0, bytes);
         } else {

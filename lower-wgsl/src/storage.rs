@@ -57,40 +57,26 @@ impl Storage {
         }
     }
 
-    /// The host tensor in this layout.
-    pub fn encode(self, data: &TensorData) -> Vec<u8> {
-        let v = data.values();
-        let mut out = Vec::with_capacity(self.bytes(v.len()));
-        for &x in v {
-            match self {
-                Storage::F32 => out.extend((x as f32).to_le_bytes()),
-                Storage::F16 | Storage::F16Packed => out.extend(half::f16::from_f64(x).to_le_bytes()),
-                Storage::Bf16Packed => out.extend(half::bf16::from_f64(x).to_le_bytes()),
-                Storage::I32 => out.extend((x as i32).to_le_bytes()),
-                Storage::I64Pairs => out.extend((x as i64).to_le_bytes()),
-                Storage::BoolU32 => out.extend(u32::from(x != 0.0).to_le_bytes()),
+    /// The host tensor in this layout: the host's own bytes (no copy) for every layout but bool's, whose
+    /// one byte per element widens to a word.
+    pub fn encode(self, data: &TensorData) -> std::borrow::Cow<'_, [u8]> {
+        match self {
+            Storage::BoolU32 => {
+                std::borrow::Cow::Owned(data.le_bytes().iter().flat_map(|&b| u32::from(b != 0).to_le_bytes()).collect())
             }
+            _ => std::borrow::Cow::Borrowed(data.le_bytes()),
         }
-        out
     }
 
-    /// A host tensor of `dtype` and `dims` from device bytes in this layout.
+    /// A host tensor of `dtype` and `dims` from device bytes in this layout (one copy but for bool).
     pub fn decode(self, bytes: &[u8], dims: &[usize], dtype: DType) -> Result<TensorData> {
-        let n: usize = dims.iter().product();
-        let word = self.bytes(1);
-        let values = (0..n)
-            .map(|i| {
-                let b = &bytes[i * word..(i + 1) * word];
-                match self {
-                    Storage::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-                    Storage::F16 | Storage::F16Packed => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
-                    Storage::Bf16Packed => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-                    Storage::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
-                    Storage::I64Pairs => i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64,
-                    Storage::BoolU32 => f64::from(u8::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != 0)),
-                }
-            })
-            .collect();
-        TensorData::from_f64(values, dims, dtype)
+        match self {
+            Storage::BoolU32 => {
+                let n: usize = dims.iter().product();
+                let words: Vec<u8> = bytes.chunks_exact(4).take(n).map(|w| u8::from(w != [0, 0, 0, 0])).collect();
+                TensorData::from_le_bytes(&words, dims, dtype)
+            }
+            _ => TensorData::from_le_bytes(bytes, dims, dtype),
+        }
     }
 }

@@ -127,8 +127,12 @@ impl TensorData {
             let v = self.values.get().map(Vec::as_slice).unwrap_or_default();
             match self.dtype {
                 DType::F32 => <f32 as Element>::to_le(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()),
-                DType::F16 => <half::f16 as Element>::to_le(&v.iter().map(|&x| half::f16::from_f64(x)).collect::<Vec<_>>()),
-                DType::BF16 => <half::bf16 as Element>::to_le(&v.iter().map(|&x| half::bf16::from_f64(x)).collect::<Vec<_>>()),
+                DType::F16 => {
+                    <half::f16 as Element>::to_le(&v.iter().map(|&x| half::f16::from_f64(x)).collect::<Vec<_>>())
+                }
+                DType::BF16 => {
+                    <half::bf16 as Element>::to_le(&v.iter().map(|&x| half::bf16::from_f64(x)).collect::<Vec<_>>())
+                }
                 DType::I32 => <i32 as Element>::to_le(&v.iter().map(|&x| x as i32).collect::<Vec<_>>()),
                 DType::I64 => <i64 as Element>::to_le(&v.iter().map(|&x| x as i64).collect::<Vec<_>>()),
                 DType::Bool => v.iter().map(|&x| u8::from(x != 0.0)).collect(),

@@ -130,6 +130,16 @@ pub enum Error {
         /// The device's limit, when a limit (rather than free memory) was the reason.
         limit: Option<u64>,
     },
+    /// The device stopped working (a kernel faulted, the driver reset or lost it): what was on it is gone.
+    #[error("{device}: device lost while {what}: {msg}")]
+    DeviceLost {
+        /// Which device (`cuda`, `wgpu`).
+        device: String,
+        /// What kiln was doing (the kernel or buffer involved).
+        what: String,
+        /// The driver's words.
+        msg: String,
+    },
     /// A symbolic-size error (unbound symbol, overflow).
     #[error("symbolic size: {0}")]
     Sym(#[from] SymError),

@@ -572,6 +572,12 @@ impl Runtime {
     /// cannot (launching again is then the replay).
     pub fn record(&self, p: &mut Prepared) -> Result<bool> {
         p.recording = None;
+        // One plain run first: whatever a launch sets up on first use with these buffers (a library
+        // GEMM's pointer arrays, allocated and uploaded) must not happen inside the capture, where an
+        // allocation or a host copy would be recorded instead of done.
+        self.enqueue_launches(p)?;
+        self.driver.submit()?;
+        self.driver.synchronize()?;
         let recording = self.driver.record(&mut || self.enqueue_launches(p))?;
         let recorded = recording.is_some();
         p.recording = recording;

@@ -29,7 +29,13 @@ pub(crate) fn driver(what: &str, e: DriverError) -> Error {
         CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
             return Error::OutOfMemory { device: "cuda".into(), what: what.into(), bytes: 0, limit: None }
         }
-        CUresult::CUDA_ERROR_LAUNCH_FAILED | CUresult::CUDA_ERROR_ILLEGAL_ADDRESS => "device fault (context lost): ",
+        CUresult::CUDA_ERROR_LAUNCH_FAILED
+        | CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+        | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
+        | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
+        | CUresult::CUDA_ERROR_ECC_UNCORRECTABLE => {
+            return Error::DeviceLost { device: "cuda".into(), what: what.into(), msg: format!("{words} ({:?})", e.0) }
+        }
         _ => "",
     };
     err(format!("{what}: {kind}{words} ({:?})", e.0))
@@ -327,6 +333,14 @@ impl Driver for Cuda {
                     }
                     match plans.get(&key) {
                         Some(c) => c.clone(),
+                        None if CAPTURING.with(|c| c.get()) => {
+                            // Planning allocates and uploads pointer arrays: inside a capture that would be
+                            // recorded, not done (the runtime runs once before it records, so this is a bug).
+                            return Err(err(format!(
+                                "kernel {}: a GEMM first planned during graph capture",
+                                kernel.name
+                            )));
+                        }
                         None => {
                             let c = Arc::new(GemmCall::plan(gemm, l.bindings, &pointers, &self.stream)?);
                             plans.insert(key, c.clone());

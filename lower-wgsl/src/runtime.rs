@@ -369,7 +369,11 @@ impl Gpu {
         });
         self.wait()?;
         rx.recv()
-            .map_err(|_| err("the device was lost before readback"))?
+            .map_err(|_| Error::DeviceLost {
+                device: "wgpu".into(),
+                what: "reading back".into(),
+                msg: "the map callback never came".into(),
+            })?
             .map_err(|e| err(format!("reading back: {e}")))?;
         let out = buffer.get_mapped_range(..bytes).map_err(|e| err(format!("reading back: {e}")))?.to_vec();
         buffer.unmap();
@@ -501,7 +505,11 @@ impl Driver for Gpu {
             #[cfg(not(target_arch = "wasm32"))]
             self.wait()?;
             rx.await
-                .map_err(|_| err("the device was lost before readback"))?
+                .map_err(|_| Error::DeviceLost {
+                    device: "wgpu".into(),
+                    what: "reading back".into(),
+                    msg: "the map callback never came".into(),
+                })?
                 .map_err(|e| err(format!("reading back: {e}")))?;
             let mut out = staging.get_mapped_range(..size).map_err(|e| err(format!("reading back: {e}")))?.to_vec();
             staging.unmap();

@@ -368,11 +368,20 @@ impl<F> Compiled<F> {
     where
         F: Fn(A) -> Result<R>,
     {
-        Ok(self.call_explained(args)?.0)
+        Ok(self.call_with(args, false)?.0)
     }
 
     /// Runs `f` and returns its result with the [`Explanation`] of what was captured.
     pub fn call_explained<A: Args, R: Outputs>(&self, args: A) -> Result<(R, Explanation)>
+    where
+        F: Fn(A) -> Result<R>,
+    {
+        let (r, ex) = self.call_with(args, true)?;
+        Ok((r, ex.unwrap_or_else(|| Explanation::inlined("", Vec::new()))))
+    }
+
+    /// A call; the explanation of a cached entry (a copy of its graphs) is made only when `explain`.
+    fn call_with<A: Args, R: Outputs>(&self, args: A, explain: bool) -> Result<(R, Option<Explanation>)>
     where
         F: Fn(A) -> Result<R>,
     {
@@ -385,7 +394,7 @@ impl<F> Compiled<F> {
         if active().is_some() {
             // A compiled function called from inside a trace is inlined into it, as torch does.
             let r = (self.f)(args)?;
-            return Ok((r, Explanation::inlined(backend.name(), visitor.statics)));
+            return Ok((r, Some(Explanation::inlined(backend.name(), visitor.statics))));
         }
         lock(&self.state).stats.calls += 1;
         let sig = signature(&visitor.tensors);
@@ -408,8 +417,7 @@ impl<F> Compiled<F> {
                 Ok(_) => {
                     lock(&self.state).stats.cache_hits += 1;
                     let r = self.run_entry(e, &visitor.tensors, backend.as_ref())?;
-                    let mut ex = e.explanation.clone();
-                    ex.cached = true;
+                    let ex = explain.then(|| Explanation { cached: true, ..e.explanation.clone() });
                     return Ok((r, ex));
                 }
                 Err(f) => {
@@ -419,7 +427,7 @@ impl<F> Compiled<F> {
         }
         if let Some(e) = unverified {
             lock(&self.state).stats.verifications += 1;
-            return self.trace(args, visitor, backend, Some(e));
+            return self.trace(args, visitor, backend, Some(e)).map(|(r, ex)| (r, Some(ex)));
         }
         if let Some(f) = &first_failure {
             tracing::info!(target: "kiln::recompiles", reason = %f, "recompiling");
@@ -443,10 +451,10 @@ impl<F> Compiled<F> {
                 st.stats.eager_fallbacks += 1;
                 drop(st);
                 let r = (self.f)(args)?;
-                return Ok((r, Explanation::inlined(backend.name(), visitor.statics)));
+                return Ok((r, Some(Explanation::inlined(backend.name(), visitor.statics))));
             }
         }
-        self.trace(args, visitor, backend, None)
+        self.trace(args, visitor, backend, None).map(|(r, ex)| (r, Some(ex)))
     }
 
     /// Traces and runs `f` and returns only the explanation (like `torch._dynamo.explain`).

@@ -155,14 +155,30 @@ struct Step {
     fault_slot: Option<usize>,
 }
 
+/// Binding a compiled graph to inputs of given dims, apart from the buffers (see [`Runtime::layout`]).
+struct Layout {
+    /// The plan buffer of each graph input.
+    input_slots: Vec<usize>,
+    bindings: Bindings,
+    sizes: Vec<u64>,
+    steps: Vec<Step>,
+    outputs: Vec<(usize, Vec<usize>, DType)>,
+    /// Kernels with fault words, and the byte stride between their words.
+    checked: Vec<usize>,
+    stride: u64,
+    io_bytes: u64,
+    bytes_moved: u64,
+}
+
+/// Layouts kept per runtime; all are dropped past this many.
+const MAX_LAYOUTS: usize = 1024;
+
 /// A compiled graph bound to device buffers, ready to be launched again and again (the bench's device
 /// time and the reduce-overhead mode use it; [`Runtime::run`] makes one per call).
 pub struct Prepared {
     compiled: Arc<CompiledGraph>,
-    bindings: Bindings,
+    layout: Arc<Layout>,
     buffers: Vec<Arc<DeviceBuffer>>,
-    sizes: Vec<u64>,
-    steps: Vec<Step>,
     faults: Option<(Arc<DeviceBuffer>, Vec<usize>, u64)>,
     outputs: Vec<(usize, Vec<usize>, DType)>,
     recording: Option<Recording>,
@@ -175,7 +191,7 @@ pub struct Prepared {
 impl Prepared {
     /// Kernel launches per run.
     pub fn launches(&self) -> usize {
-        self.steps.len()
+        self.layout.steps.len()
     }
 
     /// True once recorded for replay.
@@ -190,7 +206,7 @@ impl Prepared {
 
     /// Names of its kernels in launch order.
     pub fn kernel_names(&self) -> Vec<String> {
-        self.steps.iter().map(|s| self.compiled.kernels[s.kernel].name.clone()).collect()
+        self.layout.steps.iter().map(|s| self.compiled.kernels[s.kernel].name.clone()).collect()
     }
 }
 
@@ -219,6 +235,7 @@ pub struct Runtime {
     stats: Mutex<RuntimeStats>,
     pending: Mutex<Vec<PendingFaults>>,
     recordings: Mutex<Vec<Recorded>>,
+    layouts: Mutex<HashMap<(usize, Vec<usize>), (Arc<CompiledGraph>, Arc<Layout>)>>,
     next_id: AtomicU64,
 }
 
@@ -234,6 +251,7 @@ impl Runtime {
             stats: Mutex::default(),
             pending: Mutex::default(),
             recordings: Mutex::default(),
+            layouts: Mutex::default(),
             next_id: AtomicU64::new(1),
         })
     }
@@ -283,6 +301,7 @@ impl Runtime {
     /// Forgets loaded modules (cold-compile measurements).
     pub fn clear_modules(&self) {
         lock(&self.modules).clear();
+        lock(&self.layouts).clear();
     }
 
     /// Frees every pooled buffer.
@@ -298,9 +317,8 @@ impl Runtime {
         m.cached += class;
     }
 
-    /// A buffer of at least `bytes`, from the pool when one of its size class is free. `what` names it
-    /// in an out-of-memory error.
-    pub fn alloc(&self, bytes: u64, what: &str) -> Result<Arc<DeviceBuffer>> {
+    /// [`Error::OutOfMemory`] when one buffer of `bytes` exceeds what the device allocates or binds.
+    fn check_fits(&self, bytes: u64, what: &str) -> Result<()> {
         let d = &self.driver;
         if bytes > d.max_binding_bytes() || bytes > d.max_buffer_bytes() {
             return Err(Error::OutOfMemory {
@@ -310,6 +328,14 @@ impl Runtime {
                 limit: Some(d.max_binding_bytes().min(d.max_buffer_bytes())),
             });
         }
+        Ok(())
+    }
+
+    /// A buffer of at least `bytes`, from the pool when one of its size class is free. `what` names it
+    /// in an out-of-memory error.
+    pub fn alloc(&self, bytes: u64, what: &str) -> Result<Arc<DeviceBuffer>> {
+        self.check_fits(bytes, what)?;
+        let d = &self.driver;
         let class = bytes.max(256).checked_next_power_of_two().unwrap_or(u64::MAX);
         let class = if class > d.max_buffer_bytes() { bytes.div_ceil(256) * 256 } else { class };
         let pooled = lock(&self.pool).get_mut(&class).and_then(Vec::pop);
@@ -422,13 +448,11 @@ impl Runtime {
                 loc: SourceLoc::internal(),
             });
         }
-        let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|t| (t.dtype, t.dims.as_slice())).collect();
-        let bindings = crate::interp::bind_symbol_dims(g, &shapes)?;
-        let sizes = c.buffer_bytes(&bindings, |d, n| self.driver.bytes(d, n))?;
-        let mut buffers: Vec<Option<Arc<DeviceBuffer>>> = vec![None; sizes.len()];
-        for (gi, t) in g.inputs.iter().zip(inputs) {
-            let slot = c.plan.value_buffer[&gi.node];
-            if !Arc::ptr_eq(t.buffer.runtime(), &self.this()) {
+        let layout = self.layout(c, inputs)?;
+        let mut buffers: Vec<Option<Arc<DeviceBuffer>>> = vec![None; layout.sizes.len()];
+        let me = self.this();
+        for (&slot, t) in layout.input_slots.iter().zip(inputs) {
+            if !Arc::ptr_eq(t.buffer.runtime(), &me) {
                 return Err(Error::Unsupported {
                     what: format!("an input on `{}` bound to a run on `{}`", t.buffer.runtime().name(), self.name()),
                     loc: SourceLoc::internal(),
@@ -436,20 +460,51 @@ impl Runtime {
             }
             buffers[slot] = Some(t.buffer.clone());
         }
-        let mut filled = Vec::with_capacity(sizes.len());
-        for (i, (b, &size)) in buffers.into_iter().zip(&sizes).enumerate() {
+        let mut filled = Vec::with_capacity(layout.sizes.len());
+        for (i, (b, &size)) in buffers.into_iter().zip(&layout.sizes).enumerate() {
             filled.push(match b {
                 Some(b) => b,
                 None => self.alloc(size, &format!("plan buffer {i} of a {}-kernel graph", c.kernels.len()))?,
             });
         }
-        let checked: Vec<usize> = c.checked_launches().into_iter().map(|(_, k)| k).collect();
-        let stride = self.driver.offset_alignment().max(4);
-        let faults = if checked.is_empty() {
-            None
-        } else {
-            Some((self.alloc(stride * checked.len() as u64, "fault words")?, checked.clone(), stride))
+        let faults = match layout.checked.len() {
+            0 => None,
+            n => Some((self.alloc(layout.stride * n as u64, "fault words")?, layout.checked.clone(), layout.stride)),
         };
+        Ok(Prepared {
+            outputs: layout.outputs.clone(),
+            io_bytes: layout.io_bytes,
+            bytes_moved: layout.bytes_moved,
+            compiled: c.clone(),
+            layout,
+            buffers: filled,
+            faults,
+            recording: None,
+        })
+    }
+
+    /// What binding `c` to inputs of these dims needs besides the buffers themselves — symbol values,
+    /// buffer sizes, launches with their loaded kernels — worked out once per compiled graph and input
+    /// dims, so a call spends its time launching.
+    fn layout(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Arc<Layout>> {
+        let mut key: Vec<usize> = Vec::with_capacity(inputs.len() * 3);
+        for t in inputs {
+            key.push(t.dims.len());
+            key.extend(&t.dims);
+        }
+        let key = (Arc::as_ptr(c) as usize, key);
+        if let Some((_, l)) = lock(&self.layouts).get(&key) {
+            return Ok(l.clone());
+        }
+        let g = &c.primitive.graph;
+        let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|t| (t.dtype, t.dims.as_slice())).collect();
+        let bindings = crate::interp::bind_symbol_dims(g, &shapes)?;
+        let sizes = c.buffer_bytes(&bindings, |d, n| self.driver.bytes(d, n))?;
+        // Sizes no device holds are the user's error before any kernel is rendered for them.
+        for (i, &size) in sizes.iter().enumerate() {
+            self.check_fits(size, &format!("plan buffer {i} of a {}-kernel graph", c.kernels.len()))?;
+        }
+        let checked: Vec<usize> = c.checked_launches().into_iter().map(|(_, k)| k).collect();
         let ids = c.kernel_ids();
         let mut steps = Vec::new();
         for &k in &c.plan.launches {
@@ -471,18 +526,24 @@ impl Runtime {
             let module = self.module(ids[k], kernel)?;
             steps.push(Step { kernel: k, module, symbols, groups, fault_slot: checked.iter().position(|&x| x == k) });
         }
-        Ok(Prepared {
+        let layout = Arc::new(Layout {
+            input_slots: c.input_buffers(),
             outputs: c.output_slots(&bindings)?,
             io_bytes: c.io_bytes(&bindings)?,
             bytes_moved: c.traffic_bytes(&bindings)?,
-            compiled: c.clone(),
             bindings,
-            buffers: filled,
             sizes,
             steps,
-            faults,
-            recording: None,
-        })
+            checked,
+            stride: self.driver.offset_alignment().max(4),
+        });
+        let mut layouts = lock(&self.layouts);
+        if layouts.len() >= MAX_LAYOUTS {
+            layouts.clear();
+        }
+        // The entry holds the compiled graph, so its address cannot be reused by another while cached.
+        layouts.insert(key, (c.clone(), layout.clone()));
+        Ok(layout)
     }
 
     /// Enqueues every launch of `p` (without submitting).
@@ -490,14 +551,14 @@ impl Runtime {
         if let Some((words, kernels, stride)) = &p.faults {
             self.driver.zero(words.raw(), 0, stride * kernels.len() as u64)?;
         }
-        (0..p.steps.len()).try_for_each(|i| self.enqueue_step(p, i))
+        (0..p.layout.steps.len()).try_for_each(|i| self.enqueue_step(p, i))
     }
 
     /// Milliseconds each launch of one run of `p` takes on the device, in launch order, with the kernel's
     /// name; `None` where the device cannot time itself. Each launch is timed alone.
     pub fn profile(&self, p: &Prepared) -> Result<Option<Vec<(String, f64)>>> {
-        let mut out = Vec::with_capacity(p.steps.len());
-        for (i, step) in p.steps.iter().enumerate() {
+        let mut out = Vec::with_capacity(p.layout.steps.len());
+        for (i, step) in p.layout.steps.iter().enumerate() {
             let timed = self.driver.time(&mut || {
                 self.enqueue_step(p, i)?;
                 self.driver.submit()
@@ -512,14 +573,14 @@ impl Runtime {
     fn enqueue_step(&self, p: &Prepared, i: usize) -> Result<()> {
         let c = &p.compiled;
         {
-            let step = &p.steps[i];
+            let step = &p.layout.steps[i];
             let kernel = &c.kernels[step.kernel];
             let bound: Vec<Bound> = kernel
                 .buffers
                 .iter()
                 .map(|b| {
                     let slot = c.plan.value_buffer[&b.node];
-                    p.buffers[slot].bound(p.sizes[slot])
+                    p.buffers[slot].bound(p.layout.sizes[slot])
                 })
                 .collect();
             let fault = match (&p.faults, step.fault_slot) {
@@ -528,8 +589,13 @@ impl Runtime {
                 }
                 _ => None,
             };
-            let launch =
-                Launch { buffers: &bound, symbols: &step.symbols, bindings: &p.bindings, fault, groups: step.groups };
+            let launch = Launch {
+                buffers: &bound,
+                symbols: &step.symbols,
+                bindings: &p.layout.bindings,
+                fault,
+                groups: step.groups,
+            };
             self.driver.launch(&step.module, kernel, &launch)
         }
     }
@@ -550,7 +616,7 @@ impl Runtime {
         {
             let mut s = lock(&self.stats);
             s.runs += 1;
-            s.launches += p.steps.len() as u64;
+            s.launches += p.layout.steps.len() as u64;
         }
         if let Some((words, kernels, stride)) = &p.faults {
             let mut pending = lock(&self.pending);
@@ -621,9 +687,7 @@ impl Runtime {
     /// and copied into it on every later replay, as torch does for non-static inputs. Outputs are copied
     /// out to fresh buffers, since the next replay overwrites the recorded ones.
     pub fn run_recorded(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Vec<DeviceTensor>> {
-        let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|t| (t.dtype, t.dims.as_slice())).collect();
-        let bindings = crate::interp::bind_symbol_dims(&c.primitive.graph, &shapes)?;
-        let values: Vec<i64> = bindings.iter().map(|(_, v)| v).collect();
+        let values: Vec<i64> = self.layout(c, inputs)?.bindings.iter().map(|(_, v)| v).collect();
         let mut recs = lock(&self.recordings);
         let found = recs.iter().position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values);
         let slots: Vec<usize> = c.primitive.graph.inputs.iter().map(|gi| c.plan.value_buffer[&gi.node]).collect();

@@ -44,8 +44,10 @@ pub struct Gpu {
     stats: Mutex<GpuStats>,
 }
 
-/// What binds a launch: the pipeline, each binding (allocation id, offset, size), and the symbol bytes.
-type BindKey = (usize, Vec<(u64, u64, u64)>, Vec<u8>);
+/// What binds a launch: the pipeline, each binding (the buffer itself, offset, size), and the symbol
+/// bytes. Keyed by the buffer, not the runtime's handle: pooled buffers come back under new handles, and
+/// their bind groups should be found again. The key holds the buffer, so its identity is never reused.
+type BindKey = (usize, Vec<(wgpu::Buffer, u64, u64)>, Vec<u8>);
 
 /// One piece of enqueued work.
 enum Op {
@@ -580,9 +582,10 @@ impl Driver for Gpu {
             }
             symbols.resize(symbols.len().div_ceil(16).max(1) * 16, 0);
         }
-        let mut bound: Vec<(u64, u64, u64)> = l.buffers.iter().map(|b| (b.id, b.offset, b.bytes)).collect();
+        let mut bound: Vec<(wgpu::Buffer, u64, u64)> =
+            l.buffers.iter().map(|b| (buffer_of(b.raw).clone(), b.offset, b.bytes)).collect();
         if let Some(f) = l.fault {
-            bound.push((f.id, f.offset, f.bytes));
+            bound.push((buffer_of(f.raw).clone(), f.offset, f.bytes));
         }
         let key: BindKey = (Arc::as_ptr(&p.pipeline) as usize, bound, symbols.clone());
         let cached = lock(&self.bind_groups).get(&key).cloned();

@@ -170,6 +170,9 @@ struct Layout {
     bytes_moved: u64,
 }
 
+/// A layout's key: the compiled graph's address and every input's rank and dims.
+type LayoutKey = (usize, Vec<usize>);
+
 /// Layouts kept per runtime; all are dropped past this many.
 const MAX_LAYOUTS: usize = 1024;
 
@@ -235,7 +238,7 @@ pub struct Runtime {
     stats: Mutex<RuntimeStats>,
     pending: Mutex<Vec<PendingFaults>>,
     recordings: Mutex<Vec<Recorded>>,
-    layouts: Mutex<HashMap<(usize, Vec<usize>), (Arc<CompiledGraph>, Arc<Layout>)>>,
+    layouts: Mutex<HashMap<LayoutKey, (Arc<CompiledGraph>, Arc<Layout>)>>,
     next_id: AtomicU64,
 }
 

@@ -173,6 +173,10 @@ struct Layout {
 /// A layout's key: the compiled graph's address and every input's rank and dims.
 type LayoutKey = (usize, Vec<usize>);
 
+/// Cached layouts, each with the compiled graph it was made for (which keeps the address in its key
+/// from being reused while it is cached).
+type Layouts = HashMap<LayoutKey, (Arc<CompiledGraph>, Arc<Layout>)>;
+
 /// Layouts kept per runtime; all are dropped past this many.
 const MAX_LAYOUTS: usize = 1024;
 
@@ -238,7 +242,7 @@ pub struct Runtime {
     stats: Mutex<RuntimeStats>,
     pending: Mutex<Vec<PendingFaults>>,
     recordings: Mutex<Vec<Recorded>>,
-    layouts: Mutex<HashMap<LayoutKey, (Arc<CompiledGraph>, Arc<Layout>)>>,
+    layouts: Mutex<Layouts>,
     next_id: AtomicU64,
 }
 

@@ -47,7 +47,26 @@ pub struct Gpu {
 /// What binds a launch: the pipeline, each binding (the buffer itself, offset, size), and the symbol
 /// bytes. Keyed by the buffer, not the runtime's handle: pooled buffers come back under new handles, and
 /// their bind groups should be found again. The key holds the buffer, so its identity is never reused.
-type BindKey = (usize, Vec<(wgpu::Buffer, u64, u64)>, Vec<u8>);
+type BindKey = (PipelineKey, Vec<(wgpu::Buffer, u64, u64)>, Vec<u8>);
+
+/// A pipeline as a key, by identity; holding it keeps its address from being reused by a later
+/// pipeline (whose bind group layout would differ) while a bind group is cached under it.
+#[derive(Clone)]
+struct PipelineKey(Arc<wgpu::ComputePipeline>);
+
+impl PartialEq for PipelineKey {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for PipelineKey {}
+
+impl std::hash::Hash for PipelineKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.0).hash(state);
+    }
+}
 
 /// One piece of enqueued work.
 enum Op {
@@ -587,7 +606,7 @@ impl Driver for Gpu {
         if let Some(f) = l.fault {
             bound.push((buffer_of(f.raw).clone(), f.offset, f.bytes));
         }
-        let key: BindKey = (Arc::as_ptr(&p.pipeline) as usize, bound, symbols.clone());
+        let key: BindKey = (PipelineKey(p.pipeline.clone()), bound, symbols.clone());
         let cached = lock(&self.bind_groups).get(&key).cloned();
         let bind = match cached {
             Some(b) => b,

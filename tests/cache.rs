@@ -88,5 +88,34 @@ fn structure_keyed_persistent_and_checked() {
     let (k, r) = (run(Backend::Kernels), run(Backend::Cpu));
     assert_eq!(k.len(), r.len());
     assert!(k.iter().zip(&r).all(|(a, b)| (a - b).abs() < 1e-6), "{k:?} vs {r:?}");
+
+    // A cap on the directory: past it the least recently used entries go, the newest stay.
+    let entry = std::fs::metadata(&file).unwrap().len();
+    std::env::set_var("KILN_CACHE_MAX_BYTES", (3 * entry + entry / 2).to_string());
+    let keys: Vec<String> = (100..106)
+        .map(|n| {
+            let g = softmax_graph(n);
+            compile_cached(&g, &target, FusionMode::Fused).unwrap();
+            cache::key(&g, &target, FusionMode::Fused)
+        })
+        .collect();
+    let usage = cache::disk_usage();
+    assert!(usage.bytes <= usage.max_bytes, "{usage:?}");
+    assert!(dir.join(format!("{}.json", keys[5])).exists(), "the newest entry stays");
+    assert!(!dir.join(format!("{}.json", keys[0])).exists(), "the oldest of the new ones went");
+    std::env::remove_var("KILN_CACHE_MAX_BYTES");
+
+    // `kiln cache stats` and `kiln cache clear`, as a user runs them.
+    let kiln = |args: &[&str]| {
+        let out =
+            std::process::Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).env("KILN_CACHE_DIR", &dir).output();
+        let out = out.expect("the kiln command runs");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let stats = kiln(&["cache", "stats"]);
+    assert!(stats.contains(&format!("entries:   {}", usage.entries)), "{stats}");
+    assert!(kiln(&["cache", "clear"]).contains(&format!("removed {} entries", usage.entries)));
+    assert_eq!(cache::disk_usage().entries, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

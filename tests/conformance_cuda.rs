@@ -106,3 +106,17 @@ fn reduce_overhead_mode_replays_and_rerecords() {
     }
     assert_eq!(c.stats().traces, 1, "{:?}", c.stats());
 }
+
+/// A full reduction over 2^32 + 8 elements (17 GB of f32) sums all of them: the row length once went
+/// through a `u32` and the kernel summed a fraction of the input.
+#[test]
+#[ignore = needs_gpu!()]
+fn a_sum_over_more_than_two_to_the_32_elements() {
+    let rt = kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
+    let n = (1usize << 32) + 8;
+    let f = kiln::compile(|x: &kiln::Tensor| kiln::Tensor::ones(&[n], DType::F32)?.add(x)?.sum(&[0], false))
+        .backend(rt.clone());
+    let zero = kiln::Tensor::from_slice(&[0.0f32], &[1]).unwrap().to(rt.clone()).unwrap();
+    let s: f32 = f.call(&zero).unwrap().item().unwrap();
+    assert_eq!(s as f64, n as f32 as f64, "every element counted once");
+}

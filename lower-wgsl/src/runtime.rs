@@ -381,21 +381,21 @@ impl Gpu {
         staging
     }
 
-    /// Maps `buffer` for reading once the device has written it, and returns its bytes (blocking).
-    #[cfg(not(target_arch = "wasm32"))]
-    fn map_read(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
-        let (tx, rx) = std::sync::mpsc::channel();
+    /// Maps `buffer` for reading once the device has written it, and returns its bytes. Native code
+    /// drives the device while it waits; in a browser the event loop does.
+    async fn map_read(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let (tx, rx) = futures_channel::oneshot::channel();
         buffer.map_async(wgpu::MapMode::Read, ..bytes, move |r| {
             let _ = tx.send(r);
         });
+        #[cfg(not(target_arch = "wasm32"))]
         self.wait()?;
-        rx.recv()
-            .map_err(|_| Error::DeviceLost {
-                device: "wgpu".into(),
-                what: "reading back".into(),
-                msg: "the map callback never came".into(),
-            })?
-            .map_err(|e| err(format!("reading back: {e}")))?;
+        let lost = || Error::DeviceLost {
+            device: "wgpu".into(),
+            what: "reading back".into(),
+            msg: "the map never finished".into(),
+        };
+        rx.await.map_err(|_| lost())?.map_err(|e| err(format!("reading back: {e}")))?;
         let out = buffer.get_mapped_range(..bytes).map_err(|e| err(format!("reading back: {e}")))?.to_vec();
         buffer.unmap();
         Ok(out)
@@ -502,11 +502,7 @@ impl Driver for Gpu {
 
     #[cfg(not(target_arch = "wasm32"))]
     fn read(&self, src: &Raw, bytes: u64) -> Result<Vec<u8>> {
-        let size = bytes.div_ceil(4) * 4;
-        let staging = self.stage(buffer_of(src), size);
-        let mut out = self.map_read(&staging, size)?;
-        out.truncate(bytes as usize);
-        Ok(out)
+        pollster::block_on(self.read_async(src, bytes))
     }
 
     #[cfg(target_arch = "wasm32")]
@@ -518,22 +514,7 @@ impl Driver for Gpu {
         Box::pin(async move {
             let size = bytes.div_ceil(4) * 4;
             let staging = self.stage(buffer_of(src), size);
-            let (tx, rx) = futures_channel::oneshot::channel();
-            staging.map_async(wgpu::MapMode::Read, ..size, move |r| {
-                let _ = tx.send(r);
-            });
-            // Native code drives the device here; in a browser the event loop does.
-            #[cfg(not(target_arch = "wasm32"))]
-            self.wait()?;
-            rx.await
-                .map_err(|_| Error::DeviceLost {
-                    device: "wgpu".into(),
-                    what: "reading back".into(),
-                    msg: "the map callback never came".into(),
-                })?
-                .map_err(|e| err(format!("reading back: {e}")))?;
-            let mut out = staging.get_mapped_range(..size).map_err(|e| err(format!("reading back: {e}")))?.to_vec();
-            staging.unmap();
+            let mut out = self.map_read(&staging, size).await?;
             out.truncate(bytes as usize);
             Ok(out)
         })
@@ -680,7 +661,7 @@ impl Driver for Gpu {
         self.timing.store(true, std::sync::atomic::Ordering::Release);
         enqueue()?;
         self.flush();
-        let bytes = self.map_read(&t.readback, 16)?;
+        let bytes = pollster::block_on(self.map_read(&t.readback, 16))?;
         let at = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
         let ticks = at(1).saturating_sub(at(0));
         Ok(Some(ticks as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9))

@@ -100,7 +100,25 @@ fn reads_without_blocking(rt: &Arc<Runtime>) {
     assert_eq!(pollster::block_on(y.to_vec_async::<f32>()).unwrap(), vec![3.0, 6.0, 9.0]);
 }
 
+/// A failed run-time check is reported to whoever reads a result that depends on it — also through a
+/// later call — and to nobody else (a server's other requests go on).
+fn failed_checks_reach_only_their_readers(rt: &Arc<Runtime>) {
+    let x = host(&[1.0, 2.0, 3.0], &[3]).to(rt.clone()).unwrap();
+    let select = compile(|(x, i): (&Tensor, &Tensor)| x.index_select(0, i)).backend(rt.clone());
+    let double = compile(|y: &Tensor| y.mul(2.0)).backend(rt.clone());
+    let bad_idx = Tensor::from_slice(&[0i64, 7], &[2]).unwrap().to(rt.clone()).unwrap();
+    let good_idx = Tensor::from_slice(&[2i64, 0], &[2]).unwrap().to(rt.clone()).unwrap();
+    let bad: Tensor = select.call((&x, &bad_idx)).unwrap();
+    let good: Tensor = select.call((&x, &good_idx)).unwrap();
+    let later: Tensor = double.call(&bad).unwrap();
+    assert_eq!(good.to_vec::<f32>().unwrap(), vec![3.0, 1.0], "another call's bad index is not this one's error");
+    assert!(matches!(later.to_data(), Err(kiln::Error::Runtime { .. })), "a result computed from a bad one reports it");
+    assert!(matches!(bad.to_data(), Err(kiln::Error::Runtime { .. })));
+    assert_eq!(double.call(&good).unwrap().to_vec::<f32>().unwrap(), vec![6.0, 2.0]);
+}
+
 fn all(rt: &Arc<Runtime>) {
+    failed_checks_reach_only_their_readers(rt);
     reads_without_blocking(rt);
     chained_calls_move_nothing(rt);
     weights_upload_once_and_replacements_are_seen(rt);

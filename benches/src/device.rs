@@ -46,7 +46,7 @@ impl Device {
 
     /// Enqueues one run.
     pub fn launch(&self, run: &Prepared) -> Result<()> {
-        self.rt.launch(run)
+        self.rt.launch(run).map(drop)
     }
 
     /// Waits for everything enqueued (and reports failed run-time checks).

@@ -28,7 +28,7 @@ use crate::target::Target;
 use crate::TensorData;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 /// Locks a mutex, also after a panic elsewhere poisoned it (the data stays consistent: every critical
 /// section here is a few plain updates).
@@ -121,7 +121,9 @@ impl std::fmt::Debug for DeviceBuffer {
     }
 }
 
-/// A tensor's data on a device: a buffer, with the dtype and dims of what it holds.
+/// A tensor's data on a device: a buffer, with the dtype and dims of what it holds, and the run-time
+/// checks of the runs it came from (read when the tensor is read: a failed check is reported to whoever
+/// reads a result that depends on it, and to nobody else).
 #[derive(Clone, Debug)]
 pub struct DeviceTensor {
     /// The buffer (shared: tensors are immutable, so a value may be bound by many runs).
@@ -130,6 +132,8 @@ pub struct DeviceTensor {
     pub dtype: DType,
     /// Dims.
     pub dims: Vec<usize>,
+    /// Fault words of the runs that computed it (and of the runs its inputs came from), not yet known good.
+    pub checks: Vec<Arc<Checks>>,
 }
 
 impl DeviceTensor {
@@ -139,13 +143,51 @@ impl DeviceTensor {
     }
 }
 
-/// Fault words of an enqueued run, read at the next host read.
-struct PendingFaults {
+/// The fault words of one launched run, read when a tensor depending on it is read; the outcome is kept.
+pub struct Checks {
     words: Arc<DeviceBuffer>,
     stride: u64,
     kernels: Vec<usize>,
     compiled: Arc<CompiledGraph>,
+    /// `None` once read and good; the failed check's op, message and line otherwise.
+    outcome: OnceLock<Option<(String, String, SourceLoc)>>,
 }
+
+impl std::fmt::Debug for Checks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Checks({} kernels, {:?})", self.kernels.len(), self.outcome.get())
+    }
+}
+
+impl Checks {
+    fn known_good(&self) -> bool {
+        matches!(self.outcome.get(), Some(None))
+    }
+
+    /// Records what the fault words say; the first failed check, as an error.
+    fn settle(&self, words: &[u8]) -> Result<()> {
+        let outcome = self.outcome.get_or_init(|| {
+            for (slot, &k) in self.kernels.iter().enumerate() {
+                let at = (self.stride * slot as u64) as usize;
+                let word = u32::from_le_bytes([words[at], words[at + 1], words[at + 2], words[at + 3]]);
+                match self.compiled.check_fault(k, word) {
+                    Ok(()) => {}
+                    Err(Error::Runtime { op, msg, loc }) => return Some((op, msg, loc)),
+                    Err(e) => return Some(("fault".into(), e.to_string(), SourceLoc::internal())),
+                }
+            }
+            None
+        });
+        match outcome {
+            None => Ok(()),
+            Some((op, msg, loc)) => Err(Error::Runtime { op: op.clone(), msg: msg.clone(), loc: loc.clone() }),
+        }
+    }
+}
+
+/// Checks a tensor carries before the oldest are read without being asked (bounded memory in long
+/// chains of checked runs that nobody reads).
+const MAX_CARRIED_CHECKS: usize = 64;
 
 struct Step {
     kernel: usize,
@@ -228,9 +270,6 @@ struct Recorded {
 /// Recordings kept for reduce-overhead mode; the oldest goes past this many.
 const MAX_RECORDINGS: usize = 16;
 
-/// Unread fault words kept before the runtime reads them without being asked (bounded memory).
-const MAX_PENDING_FAULTS: usize = 256;
-
 /// The runtime core over one device. One per device per process, shared (`Arc`) by every tensor,
 /// compiled function and thread using it.
 pub struct Runtime {
@@ -240,7 +279,6 @@ pub struct Runtime {
     modules: Mutex<HashMap<u64, Module>>,
     mem: Mutex<MemoryStats>,
     stats: Mutex<RuntimeStats>,
-    pending: Mutex<Vec<PendingFaults>>,
     recordings: Mutex<Vec<Recorded>>,
     layouts: Mutex<Layouts>,
     next_id: AtomicU64,
@@ -256,7 +294,6 @@ impl Runtime {
             modules: Mutex::default(),
             mem: Mutex::default(),
             stats: Mutex::default(),
-            pending: Mutex::default(),
             recordings: Mutex::default(),
             layouts: Mutex::default(),
             next_id: AtomicU64::new(1),
@@ -387,50 +424,54 @@ impl Runtime {
             self.driver.write(buffer.raw(), &bytes)?;
         }
         lock(&self.mem).uploaded += bytes.len() as u64;
-        Ok(DeviceTensor { buffer, dtype: data.dtype(), dims: data.dims().to_vec() })
+        Ok(DeviceTensor { buffer, dtype: data.dtype(), dims: data.dims().to_vec(), checks: Vec::new() })
     }
 
-    /// Reads a device tensor back (waits for the work that writes it). Fault words of earlier runs are
-    /// read first: a failed check is reported here.
+    /// Reads a device tensor back (waits for the work that writes it). The fault words of the runs it
+    /// depends on are read first: a failed check is reported here.
     pub fn download(&self, t: &DeviceTensor) -> Result<TensorData> {
-        self.check_faults()?;
+        self.check(&t.checks)?;
         let n = self.driver.bytes(t.dtype, t.numel());
         let bytes = if n == 0 { Vec::new() } else { self.driver.read(t.buffer.raw(), n)? };
         lock(&self.mem).downloaded += n;
         self.driver.decode(&bytes, &t.dims, t.dtype)
     }
 
-    /// [`Runtime::download`] without blocking (browsers, async callers). Failed run-time checks of earlier
-    /// runs are reported by the next blocking read or [`Runtime::synchronize`].
+    /// [`Runtime::download`] without blocking (browsers, async callers).
     pub async fn download_async(&self, t: &DeviceTensor) -> Result<TensorData> {
+        for c in t.checks.iter().filter(|c| c.outcome.get().is_none()) {
+            let words = self.driver.read_async(c.words.raw(), c.stride * c.kernels.len() as u64).await?;
+            c.settle(&words)?;
+        }
+        for c in &t.checks {
+            if let Some(Some((op, msg, loc))) = c.outcome.get() {
+                return Err(Error::Runtime { op: op.clone(), msg: msg.clone(), loc: loc.clone() });
+            }
+        }
         let n = self.driver.bytes(t.dtype, t.numel());
         let bytes = if n == 0 { Vec::new() } else { self.driver.read_async(t.buffer.raw(), n).await? };
         lock(&self.mem).downloaded += n;
         self.driver.decode(&bytes, &t.dims, t.dtype)
     }
 
-    /// Reads the fault words of every run enqueued since the last check; the first failed check is the
-    /// error (naming the op and the user's line). Waits for those runs.
-    pub fn check_faults(&self) -> Result<()> {
-        let pending = std::mem::take(&mut *lock(&self.pending));
-        let mut first = None;
-        for p in pending {
-            let words = self.driver.read(p.words.raw(), p.stride * p.kernels.len() as u64)?;
-            for (slot, &k) in p.kernels.iter().enumerate() {
-                let at = (p.stride * slot as u64) as usize;
-                let word = u32::from_le_bytes([words[at], words[at + 1], words[at + 2], words[at + 3]]);
-                if let Err(e) = p.compiled.check_fault(k, word) {
-                    first.get_or_insert(e);
-                }
+    /// Reads the fault words of `checks` (waiting for those runs) and reports the first failed check.
+    pub fn check(&self, checks: &[Arc<Checks>]) -> Result<()> {
+        for c in checks {
+            if c.outcome.get().is_none() {
+                let words = self.driver.read(c.words.raw(), c.stride * c.kernels.len() as u64)?;
+                c.settle(&words)?;
+            }
+            if let Some(Some((op, msg, loc))) = c.outcome.get() {
+                return Err(Error::Runtime { op: op.clone(), msg: msg.clone(), loc: loc.clone() });
             }
         }
-        first.map_or(Ok(()), Err)
+        Ok(())
     }
 
-    /// Waits for everything enqueued, then reports any failed check.
+    /// Waits for everything enqueued on the device. (Failed run-time checks are reported by reading the
+    /// results that depend on them.)
     pub fn synchronize(&self) -> Result<()> {
-        self.driver.synchronize()?;
-        self.check_faults()
+        self.driver.synchronize()
     }
 
     fn module(&self, id: u64, kernel: &crate::kernel::Kernel) -> Result<Module> {
@@ -608,8 +649,8 @@ impl Runtime {
     }
 
     /// Launches a prepared graph once (replaying its recording when it has one) and hands the work to the
-    /// device. Returns without waiting.
-    pub fn launch(&self, p: &Prepared) -> Result<()> {
+    /// device. Returns without waiting, with the run's fault words when it has checks.
+    pub fn launch(&self, p: &Prepared) -> Result<Option<Arc<Checks>>> {
         match &p.recording {
             Some(r) => {
                 self.driver.replay(r)?;
@@ -625,20 +666,30 @@ impl Runtime {
             s.runs += 1;
             s.launches += p.layout.steps.len() as u64;
         }
-        if let Some((words, kernels, stride)) = &p.faults {
-            let mut pending = lock(&self.pending);
-            pending.push(PendingFaults {
+        Ok(p.faults.as_ref().map(|(words, kernels, stride)| {
+            Arc::new(Checks {
                 words: words.clone(),
                 stride: *stride,
                 kernels: kernels.clone(),
                 compiled: p.compiled.clone(),
-            });
-            if pending.len() >= MAX_PENDING_FAULTS {
-                drop(pending);
-                self.check_faults()?;
+                outcome: OnceLock::new(),
+            })
+        }))
+    }
+
+    /// The checks a run's outputs carry: its own, and those its inputs carry that are not known good.
+    fn carried(&self, inputs: &[DeviceTensor], own: Option<Arc<Checks>>) -> Result<Vec<Arc<Checks>>> {
+        let mut all: Vec<Arc<Checks>> = Vec::new();
+        for c in inputs.iter().flat_map(|t| &t.checks).chain(own.as_ref()) {
+            if !c.known_good() && !all.iter().any(|x| Arc::ptr_eq(x, c)) {
+                all.push(c.clone());
             }
         }
-        Ok(())
+        if all.len() > MAX_CARRIED_CHECKS {
+            let old: Vec<Arc<Checks>> = all.drain(..all.len() - MAX_CARRIED_CHECKS / 2).collect();
+            self.check(&old)?;
+        }
+        Ok(all)
     }
 
     /// Records `p`'s launches for replay where the device can ([`Driver::record`]); `false` where it
@@ -663,7 +714,7 @@ impl Runtime {
     /// Seconds one launch of `p` takes, timed on the device where it can time itself, else host wall time
     /// around a launch and a wait.
     pub fn time_launch(&self, p: &Prepared) -> Result<f64> {
-        if let Some(s) = self.driver.time(&mut || self.launch(p))? {
+        if let Some(s) = self.driver.time(&mut || self.launch(p).map(drop))? {
             return Ok(s);
         }
         let t = web_time::Instant::now();
@@ -672,11 +723,16 @@ impl Runtime {
         Ok(t.elapsed().as_secs_f64())
     }
 
-    /// The output tensors of a prepared graph (its output buffers, shared).
-    pub fn outputs(&self, p: &Prepared) -> Vec<DeviceTensor> {
+    /// The output tensors of a prepared graph (its output buffers, shared), carrying `checks`.
+    pub fn outputs(&self, p: &Prepared, checks: &[Arc<Checks>]) -> Vec<DeviceTensor> {
         p.outputs
             .iter()
-            .map(|(b, dims, dtype)| DeviceTensor { buffer: p.buffers[*b].clone(), dtype: *dtype, dims: dims.clone() })
+            .map(|(b, dims, dtype)| DeviceTensor {
+                buffer: p.buffers[*b].clone(),
+                dtype: *dtype,
+                dims: dims.clone(),
+                checks: checks.to_vec(),
+            })
             .collect()
     }
 
@@ -684,8 +740,8 @@ impl Runtime {
     /// crosses to the host.
     pub fn run(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Vec<DeviceTensor>> {
         let p = self.prepare(c, inputs)?;
-        self.launch(&p)?;
-        Ok(self.outputs(&p))
+        let own = self.launch(&p)?;
+        Ok(self.outputs(&p, &self.carried(inputs, own)?))
     }
 
     /// Reduce-overhead: replays the recording made for this compiled graph and these symbol values
@@ -724,7 +780,7 @@ impl Runtime {
                             return Ok(t.clone());
                         }
                         let b = self.alloc(self.driver.bytes(t.dtype, t.numel()), "a recorded input")?;
-                        Ok(DeviceTensor { buffer: b, dtype: t.dtype, dims: t.dims.clone() })
+                        Ok(DeviceTensor { buffer: b, dtype: t.dtype, dims: t.dims.clone(), checks: Vec::new() })
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let mut prepared = self.prepare(c, &bound)?;
@@ -744,7 +800,8 @@ impl Runtime {
                 lock(&self.stats).replay_input_copies += 1;
             }
         }
-        self.launch(&r.prepared)?;
+        let own = self.launch(&r.prepared)?;
+        let checks = self.carried(inputs, own)?;
         let mut outs = Vec::with_capacity(r.prepared.outputs.len());
         for (b, dims, dtype) in &r.prepared.outputs {
             let n = self.driver.bytes(*dtype, dims.iter().product());
@@ -752,7 +809,7 @@ impl Runtime {
             if n > 0 {
                 self.driver.copy(r.prepared.buffers[*b].raw(), fresh.raw(), n)?;
             }
-            outs.push(DeviceTensor { buffer: fresh, dtype: *dtype, dims: dims.clone() });
+            outs.push(DeviceTensor { buffer: fresh, dtype: *dtype, dims: dims.clone(), checks: checks.clone() });
         }
         self.driver.submit()?;
         Ok(outs)

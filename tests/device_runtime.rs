@@ -87,6 +87,10 @@ fn dropped_tensors_return_memory(rt: &Arc<Runtime>) {
         let f = compile(|x: &Tensor| x.exp()?.softmax(-1)).backend(rt.clone());
         let ys: Vec<Tensor> = (0..10).map(|_| f.call(&x).unwrap()).collect();
         assert!(rt.memory_stats().in_use > start);
+        // explain shows the device's memory next to what was compiled.
+        let (_, ex) = f.call_explained(&x).unwrap();
+        assert!(ex.memory.is_some_and(|m| m.in_use > start), "{ex}");
+        assert!(ex.to_string().contains("device memory:"), "{ex}");
         drop(ys);
     }
     assert_eq!(rt.memory_stats().in_use, start, "{:?}", rt.memory_stats());

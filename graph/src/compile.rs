@@ -377,7 +377,9 @@ impl<F> Compiled<F> {
         F: Fn(A) -> Result<R>,
     {
         let (r, ex) = self.call_with(args, true)?;
-        Ok((r, ex.unwrap_or_else(|| Explanation::inlined("", Vec::new()))))
+        let mut ex = ex.unwrap_or_else(|| Explanation::inlined("", Vec::new()));
+        ex.memory = self.backend.as_ref().ok().and_then(|b| b.runtime()).map(|rt| rt.memory_stats());
+        Ok((r, ex))
     }
 
     /// A call; the explanation of a cached entry (a copy of its graphs) is made only when `explain`.

@@ -22,6 +22,10 @@ pub struct Explanation {
     pub inlined: bool,
     /// True when a cached entry served the call (no tracing); the graphs are the entry's.
     pub cached: bool,
+    /// The device's memory after the call (in use, cached, peak, bytes moved to and from the host), on
+    /// backends with a device.
+    #[serde(default)]
+    pub memory: Option<crate::runtime::MemoryStats>,
 }
 
 impl Explanation {
@@ -33,6 +37,7 @@ impl Explanation {
             static_args,
             inlined: false,
             cached: false,
+            memory: None,
         }
     }
 
@@ -44,6 +49,7 @@ impl Explanation {
             static_args,
             inlined: true,
             cached: false,
+            memory: None,
         }
     }
 
@@ -80,6 +86,13 @@ impl fmt::Display for Explanation {
         )?;
         if !self.static_args.is_empty() {
             writeln!(f, "static arguments: {}", self.static_args.join(", "))?;
+        }
+        if let Some(m) = &self.memory {
+            writeln!(
+                f,
+                "device memory: {} B in use, {} B cached, {} B peak; {} B uploaded, {} B downloaded since the last reset",
+                m.in_use, m.cached, m.peak, m.uploaded, m.downloaded
+            )?;
         }
         for (i, g) in self.graphs.iter().enumerate() {
             let hist: Vec<String> = g.graph.op_histogram().iter().map(|(n, c)| format!("{n}×{c}")).collect();

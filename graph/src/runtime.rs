@@ -37,7 +37,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Device memory and host↔device traffic.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemoryStats {
     /// Bytes of live device buffers (tensors, and a run's buffers while it is being enqueued).
     pub in_use: u64,
@@ -54,7 +54,7 @@ pub struct MemoryStats {
 }
 
 /// What the runtime did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RuntimeStats {
     /// Graph runs enqueued.
     pub runs: u64,

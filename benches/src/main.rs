@@ -6,6 +6,7 @@ mod chart;
 mod device;
 mod report;
 mod timing;
+mod trials;
 
 use kiln_graph::workloads;
 
@@ -45,9 +46,13 @@ pub struct Cli {
     /// Time every kernel of each compiled run and list where the time goes (devices with events).
     #[arg(long)]
     profile: bool,
-    /// Merge a peer's results (`benches/peers/torch_compile.py --json`) into the report.
+    /// Merge a peer's results (`benches/peers/torch_compile.py --json`) into the report; several files
+    /// of the same peer (runs in fresh processes) fold into one row each, with their min–max.
     #[arg(long)]
     peer: Vec<PathBuf>,
+    /// Measure in this many fresh processes and report the median of their medians with the min–max.
+    #[arg(long, default_value_t = 1)]
+    trials: usize,
 }
 
 fn main() {
@@ -63,7 +68,8 @@ fn main() {
         }
         return;
     }
-    match run(&cli) {
+    let result = if cli.trials > 1 { run_trials(&cli) } else { run(&cli).and_then(|r| finish(&cli, r)) };
+    match result {
         Ok(report) => {
             let failed = report.results.iter().any(|r| !r.correct);
             println!("{}", report.markdown());
@@ -138,9 +144,15 @@ fn run(cli: &Cli) -> kiln::Result<Report> {
     ] {
         report.notes.push(note.into());
     }
+    Ok(report)
+}
+
+/// Peers merged, trials folded, then the chart, JSON and Markdown written.
+fn finish(cli: &Cli, mut report: Report) -> kiln::Result<Report> {
     for p in &cli.peer {
         report.merge_peer(p)?;
     }
+    report.results = trials::fold(std::mem::take(&mut report.results));
     if let Some(p) = &cli.chart {
         chart::draw(&report, p).map_err(|msg| kiln::Error::Format { what: "chart".into(), msg })?;
     }
@@ -153,6 +165,58 @@ fn run(cli: &Cli) -> kiln::Result<Report> {
             .map_err(|e| kiln::Error::Format { what: "Markdown report".into(), msg: e.to_string() })?;
     }
     Ok(report)
+}
+
+/// `--trials N`: the same measurement in N fresh processes (this binary, the same arguments, each writing
+/// its JSON to a temporary file), folded into one report.
+fn run_trials(cli: &Cli) -> kiln::Result<Report> {
+    let exe = std::env::current_exe()
+        .map_err(|e| kiln::Error::Format { what: "the bench's own path".into(), msg: e.to_string() })?;
+    // The child measures only: outputs, peers and trials are the parent's.
+    let mut args: Vec<String> = Vec::new();
+    let mut skip = false;
+    for a in std::env::args().skip(1) {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        let flag = a.split('=').next().unwrap_or_default();
+        if ["--trials", "--json", "--md", "--chart", "--peer"].contains(&flag) {
+            skip = !a.contains('=');
+            continue;
+        }
+        args.push(a);
+    }
+    let mut merged: Option<Report> = None;
+    for t in 0..cli.trials {
+        let json = std::env::temp_dir().join(format!("kiln-bench-trial-{}-{t}.json", std::process::id()));
+        eprintln!("kiln-bench: trial {}/{} (a fresh process)", t + 1, cli.trials);
+        let status = std::process::Command::new(&exe)
+            .args(&args)
+            .arg("--json")
+            .arg(&json)
+            .stdout(std::process::Stdio::null())
+            .status();
+        let bad = |msg: String| kiln::Error::Format { what: format!("trial {}", t + 1), msg };
+        let status = status.map_err(|e| bad(e.to_string()))?;
+        let text = std::fs::read_to_string(&json).map_err(|e| bad(format!("{e} (exit {status})")))?;
+        let _ = std::fs::remove_file(&json);
+        let report: Report = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        match &mut merged {
+            None => merged = Some(report),
+            Some(m) => {
+                m.results.extend(report.results);
+                for (b, g) in report.copy_gbps {
+                    m.copy_gbps.entry(b).and_modify(|x| *x = x.min(g)).or_insert(g);
+                }
+            }
+        }
+    }
+    let mut report = merged.ok_or_else(|| kiln::Error::Format { what: "trials".into(), msg: "none ran".into() })?;
+    report.notes.push(format!(
+        "{} trials, each a fresh process: every time is the median of the trials' medians, with their min–max; copy bandwidth is the lowest trial's.",
+        cli.trials
+    ));
+    finish(cli, report)
 }
 
 /// Whether backend `b` runs: asked for by name or `all`, or `best` and nothing better has run.

@@ -44,6 +44,19 @@ pub struct ResultRow {
     /// Per-kernel device time of one run, ms, in launch order (`--profile`, where the device can say).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<Vec<KernelTime>>,
+    /// Fresh processes (or peer runs) this row folds; `median_ms` is the median of their medians.
+    #[serde(default = "one")]
+    pub trials: usize,
+    /// The fastest trial's median, ms (several trials only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_ms: Option<f64>,
+    /// The slowest trial's median, ms (several trials only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ms: Option<f64>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// One kernel's share of a profiled run.
@@ -129,15 +142,18 @@ impl Report {
         for (b, g) in &self.copy_gbps {
             s.push_str(&format!("- copy bandwidth on {b}: {g:.1} GB/s (bytes read + written)\n"));
         }
-        s.push_str("\n| workload | backend | mode | median ms | kernels | GB/s | % of copy | TFLOP/s | max rel err | cold compile ms | warm compile ms | timing |\n");
+        s.push_str("\n| workload | backend | mode | median ms (min–max over trials) | kernels | GB/s | % of copy | TFLOP/s | max rel err | cold compile ms | warm compile ms | timing |\n");
         s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
         for r in &self.results {
             s.push_str(&format!(
-                "| {} | {} | {} | {:.4} | {} | {:.1} | {:.0}% | {} | {:.1e}{} | {:.1} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {:.1} | {:.0}% | {} | {:.1e}{} | {:.1} | {} | {} |\n",
                 r.workload,
                 r.backend,
                 r.mode,
-                r.median_ms,
+                match (r.min_ms, r.max_ms) {
+                    (Some(lo), Some(hi)) => format!("{:.4} ({lo:.4}–{hi:.4}, {} trials)", r.median_ms, r.trials),
+                    _ => format!("{:.4}", r.median_ms),
+                },
                 r.kernels.map_or("—".into(), |k| k.to_string()),
                 r.gbps,
                 r.frac_copy * 100.0,
@@ -175,6 +191,9 @@ impl Report {
                 ));
             }
         }
+        for backend in ["cuda", "wgpu"] {
+            s.push_str(&crate::trials::versus_torch(self, backend));
+        }
         for n in &self.notes {
             s.push_str(&format!("\n- {n}"));
         }
@@ -207,5 +226,8 @@ pub fn cpu_reference_row(w: &Workload) -> kiln::Result<ResultRow> {
         cold_compile_ms: 0.0,
         warm_compile_ms: None,
         profile: None,
+        trials: 1,
+        min_ms: None,
+        max_ms: None,
     })
 }

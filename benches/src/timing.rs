@@ -134,6 +134,9 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64) -> kiln::R
                     .then(|| profile.clone())
                     .flatten()
                     .map(|p| p.into_iter().map(|(kernel, ms)| crate::report::KernelTime { kernel, ms }).collect()),
+                trials: 1,
+                min_ms: None,
+                max_ms: None,
             });
         }
     }

@@ -297,7 +297,14 @@ pub fn compile<F>(f: F) -> Compiled<F> {
 }
 
 fn signature(tensors: &[Tensor]) -> Vec<(DType, Vec<usize>)> {
-    tensors.iter().map(|t| (t.dtype(), t.shape().as_concrete().unwrap_or_default())).collect()
+    // A concrete tensor's dims straight from its value (no symbolic shape built): this runs every call.
+    tensors
+        .iter()
+        .map(|t| match t.value() {
+            Some(v) => (v.dtype(), v.dims().to_vec()),
+            None => (t.dtype(), t.shape().as_concrete().unwrap_or_default()),
+        })
+        .collect()
 }
 
 impl<F> Compiled<F> {

@@ -70,7 +70,9 @@ pub struct Guards {
 
 /// The aliasing pattern of tensor identities: per position, the first position with the same identity.
 pub fn alias_pattern(ids: &[u64]) -> Vec<usize> {
-    ids.iter().enumerate().map(|(i, id)| ids[..i].iter().position(|x| x == id).unwrap_or(i)).collect()
+    // A map, not a scan of the earlier ids: W4 passes 259 tensors, and this runs on every call.
+    let mut first: std::collections::HashMap<u64, usize> = std::collections::HashMap::with_capacity(ids.len());
+    ids.iter().enumerate().map(|(i, id)| *first.entry(*id).or_insert(i)).collect()
 }
 
 /// Why a guard failed: the recompile reason.

@@ -217,12 +217,24 @@ pub fn all() -> Vec<Workload> {
     ]
 }
 
-/// Deterministic input data for a spec: values in [-2, 2], weights scaled down so deep stacks stay finite.
+/// Deterministic, seeded pseudo-random input data for a spec: values uniform in [-2, 2) (a SplitMix64
+/// stream seeded by `salt`, so no row repeats another: a kernel that mixed up rows would not pass), weights
+/// scaled down so deep stacks stay finite.
 pub fn data(spec: &TensorSpec, salt: usize) -> crate::TensorData {
     let dims = spec.shape.as_concrete().expect("workload shapes are static");
     let n: usize = dims.iter().product();
     // Weights (2-D) scaled like a fan-in initialisation, so deep stacks stay finite and well-conditioned.
     let scale = if dims.len() == 2 { (1.0 / dims[1] as f64).sqrt() } else { 1.0 };
-    let values = (0..n).map(|i| (((i * 7919 + salt * 104729) % 4001) as f64 / 1000.0 - 2.0) * scale).collect();
+    let mut state = (salt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5851_F42D_4C95_7F2D;
+    let values = (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            ((z >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0) * scale
+        })
+        .collect();
     crate::TensorData::from_f64(values, &dims, spec.dtype).expect("sizes match")
 }

@@ -209,25 +209,33 @@ pub fn cpu_reference_row(w: &Workload) -> kiln::Result<ResultRow> {
     let f = kiln::compile(|x: Vec<kiln::Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu);
     let t = std::time::Instant::now();
     f.call(inputs)?;
-    Ok(ResultRow {
-        workload: w.id.into(),
-        backend: "cpu".into(),
-        mode: "reference".into(),
-        median_ms: t.elapsed().as_secs_f64() * 1e3,
-        timing: "wall, 1 run at check size".into(),
-        max_rel_err: 0.0,
-        correct: true,
-        kernels: None,
-        bytes: 0,
-        traffic_bytes: 0,
-        gbps: 0.0,
-        frac_copy: 0.0,
-        tflops: None,
-        cold_compile_ms: 0.0,
-        warm_compile_ms: None,
-        profile: None,
-        trials: 1,
-        min_ms: None,
-        max_ms: None,
-    })
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    Ok(ResultRow::timed(w.id, "cpu", "reference", ms, "wall, 1 run at check size"))
+}
+
+impl ResultRow {
+    /// A row holding a time alone (nothing else measured): the reference row, peers' and tests' rows.
+    pub fn timed(workload: &str, backend: &str, mode: &str, median_ms: f64, timing: &str) -> ResultRow {
+        ResultRow {
+            workload: workload.into(),
+            backend: backend.into(),
+            mode: mode.into(),
+            median_ms,
+            timing: timing.into(),
+            max_rel_err: 0.0,
+            correct: true,
+            kernels: None,
+            bytes: 0,
+            traffic_bytes: 0,
+            gbps: 0.0,
+            frac_copy: 0.0,
+            tflops: None,
+            cold_compile_ms: 0.0,
+            warm_compile_ms: None,
+            profile: None,
+            trials: 1,
+            min_ms: None,
+            max_ms: None,
+        }
+    }
 }

@@ -106,7 +106,7 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64) -> kiln::R
                 variants.push(("public call, reduce-overhead", s));
             }
         }
-        let (io, traffic) = (run.io_bytes, run.bytes_moved);
+        let (io, traffic) = (run.io_bytes(), run.bytes_moved());
         for (name, s) in variants {
             let gbps = io as f64 / s / 1e9;
             rows.push(ResultRow {

@@ -112,27 +112,7 @@ mod tests {
     use super::*;
 
     fn row(w: &str, b: &str, mode: &str, ms: f64) -> ResultRow {
-        ResultRow {
-            workload: w.into(),
-            backend: b.into(),
-            mode: mode.into(),
-            median_ms: ms,
-            timing: "CUDA events".into(),
-            max_rel_err: 0.0,
-            correct: true,
-            kernels: None,
-            bytes: 0,
-            traffic_bytes: 0,
-            gbps: 0.0,
-            frac_copy: 0.0,
-            tflops: None,
-            cold_compile_ms: 0.0,
-            warm_compile_ms: None,
-            profile: None,
-            trials: 1,
-            min_ms: None,
-            max_ms: None,
-        }
+        ResultRow::timed(w, b, mode, ms, "CUDA events")
     }
 
     #[test]

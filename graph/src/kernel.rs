@@ -452,7 +452,7 @@ pub struct Kernel {
     pub name: String,
     /// Bound buffers.
     pub buffers: Vec<BufferParam>,
-    /// Shape symbols whose values are passed at launch.
+    /// Shape symbols the body reads, whose values are passed at launch (not those that only size a buffer).
     pub symbols: Vec<SymId>,
     /// Launch shape.
     pub launch: Launch,

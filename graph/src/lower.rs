@@ -512,9 +512,8 @@ impl<'a> Lowerer<'a> {
         for b in &self.blocks {
             visit(b, &mut out);
         }
-        for b in &self.buffers {
-            out.extend(b.len.symbols().into_iter().filter(|s| s.0 < builtin::FIRST_LOCAL));
-        }
+        // Buffer lengths are not listed: the runtime sizes buffers from the graph, and a symbol that only
+        // sizes a buffer is read by no statement (a renderer would declare a parameter nothing uses).
         out.into_iter().collect()
     }
 

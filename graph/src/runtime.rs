@@ -164,9 +164,9 @@ impl Checks {
         matches!(self.outcome.get(), Some(None))
     }
 
-    /// Records what the fault words say; the first failed check, as an error.
-    fn settle(&self, words: &[u8]) -> Result<()> {
-        let outcome = self.outcome.get_or_init(|| {
+    /// Records what the fault words say (once).
+    fn settle(&self, words: &[u8]) {
+        self.outcome.get_or_init(|| {
             for (slot, &k) in self.kernels.iter().enumerate() {
                 let at = (self.stride * slot as u64) as usize;
                 let word = u32::from_le_bytes([words[at], words[at + 1], words[at + 2], words[at + 3]]);
@@ -178,9 +178,18 @@ impl Checks {
             }
             None
         });
-        match outcome {
-            None => Ok(()),
-            Some((op, msg, loc)) => Err(Error::Runtime { op: op.clone(), msg: msg.clone(), loc: loc.clone() }),
+    }
+
+    /// Bytes of its fault words.
+    fn bytes(&self) -> u64 {
+        self.stride * self.kernels.len() as u64
+    }
+
+    /// The failed check, once settled.
+    fn failure(&self) -> Result<()> {
+        match self.outcome.get() {
+            Some(Some((op, msg, loc))) => Err(Error::Runtime { op: op.clone(), msg: msg.clone(), loc: loc.clone() }),
+            _ => Ok(()),
         }
     }
 }
@@ -212,7 +221,7 @@ struct Layout {
     bytes_moved: u64,
 }
 
-/// A layout's key: the compiled graph's address and every input's rank and dims.
+/// A layout's key: the compiled graph's address and every input's dtype, rank and dims.
 type LayoutKey = (usize, Vec<usize>);
 
 /// Cached layouts, each with the compiled graph it was made for (which keeps the address in its key
@@ -228,13 +237,9 @@ pub struct Prepared {
     compiled: Arc<CompiledGraph>,
     layout: Arc<Layout>,
     buffers: Vec<Arc<DeviceBuffer>>,
-    faults: Option<(Arc<DeviceBuffer>, Vec<usize>, u64)>,
-    outputs: Vec<(usize, Vec<usize>, DType)>,
+    /// Fault words of the kernels `layout.checked` names, `layout.stride` bytes apart.
+    faults: Option<Arc<DeviceBuffer>>,
     recording: Option<Recording>,
-    /// Bytes every launch reads and writes (each kernel's buffers, in their dtypes).
-    pub bytes_moved: u64,
-    /// Bytes the computation itself must move: its inputs read once, its outputs written once.
-    pub io_bytes: u64,
 }
 
 impl Prepared {
@@ -243,19 +248,14 @@ impl Prepared {
         self.layout.steps.len()
     }
 
-    /// True once recorded for replay.
-    pub fn is_recorded(&self) -> bool {
-        self.recording.is_some()
+    /// Bytes every launch reads and writes (each kernel's buffers, in their dtypes).
+    pub fn bytes_moved(&self) -> u64 {
+        self.layout.bytes_moved
     }
 
-    /// The compiled graph it runs.
-    pub fn compiled(&self) -> &Arc<CompiledGraph> {
-        &self.compiled
-    }
-
-    /// Names of its kernels in launch order.
-    pub fn kernel_names(&self) -> Vec<String> {
-        self.layout.steps.iter().map(|s| self.compiled.kernels[s.kernel].name.clone()).collect()
+    /// Bytes the computation itself must move: its inputs read once, its outputs written once.
+    pub fn io_bytes(&self) -> u64 {
+        self.layout.io_bytes
     }
 }
 
@@ -317,10 +317,6 @@ impl Runtime {
 
     /// This runtime's shared handle.
     pub fn arc(&self) -> Arc<Runtime> {
-        self.this()
-    }
-
-    fn this(&self) -> Arc<Runtime> {
         // `me` is set by `new` and the runtime is only reachable through that Arc.
         self.me.upgrade().expect("a runtime is used through its Arc")
     }
@@ -413,7 +409,7 @@ impl Runtime {
             m.peak = m.peak.max(m.in_use);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        Ok(Arc::new(DeviceBuffer { raw: Some(raw), id, class, runtime: self.this() }))
+        Ok(Arc::new(DeviceBuffer { raw: Some(raw), id, class, runtime: self.arc() }))
     }
 
     /// Copies host data to a new device tensor.
@@ -433,37 +429,35 @@ impl Runtime {
         self.check(&t.checks)?;
         let n = self.driver.bytes(t.dtype, t.numel());
         let bytes = if n == 0 { Vec::new() } else { self.driver.read(t.buffer.raw(), n)? };
-        lock(&self.mem).downloaded += n;
-        self.driver.decode(&bytes, &t.dims, t.dtype)
+        self.downloaded(t, &bytes)
+    }
+
+    /// Counts and decodes a tensor's bytes read back.
+    fn downloaded(&self, t: &DeviceTensor, bytes: &[u8]) -> Result<TensorData> {
+        lock(&self.mem).downloaded += bytes.len() as u64;
+        self.driver.decode(bytes, &t.dims, t.dtype)
     }
 
     /// [`Runtime::download`] without blocking (browsers, async callers).
     pub async fn download_async(&self, t: &DeviceTensor) -> Result<TensorData> {
-        for c in t.checks.iter().filter(|c| c.outcome.get().is_none()) {
-            let words = self.driver.read_async(c.words.raw(), c.stride * c.kernels.len() as u64).await?;
-            c.settle(&words)?;
-        }
         for c in &t.checks {
-            if let Some(Some((op, msg, loc))) = c.outcome.get() {
-                return Err(Error::Runtime { op: op.clone(), msg: msg.clone(), loc: loc.clone() });
+            if c.outcome.get().is_none() {
+                c.settle(&self.driver.read_async(c.words.raw(), c.bytes()).await?);
             }
+            c.failure()?;
         }
         let n = self.driver.bytes(t.dtype, t.numel());
         let bytes = if n == 0 { Vec::new() } else { self.driver.read_async(t.buffer.raw(), n).await? };
-        lock(&self.mem).downloaded += n;
-        self.driver.decode(&bytes, &t.dims, t.dtype)
+        self.downloaded(t, &bytes)
     }
 
     /// Reads the fault words of `checks` (waiting for those runs) and reports the first failed check.
     pub fn check(&self, checks: &[Arc<Checks>]) -> Result<()> {
         for c in checks {
             if c.outcome.get().is_none() {
-                let words = self.driver.read(c.words.raw(), c.stride * c.kernels.len() as u64)?;
-                c.settle(&words)?;
+                c.settle(&self.driver.read(c.words.raw(), c.bytes())?);
             }
-            if let Some(Some((op, msg, loc))) = c.outcome.get() {
-                return Err(Error::Runtime { op: op.clone(), msg: msg.clone(), loc: loc.clone() });
-            }
+            c.failure()?;
         }
         Ok(())
     }
@@ -498,7 +492,7 @@ impl Runtime {
         }
         let layout = self.layout(c, inputs)?;
         let mut buffers: Vec<Option<Arc<DeviceBuffer>>> = vec![None; layout.sizes.len()];
-        let me = self.this();
+        let me = self.arc();
         for (&slot, t) in layout.input_slots.iter().zip(inputs) {
             if !Arc::ptr_eq(t.buffer.runtime(), &me) {
                 return Err(Error::Unsupported {
@@ -517,27 +511,19 @@ impl Runtime {
         }
         let faults = match layout.checked.len() {
             0 => None,
-            n => Some((self.alloc(layout.stride * n as u64, "fault words")?, layout.checked.clone(), layout.stride)),
+            n => Some(self.alloc(layout.stride * n as u64, "fault words")?),
         };
-        Ok(Prepared {
-            outputs: layout.outputs.clone(),
-            io_bytes: layout.io_bytes,
-            bytes_moved: layout.bytes_moved,
-            compiled: c.clone(),
-            layout,
-            buffers: filled,
-            faults,
-            recording: None,
-        })
+        Ok(Prepared { compiled: c.clone(), layout, buffers: filled, faults, recording: None })
     }
 
     /// What binding `c` to inputs of these dims needs besides the buffers themselves — symbol values,
     /// buffer sizes, launches with their loaded kernels — worked out once per compiled graph and input
     /// dims, so a call spends its time launching.
     fn layout(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Arc<Layout>> {
-        let mut key: Vec<usize> = Vec::with_capacity(inputs.len() * 3);
+        // Dtypes too: a cached layout skips the checks `bind_symbol_dims` makes on a miss.
+        let mut key: Vec<usize> = Vec::with_capacity(inputs.len() * 4);
         for t in inputs {
-            key.push(t.dims.len());
+            key.extend([t.dtype as usize, t.dims.len()]);
             key.extend(&t.dims);
         }
         let key = (Arc::as_ptr(c) as usize, key);
@@ -596,8 +582,8 @@ impl Runtime {
 
     /// Enqueues every launch of `p` (without submitting).
     fn enqueue_launches(&self, p: &Prepared) -> Result<()> {
-        if let Some((words, kernels, stride)) = &p.faults {
-            self.driver.zero(words.raw(), 0, stride * kernels.len() as u64)?;
+        if let Some(words) = &p.faults {
+            self.driver.zero(words.raw(), 0, p.layout.stride * p.layout.checked.len() as u64)?;
         }
         (0..p.layout.steps.len()).try_for_each(|i| self.enqueue_step(p, i))
     }
@@ -632,8 +618,8 @@ impl Runtime {
                 })
                 .collect();
             let fault = match (&p.faults, step.fault_slot) {
-                (Some((words, _, stride)), Some(slot)) => {
-                    Some(Bound { raw: words.raw(), id: words.id(), bytes: 4, offset: stride * slot as u64 })
+                (Some(words), Some(slot)) => {
+                    Some(Bound { raw: words.raw(), id: words.id(), bytes: 4, offset: p.layout.stride * slot as u64 })
                 }
                 _ => None,
             };
@@ -666,15 +652,18 @@ impl Runtime {
             s.runs += 1;
             s.launches += p.layout.steps.len() as u64;
         }
-        Ok(p.faults.as_ref().map(|(words, kernels, stride)| {
-            Arc::new(Checks {
-                words: words.clone(),
-                stride: *stride,
-                kernels: kernels.clone(),
-                compiled: p.compiled.clone(),
-                outcome: OnceLock::new(),
-            })
-        }))
+        Ok(p.faults.clone().map(|words| self.checks_over(p, words)))
+    }
+
+    /// The checks of one launch of `p`, read from `words` (its fault words or a copy of them).
+    fn checks_over(&self, p: &Prepared, words: Arc<DeviceBuffer>) -> Arc<Checks> {
+        Arc::new(Checks {
+            words,
+            stride: p.layout.stride,
+            kernels: p.layout.checked.clone(),
+            compiled: p.compiled.clone(),
+            outcome: OnceLock::new(),
+        })
     }
 
     /// The checks a run's outputs carry: its own, and those its inputs carry that are not known good.
@@ -725,7 +714,8 @@ impl Runtime {
 
     /// The output tensors of a prepared graph (its output buffers, shared), carrying `checks`.
     pub fn outputs(&self, p: &Prepared, checks: &[Arc<Checks>]) -> Vec<DeviceTensor> {
-        p.outputs
+        p.layout
+            .outputs
             .iter()
             .map(|(b, dims, dtype)| DeviceTensor {
                 buffer: p.buffers[*b].clone(),
@@ -750,10 +740,11 @@ impl Runtime {
     /// and copied into it on every later replay, as torch does for non-static inputs. Outputs are copied
     /// out to fresh buffers, since the next replay overwrites the recorded ones.
     pub fn run_recorded(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Vec<DeviceTensor>> {
-        let values: Vec<i64> = self.layout(c, inputs)?.bindings.iter().map(|(_, v)| v).collect();
+        let layout = self.layout(c, inputs)?;
+        let values: Vec<i64> = layout.bindings.iter().map(|(_, v)| v).collect();
         let mut recs = lock(&self.recordings);
         let found = recs.iter().position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values);
-        let slots: Vec<usize> = c.primitive.graph.inputs.iter().map(|gi| c.plan.value_buffer[&gi.node]).collect();
+        let slots = &layout.input_slots;
         let (mut private, stale) = match found.map(|i| &recs[i]) {
             Some(r) => {
                 let moved: Vec<bool> =
@@ -800,10 +791,21 @@ impl Runtime {
                 lock(&self.stats).replay_input_copies += 1;
             }
         }
-        let own = self.launch(&r.prepared)?;
+        self.launch(&r.prepared)?;
+        // The next replay rewrites the recording's fault words as it rewrites its outputs: this replay's
+        // results carry a copy of them.
+        let own = match &r.prepared.faults {
+            Some(words) => {
+                let n = layout.stride * layout.checked.len() as u64;
+                let copy = self.alloc(n, "fault words")?;
+                self.driver.copy(words.raw(), copy.raw(), n)?;
+                Some(self.checks_over(&r.prepared, copy))
+            }
+            None => None,
+        };
         let checks = self.carried(inputs, own)?;
-        let mut outs = Vec::with_capacity(r.prepared.outputs.len());
-        for (b, dims, dtype) in &r.prepared.outputs {
+        let mut outs = Vec::with_capacity(layout.outputs.len());
+        for (b, dims, dtype) in &layout.outputs {
             let n = self.driver.bytes(*dtype, dims.iter().product());
             let fresh = self.alloc(n, "an output")?;
             if n > 0 {

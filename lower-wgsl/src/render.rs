@@ -804,9 +804,7 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         };
         let _ = writeln!(src, "@group(0) @binding({i}) var<storage, {access}> b{i}: array<{elem}>;");
     }
-    // A symbol only sizes a buffer (the body never reads it) when the shape is symbolic but every index
-    // is constant: the block is then left out, as the pipeline's derived layout would leave it out.
-    let uses_symbols = !kernel.symbols.is_empty() && w.out.contains("sizes.");
+    let uses_symbols = !kernel.symbols.is_empty();
     if uses_symbols {
         let fields: Vec<String> = kernel.symbols.iter().map(|s| format!("s{}: i32", s.0)).collect();
         let _ = writeln!(src, "struct Sizes {{ {} }}", fields.join(", "));

@@ -3,10 +3,11 @@
 # Sourced by main.sh, test.sh and .ci/run.
 #   - Mesa's Vulkan drivers (lavapipe): a real Vulkan adapter on machines without a GPU, so the WGSL
 #     backend runs for real everywhere.
+#   - DejaVu fonts: the bench's charts draw their text with a TrueType font.
 #   - the wasm32 target, to check that the graph and WGSL crates build for browsers.
 
 missing=()
-for pkg in mesa-vulkan-drivers libvulkan1; do
+for pkg in mesa-vulkan-drivers libvulkan1 fonts-dejavu-core; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1; then

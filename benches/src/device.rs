@@ -59,11 +59,6 @@ impl Device {
         self.rt.driver().timing()
     }
 
-    /// Seconds one launch takes, as `timing` says.
-    pub fn sample(&self, run: &Prepared) -> Result<f64> {
-        self.rt.time_launch(run)
-    }
-
     /// GB/s of the driver's own device-to-device copy of `bytes`, where it has one that is not a kiln
     /// kernel (CUDA's memcpy).
     pub fn native_copy_gbps(&self, bytes: usize, repeat: usize) -> Result<Option<f64>> {

@@ -4,26 +4,38 @@ use kiln_graph::workloads::Workload;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-/// JSON schema name and version.
-pub const SCHEMA: &str = "kiln-bench/1";
+/// JSON schema name and version. Version 2: both numbers on every row (device time and the public
+/// call), checks that may be absent (`None`: not checked), compile times that may be absent (cold only
+/// in a process that started with empty caches, warm only in one that did not).
+pub const SCHEMA: &str = "kiln-bench/2";
 
-/// One measured configuration.
+/// One measured configuration: a workload on a backend in a mode.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct ResultRow {
     /// Workload id.
     pub workload: String,
     /// Backend name.
     pub backend: String,
-    /// `eager` (one kernel per op) or `compiled`.
+    /// kiln: `eager` (one kernel per op), `compiled`, `reduce-overhead`; torch: its modes.
     pub mode: String,
-    /// Median time of one run, in milliseconds.
+    /// Device time of one call, ms: calls back to back between two device events, divided by their
+    /// count; the median of the samples (of the trials' medians when folded).
     pub median_ms: f64,
-    /// How the time was taken.
+    /// How the device time was taken.
     pub timing: String,
-    /// Largest relative error against the reference (checked before timing).
-    pub max_rel_err: f64,
-    /// Whether that error is within tolerance.
-    pub correct: bool,
+    /// The user's call on inputs already on the device, then a synchronise: host wall time, ms (median).
+    #[serde(default)]
+    pub call_ms: Option<f64>,
+    /// Worst relative error of this configuration's own output where the expected value is not tiny
+    /// (`None`: not checked).
+    #[serde(default)]
+    pub max_rel_err: Option<f64>,
+    /// Whether every element of the output met the tolerance rule (`None`: not checked).
+    #[serde(default)]
+    pub correct: Option<bool>,
+    /// What the output was checked against, at what size, and the tolerance used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked: Option<String>,
     /// Kernels launched per run (`None` where the peer does not say).
     pub kernels: Option<usize>,
     /// Bytes the computation must read and write (inputs once, outputs once); GB/s is quoted on these.
@@ -37,22 +49,38 @@ pub struct ResultRow {
     pub frac_copy: f64,
     /// FLOP/s where matmuls dominate.
     pub tflops: Option<f64>,
-    /// Trace + compile time with nothing cached, ms (driver pipeline creation included).
-    pub cold_compile_ms: f64,
-    /// Compile time with a warm persistent cache, ms (`None` until the cache lands).
+    /// Trace + compile + first load, ms, in a process that started with every cache empty (kiln's
+    /// compile cache and the driver's JIT cache; torch's Inductor and Triton caches).
+    #[serde(default)]
+    pub cold_compile_ms: Option<f64>,
+    /// The same in a later process with those caches kept.
+    #[serde(default)]
     pub warm_compile_ms: Option<f64>,
+    /// Peak bytes of live device tensors while the configuration ran (inputs included; the allocator's
+    /// cache not).
+    #[serde(default)]
+    pub peak_bytes: Option<u64>,
+    /// Graphs compiled over the run (the dynamic-shape rows).
+    #[serde(default, alias = "recompiles")]
+    pub compiles: Option<usize>,
     /// Per-kernel device time of one run, ms, in launch order (`--profile`, where the device can say).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<Vec<KernelTime>>,
     /// Fresh processes (or peer runs) this row folds; `median_ms` is the median of their medians.
     #[serde(default = "one")]
     pub trials: usize,
-    /// The fastest trial's median, ms (several trials only).
+    /// The fastest trial's device time, ms (several trials only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ms: Option<f64>,
-    /// The slowest trial's median, ms (several trials only).
+    /// The slowest trial's device time, ms (several trials only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_ms: Option<f64>,
+    /// The fastest trial's call time, ms (several trials only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_min_ms: Option<f64>,
+    /// The slowest trial's call time, ms (several trials only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_max_ms: Option<f64>,
 }
 
 fn one() -> usize {
@@ -114,6 +142,35 @@ impl Report {
         Ok(())
     }
 
+    /// A report written earlier (`--json`).
+    pub fn load(path: &std::path::Path) -> Result<Report, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let r: Report = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if r.schema != SCHEMA {
+            return Err(format!("{}: schema {} is not {SCHEMA}", path.display(), r.schema));
+        }
+        Ok(r)
+    }
+
+    /// Takes in another report of the same run (another trial, another part): its rows, devices and
+    /// notes not yet listed, and the lower copy bandwidth per backend.
+    pub fn absorb(&mut self, other: Report) {
+        self.results.extend(other.results);
+        for (b, g) in other.copy_gbps {
+            self.copy_gbps.entry(b).and_modify(|x| *x = x.min(g)).or_insert(g);
+        }
+        for d in other.devices {
+            if !self.devices.contains(&d) {
+                self.devices.push(d);
+            }
+        }
+        for n in other.notes {
+            if !self.notes.contains(&n) {
+                self.notes.push(n);
+            }
+        }
+    }
+
     /// An empty report.
     pub fn new(quick: bool) -> Self {
         Report {
@@ -142,28 +199,39 @@ impl Report {
         for (b, g) in &self.copy_gbps {
             s.push_str(&format!("- copy bandwidth on {b}: {g:.1} GB/s (bytes read + written)\n"));
         }
-        s.push_str("\n| workload | backend | mode | median ms (min–max over trials) | kernels | GB/s | % of copy | TFLOP/s | max rel err | cold compile ms | warm compile ms | timing |\n");
-        s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        s.push_str("\n| workload | backend | mode | device ms (min–max) | call + sync ms (min–max) | kernels | GB/s | % of copy | TFLOP/s | peak MiB | max rel err | cold compile ms | warm compile ms |\n");
+        s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        let opt = |v: Option<f64>, digits: usize| v.map_or("—".into(), |v| format!("{v:.digits$}"));
         for r in &self.results {
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.1} | {:.0}% | {} | {:.1e}{} | {:.1} | {} | {} |\n",
+                "| {} | {} | {}{} | {} | {} | {} | {:.1} | {:.0}% | {} | {} | {} | {} | {} |\n",
                 r.workload,
                 r.backend,
                 r.mode,
-                match (r.min_ms, r.max_ms) {
-                    (Some(lo), Some(hi)) => format!("{:.4} ({lo:.4}–{hi:.4}, {} trials)", r.median_ms, r.trials),
-                    _ => format!("{:.4}", r.median_ms),
-                },
+                r.compiles.map_or(String::new(), |c| format!(" ({c} graphs compiled)")),
+                spread(r.median_ms, r.min_ms, r.max_ms),
+                r.call_ms.map_or("—".into(), |c| spread(c, r.call_min_ms, r.call_max_ms)),
                 r.kernels.map_or("—".into(), |k| k.to_string()),
                 r.gbps,
                 r.frac_copy * 100.0,
-                r.tflops.map_or("—".into(), |t| format!("{t:.2}")),
-                r.max_rel_err,
-                if r.correct { "" } else { " ✗" },
-                r.cold_compile_ms,
-                r.warm_compile_ms.map_or("—".into(), |w| format!("{w:.1}")),
-                r.timing
+                opt(r.tflops, 2),
+                opt(r.peak_bytes.map(|b| b as f64 / (1u64 << 20) as f64), 0),
+                match (r.max_rel_err, r.correct) {
+                    (Some(e), Some(true)) => format!("{e:.1e} ✓"),
+                    (Some(e), Some(false)) => format!("{e:.1e} ✗"),
+                    _ => "not checked".into(),
+                },
+                opt(r.cold_compile_ms, 1),
+                opt(r.warm_compile_ms, 1),
             ));
+        }
+        s.push_str(&format!("\nOutputs: {}.\n", crate::check::RULE));
+        let mut against: Vec<(String, String)> =
+            self.results.iter().filter_map(|r| Some((r.workload.clone(), r.checked.clone()?))).collect();
+        against.sort();
+        against.dedup();
+        for (w, a) in against {
+            s.push_str(&format!("- {w} checked against {a}\n"));
         }
         for r in &self.results {
             let Some(p) = &r.profile else { continue };
@@ -222,20 +290,34 @@ impl ResultRow {
             mode: mode.into(),
             median_ms,
             timing: timing.into(),
-            max_rel_err: 0.0,
-            correct: true,
+            call_ms: None,
+            max_rel_err: None,
+            correct: None,
+            checked: None,
             kernels: None,
             bytes: 0,
             traffic_bytes: 0,
             gbps: 0.0,
             frac_copy: 0.0,
             tflops: None,
-            cold_compile_ms: 0.0,
+            cold_compile_ms: None,
             warm_compile_ms: None,
+            peak_bytes: None,
+            compiles: None,
             profile: None,
             trials: 1,
             min_ms: None,
             max_ms: None,
+            call_min_ms: None,
+            call_max_ms: None,
         }
+    }
+}
+
+/// `median (min–max, N trials)`, or the median alone for one trial.
+pub fn spread(median: f64, min: Option<f64>, max: Option<f64>) -> String {
+    match (min, max) {
+        (Some(lo), Some(hi)) => format!("{median:.4} ({lo:.4}–{hi:.4})"),
+        _ => format!("{median:.4}"),
     }
 }

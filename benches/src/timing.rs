@@ -1,35 +1,41 @@
-//! Measuring on a device: each graph is prepared once (buffers, kernels, parameters) and each sample is
-//! one launch timed as the device does best (CUDA events; fenced wall time on wgpu), so host transfers
-//! never enter the numbers. Written once for every [`Device`].
+//! Measuring on a device, both numbers for every configuration: the device time (a prepared plan
+//! launched `--batch` times back to back between two device events, divided by the count) and the
+//! public call as a user makes it (`compile(f).call(..)` on inputs already on the device, then a
+//! synchronise, host wall time). Every configuration's own output, at the size it was timed, is checked
+//! (`check.rs`). Written once for every [`Device`].
 
+use crate::check::{self, Expected, Outcome, Tolerance};
 use crate::device::Device;
 use crate::report::ResultRow;
 use crate::Cli;
 use kiln_graph::runtime::Prepared;
 use kiln_graph::workloads::{data, Workload};
-use kiln_graph::{capture, compile_cached, compile_graph_with, DType, FusionMode, Tensor, TensorSpec};
+use kiln_graph::{capture, compile_cached, compile_graph_with, DType, FusionMode, Tensor, TensorData, TensorSpec};
 use std::time::Instant;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+fn median(v: Vec<f64>) -> f64 {
+    crate::trials::median(v)
 }
 
-/// Median seconds of `repeat` samples, after warm-up launches filling at least half a second: a GPU that
-/// has been idle runs its first milliseconds at lower clocks, which a fixed three-launch warm-up does
-/// not cover (runs of identical kernels differed 2.5x before this).
-fn time(dev: &Device, run: &Prepared, repeat: usize) -> kiln::Result<f64> {
-    let warm = Instant::now();
+/// Launches and waits for at least half a second (and three runs): a GPU that has been idle runs its
+/// first milliseconds at lower clocks, which a fixed three-launch warm-up does not cover.
+fn warm_up(mut once: impl FnMut() -> kiln::Result<()>) -> kiln::Result<()> {
+    let t = Instant::now();
     let mut n = 0;
-    while n < 3 || warm.elapsed().as_secs_f64() < 0.5 {
-        dev.launch(run)?;
-        dev.wait()?;
+    while n < 3 || t.elapsed().as_secs_f64() < 0.5 {
+        once()?;
         n += 1;
     }
-    let mut samples = Vec::with_capacity(repeat);
-    for _ in 0..repeat.max(1) {
-        samples.push(dev.sample(run)?);
-    }
+    Ok(())
+}
+
+/// Device seconds per launch: the median of `repeat` samples of `batch` launches back to back.
+fn time(dev: &Device, run: &Prepared, cli: &Cli) -> kiln::Result<f64> {
+    warm_up(|| {
+        dev.launch(run)?;
+        dev.wait()
+    })?;
+    let samples = (0..cli.repeat.max(1)).map(|_| dev.rt.time_launches(run, cli.batch)).collect::<kiln::Result<_>>()?;
     Ok(median(samples))
 }
 
@@ -42,136 +48,175 @@ pub fn copy_bandwidth(dev: &Device, cli: &Cli) -> kiln::Result<(f64, Option<f64>
     let c = std::sync::Arc::new(compile_graph_with(&g, dev.target(), FusionMode::Fused)?);
     let x = data(&spec, 0);
     let run = dev.prepare(&c, &[&x])?;
-    let s = time(dev, &run, cli.repeat)?;
+    let s = time(dev, &run, cli)?;
     Ok(((2 * n * 4) as f64 / s / 1e9, dev.native_copy_gbps(n * 4, cli.repeat)?))
 }
 
-/// Largest relative error of `w` on the device against the reference, at the check sizes.
-fn check(dev: &Device, w: &Workload) -> kiln::Result<f64> {
-    let inputs: Vec<Tensor> = w.check.iter().enumerate().map(|(i, s)| Tensor::from_data(data(s, i))).collect();
-    let got = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(dev.backend()).call(inputs.clone())?;
-    let want = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
-    let mut worst = 0.0f64;
-    if got.len() != want.len() {
-        return Ok(f64::INFINITY);
-    }
-    for (g, r) in got.iter().zip(&want) {
-        let (g, r) = (g.to_data()?, r.to_data()?);
-        if g.dims() != r.dims() {
-            return Ok(f64::INFINITY);
-        }
-        for (a, b) in g.values().iter().zip(r.values()) {
-            let e = if a.is_nan() && b.is_nan() { 0.0 } else { (a - b).abs() / (1.0 + b.abs()) };
-            worst = worst.max(if e.is_nan() { f64::INFINITY } else { e });
-        }
-    }
-    Ok(worst)
+/// The workload id whose expected output `id` shares (the SDPA variants compute the same function).
+pub fn base_id(id: &str) -> &str {
+    id.trim_end_matches("-sdpa")
 }
 
-/// Checks `w`, then times it eager (one kernel per op), compiled, and compiled with reduce-overhead
-/// where the device has it.
-pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64) -> kiln::Result<Vec<ResultRow>> {
-    let err = check(dev, w)?;
+/// What `w`'s output at `specs` should be: torch's float64 run (`--expect DIR/<id>.expected.safetensors`,
+/// written by the peer for the same seeded inputs) where present, else kiln's f64 reference.
+fn expected(w: &Workload, specs: &[TensorSpec], host: &[TensorData], cli: &Cli) -> kiln::Result<Expected> {
+    let size = if cli.quick { "quick size" } else { "full size" };
+    if let Some(dir) = &cli.expect {
+        let path = dir.join(format!("{}.expected.safetensors", base_id(w.id)));
+        if let Some(e) = Expected::load(&path, &format!("torch's float64 output ({size})"))? {
+            return Ok(e);
+        }
+        eprintln!("kiln-bench: {} not found; checking {} against kiln's f64 reference", path.display(), w.id);
+    }
+    let _ = specs;
+    let inputs: Vec<Tensor> = host.iter().map(|d| Tensor::from_data(d.clone())).collect();
+    let out = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
+    let first = out.first().ok_or_else(|| kiln::Error::Format { what: w.id.into(), msg: "no output".into() })?;
+    Ok(Expected::of(&*first.to_data()?, &format!("kiln's f64 reference ({size})")))
+}
+
+/// One configuration's output against the expected one.
+fn judge(outputs: &[TensorData], want: &Expected, tol: Tolerance) -> Outcome {
+    match outputs.first() {
+        Some(got) => check::compare(got, want, tol),
+        None => Outcome { max_rel_err: f64::INFINITY, mismatches: 1, correct: false },
+    }
+}
+
+/// What a configuration measured, before it becomes a row.
+struct Measured {
+    mode: &'static str,
+    device_s: f64,
+    call_s: Option<f64>,
+    outcome: Outcome,
+    compile_ms: Option<f64>,
+    peak: u64,
+}
+
+/// Checks and times `w` compiled (default and reduce-overhead, both public-call modes) and eager (one
+/// kernel per op; its call is the user's eager tensor code on device tensors). `cold`: this process
+/// started with every cache empty, so its compile times are cold ones (else warm).
+pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool) -> kiln::Result<Vec<ResultRow>> {
     let specs = if cli.quick { &w.quick } else { &w.full };
-    let host: Vec<kiln_graph::TensorData> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
-    let refs: Vec<&kiln_graph::TensorData> = host.iter().collect();
-    let mut rows = Vec::new();
-    for (mode, name) in [(FusionMode::PerOp, "eager"), (FusionMode::Fused, "compiled")] {
-        // Cold: nothing cached anywhere in kiln (the bench's cache directory starts empty).
-        kiln_graph::cache::clear_memory();
-        dev.clear();
-        let t = Instant::now();
-        let g = capture(specs, w.f)?;
-        let c = compile_cached(&g, dev.target(), mode)?;
-        let run = dev.prepare(&c, &refs)?;
-        let cold = t.elapsed().as_secs_f64() * 1e3;
-        drop(run);
-        // Warm: a new process with the persistent cache filled (memory caches cleared, disk kept).
-        kiln_graph::cache::clear_memory();
-        dev.clear();
-        let t = Instant::now();
-        let g = capture(specs, w.f)?;
-        let c = compile_cached(&g, dev.target(), mode)?;
-        let mut run = dev.prepare(&c, &refs)?;
-        let warm = t.elapsed().as_secs_f64() * 1e3;
-        let mut variants = vec![(name, time(dev, &run, cli.repeat)?)];
-        let profile = if cli.profile && mode == FusionMode::Fused { dev.profile(&run)? } else { None };
-        if mode == FusionMode::Fused && dev.capture(&mut run)? {
-            variants.push(("reduce-overhead", time(dev, &run, cli.repeat)?));
-        }
-        if mode == FusionMode::Fused {
-            variants.push(("public call", public_call(dev, w, &host, cli.repeat, kiln::Mode::Default)?));
-            if dev.capture(&mut dev.prepare(&c, &refs)?)? {
-                let s = public_call(dev, w, &host, cli.repeat, kiln::Mode::ReduceOverhead)?;
-                variants.push(("public call, reduce-overhead", s));
-            }
-        }
-        let (io, traffic) = (run.io_bytes(), run.bytes_moved());
-        for (name, s) in variants {
-            let gbps = io as f64 / s / 1e9;
-            rows.push(ResultRow {
-                workload: w.id.into(),
-                backend: dev.name().into(),
-                mode: name.into(),
-                median_ms: s * 1e3,
-                timing: if name.starts_with("public call") {
-                    "host wall time, call + sync".into()
-                } else {
-                    dev.timing().into()
-                },
-                max_rel_err: err,
-                // f32 within 1e-4 (reductions and matmuls sum thousands of terms); half precision 3e-2.
-                correct: err <= if specs.iter().any(|s| s.dtype != DType::F32) { 3e-2 } else { 1e-4 },
-                kernels: Some(run.launches()),
-                bytes: io,
-                traffic_bytes: traffic,
-                gbps,
-                frac_copy: gbps / copy_gbps,
-                tflops: (w.flops)(specs).map(|f| f / s / 1e12),
-                cold_compile_ms: cold,
-                warm_compile_ms: Some(warm),
-                profile: (name == "compiled")
-                    .then(|| profile.clone())
-                    .flatten()
-                    .map(|p| p.into_iter().map(|(kernel, ms)| crate::report::KernelTime { kernel, ms }).collect()),
-                trials: 1,
-                min_ms: None,
-                max_ms: None,
-            });
-        }
+    let host: Vec<TensorData> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
+    let refs: Vec<&TensorData> = host.iter().collect();
+    let g = capture(specs, w.f)?;
+    let out_dtype = g.outputs.first().map_or(DType::F32, |o| g.node(*o).dtype);
+    let tol = Tolerance::rule(out_dtype, check::depth(&g)?);
+    let want = expected(w, specs, &host, cli)?;
+    let checked = format!("{}, rtol {:.1e}, atol {:.1e}", want.source, tol.rtol, tol.atol);
+    let device_inputs: Vec<Tensor> =
+        host.iter().map(|d| Tensor::from_data(d.clone()).to(dev.backend())).collect::<kiln::Result<_>>()?;
+    let mut measured = Vec::new();
+
+    // Compiled first, so its compile is the first of this workload in the process (eager kernels are
+    // cached under another key; the compiled ones must not find theirs warmed by it).
+    kiln_graph::cache::clear_memory();
+    dev.clear();
+    dev.rt.reset_peak();
+    let t = Instant::now();
+    let c = compile_cached(&capture(specs, w.f)?, dev.target(), FusionMode::Fused)?;
+    let mut run = dev.prepare(&c, &refs)?;
+    dev.launch(&run)?;
+    dev.wait()?;
+    let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+    let device_s = time(dev, &run, cli)?;
+    let peak = dev.rt.memory_stats().peak;
+    let plan_out = outputs(dev, &run)?;
+    let (call_s, call_out) = public_call(dev, w, &device_inputs, cli.repeat, Some(kiln::Mode::Default))?;
+    let outcome = judge(&plan_out, &want, tol).and(judge(&call_out, &want, tol));
+    let profile = if cli.profile { dev.profile(&run)? } else { None };
+    measured.push(Measured { mode: "compiled", device_s, call_s: Some(call_s), outcome, compile_ms: Some(compile_ms), peak });
+    if dev.capture(&mut run)? {
+        let device_s = time(dev, &run, cli)?;
+        let replay_out = outputs(dev, &run)?;
+        let (call_s, call_out) = public_call(dev, w, &device_inputs, cli.repeat, Some(kiln::Mode::ReduceOverhead))?;
+        let outcome = judge(&replay_out, &want, tol).and(judge(&call_out, &want, tol));
+        let peak = dev.rt.memory_stats().peak;
+        measured.push(Measured { mode: "reduce-overhead", device_s, call_s: Some(call_s), outcome, compile_ms: None, peak });
     }
-    Ok(rows)
+    let (launches, io, traffic) = (run.launches(), run.io_bytes(), run.bytes_moved());
+    drop(run);
+
+    // Eager: the per-op plan's device time; the call is the user's tensor code run op by op.
+    dev.rt.reset_peak();
+    let c = compile_cached(&capture(specs, w.f)?, dev.target(), FusionMode::PerOp)?;
+    let run = dev.prepare(&c, &refs)?;
+    let device_s = time(dev, &run, cli)?;
+    let plan_out = outputs(dev, &run)?;
+    let (call_s, call_out) = public_call(dev, w, &device_inputs, cli.repeat, None)?;
+    let outcome = judge(&plan_out, &want, tol).and(judge(&call_out, &want, tol));
+    let peak = dev.rt.memory_stats().peak;
+    measured.push(Measured { mode: "eager", device_s, call_s: Some(call_s), outcome, compile_ms: None, peak });
+    let eager_launches = run.launches();
+
+    Ok(measured
+        .into_iter()
+        .map(|m| {
+            let mut row = ResultRow::timed(w.id, dev.name(), m.mode, m.device_s * 1e3, dev.timing());
+            row.timing = format!("{}, {} back to back", dev.timing(), cli.batch);
+            row.call_ms = m.call_s.map(|s| s * 1e3);
+            row.max_rel_err = Some(m.outcome.max_rel_err);
+            row.correct = Some(m.outcome.correct);
+            row.checked = Some(checked.clone());
+            row.kernels = Some(if m.mode == "eager" { eager_launches } else { launches });
+            row.bytes = io;
+            row.traffic_bytes = traffic;
+            row.gbps = io as f64 / m.device_s / 1e9;
+            row.frac_copy = row.gbps / copy_gbps;
+            row.tflops = (w.flops)(specs).map(|f| f / m.device_s / 1e12);
+            if cold {
+                row.cold_compile_ms = m.compile_ms;
+            } else {
+                row.warm_compile_ms = m.compile_ms;
+            }
+            row.peak_bytes = Some(m.peak);
+            if m.mode == "compiled" {
+                row.profile = profile
+                    .clone()
+                    .map(|p| p.into_iter().map(|(kernel, ms)| crate::report::KernelTime { kernel, ms }).collect());
+            }
+            row
+        })
+        .collect())
 }
 
-/// Seconds of the user's call as a user makes it: `compile(f).call(..)` on inputs already on the device,
-/// then a wait for the device — host wall time, median of `repeat` after a half-second warm-up. Nothing
-/// crosses to the host (the transfer counters are checked to say so).
+/// The outputs a prepared plan's last launch left, read back (after timing).
+fn outputs(dev: &Device, run: &Prepared) -> kiln::Result<Vec<TensorData>> {
+    dev.wait()?;
+    dev.rt.outputs(run, &[]).iter().map(|t| dev.rt.download(t)).collect()
+}
+
+/// Seconds of the user's call (`mode`: `compile(f)` in that mode; `None`: the eager tensor code itself)
+/// on inputs already on the device, then a wait — host wall time, median of `repeat` after a half-second
+/// warm-up — and the last call's outputs. Nothing crosses to the host while timed (the transfer
+/// counters are checked to say so).
 fn public_call(
     dev: &Device,
     w: &Workload,
-    host: &[kiln_graph::TensorData],
+    inputs: &[Tensor],
     repeat: usize,
-    mode: kiln::Mode,
-) -> kiln::Result<f64> {
-    let backend = dev.backend();
-    let inputs: Vec<Tensor> =
-        host.iter().map(|d| Tensor::from_data(d.clone()).to(backend.clone())).collect::<kiln::Result<_>>()?;
-    let f = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(backend).mode(mode);
-    let warm = Instant::now();
-    let mut n = 0;
-    while n < 3 || warm.elapsed().as_secs_f64() < 0.5 {
-        let _: Vec<Tensor> = f.call(inputs.clone())?;
-        dev.wait()?;
-        n += 1;
-    }
+    mode: Option<kiln::Mode>,
+) -> kiln::Result<(f64, Vec<TensorData>)> {
+    let f = mode.map(|m| kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(dev.backend()).mode(m));
+    let call = || -> kiln::Result<Vec<Tensor>> {
+        match &f {
+            Some(f) => f.call(inputs.to_vec()),
+            None => (w.f)(inputs),
+        }
+    };
+    warm_up(|| {
+        call()?;
+        dev.wait()
+    })?;
     dev.rt.reset_transfers();
     let mut samples = Vec::with_capacity(repeat);
+    let mut last = Vec::new();
     for _ in 0..repeat.max(1) {
         let t = Instant::now();
-        let out: Vec<Tensor> = f.call(inputs.clone())?;
+        last = call()?;
         dev.wait()?;
         samples.push(t.elapsed().as_secs_f64());
-        drop(out);
     }
     let moved = dev.rt.memory_stats();
     if moved.uploaded + moved.downloaded > 0 {
@@ -183,5 +228,66 @@ fn public_call(
             ),
         });
     }
-    Ok(median(samples))
+    let out = last.iter().map(|t| t.to_data().map(|d| (*d).clone())).collect::<kiln::Result<_>>()?;
+    Ok((median(samples), out))
+}
+
+/// The row counts the dynamic-shape row runs W3 at, in this order (the peer uses the same list).
+pub const DYNAMIC_ROWS: [usize; 20] =
+    [4133, 977, 6211, 2048, 7001, 1500, 3333, 5120, 811, 6007, 2719, 4409, 7777, 1234, 5001, 3001, 6553, 999, 4096, 8000];
+
+/// W3 over [`DYNAMIC_ROWS`] through one `compile(w3)` (`Dynamic::Auto`, torch's `dynamic=None`): graphs
+/// compiled, total compile time (each size's first call less its steady call) and the time per call
+/// (median over sizes of each size's median call + sync). The first, second and last sizes' outputs are
+/// checked (the static entry, the recompiled symbolic one, and that entry reused).
+pub fn measure_dynamic(dev: &Device, cli: &Cli, cold: bool) -> kiln::Result<ResultRow> {
+    let cols = if cli.quick { 1024 } else { 4096 };
+    let f = kiln::compile(|x: Vec<Tensor>| kiln_graph::workloads::w3(&x)).backend(dev.backend());
+    let (mut compile_ms, mut per_size, mut outcome) = (0.0, Vec::new(), None::<Outcome>);
+    let mut checked = String::new();
+    for (i, &rows) in DYNAMIC_ROWS.iter().enumerate() {
+        let rows = if cli.quick { rows / 8 } else { rows };
+        let specs = [TensorSpec::new(DType::F32, &[rows, cols]), TensorSpec::new(DType::F32, &[cols]), TensorSpec::new(DType::F32, &[cols])];
+        let host: Vec<TensorData> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
+        let inputs: Vec<Tensor> =
+            host.iter().map(|d| Tensor::from_data(d.clone()).to(dev.backend())).collect::<kiln::Result<_>>()?;
+        let t = Instant::now();
+        let out = f.call(inputs.clone())?;
+        dev.wait()?;
+        let first = t.elapsed().as_secs_f64();
+        let mut samples = Vec::new();
+        for _ in 0..cli.repeat.max(1) {
+            let t = Instant::now();
+            f.call(inputs.clone())?;
+            dev.wait()?;
+            samples.push(t.elapsed().as_secs_f64());
+        }
+        let steady = median(samples);
+        compile_ms += (first - steady).max(0.0) * 1e3;
+        per_size.push(steady);
+        if i < 2 || i == DYNAMIC_ROWS.len() - 1 {
+            let g = capture(&specs, kiln_graph::workloads::w3)?;
+            let tol = Tolerance::rule(DType::F32, check::depth(&g)?);
+            let inputs: Vec<Tensor> = host.iter().map(|d| Tensor::from_data(d.clone())).collect();
+            let want = kiln::compile(|x: Vec<Tensor>| kiln_graph::workloads::w3(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
+            let want = Expected::of(&*want[0].to_data()?, "kiln's f64 reference");
+            let o = check::compare(&*out[0].to_data()?, &want, tol);
+            outcome = Some(outcome.map_or(o, |x| x.and(o)));
+            checked = format!("kiln's f64 reference (row counts 1, 2 and 20), rtol {:.1e}, atol {:.1e}", tol.rtol, tol.atol);
+        }
+    }
+    let ms = median(per_size) * 1e3;
+    let mut row = ResultRow::timed("W3-dynamic", dev.name(), "compiled, Dynamic::Auto", ms, "host wall time, call + sync, 20 row counts");
+    row.call_ms = Some(ms);
+    let stats = f.stats();
+    row.compiles = Some(stats.entries);
+    if cold {
+        row.cold_compile_ms = Some(compile_ms);
+    } else {
+        row.warm_compile_ms = Some(compile_ms);
+    }
+    row.max_rel_err = outcome.map(|o| o.max_rel_err);
+    row.correct = outcome.map(|o| o.correct);
+    row.checked = Some(checked);
+    Ok(row)
 }

@@ -12,7 +12,9 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Folds rows with the same workload, backend and mode into one: the median trial's row, with the
-/// trials' min and max and their count. Order of first appearance is kept.
+/// trials' min and max and their count; the call time, compile times and checks fold the same way (a
+/// compile time only over the trials that measured it: cold in the first, warm in the rest). Order of
+/// first appearance is kept.
 pub fn fold(rows: Vec<ResultRow>) -> Vec<ResultRow> {
     let mut order: Vec<(String, String, String)> = Vec::new();
     let mut groups: BTreeMap<(String, String, String), Vec<ResultRow>> = BTreeMap::new();
@@ -23,28 +25,44 @@ pub fn fold(rows: Vec<ResultRow>) -> Vec<ResultRow> {
         }
         groups.entry(key).or_default().push(r);
     }
-    order
-        .into_iter()
-        .filter_map(|k| groups.remove(&k))
-        .map(|mut g| {
-            let times: Vec<f64> = g.iter().map(|r| r.median_ms).collect();
-            let (min, max) = times.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &t| (a.min(t), b.max(t)));
-            let mid = median(times.clone());
-            let trials: usize = g.iter().map(|r| r.trials.max(1)).sum();
-            let min = g.iter().filter_map(|r| r.min_ms).fold(min, f64::min);
-            let max = g.iter().filter_map(|r| r.max_ms).fold(max, f64::max);
-            let correct = g.iter().all(|r| r.correct);
-            let worst = g.iter().map(|r| r.max_rel_err).fold(0.0, f64::max);
-            let at = times.iter().position(|&t| t == mid).unwrap_or(0);
-            let mut row = g.swap_remove(at);
-            row.trials = trials;
-            row.min_ms = (trials > 1).then_some(min);
-            row.max_ms = (trials > 1).then_some(max);
-            row.correct = correct;
-            row.max_rel_err = worst;
-            row
-        })
-        .collect()
+    order.into_iter().filter_map(|k| groups.remove(&k)).map(fold_group).collect()
+}
+
+fn fold_group(mut g: Vec<ResultRow>) -> ResultRow {
+    let some = |f: &dyn Fn(&ResultRow) -> Option<f64>| -> Vec<f64> { g.iter().filter_map(f).collect() };
+    let mid = |v: Vec<f64>| (!v.is_empty()).then(|| median(v));
+    let (times, calls) = (some(&|r| Some(r.median_ms)), some(&|r| r.call_ms));
+    let lo = |v: &[f64], extra: Vec<f64>| v.iter().chain(&extra).copied().fold(f64::INFINITY, f64::min);
+    let hi = |v: &[f64], extra: Vec<f64>| v.iter().chain(&extra).copied().fold(f64::NEG_INFINITY, f64::max);
+    let trials: usize = g.iter().map(|r| r.trials.max(1)).sum();
+    let (min, max) = (lo(&times, some(&|r| r.min_ms)), hi(&times, some(&|r| r.max_ms)));
+    let (call_min, call_max) = (lo(&calls, some(&|r| r.call_min_ms)), hi(&calls, some(&|r| r.call_max_ms)));
+    let call = mid(calls.clone());
+    let cold = mid(some(&|r| r.cold_compile_ms));
+    let warm = mid(some(&|r| r.warm_compile_ms));
+    let checks: Vec<bool> = g.iter().filter_map(|r| r.correct).collect();
+    let worst = g.iter().filter_map(|r| r.max_rel_err).reduce(f64::max);
+    let peak = g.iter().filter_map(|r| r.peak_bytes).max();
+    let compiles = g.iter().filter_map(|r| r.compiles).max();
+    let checked = g.iter().find_map(|r| r.checked.clone());
+    let m = median(times.clone());
+    let at = times.iter().position(|&t| t == m).unwrap_or(0);
+    let mut row = g.swap_remove(at);
+    let many = trials > 1;
+    row.trials = trials;
+    row.min_ms = many.then_some(min);
+    row.max_ms = many.then_some(max);
+    row.call_ms = call;
+    row.call_min_ms = (many && call.is_some()).then_some(call_min);
+    row.call_max_ms = (many && call.is_some()).then_some(call_max);
+    row.cold_compile_ms = cold;
+    row.warm_compile_ms = warm;
+    row.correct = (!checks.is_empty()).then(|| checks.iter().all(|&c| c));
+    row.max_rel_err = worst;
+    row.peak_bytes = peak;
+    row.compiles = compiles;
+    row.checked = checked;
+    row
 }
 
 /// The range of a row's trials (its median alone for one trial).
@@ -64,27 +82,35 @@ pub fn verdict(a: &ResultRow, b: &ResultRow) -> &'static str {
     }
 }
 
-/// Modes that time the device (events back to back), not the public call or the eager baseline.
-fn device_mode(mode: &str) -> bool {
-    !mode.starts_with("public call") && mode != "eager" && mode != "reference"
+/// Modes that time the device (events back to back) as a compiler's best effort: not the eager
+/// baselines, the reference, or the dynamic-shape rows (timed per call).
+fn device_mode(r: &ResultRow) -> bool {
+    r.mode != "eager" && r.mode != "reference" && !r.workload.ends_with("-dynamic")
+}
+
+/// Per workload (SDPA variants count as their workload: `W5-sdpa` is W5's), the row `pick` accepts
+/// with the lowest `key` among the device-time modes.
+pub fn best_rows(
+    report: &Report,
+    pick: &dyn Fn(&ResultRow) -> bool,
+    key: &dyn Fn(&ResultRow) -> Option<f64>,
+) -> BTreeMap<String, ResultRow> {
+    let mut m: BTreeMap<String, ResultRow> = BTreeMap::new();
+    for r in report.results.iter().filter(|r| pick(r) && device_mode(r)) {
+        let Some(k) = key(r) else { continue };
+        let id = r.workload.trim_end_matches("-sdpa").to_string();
+        if m.get(&id).and_then(key).is_none_or(|b| k < b) {
+            m.insert(id, r.clone());
+        }
+    }
+    m
 }
 
 /// Per workload: kiln's fastest device-time mode on `backend` against torch's fastest (any mode and
 /// attention variant), as Markdown rows; empty without a peer.
 pub fn versus_torch(report: &Report, backend: &str) -> String {
-    let best = |pick: &dyn Fn(&ResultRow) -> bool| -> BTreeMap<String, ResultRow> {
-        let mut m: BTreeMap<String, ResultRow> = BTreeMap::new();
-        for r in report.results.iter().filter(|r| pick(r) && device_mode(&r.mode)) {
-            // SDPA variants compete for their workload (`W5-sdpa` is W5's).
-            let id = r.workload.trim_end_matches("-sdpa").to_string();
-            if m.get(&id).is_none_or(|b| r.median_ms < b.median_ms) {
-                m.insert(id, r.clone());
-            }
-        }
-        m
-    };
-    let kiln = best(&|r| r.backend == backend);
-    let torch = best(&|r| r.backend == "torch-cuda");
+    let kiln = best_rows(report, &|r| r.backend == backend, &|r| Some(r.median_ms));
+    let torch = best_rows(report, &|r| r.backend == "torch-cuda", &|r| Some(r.median_ms));
     let mut s = String::new();
     for (id, k) in &kiln {
         let Some(t) = torch.get(id) else { continue };
@@ -105,6 +131,17 @@ pub fn versus_torch(report: &Report, backend: &str) -> String {
     format!(
         "\n## kiln {backend} vs torch's best (device time, lower is better; win/loss only when the trial ranges do not overlap)\n\n| id | kiln ms (mode) | torch ms (variant, mode) | ratio | verdict |\n|---|---:|---:|---:|---|\n{s}"
     )
+}
+
+/// `a` against `b` on their call times (lower is better), as [`verdict`] does for device times.
+pub fn call_verdict(a: &ResultRow, b: &ResultRow) -> &'static str {
+    let as_device = |r: &ResultRow| ResultRow {
+        median_ms: r.call_ms.unwrap_or(f64::NAN),
+        min_ms: r.call_min_ms,
+        max_ms: r.call_max_ms,
+        ..r.clone()
+    };
+    verdict(&as_device(a), &as_device(b))
 }
 
 #[cfg(test)]
@@ -132,13 +169,18 @@ mod tests {
         let mut more = rows.clone();
         more.push(row("W1", "cuda", "compiled", 0.25));
         let mut bad = row("W1", "cuda", "compiled", 0.9);
-        bad.correct = false;
+        bad.correct = Some(false);
+        bad.call_ms = Some(1.0);
+        bad.cold_compile_ms = Some(50.0);
         more.push(bad);
         let f = fold(more);
         assert_eq!(f.len(), 2, "one row per configuration, in first-seen order");
         assert_eq!((f[0].workload.as_str(), f[1].workload.as_str()), ("W1", "W2"));
         assert_eq!((f[0].median_ms, f[0].min_ms, f[0].max_ms, f[0].trials), (0.25, Some(0.20), Some(0.9), 4));
-        assert!(!f[0].correct, "one wrong trial makes the row wrong");
+        assert_eq!(f[0].correct, Some(false), "one wrong trial makes the row wrong");
+        assert_eq!((f[0].call_ms, f[0].call_min_ms), (Some(1.0), Some(1.0)), "calls fold over trials that have one");
+        assert_eq!((f[0].cold_compile_ms, f[0].warm_compile_ms), (Some(50.0), None));
+        assert_eq!(f[1].correct, None, "no trial checked it");
         assert_eq!((f[1].trials, f[1].min_ms), (1, None));
     }
 
@@ -155,7 +197,7 @@ mod tests {
         let mut report = Report::new(false);
         report.results = vec![
             row("W5", "cuda", "compiled", 7.6),
-            row("W5", "cuda", "public call", 7.0),
+            row("W5", "cuda", "eager", 7.0),
             row("W5", "torch-cuda", "default", 7.1),
             row("W5-sdpa", "torch-cuda", "reduce-overhead", 6.4),
             row("W5", "torch-cuda", "eager", 5.0),

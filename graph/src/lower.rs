@@ -241,9 +241,23 @@ impl<'a> Lowerer<'a> {
 
     fn store(&mut self, n: NodeId, index: Expr, value: VarId) {
         let index = index.simplify_in(&self.ranges);
+        let value = if wrong_kernels() && self.g.outputs.contains(&n) { self.miscompute(n, &index, value) } else { value };
         let buffer = self.buffer(n, Access::Write);
         let depth = self.blocks.len() - 1;
         self.blocks[depth].push(Stmt::Store { buffer, index, value });
+    }
+
+    /// The test-only miscompilation ([`wrong_kernels`]): the last element of a graph output is stored
+    /// one larger than it should be.
+    fn miscompute(&mut self, n: NodeId, index: &Expr, value: VarId) -> VarId {
+        let dtype = self.var_dtype.get(&value).copied().unwrap_or(DType::F32);
+        let last = self.g.node(n).shape.numel().sub(&Expr::from(1usize));
+        let at = self.let_(DType::I64, Scalar::Index { expr: index.clone() });
+        let end = self.let_(DType::I64, Scalar::Index { expr: last });
+        let is_last = self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::Eq, a: at, b: end });
+        let one = self.let_(dtype, Scalar::Const { value: 1.0 });
+        let bumped = self.let_(dtype, Scalar::Binary { op: BinaryOp::Add, a: value, b: one });
+        self.let_(dtype, Scalar::Select { cond: is_last, a: bumped, b: value })
     }
 
     fn in_range(&mut self, e: &Expr, lo: &Expr, hi: &Expr) -> VarId {
@@ -897,4 +911,12 @@ pub fn lower(
             }
         }
     }
+}
+
+/// Whether `KILN_TEST_WRONG_KERNEL` is set: a test-only knob that makes every kernel writing a graph
+/// output store its last element one too large, so the bench's output checks can be shown to catch a
+/// wrong kernel in every mode. Part of the compile cache's key, so a wrong kernel is never served to a
+/// run without the knob.
+pub fn wrong_kernels() -> bool {
+    std::env::var_os("KILN_TEST_WRONG_KERNEL").is_some_and(|v| !v.is_empty())
 }

@@ -333,6 +333,12 @@ impl Runtime {
         m.downloaded = 0;
     }
 
+    /// Starts a new peak: `peak` becomes what is in use now.
+    pub fn reset_peak(&self) {
+        let mut m = lock(&self.mem);
+        m.peak = m.in_use;
+    }
+
     /// What the runtime did so far.
     pub fn stats(&self) -> RuntimeStats {
         *lock(&self.stats)
@@ -700,16 +706,18 @@ impl Runtime {
         Ok(recorded)
     }
 
-    /// Seconds one launch of `p` takes, timed on the device where it can time itself, else host wall time
-    /// around a launch and a wait.
-    pub fn time_launch(&self, p: &Prepared) -> Result<f64> {
-        if let Some(s) = self.driver.time(&mut || self.launch(p).map(drop))? {
-            return Ok(s);
+    /// Seconds one launch of `p` takes: `n` launches back to back between two device events, divided by
+    /// `n`, where the device can time itself; else host wall time around the launches and a wait.
+    pub fn time_launches(&self, p: &Prepared, n: usize) -> Result<f64> {
+        let n = n.max(1);
+        let mut enqueue = || (0..n).try_for_each(|_| self.launch(p).map(drop));
+        if let Some(s) = self.driver.time(&mut enqueue)? {
+            return Ok(s / n as f64);
         }
         let t = web_time::Instant::now();
-        self.launch(p)?;
+        enqueue()?;
         self.driver.synchronize()?;
-        Ok(t.elapsed().as_secs_f64())
+        Ok(t.elapsed().as_secs_f64() / n as f64)
     }
 
     /// The output tensors of a prepared graph (its output buffers, shared), carrying `checks`.

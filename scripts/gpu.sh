@@ -22,7 +22,7 @@ for line in sys.stdin:
   cp target/release/kiln-bench .gpu/
   du -sh .gpu
   ;;
-tests|bench|peer)
+tests|bench|peer|parts)
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -43,13 +43,77 @@ tests|bench|peer)
     ./.gpu/kiln-bench --json "$out/bench.json" --md "$out/bench.md" "$@" 2>&1 | tee "$out/bench.log" | tail -60
     ;;
   peer)
+    # `peer [--trials N] [peer args]`: N fresh processes sharing one pair of fresh Inductor/Triton cache
+    # dirs, so trial 1 compiles cold and the later ones warm. Reports: $out/torch-<trial>.json. Trial 1
+    # alone writes the outputs kiln checks (big files, read by a later bench step on this machine).
     shift
-    PYTHONUNBUFFERED=1 python3 benches/peers/torch_compile.py --json "$out/torch.json" "$@" 2>&1 | tee "$out/torch.log" | tail -40
+    trials=1 args=()
+    while [ $# -gt 0 ]; do
+      case "$1" in
+      --trials) trials="$2"; shift 2 ;;
+      --trials=*) trials="${1#--trials=}"; shift ;;
+      *) args+=("$1"); shift ;;
+      esac
+    done
+    caches="$(mktemp -d)"
+    export TORCHINDUCTOR_CACHE_DIR="$caches/inductor" TRITON_CACHE_DIR="$caches/triton"
+    expect="${KILN_EXPECT_DIR:-$out/expected}"
+    status=0
+    for t in $(seq 1 "$trials"); do
+      if [ "$t" -eq 1 ]; then
+        echo "== torch peer, trial 1/$trials: a fresh process, cold caches ($caches); outputs to $expect"
+        extra=(--outputs "$expect")
+      else
+        echo "== torch peer, trial $t/$trials: a fresh process, warm caches (trial 1's, $caches)"
+        extra=()
+      fi
+      PYTHONUNBUFFERED=1 python3 benches/peers/torch_compile.py --json "$out/torch-$t.json" \
+        ${extra[@]+"${extra[@]}"} ${args[@]+"${args[@]}"} 2>&1 | tee "$out/torch-$t.log" | tail -40
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+    exit $status
     ;;
   esac
   ;;
+parts)
+  # `parts SECONDS PART...`: whole comparison runs, one part (a group of workloads) after another, while
+  # fewer than SECONDS have passed (a device call has a time limit; the rest go in the next call). Each
+  # part: the torch peer in TORCH_TRIALS fresh processes (default 3; trial 1 cold, its outputs kept on this
+  # machine), then kiln's bench in KILN_TRIALS fresh processes (default 5) checking every output against
+  # torch's float64 outputs; report $out/<part>.{json,md}. Parts: A W1-W3 and dynamic shapes, B LG and
+  # W4, C W5 f32 (explicit and SDPA), D W5 bf16.
+  shift
+  budget="$1"
+  shift
+  start=$SECONDS
+  for part in "$@"; do
+    case "$part" in
+    A) kiln=W1,W2,W3,W3-dynamic torch=W1,W2,W3,W3-dynamic modes=all ;;
+    B) kiln=LG,W4 torch=LG,W4 modes=all ;;
+    # max-autotune spends minutes per W5 variant autotuning its matmul shapes: not in a 10-minute call.
+    C) kiln=W5 torch=W5,W5-sdpa modes=default,reduce-overhead,eager ;;
+    D) kiln=W5-bf16 torch=W5-bf16,W5-bf16-sdpa modes=default,reduce-overhead,eager ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+    esac
+    if [ $((SECONDS - start)) -ge "$budget" ]; then
+      echo "== part $part not started: ${budget}s used"
+      continue
+    fi
+    echo "== part $part ($kiln) at $((SECONDS - start))s"
+    export KILN_EXPECT_DIR="/tmp/kiln-expect-$part"
+    rm -f "$out"/torch-*.json
+    only=()
+    [ "$modes" = all ] || only=(--modes "$modes")
+    bash "$0" peer --trials "${TORCH_TRIALS:-3}" --workload "$torch" ${only[@]+"${only[@]}"} | grep -vE "^\s*$" | tail -12
+    for f in "$out"/torch-*.json; do mv "$f" "$out/$part-$(basename "$f")"; done
+    ./.gpu/kiln-bench --backend cuda --trials "${KILN_TRIALS:-5}" --workload "$kiln" \
+      --peer "$out"/"$part"-torch-*.json --expect "$KILN_EXPECT_DIR" \
+      --json "$out/$part.json" --md "$out/$part.md" 2>&1 | tee "$out/$part.log" | grep -E "^\| (W|LG)|kiln-bench" | tail -40
+    echo "== part $part done at $((SECONDS - start))s"
+  done
+  ;;
 *)
-  echo "usage: scripts/gpu.sh stage|tests|bench|peer [bench or peer arguments]" >&2
+  echo "usage: scripts/gpu.sh stage|tests|bench|peer|parts [bench arguments | --trials N and peer arguments]" >&2
   exit 2
   ;;
 esac

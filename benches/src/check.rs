@@ -155,7 +155,8 @@ pub fn compare_values(dims: &[usize], got: &[f64], want: &Expected, tol: Toleran
             continue;
         }
         let diff = (a - b).abs();
-        if !(diff <= tol.atol + tol.rtol * b.abs().max(want.rms)) {
+        let within = diff <= tol.atol + tol.rtol * b.abs().max(want.rms);
+        if !within {
             mismatches += 1;
         }
         if b.abs() >= 0.1 * want.rms || !diff.is_finite() {

@@ -86,7 +86,10 @@ fn main() {
     if let Some(json) = &cli.readme {
         let done = Report::load(json).map_err(|e| e.to_string()).and_then(|r| match &cli.write_readme {
             Some(path) => readme::write(&r, json, path),
-            None => Ok(println!("{}", readme::render(&r, json))),
+            None => {
+                println!("{}", readme::render(&r, json));
+                Ok(())
+            }
         });
         if let Err(e) = done {
             fail(e);

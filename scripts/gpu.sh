@@ -73,44 +73,48 @@ tests|bench|peer|parts)
     done
     exit $status
     ;;
+  parts)
+    # `parts SECONDS PART...`: whole comparison runs, one part (a group of workloads) after another, while
+    # fewer than SECONDS have passed (a device call has a time limit; the rest go in the next call). Each
+    # part: the torch peer in TORCH_TRIALS fresh processes (default 3; trial 1 cold, its outputs kept on this
+    # machine), then kiln's bench in KILN_TRIALS fresh processes (default 5) checking every output against
+    # torch's float64 outputs; report $out/<part>.{json,md}. Parts: A W1-W3 and dynamic shapes, B LG and
+    # W4, C W5 f32 (explicit and SDPA), D W5 bf16.
+    shift
+    budget="$1"
+    shift
+    start=$SECONDS
+    for part in "$@"; do
+      case "$part" in
+      A) kiln=W1,W2,W3,W3-dynamic torch=W1,W2,W3,W3-dynamic modes=all ;;
+      B) kiln=LG,W4 torch=LG,W4 modes=all ;;
+      # max-autotune spends minutes per W5 variant autotuning its matmul shapes: not in a 10-minute call.
+      C) kiln=W5 torch=W5,W5-sdpa modes=default,reduce-overhead,eager ;;
+      # The same with torch's SDPA only (its faster attention), for a shorter call.
+      Cs) kiln=W5 torch=W5-sdpa modes=default,reduce-overhead,eager ;;
+      D) kiln=W5-bf16 torch=W5-bf16,W5-bf16-sdpa modes=default,reduce-overhead,eager ;;
+      *) echo "unknown part $part" >&2; exit 2 ;;
+      esac
+      if [ $((SECONDS - start)) -ge "$budget" ]; then
+        echo "== part $part not started: ${budget}s used"
+        continue
+      fi
+      echo "== part $part ($kiln) at $((SECONDS - start))s"
+      export KILN_EXPECT_DIR="/tmp/kiln-expect-$part"
+      rm -f "$out"/torch-*.json
+      only=()
+      [ "$modes" = all ] || only=(--modes "$modes")
+      bash "$0" peer --trials "${TORCH_TRIALS:-3}" --workload "$torch" ${only[@]+"${only[@]}"} | grep -vE "^\s*$" | tail -12
+      for f in "$out"/torch-*.json; do mv "$f" "$out/$part-$(basename "$f")"; done
+      peers=()
+      for f in "$out"/"$part"-torch-*.json; do peers+=(--peer "$f"); done
+      ./.gpu/kiln-bench --backend cuda --trials "${KILN_TRIALS:-5}" --workload "$kiln" \
+        ${peers[@]+"${peers[@]}"} --expect "$KILN_EXPECT_DIR" \
+        --json "$out/$part.json" --md "$out/$part.md" 2>&1 | tee "$out/$part.log" | grep -E "^\| (W|LG)|kiln-bench" | tail -40
+      echo "== part $part done at $((SECONDS - start))s"
+    done
+    ;;
   esac
-  ;;
-parts)
-  # `parts SECONDS PART...`: whole comparison runs, one part (a group of workloads) after another, while
-  # fewer than SECONDS have passed (a device call has a time limit; the rest go in the next call). Each
-  # part: the torch peer in TORCH_TRIALS fresh processes (default 3; trial 1 cold, its outputs kept on this
-  # machine), then kiln's bench in KILN_TRIALS fresh processes (default 5) checking every output against
-  # torch's float64 outputs; report $out/<part>.{json,md}. Parts: A W1-W3 and dynamic shapes, B LG and
-  # W4, C W5 f32 (explicit and SDPA), D W5 bf16.
-  shift
-  budget="$1"
-  shift
-  start=$SECONDS
-  for part in "$@"; do
-    case "$part" in
-    A) kiln=W1,W2,W3,W3-dynamic torch=W1,W2,W3,W3-dynamic modes=all ;;
-    B) kiln=LG,W4 torch=LG,W4 modes=all ;;
-    # max-autotune spends minutes per W5 variant autotuning its matmul shapes: not in a 10-minute call.
-    C) kiln=W5 torch=W5,W5-sdpa modes=default,reduce-overhead,eager ;;
-    D) kiln=W5-bf16 torch=W5-bf16,W5-bf16-sdpa modes=default,reduce-overhead,eager ;;
-    *) echo "unknown part $part" >&2; exit 2 ;;
-    esac
-    if [ $((SECONDS - start)) -ge "$budget" ]; then
-      echo "== part $part not started: ${budget}s used"
-      continue
-    fi
-    echo "== part $part ($kiln) at $((SECONDS - start))s"
-    export KILN_EXPECT_DIR="/tmp/kiln-expect-$part"
-    rm -f "$out"/torch-*.json
-    only=()
-    [ "$modes" = all ] || only=(--modes "$modes")
-    bash "$0" peer --trials "${TORCH_TRIALS:-3}" --workload "$torch" ${only[@]+"${only[@]}"} | grep -vE "^\s*$" | tail -12
-    for f in "$out"/torch-*.json; do mv "$f" "$out/$part-$(basename "$f")"; done
-    ./.gpu/kiln-bench --backend cuda --trials "${KILN_TRIALS:-5}" --workload "$kiln" \
-      --peer "$out"/"$part"-torch-*.json --expect "$KILN_EXPECT_DIR" \
-      --json "$out/$part.json" --md "$out/$part.md" 2>&1 | tee "$out/$part.log" | grep -E "^\| (W|LG)|kiln-bench" | tail -40
-    echo "== part $part done at $((SECONDS - start))s"
-  done
   ;;
 *)
   echo "usage: scripts/gpu.sh stage|tests|bench|peer|parts [bench arguments | --trials N and peer arguments]" >&2

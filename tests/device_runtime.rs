@@ -121,7 +121,22 @@ fn failed_checks_reach_only_their_readers(rt: &Arc<Runtime>) {
     assert_eq!(double.call(&good).unwrap().to_vec::<f32>().unwrap(), vec![6.0, 2.0]);
 }
 
+/// Eager ops on device tensors run on that device (as in PyTorch), with no eager backend set: their
+/// results stay there and nothing crosses to the host until read.
+fn eager_ops_run_where_their_inputs_live(rt: &Arc<Runtime>) {
+    let x = host(&[1.0, -2.0, 3.0, -4.0], &[4]).to(rt.clone()).unwrap();
+    rt.reset_transfers();
+    let runs = rt.stats().runs;
+    let y = x.mul(2.0).unwrap().relu().unwrap().add(&x).unwrap();
+    assert_eq!(y.device_name(), Some(rt.name()), "eager results stay on the device");
+    assert_eq!(rt.stats().runs - runs, 3, "one kernel per eager op, on this device");
+    let m = rt.memory_stats();
+    assert_eq!((m.uploaded, m.downloaded), (0, 0), "{m:?}");
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![3.0, -2.0, 9.0, -4.0]);
+}
+
 fn all(rt: &Arc<Runtime>) {
+    eager_ops_run_where_their_inputs_live(rt);
     failed_checks_reach_only_their_readers(rt);
     reads_without_blocking(rt);
     chained_calls_move_nothing(rt);

@@ -97,7 +97,6 @@ fn bars(report: &Report) -> (Vec<String>, Vec<Bar>) {
     (groups, out)
 }
 
-
 fn draw_on<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, groups: &[String], bars: &[Bar]) -> Result<(), String>
 where
     DB::ErrorType: 'static,
@@ -129,7 +128,9 @@ where
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(e)?;
-    chart.draw_series(std::iter::once(PathElement::new([(0.0, 1.0), (slots, 1.0)], BLACK.stroke_width(1)))).map_err(e)?;
+    chart
+        .draw_series(std::iter::once(PathElement::new([(0.0, 1.0), (slots, 1.0)], BLACK.stroke_width(1))))
+        .map_err(e)?;
     let x = |b: &Bar| (b.group * per_group + slot(b.series)) as f64 + 0.5;
     for (s, (_, _, label, colour)) in SERIES.iter().enumerate() {
         let mine: Vec<&Bar> = bars.iter().filter(|b| b.series == s).collect();
@@ -151,13 +152,15 @@ where
     }
     chart
         .draw_series(groups.iter().enumerate().map(|(g, name)| {
+            // Just above the group's tallest whisker, so the legend (upper left) never covers a label.
             let centre = (g * per_group) as f64 + present.len() as f64 / 2.0 - 0.3;
-            Text::new(name.clone(), (centre, top * 0.97), ("sans-serif", 15).into_font())
+            let above = bars.iter().filter(|b| b.group == g).map(|b| b.hi.min(top)).fold(0.0, f64::max);
+            Text::new(name.clone(), (centre, (above + top * 0.06).min(top * 0.97)), ("sans-serif", 15).into_font())
         }))
         .map_err(e)?;
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .margin(28)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)

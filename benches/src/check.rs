@@ -57,7 +57,11 @@ pub fn depth(g: &Graph) -> kiln::Result<f64> {
                 (input / numel(&n.shape).max(1.0)).max(1.0).sqrt()
             }
             OpFamily::Matmul => {
-                let k = n.inputs.first().and_then(|x| d.nodes[x.index()].shape.as_concrete()).and_then(|v| v.last().copied());
+                let k = n
+                    .inputs
+                    .first()
+                    .and_then(|x| d.nodes[x.index()].shape.as_concrete())
+                    .and_then(|v| v.last().copied());
                 (k.unwrap_or(1) as f64).sqrt()
             }
             _ => 0.0,

@@ -2,8 +2,8 @@
 //! before timing it, and reports medians, achieved bandwidth as a fraction of a copy kernel measured in the
 //! same run, kernel counts and compile times, as JSON (`kiln-bench/1`) and Markdown.
 
-mod check;
 mod chart;
+mod check;
 mod device;
 mod readme;
 mod report;

@@ -34,7 +34,8 @@ pub fn render(report: &Report, path: &Path) -> String {
     let torch = best_rows(report, &|r| r.backend.starts_with("torch"), &|r| Some(r.median_ms));
     let kiln_call = best_rows(report, &|r| r.backend == backend, &|r| r.call_ms);
     let torch_call = best_rows(report, &|r| r.backend.starts_with("torch"), &|r| r.call_ms);
-    let find = |b: &str, w: &str, m: &str| report.results.iter().find(|r| r.backend == b && r.workload == w && r.mode == m);
+    let find =
+        |b: &str, w: &str, m: &str| report.results.iter().find(|r| r.backend == b && r.workload == w && r.mode == m);
     let (mut wins, mut ties, mut losses) = (Vec::new(), Vec::new(), Vec::new());
     for (id, k) in &kiln {
         let t = torch.get(id);
@@ -69,7 +70,12 @@ pub fn render(report: &Report, path: &Path) -> String {
             "| {id} | {} ({}) | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | kiln {} torch {} |\n",
             spread(k.median_ms, k.min_ms, k.max_ms),
             k.mode,
-            t.map_or("—".into(), |t| format!("{} ({} {})", spread(t.median_ms, t.min_ms, t.max_ms), t.workload, t.mode)),
+            t.map_or("—".into(), |t| format!(
+                "{} ({} {})",
+                spread(t.median_ms, t.min_ms, t.max_ms),
+                t.workload,
+                t.mode
+            )),
             ratio.map_or("—".into(), |r| format!("{r:.2}x")),
             v.unwrap_or("—"),
             kc.map_or("—".into(), |c| format!(
@@ -191,7 +197,10 @@ mod tests {
         ];
         let s = render(&r, Path::new("x.json"));
         assert!(s.contains("wins on W1; ties on W2; losses on W5 (2.00x)"), "{s}");
-        assert!(s.contains("1.5000 (1.4000–1.6000) (W5-sdpa reduce-overhead)"), "eager never counts as torch's best: {s}");
+        assert!(
+            s.contains("1.5000 (1.4000–1.6000) (W5-sdpa reduce-overhead)"),
+            "eager never counts as torch's best: {s}"
+        );
         let text = format!("intro\n{s}\nmore");
         let (path, sec) = section(&text).expect("section");
         assert_eq!((path.as_str(), sec), ("x.json", s.as_str()));

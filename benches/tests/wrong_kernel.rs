@@ -9,10 +9,21 @@ use std::process::Command;
 fn run(wrong: bool, json: &std::path::Path) -> std::process::Output {
     let cache = std::env::temp_dir().join(format!("kiln-wrong-kernel-cache-{}-{wrong}", std::process::id()));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln-bench"));
-    cmd.args(["--quick", "--backend", "wgpu", "--repeat", "2", "--batch", "2", "--workload", "W1,W2,W3-dynamic", "--json"])
-        .arg(json)
-        // A cache of its own: a wrong kernel must never be served to another run (the knob is in the key).
-        .env("KILN_BENCH_CACHE", &cache);
+    cmd.args([
+        "--quick",
+        "--backend",
+        "wgpu",
+        "--repeat",
+        "2",
+        "--batch",
+        "2",
+        "--workload",
+        "W1,W2,W3-dynamic",
+        "--json",
+    ])
+    .arg(json)
+    // A cache of its own: a wrong kernel must never be served to another run (the knob is in the key).
+    .env("KILN_BENCH_CACHE", &cache);
     if wrong {
         cmd.env("KILN_TEST_WRONG_KERNEL", "1");
     } else {

@@ -241,7 +241,8 @@ impl<'a> Lowerer<'a> {
 
     fn store(&mut self, n: NodeId, index: Expr, value: VarId) {
         let index = index.simplify_in(&self.ranges);
-        let value = if wrong_kernels() && self.g.outputs.contains(&n) { self.miscompute(n, &index, value) } else { value };
+        let value =
+            if wrong_kernels() && self.g.outputs.contains(&n) { self.miscompute(n, &index, value) } else { value };
         let buffer = self.buffer(n, Access::Write);
         let depth = self.blocks.len() - 1;
         self.blocks[depth].push(Stmt::Store { buffer, index, value });

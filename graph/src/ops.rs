@@ -137,8 +137,14 @@ macro_rules! binary_methods {
             #[track_caller]
             pub fn $name(&self, rhs: impl Operand) -> Result<Tensor> {
                 let loc = SourceLoc::caller();
-                let rhs = rhs.operand().into_tensor(self.dtype(), &self.shape(), &loc)?;
-                self.binary(BinaryOp::$op, &rhs, loc)
+                let rhs = rhs.operand();
+                let other = rhs.tensor().cloned();
+                let like: Vec<&Tensor> = std::iter::once(self).chain(other.as_ref()).collect();
+                // Eagerly, the constant, the broadcast and the op are one kernel.
+                crate::trace::eager_group(&like, || {
+                    let rhs = rhs.into_tensor(self.dtype(), &self.shape(), &loc)?;
+                    self.binary(BinaryOp::$op, &rhs, loc)
+                })
             }
         )*}
     };

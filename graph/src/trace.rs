@@ -37,8 +37,9 @@ thread_local! {
 }
 
 /// Makes eager ops on this thread run on `backend`: each op becomes its own kernel through the same
-/// pipeline and runtime as compiled code (the baseline torch calls eager mode). `None` restores the CPU
-/// reference. On a device backend, eager results stay on the device until read.
+/// pipeline and runtime as compiled code (the baseline torch calls eager mode). `None` restores the
+/// default: an op runs on the device its inputs live on, and on the CPU reference when they are all on
+/// the host. On a device backend, eager results stay on the device until read.
 pub fn set_eager_backend(backend: Option<Arc<dyn Backend>>) {
     EAGER.with(|e| *e.borrow_mut() = backend);
 }
@@ -656,8 +657,35 @@ pub fn capture(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Te
     Ok(graph)
 }
 
+/// The backend an eager op on `inputs` runs on: the thread's eager backend if one was set, else the
+/// device its inputs live on (as in PyTorch, ops on GPU tensors run on the GPU; nothing is copied to the
+/// host), else the CPU reference.
+fn eager_backend(inputs: &[&Tensor]) -> Arc<dyn Backend> {
+    let on_device = || -> Option<Arc<dyn Backend>> {
+        inputs.iter().find_map(|t| t.value()?.device()).map(|d| d.buffer.runtime().clone() as Arc<dyn Backend>)
+    };
+    EAGER.with(|e| e.borrow().clone()).or_else(on_device).unwrap_or_else(|| TraceOptions::default().backend)
+}
+
+/// Runs `f`'s ops as one eager graph — one kernel where they fuse, run on the backend eager ops on
+/// `like` use — instead of one graph per op: a scalar operand's constant and a broadcast's expand are
+/// then computed inside the op's kernel, not materialised at full size on the host first. Inside a
+/// trace it is just `f`.
+pub(crate) fn eager_group(like: &[&Tensor], f: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
+    if active().is_some() {
+        return f();
+    }
+    let tracer = Tracer::new(TraceOptions { fullgraph: false, backend: eager_backend(like) });
+    let out = {
+        let _active = ActiveGuard::set(tracer.clone());
+        f()?
+    };
+    tracer.flush(None)?;
+    Ok(out)
+}
+
 /// Records one op: into the active trace, or (eager mode) as a one-node graph run at once on the eager
-/// backend (the CPU reference unless [`set_eager_backend`] chose another). Shape and dtype inference happen before, in `ops`.
+/// backend ([`set_eager_backend`]'s choice, else its inputs' device, else the CPU reference). Shape and dtype inference happen before, in `ops`.
 pub(crate) fn record(op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc: SourceLoc) -> Result<Tensor> {
     // Every size kiln computes later (bytes, strides, grids) stays inside i64 once this holds.
     if let Err(e) = shape.checked_numel() {
@@ -666,8 +694,7 @@ pub(crate) fn record(op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc
     if let Some(t) = active() {
         return t.record(op, inputs, dtype, shape, loc);
     }
-    let backend = EAGER.with(|e| e.borrow().clone()).unwrap_or_else(|| TraceOptions::default().backend);
-    let eager = Tracer::new(TraceOptions { fullgraph: false, backend });
+    let eager = Tracer::new(TraceOptions { fullgraph: false, backend: eager_backend(inputs) });
     let out = eager.record(op, inputs, dtype, shape, loc)?;
     eager.flush(None)?;
     Ok(out)

@@ -69,6 +69,9 @@ fn expected(w: &Workload, specs: &[TensorSpec], host: &[TensorData], cli: &Cli) 
         eprintln!("kiln-bench: {} not found; checking {} against kiln's f64 reference", path.display(), w.id);
     }
     let _ = specs;
+    if !cli.quick {
+        eprintln!("kiln-bench: {}: computing kiln's f64 reference at full size (no --expect outputs); large workloads take minutes on the host", w.id);
+    }
     let inputs: Vec<Tensor> = host.iter().map(|d| Tensor::from_data(d.clone())).collect();
     let out = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
     let first = out.first().ok_or_else(|| kiln::Error::Format { what: w.id.into(), msg: "no output".into() })?;

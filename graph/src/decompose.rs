@@ -91,91 +91,92 @@ fn compute_dtype(d: DType) -> DType {
     }
 }
 
-/// Appends primitives to the output graph; each node it makes is attributed to `from` at `loc`.
-struct Builder {
-    graph: Graph,
-    origin: Vec<NodeId>,
-    from: NodeId,
-    loc: SourceLoc,
+/// Appends primitives to the output graph; each node it makes is attributed to `from` at `loc`. Also
+/// the builder of backward graphs (`autodiff`).
+pub(crate) struct Builder {
+    pub(crate) graph: Graph,
+    pub(crate) origin: Vec<NodeId>,
+    pub(crate) from: NodeId,
+    pub(crate) loc: SourceLoc,
 }
 
 impl Builder {
-    fn push_node(&mut self, node: Node) -> NodeId {
+    pub(crate) fn push_node(&mut self, node: Node) -> NodeId {
         self.origin.push(self.from);
         self.graph.push(node)
     }
 
-    fn push(&mut self, op: Op, inputs: &[NodeId], dtype: DType, shape: Shape) -> NodeId {
+    pub(crate) fn push(&mut self, op: Op, inputs: &[NodeId], dtype: DType, shape: Shape) -> NodeId {
         self.push_node(Node { op, inputs: inputs.to_vec(), dtype, shape, loc: self.loc.clone() })
     }
 
-    fn shape(&self, x: NodeId) -> Shape {
+    pub(crate) fn shape(&self, x: NodeId) -> Shape {
         self.graph.node(x).shape.clone()
     }
 
-    fn dtype(&self, x: NodeId) -> DType {
+    pub(crate) fn dtype(&self, x: NodeId) -> DType {
         self.graph.node(x).dtype
     }
 
-    fn unary(&mut self, op: UnaryOp, x: NodeId) -> NodeId {
+    pub(crate) fn unary(&mut self, op: UnaryOp, x: NodeId) -> NodeId {
         self.push(Op::Unary { op }, &[x], self.dtype(x), self.shape(x))
     }
 
-    fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> NodeId {
+    pub(crate) fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> NodeId {
         debug_assert_eq!(self.shape(a), self.shape(b), "pointwise inputs must be broadcast explicitly");
         let dtype = if op.is_comparison() { DType::Bool } else { self.dtype(a) };
         self.push(Op::Binary { op }, &[a, b], dtype, self.shape(a))
     }
 
-    fn add(&mut self, a: NodeId, b: NodeId) -> NodeId {
+    pub(crate) fn add(&mut self, a: NodeId, b: NodeId) -> NodeId {
         self.binary(BinaryOp::Add, a, b)
     }
 
-    fn sub(&mut self, a: NodeId, b: NodeId) -> NodeId {
+    pub(crate) fn sub(&mut self, a: NodeId, b: NodeId) -> NodeId {
         self.binary(BinaryOp::Sub, a, b)
     }
 
-    fn mul(&mut self, a: NodeId, b: NodeId) -> NodeId {
+    pub(crate) fn mul(&mut self, a: NodeId, b: NodeId) -> NodeId {
         self.binary(BinaryOp::Mul, a, b)
     }
 
-    fn div(&mut self, a: NodeId, b: NodeId) -> NodeId {
+    pub(crate) fn div(&mut self, a: NodeId, b: NodeId) -> NodeId {
         self.binary(BinaryOp::Div, a, b)
     }
 
-    fn full(&mut self, value: f64, dtype: DType, shape: Shape) -> NodeId {
+    pub(crate) fn full(&mut self, value: f64, dtype: DType, shape: Shape) -> NodeId {
         self.push(Op::Full { value: dtype.round(value) }, &[], dtype, shape)
     }
 
     /// A constant of `x`'s dtype and shape: scalars are materialised where they are used, not broadcast.
-    fn constant_like(&mut self, value: f64, x: NodeId) -> NodeId {
+    pub(crate) fn constant_like(&mut self, value: f64, x: NodeId) -> NodeId {
         self.full(value, self.dtype(x), self.shape(x))
     }
 
     /// `x * c`.
-    fn scale(&mut self, x: NodeId, c: f64) -> NodeId {
+    pub(crate) fn scale(&mut self, x: NodeId, c: f64) -> NodeId {
         let c = self.constant_like(c, x);
         self.mul(x, c)
     }
 
     /// `c + x`.
-    fn offset(&mut self, c: f64, x: NodeId) -> NodeId {
+    pub(crate) fn offset(&mut self, c: f64, x: NodeId) -> NodeId {
         let c = self.constant_like(c, x);
         self.add(c, x)
     }
 
-    fn cast(&mut self, x: NodeId, dtype: DType) -> NodeId {
+    pub(crate) fn cast(&mut self, x: NodeId, dtype: DType) -> NodeId {
         if self.dtype(x) == dtype {
             return x;
         }
         self.push(Op::Cast, &[x], dtype, self.shape(x))
     }
 
-    fn reshape(&mut self, x: NodeId, shape: Shape) -> NodeId {
+    pub(crate) fn reshape(&mut self, x: NodeId, shape: Shape) -> NodeId {
         self.push(Op::Reshape, &[x], self.dtype(x), shape)
     }
 
-    fn reduce(&mut self, op: ReduceOp, x: NodeId, axes: &[usize], keepdim: bool) -> NodeId {
+    pub(crate) fn reduce(&mut self, op: ReduceOp, x: NodeId, axes: &[usize], keepdim: bool) -> NodeId {
         let shape = reduced_shape(&self.shape(x), axes, keepdim);
         let dtype = reduce_dtype(op, self.dtype(x));
         self.push(Op::Reduce { op, axes: axes.to_vec(), keepdim }, &[x], dtype, shape)
@@ -183,7 +184,7 @@ impl Builder {
 
     /// Broadcasts `x` to `to` PyTorch-style: leading size-1 axes by `Reshape`, then `Expand`; nothing when
     /// the shapes already agree. A keepdim reduction's result needs only the `Expand`.
-    fn broadcast(&mut self, x: NodeId, to: &Shape) -> NodeId {
+    pub(crate) fn broadcast(&mut self, x: NodeId, to: &Shape) -> NodeId {
         let s = self.shape(x);
         let mut x = x;
         if s.rank() < to.rank() {
@@ -198,7 +199,7 @@ impl Builder {
     }
 
     /// The mean of `x` over `axes`: `sum / count`.
-    fn mean(&mut self, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId> {
+    pub(crate) fn mean(&mut self, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId> {
         let s = self.reduce(ReduceOp::Sum, x, axes, keepdim);
         let n = self.count(x, axes, keepdim, 0)?;
         Ok(self.div(s, n))
@@ -209,7 +210,7 @@ impl Builder {
     /// A constant count is a constant; over symbolic axes the graph counts by summing ones, which a
     /// fused reduction gets almost for free and which serves every size the symbols take. Where nothing
     /// is left to divide by (count <= minus) the result is NaN, as the reference gives.
-    fn count(&mut self, x: NodeId, axes: &[usize], keepdim: bool, minus: usize) -> Result<NodeId> {
+    pub(crate) fn count(&mut self, x: NodeId, axes: &[usize], keepdim: bool, minus: usize) -> Result<NodeId> {
         let shape = self.shape(x);
         let dtype = self.dtype(x);
         let mut n = Expr::from(1usize);
@@ -237,7 +238,7 @@ impl Builder {
     }
 
     /// One composite node, whose inputs are already in the output graph; returns its replacement.
-    fn composite(&mut self, node: &Node, inputs: &[NodeId]) -> Result<NodeId> {
+    pub(crate) fn composite(&mut self, node: &Node, inputs: &[NodeId]) -> Result<NodeId> {
         let name = node.op.name();
         let bad =
             |msg: String| Error::Unsupported { what: format!("decomposing `{name}`: {msg}"), loc: node.loc.clone() };
@@ -303,7 +304,7 @@ impl Builder {
 
     /// `exp(x - m) / sum(exp(x - m))`, or its log `(x - m) - log(sum(exp(x - m)))`, with `m` the max
     /// along `axis`: the shift keeps `exp` finite for large inputs and cancels out of the result.
-    fn softmax(&mut self, x: NodeId, axis: usize, log: bool) -> NodeId {
+    pub(crate) fn softmax(&mut self, x: NodeId, axis: usize, log: bool) -> NodeId {
         let shape = self.shape(x);
         let m = self.reduce(ReduceOp::Max, x, &[axis], true);
         let m = self.broadcast(m, &shape);
@@ -323,7 +324,7 @@ impl Builder {
 
     /// Two-pass variance: `sum((x - mean)^2) / (count - correction)`. The one-pass `E[x^2] - E[x]^2`
     /// cancels catastrophically when the mean is large next to the spread.
-    fn var(&mut self, x: NodeId, axes: &[usize], correction: usize, keepdim: bool) -> Result<NodeId> {
+    pub(crate) fn var(&mut self, x: NodeId, axes: &[usize], correction: usize, keepdim: bool) -> Result<NodeId> {
         let shape = self.shape(x);
         let mean = self.mean(x, axes, true)?;
         let mean = self.broadcast(mean, &shape);
@@ -336,7 +337,7 @@ impl Builder {
 
     /// `(x - mean) * rsqrt(var + eps)` over the last `dims` axes (two-pass, biased variance), then
     /// `* w + b` when `affine` holds `[w, b]`.
-    fn layer_norm(&mut self, x: NodeId, dims: usize, eps: f64, affine: Option<&[NodeId]>) -> Result<NodeId> {
+    pub(crate) fn layer_norm(&mut self, x: NodeId, dims: usize, eps: f64, affine: Option<&[NodeId]>) -> Result<NodeId> {
         let shape = self.shape(x);
         let axes: Vec<usize> = (shape.rank() - dims..shape.rank()).collect();
         let mean = self.mean(x, &axes, true)?;
@@ -356,7 +357,7 @@ impl Builder {
         Ok(self.add(y, b))
     }
 
-    fn gelu(&mut self, x: NodeId, approx: GeluApprox) -> NodeId {
+    pub(crate) fn gelu(&mut self, x: NodeId, approx: GeluApprox) -> NodeId {
         let inner = match approx {
             // erf(x / sqrt 2)
             GeluApprox::Erf => {
@@ -381,7 +382,7 @@ impl Builder {
 
     /// `x @ w^T (+ b)` with `w` `[out, in]`: `w^T` is broadcast over `x`'s batch dims (MatMul reads
     /// equal batch dims), a rank-1 `x` becomes one row and back.
-    fn linear(&mut self, x: NodeId, w: NodeId, bias: Option<NodeId>) -> NodeId {
+    pub(crate) fn linear(&mut self, x: NodeId, w: NodeId, bias: Option<NodeId>) -> NodeId {
         let dtype = self.dtype(x);
         let ws = self.shape(w);
         let (out_f, in_f) = (ws.dims()[0].clone(), ws.dims()[1].clone());
@@ -408,7 +409,7 @@ impl Builder {
         }
     }
 
-    fn linear_fits(&self, x: NodeId, w: NodeId, bias: Option<NodeId>) -> bool {
+    pub(crate) fn linear_fits(&self, x: NodeId, w: NodeId, bias: Option<NodeId>) -> bool {
         let (xs, ws) = (self.shape(x), self.shape(w));
         xs.rank() >= 1
             && ws.rank() == 2
@@ -418,7 +419,7 @@ impl Builder {
 
     /// `x` where column <= row in the last two axes, `-inf` above the diagonal. The mask is built once at
     /// `[q, k]` and broadcast over the batch axes.
-    fn causal_mask(&mut self, x: NodeId) -> NodeId {
+    pub(crate) fn causal_mask(&mut self, x: NodeId) -> NodeId {
         let shape = self.shape(x);
         let r = shape.rank();
         let qk = Shape(shape.dims()[r - 2..].to_vec());

@@ -3,6 +3,7 @@
 //!
 //! Start reading at [`compile`]: it is the pipeline as one short function.
 
+pub mod autodiff;
 pub mod backend;
 pub mod cache;
 pub mod compile;

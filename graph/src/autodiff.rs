@@ -1,0 +1,300 @@
+//! Reverse-mode automatic differentiation on the graph IR: a forward graph with one scalar output becomes
+//! one joint graph computing the output and its gradient with respect to chosen inputs, so the backward
+//! pass is fused, compiled and cached like any other graph (the AOTAutograd shape). Rules are written for
+//! the primitives `decompose` leaves (composites differentiate through their decompositions).
+//!
+//! First slice of the training issue: pointwise ops, `where`, casts, sum/max/min reductions, reshape,
+//! expand, permute and matmul. Slicing, concatenation, padding, gathers and index selection answer
+//! `Error::Unsupported` naming the op and the user's line until their rules land.
+
+use crate::decompose::{decompose, Builder};
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, Graph, NodeId, Op, ReduceOp, UnaryOp};
+use crate::loc::SourceLoc;
+use crate::shape::Shape;
+use crate::sym::Expr;
+use crate::DType;
+
+/// The joint graph of `graph` (one output, a single element of a float dtype) and its gradient: outputs
+/// are the value, then d value / d input for each input index in `wrt`, in that order (zeros for an input
+/// the value does not depend on).
+pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph> {
+    let forward = decompose(graph)?.graph;
+    let [out] = forward.outputs[..] else {
+        return Err(unsupported("a gradient of a graph with other than one output", &SourceLoc::internal()));
+    };
+    let out_node = forward.node(out);
+    if !out_node.dtype.is_float() || out_node.shape.numel().as_const() != Some(1) {
+        return Err(unsupported(
+            &format!("a gradient of a {} output of shape {} (needs one float element)", out_node.dtype, out_node.shape),
+            &out_node.loc,
+        ));
+    }
+    let n = forward.nodes.len();
+    let inputs: Vec<NodeId> = wrt
+        .iter()
+        .map(|&w| {
+            forward
+                .nodes
+                .iter()
+                .position(|x| matches!(x.op, Op::Input { index } if index == w))
+                .map(|i| NodeId(i as u32))
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| {
+            unsupported("a gradient with respect to an input the graph does not have", &SourceLoc::internal())
+        })?;
+    // Which nodes depend on an input we differentiate by: only their rules run.
+    let mut needed = vec![false; n];
+    for &i in &inputs {
+        needed[i.index()] = true;
+    }
+    for (i, node) in forward.nodes.iter().enumerate() {
+        needed[i] |= node.dtype.is_float() && node.inputs.iter().any(|x| needed[x.index()]);
+    }
+    let mut b = Builder {
+        origin: (0..n as u32).map(NodeId).collect(),
+        graph: forward.clone(),
+        from: out,
+        loc: SourceLoc::internal(),
+    };
+    let mut grads: Vec<Option<NodeId>> = vec![None; n];
+    grads[out.index()] = Some(b.constant_like(1.0, out));
+    for i in (0..n).rev() {
+        let Some(g) = grads[i] else { continue };
+        let node = forward.nodes[i].clone();
+        b.from = NodeId(i as u32);
+        b.loc = node.loc.clone();
+        for (k, contribution) in vjp(&mut b, NodeId(i as u32), g)? {
+            let x = node.inputs[k];
+            if !needed[x.index()] {
+                continue;
+            }
+            grads[x.index()] = Some(match grads[x.index()] {
+                Some(sum) => b.add(sum, contribution),
+                None => contribution,
+            });
+        }
+    }
+    let mut outputs = vec![out];
+    for &i in &inputs {
+        outputs.push(grads[i.index()].unwrap_or_else(|| b.constant_like(0.0, i)));
+    }
+    let mut joint = b.graph;
+    joint.outputs = outputs;
+    Ok(joint)
+}
+
+fn unsupported(what: &str, loc: &SourceLoc) -> Error {
+    Error::Unsupported { what: what.into(), loc: loc.clone() }
+}
+
+/// `(input position, contribution to its gradient)` for node `y` given its gradient `g`.
+fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
+    let node = b.graph.node(y).clone();
+    let x = |k: usize| node.inputs[k];
+    Ok(match &node.op {
+        Op::Input { .. } | Op::Full { .. } | Op::Iota { .. } => vec![],
+        Op::Unary { op } => unary(b, *op, x(0), y, g).map(|c| vec![(0, c)]).unwrap_or_default(),
+        Op::Binary { op } => binary(b, *op, x(0), x(1), y, g),
+        Op::Where => {
+            let zero = b.constant_like(0.0, g);
+            let a = b.push(Op::Where, &[x(0), g, zero], b.dtype(g), b.shape(g));
+            let c = b.push(Op::Where, &[x(0), zero, g], b.dtype(g), b.shape(g));
+            vec![(1, a), (2, c)]
+        }
+        Op::Cast => {
+            let to = b.dtype(x(0));
+            if to.is_float() {
+                vec![(0, b.cast(g, to))]
+            } else {
+                vec![]
+            }
+        }
+        Op::Reduce { op, axes, keepdim } => {
+            let shape = b.shape(x(0));
+            let kept = kept_shape(&shape, axes);
+            let gk = if *keepdim { g } else { b.reshape(g, kept.clone()) };
+            match op {
+                ReduceOp::Sum => vec![(0, b.broadcast(gk, &shape))],
+                ReduceOp::Max | ReduceOp::Min => {
+                    // To the elements equal to the extreme, split evenly among ties (as PyTorch does).
+                    let yk = if *keepdim { y } else { b.reshape(y, kept) };
+                    let yb = b.broadcast(yk, &shape);
+                    let hit = b.binary(BinaryOp::Eq, x(0), yb);
+                    let one = b.constant_like(1.0, x(0));
+                    let zero = b.constant_like(0.0, x(0));
+                    let ones = b.push(Op::Where, &[hit, one, zero], b.dtype(x(0)), shape.clone());
+                    let count = b.reduce(ReduceOp::Sum, ones, axes, true);
+                    let share = b.div(gk, count);
+                    let share = b.broadcast(share, &shape);
+                    vec![(0, b.push(Op::Where, &[hit, share, zero], b.dtype(x(0)), shape))]
+                }
+                #[allow(unreachable_patterns)]
+                _ => return Err(unsupported(&format!("the gradient of {}", node.op.name()), &node.loc)),
+            }
+        }
+        Op::Reshape => vec![(0, b.reshape(g, b.shape(x(0))))],
+        Op::Expand => {
+            let (from, to) = (b.shape(x(0)), b.shape(y));
+            let one = Expr::from(1usize);
+            let axes: Vec<usize> = (0..from.rank()).filter(|&a| from.dims()[a] == one && to.dims()[a] != one).collect();
+            vec![(0, if axes.is_empty() { g } else { b.reduce(ReduceOp::Sum, g, &axes, true) })]
+        }
+        Op::Permute { perm } => {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            vec![(0, b.push(Op::Permute { perm: inverse }, &[g], b.dtype(g), b.shape(x(0))))]
+        }
+        Op::MatMul => {
+            let (a, c) = (x(0), x(1));
+            let at = transpose(b, a);
+            let ct = transpose(b, c);
+            let ga = matmul(b, g, ct);
+            let gc = matmul(b, at, g);
+            vec![(0, ga), (1, gc)]
+        }
+        other => return Err(unsupported(&format!("the gradient of {} (no rule yet)", other.name()), &node.loc)),
+    })
+}
+
+/// `x`'s shape with `axes` kept as size 1 (a keepdim reduction's shape).
+fn kept_shape(x: &Shape, axes: &[usize]) -> Shape {
+    Shape(
+        x.dims()
+            .iter()
+            .enumerate()
+            .map(|(i, d)| if axes.contains(&i) { Expr::from(1usize) } else { d.clone() })
+            .collect(),
+    )
+}
+
+/// The last two axes swapped.
+fn transpose(b: &mut Builder, x: NodeId) -> NodeId {
+    let s = b.shape(x);
+    let r = s.rank();
+    let mut perm: Vec<usize> = (0..r).collect();
+    perm.swap(r - 2, r - 1);
+    let mut dims = s.dims().to_vec();
+    dims.swap(r - 2, r - 1);
+    b.push(Op::Permute { perm }, &[x], b.dtype(x), Shape(dims))
+}
+
+/// `[.., m, k] @ [.., k, n]` with equal batch dims.
+fn matmul(b: &mut Builder, a: NodeId, c: NodeId) -> NodeId {
+    let (sa, sc) = (b.shape(a), b.shape(c));
+    let mut dims = sa.dims()[..sa.rank() - 1].to_vec();
+    dims.push(sc.dims()[sc.rank() - 1].clone());
+    b.push(Op::MatMul, &[a, c], b.dtype(a), Shape(dims))
+}
+
+/// The contribution of a unary op's gradient; `None` where it is zero or undefined (rounding, bools).
+fn unary(b: &mut Builder, op: UnaryOp, x: NodeId, y: NodeId, g: NodeId) -> Option<NodeId> {
+    use UnaryOp as U;
+    Some(match op {
+        U::Neg => b.unary(U::Neg, g),
+        U::Exp => b.mul(g, y),
+        U::Log => b.div(g, x),
+        U::Sqrt => {
+            let two_y = b.scale(y, 2.0);
+            b.div(g, two_y)
+        }
+        U::Rsqrt => {
+            let y2 = b.mul(y, y);
+            let y3 = b.mul(y2, y);
+            let d = b.scale(y3, -0.5);
+            b.mul(g, d)
+        }
+        U::Sin => {
+            let c = b.unary(U::Cos, x);
+            b.mul(g, c)
+        }
+        U::Cos => {
+            let s = b.unary(U::Sin, x);
+            let s = b.unary(U::Neg, s);
+            b.mul(g, s)
+        }
+        U::Tanh => {
+            let y2 = b.mul(y, y);
+            let one = b.constant_like(1.0, y);
+            let d = b.sub(one, y2);
+            b.mul(g, d)
+        }
+        U::Sigmoid => {
+            let one = b.constant_like(1.0, y);
+            let rest = b.sub(one, y);
+            let d = b.mul(y, rest);
+            b.mul(g, d)
+        }
+        U::Erf => {
+            let x2 = b.mul(x, x);
+            let e = b.unary(U::Neg, x2);
+            let e = b.unary(U::Exp, e);
+            let d = b.scale(e, 2.0 / std::f64::consts::PI.sqrt());
+            b.mul(g, d)
+        }
+        U::Relu => {
+            let zero = b.constant_like(0.0, x);
+            let on = b.binary(BinaryOp::Gt, x, zero);
+            b.push(Op::Where, &[on, g, zero], b.dtype(g), b.shape(g))
+        }
+        U::Reciprocal => {
+            let y2 = b.mul(y, y);
+            let d = b.unary(U::Neg, y2);
+            b.mul(g, d)
+        }
+        U::Abs => {
+            let zero = b.constant_like(0.0, x);
+            let pos = b.binary(BinaryOp::Gt, x, zero);
+            let neg = b.binary(BinaryOp::Lt, x, zero);
+            let minus = b.unary(U::Neg, g);
+            let low = b.push(Op::Where, &[neg, minus, zero], b.dtype(g), b.shape(g));
+            b.push(Op::Where, &[pos, g, low], b.dtype(g), b.shape(g))
+        }
+        U::Floor | U::Ceil | U::Round | U::Not | U::IsNan => return None,
+    })
+}
+
+/// The contributions of a binary op's gradient to its two inputs (none for comparisons and logic).
+fn binary(b: &mut Builder, op: BinaryOp, x: NodeId, z: NodeId, y: NodeId, g: NodeId) -> Vec<(usize, NodeId)> {
+    use BinaryOp as B;
+    if b.dtype(y) == DType::Bool {
+        return vec![];
+    }
+    match op {
+        B::Add => vec![(0, g), (1, g)],
+        B::Sub => vec![(0, g), (1, b.unary(UnaryOp::Neg, g))],
+        B::Mul => vec![(0, b.mul(g, z)), (1, b.mul(g, x))],
+        B::Div => {
+            let gx = b.div(g, z);
+            let q = b.mul(gx, y);
+            vec![(0, gx), (1, b.unary(UnaryOp::Neg, q))]
+        }
+        B::Pow => {
+            // d(x^z)/dx = z·x^(z−1); d(x^z)/dz = x^z·ln x.
+            let one = b.constant_like(1.0, z);
+            let zm1 = b.sub(z, one);
+            let p = b.binary(B::Pow, x, zm1);
+            let d = b.mul(z, p);
+            let gx = b.mul(g, d);
+            let ln = b.unary(UnaryOp::Log, x);
+            let d = b.mul(y, ln);
+            vec![(0, gx), (1, b.mul(g, d))]
+        }
+        B::Max | B::Min => {
+            // To the larger (smaller) operand; half to each on a tie, as PyTorch does.
+            let wins = b.binary(if op == B::Max { B::Gt } else { B::Lt }, x, z);
+            let tie = b.binary(B::Eq, x, z);
+            let zero = b.constant_like(0.0, g);
+            let half = b.scale(g, 0.5);
+            let tie_share = b.push(Op::Where, &[tie, half, zero], b.dtype(g), b.shape(g));
+            let gx = b.push(Op::Where, &[wins, g, tie_share], b.dtype(g), b.shape(g));
+            let loses = b.binary(if op == B::Max { B::Lt } else { B::Gt }, x, z);
+            let gz = b.push(Op::Where, &[loses, g, tie_share], b.dtype(g), b.shape(g));
+            vec![(0, gx), (1, gz)]
+        }
+        _ => vec![],
+    }
+}

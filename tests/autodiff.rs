@@ -204,10 +204,82 @@ fn composites_through_their_decompositions() {
 }
 
 #[test]
+fn slices_concatenation_and_padding() {
+    check(
+        "x[1:5] * x[::2] ++ pad(x[..., 1::3]) ++ narrow",
+        &[spec(&[3, 8]), spec(&[3, 4])],
+        |t| {
+            let x = &t[0];
+            let a = x.slice(1, 1, Some(5), 1)?.mul(&x.slice(1, 0, None, 2)?)?;
+            let b = x.slice(1, 1, None, 3)?.pad(&[(0, 0), (1, 0)], 0.0)?;
+            let c = Tensor::concat(&[&a, &b, &x.narrow(1, 6, 2)?], 1)?;
+            total(c.exp()?.narrow(1, 0, 4)?.mul(&t[1])?)
+        },
+        &[0, 1],
+        same,
+    );
+}
+
+#[test]
+fn index_select_adds_repeated_rows_back() {
+    check(
+        "index_select with repeats, on axes 0 and 1",
+        &[spec(&[4, 3]), spec(&[6, 3])],
+        |t| {
+            // [0, 0, 1, 1, 2, 2] and [2, 1, 0]: repeats and a reversal.
+            let rows = Tensor::arange(0.0, 3.0, 0.5, DType::F32)?.floor()?.cast(DType::I64)?;
+            let cols = Tensor::arange(2.0, -1.0, -1.0, DType::F32)?.cast(DType::I64)?;
+            let picked = t[0].index_select(0, &rows)?.index_select(1, &cols)?;
+            total(picked.mul(&t[1])?.tanh()?)
+        },
+        &[0, 1],
+        same,
+    );
+}
+
+#[test]
 fn ops_without_a_rule_say_so() {
-    let g = capture(&[spec(&[6])], |t| total(t[0].narrow(0, 1, 3)?)).expect("captures");
-    let e = grad_graph(&g, &[0]).expect_err("no rule for slices yet");
-    assert!(matches!(e, kiln::Error::Unsupported { .. }) && e.to_string().contains("no rule yet"), "{e}");
+    let g = capture(&[spec(&[3, 2])], |t| {
+        let index = Tensor::arange(0.0, 6.0, 1.0, DType::F32)?.floor()?.cast(DType::I64)?.reshape(&[3, 2])?;
+        total(t[0].gather(0, &index.mul(0)?)?)
+    })
+    .expect("captures");
+    let e = grad_graph(&g, &[0]).expect_err("no rule for gather yet");
+    assert!(matches!(e, kiln::Error::Unsupported { .. }) && e.to_string().contains("gather"), "{e}");
     let g = capture(&[spec(&[6])], |t| Ok(vec![t[0].exp()?])).expect("captures");
     assert!(matches!(grad_graph(&g, &[0]), Err(kiln::Error::Unsupported { .. })), "a non-scalar output");
+}
+
+/// A least-squares loss `mean((x @ w + b − y)²)`: its gradients in closed form.
+fn least_squares(t: &[Tensor]) -> kiln::Result<Tensor> {
+    let r = t[0].matmul(&t[1])?.add(&t[2])?.sub(&t[3])?;
+    r.mul(&r)?.mean(&[0, 1], false)
+}
+
+#[test]
+fn value_and_grad_on_the_host_and_on_a_device() {
+    use kiln::graph::autodiff::value_and_grad;
+    let specs = [spec(&[5, 3]), spec(&[3, 2]), spec(&[2]), spec(&[5, 2])];
+    let host: Vec<Tensor> = inputs(&specs, same).into_iter().map(Tensor::from_data).collect();
+    let (value, grads) = value_and_grad(least_squares, &host, &[1, 2]).expect("differentiates");
+    // Closed form: r = xw + b − y; dL/dw = 2/N · xᵀr, dL/db = 2/N · Σ_rows r (N = 10 elements).
+    let v = |t: &Tensor| t.to_data().unwrap().values().to_vec();
+    let (x, w, b, y) = (v(&host[0]), v(&host[1]), v(&host[2]), v(&host[3]));
+    let r: Vec<f64> =
+        (0..10).map(|e| (0..3).map(|k| x[e / 2 * 3 + k] * w[k * 2 + e % 2]).sum::<f64>() + b[e % 2] - y[e]).collect();
+    let dw: Vec<f64> = (0..6).map(|e| (0..5).map(|i| x[i * 3 + e / 2] * r[i * 2 + e % 2]).sum::<f64>() * 0.2).collect();
+    let db: Vec<f64> = (0..2).map(|j| (0..5).map(|i| r[i * 2 + j]).sum::<f64>() * 0.2).collect();
+    let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(p, q)| (p - q).abs() <= 1e-5 * (1.0 + q.abs()));
+    assert!((v(&value)[0] - r.iter().map(|e| e * e).sum::<f64>() / 10.0).abs() < 1e-5);
+    assert!(close(&v(&grads[0]), &dw) && close(&v(&grads[1]), &db), "{:?} {:?}", v(&grads[0]), dw);
+    // On a device the joint graph runs there as kernels and the gradients stay there.
+    let rt = KernelInterpreter::default().runtime();
+    let on: Vec<Tensor> = host.iter().map(|t| t.to(rt.clone()).unwrap()).collect();
+    let (_, dev) = value_and_grad(least_squares, &on, &[1, 2]).expect("differentiates on the device");
+    assert_eq!(dev[0].device_name(), Some(rt.name()));
+    assert!(close(&v(&dev[0]), &dw) && close(&v(&dev[1]), &db));
+    // A captured weight is named as the problem.
+    let captured = host[1].clone();
+    let e = value_and_grad(|t| t[0].matmul(&captured)?.sum(&[0, 1], false), &host[..1], &[0]).expect_err("a weight");
+    assert!(e.to_string().contains("pass every tensor it reads as an argument"), "{e}");
 }

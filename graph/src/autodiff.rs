@@ -4,15 +4,17 @@
 //! the primitives `decompose` leaves (composites differentiate through their decompositions).
 //!
 //! First slice of the training issue: pointwise ops, `where`, casts, sum/max/min reductions, reshape,
-//! expand, permute and matmul. Slicing, concatenation, padding, gathers and index selection answer
-//! `Error::Unsupported` naming the op and the user's line until their rules land.
+//! expand, permute, matmul, slices (any step), concatenation, padding and index selection (an
+//! embedding's gradient). `gather` answers `Error::Unsupported` naming the op and the user's line until
+//! its rule lands, as do sizes that are symbolic where a rule needs them constant.
 
 use crate::decompose::{decompose, Builder};
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, Graph, NodeId, Op, ReduceOp, UnaryOp};
+use crate::ir::{BinaryOp, Graph, InputKind, NodeId, Op, ReduceOp, UnaryOp};
 use crate::loc::SourceLoc;
 use crate::shape::Shape;
 use crate::sym::Expr;
+use crate::trace::{capture, Tensor, TensorSpec};
 use crate::DType;
 
 /// The joint graph of `graph` (one output, a single element of a float dtype) and its gradient: outputs
@@ -83,6 +85,49 @@ pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph> {
     let mut joint = b.graph;
     joint.outputs = outputs;
     Ok(joint)
+}
+
+/// `f`'s value at `args` and its gradients with respect to `args[i]` for each `i` in `wrt` (the
+/// functional form, as `jax.value_and_grad`): traces `f` once at these shapes, differentiates the graph,
+/// and runs the joint graph — compiled and fused — where eager ops on these tensors run (their device,
+/// else the CPU reference). Every tensor `f` reads must be an argument (a captured weight is an error
+/// that says so).
+pub fn value_and_grad(
+    f: impl FnOnce(&[Tensor]) -> Result<Tensor>,
+    args: &[Tensor],
+    wrt: &[usize],
+) -> Result<(Tensor, Vec<Tensor>)> {
+    let loc = SourceLoc::internal();
+    let specs = args
+        .iter()
+        .map(|t| {
+            let dims = t.shape().as_concrete().ok_or_else(|| unsupported("value_and_grad inside a trace", &loc))?;
+            Ok(TensorSpec::new(t.dtype(), &dims))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let graph = capture(&specs, |t| Ok(vec![f(t)?]))?;
+    if graph.inputs.iter().any(|i| !matches!(i.kind, InputKind::Arg { .. })) {
+        return Err(unsupported(
+            "a gradient of a function that reads a tensor it was not given (a captured weight): pass every tensor it reads as an argument",
+            &loc,
+        ));
+    }
+    let joint = grad_graph(&graph, wrt)?;
+    let refs: Vec<&Tensor> = args.iter().collect();
+    let backend = crate::trace::eager_backend(&refs);
+    let compiled = match backend.target() {
+        Some(target) => Some(crate::pipeline::compile_cached(&joint, target, crate::fuse::FusionMode::Fused)?),
+        None => None,
+    };
+    let values = args
+        .iter()
+        .map(|t| t.value().ok_or_else(|| unsupported("value_and_grad inside a trace", &loc)))
+        .collect::<Result<Vec<_>>>()?;
+    let outs =
+        crate::backend::execute(backend.as_ref(), &joint, compiled.as_ref(), &values, crate::backend::Mode::Default)?;
+    let mut outs = outs.into_iter().map(Tensor::from_value);
+    let value = outs.next().ok_or_else(|| unsupported("a joint graph without its value", &loc))?;
+    Ok((value, outs.collect()))
 }
 
 fn unsupported(what: &str, loc: &SourceLoc) -> Error {
@@ -156,8 +201,137 @@ fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
             let gc = matmul(b, at, g);
             vec![(0, ga), (1, gc)]
         }
+        Op::Slice { axis, start, end, step } => {
+            let len = b.shape(x(0)).dims()[*axis].as_const();
+            let (Some(s), Some(_), Some(len)) = (start.as_const(), end.as_const(), len) else {
+                return Err(unsupported("the gradient of a slice with symbolic bounds", &node.loc));
+            };
+            vec![(0, unslice(b, g, *axis, s as usize, *step, len as usize))]
+        }
+        Op::Concat { axis } => {
+            let mut at = 0usize;
+            let mut out = Vec::new();
+            for (k, &part) in node.inputs.iter().enumerate() {
+                let Some(len) = b.shape(part).dims()[*axis].as_const() else {
+                    return Err(unsupported("the gradient of a concatenation of symbolic sizes", &node.loc));
+                };
+                out.push((k, slice(b, g, *axis, at, at + len as usize)));
+                at += len as usize;
+            }
+            out
+        }
+        Op::Pad { pads, .. } => {
+            let shape = b.shape(x(0));
+            let mut gx = g;
+            for (axis, &(before, _)) in pads.iter().enumerate() {
+                let Some(len) = shape.dims()[axis].as_const() else {
+                    return Err(unsupported("the gradient of a padding of a symbolic size", &node.loc));
+                };
+                if b.shape(gx).dims()[axis] != shape.dims()[axis] {
+                    gx = slice(b, gx, axis, before, before + len as usize);
+                }
+            }
+            vec![(0, gx)]
+        }
+        Op::IndexSelect { axis } => vec![(0, index_select_grad(b, x(0), x(1), *axis, g, &node.loc)?)],
         other => return Err(unsupported(&format!("the gradient of {} (no rule yet)", other.name()), &node.loc)),
     })
+}
+
+/// `x[start..end]` along `axis` (constant bounds, step 1).
+fn slice(b: &mut Builder, x: NodeId, axis: usize, start: usize, end: usize) -> NodeId {
+    let mut dims = b.shape(x).dims().to_vec();
+    dims[axis] = Expr::from(end - start);
+    let op = Op::Slice { axis, start: Expr::from(start), end: Expr::from(end), step: 1 };
+    b.push(op, &[x], b.dtype(x), Shape(dims))
+}
+
+/// Zero padding of `x` along one axis.
+fn pad(b: &mut Builder, x: NodeId, axis: usize, before: usize, after: usize) -> NodeId {
+    if before == 0 && after == 0 {
+        return x;
+    }
+    let s = b.shape(x);
+    let mut pads = vec![(0, 0); s.rank()];
+    pads[axis] = (before, after);
+    let mut dims = s.dims().to_vec();
+    dims[axis] = dims[axis].clone().checked_add(&Expr::from(before + after)).unwrap_or_else(|_| dims[axis].clone());
+    b.push(Op::Pad { pads, value: 0.0 }, &[x], b.dtype(x), Shape(dims))
+}
+
+/// The gradient of `x[start::step]` along `axis` (`len` long): `g` put back where the slice took its
+/// elements, zeros elsewhere. A step of k spreads `g` first (each element followed by k − 1 zeros: a new
+/// axis padded to k, then merged).
+fn unslice(b: &mut Builder, g: NodeId, axis: usize, start: usize, step: usize, len: usize) -> NodeId {
+    let shape = b.shape(g);
+    let m = shape.dims()[axis].as_const().unwrap_or(0) as usize;
+    let mut spread = g;
+    let mut span = m;
+    if step > 1 && m > 0 {
+        let mut dims = shape.dims().to_vec();
+        dims.insert(axis + 1, Expr::from(1usize));
+        let r = b.reshape(g, Shape(dims));
+        let p = pad(b, r, axis + 1, 0, step - 1);
+        let mut merged = shape.dims().to_vec();
+        merged[axis] = Expr::from(m * step);
+        spread = b.reshape(p, Shape(merged));
+        span = m * step;
+    }
+    if start + span > len {
+        spread = slice(b, spread, axis, 0, len - start);
+        span = len - start;
+    }
+    pad(b, spread, axis, start, len - start - span)
+}
+
+/// The gradient of `index_select(x, axis, index)` for `x`: each selected row's gradient added back to
+/// the row it came from (repeats add up), as `g` contracted with the one-hot matrix of `index`.
+fn index_select_grad(
+    b: &mut Builder,
+    x: NodeId,
+    index: NodeId,
+    axis: usize,
+    g: NodeId,
+    loc: &SourceLoc,
+) -> Result<NodeId> {
+    let (xs, gs) = (b.shape(x), b.shape(g));
+    let (len, n) = (xs.dims()[axis].clone(), gs.dims()[axis].clone());
+    let idt = b.dtype(index);
+    let dtype = b.dtype(g);
+    if len.as_const().is_none() || n.as_const().is_none() {
+        return Err(unsupported("the gradient of an index_select of symbolic sizes", loc));
+    }
+    // one_hot[i, j] = (index[i] == j), [n, len], in g's dtype.
+    let grid = Shape(vec![n.clone(), len.clone()]);
+    let iota = b.push(Op::Iota { axis: 1 }, &[], idt, grid.clone());
+    let column = b.reshape(index, Shape(vec![n.clone(), Expr::from(1usize)]));
+    let column = b.broadcast(column, &grid);
+    let hit = b.binary(BinaryOp::Eq, column, iota);
+    let one = b.full(1.0, dtype, grid.clone());
+    let zero = b.full(0.0, dtype, grid.clone());
+    let one_hot = b.push(Op::Where, &[hit, one, zero], dtype, grid);
+    // Move `axis` last, contract with the one-hot matrix, move it back.
+    let r = gs.rank();
+    let mut perm: Vec<usize> = (0..r).filter(|&a| a != axis).collect();
+    perm.push(axis);
+    let moved_dims: Vec<Expr> = perm.iter().map(|&a| gs.dims()[a].clone()).collect();
+    let mut moved = b.push(Op::Permute { perm: perm.clone() }, &[g], dtype, Shape(moved_dims.clone()));
+    if r == 1 {
+        moved = b.reshape(moved, Shape(vec![Expr::from(1usize), n.clone()]));
+    }
+    let ms = b.shape(moved);
+    let mut batch = ms.dims()[..ms.rank() - 2].to_vec();
+    batch.extend([n.clone(), len.clone()]);
+    let one_hot = b.broadcast(one_hot, &Shape(batch));
+    let summed = matmul(b, moved, one_hot);
+    let mut back_dims = moved_dims;
+    *back_dims.last_mut().expect("rank >= 1") = len;
+    let summed = if r == 1 { b.reshape(summed, Shape(back_dims.clone())) } else { summed };
+    let mut inverse = vec![0; r];
+    for (i, &p) in perm.iter().enumerate() {
+        inverse[p] = i;
+    }
+    Ok(b.push(Op::Permute { perm: inverse }, &[summed], dtype, xs))
 }
 
 /// `x`'s shape with `axes` kept as size 1 (a keepdim reduction's shape).

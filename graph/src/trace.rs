@@ -660,7 +660,7 @@ pub fn capture(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Te
 /// The backend an eager op on `inputs` runs on: the thread's eager backend if one was set, else the
 /// device its inputs live on (as in PyTorch, ops on GPU tensors run on the GPU; nothing is copied to the
 /// host), else the CPU reference.
-fn eager_backend(inputs: &[&Tensor]) -> Arc<dyn Backend> {
+pub(crate) fn eager_backend(inputs: &[&Tensor]) -> Arc<dyn Backend> {
     let on_device = || -> Option<Arc<dyn Backend>> {
         inputs.iter().find_map(|t| t.value()?.device()).map(|d| d.buffer.runtime().clone() as Arc<dyn Backend>)
     };

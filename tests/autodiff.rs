@@ -238,13 +238,30 @@ fn index_select_adds_repeated_rows_back() {
 }
 
 #[test]
-fn ops_without_a_rule_say_so() {
-    let g = capture(&[spec(&[3, 2])], |t| {
-        let index = Tensor::arange(0.0, 6.0, 1.0, DType::F32)?.floor()?.cast(DType::I64)?.reshape(&[3, 2])?;
-        total(t[0].gather(0, &index.mul(0)?)?)
+fn gather_adds_back_at_its_indices() {
+    check(
+        "gather along axis 1 with repeats",
+        &[spec(&[3, 4]), spec(&[3, 4])],
+        |t| {
+            // index[i][j] = floor(j / 2) + i mod-free: [[0,0,1,1],[1,1,2,2],[2,2,3,3]].
+            let j = Tensor::arange(0.0, 2.0, 0.5, DType::F32)?.floor()?.reshape(&[1, 4])?;
+            let i = Tensor::arange(0.0, 3.0, 1.0, DType::F32)?.reshape(&[3, 1])?;
+            let index = j.add(&i)?.cast(DType::I64)?;
+            total(t[0].gather(1, &index)?.mul(&t[1])?.sin()?)
+        },
+        &[0, 1],
+        same,
+    );
+}
+
+#[test]
+fn what_a_rule_cannot_do_says_so() {
+    let g = capture(&[spec(&[3, 4])], |t| {
+        let index = Tensor::arange(0.0, 2.0, 1.0, DType::F32)?.cast(DType::I64)?.reshape(&[2, 1])?;
+        total(t[0].gather(0, &index)?)
     })
     .expect("captures");
-    let e = grad_graph(&g, &[0]).expect_err("no rule for gather yet");
+    let e = grad_graph(&g, &[0]).expect_err("an index smaller than its input");
     assert!(matches!(e, kiln::Error::Unsupported { .. }) && e.to_string().contains("gather"), "{e}");
     let g = capture(&[spec(&[6])], |t| Ok(vec![t[0].exp()?])).expect("captures");
     assert!(matches!(grad_graph(&g, &[0]), Err(kiln::Error::Unsupported { .. })), "a non-scalar output");

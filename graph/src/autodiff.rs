@@ -4,9 +4,10 @@
 //! the primitives `decompose` leaves (composites differentiate through their decompositions).
 //!
 //! First slice of the training issue: pointwise ops, `where`, casts, sum/max/min reductions, reshape,
-//! expand, permute, matmul, slices (any step), concatenation, padding and index selection (an
-//! embedding's gradient). `gather` answers `Error::Unsupported` naming the op and the user's line until
-//! its rule lands, as do sizes that are symbolic where a rule needs them constant.
+//! expand, permute, matmul, slices (any step), concatenation, padding, index selection (an embedding's
+//! gradient) and gather. What a rule cannot do yet (sizes that are symbolic where it needs them
+//! constant, a gather index smaller than its input) answers `Error::Unsupported` naming the op and the
+//! user's line.
 
 use crate::decompose::{decompose, Builder};
 use crate::error::{Error, Result};
@@ -234,6 +235,7 @@ fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
             vec![(0, gx)]
         }
         Op::IndexSelect { axis } => vec![(0, index_select_grad(b, x(0), x(1), *axis, g, &node.loc)?)],
+        Op::Gather { axis } => vec![(0, gather_grad(b, x(0), x(1), *axis, g, &node.loc)?)],
         other => return Err(unsupported(&format!("the gradient of {} (no rule yet)", other.name()), &node.loc)),
     })
 }
@@ -282,6 +284,41 @@ fn unslice(b: &mut Builder, g: NodeId, axis: usize, start: usize, step: usize, l
         span = len - start;
     }
     pad(b, spread, axis, start, len - start - span)
+}
+
+/// The gradient of `gather(x, axis, index)` for `x`: `g` added back at the positions `index` names along
+/// `axis` (repeats add up), through a one-hot comparison along a new last axis of `x`'s length, summed
+/// over `axis`. Needs `index` as large as `x` on the other axes (what `gather` over a whole tensor uses).
+fn gather_grad(b: &mut Builder, x: NodeId, index: NodeId, axis: usize, g: NodeId, loc: &SourceLoc) -> Result<NodeId> {
+    let (xs, gs) = (b.shape(x), b.shape(g));
+    let r = xs.rank();
+    let others_match = (0..r).all(|a| a == axis || xs.dims()[a] == gs.dims()[a]);
+    let len = xs.dims()[axis].clone();
+    if !others_match || len.as_const().is_none() {
+        return Err(unsupported("the gradient of a gather whose index is smaller than its input on other axes", loc));
+    }
+    let dtype = b.dtype(g);
+    let mut wide = gs.dims().to_vec();
+    wide.push(len.clone());
+    let wide = Shape(wide);
+    let mut column = gs.dims().to_vec();
+    column.push(Expr::from(1usize));
+    let idx = b.reshape(index, Shape(column.clone()));
+    let idx = b.broadcast(idx, &wide);
+    let iota = b.push(Op::Iota { axis: r }, &[], b.dtype(index), wide.clone());
+    let hit = b.binary(BinaryOp::Eq, idx, iota);
+    let ge = b.reshape(g, Shape(column));
+    let ge = b.broadcast(ge, &wide);
+    let zero = b.full(0.0, dtype, wide.clone());
+    let spread = b.push(Op::Where, &[hit, ge, zero], dtype, wide);
+    // [.., 1 at axis, .., len] -> swap axis and the last -> [.., len at axis, .., 1] -> x's shape.
+    let summed = b.reduce(ReduceOp::Sum, spread, &[axis], true);
+    let mut perm: Vec<usize> = (0..=r).collect();
+    perm.swap(axis, r);
+    let mut dims = b.shape(summed).dims().to_vec();
+    dims.swap(axis, r);
+    let swapped = b.push(Op::Permute { perm }, &[summed], dtype, Shape(dims));
+    Ok(b.reshape(swapped, xs))
 }
 
 /// The gradient of `index_select(x, axis, index)` for `x`: each selected row's gradient added back to

@@ -205,7 +205,7 @@ fn run(cli: &Cli, cold: bool) -> kiln::Result<Report> {
         }
     }
     for note in [
-        "W5 runs forward only (f32 and bf16): the training step waits for autodiff. W6 (densenet) waits for convolution support.",
+        "W5 runs forward only (f32 and bf16): the training step waits for the training issue (nn modules, optimizers). W6 (densenet) waits for convolution support.",
         "cuda: reduce-overhead replays the compiled graph as one CUDA graph. Compile times are the first compile of the workload in its process (trace, compile, load, first run); cold in a process that started with kiln's compile cache and the CUDA driver's JIT cache (CUDA_CACHE_PATH) empty, warm in a later one with both kept.",
     ] {
         report.notes.push(note.into());

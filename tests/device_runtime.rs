@@ -135,7 +135,23 @@ fn eager_ops_run_where_their_inputs_live(rt: &Arc<Runtime>) {
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![3.0, -2.0, 9.0, -4.0]);
 }
 
+/// A reduce-overhead function's recording holds device buffers; dropping the function returns them.
+fn dropping_a_reduce_overhead_function_frees_its_recording(rt: &Arc<Runtime>) {
+    let x = host(&[1.0; 1024], &[1024]).to(rt.clone()).unwrap();
+    let before = rt.memory_stats().in_use;
+    {
+        let f = compile(|x: &Tensor| x.mul(3.0)?.add(1.0)).backend(rt.clone()).mode(kiln::Mode::ReduceOverhead);
+        for _ in 0..3 {
+            let y: Tensor = f.call(&x).unwrap();
+            assert_eq!(y.to_vec::<f32>().unwrap()[0], 4.0);
+        }
+        assert!(rt.memory_stats().in_use > before, "the recording holds its buffers while the function lives");
+    }
+    assert_eq!(rt.memory_stats().in_use, before, "and gives them back when it is dropped");
+}
+
 fn all(rt: &Arc<Runtime>) {
+    dropping_a_reduce_overhead_function_frees_its_recording(rt);
     eager_ops_run_where_their_inputs_live(rt);
     failed_checks_reach_only_their_readers(rt);
     reads_without_blocking(rt);

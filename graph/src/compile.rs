@@ -307,6 +307,22 @@ fn signature(tensors: &[Tensor]) -> Vec<(DType, Vec<usize>)> {
         .collect()
 }
 
+/// A reduce-overhead function's recordings (and the buffers they hold) go back to the device when the
+/// function is dropped, rather than waiting to be pushed out of the runtime's last-16 list.
+impl<F> Drop for Compiled<F> {
+    fn drop(&mut self) {
+        if self.mode != crate::backend::Mode::ReduceOverhead {
+            return;
+        }
+        let Some(rt) = self.backend.as_ref().ok().and_then(|b| b.runtime()) else { return };
+        for e in &lock(&self.state).entries {
+            if let Some((_, Some(c))) = &e.graph {
+                rt.release_recordings(c);
+            }
+        }
+    }
+}
+
 impl<F> Compiled<F> {
     /// When true, a graph break is an error pointing at the user's line instead of a split.
     pub fn fullgraph(mut self, on: bool) -> Self {

@@ -333,6 +333,21 @@ impl Runtime {
         m.downloaded = 0;
     }
 
+    /// Drops the reduce-overhead recordings made for `c`, returning their buffers to the pool: the
+    /// function that made them is gone. Another function sharing `c` (the compile cache shares equal
+    /// graphs) records again on its next call.
+    pub fn release_recordings(&self, c: &Arc<CompiledGraph>) {
+        let released: Vec<Recorded> = {
+            let mut recs = lock(&self.recordings);
+            let (gone, kept): (Vec<Recorded>, Vec<Recorded>) =
+                std::mem::take(&mut *recs).into_iter().partition(|r| Arc::ptr_eq(&r.compiled, c));
+            *recs = kept;
+            gone
+        };
+        // Dropped outside the lock: returning buffers takes the pool's.
+        drop(released);
+    }
+
     /// Starts a new peak: `peak` becomes what is in use now.
     pub fn reset_peak(&self) {
         let mut m = lock(&self.mem);

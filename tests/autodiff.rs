@@ -330,7 +330,12 @@ fn value_and_grad_on_the_host_and_on_a_device() {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
+    // A fixed seed: the same 24 cases every run (a failure replays exactly).
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 24,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x6b696c6e),
+        ..Default::default()
+    })]
     /// Random shapes (rank 1–3, sizes 1–4) and broadcast patterns: reductions over the first and last
     /// axes, softmax and a broadcast operand all check against finite differences.
     #[test]
@@ -344,6 +349,8 @@ proptest::proptest! {
             2 => |t| total(t[0].sub(&t[1])?.softmax(-1)?.mul(&t[2])?),
             _ => |t| total(t[0].div(&t[1].abs()?.add(1.0)?)?.mean(&[0], false)?.tanh()?),
         };
-        check("random shapes", &specs, f, &[0, 1, 2], quarters);
+        // Continuous values: a reduction's max has no ties (a tie of three would split the gradient in
+        // thirds, which a central difference sees as a half); `abs` stays off its kink.
+        check("random shapes", &specs, f, &[0, 1, 2], if op == 3 { off_zero } else { same });
     }
 }

@@ -47,3 +47,15 @@ fn tensors_at_the_binding_limit() {
         }
     }
 }
+
+/// A fused concat whose other side is never read at the point computed folds that side's index to a
+/// negative constant (`x[0 - 1]`, guarded off): it must still render (naga rejects constant negative
+/// indices) and give the value of the side that is read.
+#[test]
+fn a_concat_whose_other_side_is_dead_renders() {
+    let Some(backend) = wgpu() else { return };
+    let x = kiln::Tensor::from_slice(&[0.5f32], &[1]).unwrap();
+    let f = kiln::compile(|x: &kiln::Tensor| kiln::Tensor::concat(&[x, x], 0)?.narrow(0, 0, 1)?.sin()).backend(backend);
+    let y: kiln::Tensor = f.call(&x).unwrap();
+    assert!((y.to_vec::<f32>().unwrap()[0] - 0.5f32.sin()).abs() < 1e-6);
+}

@@ -181,7 +181,15 @@ impl<'a> Lowerer<'a> {
     fn let_(&mut self, dtype: DType, value: Scalar) -> VarId {
         let value = match value {
             Scalar::Load { buffer, index, guard } => {
-                Scalar::Load { buffer, index: index.simplify_in(&self.ranges), guard }
+                let index = index.simplify_in(&self.ranges);
+                // A guarded load whose index folds to a negative constant is one the guard always turns
+                // off (a pad's or concat's other side): load element 0 instead, so no renderer sees an
+                // address before the buffer (naga rejects the constant; PTX would read out of bounds).
+                let index = match (guard, index.as_const()) {
+                    (Some(_), Some(c)) if c < 0 => Expr::from(0usize),
+                    _ => index,
+                };
+                Scalar::Load { buffer, index, guard }
             }
             Scalar::Index { expr } => Scalar::Index { expr: expr.simplify_in(&self.ranges) },
             v => v,

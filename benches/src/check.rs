@@ -35,6 +35,12 @@ pub struct Tolerance {
 }
 
 impl Tolerance {
+    /// The rule for `g`'s (first) output: its dtype and `g`'s depth.
+    pub fn of(g: &Graph) -> kiln::Result<Tolerance> {
+        let dtype = g.outputs.first().map_or(DType::F32, |o| g.node(*o).dtype);
+        Ok(Tolerance::rule(dtype, depth(g)?))
+    }
+
     /// The rule for an output of `dtype` from a graph of depth `depth`.
     pub fn rule(dtype: DType, depth: f64) -> Tolerance {
         let (r, a) = base(dtype);
@@ -95,6 +101,18 @@ impl Expected {
     /// From a tensor.
     pub fn of(t: &TensorData, source: &str) -> Expected {
         Expected::new(t.dims().to_vec(), t.values().to_vec(), source)
+    }
+
+    /// Kiln's f64 reference (the CPU interpreter) for `f` on `inputs`: its first output.
+    pub fn reference(
+        f: fn(&[kiln::Tensor]) -> kiln::Result<Vec<kiln::Tensor>>,
+        inputs: &[TensorData],
+        source: &str,
+    ) -> kiln::Result<Expected> {
+        let inputs: Vec<kiln::Tensor> = inputs.iter().map(|d| kiln::Tensor::from_data(d.clone())).collect();
+        let out = kiln::compile(|x: Vec<kiln::Tensor>| f(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
+        let first = out.first().ok_or_else(|| kiln::Error::Format { what: source.into(), msg: "no output".into() })?;
+        Ok(Expected::of(&*first.to_data()?, source))
     }
 
     /// Tensor `out` of a safetensors file (F32, F64, BF16 or F16), `None` when the file does not exist.
@@ -183,17 +201,10 @@ pub fn peer_rows(results: &mut [crate::report::ResultRow], dir: &std::path::Path
         let base = crate::timing::base_id(&r.workload).to_string();
         let Some(w) = all.iter().find(|w| w.id == base) else { continue };
         if !reference.contains_key(&base) {
-            let inputs: Vec<kiln::Tensor> = w
-                .check
-                .iter()
-                .enumerate()
-                .map(|(i, s)| kiln::Tensor::from_data(kiln_graph::workloads::data(s, i)))
-                .collect();
-            let out = kiln::compile(|x: Vec<kiln::Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
-            let g = kiln_graph::capture(&w.check, w.f)?;
-            let dtype = g.outputs.first().map_or(DType::F32, |o| g.node(*o).dtype);
-            let want = Expected::of(&*out[0].to_data()?, "kiln's f64 reference (check size)");
-            reference.insert(base.clone(), (want, Tolerance::rule(dtype, depth(&g)?)));
+            let inputs: Vec<TensorData> =
+                w.check.iter().enumerate().map(|(i, s)| kiln_graph::workloads::data(s, i)).collect();
+            let want = Expected::reference(w.f, &inputs, "kiln's f64 reference (check size)")?;
+            reference.insert(base.clone(), (want, Tolerance::of(&kiln_graph::capture(&w.check, w.f)?)?));
         }
         let (want, tol) = &reference[&base];
         let o = compare_values(&got.dims, &got.values, want, *tol);

@@ -59,7 +59,7 @@ pub fn base_id(id: &str) -> &str {
 
 /// What `w`'s output at `specs` should be: torch's float64 run (`--expect DIR/<id>.expected.safetensors`,
 /// written by the peer for the same seeded inputs) where present, else kiln's f64 reference.
-fn expected(w: &Workload, specs: &[TensorSpec], host: &[TensorData], cli: &Cli) -> kiln::Result<Expected> {
+fn expected(w: &Workload, host: &[TensorData], cli: &Cli) -> kiln::Result<Expected> {
     let size = if cli.quick { "quick size" } else { "full size" };
     if let Some(dir) = &cli.expect {
         let path = dir.join(format!("{}.expected.safetensors", base_id(w.id)));
@@ -68,14 +68,10 @@ fn expected(w: &Workload, specs: &[TensorSpec], host: &[TensorData], cli: &Cli) 
         }
         eprintln!("kiln-bench: {} not found; checking {} against kiln's f64 reference", path.display(), w.id);
     }
-    let _ = specs;
     if !cli.quick {
         eprintln!("kiln-bench: {}: computing kiln's f64 reference at full size (no --expect outputs); large workloads take minutes on the host", w.id);
     }
-    let inputs: Vec<Tensor> = host.iter().map(|d| Tensor::from_data(d.clone())).collect();
-    let out = kiln::compile(|x: Vec<Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
-    let first = out.first().ok_or_else(|| kiln::Error::Format { what: w.id.into(), msg: "no output".into() })?;
-    Ok(Expected::of(&*first.to_data()?, &format!("kiln's f64 reference ({size})")))
+    Expected::reference(w.f, host, &format!("kiln's f64 reference ({size})"))
 }
 
 /// One configuration's output against the expected one.
@@ -108,9 +104,8 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
     let specs = if cli.quick { &w.quick } else { &w.full };
     let host: Vec<TensorData> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
     let g = capture(specs, w.f)?;
-    let out_dtype = g.outputs.first().map_or(DType::F32, |o| g.node(*o).dtype);
-    let tol = Tolerance::rule(out_dtype, check::depth(&g)?);
-    let want = expected(w, specs, &host, cli)?;
+    let tol = Tolerance::of(&g)?;
+    let want = expected(w, &host, cli)?;
     phase("expected output ready");
     let checked = format!("{}, rtol {:.1e}, atol {:.1e}", want.source, tol.rtol, tol.atol);
     let device_inputs: Vec<Tensor> =
@@ -305,13 +300,8 @@ pub fn measure_dynamic(dev: &Device, cli: &Cli, cold: bool) -> kiln::Result<Resu
         compile_ms += (first - steady).max(0.0) * 1e3;
         per_size.push(steady);
         if CHECKED_SIZES.contains(&i) {
-            let g = capture(&specs, kiln_graph::workloads::w3)?;
-            let tol = Tolerance::rule(DType::F32, check::depth(&g)?);
-            let inputs: Vec<Tensor> = host.iter().map(|d| Tensor::from_data(d.clone())).collect();
-            let want = kiln::compile(|x: Vec<Tensor>| kiln_graph::workloads::w3(&x))
-                .backend(kiln::Backend::Cpu)
-                .call(inputs)?;
-            let want = Expected::of(&*want[0].to_data()?, "kiln's f64 reference");
+            let tol = Tolerance::of(&capture(&specs, kiln_graph::workloads::w3)?)?;
+            let want = Expected::reference(kiln_graph::workloads::w3, &host, "kiln's f64 reference")?;
             let o = check::compare(&*out[0].to_data()?, &want, tol);
             outcome = Some(outcome.map_or(o, |x| x.and(o)));
             checked = format!(

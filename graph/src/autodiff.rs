@@ -176,8 +176,6 @@ fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
                     let share = b.broadcast(share, &shape);
                     vec![(0, b.push(Op::Where, &[hit, share, zero], b.dtype(x(0)), shape))]
                 }
-                #[allow(unreachable_patterns)]
-                _ => return Err(unsupported(&format!("the gradient of {}", node.op.name()), &node.loc)),
             }
         }
         Op::Reshape => vec![(0, b.reshape(g, b.shape(x(0))))],
@@ -207,7 +205,7 @@ fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
             let (Some(s), Some(_), Some(len)) = (start.as_const(), end.as_const(), len) else {
                 return Err(unsupported("the gradient of a slice with symbolic bounds", &node.loc));
             };
-            vec![(0, unslice(b, g, *axis, s as usize, *step, len as usize))]
+            vec![(0, unslice(b, g, *axis, s as usize, *step, len as usize)?)]
         }
         Op::Concat { axis } => {
             let mut at = 0usize;
@@ -249,22 +247,22 @@ fn slice(b: &mut Builder, x: NodeId, axis: usize, start: usize, end: usize) -> N
 }
 
 /// Zero padding of `x` along one axis.
-fn pad(b: &mut Builder, x: NodeId, axis: usize, before: usize, after: usize) -> NodeId {
+fn pad(b: &mut Builder, x: NodeId, axis: usize, before: usize, after: usize) -> Result<NodeId> {
     if before == 0 && after == 0 {
-        return x;
+        return Ok(x);
     }
     let s = b.shape(x);
     let mut pads = vec![(0, 0); s.rank()];
     pads[axis] = (before, after);
     let mut dims = s.dims().to_vec();
-    dims[axis] = dims[axis].clone().checked_add(&Expr::from(before + after)).unwrap_or_else(|_| dims[axis].clone());
-    b.push(Op::Pad { pads, value: 0.0 }, &[x], b.dtype(x), Shape(dims))
+    dims[axis] = dims[axis].checked_add(&Expr::from(before + after))?;
+    Ok(b.push(Op::Pad { pads, value: 0.0 }, &[x], b.dtype(x), Shape(dims)))
 }
 
 /// The gradient of `x[start::step]` along `axis` (`len` long): `g` put back where the slice took its
 /// elements, zeros elsewhere. A step of k spreads `g` first (each element followed by k − 1 zeros: a new
 /// axis padded to k, then merged).
-fn unslice(b: &mut Builder, g: NodeId, axis: usize, start: usize, step: usize, len: usize) -> NodeId {
+fn unslice(b: &mut Builder, g: NodeId, axis: usize, start: usize, step: usize, len: usize) -> Result<NodeId> {
     let shape = b.shape(g);
     let m = shape.dims()[axis].as_const().unwrap_or(0) as usize;
     let mut spread = g;
@@ -273,7 +271,7 @@ fn unslice(b: &mut Builder, g: NodeId, axis: usize, start: usize, step: usize, l
         let mut dims = shape.dims().to_vec();
         dims.insert(axis + 1, Expr::from(1usize));
         let r = b.reshape(g, Shape(dims));
-        let p = pad(b, r, axis + 1, 0, step - 1);
+        let p = pad(b, r, axis + 1, 0, step - 1)?;
         let mut merged = shape.dims().to_vec();
         merged[axis] = Expr::from(m * step);
         spread = b.reshape(p, Shape(merged));

@@ -11,6 +11,22 @@ use crate::sym::{Bindings, Expr};
 
 /// Runs `graph` on `inputs` (in `Graph::inputs` order) and returns its outputs.
 pub fn run(graph: &Graph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
+    run_with(graph, inputs, true)
+}
+
+/// Runs `graph` computing its math in f64: float intermediates keep every bit and only the outputs are
+/// rounded to their dtypes (integers and booleans are exact as always). It separates a wrong rewrite from
+/// f32 rounding on an ill-conditioned input, where no f32 computation can agree with the reference.
+pub fn run_unrounded(graph: &Graph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
+    let mut out = run_with(graph, inputs, false)?;
+    for t in &mut out {
+        let dt = t.dtype();
+        *t = TensorData::from_rounded(t.values().iter().map(|&x| dt.round(x)).collect(), t.dims().to_vec(), dt);
+    }
+    Ok(out)
+}
+
+fn run_with(graph: &Graph, inputs: &[&TensorData], round_floats: bool) -> Result<Vec<TensorData>> {
     if inputs.len() != graph.inputs.len() {
         return Err(Error::Runtime {
             op: "run".into(),
@@ -45,7 +61,7 @@ pub fn run(graph: &Graph, inputs: &[&TensorData]) -> Result<Vec<TensorData>> {
         // Fail with a typed error, not an abort, when the host cannot hold the result.
         let numel = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
         drop(crate::data::host_reserve(numel, || format!("`{}` at {} ({dims:?})", node.op.name(), node.loc))?);
-        let out = eval_node(node, &args, dims, inputs)?;
+        let out = eval_node(node, &args, dims, inputs, round_floats)?;
         values[i] = Some(out);
         for a in &node.inputs {
             if last_use[a.index()] == i && !graph.outputs.contains(a) {
@@ -115,10 +131,19 @@ fn runtime(node: &Node, msg: impl Into<String>) -> Error {
     Error::Runtime { op: node.op.name().into(), msg: msg.into(), loc: node.loc.clone() }
 }
 
-fn eval_node(node: &Node, args: &[&TensorData], dims: Vec<usize>, inputs: &[&TensorData]) -> Result<TensorData> {
+fn eval_node(
+    node: &Node,
+    args: &[&TensorData],
+    dims: Vec<usize>,
+    inputs: &[&TensorData],
+    round_floats: bool,
+) -> Result<TensorData> {
     let dt = node.dtype;
     let numel: usize = dims.iter().product();
     let finish = |v: Vec<f64>, dims: Vec<usize>| {
+        if dt.is_float() && !round_floats {
+            return TensorData::from_rounded(v, dims, dt);
+        }
         TensorData::from_rounded(v.into_iter().map(|x| dt.round(x)).collect(), dims, dt)
     };
     let out = match &node.op {

@@ -150,7 +150,34 @@ fn dropping_a_reduce_overhead_function_frees_its_recording(rt: &Arc<Runtime>) {
     assert_eq!(rt.memory_stats().in_use, before, "and gives them back when it is dropped");
 }
 
+/// Reduce-overhead outputs are the recording's own buffers while each call's outputs are dropped before
+/// the next call (nothing is copied); an output kept across a later call keeps its values (the recording
+/// is made again, and copies its outputs out from then on), and chaining outputs into inputs stays right.
+fn reduce_overhead_never_overwrites_a_held_output(rt: &Arc<Runtime>) {
+    let f = compile(|x: &Tensor| x.mul(3.0)?.add(1.0)).backend(rt.clone()).mode(kiln::Mode::ReduceOverhead);
+    let at = |v: f32| host(&[v; 256], &[256]).to(rt.clone()).unwrap();
+    let first = |t: &Tensor| t.to_vec::<f32>().unwrap()[0];
+    let before = rt.stats();
+    // New tensors every call: the first call traces, the second checks the trace again for new tensor
+    // identities, then calls replay.
+    for v in 0..5 {
+        assert_eq!(first(&f.call(&at(v as f32)).unwrap()), 3.0 * v as f32 + 1.0);
+    }
+    let s = rt.stats();
+    assert_eq!(s.replay_output_copies, before.replay_output_copies, "dropped outputs are not copied: {s:?}");
+    let kept: Tensor = f.call(&at(10.0)).unwrap();
+    let next: Tensor = f.call(&at(20.0)).unwrap();
+    assert_eq!((first(&kept), first(&next)), (31.0, 61.0), "the kept output was not overwritten");
+    assert!(rt.stats().replay_output_copies > s.replay_output_copies, "{:?}", rt.stats());
+    let mut y = next;
+    for _ in 0..3 {
+        y = f.call(&y).unwrap();
+    }
+    assert_eq!((first(&y), first(&kept)), (1660.0, 31.0), "61 → 184 → 553 → 1660, the kept one untouched");
+}
+
 fn all(rt: &Arc<Runtime>) {
+    reduce_overhead_never_overwrites_a_held_output(rt);
     dropping_a_reduce_overhead_function_frees_its_recording(rt);
     eager_ops_run_where_their_inputs_live(rt);
     failed_checks_reach_only_their_readers(rt);

@@ -47,7 +47,10 @@ pub enum Mode {
     Default,
     /// The first call with given shape-symbol values records the launches once (a CUDA graph) and later
     /// calls replay them with one driver call; inputs whose buffers change between calls are copied into
-    /// the recording's own. Other symbol values record again.
+    /// the recording's own. Other symbol values record again. Outputs are the recording's own buffers
+    /// while each call's outputs are dropped before the next call (a loop body's locals are); outputs
+    /// kept across a call are never overwritten: that recording copies its outputs out from then on
+    /// (torch instead invalidates them and fails on access).
     ReduceOverhead,
 }
 

@@ -13,8 +13,10 @@
 //!   at the next host read — the first time the host waits anyway — so a checked kernel never adds a
 //!   synchronisation. A fault is reported then, naming the op and the user's line.
 //! - **Capture**: reduce-overhead mode records a run once per compiled graph and symbol values
-//!   ([`Driver::record`]); replays copy inputs that live elsewhere into the recorded buffers and copy the
-//!   outputs out (a replay overwrites its own buffers), counted in [`RuntimeStats`].
+//!   ([`Driver::record`]); replays copy inputs that live elsewhere into the recorded buffers. Outputs are
+//!   the recorded buffers themselves while the caller drops each call's outputs before the next call;
+//!   once a caller keeps them across a call, that recording copies its outputs out instead (a replay
+//!   overwrites its own buffers). Both copies are counted in [`RuntimeStats`].
 //! - **Statistics**: memory in use, cached and peak; bytes uploaded and downloaded (what the tests of
 //!   "inputs on the device are never copied" read).
 
@@ -70,6 +72,9 @@ pub struct RuntimeStats {
     pub replays: u64,
     /// Inputs copied into a recording's buffers because they lived elsewhere.
     pub replay_input_copies: u64,
+    /// Outputs copied out of a recording's buffers: the caller kept an earlier call's outputs alive
+    /// across a later call, so that recording hands out copies from then on.
+    pub replay_output_copies: u64,
 }
 
 /// A device allocation owned by kiln; dropping the last handle returns it to its runtime's pool.
@@ -259,12 +264,26 @@ impl Prepared {
     }
 }
 
-/// A reduce-overhead recording: which graph and symbol values, and which inputs it owns a buffer for.
+/// A reduce-overhead recording: which graph and symbol values, which inputs it owns a buffer for, and
+/// whether it hands out copies of its outputs.
 struct Recorded {
     compiled: Arc<CompiledGraph>,
     values: Vec<i64>,
     prepared: Prepared,
     private: Vec<bool>,
+    copy_out: bool,
+}
+
+impl Recorded {
+    /// Whether an output handed out by the last replay (a buffer of the recording's own: not a
+    /// caller's input passed through) is still held, so replaying now would overwrite it.
+    fn outputs_alive(&self) -> bool {
+        let layout = &self.prepared.layout;
+        layout.outputs.iter().any(|(b, _, _)| {
+            let callers = layout.input_slots.iter().zip(&self.private).any(|(s, own)| s == b && !own);
+            !callers && Arc::strong_count(&self.prepared.buffers[*b]) > 1
+        })
+    }
 }
 
 /// Recordings kept for reduce-overhead mode; the oldest goes past this many.
@@ -760,22 +779,25 @@ impl Runtime {
     /// Reduce-overhead: replays the recording made for this compiled graph and these symbol values
     /// (recording it on first use). Inputs that keep their buffer from call to call (weights) stay bound
     /// in place; an input whose buffer changed is given a buffer of the recording's own (one re-record)
-    /// and copied into it on every later replay, as torch does for non-static inputs. Outputs are copied
-    /// out to fresh buffers, since the next replay overwrites the recorded ones.
+    /// and copied into it on every later replay, as torch does for non-static inputs. Outputs are the
+    /// recording's own buffers, which the next replay overwrites: when a caller still holds them at the
+    /// next call, the recording is made again with fresh buffers (the held ones stay the caller's) and
+    /// copies its outputs out from then on, so no output is ever overwritten under its holder.
     pub fn run_recorded(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Vec<DeviceTensor>> {
         let layout = self.layout(c, inputs)?;
         let values: Vec<i64> = layout.bindings.iter().map(|(_, v)| v).collect();
         let mut recs = lock(&self.recordings);
         let found = recs.iter().position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values);
         let slots = &layout.input_slots;
-        let (mut private, stale) = match found.map(|i| &recs[i]) {
+        let (mut private, stale, copy_out) = match found.map(|i| &recs[i]) {
             Some(r) => {
                 let moved: Vec<bool> =
                     slots.iter().zip(inputs).map(|(&s, t)| r.prepared.buffers[s].id() != t.buffer.id()).collect();
-                let stale = moved.iter().zip(&r.private).any(|(m, p)| *m && !p);
-                (r.private.clone(), stale)
+                let kept = !r.copy_out && r.outputs_alive();
+                let stale = kept || moved.iter().zip(&r.private).any(|(m, p)| *m && !p);
+                (r.private.clone(), stale, r.copy_out || kept)
             }
-            None => (vec![false; inputs.len()], true),
+            None => (vec![false; inputs.len()], true, false),
         };
         let at = match (found, stale) {
             (Some(i), false) => i,
@@ -802,7 +824,7 @@ impl Runtime {
                 if recs.len() >= MAX_RECORDINGS {
                     recs.remove(0);
                 }
-                recs.push(Recorded { compiled: c.clone(), values, prepared, private });
+                recs.push(Recorded { compiled: c.clone(), values, prepared, private, copy_out });
                 recs.len() - 1
             }
         };
@@ -816,7 +838,7 @@ impl Runtime {
         }
         self.launch(&r.prepared)?;
         // The next replay rewrites the recording's fault words as it rewrites its outputs: this replay's
-        // results carry a copy of them.
+        // results carry a copy of them (a few words; outputs may be carried far by later calls).
         let own = match &r.prepared.faults {
             Some(words) => {
                 let n = layout.stride * layout.checked.len() as u64;
@@ -827,12 +849,17 @@ impl Runtime {
             None => None,
         };
         let checks = self.carried(inputs, own)?;
+        if !r.copy_out {
+            self.driver.submit()?;
+            return Ok(self.outputs(&r.prepared, &checks));
+        }
         let mut outs = Vec::with_capacity(layout.outputs.len());
         for (b, dims, dtype) in &layout.outputs {
             let n = self.driver.bytes(*dtype, dims.iter().product());
             let fresh = self.alloc(n, "an output")?;
             if n > 0 {
                 self.driver.copy(r.prepared.buffers[*b].raw(), fresh.raw(), n)?;
+                lock(&self.stats).replay_output_copies += 1;
             }
             outs.push(DeviceTensor { buffer: fresh, dtype: *dtype, dims: dims.clone(), checks: checks.clone() });
         }

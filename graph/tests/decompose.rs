@@ -173,7 +173,13 @@ fn check_numerics(g: &Graph, scale: f64, seed: u64, poison: Option<usize>) -> (V
     check_seeded(g, scale, seed, poison, Rounded::Close)
 }
 
-fn check_seeded(g: &Graph, scale: f64, seed: u64, poison: Option<usize>, rounded: Rounded) -> (Vec<TensorData>, Decomposed) {
+fn check_seeded(
+    g: &Graph,
+    scale: f64,
+    seed: u64,
+    poison: Option<usize>,
+    rounded: Rounded,
+) -> (Vec<TensorData>, Decomposed) {
     let mut rng = Rng(seed | 1);
     let data: Vec<TensorData> = g
         .inputs

@@ -17,6 +17,7 @@ use crate::shape::Shape;
 use crate::sym::Expr;
 use crate::trace::{active, ActiveGuard, Located, Tensor, TraceOptions, Tracer};
 use crate::value::Value;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -296,13 +297,15 @@ pub fn compile<F>(f: F) -> Compiled<F> {
     }
 }
 
-fn signature(tensors: &[Tensor]) -> Vec<(DType, Vec<usize>)> {
-    // A concrete tensor's dims straight from its value (no symbolic shape built): this runs every call.
+fn signature<'a>(tensors: &[Tensor], values: &'a [Option<Arc<Value>>]) -> Vec<(DType, Cow<'a, [usize]>)> {
+    // A concrete tensor's dims borrowed from its value (no symbolic shape built, nothing copied): this
+    // runs every call, once per argument.
     tensors
         .iter()
-        .map(|t| match t.value() {
-            Some(v) => (v.dtype(), v.dims().to_vec()),
-            None => (t.dtype(), t.shape().as_concrete().unwrap_or_default()),
+        .zip(values)
+        .map(|(t, v)| match v {
+            Some(v) => (v.dtype(), Cow::Borrowed(v.dims())),
+            None => (t.dtype(), Cow::Owned(t.shape().as_concrete().unwrap_or_default())),
         })
         .collect()
 }
@@ -422,7 +425,9 @@ impl<F> Compiled<F> {
             return Ok((r, Some(Explanation::inlined(backend.name(), visitor.statics))));
         }
         lock(&self.state).stats.calls += 1;
-        let sig = signature(&visitor.tensors);
+        // Each argument's value is looked up once (a lock each) and serves the guards and the run.
+        let values: Vec<Option<Arc<Value>>> = visitor.tensors.iter().map(Tensor::value).collect();
+        let sig = signature(&visitor.tensors, &values);
         let ids: Vec<u64> = visitor.tensors.iter().map(Tensor::id).collect();
         let call = CallSignature { args: &sig, statics: &visitor.statics, backend: backend.name(), ids: &ids };
         let mut first_failure: Option<GuardFailure> = None;
@@ -441,7 +446,7 @@ impl<F> Compiled<F> {
                 }
                 Ok(_) => {
                     lock(&self.state).stats.cache_hits += 1;
-                    let r = self.run_entry(e, &visitor.tensors, backend.as_ref())?;
+                    let r = self.run_entry(e, &visitor.tensors, &values, backend.as_ref())?;
                     let ex = explain.then(|| Explanation { cached: true, ..e.explanation.clone() });
                     return Ok((r, ex));
                 }
@@ -653,20 +658,29 @@ impl<F> Compiled<F> {
         Ok((result, explanation))
     }
 
-    fn run_entry<R: Outputs>(&self, e: &Entry, args: &[Tensor], backend: &dyn Backend) -> Result<R> {
+    fn run_entry<R: Outputs>(
+        &self,
+        e: &Entry,
+        args: &[Tensor],
+        arg_values: &[Option<Arc<Value>>],
+        backend: &dyn Backend,
+    ) -> Result<R> {
         let results: Vec<Arc<Value>> = match &e.graph {
             None => Vec::new(),
             Some((graph, compiled)) => {
                 let mut values = Vec::with_capacity(e.inputs.len());
                 for src in &e.inputs {
-                    let t = match src {
-                        InputSource::Arg(i) => args.get(*i).ok_or_else(|| Error::Unsupported {
-                            what: "a cached graph input has no source".into(),
-                            loc: SourceLoc::internal(),
-                        })?,
-                        InputSource::Tensor(t) => t,
+                    let v = match src {
+                        InputSource::Arg(i) => arg_values
+                            .get(*i)
+                            .ok_or_else(|| Error::Unsupported {
+                                what: "a cached graph input has no source".into(),
+                                loc: SourceLoc::internal(),
+                            })?
+                            .clone(),
+                        InputSource::Tensor(t) => t.value(),
                     };
-                    values.push(t.value().ok_or_else(|| Error::Unsupported {
+                    values.push(v.ok_or_else(|| Error::Unsupported {
                         what: "a traced tensor passed to a compiled function from inside another trace".into(),
                         loc: SourceLoc::internal(),
                     })?);

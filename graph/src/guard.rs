@@ -70,8 +70,10 @@ pub struct Guards {
 
 /// The aliasing pattern of tensor identities: per position, the first position with the same identity.
 pub fn alias_pattern(ids: &[u64]) -> Vec<usize> {
-    // A map, not a scan of the earlier ids: W4 passes 259 tensors, and this runs on every call.
-    let mut first: std::collections::HashMap<u64, usize> = std::collections::HashMap::with_capacity(ids.len());
+    // A map, not a scan of the earlier ids: W4 passes 259 tensors, and this runs on every call. Ids are
+    // kiln's own counters, so the fast non-keyed hash is safe.
+    let mut first: rustc_hash::FxHashMap<u64, usize> =
+        rustc_hash::FxHashMap::with_capacity_and_hasher(ids.len(), Default::default());
     ids.iter().enumerate().map(|(i, id)| *first.entry(*id).or_insert(i)).collect()
 }
 
@@ -95,7 +97,7 @@ impl fmt::Display for GuardFailure {
 /// What a call presents to the guards: each tensor argument's dtype and dims, the statics, the backend.
 pub struct CallSignature<'a> {
     /// `(dtype, dims)` per tensor argument.
-    pub args: &'a [(DType, Vec<usize>)],
+    pub args: &'a [(DType, std::borrow::Cow<'a, [usize]>)],
     /// Static arguments, printed.
     pub statics: &'a [String],
     /// Backend name.
@@ -119,6 +121,7 @@ impl Guards {
         }
         let mut b = Bindings::new();
         for (i, (g, (dtype, dims))) in self.args.iter().zip(call.args).enumerate() {
+            let dims: &[usize] = dims;
             if g.dtype != *dtype {
                 return fail(Some(i), None, format!("input {i}: dtype changed from {} to {dtype}", g.dtype));
             }
@@ -239,7 +242,12 @@ mod tests {
         }
     }
 
-    fn call<'a>(args: &'a [(DType, Vec<usize>)], statics: &'a [String]) -> CallSignature<'a> {
+    /// Owned dims as a call presents them.
+    fn sig<const N: usize>(args: [(DType, Vec<usize>); N]) -> Vec<(DType, std::borrow::Cow<'static, [usize]>)> {
+        args.into_iter().map(|(d, v)| (d, std::borrow::Cow::Owned(v))).collect()
+    }
+
+    fn call<'a>(args: &'a [(DType, std::borrow::Cow<'a, [usize]>)], statics: &'a [String]) -> CallSignature<'a> {
         CallSignature { args, statics, backend: "cpu", ids: &[1, 2] }
     }
 
@@ -247,17 +255,17 @@ mod tests {
     fn guards_bind_symbols_and_name_the_failing_dim() {
         let g = guards();
         let statics = vec!["true".to_string()];
-        let ok = [(DType::F32, vec![8, 40]), (DType::F32, vec![40])];
+        let ok = sig([(DType::F32, vec![8, 40]), (DType::F32, vec![40])]);
         assert_eq!(g.check(&call(&ok, &statics)).unwrap().get(SymId(0)), Some(40));
-        let bad = [(DType::F32, vec![9, 40]), (DType::F32, vec![40])];
+        let bad = sig([(DType::F32, vec![9, 40]), (DType::F32, vec![40])]);
         let f = g.check(&call(&bad, &statics)).unwrap_err();
         assert_eq!((f.arg, f.dim), (Some(0), Some(0)));
         assert!(f.reason.contains("input 0 dim 0"), "{f}");
-        let unequal = [(DType::F32, vec![8, 40]), (DType::F32, vec![41])];
+        let unequal = sig([(DType::F32, vec![8, 40]), (DType::F32, vec![41])]);
         assert!(g.check(&call(&unequal, &statics)).unwrap_err().reason.contains("shares symbol"));
-        let small = [(DType::F32, vec![8, 1]), (DType::F32, vec![1])];
+        let small = sig([(DType::F32, vec![8, 1]), (DType::F32, vec![1])]);
         assert!(g.check(&call(&small, &statics)).unwrap_err().reason.contains("outside"));
-        let dtype = [(DType::F16, vec![8, 40]), (DType::F32, vec![40])];
+        let dtype = sig([(DType::F16, vec![8, 40]), (DType::F32, vec![40])]);
         assert!(g.check(&call(&dtype, &statics)).unwrap_err().reason.contains("dtype changed"));
         let other = vec!["false".to_string()];
         assert!(g.check(&call(&ok, &other)).unwrap_err().reason.contains("static arguments"));
@@ -272,9 +280,9 @@ mod tests {
         let s = Expr::sym(SymId(0));
         let g = Guards { shape_checks: vec![(s * Expr::from(2usize)).modulo(&Expr::from(4usize))], ..guards() };
         let statics = vec!["true".to_string()];
-        let even = [(DType::F32, vec![8, 40]), (DType::F32, vec![40])];
+        let even = sig([(DType::F32, vec![8, 40]), (DType::F32, vec![40])]);
         assert!(g.check(&call(&even, &statics)).is_ok());
-        let odd = [(DType::F32, vec![8, 41]), (DType::F32, vec![41])];
+        let odd = sig([(DType::F32, vec![8, 41]), (DType::F32, vec![41])]);
         assert!(g.check(&call(&odd, &statics)).unwrap_err().reason.contains("shape constraint"));
     }
 }

@@ -136,7 +136,7 @@ pub struct DeviceTensor {
     /// Element type.
     pub dtype: DType,
     /// Dims.
-    pub dims: Vec<usize>,
+    pub dims: Arc<[usize]>,
     /// Fault words of the runs that computed it (and of the runs its inputs came from), not yet known good.
     pub checks: Vec<Arc<Checks>>,
 }
@@ -218,7 +218,7 @@ struct Layout {
     bindings: Bindings,
     sizes: Vec<u64>,
     steps: Vec<Step>,
-    outputs: Vec<(usize, Vec<usize>, DType)>,
+    outputs: Vec<(usize, Arc<[usize]>, DType)>,
     /// Kernels with fault words, and the byte stride between their words.
     checked: Vec<usize>,
     stride: u64,
@@ -226,12 +226,57 @@ struct Layout {
     bytes_moved: u64,
 }
 
-/// A layout's key: the compiled graph's address and every input's dtype, rank and dims.
-type LayoutKey = (usize, Vec<usize>);
+/// Cached layouts by the compiled graph's address; under it, one per set of input dims (each input's
+/// dtype, rank and dims, flattened), with the compiled graph it was made for (which keeps the address
+/// from being reused while it is cached). A lookup compares the inputs against the flattened dims in
+/// place: W4's 259 inputs are checked without building or hashing a key on every call.
+#[derive(Default)]
+struct Layouts {
+    by_graph: HashMap<usize, Vec<KeptLayout>>,
+    count: usize,
+}
 
-/// Cached layouts, each with the compiled graph it was made for (which keeps the address in its key
-/// from being reused while it is cached).
-type Layouts = HashMap<LayoutKey, (Arc<CompiledGraph>, Arc<Layout>)>;
+impl Layouts {
+    fn get(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Option<Arc<Layout>> {
+        let kept = self.by_graph.get(&(Arc::as_ptr(c) as usize))?;
+        kept.iter().find(|(dims, _, _)| same_dims(dims, inputs)).map(|(_, _, l)| l.clone())
+    }
+
+    fn insert(&mut self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor], layout: Arc<Layout>) {
+        if self.count >= MAX_LAYOUTS {
+            self.clear();
+        }
+        let mut dims: Vec<usize> = Vec::with_capacity(inputs.len() * 4);
+        for t in inputs {
+            dims.extend([t.dtype as usize, t.dims.len()]);
+            dims.extend(t.dims.iter());
+        }
+        self.by_graph.entry(Arc::as_ptr(c) as usize).or_default().push((dims, c.clone(), layout));
+        self.count += 1;
+    }
+
+    fn clear(&mut self) {
+        self.by_graph.clear();
+        self.count = 0;
+    }
+}
+
+/// One cached layout: the flattened input dims it was made for, the compiled graph, the layout.
+type KeptLayout = (Vec<usize>, Arc<CompiledGraph>, Arc<Layout>);
+
+/// Whether `inputs` have the dtypes and dims `flat` lists (as [`Layouts::insert`] flattens them).
+fn same_dims(flat: &[usize], inputs: &[DeviceTensor]) -> bool {
+    let mut k = flat.iter().copied();
+    for t in inputs {
+        if k.next() != Some(t.dtype as usize) || k.next() != Some(t.dims.len()) {
+            return false;
+        }
+        if !t.dims.iter().all(|&d| k.next() == Some(d)) {
+            return false;
+        }
+    }
+    k.next().is_none()
+}
 
 /// Layouts kept per runtime; all are dropped past this many.
 const MAX_LAYOUTS: usize = 1024;
@@ -460,7 +505,7 @@ impl Runtime {
             self.driver.write(buffer.raw(), &bytes)?;
         }
         lock(&self.mem).uploaded += bytes.len() as u64;
-        Ok(DeviceTensor { buffer, dtype: data.dtype(), dims: data.dims().to_vec(), checks: Vec::new() })
+        Ok(DeviceTensor { buffer, dtype: data.dtype(), dims: data.dims().into(), checks: Vec::new() })
     }
 
     /// Reads a device tensor back (waits for the work that writes it). The fault words of the runs it
@@ -561,17 +606,11 @@ impl Runtime {
     /// dims, so a call spends its time launching.
     fn layout(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Arc<Layout>> {
         // Dtypes too: a cached layout skips the checks `bind_symbol_dims` makes on a miss.
-        let mut key: Vec<usize> = Vec::with_capacity(inputs.len() * 4);
-        for t in inputs {
-            key.extend([t.dtype as usize, t.dims.len()]);
-            key.extend(&t.dims);
-        }
-        let key = (Arc::as_ptr(c) as usize, key);
-        if let Some((_, l)) = lock(&self.layouts).get(&key) {
-            return Ok(l.clone());
+        if let Some(l) = lock(&self.layouts).get(c, inputs) {
+            return Ok(l);
         }
         let g = &c.primitive.graph;
-        let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|t| (t.dtype, t.dims.as_slice())).collect();
+        let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|t| (t.dtype, &*t.dims)).collect();
         let bindings = crate::interp::bind_symbol_dims(g, &shapes)?;
         let sizes = c.buffer_bytes(&bindings, |d, n| self.driver.bytes(d, n))?;
         // Sizes no device holds are the user's error before any kernel is rendered for them.
@@ -602,7 +641,7 @@ impl Runtime {
         }
         let layout = Arc::new(Layout {
             input_slots: c.input_buffers(),
-            outputs: c.output_slots(&bindings)?,
+            outputs: c.output_slots(&bindings)?.into_iter().map(|(b, d, t)| (b, d.into(), t)).collect(),
             io_bytes: c.io_bytes(&bindings)?,
             bytes_moved: c.traffic_bytes(&bindings)?,
             bindings,
@@ -611,12 +650,7 @@ impl Runtime {
             checked,
             stride: self.driver.offset_alignment().max(4),
         });
-        let mut layouts = lock(&self.layouts);
-        if layouts.len() >= MAX_LAYOUTS {
-            layouts.clear();
-        }
-        // The entry holds the compiled graph, so its address cannot be reused by another while cached.
-        layouts.insert(key, (c.clone(), layout.clone()));
+        lock(&self.layouts).insert(c, inputs, layout.clone());
         Ok(layout)
     }
 

@@ -29,7 +29,7 @@ impl Value {
 
     /// A value that lives on a device.
     pub fn from_device(t: DeviceTensor) -> Arc<Value> {
-        Arc::new(Value { dtype: t.dtype, dims: t.dims.clone(), host: OnceLock::new(), device: Mutex::new(Some(t)) })
+        Arc::new(Value { dtype: t.dtype, dims: t.dims.to_vec(), host: OnceLock::new(), device: Mutex::new(Some(t)) })
     }
 
     /// Element type.

@@ -89,20 +89,25 @@ pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph> {
 }
 
 /// `f`'s value at `args` and its gradients with respect to `args[i]` for each `i` in `wrt` (the
-/// functional form, as `jax.value_and_grad`): traces `f` once at these shapes, differentiates the graph,
-/// and runs the joint graph — compiled and fused — where eager ops on these tensors run (their device,
-/// else the CPU reference). Every tensor `f` reads must be an argument (a captured weight is an error
-/// that says so).
+/// functional form, as `jax.value_and_grad`): traces `f` once at these shapes and differentiates the
+/// graph. Eagerly, the joint graph runs compiled and fused where eager ops on these tensors run (their
+/// device, else the CPU reference). Inside a compiled function it joins the trace, so a whole train step
+/// (forward, backward and the optimizer's update) is one graph, fused as one. Every tensor `f` reads
+/// must be an argument (a captured weight is an error that says so); inside a trace the arguments'
+/// shapes must be static (`Dynamic::Never`, or the first call's shapes).
+#[track_caller]
 pub fn value_and_grad(
     f: impl FnOnce(&[Tensor]) -> Result<Tensor>,
     args: &[Tensor],
     wrt: &[usize],
 ) -> Result<(Tensor, Vec<Tensor>)> {
-    let loc = SourceLoc::internal();
+    let loc = SourceLoc::caller();
     let specs = args
         .iter()
         .map(|t| {
-            let dims = t.shape().as_concrete().ok_or_else(|| unsupported("value_and_grad inside a trace", &loc))?;
+            let dims = t.shape().as_concrete().ok_or_else(|| {
+                unsupported("value_and_grad on a tensor of symbolic shape (compile the step with Dynamic::Never)", &loc)
+            })?;
             Ok(TensorSpec::new(t.dtype(), &dims))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -114,19 +119,23 @@ pub fn value_and_grad(
         ));
     }
     let joint = grad_graph(&graph, wrt)?;
-    let refs: Vec<&Tensor> = args.iter().collect();
-    let backend = crate::trace::eager_backend(&refs);
-    let compiled = match backend.target() {
-        Some(target) => Some(crate::pipeline::compile_cached(&joint, target, crate::fuse::FusionMode::Fused)?),
-        None => None,
+    let mut outs = if crate::trace::active().is_some() {
+        crate::trace::splice(&joint, args)?.into_iter()
+    } else {
+        let refs: Vec<&Tensor> = args.iter().collect();
+        let backend = crate::trace::eager_backend(&refs);
+        let compiled = match backend.target() {
+            Some(target) => Some(crate::pipeline::compile_cached(&joint, target, crate::fuse::FusionMode::Fused)?),
+            None => None,
+        };
+        let values = args
+            .iter()
+            .map(|t| t.value().ok_or_else(|| unsupported("a tensor of another trace", &loc)))
+            .collect::<Result<Vec<_>>>()?;
+        let mode = crate::backend::Mode::Default;
+        let outs = crate::backend::execute(backend.as_ref(), &joint, compiled.as_ref(), &values, mode)?;
+        outs.into_iter().map(Tensor::from_value).collect::<Vec<_>>().into_iter()
     };
-    let values = args
-        .iter()
-        .map(|t| t.value().ok_or_else(|| unsupported("value_and_grad inside a trace", &loc)))
-        .collect::<Result<Vec<_>>>()?;
-    let outs =
-        crate::backend::execute(backend.as_ref(), &joint, compiled.as_ref(), &values, crate::backend::Mode::Default)?;
-    let mut outs = outs.into_iter().map(Tensor::from_value);
     let value = outs.next().ok_or_else(|| unsupported("a joint graph without its value", &loc))?;
     Ok((value, outs.collect()))
 }

@@ -350,18 +350,22 @@ pub(crate) fn active() -> Option<Rc<Tracer>> {
 }
 
 /// Makes a tracer the active one until dropped (also on unwinding).
-pub(crate) struct ActiveGuard;
+pub(crate) struct ActiveGuard {
+    /// The trace that was active before (a trace started inside another, such as the forward graph
+    /// `value_and_grad` captures inside a compiled train step): active again when this one ends.
+    outer: Option<Rc<Tracer>>,
+}
 
 impl ActiveGuard {
     pub(crate) fn set(t: Rc<Tracer>) -> ActiveGuard {
-        ACTIVE.with(|a| *a.borrow_mut() = Some(t));
-        ActiveGuard
+        ActiveGuard { outer: ACTIVE.with(|a| a.borrow_mut().replace(t)) }
     }
 }
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        ACTIVE.with(|a| *a.borrow_mut() = None);
+        let outer = self.outer.take();
+        ACTIVE.with(|a| *a.borrow_mut() = outer);
     }
 }
 
@@ -655,6 +659,36 @@ pub fn capture(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Te
     let mut graph = std::mem::take(&mut st.graph);
     graph.outputs = outputs;
     Ok(graph)
+}
+
+/// Records every node of `graph` on `args` (its `Arg` inputs, by index), as the ops would record
+/// themselves: into the active trace, or eagerly. How a graph kiln built (a joint forward-and-backward
+/// graph) joins the function being traced, to be fused with the rest of it.
+pub(crate) fn splice(graph: &Graph, args: &[Tensor]) -> Result<Vec<Tensor>> {
+    let mut made: Vec<Option<Tensor>> = vec![None; graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let t = match &node.op {
+            Op::Input { .. } => match graph.inputs.iter().find(|gi| gi.node.index() == i).map(|gi| &gi.kind) {
+                Some(InputKind::Arg { index }) => args.get(*index).cloned().ok_or_else(|| Error::Unsupported {
+                    what: format!("a spliced graph reads argument {index} of {}", args.len()),
+                    loc: node.loc.clone(),
+                })?,
+                _ => {
+                    return Err(Error::Unsupported {
+                        what: "a spliced graph reads a tensor that is not an argument".into(),
+                        loc: node.loc.clone(),
+                    })
+                }
+            },
+            op => {
+                let inputs: Vec<&Tensor> =
+                    node.inputs.iter().map(|a| made[a.index()].as_ref().expect("topological order")).collect();
+                record(op.clone(), &inputs, node.dtype, node.shape.clone(), node.loc.clone())?
+            }
+        };
+        made[i] = Some(t);
+    }
+    Ok(graph.outputs.iter().map(|o| made[o.index()].clone().expect("outputs are nodes")).collect())
 }
 
 /// The backend an eager op on `inputs` runs on: the thread's eager backend if one was set, else the

@@ -17,6 +17,10 @@
 //! This crate is the small public facade; the machinery lives in [`graph`] (`kiln-graph`).
 
 pub use kiln_graph as graph;
+
+pub mod nn;
+pub mod optim;
+pub mod train;
 pub use kiln_graph::autodiff::value_and_grad;
 pub use kiln_graph::{
     compile, Args, CompileStats, Compiled, DType, Dynamic, Element, Error, Explanation, MemoryStats, Mode, Outputs,

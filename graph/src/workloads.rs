@@ -75,7 +75,21 @@ pub fn w4_inputs(batch: usize) -> Vec<TensorSpec> {
 
 /// One pre-LN GPT block; `p` holds ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc1 w/b, fc2 w/b.
 pub fn gpt_block(x: &Tensor, p: &[Tensor], heads: usize) -> Result<Tensor> {
-    let dims = x.shape().as_concrete().expect("static shapes");
+    let dims = x.shape().as_concrete().filter(|d| d.len() == 3 && heads > 0 && d[2] % heads == 0).ok_or_else(|| {
+        crate::Error::Unsupported {
+            what: format!(
+                "a GPT block on {} with {heads} heads: it needs static [batch, seq, d], d a multiple of heads",
+                x.shape()
+            ),
+            loc: crate::SourceLoc::caller(),
+        }
+    })?;
+    if p.len() != 12 {
+        return Err(crate::Error::Unsupported {
+            what: format!("a GPT block takes 12 parameters, got {}", p.len()),
+            loc: crate::SourceLoc::caller(),
+        });
+    }
     let (b, s, d) = (dims[0] as isize, dims[1] as isize, dims[2] as isize);
     let hd = d / heads as isize;
     let h = x.layer_norm(1, Some(&p[0]), Some(&p[1]), 1e-5)?;

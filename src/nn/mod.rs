@@ -1,0 +1,183 @@
+//! Neural-network building blocks over [`Tensor`]: modules that hold their parameters as tensors, the
+//! losses, and deterministic initialisation. A module is plain data (tensor handles), so a train step
+//! rebuilds it from the parameter list it is given ([`Module::with_parameters`], like
+//! `torch.func.functional_call`) and [`crate::value_and_grad`] can differentiate with respect to them.
+
+mod gpt;
+mod init;
+
+pub use gpt::{Gpt, GptConfig};
+pub use init::Init;
+
+use crate::{DType, Error, Result, SourceLoc, Tensor};
+
+/// Something with named parameters that can be rebuilt around other tensors of the same shapes.
+pub trait Module: Sized {
+    /// Every parameter with its dotted name (`blocks.0.attn.qkv.weight`), in a fixed order.
+    fn parameters(&self) -> Vec<(String, Tensor)>;
+
+    /// This module with its parameters replaced, in [`Module::parameters`]' order, by what `next` yields.
+    fn with_parameters(&self, next: &mut dyn Iterator<Item = Tensor>) -> Result<Self>;
+
+    /// The parameter tensors alone, in order.
+    fn tensors(&self) -> Vec<Tensor> {
+        self.parameters().into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// This module rebuilt around `params` (exactly as many as it has).
+    fn load(&self, params: &[Tensor]) -> Result<Self> {
+        let mut it = params.iter().cloned();
+        let m = self.with_parameters(&mut it)?;
+        match it.next() {
+            None => Ok(m),
+            Some(_) => Err(mismatch(format!("{} parameters given, the module has fewer", params.len()))),
+        }
+    }
+
+    /// Every parameter moved to `backend` (a device runtime), where a train step will use them.
+    fn to(&self, backend: &std::sync::Arc<crate::Runtime>) -> Result<Self> {
+        let moved = self.tensors().iter().map(|t| t.to(backend.clone())).collect::<Result<Vec<_>>>()?;
+        self.load(&moved)
+    }
+}
+
+fn mismatch(what: String) -> Error {
+    Error::Unsupported { what: format!("module parameters: {what}"), loc: SourceLoc::caller() }
+}
+
+/// The next parameter for a module being rebuilt.
+fn take(next: &mut dyn Iterator<Item = Tensor>, name: &str) -> Result<Tensor> {
+    next.next().ok_or_else(|| mismatch(format!("ran out before `{name}`")))
+}
+
+/// `y = x · weightᵀ + bias`, `weight` of shape `[out, in]` (torch's `nn.Linear`).
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// `[out, in]`.
+    pub weight: Tensor,
+    /// `[out]`, if any.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A layer of `inputs → outputs` initialised by `init`; biases start at zero.
+    pub fn new(inputs: usize, outputs: usize, bias: bool, init: &mut Init) -> Result<Linear> {
+        let weight = init.normal(&[outputs, inputs])?;
+        let bias = if bias { Some(Tensor::zeros(&[outputs], DType::F32)?) } else { None };
+        Ok(Linear { weight, bias })
+    }
+
+    /// Applies the layer over the last axis.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+impl Module for Linear {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = vec![("weight".to_string(), self.weight.clone())];
+        v.extend(self.bias.iter().map(|b| ("bias".to_string(), b.clone())));
+        v
+    }
+
+    fn with_parameters(&self, next: &mut dyn Iterator<Item = Tensor>) -> Result<Self> {
+        let weight = take(next, "weight")?;
+        let bias = match self.bias {
+            Some(_) => Some(take(next, "bias")?),
+            None => None,
+        };
+        Ok(Linear { weight, bias })
+    }
+}
+
+/// A lookup table of `[count, dim]` rows indexed by integer ids (torch's `nn.Embedding`).
+#[derive(Clone, Debug)]
+pub struct Embedding {
+    /// `[count, dim]`.
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    /// `count` rows of `dim`, initialised by `init`.
+    pub fn new(count: usize, dim: usize, init: &mut Init) -> Result<Embedding> {
+        Ok(Embedding { weight: init.normal(&[count, dim])? })
+    }
+
+    /// The rows of `ids` (an integer tensor of any shape): shape `ids.shape + [dim]`.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let dims = ids.shape().as_concrete().ok_or_else(|| mismatch("embedding ids of symbolic shape".into()))?;
+        let n: usize = dims.iter().product();
+        let rows = self.weight.index_select(0, &ids.reshape(&[n as isize])?)?;
+        let mut out: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
+        out.push(-1);
+        rows.reshape(&out)
+    }
+}
+
+impl Module for Embedding {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".to_string(), self.weight.clone())]
+    }
+
+    fn with_parameters(&self, next: &mut dyn Iterator<Item = Tensor>) -> Result<Self> {
+        Ok(Embedding { weight: take(next, "weight")? })
+    }
+}
+
+/// Layer normalisation over the last axis with a learned scale and shift (torch's `nn.LayerNorm`).
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    /// Scale, `[dim]`, starts at one.
+    pub weight: Tensor,
+    /// Shift, `[dim]`, starts at zero.
+    pub bias: Tensor,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// Over a last axis of `dim`, eps 1e-5.
+    pub fn new(dim: usize) -> Result<LayerNorm> {
+        Ok(LayerNorm { weight: Tensor::ones(&[dim], DType::F32)?, bias: Tensor::zeros(&[dim], DType::F32)?, eps: 1e-5 })
+    }
+
+    /// Normalises `x` over its last axis.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.layer_norm(1, Some(&self.weight), Some(&self.bias), self.eps)
+    }
+}
+
+impl Module for LayerNorm {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        vec![("weight".to_string(), self.weight.clone()), ("bias".to_string(), self.bias.clone())]
+    }
+
+    fn with_parameters(&self, next: &mut dyn Iterator<Item = Tensor>) -> Result<Self> {
+        Ok(LayerNorm { weight: take(next, "weight")?, bias: take(next, "bias")?, eps: self.eps })
+    }
+}
+
+/// Mean cross-entropy of `logits` `[n, classes]` against integer `targets` `[n]` (torch's
+/// `F.cross_entropy`): a log-softmax and the negative log-likelihood of each row's target, fused by
+/// the compiler.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let dims = logits
+        .shape()
+        .as_concrete()
+        .filter(|d| d.len() == 2)
+        .ok_or_else(|| mismatch(format!("cross_entropy takes logits [n, classes], got {}", logits.shape())))?;
+    let picked = logits.log_softmax(-1)?.gather(1, &targets.reshape(&[dims[0] as isize, 1])?)?;
+    picked.mean(&[0, 1], false)?.neg()
+}
+
+/// Mean squared error between `a` and `b` over every element.
+pub fn mse_loss(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let d = a.sub(b)?;
+    let axes: Vec<isize> = (0..d.rank() as isize).collect();
+    d.mul(&d)?.mean(&axes, false)
+}
+
+/// Prefixes each name with `prefix.`.
+fn scoped(prefix: &str, params: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+    params.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
+}

@@ -1,0 +1,202 @@
+//! Training: the optimizers against their definitions, `nn`'s modules and losses, and a compiled GPT
+//! train step (forward, cross-entropy, backward, AdamW — one graph) against the same step run eagerly,
+//! on the kernel interpreter; and a tiny GPT that learns a fixed batch.
+
+mod common;
+
+use kiln::graph::{KernelInterpreter, Runtime};
+use kiln::nn::{cross_entropy, Gpt, GptConfig, Init, Module};
+use kiln::optim::{warmup_cosine, AdamW, AdamWState, Sgd};
+use kiln::train::{adamw_step, Trainer};
+use kiln::Tensor;
+use std::sync::Arc;
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_data().unwrap().values().to_vec()
+}
+
+fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(p, q)| (p - q).abs() <= tol * (1.0 + q.abs()))
+}
+
+/// AdamW's first two steps on one parameter, against the formulas written out by hand (torch's).
+#[test]
+fn adamw_matches_its_definition() {
+    let opt = AdamW { lr: 0.1, betas: (0.9, 0.99), eps: 1e-8, weight_decay: 0.1 };
+    let p = Tensor::from_slice(&[1.0f32, -2.0], &[2]).unwrap();
+    let mut st = AdamWState::new(std::slice::from_ref(&p)).unwrap();
+    let (mut pv, mut m, mut v) = (vec![1.0f64, -2.0], [0.0f64; 2], [0.0f64; 2]);
+    let mut cur = p.clone();
+    for (k, g) in [[0.5f32, -1.0], [0.25, 2.0]].iter().enumerate() {
+        let t = (k + 1) as i32;
+        let grad = Tensor::from_slice(g, &[2]).unwrap();
+        let s = st.scalars(&opt, 1.0, &cur).unwrap();
+        let (ps, ms, vs) = opt.update(&[cur.clone()], &[grad], &st.m, &st.v, &s).unwrap();
+        for i in 0..2 {
+            let g = g[i] as f64;
+            pv[i] -= 0.1 * 0.1 * pv[i];
+            m[i] = 0.9 * m[i] + 0.1 * g;
+            v[i] = 0.99 * v[i] + 0.01 * g * g;
+            let (mh, vh) = (m[i] / (1.0 - 0.9f64.powi(t)), v[i] / (1.0 - 0.99f64.powi(t)));
+            pv[i] -= 0.1 * mh / (vh.sqrt() + 1e-8);
+        }
+        assert!(close(&vals(&ps[0]), &pv, 1e-5), "step {t}: {:?} vs {pv:?}", vals(&ps[0]));
+        (cur, st.m, st.v) = (ps[0].clone(), ms, vs);
+    }
+}
+
+/// SGD with momentum, plain and Nesterov, with weight decay, against torch's formulas.
+#[test]
+fn sgd_matches_its_definition() {
+    for nesterov in [false, true] {
+        let opt = Sgd { lr: 0.5, momentum: 0.9, weight_decay: 0.1, nesterov };
+        let mut p = Tensor::from_slice(&[1.0f32], &[1]).unwrap();
+        let mut b = Tensor::from_slice(&[0.0f32], &[1]).unwrap();
+        let (mut pv, mut bv) = (1.0f64, 0.0f64);
+        for g in [2.0f32, -1.0, 0.5] {
+            let (ps, bs) = opt.update(&[p.clone()], &[Tensor::from_slice(&[g], &[1]).unwrap()], &[b.clone()]).unwrap();
+            let gd = g as f64 + 0.1 * pv;
+            bv = 0.9 * bv + gd;
+            pv -= 0.5 * if nesterov { gd + 0.9 * bv } else { bv };
+            assert!(close(&vals(&ps[0]), &[pv], 1e-5), "nesterov {nesterov}: {:?} vs {pv}", vals(&ps[0]));
+            (p, b) = (ps[0].clone(), bs[0].clone());
+        }
+    }
+}
+
+#[test]
+fn warmup_then_cosine() {
+    assert_eq!(warmup_cosine(5, 10, 100, 0.1), 0.5);
+    assert_eq!(warmup_cosine(10, 10, 100, 0.1), 1.0);
+    assert!((warmup_cosine(55, 10, 100, 0.1) - 0.55).abs() < 1e-12, "half-way down");
+    assert!((warmup_cosine(100, 10, 100, 0.1) - 0.1).abs() < 1e-12);
+}
+
+/// Cross-entropy's value against log-sum-exp by hand, and its gradient (through log-softmax and the
+/// gather of the targets) against the closed form softmax − one-hot, over n rows.
+#[test]
+fn cross_entropy_value_and_gradient() {
+    let logits = [0.5f32, -1.0, 2.0, 0.0, 1.5, -0.5];
+    let x = Tensor::from_slice(&logits, &[2, 3]).unwrap();
+    let y = Tensor::from_slice(&[2i64, 0], &[2]).unwrap();
+    let (loss, g) = kiln::value_and_grad(|t| cross_entropy(&t[0], &t[1]), &[x, y], &[0]).unwrap();
+    let row = |r: usize| -> (f64, Vec<f64>) {
+        let l: Vec<f64> = logits[3 * r..3 * r + 3].iter().map(|&v| v as f64).collect();
+        let lse = l.iter().map(|v| v.exp()).sum::<f64>().ln();
+        (lse, l.iter().map(|v| (v - lse).exp()).collect())
+    };
+    let ((lse0, p0), (lse1, p1)) = (row(0), row(1));
+    let want = ((lse0 - 2.0) + (lse1 - 0.0)) / 2.0;
+    assert!((vals(&loss)[0] - want).abs() < 1e-6, "{:?} vs {want}", vals(&loss));
+    let mut grad: Vec<f64> = p0.iter().chain(&p1).map(|p| p / 2.0).collect();
+    grad[2] -= 0.5;
+    grad[3] -= 0.5;
+    assert!(close(&vals(&g[0]), &grad, 1e-6), "{:?} vs {grad:?}", vals(&g[0]));
+}
+
+fn tiny() -> GptConfig {
+    GptConfig { vocab: 11, context: 8, dim: 16, heads: 2, layers: 1 }
+}
+
+#[test]
+fn modules_name_and_reload_their_parameters() {
+    let gpt = Gpt::new(tiny(), 1).unwrap();
+    let names: Vec<String> = gpt.parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names.len(), 2 + 12 + 2 + 1);
+    assert_eq!(names[0], "tokens.weight");
+    assert_eq!(names[2], "blocks.0.ln1.weight");
+    assert_eq!(names.last().unwrap(), "head.weight");
+    let again = gpt.load(&gpt.tensors()).unwrap();
+    assert_eq!(again.tensors().len(), names.len());
+    assert!(gpt.load(&gpt.tensors()[1..]).is_err(), "too few parameters is an error");
+    let mut more = gpt.tensors();
+    more.push(more[0].clone());
+    assert!(gpt.load(&more).is_err(), "too many is one too");
+    let same = Gpt::new(tiny(), 1).unwrap();
+    assert_eq!(vals(&same.tensors()[4]), vals(&gpt.tensors()[4]), "a seed gives the same weights");
+}
+
+fn batch(seed: u64) -> (Tensor, Tensor) {
+    let mut init = Init::new(seed);
+    let ids = init.ints(&[2, 8], 11).unwrap();
+    let targets = init.ints(&[2, 8], 11).unwrap();
+    (ids, targets)
+}
+
+/// The devices train steps run on: the kernel interpreter, and wgpu (lavapipe in CI) unless opted out.
+fn devices() -> Vec<Arc<Runtime>> {
+    let mut v = vec![KernelInterpreter::default().runtime()];
+    if !common::wgpu_skipped() {
+        match kiln::Backend::Wgpu.runtime() {
+            Ok(Some(rt)) => v.push(rt),
+            Ok(None) => panic!(
+                "no wgpu adapter: install Mesa's Vulkan drivers (mesa-vulkan-drivers), or set KILN_WGPU_TESTS=skip"
+            ),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    v
+}
+
+/// The compiled train step (one graph: forward, cross-entropy, backward, AdamW) gives the loss and the
+/// parameters the same step gives run eagerly (the joint graph and the update compiled apart), for three
+/// steps, on the kernel interpreter and on wgpu.
+#[test]
+fn a_compiled_gpt_step_matches_the_eager_step() {
+    for rt in devices() {
+        compiled_step_matches_eager(&rt);
+    }
+}
+
+fn compiled_step_matches_eager(rt: &Arc<Runtime>) {
+    let model = Gpt::new(tiny(), 7).unwrap().to(rt).unwrap();
+    let opt = AdamW { lr: 1e-2, ..AdamW::default() };
+    let loss = |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]);
+    let (ids, targets) = batch(3);
+    let (ids, targets) = (ids.to(rt.clone()).unwrap(), targets.to(rt.clone()).unwrap());
+    let eager = adamw_step(&model, opt, loss);
+    let mut trainer = Trainer::new(model.clone(), opt, loss, rt.clone()).unwrap();
+    let mut state = AdamWState::new(&model.tensors()).unwrap();
+    let mut params = model.tensors();
+    let n = params.len();
+    for k in 0..3 {
+        let s = state.scalars(&opt, 1.0, &params[0]).unwrap();
+        let args = [params.clone(), state.m.clone(), state.v.clone(), vec![s, ids.clone(), targets.clone()]].concat();
+        let out = eager(args).unwrap();
+        let got = trainer.step(&[ids.clone(), targets.clone()], 1.0).unwrap();
+        let on = rt.name();
+        assert!(
+            close(&vals(&got), &vals(&out[0]), 1e-4),
+            "{on} step {k}: loss {:?} vs {:?}",
+            vals(&got),
+            vals(&out[0])
+        );
+        for (i, (a, b)) in trainer.model().tensors().iter().zip(&out[1..1 + n]).enumerate() {
+            assert!(close(&vals(a), &vals(b), 1e-4), "{on} step {k}: parameter {i}");
+        }
+        params = out[1..1 + n].to_vec();
+        (state.m, state.v) = (out[1 + n..1 + 2 * n].to_vec(), out[1 + 2 * n..].to_vec());
+    }
+    let s = trainer.stats();
+    assert_eq!(s.recompiles, 0, "the step never recompiles: {s:?}");
+    assert_eq!(trainer.model().tensors()[0].device_name(), Some(rt.name()), "parameters stay on the device");
+}
+
+/// A tiny GPT memorises one batch: the loss falls from ~ln(11) to well below it in 40 steps.
+#[test]
+fn a_tiny_gpt_learns_a_batch() {
+    let rt = KernelInterpreter::default().runtime();
+    let model = Gpt::new(tiny(), 11).unwrap().to(&rt).unwrap();
+    let opt = AdamW { lr: 2e-2, weight_decay: 0.0, ..AdamW::default() };
+    let mut trainer = Trainer::new(model, opt, |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]), rt.clone()).unwrap();
+    let (ids, targets) = batch(5);
+    let b = [ids.to(rt.clone()).unwrap(), targets.to(rt.clone()).unwrap()];
+    let first = trainer.step(&b, 1.0).unwrap().item::<f32>().unwrap();
+    assert!((first - 11f32.ln()).abs() < 0.2, "an untrained model guesses uniformly: {first}");
+    let mut last = first;
+    for _ in 0..39 {
+        last = trainer.step(&b, 1.0).unwrap().item::<f32>().unwrap();
+    }
+    assert!(last < 0.5 * first, "loss {first} → {last} after 40 steps");
+    assert_eq!(trainer.steps(), 40);
+}

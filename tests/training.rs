@@ -116,6 +116,30 @@ fn modules_name_and_reload_their_parameters() {
     assert_eq!(vals(&same.tensors()[4]), vals(&gpt.tensors()[4]), "a seed gives the same weights");
 }
 
+/// A checkpoint round-trips by name; a corrupt file, a missing name or another shape is a format error.
+#[test]
+fn checkpoints_save_and_load_by_name() {
+    let dir = std::env::temp_dir().join(format!("kiln-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gpt.safetensors");
+    let trained = Gpt::new(tiny(), 1).unwrap();
+    kiln::nn::save(&trained, &path).unwrap();
+    let fresh = Gpt::new(tiny(), 2).unwrap();
+    assert_ne!(vals(&fresh.tensors()[4]), vals(&trained.tensors()[4]), "another seed, other weights");
+    let loaded = kiln::nn::load(&fresh, &path).unwrap();
+    for (a, b) in loaded.tensors().iter().zip(trained.tensors()) {
+        assert_eq!(vals(a), vals(&b));
+    }
+    let wider = Gpt::new(GptConfig { dim: 32, ..tiny() }, 1).unwrap();
+    let e = kiln::nn::load(&wider, &path).unwrap_err();
+    assert!(matches!(e, kiln::Error::Format { .. }) && e.to_string().contains("tokens.weight"), "{e}");
+    let deeper = Gpt::new(GptConfig { layers: 2, ..tiny() }, 1).unwrap();
+    assert!(kiln::nn::load(&deeper, &path).unwrap_err().to_string().contains("blocks.1"), "a missing name");
+    std::fs::write(&path, b"not a checkpoint").unwrap();
+    assert!(matches!(kiln::nn::load(&fresh, &path), Err(kiln::Error::Format { .. })));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn batch(seed: u64) -> (Tensor, Tensor) {
     let mut init = Init::new(seed);
     let ids = init.ints(&[2, 8], 11).unwrap();

@@ -3,9 +3,11 @@
 //! rebuilds it from the parameter list it is given ([`Module::with_parameters`], like
 //! `torch.func.functional_call`) and [`crate::value_and_grad`] can differentiate with respect to them.
 
+mod checkpoint;
 mod gpt;
 mod init;
 
+pub use checkpoint::{load, save};
 pub use gpt::{Gpt, GptConfig};
 pub use init::Init;
 

@@ -97,6 +97,7 @@ fn placed(t: Tensor, rt: &Option<std::sync::Arc<kiln::Runtime>>) -> kiln::Result
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    kiln::init_logs();
     let args = Args::parse();
     let text = include_str!("data/sonnets.txt");
     let mut vocab: Vec<char> = text.chars().collect();
@@ -246,7 +247,11 @@ fn register_font() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .find_map(|p| std::fs::read(p).ok())
         .ok_or("no DejaVu Sans font found: install fonts-dejavu-core")?;
-    plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, Box::leak(bytes.into_boxed_slice()))
-        .map_err(|_| "DejaVu Sans could not be read")?;
+    plotters::style::register_font(
+        "sans-serif",
+        plotters::style::FontStyle::Normal,
+        Box::leak(bytes.into_boxed_slice()),
+    )
+    .map_err(|_| "DejaVu Sans could not be read")?;
     Ok(())
 }

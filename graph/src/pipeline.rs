@@ -103,49 +103,53 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
         let fusion = fuse(&primitive.graph, &names, target, &feedback, per_op)?;
         timings.fuse_ms += ms(clock);
         let clock = Instant::now();
-        let lowered: Result<Vec<Kernel>, LowerFailure> =
-            fusion.regions.iter().map(|r| lower(&primitive.graph, r, target, &feedback.materialized)).collect();
+        // Every region is lowered even after one fails, so one more round schedules around all the
+        // failures at once: a backward graph has dozens, and a round each made compiling quadratic.
+        let mut kernels = Vec::with_capacity(fusion.regions.len());
+        let mut failures = Vec::new();
+        for r in &fusion.regions {
+            match lower(&primitive.graph, r, target, &feedback.materialized) {
+                Ok(k) => kernels.push(k),
+                Err(f) => failures.push(f),
+            }
+        }
         timings.lower_ms += ms(clock);
-        match lowered {
-            Ok(kernels) => {
-                let clock = Instant::now();
-                let plan = plan(&primitive.graph, &kernels);
-                timings.plan_ms = ms(clock);
-                tracing::debug!(target: "kiln::fusion", kernels = kernels.len(), ?timings, "compiled graph");
-                for k in &kernels {
-                    tracing::debug!(target: "kiln::output_code", kernel = %k.name, "\n{k}");
-                }
-                return Ok(CompiledGraph {
-                    primitive,
-                    fusion,
-                    kernels,
-                    plan,
-                    target: target.clone(),
-                    timings,
-                    ids: Default::default(),
-                });
+        if failures.is_empty() {
+            let clock = Instant::now();
+            let plan = plan(&primitive.graph, &kernels);
+            timings.plan_ms = ms(clock);
+            tracing::debug!(target: "kiln::fusion", kernels = kernels.len(), ?timings, "compiled graph");
+            for k in &kernels {
+                tracing::debug!(target: "kiln::output_code", kernel = %k.name, "\n{k}");
             }
-            // Lowering found a member reading a reduction at another row: schedule again without it.
-            Err(LowerFailure::Refuse(n)) => {
-                if !feedback.refused.insert(n) {
-                    return Err(Error::Unsupported {
-                        what: format!(
-                            "scheduling {n} ({}): lowering refused it twice",
-                            primitive.graph.node(n).op.name()
-                        ),
-                        loc: primitive.graph.node(n).loc.clone(),
-                    });
-                }
-            }
-            // A GEMM library cannot read this view in place: store it first.
-            Err(LowerFailure::Materialize(n)) => {
-                if !feedback.materialized.insert(n) {
-                    return Err(Error::Unsupported {
-                        what: format!("materialising {n} ({}) did not help", primitive.graph.node(n).op.name()),
-                        loc: primitive.graph.node(n).loc.clone(),
-                    });
-                }
-            }
+            return Ok(CompiledGraph {
+                primitive,
+                fusion,
+                kernels,
+                plan,
+                target: target.clone(),
+                timings,
+                ids: Default::default(),
+            });
+        }
+        let mut progressed = false;
+        for f in &failures {
+            progressed |= match *f {
+                // Lowering found a member reading a reduction at another row: schedule again without it.
+                LowerFailure::Refuse(n) => feedback.refused.insert(n),
+                // A GEMM library cannot read this view in place: store it first.
+                LowerFailure::Materialize(n) => feedback.materialized.insert(n),
+            };
+        }
+        if !progressed {
+            let (n, what) = match failures[0] {
+                LowerFailure::Refuse(n) => (n, "lowering refused it twice"),
+                LowerFailure::Materialize(n) => (n, "materialising it did not help"),
+            };
+            return Err(Error::Unsupported {
+                what: format!("scheduling {n} ({}): {what}", primitive.graph.node(n).op.name()),
+                loc: primitive.graph.node(n).loc.clone(),
+            });
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod nn;
 pub mod optim;
 pub mod train;
 pub use kiln_graph::autodiff::value_and_grad;
+pub use kiln_graph::tape::no_grad;
 pub use kiln_graph::{
     compile, Args, CompileStats, Compiled, DType, Dynamic, Element, Error, Explanation, MemoryStats, Mode, Outputs,
     Result, Runtime, SourceLoc, Static, Tensor, TensorData,

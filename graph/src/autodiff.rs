@@ -122,22 +122,28 @@ pub fn value_and_grad(
     let mut outs = if crate::trace::active().is_some() {
         crate::trace::splice(&joint, args)?.into_iter()
     } else {
-        let refs: Vec<&Tensor> = args.iter().collect();
-        let backend = crate::trace::eager_backend(&refs);
-        let compiled = match backend.target() {
-            Some(target) => Some(crate::pipeline::compile_cached(&joint, target, crate::fuse::FusionMode::Fused)?),
-            None => None,
-        };
-        let values = args
-            .iter()
-            .map(|t| t.value().ok_or_else(|| unsupported("a tensor of another trace", &loc)))
-            .collect::<Result<Vec<_>>>()?;
-        let mode = crate::backend::Mode::Default;
-        let outs = crate::backend::execute(backend.as_ref(), &joint, compiled.as_ref(), &values, mode)?;
-        outs.into_iter().map(Tensor::from_value).collect::<Vec<_>>().into_iter()
+        run_joint(&joint, args)?.into_iter()
     };
     let value = outs.next().ok_or_else(|| unsupported("a joint graph without its value", &loc))?;
     Ok((value, outs.collect()))
+}
+
+/// Runs a joint graph eagerly on `args`, compiled and fused where eager ops on them run (their device,
+/// else the CPU reference).
+pub(crate) fn run_joint(joint: &Graph, args: &[Tensor]) -> Result<Vec<Tensor>> {
+    let refs: Vec<&Tensor> = args.iter().collect();
+    let backend = crate::trace::eager_backend(&refs);
+    let compiled = match backend.target() {
+        Some(target) => Some(crate::pipeline::compile_cached(joint, target, crate::fuse::FusionMode::Fused)?),
+        None => None,
+    };
+    let values = args
+        .iter()
+        .map(|t| t.value().ok_or_else(|| unsupported("a tensor of another trace", &SourceLoc::internal())))
+        .collect::<Result<Vec<_>>>()?;
+    let outs =
+        crate::backend::execute(backend.as_ref(), joint, compiled.as_ref(), &values, crate::backend::Mode::Default)?;
+    Ok(outs.into_iter().map(Tensor::from_value).collect())
 }
 
 fn unsupported(what: &str, loc: &SourceLoc) -> Error {

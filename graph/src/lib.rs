@@ -31,6 +31,7 @@ pub mod plan;
 pub mod runtime;
 pub mod shape;
 pub mod sym;
+pub mod tape;
 pub mod target;
 pub mod trace;
 pub mod value;

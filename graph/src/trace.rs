@@ -56,6 +56,8 @@ pub struct Tensor {
 pub(crate) struct TensorCell {
     id: u64,
     state: Mutex<State>,
+    /// Gradient bookkeeping of eager autograd ([`crate::tape`]).
+    pub(crate) grad: Mutex<crate::tape::Autograd>,
 }
 
 enum State {
@@ -86,7 +88,11 @@ impl Tensor {
 
     fn concrete(data: Arc<Value>, carried_from: Option<(u64, usize)>) -> Tensor {
         Tensor {
-            cell: Arc::new(TensorCell { id: next_id(), state: Mutex::new(State::Concrete { data, carried_from }) }),
+            cell: Arc::new(TensorCell {
+                id: next_id(),
+                state: Mutex::new(State::Concrete { data, carried_from }),
+                grad: Mutex::default(),
+            }),
         }
     }
 
@@ -456,6 +462,7 @@ impl Tracer {
         let cell = Arc::new(TensorCell {
             id: next_id(),
             state: Mutex::new(State::Lazy { trace: self.id, graph: st.graph_index, node, dtype, shape }),
+            grad: Mutex::default(),
         });
         st.live.push(Arc::downgrade(&cell));
         Ok(Tensor { cell })
@@ -637,6 +644,7 @@ pub fn capture(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Te
                             dtype: spec.dtype,
                             shape: spec.shape.clone(),
                         }),
+                        grad: Mutex::default(),
                     }),
                 }
             })
@@ -706,7 +714,8 @@ pub(crate) fn eager_backend(inputs: &[&Tensor]) -> Arc<dyn Backend> {
 /// then computed inside the op's kernel, not materialised at full size on the host first. Inside a
 /// trace it is just `f`.
 pub(crate) fn eager_group(like: &[&Tensor], f: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
-    if active().is_some() {
+    // Tracked for gradients, each op runs (and notes itself) on its own.
+    if active().is_some() || crate::tape::tracking(like) {
         return f();
     }
     let tracer = Tracer::new(TraceOptions { fullgraph: false, backend: eager_backend(like) });
@@ -729,7 +738,12 @@ pub(crate) fn record(op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc
         return t.record(op, inputs, dtype, shape, loc);
     }
     let eager = Tracer::new(TraceOptions { fullgraph: false, backend: eager_backend(inputs) });
+    // An op on tensors that track gradients notes itself for `backward` (a clone only then).
+    let noted = crate::tape::tracking(inputs).then(|| (op.clone(), shape.clone(), loc.clone()));
     let out = eager.record(op, inputs, dtype, shape, loc)?;
     eager.flush(None)?;
+    if let Some((op, shape, loc)) = noted {
+        crate::tape::note(&out, op, inputs, dtype, shape, loc);
+    }
     Ok(out)
 }

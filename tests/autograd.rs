@@ -1,0 +1,105 @@
+//! Eager autograd, torch's familiar form: `requires_grad_`, `backward`, `.grad()`, accumulation,
+//! `zero_grad`, `detach`, `no_grad`; gradients equal `value_and_grad`'s, on the host and on a device;
+//! what cannot work (inside a compiled function, a non-scalar) is a typed error.
+
+use kiln::graph::workloads::data;
+use kiln::graph::{KernelInterpreter, TensorSpec};
+use kiln::{DType, Tensor};
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_data().unwrap().values().to_vec()
+}
+
+fn close(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(p, q)| (p - q).abs() <= 1e-5 * (1.0 + q.abs()))
+}
+
+fn tensor(dims: &[usize], salt: usize) -> Tensor {
+    Tensor::from_data(data(&TensorSpec::new(DType::F32, dims), salt))
+}
+
+/// `mean((x @ w + b − y)²)` written as eager ops.
+fn loss(x: &Tensor, w: &Tensor, b: &Tensor, y: &Tensor) -> kiln::Result<Tensor> {
+    let r = x.matmul(w)?.add(b)?.sub(y)?;
+    r.mul(&r)?.mean(&[0, 1], false)
+}
+
+#[test]
+fn backward_fills_leaf_gradients_like_value_and_grad() {
+    let (x, y) = (tensor(&[6, 4], 1), tensor(&[6, 3], 2));
+    let w = tensor(&[4, 3], 3).requires_grad_(true).unwrap();
+    let b = tensor(&[3], 4).requires_grad_(true).unwrap();
+    let l = loss(&x, &w, &b, &y).unwrap();
+    l.backward().unwrap();
+    let (value, want) = kiln::value_and_grad(
+        |t| loss(&t[0], &t[1], &t[2], &t[3]),
+        &[x.clone(), w.clone(), b.clone(), y.clone()],
+        &[1, 2],
+    )
+    .unwrap();
+    assert!(close(&vals(&l), &vals(&value)));
+    assert!(close(&vals(&w.grad().unwrap()), &vals(&want[0])), "dL/dw");
+    assert!(close(&vals(&b.grad().unwrap()), &vals(&want[1])), "dL/db");
+    assert!(x.grad().is_none() && !x.requires_grad(), "x does not require grad");
+    // A second backward accumulates; zero_grad forgets.
+    loss(&x, &w, &b, &y).unwrap().backward().unwrap();
+    let twice: Vec<f64> = vals(&want[0]).iter().map(|g| 2.0 * g).collect();
+    assert!(close(&vals(&w.grad().unwrap()), &twice), "gradients accumulate");
+    w.zero_grad();
+    assert!(w.grad().is_none());
+}
+
+#[test]
+fn detach_and_no_grad_stop_gradients() {
+    let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let w = Tensor::from_slice(&[0.5f32, -1.0, 2.0], &[3]).unwrap().requires_grad_(true).unwrap();
+    let l = w.mul(&x).unwrap().add(w.detach().mul(&x).unwrap()).unwrap().sum(&[0], false).unwrap();
+    l.backward().unwrap();
+    assert_eq!(vals(&w.grad().unwrap()), vec![1.0, 2.0, 3.0], "only the attached term counts");
+    let y = kiln::no_grad(|| w.mul(2.0).unwrap().sum(&[0], false).unwrap());
+    let e = y.backward().unwrap_err();
+    assert!(e.to_string().contains("no tensor with requires_grad"), "{e}");
+}
+
+/// A weight replaced after the forward pass: backward uses the value the forward used.
+#[test]
+fn backward_uses_the_values_the_forward_saw() {
+    let w = Tensor::from_slice(&[3.0f32], &[1]).unwrap().requires_grad_(true).unwrap();
+    let l = w.mul(&w).unwrap().sum(&[0], false).unwrap();
+    w.assign(&Tensor::from_slice(&[100.0f32], &[1]).unwrap()).unwrap();
+    l.backward().unwrap();
+    assert_eq!(vals(&w.grad().unwrap()), vec![6.0], "d(w²)/dw at w = 3");
+}
+
+#[test]
+fn what_backward_cannot_do_says_so() {
+    let w = Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap().requires_grad_(true).unwrap();
+    let e = w.mul(2.0).unwrap().backward().unwrap_err();
+    assert!(e.to_string().contains("one element"), "{e}");
+    let f = kiln::compile(|x: &Tensor| {
+        let l = x.mul(x)?.sum(&[0], false)?;
+        l.backward()?;
+        Ok(l)
+    });
+    let e = f.call(&w).map(drop).expect_err("backward inside compile is an error");
+    assert!(e.to_string().contains("use value_and_grad"), "{e}");
+}
+
+/// On a device the replayed graph runs there, the gradient stays there, and a plain SGD loop with
+/// backward fits a line.
+#[test]
+fn backward_on_a_device_trains_a_line() {
+    let rt = KernelInterpreter::default().runtime();
+    let x = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0], &[4, 1]).unwrap().to(rt.clone()).unwrap();
+    let y = Tensor::from_slice(&[1.0f32, 3.0, 5.0, 7.0], &[4, 1]).unwrap().to(rt.clone()).unwrap();
+    let mut w = Tensor::from_slice(&[0.0f32], &[1, 1]).unwrap().to(rt.clone()).unwrap().requires_grad_(true).unwrap();
+    let mut b = Tensor::from_slice(&[0.0f32], &[1]).unwrap().to(rt.clone()).unwrap().requires_grad_(true).unwrap();
+    for _ in 0..300 {
+        loss(&x, &w, &b, &y).unwrap().backward().unwrap();
+        let (gw, gb) = (w.grad().unwrap(), b.grad().unwrap());
+        assert_eq!(gw.device_name(), Some(rt.name()), "gradients stay on the device");
+        let step = |p: &Tensor, g: &Tensor| kiln::no_grad(|| p.sub(&g.mul(0.1)?)?.requires_grad_(true));
+        (w, b) = (step(&w, &gw).unwrap(), step(&b, &gb).unwrap());
+    }
+    assert!((vals(&w)[0] - 2.0).abs() < 1e-3 && (vals(&b)[0] - 1.0).abs() < 1e-3, "{:?} {:?}", vals(&w), vals(&b));
+}

@@ -9,7 +9,7 @@ mod common;
 
 use kiln::graph::autodiff::grad_graph;
 use kiln::graph::workloads::data;
-use kiln::graph::{capture, interp, DType, Graph, KernelInterpreter, Runtime, Tensor, TensorData, TensorSpec};
+use kiln::graph::{capture, interp, DType, Graph, KernelInterpreter, Tensor, TensorData, TensorSpec};
 use std::sync::Arc;
 
 type F = fn(&[Tensor]) -> kiln::Result<Vec<Tensor>>;
@@ -31,21 +31,6 @@ fn inputs(specs: &[TensorSpec], adjust: fn(f64) -> f64) -> Vec<TensorData> {
         .collect()
 }
 
-/// The devices the joint graphs run on as kernels: the kernel interpreter, and wgpu unless opted out.
-fn devices() -> Vec<Arc<Runtime>> {
-    let mut v = vec![KernelInterpreter::default().runtime()];
-    if !common::wgpu_skipped() {
-        match kiln::Backend::Wgpu.runtime() {
-            Ok(Some(rt)) => v.push(rt),
-            Ok(None) => panic!(
-                "no wgpu adapter: install Mesa's Vulkan drivers (mesa-vulkan-drivers), or set KILN_WGPU_TESTS=skip"
-            ),
-            Err(e) => panic!("{e}"),
-        }
-    }
-    v
-}
-
 fn loss(g: &Graph, xs: &[TensorData]) -> f64 {
     let refs: Vec<&TensorData> = xs.iter().collect();
     interp::run(g, &refs).expect("forward runs")[0].values()[0]
@@ -61,7 +46,7 @@ fn check(name: &str, specs: &[TensorSpec], f: F, wrt: &[usize], adjust: fn(f64) 
     let value = loss(&g, &xs);
     assert!((out[0].values()[0] - value).abs() <= 1e-5 * (1.0 + value.abs()), "{name}: value");
     // The joint graph compiles to kernels like any graph and gives the same gradients on every device.
-    let on_devices: Vec<(String, Vec<TensorData>)> = devices()
+    let on_devices: Vec<(String, Vec<TensorData>)> = common::kernel_devices()
         .iter()
         .map(|rt| {
             let compiled = Arc::new(kiln::graph::compile_graph(&joint, rt.target()).expect("compiles"));

@@ -147,27 +147,12 @@ fn batch(seed: u64) -> (Tensor, Tensor) {
     (ids, targets)
 }
 
-/// The devices train steps run on: the kernel interpreter, and wgpu (lavapipe in CI) unless opted out.
-fn devices() -> Vec<Arc<Runtime>> {
-    let mut v = vec![KernelInterpreter::default().runtime()];
-    if !common::wgpu_skipped() {
-        match kiln::Backend::Wgpu.runtime() {
-            Ok(Some(rt)) => v.push(rt),
-            Ok(None) => panic!(
-                "no wgpu adapter: install Mesa's Vulkan drivers (mesa-vulkan-drivers), or set KILN_WGPU_TESTS=skip"
-            ),
-            Err(e) => panic!("{e}"),
-        }
-    }
-    v
-}
-
 /// The compiled train step (one graph: forward, cross-entropy, backward, AdamW) gives the loss and the
 /// parameters the same step gives run eagerly (the joint graph and the update compiled apart), for three
 /// steps, on the kernel interpreter and on wgpu.
 #[test]
 fn a_compiled_gpt_step_matches_the_eager_step() {
-    for rt in devices() {
+    for rt in common::kernel_devices() {
         compiled_step_matches_eager(&rt);
     }
 }

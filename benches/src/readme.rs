@@ -13,7 +13,7 @@ const END: &str = "<!-- bench:end -->";
 const WAITING: [(&str, &str); 2] = [
     (
         "W5 training step (forward + backward + AdamW)",
-        "waits for the training issue (reverse-mode autodiff has landed; nn modules, optimizers and the step do not yet)",
+        "waits for its bench row (training has landed: nn, AdamW and one compiled step; the row and torch's step in the peer have not)",
     ),
     ("W6 densenet121 inference", "waits for convolution (issue: ONNX and the convolution family)"),
 ];

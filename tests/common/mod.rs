@@ -53,3 +53,19 @@ pub fn wgpu_skipped() -> bool {
     }
     skip
 }
+
+/// The devices kernels run on in every test run: the kernel interpreter, and wgpu (lavapipe where there
+/// is no GPU) unless opted out; with no adapter and no opt-out, a failure saying what to install.
+pub fn kernel_devices() -> Vec<std::sync::Arc<kiln::Runtime>> {
+    let mut v = vec![kiln::graph::KernelInterpreter::default().runtime()];
+    if !wgpu_skipped() {
+        match kiln::Backend::Wgpu.runtime() {
+            Ok(Some(rt)) => v.push(rt),
+            Ok(None) => panic!(
+                "no wgpu adapter: install Mesa's Vulkan drivers (mesa-vulkan-drivers), or set KILN_WGPU_TESTS=skip"
+            ),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    v
+}

@@ -103,3 +103,66 @@ fn backward_on_a_device_trains_a_line() {
     }
     assert!((vals(&w)[0] - 2.0).abs() < 1e-3 && (vals(&b)[0] - 1.0).abs() < 1e-3, "{:?} {:?}", vals(&w), vals(&b));
 }
+
+/// `loss = compile(f).call(..)?; loss.backward()?`, as torch users train: the compiled graph is
+/// differentiated on the call that traces it and on the cached calls after, for weights passed as
+/// arguments and weights the function captures.
+#[test]
+fn backward_through_compiled_calls() {
+    let (x, y) = (tensor(&[6, 4], 1), tensor(&[6, 3], 2));
+    let w = tensor(&[4, 3], 3).requires_grad_(true).unwrap();
+    let b = tensor(&[3], 4).requires_grad_(true).unwrap();
+    let args = vec![x.clone(), w.clone(), b.clone(), y.clone()];
+    let (_, want) = kiln::value_and_grad(|t| loss(&t[0], &t[1], &t[2], &t[3]), &args, &[1, 2]).unwrap();
+    let f = kiln::compile(|t: Vec<Tensor>| loss(&t[0], &t[1], &t[2], &t[3]));
+    for call in 0..3 {
+        w.zero_grad();
+        b.zero_grad();
+        let l: Tensor = f.call(args.clone()).unwrap();
+        l.backward().unwrap();
+        assert!(close(&vals(&w.grad().unwrap()), &vals(&want[0])), "call {call}: dL/dw");
+        assert!(close(&vals(&b.grad().unwrap()), &vals(&want[1])), "call {call}: dL/db");
+    }
+    assert!(f.stats().cache_hits >= 1, "cached calls are differentiated too: {:?}", f.stats());
+    // Captured weights: the function reads w and b from its closure.
+    let g = kiln::compile(|(x, y): (&Tensor, &Tensor)| loss(x, &w, &b, y));
+    for _ in 0..2 {
+        w.zero_grad();
+        b.zero_grad();
+        let l: Tensor = g.call((&x, &y)).unwrap();
+        l.backward().unwrap();
+        assert!(close(&vals(&w.grad().unwrap()), &vals(&want[0])), "captured w");
+        assert!(close(&vals(&b.grad().unwrap()), &vals(&want[1])), "captured b");
+    }
+}
+
+/// A function split by a graph break (a host read in the middle): gradients flow through both graphs.
+#[test]
+fn backward_across_a_graph_break() {
+    let x = tensor(&[5, 4], 7);
+    let w = tensor(&[4, 2], 8).requires_grad_(true).unwrap();
+    let math = |x: &Tensor, w: &Tensor| -> kiln::Result<(Tensor, Tensor)> {
+        let h = x.matmul(w)?.tanh()?;
+        let scale: f32 = h.sum(&[0, 1], false)?.item()?;
+        let z = h.mul(&h)?.mul(2.0)?;
+        Ok((z.mean(&[0, 1], false)?, Tensor::scalar(scale as f64, DType::F32)?))
+    };
+    let f = kiln::compile(|(x, w): (&Tensor, &Tensor)| math(x, w).map(|(l, _)| l));
+    let ex = f.explain((&x, &w)).unwrap();
+    assert!(!ex.breaks.is_empty() && ex.graph_count() >= 2, "the host read splits the function: {ex}");
+    let (_, want) = kiln::value_and_grad(
+        |t| t[0].matmul(&t[1])?.tanh()?.mul(&t[0].matmul(&t[1])?.tanh()?)?.mul(2.0)?.mean(&[0, 1], false),
+        &[x.clone(), w.clone()],
+        &[1],
+    )
+    .unwrap();
+    w.zero_grad();
+    let l: Tensor = f.call((&x, &w)).unwrap();
+    l.backward().unwrap();
+    assert!(
+        close(&vals(&w.grad().unwrap()), &vals(&want[0])),
+        "{:?} vs {:?}",
+        vals(&w.grad().unwrap()),
+        vals(&want[0])
+    );
+}

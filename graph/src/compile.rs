@@ -224,7 +224,7 @@ struct Entry {
     verified: AtomicBool,
     /// A trace with other argument tensors did not: only the traced tensors may use this entry.
     pinned: AtomicBool,
-    graph: Option<(Graph, Option<Arc<CompiledGraph>>)>,
+    graph: Option<(Arc<Graph>, Option<Arc<CompiledGraph>>)>,
     inputs: Vec<InputSource>,
     outputs: Vec<OutputSource>,
     tree: OutTree,
@@ -627,7 +627,7 @@ impl<F> Compiled<F> {
                     traced_ids: ids.clone(),
                     verified: AtomicBool::new(false),
                     pinned: AtomicBool::new(false),
-                    graph: graph.map(|g| (g.graph, g.compiled)),
+                    graph: graph.map(|g| (Arc::new(g.graph), g.compiled)),
                     inputs,
                     outputs,
                     tree,
@@ -665,8 +665,8 @@ impl<F> Compiled<F> {
         arg_values: &[Option<Arc<Value>>],
         backend: &dyn Backend,
     ) -> Result<R> {
-        let results: Vec<Arc<Value>> = match &e.graph {
-            None => Vec::new(),
+        let (results, step) = match &e.graph {
+            None => (Vec::new(), None),
             Some((graph, compiled)) => {
                 let mut values = Vec::with_capacity(e.inputs.len());
                 for src in &e.inputs {
@@ -685,14 +685,30 @@ impl<F> Compiled<F> {
                         loc: SourceLoc::internal(),
                     })?);
                 }
-                crate::backend::execute(backend, graph, compiled.as_ref(), &values, self.mode)?
+                let results = crate::backend::execute(backend, graph, compiled.as_ref(), &values, self.mode)?;
+                // A call on tensors that track gradients notes itself on its results, for `backward`.
+                let read = || {
+                    e.inputs.iter().filter_map(|src| match src {
+                        InputSource::Arg(i) => args.get(*i),
+                        InputSource::Tensor(t) => Some(t),
+                    })
+                };
+                let step = crate::tape::tracking(read())
+                    .then(|| crate::tape::step(graph.clone(), &read().cloned().collect::<Vec<_>>(), &values));
+                (results, step.map(|s| (s, graph)))
             }
         };
         let tensors: Vec<Tensor> = e
             .outputs
             .iter()
             .map(|o| match o {
-                OutputSource::Graph(k) => Tensor::from_value(results[*k].clone()),
+                OutputSource::Graph(k) => {
+                    let t = Tensor::from_value(results[*k].clone());
+                    if let Some((s, graph)) = &step {
+                        crate::tape::note(&t.cell, s, graph.outputs[*k]);
+                    }
+                    t
+                }
                 OutputSource::Arg(i) => args[*i].clone(),
                 OutputSource::Const(d) => Tensor::from_value(d.clone()),
             })

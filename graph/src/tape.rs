@@ -1,20 +1,21 @@
 //! Eager autograd, PyTorch's familiar form: `requires_grad_`, `backward`, `grad`, `detach`, `no_grad`.
-//! An eager op on a tensor that tracks gradients notes what it did (op, inputs and their values at that
-//! moment) on its result. `backward` turns those notes into a graph, differentiates it with the same
-//! reverse-mode pass `value_and_grad` uses ([`crate::autodiff::grad_graph`]), runs the joint graph
-//! compiled and fused where the leaves live, and adds each gradient to its leaf's `.grad`. Inside a
-//! compiled function, gradients come from `value_and_grad`, which joins the trace.
+//! Every graph kiln runs on tensors that track gradients — an eager op's one-node graph, a compiled
+//! function's graph, each graph of a trace split by graph breaks — notes itself (the graph, its input
+//! tensors and their values at that moment) on its results. `backward` splices those graphs into one,
+//! differentiates it with the reverse-mode pass `value_and_grad` uses ([`crate::autodiff::grad_graph`]),
+//! runs the joint graph compiled and fused where the leaves live, and adds each gradient to its leaf's
+//! `.grad`. So `loss = compiled_model.call(x)?; loss.backward()?` works as in torch, across graph breaks.
+//! Inside a compiled function, gradients come from `value_and_grad`, which joins the trace.
 
 use crate::error::{Error, Result};
 use crate::ir::{Graph, InputKind, Node, NodeId, Op};
 use crate::loc::SourceLoc;
 use crate::runtime::lock;
-use crate::shape::Shape;
-use crate::trace::Tensor;
+use crate::trace::{Tensor, TensorCell};
 use crate::value::Value;
-use crate::DType;
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// A tensor's autograd state.
@@ -24,19 +25,21 @@ pub(crate) struct Autograd {
     requires_grad: bool,
     /// The accumulated gradient.
     grad: Option<Tensor>,
-    /// How an eager op made this tensor from tracked inputs.
-    made_by: Option<Arc<Step>>,
+    /// The graph run that made this tensor from tracked inputs, and which of its nodes it is.
+    made_by: Option<(Arc<Step>, NodeId)>,
 }
 
-/// One eager op as `backward` replays it.
-struct Step {
-    op: Op,
-    /// Each input and its value when the op ran (a weight reassigned since keeps its old value here).
-    inputs: Vec<(Tensor, Option<Arc<Value>>)>,
-    dtype: DType,
-    shape: Shape,
-    loc: SourceLoc,
+/// One graph run as `backward` replays it.
+pub(crate) struct Step {
+    graph: Arc<Graph>,
+    /// The tensor behind each of the graph's inputs (in `Graph::inputs` order) and its value when the
+    /// graph ran (a weight reassigned since keeps its old value here).
+    inputs: Vec<(Tensor, Arc<Value>)>,
 }
+
+/// Set once any tensor has asked for gradients: until then no run looks at its inputs' autograd state
+/// (a compiled call with hundreds of weight inputs pays nothing for autograd it does not use).
+static EVER: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// How many `no_grad` scopes are open on this thread.
@@ -62,15 +65,19 @@ fn tracks(t: &Tensor) -> bool {
     a.requires_grad || a.made_by.is_some()
 }
 
-/// Whether an eager op on `inputs` must note itself for `backward`.
-pub(crate) fn tracking(inputs: &[&Tensor]) -> bool {
-    NO_GRAD.with(|n| n.get() == 0) && inputs.iter().any(|t| tracks(t))
+/// Whether a run on `inputs` must note itself for `backward`.
+pub(crate) fn tracking<'a>(inputs: impl IntoIterator<Item = &'a Tensor>) -> bool {
+    EVER.load(Ordering::Relaxed) && NO_GRAD.with(|n| n.get() == 0) && inputs.into_iter().any(tracks)
 }
 
-/// Notes on `out` that `op` made it from `inputs`.
-pub(crate) fn note(out: &Tensor, op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc: SourceLoc) {
-    let inputs = inputs.iter().map(|t| ((*t).clone(), t.value())).collect();
-    lock(&out.cell.grad).made_by = Some(Arc::new(Step { op, inputs, dtype, shape, loc }));
+/// A run of `graph` on `inputs` (one per graph input, with the values it read), to note on its results.
+pub(crate) fn step(graph: Arc<Graph>, inputs: &[Tensor], values: &[Arc<Value>]) -> Arc<Step> {
+    Arc::new(Step { graph, inputs: inputs.iter().cloned().zip(values.iter().cloned()).collect() })
+}
+
+/// Notes on `cell` that it is `node` of `step`'s run.
+pub(crate) fn note(cell: &TensorCell, step: &Arc<Step>, node: NodeId) {
+    lock(&cell.grad).made_by = Some((step.clone(), node));
 }
 
 fn unsupported(what: impl Into<String>, loc: SourceLoc) -> Error {
@@ -87,6 +94,9 @@ impl Tensor {
                 "requires_grad on a traced tensor: inside a compiled function, use value_and_grad",
                 SourceLoc::caller(),
             ));
+        }
+        if on {
+            EVER.store(true, Ordering::Relaxed);
         }
         lock(&self.cell.grad).requires_grad = on;
         Ok(self)
@@ -156,39 +166,37 @@ impl Tensor {
     }
 }
 
-/// The graph that computes `root` from its recorded steps: every tensor without a step is an input
-/// (argument `k`, its value in `args[k]`); `leaves` lists the inputs that require gradients.
+/// The graph that computes `root` from the runs noted on it: every tensor no tracked run made is an
+/// input (argument `k`, its value in `args[k]`); `leaves` lists the inputs that require gradients.
 #[allow(clippy::type_complexity)]
 fn replay(root: &Tensor) -> Result<(Graph, Vec<Tensor>, Vec<(usize, Tensor)>)> {
     let mut graph = Graph::new();
     let mut args = Vec::new();
     let mut leaves = Vec::new();
     let mut node_of: HashMap<u64, NodeId> = HashMap::new();
-    // Depth-first without recursion (a long training graph has thousands of steps): a tensor is pushed
-    // again after its inputs, and emitted once they all have nodes.
+    // Each run's graph is spliced in once; its node ids map to the combined graph's.
+    let mut spliced: HashMap<*const Step, Vec<NodeId>> = HashMap::new();
+    // Depth-first without recursion (a long training graph has thousands of runs): a tensor is pushed
+    // again after its run's inputs, and given its node once they all have theirs.
     let mut stack: Vec<(Tensor, Option<Arc<Value>>, bool)> = vec![(root.clone(), root.value(), false)];
     while let Some((t, value, expanded)) = stack.pop() {
         if node_of.contains_key(&t.id()) {
             continue;
         }
-        let step = lock(&t.cell.grad).made_by.clone();
-        match step {
-            Some(s) if !expanded => {
+        let made_by = lock(&t.cell.grad).made_by.clone();
+        match made_by {
+            Some((s, _)) if !expanded => {
                 stack.push((t.clone(), value, true));
                 for (input, v) in s.inputs.iter().rev() {
-                    stack.push((input.clone(), v.clone(), false));
+                    stack.push((input.clone(), Some(v.clone()), false));
                 }
             }
-            Some(s) => {
-                let inputs = s.inputs.iter().map(|(i, _)| node_of[&i.id()]).collect();
-                let n = graph.push(Node {
-                    op: s.op.clone(),
-                    inputs,
-                    dtype: s.dtype,
-                    shape: s.shape.clone(),
-                    loc: s.loc.clone(),
-                });
-                node_of.insert(t.id(), n);
+            Some((s, node)) => {
+                let ids = match spliced.entry(Arc::as_ptr(&s)) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => e.insert(splice(&mut graph, &s, &node_of)?),
+                };
+                node_of.insert(t.id(), ids[node.index()]);
             }
             None => {
                 let v =
@@ -205,4 +213,34 @@ fn replay(root: &Tensor) -> Result<(Graph, Vec<Tensor>, Vec<(usize, Tensor)>)> {
     }
     graph.outputs = vec![node_of[&root.id()]];
     Ok((graph, args, leaves))
+}
+
+/// Copies `step`'s graph into `graph`, its inputs bound to the nodes of the tensors it read; returns
+/// each of its node ids' new id.
+fn splice(graph: &mut Graph, step: &Step, node_of: &HashMap<u64, NodeId>) -> Result<Vec<NodeId>> {
+    let g = &step.graph;
+    if g.nodes.iter().any(|n| n.shape.as_concrete().is_none()) {
+        return Err(unsupported(
+            "backward() through a graph compiled with dynamic shapes: compile it with Dynamic::Never",
+            g.outputs.first().map_or_else(SourceLoc::internal, |o| g.node(*o).loc.clone()),
+        ));
+    }
+    let mut ids = Vec::with_capacity(g.nodes.len());
+    for (i, n) in g.nodes.iter().enumerate() {
+        let id = match n.op {
+            Op::Input { .. } => {
+                let k = g.inputs.iter().position(|gi| gi.node.index() == i).expect("an input node is a graph input");
+                node_of[&step.inputs[k].0.id()]
+            }
+            _ => graph.push(Node {
+                op: n.op.clone(),
+                inputs: n.inputs.iter().map(|a| ids[a.index()]).collect(),
+                dtype: n.dtype,
+                shape: n.shape.clone(),
+                loc: n.loc.clone(),
+            }),
+        };
+        ids.push(id);
+    }
+    Ok(ids)
 }

@@ -322,6 +322,8 @@ struct TraceState {
     arg_shapes: HashMap<u64, Shape>,
     /// Per input of the current graph: the tensor it was lifted from (`None` for arguments).
     sources: Vec<Option<Tensor>>,
+    /// Per input of the current graph: the tensor it reads, arguments too (gradients flow back to it).
+    read: Vec<Tensor>,
     graphs: Vec<TracedGraph>,
     breaks: Vec<GraphBreak>,
     break_error: Option<Error>,
@@ -450,6 +452,7 @@ impl Tracer {
                 st.lifted.insert(t.id(), n);
                 st.input_data.push(data.clone());
                 st.sources.push(source);
+                st.read.push(t.clone());
                 Ok(n)
             }
         }
@@ -501,6 +504,7 @@ impl Tracer {
         graph.outputs = outputs;
         let input_data = std::mem::take(&mut st.input_data);
         let sources = std::mem::take(&mut st.sources);
+        let read = std::mem::take(&mut st.read);
         // The next graph starts with the same symbols (its carried inputs may have symbolic shapes).
         st.graph.symbols = graph.symbols.clone();
         st.lifted.clear();
@@ -527,6 +531,13 @@ impl Tracer {
                 crate::backend::Mode::Default,
             )?;
             let by_node: HashMap<NodeId, Arc<Value>> = graph.outputs.iter().copied().zip(results).collect();
+            // A run on tensors that track gradients notes itself on its results, for `backward`.
+            if crate::tape::tracking(&read) {
+                let step = crate::tape::step(Arc::new(graph.clone()), &read, &input_data);
+                for (cell, node) in &cells {
+                    crate::tape::note(cell, &step, *node);
+                }
+            }
             for (cell, node) in cells {
                 let data = by_node[&node].clone();
                 *lock(&cell.state) = State::Concrete { data, carried_from: Some((self.id, index)) };
@@ -715,7 +726,7 @@ pub(crate) fn eager_backend(inputs: &[&Tensor]) -> Arc<dyn Backend> {
 /// trace it is just `f`.
 pub(crate) fn eager_group(like: &[&Tensor], f: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
     // Tracked for gradients, each op runs (and notes itself) on its own.
-    if active().is_some() || crate::tape::tracking(like) {
+    if active().is_some() || crate::tape::tracking(like.iter().copied()) {
         return f();
     }
     let tracer = Tracer::new(TraceOptions { fullgraph: false, backend: eager_backend(like) });
@@ -738,12 +749,7 @@ pub(crate) fn record(op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc
         return t.record(op, inputs, dtype, shape, loc);
     }
     let eager = Tracer::new(TraceOptions { fullgraph: false, backend: eager_backend(inputs) });
-    // An op on tensors that track gradients notes itself for `backward` (a clone only then).
-    let noted = crate::tape::tracking(inputs).then(|| (op.clone(), shape.clone(), loc.clone()));
     let out = eager.record(op, inputs, dtype, shape, loc)?;
     eager.flush(None)?;
-    if let Some((op, shape, loc)) = noted {
-        crate::tape::note(&out, op, inputs, dtype, shape, loc);
-    }
     Ok(out)
 }

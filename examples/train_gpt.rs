@@ -47,6 +47,9 @@ struct Args {
     /// Characters to sample after training.
     #[arg(long, default_value_t = 300)]
     sample_chars: usize,
+    /// Train in bf16 on f32 master weights (mixed precision).
+    #[arg(long)]
+    bf16: bool,
     /// Fail unless the mean loss of the last ten steps is below this.
     #[arg(long)]
     threshold: Option<f64>,
@@ -112,6 +115,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rt = chosen.runtime()?;
     let config = GptConfig { vocab: vocab.len(), context: t, dim: args.dim, heads: args.heads, layers: args.layers };
     let mut model = Gpt::new(config, args.seed)?;
+    if args.bf16 {
+        model = model.cast(kiln::DType::BF16)?;
+    }
     if let Some(rt) = &rt {
         model = model.to(rt)?;
     }
@@ -139,7 +145,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let batch = [placed(Tensor::from_slice(&x, &[b, t])?, &rt)?, placed(Tensor::from_slice(&y, &[b, t])?, &rt)?];
         let scale = warmup_cosine(step, (args.steps / 10).max(1), args.steps, 0.1);
-        let loss = trainer.step(&batch, scale)?;
+        let loss = trainer.step(&batch, scale)?.cast(kiln::DType::F32)?;
         // Reading a loss waits for its step: only every tenth, for the progress line.
         if step % 10 == 0 || step == args.steps {
             bar.set_message(format!("loss {:.3}", loss.item::<f32>()?));
@@ -185,7 +191,7 @@ fn sample(
     backend: Backend,
 ) -> kiln::Result<String> {
     let t = prompt.len();
-    let forward = compile(|x: &Tensor| model.forward(x)?.narrow(1, t - 1, 1)).backend(backend);
+    let forward = compile(|x: &Tensor| model.forward(x)?.narrow(1, t - 1, 1)?.cast(kiln::DType::F32)).backend(backend);
     let mut window: Vec<i64> = prompt.to_vec();
     let mut out: String = prompt.iter().map(|&i| vocab[i as usize]).collect();
     let device = model.tensors()[0].value().and_then(|v| v.device()).map(|d| d.buffer.runtime().clone());

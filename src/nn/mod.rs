@@ -36,6 +36,16 @@ pub trait Module: Sized {
         }
     }
 
+    /// Every floating-point parameter cast to `dtype` (a bf16 model for mixed-precision training).
+    fn cast(&self, dtype: DType) -> Result<Self> {
+        let cast = self
+            .tensors()
+            .iter()
+            .map(|t| if t.dtype().is_float() && t.dtype() != dtype { t.cast(dtype) } else { Ok(t.clone()) })
+            .collect::<Result<Vec<_>>>()?;
+        self.load(&cast)
+    }
+
     /// Every parameter moved to `backend` (a device runtime), where a train step will use them.
     fn to(&self, backend: &std::sync::Arc<crate::Runtime>) -> Result<Self> {
         let moved = self.tensors().iter().map(|t| t.to(backend.clone())).collect::<Result<Vec<_>>>()?;

@@ -45,7 +45,7 @@ pub struct AdamWState {
 fn zeros_like(t: &Tensor) -> Result<Tensor> {
     let dims = t.shape().as_concrete().ok_or_else(|| Error::Unsupported {
         what: "optimizer state for a parameter of symbolic shape".into(),
-        loc: crate::SourceLoc::caller(),
+        loc: crate::SourceLoc::internal(),
     })?;
     let z = Tensor::zeros(&dims, t.dtype())?;
     match t.value().and_then(|v| v.device()) {
@@ -79,6 +79,7 @@ impl AdamWState {
 impl AdamW {
     /// One update: returns `(params, m, v)` after the step. `scalars` is what [`AdamWState::scalars`]
     /// made for this step. Parameters of a half dtype are updated in f32 and rounded back.
+    #[track_caller]
     pub fn update(
         &self,
         params: &[Tensor],
@@ -183,6 +184,7 @@ pub fn warmup_cosine(step: u64, warmup: u64, total: u64, floor: f64) -> f64 {
     floor + (1.0 - floor) * 0.5 * (1.0 + (std::f64::consts::PI * done.min(1.0)).cos())
 }
 
+#[track_caller]
 fn check_lengths(n: usize, others: &[usize]) -> Result<()> {
     if others.iter().any(|&k| k != n) {
         return Err(Error::Unsupported {

@@ -43,7 +43,7 @@ pub fn adamw_step<M: Module + Clone>(
         if t.len() < 3 * n + 1 {
             return Err(crate::Error::Unsupported {
                 what: format!("a train step of {n} parameters takes at least {} tensors, got {}", 3 * n + 1, t.len()),
-                loc: crate::SourceLoc::caller(),
+                loc: crate::SourceLoc::internal(),
             });
         }
         let (weights, rest) = t.split_at(n);
@@ -102,7 +102,7 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         let n = weights.len();
         let anchor = weights.first().cloned().ok_or_else(|| crate::Error::Unsupported {
             what: "a model without parameters".into(),
-            loc: crate::SourceLoc::caller(),
+            loc: crate::SourceLoc::internal(),
         })?;
         let scalars = self.state.scalars(&self.opt, lr_scale, &anchor)?;
         let args: Vec<Tensor> =

@@ -1,7 +1,7 @@
 //! Deterministic parameter initialisation: the same seed gives the same weights on every machine and
 //! backend (values are drawn on the host, then moved), so runs and tests are reproducible.
 
-use crate::{DType, Result, Tensor};
+use crate::{Result, Tensor};
 
 /// A seeded source of initial weights: normal with a standard deviation (GPT-2's 0.02 by default).
 #[derive(Clone, Debug)]
@@ -47,6 +47,6 @@ impl Init {
     pub fn ints(&mut self, dims: &[usize], below: u64) -> Result<Tensor> {
         let n: usize = dims.iter().product();
         let v: Vec<i64> = (0..n).map(|_| (self.next_u64() % below.max(1)) as i64).collect();
-        Tensor::from_slice(&v, dims).and_then(|t| if t.dtype() == DType::I64 { Ok(t) } else { t.cast(DType::I64) })
+        Tensor::from_slice(&v, dims)
     }
 }

@@ -53,8 +53,9 @@ pub trait Module: Sized {
     }
 }
 
+/// A module's parameters do not fit: the error names what is wrong (no user line applies).
 fn mismatch(what: String) -> Error {
-    Error::Unsupported { what: format!("module parameters: {what}"), loc: SourceLoc::caller() }
+    Error::Unsupported { what: format!("module parameters: {what}"), loc: SourceLoc::internal() }
 }
 
 /// The next parameter for a module being rebuilt.

@@ -133,6 +133,11 @@ fn eager_ops_run_where_their_inputs_live(rt: &Arc<Runtime>) {
     let m = rt.memory_stats();
     assert_eq!((m.uploaded, m.downloaded), (0, 0), "{m:?}");
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![3.0, -2.0, 9.0, -4.0]);
+    // A constant made like a device tensor (`new_full`) is made there: nothing is uploaded.
+    rt.reset_transfers();
+    let c = x.new_full(&[3], 2.5).unwrap();
+    assert_eq!((c.device_name(), rt.memory_stats().uploaded), (Some(rt.name()), 0));
+    assert_eq!(c.to_vec::<f32>().unwrap(), vec![2.5; 3]);
 }
 
 /// A reduce-overhead function's recording holds device buffers; dropping the function returns them.

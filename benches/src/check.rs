@@ -103,16 +103,19 @@ impl Expected {
         Expected::new(t.dims().to_vec(), t.values().to_vec(), source)
     }
 
-    /// Kiln's f64 reference (the CPU interpreter) for `f` on `inputs`: its first output.
+    /// Kiln's f64 reference (the CPU interpreter) for `f` on `inputs`: every output, in order (a train
+    /// step's loss, updated parameters and optimizer state are all checked).
     pub fn reference(
         f: fn(&[kiln::Tensor]) -> kiln::Result<Vec<kiln::Tensor>>,
         inputs: &[TensorData],
         source: &str,
-    ) -> kiln::Result<Expected> {
+    ) -> kiln::Result<Vec<Expected>> {
         let inputs: Vec<kiln::Tensor> = inputs.iter().map(|d| kiln::Tensor::from_data(d.clone())).collect();
         let out = kiln::compile(|x: Vec<kiln::Tensor>| f(&x)).backend(kiln::Backend::Cpu).call(inputs)?;
-        let first = out.first().ok_or_else(|| kiln::Error::Format { what: source.into(), msg: "no output".into() })?;
-        Ok(Expected::of(&*first.to_data()?, source))
+        if out.is_empty() {
+            return Err(kiln::Error::Format { what: source.into(), msg: "no output".into() });
+        }
+        out.iter().map(|t| Ok(Expected::of(&*t.to_data()?, source))).collect()
     }
 
     /// Tensor `out` of a safetensors file (F32, F64, BF16 or F16), `None` when the file does not exist.
@@ -203,7 +206,8 @@ pub fn peer_rows(results: &mut [crate::report::ResultRow], dir: &std::path::Path
         if !reference.contains_key(&base) {
             let inputs: Vec<TensorData> =
                 w.check.iter().enumerate().map(|(i, s)| kiln_graph::workloads::data(s, i)).collect();
-            let want = Expected::reference(w.f, &inputs, "kiln's f64 reference (check size)")?;
+            // torch writes its first output; that is what its rows are checked on.
+            let want = Expected::reference(w.f, &inputs, "kiln's f64 reference (check size)")?.swap_remove(0);
             reference.insert(base.clone(), (want, Tolerance::of(&kiln_graph::capture(&w.check, w.f)?)?));
         }
         let (want, tol) = &reference[&base];

@@ -8,6 +8,7 @@ mod device;
 mod readme;
 mod report;
 mod timing;
+mod train_step;
 mod trials;
 
 use kiln_graph::workloads;
@@ -158,6 +159,7 @@ fn merge(cli: &Cli) -> kiln::Result<Report> {
 fn run(cli: &Cli, cold: bool) -> kiln::Result<Report> {
     let chosen: Vec<workloads::Workload> = workloads::all()
         .into_iter()
+        .chain(train_step::all())
         .filter(|w| cli.workload.is_empty() || cli.workload.iter().any(|x| x.eq_ignore_ascii_case(w.id)))
         .collect();
     let mut report = Report::new(cli.quick);
@@ -205,7 +207,7 @@ fn run(cli: &Cli, cold: bool) -> kiln::Result<Report> {
         }
     }
     for note in [
-        "W5 runs forward only (f32 and bf16): the training step waits for the training issue (nn modules, optimizers). W6 (densenet) waits for convolution support.",
+        "W5-train is one training step (forward, mean-square loss, backward, AdamW; f32, every output checked); its bf16 variant and torch's side in the peer are not there yet. W6 (densenet) waits for convolution support.",
         "cuda: reduce-overhead replays the compiled graph as one CUDA graph. Compile times are the first compile of the workload in its process (trace, compile, load, first run); cold in a process that started with kiln's compile cache and the CUDA driver's JIT cache (CUDA_CACHE_PATH) empty, warm in a later one with both kept.",
     ] {
         report.notes.push(note.into());

@@ -13,7 +13,7 @@ const END: &str = "<!-- bench:end -->";
 const WAITING: [(&str, &str); 2] = [
     (
         "W5 training step (forward + backward + AdamW)",
-        "waits for its bench row (training has landed: nn, AdamW and one compiled step; the row and torch's step in the peer have not)",
+        "kiln's row exists (`--workload W5-train`: forward, mean-square loss, backward, AdamW, every output checked) and waits for a GPU run and for torch's step in the peer",
     ),
     ("W6 densenet121 inference", "waits for convolution (issue: ONNX and the convolution family)"),
 ];

@@ -57,14 +57,15 @@ pub fn base_id(id: &str) -> &str {
     id.trim_end_matches("-sdpa")
 }
 
-/// What `w`'s output at `specs` should be: torch's float64 run (`--expect DIR/<id>.expected.safetensors`,
-/// written by the peer for the same seeded inputs) where present, else kiln's f64 reference.
-fn expected(w: &Workload, host: &[TensorData], cli: &Cli) -> kiln::Result<Expected> {
+/// What `w`'s outputs at `specs` should be: torch's float64 run (`--expect DIR/<id>.expected.safetensors`,
+/// written by the peer for the same seeded inputs: the first output) where present, else kiln's f64
+/// reference (every output).
+fn expected(w: &Workload, host: &[TensorData], cli: &Cli) -> kiln::Result<Vec<Expected>> {
     let size = if cli.quick { "quick size" } else { "full size" };
     if let Some(dir) = &cli.expect {
         let path = dir.join(format!("{}.expected.safetensors", base_id(w.id)));
         if let Some(e) = Expected::load(&path, &format!("torch's float64 output ({size})"))? {
-            return Ok(e);
+            return Ok(vec![e]);
         }
         eprintln!("kiln-bench: {} not found; checking {} against kiln's f64 reference", path.display(), w.id);
     }
@@ -74,12 +75,16 @@ fn expected(w: &Workload, host: &[TensorData], cli: &Cli) -> kiln::Result<Expect
     Expected::reference(w.f, host, &format!("kiln's f64 reference ({size})"))
 }
 
-/// One configuration's output against the expected one.
-fn judge(outputs: &[TensorData], want: &Expected, tol: Tolerance) -> Outcome {
-    match outputs.first() {
-        Some(got) => check::compare(got, want, tol),
-        None => Outcome { max_rel_err: f64::INFINITY, mismatches: 1, correct: false },
-    }
+/// One configuration's outputs against the expected ones (as many as are expected; a missing one fails).
+fn judge(outputs: &[TensorData], want: &[Expected], tol: Tolerance) -> Outcome {
+    let missing = Outcome { max_rel_err: f64::INFINITY, mismatches: 1, correct: false };
+    want.iter()
+        .enumerate()
+        .fold(None, |acc: Option<Outcome>, (i, w)| {
+            let o = outputs.get(i).map_or(missing, |got| check::compare(got, w, tol));
+            Some(acc.map_or(o, |a| a.and(o)))
+        })
+        .unwrap_or(missing)
 }
 
 /// What a configuration measured, before it becomes a row.
@@ -107,7 +112,8 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
     let tol = Tolerance::of(&g)?;
     let want = expected(w, &host, cli)?;
     phase("expected output ready");
-    let checked = format!("{}, rtol {:.1e}, atol {:.1e}", want.source, tol.rtol, tol.atol);
+    let source = want.first().map_or("nothing", |w| w.source.as_str());
+    let checked = format!("{source} ({} outputs), rtol {:.1e}, atol {:.1e}", want.len(), tol.rtol, tol.atol);
     let device_inputs: Vec<Tensor> =
         host.iter().map(|d| Tensor::from_data(d.clone()).to(dev.backend())).collect::<kiln::Result<_>>()?;
     // The plans bind the same device tensors the public calls get: one copy of the inputs on the device,
@@ -307,7 +313,7 @@ pub fn measure_dynamic(dev: &Device, cli: &Cli, cold: bool) -> kiln::Result<Resu
         if CHECKED_SIZES.contains(&i) {
             let tol = Tolerance::of(&capture(&specs, kiln_graph::workloads::w3)?)?;
             let want = Expected::reference(kiln_graph::workloads::w3, &host, "kiln's f64 reference")?;
-            let o = check::compare(&*out[0].to_data()?, &want, tol);
+            let o = check::compare(&*out[0].to_data()?, &want[0], tol);
             outcome = Some(outcome.map_or(o, |x| x.and(o)));
             checked = format!(
                 "kiln's f64 reference (the 2nd and 9th row counts: the recompiled symbolic entry and its reuse), rtol {:.1e}, atol {:.1e}",

@@ -234,6 +234,25 @@ impl Tensor {
         record(Op::Full { value: dtype.round(value) }, &[], dtype, Shape::from_dims(dims), loc)
     }
 
+    /// A tensor of `dims` filled with `value`, of this tensor's dtype and where it lives (torch's
+    /// `new_full`): eagerly it is made on this tensor's device, with nothing uploaded; traced, it is a
+    /// constant of the graph.
+    #[track_caller]
+    pub fn new_full(&self, dims: &[usize], value: f64) -> Result<Tensor> {
+        let dtype = self.dtype();
+        let loc = std::panic::Location::caller();
+        crate::trace::eager_group(&[self], || {
+            if dims.iter().any(|&d| i64::try_from(d).is_err()) {
+                return Err(Error::TooLarge {
+                    op: "new_full".into(),
+                    msg: format!("size {dims:?} exceeds i64"),
+                    loc: loc.into(),
+                });
+            }
+            record(Op::Full { value: dtype.round(value) }, &[], dtype, Shape::from_dims(dims), loc.into())
+        })
+    }
+
     /// All zeros.
     #[track_caller]
     pub fn zeros(dims: &[usize], dtype: DType) -> Result<Tensor> {

@@ -166,3 +166,16 @@ fn backward_across_a_graph_break() {
         vals(&want[0])
     );
 }
+
+/// A long history (20,000 eager ops on a tensor that tracks gradients) is dropped without deep
+/// recursion: a test thread's 2 MiB stack would overflow otherwise.
+#[test]
+fn a_long_history_drops_without_recursing() {
+    let w = Tensor::from_slice(&[1.0f32], &[1]).unwrap().requires_grad_(true).unwrap();
+    let mut x = w.clone();
+    for _ in 0..20_000 {
+        x = x.mul(1.0).unwrap();
+    }
+    drop(x);
+    assert!(w.grad().is_none());
+}

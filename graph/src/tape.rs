@@ -37,6 +37,24 @@ pub(crate) struct Step {
     inputs: Vec<(Tensor, Arc<Value>)>,
 }
 
+/// A long history (a training loop's eager ops, each step's result feeding the next) is a chain of
+/// steps; dropping it must not recurse once per step, or the stack overflows. Whatever this step alone
+/// holds is taken apart here, in a loop.
+impl Drop for Step {
+    fn drop(&mut self) {
+        let mut pending: Vec<Tensor> = self.inputs.drain(..).map(|(t, _)| t).collect();
+        while let Some(t) = pending.pop() {
+            if Arc::strong_count(&t.cell) != 1 {
+                continue;
+            }
+            let made_by = lock(&t.cell.grad).made_by.take();
+            if let Some(Ok(mut step)) = made_by.map(|(s, _)| Arc::try_unwrap(s)) {
+                pending.extend(step.inputs.drain(..).map(|(t, _)| t));
+            }
+        }
+    }
+}
+
 /// Set once any tensor has asked for gradients: until then no run looks at its inputs' autograd state
 /// (a compiled call with hundreds of weight inputs pays nothing for autograd it does not use).
 static EVER: AtomicBool = AtomicBool::new(false);

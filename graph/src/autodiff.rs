@@ -174,7 +174,7 @@ fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
         }
         Op::Reduce { op, axes, keepdim } => {
             let shape = b.shape(x(0));
-            let kept = kept_shape(&shape, axes);
+            let kept = crate::shape::reduced_shape(&shape, axes, true);
             let gk = if *keepdim { g } else { b.reshape(g, kept.clone()) };
             match op {
                 ReduceOp::Sum => vec![(0, b.broadcast(gk, &shape))],
@@ -382,17 +382,6 @@ fn index_select_grad(
         inverse[p] = i;
     }
     Ok(b.push(Op::Permute { perm: inverse }, &[summed], dtype, xs))
-}
-
-/// `x`'s shape with `axes` kept as size 1 (a keepdim reduction's shape).
-fn kept_shape(x: &Shape, axes: &[usize]) -> Shape {
-    Shape(
-        x.dims()
-            .iter()
-            .enumerate()
-            .map(|(i, d)| if axes.contains(&i) { Expr::from(1usize) } else { d.clone() })
-            .collect(),
-    )
 }
 
 /// The last two axes swapped.

@@ -227,9 +227,12 @@ impl Tensor {
     /// Every element `value` (rounded to `dtype`).
     #[track_caller]
     pub fn full(value: f64, dims: &[usize], dtype: DType) -> Result<Tensor> {
-        let loc = SourceLoc::caller();
+        Tensor::full_at("full", value, dims, dtype, SourceLoc::caller())
+    }
+
+    fn full_at(op: &str, value: f64, dims: &[usize], dtype: DType, loc: SourceLoc) -> Result<Tensor> {
         if dims.iter().any(|&d| i64::try_from(d).is_err()) {
-            return Err(Error::TooLarge { op: "full".into(), msg: format!("size {dims:?} exceeds i64"), loc });
+            return Err(Error::TooLarge { op: op.into(), msg: format!("size {dims:?} exceeds i64"), loc });
         }
         record(Op::Full { value: dtype.round(value) }, &[], dtype, Shape::from_dims(dims), loc)
     }
@@ -239,18 +242,8 @@ impl Tensor {
     /// constant of the graph.
     #[track_caller]
     pub fn new_full(&self, dims: &[usize], value: f64) -> Result<Tensor> {
-        let dtype = self.dtype();
-        let loc = std::panic::Location::caller();
-        crate::trace::eager_group(&[self], || {
-            if dims.iter().any(|&d| i64::try_from(d).is_err()) {
-                return Err(Error::TooLarge {
-                    op: "new_full".into(),
-                    msg: format!("size {dims:?} exceeds i64"),
-                    loc: loc.into(),
-                });
-            }
-            record(Op::Full { value: dtype.round(value) }, &[], dtype, Shape::from_dims(dims), loc.into())
-        })
+        let (dtype, loc) = (self.dtype(), SourceLoc::caller());
+        crate::trace::eager_group(&[self], || Tensor::full_at("new_full", value, dims, dtype, loc))
     }
 
     /// All zeros.

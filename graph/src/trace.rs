@@ -320,9 +320,7 @@ struct TraceState {
     args: HashMap<u64, usize>,
     /// Symbolic shapes of arguments traced with dynamic dims.
     arg_shapes: HashMap<u64, Shape>,
-    /// Per input of the current graph: the tensor it was lifted from (`None` for arguments).
-    sources: Vec<Option<Tensor>>,
-    /// Per input of the current graph: the tensor it reads, arguments too (gradients flow back to it).
+    /// Per input of the current graph: the tensor it reads (arguments too: gradients flow back to it).
     read: Vec<Tensor>,
     graphs: Vec<TracedGraph>,
     breaks: Vec<GraphBreak>,
@@ -447,11 +445,9 @@ impl Tracer {
                     _ => InputKind::Lifted,
                 };
                 let shape = st.arg_shapes.get(&t.id()).cloned().unwrap_or_else(|| data.shape());
-                let source = (!matches!(kind, InputKind::Arg { .. })).then(|| t.clone());
                 let n = st.graph.add_input(data.dtype(), shape, kind, loc.clone());
                 st.lifted.insert(t.id(), n);
                 st.input_data.push(data.clone());
-                st.sources.push(source);
                 st.read.push(t.clone());
                 Ok(n)
             }
@@ -503,8 +499,14 @@ impl Tracer {
         let mut graph = std::mem::take(&mut st.graph);
         graph.outputs = outputs;
         let input_data = std::mem::take(&mut st.input_data);
-        let sources = std::mem::take(&mut st.sources);
         let read = std::mem::take(&mut st.read);
+        // What a cached entry binds each input to: the tensor itself, except the function's arguments.
+        let sources: Vec<Option<Tensor>> = graph
+            .inputs
+            .iter()
+            .zip(&read)
+            .map(|(gi, t)| (!matches!(gi.kind, InputKind::Arg { .. })).then(|| t.clone()))
+            .collect();
         // The next graph starts with the same symbols (its carried inputs may have symbolic shapes).
         st.graph.symbols = graph.symbols.clone();
         st.lifted.clear();

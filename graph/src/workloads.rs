@@ -74,6 +74,7 @@ pub fn w4_inputs(batch: usize) -> Vec<TensorSpec> {
 }
 
 /// One pre-LN GPT block; `p` holds ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc1 w/b, fc2 w/b.
+#[track_caller]
 pub fn gpt_block(x: &Tensor, p: &[Tensor], heads: usize) -> Result<Tensor> {
     let dims = x.shape().as_concrete().filter(|d| d.len() == 3 && heads > 0 && d[2] % heads == 0).ok_or_else(|| {
         crate::Error::Unsupported {

@@ -181,7 +181,45 @@ fn reduce_overhead_never_overwrites_a_held_output(rt: &Arc<Runtime>) {
     assert_eq!((first(&y), first(&kept)), (1660.0, 31.0), "61 → 184 → 553 → 1660, the kept one untouched");
 }
 
+/// One thread records reduce-overhead functions over and over (a fresh function each time, so each call
+/// records) while another allocates, uploads, frees (`trim`) and reads: neither sees the other's work
+/// (on CUDA, an allocation or a free issued during another thread's capture would be recorded into its
+/// graph instead of done).
+fn recording_while_another_thread_allocates_and_frees(rt: &Arc<Runtime>) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let before = rt.stats().recordings;
+    std::thread::scope(|s| {
+        let churn = s.spawn(|| {
+            let mut rounds = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 20 {
+                let n = 256 << (rounds % 6);
+                let v: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+                let t = host(&v, &[n]).to(rt.clone()).unwrap();
+                assert_eq!(t.to_vec::<f32>().unwrap(), v, "round {rounds}");
+                drop(t);
+                rt.trim();
+                rounds += 1;
+            }
+            rounds
+        });
+        for i in 0..40 {
+            let f = compile(|x: &Tensor| x.mul(2.0)?.add(1.0)).backend(rt.clone()).mode(kiln::Mode::ReduceOverhead);
+            let x = host(&[i as f32; 512], &[512]).to(rt.clone()).unwrap();
+            for _ in 0..3 {
+                let y: Tensor = f.call(&x).unwrap();
+                assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0 * i as f32 + 1.0; 512], "function {i}");
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(churn.join().unwrap() >= 20);
+    });
+    if rt.name() == "cuda" {
+        assert!(rt.stats().recordings - before >= 40, "every function recorded: {:?}", rt.stats());
+    }
+}
+
 fn all(rt: &Arc<Runtime>) {
+    recording_while_another_thread_allocates_and_frees(rt);
     reduce_overhead_never_overwrites_a_held_output(rt);
     dropping_a_reduce_overhead_function_frees_its_recording(rt);
     eager_ops_run_where_their_inputs_live(rt);

@@ -53,7 +53,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-ALL_WORKLOADS = "W1,W2,W3,W4,W5,W5-sdpa,LG,W5-bf16,W5-bf16-sdpa,W3-dynamic"
+ALL_WORKLOADS = "W1,W2,W3,W4,W5,W5-sdpa,LG,W5-bf16,W5-bf16-sdpa,W5-train,W5-train-sdpa,W3-dynamic"
 ALL_MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "eager", "regional"]
 # What the report's notes must say about rows that did not measure what their mode names.
 WARNINGS = []
@@ -215,10 +215,15 @@ def specs(wid, size):
                 [[64, 512], [256, 512], [256]]][i]
     elif b == "W4":
         dims = [[10, 10]] + [[10, 10], [10]] * 129
-    elif b in ("W5", "W5-bf16"):
+    elif b in ("W5", "W5-bf16", "W5-train"):
         bsz, s, d = [(8, 512, 768), (2, 64, 128), (1, 16, 128)][i]
         block = [[d], [d], [3 * d, d], [3 * d], [d, d], [d], [d], [d], [4 * d, d], [4 * d], [d, 4 * d], [d]]
-        dims = [[bsz, s, d]] + block * 4 + [[d], [d]]
+        params = block * 4 + [[d], [d]]
+        dims = [[bsz, s, d]] + params
+        if b == "W5-train":
+            # benches/src/train_step.rs: x, the parameters, the target y, the first moments, the roots r
+            # of the second moments (v = r²).
+            dims += [[bsz, s, d]] + params + params
     else:
         raise ValueError(f"unknown workload {wid}")
     dtype = "bf16" if b == "W5-bf16" else "f32"
@@ -246,7 +251,10 @@ def lg(x, w, b):
 
 
 def _param(t):
-    # A Parameter over the input tensor itself (same storage): the module holds kiln's values, no copy.
+    # A Parameter over the input tensor itself (same storage): the module holds kiln's values, no copy. A
+    # train step's parameters (which require grad) are used as they are.
+    if isinstance(t, torch.nn.Parameter):
+        return t
     return torch.nn.Parameter(t, requires_grad=False)
 
 
@@ -337,10 +345,74 @@ class W5(torch.nn.Module):
         return self.ln(x)
 
 
+class TrainStep:
+    """kiln's W5-train (`benches/src/train_step.rs`) as a torch user writes a training step: W5's module
+    (compiled in `mode`, None: eager) over parameters that require grad, `F.mse_loss`, `backward()`, and
+    torch.optim.AdamW's step (fused on CUDA: its fastest form) with torch's default hyper-parameters and
+    lr 1e-3. The optimizer's state is kiln's: first moments m, second moments r², 9 steps taken, so the
+    call is step 10, as kiln's step is. Parameters and moments are copies of `t` (timing steps change
+    them; `t` stays the inputs the expected outputs are computed from). Called with (x, y); returns the
+    loss; `outputs` lists what kiln's step returns (loss, parameters, m, v)."""
+
+    PARAMS = 50
+
+    def __init__(self, t, sdpa, mode, fused):
+        n = self.PARAMS
+        self.initial = [x.detach().clone() for x in t[1:1 + n]] + [x.detach().clone() for x in t[2 + n:2 + 2 * n]] \
+            + [(r * r).detach() for r in t[2 + 2 * n:]]
+        self.params = [torch.nn.Parameter(p.clone()) for p in t[1:1 + n]]
+        model = W5([t[0]] + self.params, sdpa)
+        self.model = model if mode is None else torch.compile(model, mode=None if mode == "default" else mode)
+        self.opt = torch.optim.AdamW(self.params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                                     fused=fused, foreach=False if not fused else None)
+        for p in self.params:
+            # The state AdamW would have made itself (its _init_group skips a parameter with state): the
+            # step count on the device for the fused kernel, on the host otherwise.
+            self.opt.state[p] = {
+                "step": torch.tensor(0.0, dtype=torch.float32, device=p.device if fused else "cpu"),
+                "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p),
+            }
+        self.reset()
+
+    def reset(self):
+        """Parameters and state back to the inputs' values, in place (CUDA graphs keep their addresses)."""
+        n = self.PARAMS
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                st = self.opt.state[p]
+                p.copy_(self.initial[i])
+                st["exp_avg"].copy_(self.initial[n + i])
+                st["exp_avg_sq"].copy_(self.initial[2 * n + i])
+                st["step"].fill_(9.0)
+
+    def __call__(self, x, y):
+        with torch.enable_grad():
+            self.opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(self.model(x), y)
+            loss.backward()
+            self.opt.step()
+        return loss.detach()
+
+    def outputs(self, loss):
+        """kiln's outputs after one step: the loss, the parameters, the first and the second moments."""
+        st = [self.opt.state[p] for p in self.params]
+        return [loss] + [p.detach() for p in self.params] + [s["exp_avg"] for s in st] \
+            + [s["exp_avg_sq"] for s in st]
+
+
+def train_step(mode, wid, t):
+    """W5-train in `mode` (None: eager): the step and its arguments (x, y)."""
+    n = TrainStep.PARAMS
+    step = TrainStep(t, sdpa=wid.endswith("-sdpa"), mode=mode, fused=t[0].is_cuda and t[0].dtype != torch.float64)
+    return step, [t[0], t[1 + n]]
+
+
 def build(wid, t):
     """The eager callable for `wid` over inputs `t`, and the arguments it is called with (W4 and W5 hold
     their weights as module parameters, as torch users write them; they are called with x alone)."""
     b = base_id(wid)
+    if b == "W5-train":
+        return train_step(None, wid, t)
     if b in ("W4", "W5", "W5-bf16"):
         model = W4(t) if b == "W4" else W5(t, sdpa=wid.endswith("-sdpa"))
         return model.eval(), [t[0]]
@@ -353,10 +425,11 @@ def flops(wid, t):
     if b == "LG":
         (m, k), n = t[0].shape, t[1].shape[0]
         return 2.0 * m * k * n
-    if b in ("W5", "W5-bf16"):
+    if b in ("W5", "W5-bf16", "W5-train"):
         bs, n, d = (float(s) for s in t[0].shape)
         block = 2 * bs * n * d * 3 * d + 2 * 2 * bs * n * n * d + 2 * bs * n * d * d + 2 * 2 * bs * n * d * 4 * d
-        return 4.0 * block
+        # A train step: the forward and the backward's two matmuls per forward matmul (train_step.rs).
+        return 4.0 * block * (3.0 if b == "W5-train" else 1.0)
     if b == "W4":
         return 129.0 * 2.0 * t[0].numel() * 10.0
     return None
@@ -374,6 +447,12 @@ def modes_for(wid, selected):
 
 def make_fn(mode, wid, t):
     """`wid` over inputs `t` in `mode`: the callable and its arguments. Compilation is lazy (first call)."""
+    if base_id(wid) == "W5-train":
+        step, args = train_step(None if mode == "eager" else mode, wid, t)
+        if mode == "reduce-overhead":
+            for a in args:
+                torch._dynamo.mark_static_address(a)
+        return step, args
     fn, args = build(wid, t)
     if mode == "eager":
         return fn, args
@@ -582,9 +661,16 @@ def measure_dynamic(dev, args_cli):
                compile_ms=compile_ms, recompiles=graphs)
 
 
-def save(path, out):
-    """Tensor `out` as F32 (bf16 and f64 cast; kiln reads it back as f64)."""
-    save_file({"out": out.detach().to(torch.float32).contiguous().cpu()}, path)
+def save(path, outs):
+    """Tensors `outs` as F32 (bf16 and f64 cast; kiln reads them back as f64) named `out`, `out.1`, … in
+    order (a train step has many outputs; the others one)."""
+    save_file({("out" if i == 0 else f"out.{i}"): o.detach().to(torch.float32).contiguous().cpu()
+               for i, o in enumerate(outs)}, path)
+
+
+def all_outputs(fn, out):
+    """Every output kiln's version returns: a train step's state after the call, else the one output."""
+    return fn.outputs(out) if isinstance(fn, TrainStep) else [out]
 
 
 def write_expected(dev, wid, t, outdir):
@@ -593,7 +679,7 @@ def write_expected(dev, wid, t, outdir):
     b = base_id(wid)
     fn, args = build(b, [x.double() for x in t])
     out = fn(*args)
-    save(os.path.join(outdir, f"{b}.expected.safetensors"), out)
+    save(os.path.join(outdir, f"{b}.expected.safetensors"), all_outputs(fn, out))
     del fn, args, out
 
 
@@ -607,9 +693,12 @@ def write_check(dev, wid, mode, outdir):
     out = None
     for _ in range(3):
         out = None
+        if isinstance(fn, TrainStep):
+            # kiln checks one step from its inputs: the earlier calls compiled and recorded.
+            fn.reset()
         out = fn(*args)
     dev.sync()
-    save(os.path.join(outdir, f"{wid}.check.{mode}.safetensors"), out)
+    save(os.path.join(outdir, f"{wid}.check.{mode}.safetensors"), all_outputs(fn, out))
     if mode == "reduce-overhead":
         unmark_static(args)
     del fn, args, out, t
@@ -691,7 +780,8 @@ def main():
         "their modules' parameters.",
         f"Device time: {dev.timing(a.batch)}, divided by {a.batch}, median of {a.repeat} samples after a warm-up "
         f"of at least 0.5 s and 3 calls; call: host wall time of one call + synchronize, median of {a.repeat} "
-        "after the same warm-up; all on inputs already on the device, under torch.no_grad().",
+        "after the same warm-up; all on inputs already on the device, under torch.no_grad() (W5-train: with "
+        "grad, inside its step).",
         f"Compile (first call, compile included) is {CACHE}: this process started with "
         f"{'empty' if CACHE == 'cold' else 'populated'} Inductor and Triton caches. `default` runs first for "
         "each workload, so its cold compile finds none of that workload's kernels; later modes (and W5-sdpa "

@@ -118,8 +118,9 @@ impl Expected {
         out.iter().map(|t| Ok(Expected::of(&*t.to_data()?, source))).collect()
     }
 
-    /// Tensor `out` of a safetensors file (F32, F64, BF16 or F16), `None` when the file does not exist.
-    pub fn load(path: &std::path::Path, source: &str) -> kiln::Result<Option<Expected>> {
+    /// The outputs of a safetensors file (F32, F64, BF16 or F16) in order: tensor `out`, then `out.1`,
+    /// `out.2`, … while present (a train step's state after the step); `None` when the file does not exist.
+    pub fn load(path: &std::path::Path, source: &str) -> kiln::Result<Option<Vec<Expected>>> {
         let bad = |msg: String| kiln::Error::Format { what: format!("expected outputs {}", path.display()), msg };
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
@@ -127,7 +128,16 @@ impl Expected {
             Err(e) => return Err(bad(e.to_string())),
         };
         let file = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-        let t = file.tensor("out").map_err(|e| bad(e.to_string()))?;
+        let mut all = vec![Self::tensor(&file, "out", source).map_err(bad)?];
+        while let Ok(e) = Self::tensor(&file, &format!("out.{}", all.len()), source) {
+            all.push(e);
+        }
+        Ok(Some(all))
+    }
+
+    /// Tensor `name` of `file`, widened to f64.
+    fn tensor(file: &safetensors::SafeTensors, name: &str, source: &str) -> Result<Expected, String> {
+        let t = file.tensor(name).map_err(|e| e.to_string())?;
         let data = t.data();
         use safetensors::Dtype as D;
         let values: Vec<f64> = match t.dtype() {
@@ -135,9 +145,9 @@ impl Expected {
             D::F64 => data.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
             D::BF16 => data.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
             D::F16 => data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64()).collect(),
-            other => return Err(bad(format!("tensor `out` is {other:?}, not a float"))),
+            other => return Err(format!("tensor `{name}` is {other:?}, not a float")),
         };
-        Ok(Some(Expected::new(t.shape().to_vec(), values, source)))
+        Ok(Expected::new(t.shape().to_vec(), values, source))
     }
 }
 
@@ -196,8 +206,8 @@ pub fn compare_values(dims: &[usize], got: &[f64], want: &Expected, tol: Toleran
 /// (`DIR/<id>.check.<mode>.safetensors`, written by the peer for the same seeded inputs) against kiln's
 /// f64 reference, under the same rule. Rows without a file stay unchecked.
 pub fn peer_rows(results: &mut [crate::report::ResultRow], dir: &std::path::Path) -> kiln::Result<()> {
-    let all = kiln_graph::workloads::all();
-    let mut reference: std::collections::BTreeMap<String, (Expected, Tolerance)> = Default::default();
+    let all: Vec<_> = kiln_graph::workloads::all().into_iter().chain(crate::train_step::all()).collect();
+    let mut reference: std::collections::BTreeMap<String, (Vec<Expected>, Tolerance)> = Default::default();
     for r in results.iter_mut().filter(|r| r.backend.starts_with("torch") && r.correct.is_none()) {
         let path = dir.join(format!("{}.check.{}.safetensors", r.workload, r.mode));
         let Some(got) = Expected::load(&path, "torch")? else { continue };
@@ -206,15 +216,21 @@ pub fn peer_rows(results: &mut [crate::report::ResultRow], dir: &std::path::Path
         if !reference.contains_key(&base) {
             let inputs: Vec<TensorData> =
                 w.check.iter().enumerate().map(|(i, s)| kiln_graph::workloads::data(s, i)).collect();
-            // torch writes its first output; that is what its rows are checked on.
-            let want = Expected::reference(w.f, &inputs, "kiln's f64 reference (check size)")?.swap_remove(0);
+            let want = Expected::reference(w.f, &inputs, "kiln's f64 reference (check size)")?;
             reference.insert(base.clone(), (want, Tolerance::of(&kiln_graph::capture(&w.check, w.f)?)?));
         }
         let (want, tol) = &reference[&base];
-        let o = compare_values(&got.dims, &got.values, want, *tol);
+        // Every output torch wrote is checked (a train step writes its whole state), and it must write
+        // as many as kiln's reference has.
+        let missing = Outcome { max_rel_err: f64::INFINITY, mismatches: 1, correct: false };
+        let o =
+            want.iter().enumerate().fold(Outcome { max_rel_err: 0.0, mismatches: 0, correct: true }, |acc, (i, w)| {
+                acc.and(got.get(i).map_or(missing, |g| compare_values(&g.dims, &g.values, w, *tol)))
+            });
         r.max_rel_err = Some(o.max_rel_err);
         r.correct = Some(o.correct);
-        r.checked = Some(format!("{}, rtol {:.1e}, atol {:.1e}", want.source, tol.rtol, tol.atol));
+        r.checked =
+            Some(format!("{} ({} outputs), rtol {:.1e}, atol {:.1e}", want[0].source, want.len(), tol.rtol, tol.atol));
     }
     Ok(())
 }
@@ -268,6 +284,25 @@ mod tests {
         let mut got = big.values.clone();
         *got.last_mut().expect("non-empty") += 1.0;
         assert!(!compare_values(&[1000], &got, &big, Tolerance::rule(DType::BF16, 100.0)).correct);
+    }
+
+    #[test]
+    fn every_output_of_a_file_is_loaded_in_order() {
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (a, b, c) = (f32s(&[1.0, 2.0]), f32s(&[3.0]), f32s(&[4.0, 5.0, 6.0]));
+        fn view(bytes: &[u8], n: usize) -> safetensors::tensor::TensorView<'_> {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![n], bytes).expect("a view")
+        }
+        // Written out of order, read in output order; a gap (no out.3) ends the list.
+        let tensors =
+            vec![("out.2", view(&c, 3)), ("out", view(&a, 2)), ("out.1", view(&b, 1)), ("out.4", view(&b, 1))];
+        let path = std::env::temp_dir().join(format!("kiln-check-load-{}.safetensors", std::process::id()));
+        safetensors::serialize_to_file(tensors, None, &path).expect("writes");
+        let got = Expected::load(&path, "test").expect("reads").expect("exists");
+        let _ = std::fs::remove_file(&path);
+        let values: Vec<Vec<f64>> = got.iter().map(|e| e.values.clone()).collect();
+        assert_eq!(values, vec![vec![1.0, 2.0], vec![3.0], vec![4.0, 5.0, 6.0]]);
+        assert!(Expected::load(&std::env::temp_dir().join("no-such-kiln-file"), "test").expect("fine").is_none());
     }
 
     #[test]

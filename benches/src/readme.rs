@@ -9,13 +9,15 @@ use std::path::Path;
 const BEGIN: &str = "<!-- bench:begin ";
 const END: &str = "<!-- bench:end -->";
 
-/// Workloads whose rows wait for a feature, and what they wait for.
-const WAITING: [(&str, &str); 2] = [
+/// Workloads (by id) whose rows a report may lack, what they are, and what they wait for; said only when
+/// the report has no row of that id.
+const WAITING: [(&str, &str, &str); 2] = [
     (
+        "W5-train",
         "W5 training step (forward + backward + AdamW)",
-        "kiln's row exists (`--workload W5-train`: forward, mean-square loss, backward, AdamW, every output checked) and waits for a GPU run and for torch's step in the peer",
+        "kiln's row exists (`--workload W5-train`: forward, mean-square loss, backward, AdamW, every output checked) and torch's (the peer's W5-train); this run did not measure them",
     ),
-    ("W6 densenet121 inference", "waits for convolution (issue: ONNX and the convolution family)"),
+    ("W6", "W6 densenet121 inference", "waits for convolution (issue: ONNX and the convolution family)"),
 ];
 
 /// The numbers section for `report`, which was read from `path` (as the README names it).
@@ -121,8 +123,10 @@ pub fn render(report: &Report, path: &Path) -> String {
             dynamic("torch-cuda").map_or("—".into(), say)
         ));
     }
-    for (what, why) in WAITING {
-        s.push_str(&format!("\n{what}: {why}."));
+    for (id, what, why) in WAITING {
+        if !report.results.iter().any(|r| r.workload == id) {
+            s.push_str(&format!("\n{what}: {why}."));
+        }
     }
     s.push_str(&format!(
         "\n\n**Summary** (device time against torch's best mode, win/loss only where the trial ranges do not overlap): wins on {}; ties on {}; losses on {}.\n",

@@ -431,8 +431,11 @@ impl Runtime {
 
     /// Frees every pooled buffer.
     pub fn trim(&self) {
-        let freed: u64 = lock(&self.pool).drain().map(|(class, v)| class * v.len() as u64).sum();
+        let pooled: Vec<(u64, Vec<Raw>)> = lock(&self.pool).drain().collect();
+        let freed: u64 = pooled.iter().map(|(class, v)| class * v.len() as u64).sum();
         lock(&self.mem).cached -= freed;
+        // Freed outside the pool's lock: a driver's free may wait for the device's stream.
+        drop(pooled);
     }
 
     fn release(&self, raw: Raw, class: u64) {

@@ -63,10 +63,47 @@ pub struct Cuda {
     target: Target,
     /// cuBLAS, opened at the first library GEMM; a handle serves one call at a time, hence the lock.
     blas: Mutex<Option<Blas>>,
-    /// Held (shared) by every operation on the stream and (exclusively) through a graph capture: work
-    /// another thread put on the stream while it is being captured would be recorded into the graph
-    /// instead of running, or refused.
+    /// The stream's gate and the frees it deferred, shared with every allocation (which frees itself).
+    shared: Arc<StreamGate>,
+}
+
+/// Held (shared) by every operation on the stream and (exclusively) through a graph capture: work another
+/// thread puts on a stream while it is being captured is recorded into the graph instead of running (an
+/// allocation would hand out an address that exists only inside the graph, a free would run at every
+/// replay). Allocations and frees are stream-ordered too, so they pass the gate as launches do.
+struct StreamGate {
     gate: std::sync::RwLock<()>,
+    /// Buffers dropped while the stream was being captured: freed by the next allocation or wait.
+    deferred: Mutex<Vec<CudaSlice<u8>>>,
+}
+
+impl StreamGate {
+    /// Frees what was dropped during a capture (the caller holds the gate, shared).
+    fn free_deferred(&self) {
+        let buried = std::mem::take(&mut *lock(&self.deferred));
+        drop(buried);
+    }
+}
+
+/// One buffer of the device: freed (stream-ordered) when dropped, or later if the stream is being
+/// captured at that moment.
+struct Allocation {
+    slice: Option<CudaSlice<u8>>,
+    shared: Arc<StreamGate>,
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        let Some(slice) = self.slice.take() else { return };
+        if !CAPTURING.with(|c| c.get()) {
+            if let Ok(_gate) = self.shared.gate.try_read() {
+                drop(slice);
+                return;
+            }
+        }
+        // A capture is under way (or a thread waits to start one): freeing now would be recorded.
+        lock(&self.shared.deferred).push(slice);
+    }
 }
 
 thread_local! {
@@ -99,8 +136,9 @@ unsafe impl Send for Captured {}
 unsafe impl Sync for Captured {}
 
 fn slice(raw: &Raw) -> &CudaSlice<u8> {
-    // Every allocation of this driver is made by `alloc` below.
-    raw.downcast_ref::<CudaSlice<u8>>().expect("an allocation of the CUDA driver")
+    // Every allocation of this driver is made by `alloc` below, and holds its slice until dropped.
+    let a = raw.downcast_ref::<Allocation>().expect("an allocation of the CUDA driver");
+    a.slice.as_ref().expect("a live allocation")
 }
 
 impl Cuda {
@@ -149,7 +187,7 @@ impl Cuda {
             driver_version,
             target,
             blas: Mutex::new(None),
-            gate: std::sync::RwLock::new(()),
+            shared: Arc::new(StreamGate { gate: std::sync::RwLock::new(()), deferred: Mutex::default() }),
         })
     }
 
@@ -174,7 +212,7 @@ impl Cuda {
 
     /// Shared use of the stream (none needed while this thread captures it).
     fn gate(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
-        (!CAPTURING.with(|c| c.get())).then(|| self.gate.read().unwrap_or_else(|e| e.into_inner()))
+        (!CAPTURING.with(|c| c.get())).then(|| self.shared.gate.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Makes this device's context current on the calling thread (raw driver calls need it; cudarc's own
@@ -245,9 +283,15 @@ impl Driver for Cuda {
     }
 
     fn alloc(&self, bytes: u64) -> Result<Raw> {
+        if CAPTURING.with(|c| c.get()) {
+            // Inside a capture the address would exist only while the graph runs.
+            return Err(err(format!("allocating {bytes} bytes while recording a CUDA graph")));
+        }
+        let _gate = self.gate();
+        self.shared.free_deferred();
         // SAFETY: buffers are written by a kernel, an upload or a zeroing before any kernel reads them.
         match unsafe { self.stream.alloc::<u8>(bytes as usize) } {
-            Ok(b) => Ok(Box::new(b)),
+            Ok(b) => Ok(Box::new(Allocation { slice: Some(b), shared: self.shared.clone() })),
             Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
                 Err(Error::OutOfMemory { device: "cuda".into(), what: "a buffer".into(), bytes, limit: None })
             }
@@ -328,7 +372,8 @@ impl Driver for Cuda {
                 let key = (pointers.clone(), l.symbols.to_vec());
                 let call = {
                     let mut plans = lock(plans);
-                    if plans.len() > 4096 {
+                    // (Not while capturing: dropping plans frees their pointer arrays on the stream.)
+                    if plans.len() > 4096 && !CAPTURING.with(|c| c.get()) {
                         plans.clear();
                     }
                     match plans.get(&key) {
@@ -375,11 +420,14 @@ impl Driver for Cuda {
 
     fn synchronize(&self) -> Result<()> {
         let _gate = self.gate();
+        if _gate.is_some() {
+            self.shared.free_deferred();
+        }
         self.stream.synchronize().map_err(|e| driver("waiting for the device", e))
     }
 
     fn record(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
-        let _exclusive = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        let _exclusive = self.shared.gate.write().unwrap_or_else(|e| e.into_inner());
         CAPTURING.with(|c| c.set(true));
         let recorded = self.capture(enqueue);
         CAPTURING.with(|c| c.set(false));

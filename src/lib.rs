@@ -24,8 +24,8 @@ pub mod train;
 pub use kiln_graph::autodiff::value_and_grad;
 pub use kiln_graph::tape::no_grad;
 pub use kiln_graph::{
-    compile, Args, CompileStats, Compiled, DType, Dynamic, Element, Error, Explanation, MemoryStats, Mode, Outputs,
-    Result, Runtime, SourceLoc, Static, Tensor, TensorData,
+    compile, Args, CompileReport, CompileStats, Compiled, DType, Dynamic, Element, Error, Explanation, MemoryStats,
+    Mode, Outputs, Result, Runtime, SourceLoc, Static, Tensor, TensorData,
 };
 
 use kiln_graph::{CpuReference, IntoBackend, KernelInterpreter};
@@ -43,6 +43,23 @@ pub fn init_logs() {
         names.iter().filter(|n| all.contains(n)).map(|n| format!("kiln::{n}=debug")).collect();
     let filter = tracing_subscriber::EnvFilter::new(directives.join(","));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Makes compile reports ([`Compiled::report`], `KILN_REPORT=dir`) carry every kernel's WGSL and (on
+/// native builds with the `cuda` feature) PTX, whichever backend ran it. Choosing a [`Backend`] does this;
+/// call it yourself when the function's backend is a runtime you opened another way.
+pub fn register_renderers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(feature = "wgpu")]
+        kiln_graph::report::register_renderer("wgsl", |k| {
+            kiln_wgsl::render(k, true).map(|s| s.source).map_err(|e| e.to_string())
+        });
+        #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+        kiln_graph::report::register_renderer("ptx", |k| {
+            kiln_ptx::render(k, 90).map(|p| p.source).map_err(|e| e.to_string())
+        });
+    });
 }
 
 /// Runs eager ops (tensor ops outside `compile`) on `backend` from now on, on this thread: each op is
@@ -138,6 +155,7 @@ fn cuda_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
 
 impl IntoBackend for Backend {
     fn into_backend(self) -> Result<Arc<dyn kiln_graph::Backend>> {
+        register_renderers();
         match self {
             Backend::Auto => cuda_backend().or_else(|_| wgpu_backend()).or_else(|_| Ok(Arc::new(CpuReference))),
             Backend::Cpu => Ok(Arc::new(CpuReference)),

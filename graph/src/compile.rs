@@ -163,7 +163,7 @@ tuple_outputs!(A 0, B 1, C 2, D 3);
 tuple_outputs!(A 0, B 1, C 2, D 3, E 4);
 
 /// Counters and timings of one compiled function, for explain and tests.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CompileStats {
     /// Calls made.
     pub calls: usize,
@@ -238,6 +238,8 @@ struct CacheState {
     promoted: BTreeSet<(usize, usize)>,
     stats: CompileStats,
     warned: bool,
+    /// The latest trace that became no entry (a function with graph breaks traces every call).
+    uncached: Option<Explanation>,
 }
 
 /// A compiled function. Build with [`compile`], configure with the builder methods, run with `call`.
@@ -254,6 +256,8 @@ pub struct Compiled<F> {
     fail_on_recompile: bool,
     mode: crate::backend::Mode,
     state: Mutex<CacheState>,
+    /// Where `compile` was called: names the function in reports.
+    loc: crate::loc::SourceLoc,
 }
 
 impl Entry {
@@ -283,6 +287,7 @@ impl Entry {
 }
 
 /// Wraps `f` for tracing. Nothing runs until the first call.
+#[track_caller]
 pub fn compile<F>(f: F) -> Compiled<F> {
     Compiled {
         f,
@@ -294,6 +299,7 @@ pub fn compile<F>(f: F) -> Compiled<F> {
         fail_on_recompile: false,
         mode: crate::backend::Mode::Default,
         state: Mutex::new(CacheState::default()),
+        loc: crate::loc::SourceLoc::caller(),
     }
 }
 
@@ -308,6 +314,18 @@ fn signature<'a>(tensors: &[Tensor], values: &'a [Option<Arc<Value>>]) -> Vec<(D
             None => (t.dtype(), Cow::Owned(t.shape().as_concrete().unwrap_or_default())),
         })
         .collect()
+}
+
+impl<F> Compiled<F> {
+    /// `KILN_REPORT=dir`: the report, rewritten whenever an entry is added (a failure to write is logged,
+    /// never the call's error).
+    fn write_report(&self) {
+        let Some(dir) = std::env::var_os("KILN_REPORT") else { return };
+        match self.report().write_to(std::path::Path::new(&dir)) {
+            Ok(path) => tracing::info!(target: "kiln::graph", path = %path.display(), "compile report written"),
+            Err(e) => tracing::warn!(target: "kiln::graph", error = %e, "compile report not written"),
+        }
+    }
 }
 
 /// A reduce-overhead function's recordings (and the buffers they hold) go back to the device when the
@@ -381,6 +399,37 @@ impl<F> Compiled<F> {
     pub fn stats(&self) -> CompileStats {
         let st = lock(&self.state);
         CompileStats { entries: st.entries.len(), ..st.stats.clone() }
+    }
+
+    /// What compiling this function did so far: every entry's guards, graphs, breaks, kernels (with
+    /// their sources in each registered language) and memory plan, and the recompiles with reasons.
+    pub fn report(&self) -> crate::report::CompileReport {
+        use crate::report::{CompileReport, EntryReport, GraphReport};
+        let (entries, uncached, stats) = {
+            let st = lock(&self.state);
+            (st.entries.clone(), st.uncached.clone(), CompileStats { entries: st.entries.len(), ..st.stats.clone() })
+        };
+        let entry = |guards: Vec<String>, x: &Explanation, cached: bool| EntryReport {
+            guards,
+            cached,
+            static_args: x.static_args.clone(),
+            graphs: x.graphs.iter().map(GraphReport::new).collect(),
+            breaks: x.breaks.clone(),
+        };
+        let mut entries: Vec<EntryReport> = entries
+            .iter()
+            .map(|e| entry(e.guards.to_string().lines().map(str::to_string).collect(), &e.explanation, true))
+            .collect();
+        entries.extend(uncached.iter().map(|x| entry(Vec::new(), x, false)));
+        let backend = self.backend.as_ref().ok();
+        CompileReport {
+            version: crate::report::REPORT_VERSION,
+            function: self.loc.clone(),
+            backend: self.backend_name(),
+            entries,
+            stats,
+            memory: backend.and_then(|b| b.runtime()).map(|rt| rt.memory_stats()),
+        }
     }
 
     /// The guards of every entry, printed (newest last).
@@ -581,6 +630,12 @@ impl<F> Compiled<F> {
         }
         let ids: Vec<u64> = visitor.tensors.iter().map(Tensor::id).collect();
         let mut kept = false;
+        if !(record.breaks.is_empty() && record.graphs.len() <= 1) {
+            let first = lock(&self.state).uncached.replace(explanation.clone()).is_none();
+            if first {
+                self.write_report();
+            }
+        }
         // One unbroken graph (or none): keep it as an entry.
         if record.breaks.is_empty() && record.graphs.len() <= 1 {
             let graph = record.graphs.into_iter().next();
@@ -642,6 +697,7 @@ impl<F> Compiled<F> {
                         tracing::debug!(target: "kiln::guards", guards = %entry.guards, "new entry");
                         lock(&self.state).entries.push(Arc::new(entry));
                         kept = true;
+                        self.write_report();
                     }
                 }
             }

@@ -1,0 +1,241 @@
+//! The compile report: one serialisable, versioned record of what compiling a function did — the graphs
+//! it captured (every node with its op, shape, dtype and the user's line), the breaks between them, what
+//! each graph decomposed into, the fused regions and the kernels they became (with each kernel's source
+//! in every registered language, the user lines it came from, its launch and its traffic), the memory
+//! plan, the guards of each cached entry, the recompiles and their reasons, and the phase timings.
+//!
+//! It is the one place the explorer app, `KILN_REPORT` files and tools read (as torch's structured trace
+//! is for tlparse): built from the compiled function's own state, never re-derived elsewhere. Kernel
+//! sources come from renderers the lowering crates register ([`register_renderer`]); `graph` knows no
+//! language itself.
+
+use crate::compile::CompileStats;
+use crate::error::{Error, Result};
+use crate::fuse::RegionKind;
+use crate::ir::Graph;
+use crate::kernel::{Access, Kernel};
+use crate::loc::SourceLoc;
+use crate::pipeline::CompiledGraph;
+use crate::trace::GraphBreak;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::sync::RwLock;
+
+/// The report format this build writes and reads.
+pub const REPORT_VERSION: u32 = 1;
+
+/// Everything one compiled function did so far.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompileReport {
+    /// [`REPORT_VERSION`] when written.
+    pub version: u32,
+    /// Where the function was compiled (the `compile(..)` call).
+    pub function: SourceLoc,
+    /// The backend it runs on.
+    pub backend: String,
+    /// Each cached entry (one per guard set), oldest first, then the latest uncached trace if any.
+    pub entries: Vec<EntryReport>,
+    /// Calls, traces, cache hits, recompiles and their reasons.
+    pub stats: CompileStats,
+    /// The device's memory when the report was made, on backends with a device.
+    pub memory: Option<crate::runtime::MemoryStats>,
+}
+
+/// One cached entry — the guards it runs under and what its trace captured — or, for a function with
+/// graph breaks (traced on every call, each graph compiled once), its latest trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EntryReport {
+    /// Its guards, printed one per line (argument dtypes and dims — symbolic ones named —, statics,
+    /// aliasing, shape checks); none for a trace that is not cached.
+    pub guards: Vec<String>,
+    /// A cached entry (`false`: the latest trace of a function whose graph breaks keep it from caching).
+    pub cached: bool,
+    /// Static arguments, printed.
+    pub static_args: Vec<String>,
+    /// Its graphs, in the order they ran (more than one when the function has graph breaks).
+    pub graphs: Vec<GraphReport>,
+    /// Every graph break of its trace, in order.
+    pub breaks: Vec<GraphBreak>,
+}
+
+/// One captured graph and what compiling it made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphReport {
+    /// The graph as captured: nodes with op, attributes, shape, dtype and the user's line.
+    pub captured: Graph,
+    /// The break that ended it (`None` for the graph that ran at the function's return).
+    pub ended_by: Option<GraphBreak>,
+    /// Its compilation came from the compile cache.
+    pub cache_hit: bool,
+    /// Decomposition (with each node's origin), regions, kernels, memory plan and phase timings; `None`
+    /// on the CPU reference, which runs graphs without compiling them.
+    pub compiled: Option<CompiledGraph>,
+    /// One per kernel, in launch order.
+    pub kernels: Vec<KernelReport>,
+}
+
+/// One kernel, as a person inspects it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelReport {
+    /// Its name (what it fuses).
+    pub name: String,
+    /// Pointwise, rows, matmul template or library GEMM.
+    pub kind: String,
+    /// The captured graph's nodes it computes (through the decomposition's origin map), ascending.
+    pub nodes: Vec<usize>,
+    /// The user's lines those nodes came from, in order of first appearance.
+    pub lines: Vec<SourceLoc>,
+    /// Threads per workgroup.
+    pub threads: u32,
+    /// Workgroups, as an expression of the shape symbols.
+    pub groups: String,
+    /// Bytes it reads and writes (expressions of the shape symbols; plain numbers for static shapes).
+    pub bytes_read: String,
+    /// See `bytes_read`.
+    pub bytes_written: String,
+    /// Statements of its kernel IR.
+    pub statements: usize,
+    /// Its source in each registered language (WGSL, PTX, …), or why it could not be rendered.
+    pub sources: Vec<KernelSource>,
+}
+
+/// One rendering of a kernel.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelSource {
+    /// The language (`wgsl`, `ptx`).
+    pub language: String,
+    /// The source, or the renderer's error.
+    pub text: std::result::Result<String, String>,
+}
+
+/// Renders one kernel in one language.
+pub type Renderer = fn(&Kernel) -> std::result::Result<String, String>;
+
+static RENDERERS: RwLock<Vec<(&'static str, Renderer)>> = RwLock::new(Vec::new());
+
+/// Makes reports carry each kernel's source in `language` (a lowering crate's renderer; registering a
+/// language again replaces its renderer).
+pub fn register_renderer(language: &'static str, render: Renderer) {
+    let mut r = RENDERERS.write().unwrap_or_else(|e| e.into_inner());
+    r.retain(|(l, _)| *l != language);
+    r.push((language, render));
+}
+
+/// The languages reports render kernels in.
+pub fn languages() -> Vec<&'static str> {
+    RENDERERS.read().unwrap_or_else(|e| e.into_inner()).iter().map(|(l, _)| *l).collect()
+}
+
+impl KernelReport {
+    /// The report of kernel `k` of `c`, whose graph was captured as `captured`.
+    pub fn new(c: &CompiledGraph, k: usize, captured: &Graph) -> KernelReport {
+        let kernel = &c.kernels[k];
+        let region = c.fusion.regions.get(k);
+        let members = region.map_or(&[][..], |r| &r.members[..]);
+        let nodes: BTreeSet<usize> =
+            members.iter().filter_map(|m| c.primitive.origin.get(m.0 as usize)).map(|o| o.0 as usize).collect();
+        let mut lines: Vec<SourceLoc> = Vec::new();
+        for n in &nodes {
+            if let Some(node) = captured.nodes.get(*n) {
+                if !lines.contains(&node.loc) {
+                    lines.push(node.loc.clone());
+                }
+            }
+        }
+        let traffic = |access: Access| {
+            let total = kernel
+                .buffers
+                .iter()
+                .filter(|b| b.access == access)
+                .map(|b| b.len.clone() * crate::sym::Expr::from(b.dtype.size_bytes()))
+                .fold(crate::sym::Expr::from(0i64), |a, b| a + b);
+            total.to_string()
+        };
+        let renderers = RENDERERS.read().unwrap_or_else(|e| e.into_inner()).clone();
+        KernelReport {
+            name: kernel.name.clone(),
+            kind: region.map_or_else(|| "kernel".into(), |r| kind_name(&r.kind, kernel).into()),
+            nodes: nodes.into_iter().collect(),
+            lines,
+            threads: kernel.launch.threads,
+            groups: kernel.launch.groups.to_string(),
+            bytes_read: traffic(Access::Read),
+            bytes_written: traffic(Access::Write),
+            statements: kernel.stmt_count(),
+            sources: renderers
+                .iter()
+                .map(|(language, render)| KernelSource { language: (*language).into(), text: render(kernel) })
+                .collect(),
+        }
+    }
+
+    /// The source in `language`, when rendered.
+    pub fn source(&self, language: &str) -> Option<&str> {
+        self.sources.iter().find(|s| s.language == language).and_then(|s| s.text.as_deref().ok())
+    }
+}
+
+fn kind_name(kind: &RegionKind, kernel: &Kernel) -> &'static str {
+    match kind {
+        RegionKind::Pointwise => "pointwise",
+        RegionKind::Rows { .. } => "rows",
+        RegionKind::MatMul { .. } if kernel.gemm().is_some() => "library gemm",
+        RegionKind::MatMul { .. } => "matmul",
+    }
+}
+
+impl GraphReport {
+    /// The report of one traced graph.
+    pub fn new(t: &crate::trace::TracedGraph) -> GraphReport {
+        let compiled = t.compiled.as_deref().cloned();
+        let kernels = compiled
+            .as_ref()
+            .map(|c| (0..c.kernels.len()).map(|k| KernelReport::new(c, k, &t.graph)).collect())
+            .unwrap_or_default();
+        GraphReport {
+            captured: t.graph.clone(),
+            ended_by: t.ended_by.clone(),
+            cache_hit: t.cache_hit,
+            compiled,
+            kernels,
+        }
+    }
+}
+
+impl CompileReport {
+    /// The report as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a report always serialises")
+    }
+
+    /// A report read back; a malformed text or another version is a typed error, never a panic.
+    pub fn from_json(text: &str) -> Result<CompileReport> {
+        let bad = |msg: String| Error::Format { what: "compile report".into(), msg };
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        match v.get("version").and_then(|v| v.as_u64()) {
+            Some(n) if n == u64::from(REPORT_VERSION) => {}
+            Some(n) => return Err(bad(format!("version {n}; this build of kiln reads version {REPORT_VERSION}"))),
+            None => return Err(bad("no `version` field: not a kiln compile report".into())),
+        }
+        serde_json::from_value(v).map_err(|e| bad(e.to_string()))
+    }
+
+    /// Kernels over every entry and graph.
+    pub fn kernel_count(&self) -> usize {
+        self.entries.iter().flat_map(|e| &e.graphs).map(|g| g.kernels.len()).sum()
+    }
+
+    /// Writes the report into `dir` as `<file>-<line>.json` of the `compile(..)` call (creating `dir`).
+    pub fn write_to(&self, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+        let bad = |e: std::io::Error| Error::Format {
+            what: format!("compile report in {}", dir.display()),
+            msg: e.to_string(),
+        };
+        std::fs::create_dir_all(dir).map_err(bad)?;
+        let stem: String =
+            self.function.file.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        let path = dir.join(format!("{stem}-{}.json", self.function.line));
+        std::fs::write(&path, self.to_json()).map_err(bad)?;
+        Ok(path)
+    }
+}

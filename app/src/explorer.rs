@@ -1,0 +1,351 @@
+//! The explorer's state and its frame: a top bar to open things, a side panel of graphs and kernels, and
+//! the selected tab (graph, kernel, guards, bench). Compiling a workload runs on a worker thread; the UI
+//! only polls for its result, so it never blocks.
+
+use crate::bench::BenchTable;
+use crate::kernel_view::KernelAction;
+use crate::layout::{layered, Layout};
+use crate::{graph_view, guards_view, kernel_view, open};
+use kiln::CompileReport;
+use std::sync::mpsc::{channel, Receiver};
+
+/// The central panel's tabs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tab {
+    /// The graph, coloured by region.
+    Graph,
+    /// The selected kernel's sources.
+    Kernel,
+    /// Guards and recompiles.
+    Guards,
+    /// Bench charts.
+    Bench,
+}
+
+/// The app: what is open and what is selected.
+pub struct Explorer {
+    /// The open report and where it came from.
+    pub report: Option<(String, CompileReport)>,
+    /// The open bench report.
+    pub bench: Option<BenchTable>,
+    /// The last error, shown until something opens.
+    pub error: Option<String>,
+    /// The shown tab.
+    pub tab: Tab,
+    /// Selected (entry, graph) of the report.
+    pub graph: (usize, usize),
+    /// Show the decomposed graph instead of the captured one.
+    pub decomposed: bool,
+    /// The selected node of the shown graph.
+    pub node: Option<usize>,
+    /// The selected kernel of the selected graph.
+    pub kernel: Option<usize>,
+    /// Nodes lit up by a source line.
+    pub highlight: Vec<usize>,
+    /// A workload being compiled on the worker, and its name.
+    pending: Option<(String, Receiver<Result<CompileReport, String>>)>,
+    layout: Option<((usize, usize, bool), Layout)>,
+    scene_rect: egui::Rect,
+    path: String,
+}
+
+impl Default for Explorer {
+    fn default() -> Self {
+        Explorer {
+            report: None,
+            bench: None,
+            error: None,
+            tab: Tab::Graph,
+            graph: (0, 0),
+            decomposed: false,
+            node: None,
+            kernel: None,
+            highlight: Vec::new(),
+            pending: None,
+            layout: None,
+            scene_rect: egui::Rect::ZERO,
+            path: String::new(),
+        }
+    }
+}
+
+impl Explorer {
+    /// Starts compiling built-in workload `id` on a worker; the report opens when it is done.
+    pub fn open_workload(&mut self, id: &str) {
+        let (tx, rx) = channel();
+        let name = id.to_string();
+        std::thread::spawn(move || {
+            let _ = tx.send(open::workload_report(&name));
+        });
+        self.pending = Some((format!("workload {id}"), rx));
+    }
+
+    /// Waits for the worker's report, if one is compiling (tests and `--screenshot` use this).
+    pub fn wait_for_work(&mut self) {
+        if let Some((name, rx)) = self.pending.take() {
+            let r = rx.recv().unwrap_or_else(|_| Err("the worker stopped".into()));
+            self.finish(name, r);
+        }
+    }
+
+    /// Whether a workload is compiling.
+    pub fn busy(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    fn poll(&mut self) {
+        let done = match &self.pending {
+            Some((_, rx)) => rx.try_recv().ok(),
+            None => None,
+        };
+        if let Some(r) = done {
+            let name = self.pending.take().map(|(n, _)| n).unwrap_or_default();
+            self.finish(name, r);
+        }
+    }
+
+    fn finish(&mut self, name: String, r: Result<CompileReport, String>) {
+        match r {
+            Ok(report) => self.set_report(name, report),
+            Err(e) => self.error = Some(format!("{name}: {e}")),
+        }
+    }
+
+    /// Shows `report` (from `source`).
+    pub fn set_report(&mut self, source: String, report: CompileReport) {
+        self.report = Some((source, report));
+        self.error = None;
+        self.graph = (0, 0);
+        self.node = None;
+        self.kernel = None;
+        self.highlight.clear();
+        self.layout = None;
+        self.scene_rect = egui::Rect::ZERO;
+    }
+
+    /// Opens a report from its JSON text; a bad one becomes the shown error.
+    pub fn open_report_text(&mut self, text: &str, source: &str) {
+        match CompileReport::from_json(text) {
+            Ok(r) => self.set_report(source.into(), r),
+            Err(e) => self.error = Some(format!("{source}: {e}")),
+        }
+    }
+
+    /// Opens a bench report from its JSON text and shows its chart; a bad one becomes the shown error.
+    pub fn open_bench_text(&mut self, text: &str, source: &str) {
+        match BenchTable::parse(text, source) {
+            Ok(b) => {
+                self.bench = Some(b);
+                self.error = None;
+                self.tab = Tab::Bench;
+            }
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// Opens a file: a bench report if it says so, else a compile report.
+    pub fn open_path(&mut self, path: &str) {
+        match std::fs::read_to_string(path) {
+            Ok(text) => self.open_text(&text, path),
+            Err(e) => self.error = Some(format!("{path}: {e}")),
+        }
+    }
+
+    /// Opens a file's text: a bench report if it says so, else a compile report.
+    pub fn open_text(&mut self, text: &str, source: &str) {
+        if text.contains("\"kiln-bench/") {
+            self.open_bench_text(text, source)
+        } else {
+            self.open_report_text(text, source)
+        }
+    }
+
+    /// The selected graph's report.
+    pub fn selected_graph(&self) -> Option<&kiln::graph::report::GraphReport> {
+        let (_, r) = self.report.as_ref()?;
+        r.entries.get(self.graph.0)?.graphs.get(self.graph.1)
+    }
+
+    /// The selected kernel's report.
+    pub fn selected_kernel(&self) -> Option<&kiln::graph::report::KernelReport> {
+        self.selected_graph()?.kernels.get(self.kernel?)
+    }
+
+    /// Draws one frame.
+    pub fn show(&mut self, ui: &mut egui::Ui) {
+        self.poll();
+        if self.busy() {
+            ui.ctx().request_repaint_after(std::time::Duration::from_millis(50));
+        }
+        for file in ui.ctx().input(|i| i.raw.dropped_files.clone()) {
+            let name = file.path().display().to_string();
+            match file.bytes() {
+                Ok(bytes) => self.open_text(&String::from_utf8_lossy(&bytes), &name),
+                Err(e) => self.error = Some(format!("{name}: {e}")),
+            }
+        }
+        egui::Panel::top("open").show(ui, |ui| self.top_bar(ui));
+        egui::Panel::left("contents").resizable(true).default_size(260.0).show(ui, |ui| {
+            egui::ScrollArea::vertical().show(ui, |ui| self.contents(ui));
+        });
+        egui::CentralPanel::default().show(ui, |ui| self.central(ui));
+    }
+
+    fn top_bar(&mut self, ui: &mut egui::Ui) {
+        ui.horizontal_wrapped(|ui| {
+            ui.strong("kiln explorer");
+            ui.separator();
+            for id in open::workload_ids() {
+                if ui
+                    .add_enabled(!self.busy(), egui::Button::new(id))
+                    .on_hover_text("compile and run it here")
+                    .clicked()
+                {
+                    self.open_workload(id);
+                }
+            }
+            ui.separator();
+            ui.add(
+                egui::TextEdit::singleline(&mut self.path).hint_text("report or bench JSON path").desired_width(240.0),
+            );
+            if ui.button("Open").clicked() {
+                let p = self.path.clone();
+                self.open_path(&p);
+            }
+            if let Some((name, _)) = &self.pending {
+                ui.spinner();
+                ui.label(format!("compiling {name}…"));
+            }
+        });
+        if let Some(e) = &self.error {
+            ui.colored_label(egui::Color32::from_rgb(230, 80, 80), format!("error: {e}"));
+        }
+    }
+
+    fn contents(&mut self, ui: &mut egui::Ui) {
+        let Some((source, r)) = &self.report else {
+            ui.label("Open a workload above, or a report written with KILN_REPORT=dir (drop it here).");
+            return;
+        };
+        ui.label(source.as_str());
+        ui.label(format!("compiled at {} for {}", r.function, r.backend));
+        let mut pick_graph = None;
+        let mut pick_kernel = None;
+        for (e, entry) in r.entries.iter().enumerate() {
+            for (g, graph) in entry.graphs.iter().enumerate() {
+                let selected = self.graph == (e, g);
+                let text = format!(
+                    "entry {e} · graph {g}: {} ops, {} kernels",
+                    graph.captured.nodes.len(),
+                    graph.kernels.len()
+                );
+                if ui.selectable_label(selected, text).clicked() {
+                    pick_graph = Some((e, g));
+                }
+                if let Some(b) = &graph.ended_by {
+                    ui.label(format!("  ✂ break at {}: {}", b.loc, b.reason));
+                }
+                if selected {
+                    for (k, kr) in graph.kernels.iter().enumerate() {
+                        if ui.selectable_label(self.kernel == Some(k), &kr.name).clicked() {
+                            pick_kernel = Some(k);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(g) = pick_graph {
+            self.graph = g;
+            self.kernel = None;
+            self.node = None;
+            self.highlight.clear();
+        }
+        if let Some(k) = pick_kernel {
+            self.kernel = Some(k);
+            self.tab = Tab::Kernel;
+        }
+    }
+
+    fn central(&mut self, ui: &mut egui::Ui) {
+        ui.horizontal(|ui| {
+            ui.selectable_value(&mut self.tab, Tab::Graph, "Graph");
+            ui.selectable_value(&mut self.tab, Tab::Kernel, "Kernel");
+            ui.selectable_value(&mut self.tab, Tab::Guards, "Guards");
+            ui.selectable_value(&mut self.tab, Tab::Bench, "Bench");
+        });
+        ui.separator();
+        match self.tab {
+            Tab::Graph => self.graph_tab(ui),
+            Tab::Kernel => match self.selected_kernel().cloned() {
+                Some(k) => {
+                    if let Some(KernelAction::ShowLine(line)) = kernel_view::show(ui, &k) {
+                        let g = self.selected_graph();
+                        self.highlight = k
+                            .nodes
+                            .iter()
+                            .copied()
+                            .filter(|n| g.and_then(|g| g.captured.nodes.get(*n)).is_some_and(|x| x.loc == line))
+                            .collect();
+                        self.decomposed = false;
+                        self.tab = Tab::Graph;
+                    }
+                }
+                None => {
+                    ui.label("Select a kernel in the list on the left.");
+                }
+            },
+            Tab::Guards => match &self.report {
+                Some((_, r)) => guards_view::show(ui, r),
+                None => {
+                    ui.label("No report open.");
+                }
+            },
+            Tab::Bench => match &self.bench {
+                Some(b) => b.show(ui),
+                None => {
+                    ui.label("Open a kiln-bench JSON (benches/results/*.json) to chart it.");
+                }
+            },
+        }
+    }
+
+    fn graph_tab(&mut self, ui: &mut egui::Ui) {
+        let Some(g) = self.selected_graph().cloned() else {
+            ui.label("No graph: open a workload or a report.");
+            return;
+        };
+        ui.horizontal(|ui| {
+            let mut d = self.decomposed;
+            ui.checkbox(&mut d, "decomposed (primitive ops)").on_hover_text("the graph after decomposition");
+            if d != self.decomposed {
+                self.decomposed = d;
+                self.node = None;
+                self.highlight.clear();
+                self.scene_rect = egui::Rect::ZERO;
+            }
+            if let Some(b) = &g.ended_by {
+                ui.label(format!("ended by a graph break at {}", b.loc));
+            }
+        });
+        let graph = graph_view::shown(&g, self.decomposed);
+        if let Some(i) = self.node.filter(|i| *i < graph.nodes.len()) {
+            let n = &graph.nodes[i];
+            ui.label(format!("{}: {} {} {}", graph_view::node_label(graph, i), n.dtype, n.shape, n.op.name()));
+            ui.label(format!("source: {}", n.loc));
+        }
+        let key = (self.graph.0, self.graph.1, self.decomposed);
+        if self.layout.as_ref().map(|(k, _)| *k) != Some(key) {
+            self.layout = Some((key, layered(graph.nodes.len(), &graph_view::edges(graph))));
+            self.scene_rect = egui::Rect::ZERO;
+        }
+        let regions = graph_view::regions_of(&g, self.decomposed);
+        let layout = &self.layout.as_ref().expect("laid out above").1;
+        if self.scene_rect == egui::Rect::ZERO {
+            self.scene_rect = layout.bounds.expand(40.0);
+        }
+        if let Some(i) = graph_view::show(ui, graph, layout, &regions, self.node, &self.highlight, &mut self.scene_rect)
+        {
+            self.node = Some(i);
+        }
+    }
+}

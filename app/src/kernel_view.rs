@@ -1,0 +1,52 @@
+//! The kernel view: the selected kernel's launch, traffic and user lines, and its WGSL and PTX side by
+//! side. Clicking a line lights up the graph nodes that came from it.
+
+use kiln::graph::report::KernelReport;
+use kiln::SourceLoc;
+
+/// What the view asks the explorer to do.
+pub enum KernelAction {
+    /// Light up the nodes of this kernel that came from this line.
+    ShowLine(SourceLoc),
+}
+
+/// Draws `k`; returns the action the user took.
+pub fn show(ui: &mut egui::Ui, k: &KernelReport) -> Option<KernelAction> {
+    let mut action = None;
+    ui.heading(&k.name);
+    ui.label(format!(
+        "{} kernel · {} threads × {} groups · reads {} B, writes {} B · {} IR statements",
+        k.kind, k.threads, k.groups, k.bytes_read, k.bytes_written, k.statements
+    ));
+    ui.label(format!("computes {} node(s) of the captured graph, from these lines:", k.nodes.len()));
+    for line in &k.lines {
+        if ui.link(line.to_string()).clicked() {
+            action = Some(KernelAction::ShowLine(line.clone()));
+        }
+    }
+    ui.separator();
+    let languages: Vec<&kiln::graph::report::KernelSource> = k.sources.iter().collect();
+    if languages.is_empty() {
+        ui.label("no kernel sources in this report (no renderer was registered when it was made)");
+        return action;
+    }
+    ui.columns(languages.len(), |cols| {
+        for (col, src) in cols.iter_mut().zip(&languages) {
+            match &src.text {
+                Ok(text) => {
+                    col.strong(format!("{} ({} lines)", src.language.to_uppercase(), text.lines().count()));
+                    egui::ScrollArea::both().id_salt(&src.language).show(col, |ui| {
+                        ui.add(
+                            egui::TextEdit::multiline(&mut text.as_str()).code_editor().desired_width(f32::INFINITY),
+                        );
+                    });
+                }
+                Err(e) => {
+                    col.strong(src.language.to_uppercase());
+                    col.label(format!("not rendered: {e}"));
+                }
+            }
+        }
+    });
+    action
+}

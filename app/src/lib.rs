@@ -1,0 +1,19 @@
+//! kiln explorer: where a person sees what kiln did to their code — the graphs it captured and the breaks
+//! between them, the regions it fused, the kernels they became (WGSL and PTX side by side, with the user
+//! lines they came from), the guards and recompiles — and, from bench reports, what it bought.
+//!
+//! Everything shown comes from a [`kiln::CompileReport`] (the one record the compiler writes: built-in
+//! workloads are compiled live on a worker thread, other programs' reports are opened from
+//! `KILN_REPORT=dir` files) or a `kiln-bench` JSON. The app is wasm-compatible: the browser demo runs it.
+
+mod bench;
+mod explorer;
+mod graph_view;
+mod guards_view;
+mod kernel_view;
+mod layout;
+mod open;
+
+pub use bench::{BenchRow, BenchTable};
+pub use explorer::{Explorer, Tab};
+pub use open::workload_report;

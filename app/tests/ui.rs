@@ -1,0 +1,116 @@
+//! The explorer used as a person uses it, through egui's test harness (the AccessKit tree: labels, clicks).
+
+use egui_kittest::kittest::Queryable;
+use egui_kittest::Harness;
+use kiln_app::{Explorer, Tab};
+
+fn harness(app: Explorer) -> Harness<'static, Explorer> {
+    Harness::builder().with_size([1400.0, 900.0]).build_ui_state(|ui, app: &mut Explorer| app.show(ui), app)
+}
+
+/// W3 opened (compiled on a worker; the test waits for it) and shown.
+fn w3() -> Harness<'static, Explorer> {
+    let mut h = harness(Explorer::default());
+    h.run_steps(2);
+    h.get_by_label("W3").click();
+    h.run_steps(2);
+    assert!(h.state().busy(), "compiling happens on the worker");
+    h.state_mut().wait_for_work();
+    h.run_steps(3);
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    h
+}
+
+#[test]
+fn w3_is_one_fused_layernorm_gelu_region_and_a_node_shows_its_line() {
+    let mut h = w3();
+    let g = h.state().selected_graph().expect("a graph").clone();
+    assert_eq!(g.kernels.len(), 1, "{:?}", g.kernels.iter().map(|k| &k.name).collect::<Vec<_>>());
+    let name = g.kernels[0].name.clone();
+    assert!(name.contains("layernorm") && name.contains("gelu"), "{name}");
+    // The kernel is listed, and the graph's nodes are buttons: select the layer norm.
+    h.get_by_label(&name);
+    let ln = g.captured.nodes.iter().position(|n| n.op.name() == "layer_norm").expect("a layer_norm node");
+    h.get_by_label(&format!("%{ln} layer_norm")).click_accesskit();
+    h.run_steps(2);
+    assert_eq!(h.state().node, Some(ln));
+    let shown = h.query_by_label_contains("source: ").expect("the node's source line is shown");
+    let text = format!("{shown:?}");
+    assert!(text.contains("workloads.rs"), "{text}");
+}
+
+#[test]
+fn a_kernel_shows_wgsl_ptx_and_its_lines_and_a_line_lights_up_its_nodes() {
+    let mut h = w3();
+    let name = h.state().selected_graph().unwrap().kernels[0].name.clone();
+    h.get_by_label(&name).click();
+    h.run_steps(2);
+    assert_eq!(h.state().tab, Tab::Kernel);
+    let count = |h: &Harness<'static, Explorer>, lang: &str| -> usize {
+        let wanted = format!("{lang} (");
+        let label = format!("{:?}", h.query_by_label_contains(&wanted).unwrap_or_else(|| panic!("a {lang} pane")));
+        let start = label.find(&format!("{lang} (")).unwrap() + lang.len() + 2;
+        label[start..].split(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(count(&h, "WGSL") > 10 && count(&h, "PTX") > 10);
+    let k = h.state().selected_kernel().unwrap().clone();
+    assert!(!k.lines.is_empty());
+    let line = k.lines[0].to_string();
+    h.get_by_label(&line).click();
+    h.run_steps(2);
+    assert_eq!(h.state().tab, Tab::Graph, "a line click goes to the graph");
+    assert!(!h.state().highlight.is_empty(), "with that line's nodes lit up");
+}
+
+#[test]
+fn the_guards_tab_reports_a_recompile_reason_for_a_changed_dim() {
+    // A report with a recompile: a function called with two widths under Dynamic::Never.
+    kiln::register_renderers();
+    let f = kiln::compile(|x: &kiln::Tensor| x.exp()).backend(kiln::Backend::Kernels).dynamic(kiln::Dynamic::Never);
+    for n in [8usize, 16] {
+        let x = kiln::Tensor::from_slice(&vec![0.5f32; n], &[n]).unwrap();
+        let _: kiln::Tensor = f.call(&x).unwrap();
+    }
+    let mut app = Explorer::default();
+    app.open_report_text(&f.report().to_json(), "a test report");
+    let mut h = harness(app);
+    h.run_steps(2);
+    h.get_by_label("Guards").click();
+    h.run_steps(2);
+    let why = h.query_by_label_contains("recompile 1:").expect("the recompile is listed");
+    assert!(format!("{why:?}").contains("16"), "{why:?}");
+}
+
+#[test]
+fn a_bench_json_charts_one_bar_per_row() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/results/2026-11-23-h200-compare.json");
+    let text = std::fs::read_to_string(path).unwrap();
+    let rows = serde_json::from_str::<serde_json::Value>(&text).unwrap()["results"].as_array().unwrap().len();
+    let mut app = Explorer::default();
+    app.open_bench_text(&text, "h200");
+    let mut h = harness(app);
+    h.run_steps(2);
+    assert_eq!(h.state().tab, Tab::Bench);
+    assert_eq!(h.state().bench.as_ref().unwrap().bars().len(), rows);
+    h.get_by_label(&format!("h200: {rows} rows"));
+}
+
+#[test]
+fn bad_files_show_an_error_and_never_crash() {
+    let mut app = Explorer::default();
+    let mut h = harness(std::mem::take(&mut app));
+    for (text, what) in [
+        ("{ not json", "malformed compile report"),
+        ("{\"version\": 99}", "version 99"),
+        ("{\"schema\": \"kiln-bench/1\", \"results\": []}", "kiln-bench/2"),
+        ("{\"schema\": \"kiln-bench/2\", \"results\": [{\"workload\": \"W1\"}]}", "median_ms"),
+    ] {
+        h.state_mut().open_text(text, "bad.json");
+        h.run_steps(2);
+        let e = h.query_by_label_contains("error: ").unwrap_or_else(|| panic!("an error for {text}"));
+        assert!(format!("{e:?}").contains(what), "{text}: {e:?}");
+    }
+    h.state_mut().open_path("/no/such/kiln/report.json");
+    h.run_steps(2);
+    assert!(h.query_by_label_contains("error: /no/such").is_some());
+}

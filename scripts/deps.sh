@@ -5,9 +5,10 @@
 #     backend runs for real everywhere.
 #   - DejaVu fonts: the bench's charts draw their text with a TrueType font.
 #   - the wasm32 target, to check that the graph and WGSL crates build for browsers.
+#   - Xvfb and the X11 client libraries winit opens: the explorer runs in a real window in CI.
 
 missing=()
-for pkg in mesa-vulkan-drivers libvulkan1 fonts-dejavu-core; do
+for pkg in mesa-vulkan-drivers libvulkan1 fonts-dejavu-core xvfb xauth libxkbcommon-x11-0 libxcursor1 libxrandr2 libxi6 libx11-xcb1; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1; then

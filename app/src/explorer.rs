@@ -74,9 +74,14 @@ impl Explorer {
     pub fn open_workload(&mut self, id: &str) {
         let (tx, rx) = channel();
         let name = id.to_string();
-        std::thread::spawn(move || {
+        let work = move || {
             let _ = tx.send(open::workload_report(&name));
-        });
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        std::thread::spawn(work);
+        // No threads in a browser page without cross-origin isolation: the web build compiles in place.
+        #[cfg(target_arch = "wasm32")]
+        work();
         self.pending = Some((format!("workload {id}"), rx));
     }
 
@@ -179,9 +184,15 @@ impl Explorer {
         }
         for file in ui.ctx().input(|i| i.raw.dropped_files.clone()) {
             let name = file.path().display().to_string();
+            #[cfg(not(target_arch = "wasm32"))]
             match file.bytes() {
                 Ok(bytes) => self.open_text(&String::from_utf8_lossy(&bytes), &name),
                 Err(e) => self.error = Some(format!("{name}: {e}")),
+            }
+            // Browsers read files asynchronously; the web build (web/) reads them with bytes_async.
+            #[cfg(target_arch = "wasm32")]
+            {
+                self.error = Some(format!("{name}: opening dropped files is not wired in this build yet"));
             }
         }
         egui::Panel::top("open").show(ui, |ui| self.top_bar(ui));

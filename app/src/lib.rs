@@ -13,7 +13,9 @@ mod guards_view;
 mod kernel_view;
 mod layout;
 mod open;
+mod screenshot;
 
 pub use bench::{BenchRow, BenchTable};
 pub use explorer::{Explorer, Tab};
 pub use open::workload_report;
+pub use screenshot::check_screenshot;

@@ -42,6 +42,10 @@ pub struct Explorer {
     pub kernel: Option<usize>,
     /// Nodes lit up by a source line.
     pub highlight: Vec<usize>,
+    /// The "try these shapes" text and its verdict.
+    pub shapes: String,
+    /// See `shapes`.
+    pub verdict: Option<String>,
     /// A workload being compiled on the worker, and its name.
     pending: Option<(String, Receiver<Result<CompileReport, String>>)>,
     layout: Option<((usize, usize, bool), Layout)>,
@@ -61,6 +65,8 @@ impl Default for Explorer {
             node: None,
             kernel: None,
             highlight: Vec::new(),
+            shapes: String::new(),
+            verdict: None,
             pending: None,
             layout: None,
             scene_rect: egui::Rect::ZERO,
@@ -306,7 +312,11 @@ impl Explorer {
                 }
             },
             Tab::Guards => match &self.report {
-                Some((_, r)) => guards_view::show(ui, r),
+                Some((_, r)) => {
+                    guards_view::try_shapes(ui, r, &mut self.shapes, &mut self.verdict);
+                    ui.separator();
+                    guards_view::show(ui, r);
+                }
                 None => {
                     ui.label("No report open.");
                 }

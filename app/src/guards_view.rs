@@ -34,3 +34,54 @@ pub fn show(ui: &mut egui::Ui, r: &CompileReport) {
         });
     }
 }
+
+/// Argument shapes as a person types them: `[8, 64], [64], [64]` (one bracket per tensor argument).
+pub fn parse_shapes(text: &str) -> Result<Vec<Vec<usize>>, String> {
+    let mut shapes = Vec::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let open = rest.find('[').ok_or(format!("expected `[` in `{rest}`"))?;
+        let close = rest[open..].find(']').map(|c| open + c).ok_or("a `[` without its `]`")?;
+        let dims = rest[open + 1..close]
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| d.parse::<usize>().map_err(|_| format!("`{d}` is not a size")))
+            .collect::<Result<Vec<_>, _>>()?;
+        shapes.push(dims);
+        rest = rest[close + 1..].trim_start_matches([',', ';', ' ']).trim();
+    }
+    if shapes.is_empty() {
+        return Err("no shapes: write one `[..]` per tensor argument".into());
+    }
+    Ok(shapes)
+}
+
+/// The "try these shapes" box: whether a call with these argument shapes runs a cached entry (binding
+/// which symbols) or recompiles, and why.
+pub fn try_shapes(ui: &mut egui::Ui, r: &CompileReport, text: &mut String, verdict: &mut Option<String>) {
+    ui.horizontal(|ui| {
+        ui.label("try these shapes:");
+        ui.add(egui::TextEdit::singleline(text).hint_text("[8, 64], [64], [64]").desired_width(260.0));
+        if ui.button("Check").clicked() {
+            *verdict = Some(match parse_shapes(text) {
+                Ok(shapes) => format!("verdict: {}", r.try_shapes(&shapes)),
+                Err(e) => format!("verdict: not shapes: {e}"),
+            });
+        }
+    });
+    if let Some(v) = verdict {
+        ui.label(v.as_str());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_shapes;
+
+    #[test]
+    fn shapes_parse_as_people_write_them() {
+        assert_eq!(parse_shapes("[8, 64], [64]; [ ]").unwrap(), vec![vec![8, 64], vec![64], vec![]]);
+        assert!(parse_shapes("").is_err() && parse_shapes("[8, x]").is_err() && parse_shapes("[8").is_err());
+    }
+}

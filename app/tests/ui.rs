@@ -79,6 +79,24 @@ fn the_guards_tab_reports_a_recompile_reason_for_a_changed_dim() {
     h.run_steps(2);
     let why = h.query_by_label_contains("recompile 1:").expect("the recompile is listed");
     assert!(format!("{why:?}").contains("16"), "{why:?}");
+    // The "try these shapes" box: a width the entries know runs; a new one says what would recompile.
+    for (shape, want) in [("[16]", "runs entry 1"), ("[32]", "expected size 8, got 32")] {
+        h.state_mut().shapes = shape.into();
+        h.get_by_label("Check").click();
+        h.run_steps(2);
+        let v = h.query_by_label_contains("verdict: ").expect("a verdict");
+        assert!(format!("{v:?}").contains(want), "{shape}: {v:?}");
+    }
+}
+
+#[test]
+fn auto_dynamic_says_which_dim_would_become_symbolic() {
+    kiln::register_renderers();
+    let f = kiln::compile(|x: &kiln::Tensor| x.exp()).backend(kiln::Backend::Kernels);
+    let _: kiln::Tensor = f.call(&kiln::Tensor::from_slice(&[0.5f32; 12], &[3, 4]).unwrap()).unwrap();
+    let v = f.report().try_shapes(&[vec![5, 4]]);
+    assert_eq!((v.runs, v.becomes_symbolic), (None, Some((0, 0))), "{v}");
+    assert!(v.to_string().contains("becomes symbolic"), "{v}");
 }
 
 #[test]

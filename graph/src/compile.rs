@@ -409,23 +409,23 @@ impl<F> Compiled<F> {
             let st = lock(&self.state);
             (st.entries.clone(), st.uncached.clone(), CompileStats { entries: st.entries.len(), ..st.stats.clone() })
         };
-        let entry = |guards: Vec<String>, x: &Explanation, cached: bool| EntryReport {
-            guards,
+        let entry = |guards: Option<&Guards>, x: &Explanation, cached: bool| EntryReport {
+            guards: guards.map(|g| g.to_string().lines().map(str::to_string).collect()).unwrap_or_default(),
+            guard_set: guards.cloned(),
             cached,
             static_args: x.static_args.clone(),
             graphs: x.graphs.iter().map(GraphReport::new).collect(),
             breaks: x.breaks.clone(),
         };
-        let mut entries: Vec<EntryReport> = entries
-            .iter()
-            .map(|e| entry(e.guards.to_string().lines().map(str::to_string).collect(), &e.explanation, true))
-            .collect();
-        entries.extend(uncached.iter().map(|x| entry(Vec::new(), x, false)));
+        let mut entries: Vec<EntryReport> =
+            entries.iter().map(|e| entry(Some(&e.guards), &e.explanation, true)).collect();
+        entries.extend(uncached.iter().map(|x| entry(None, x, false)));
         let backend = self.backend.as_ref().ok();
         CompileReport {
             version: crate::report::REPORT_VERSION,
             function: self.loc.clone(),
             backend: self.backend_name(),
+            dynamic: self.dynamic,
             entries,
             stats,
             memory: backend.and_then(|b| b.runtime()).map(|rt| rt.memory_stats()),

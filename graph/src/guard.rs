@@ -183,6 +183,21 @@ impl Guards {
         Ok(b)
     }
 
+    /// Checks argument shapes alone, as a call with this entry's dtypes, statics, backend and aliasing
+    /// would present them (the explorer's "try these shapes"): the symbol values they bind, or the first
+    /// guard that fails — the recompile reason such a call would log.
+    pub fn check_dims(&self, dims: &[Vec<usize>]) -> Result<Bindings, GuardFailure> {
+        let args: Vec<(DType, std::borrow::Cow<'_, [usize]>)> = dims
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (self.args.get(i).map_or(DType::F32, |a| a.dtype), std::borrow::Cow::Borrowed(&d[..])))
+            .collect();
+        // Identities with this entry's aliasing pattern, none of them a captured tensor's.
+        let ids: Vec<u64> =
+            (0..dims.len()).map(|i| (1u64 << 62) + self.aliases.get(i).copied().unwrap_or(i) as u64).collect();
+        self.check(&CallSignature { args: &args, statics: &self.statics, backend: &self.backend, ids: &ids })
+    }
+
     /// Number of symbolic dims.
     pub fn symbolic_dims(&self) -> usize {
         self.args.iter().flat_map(|a| &a.dims).filter(|d| matches!(d, DimGuard::Symbol { .. })).count()

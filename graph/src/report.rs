@@ -35,6 +35,8 @@ pub struct CompileReport {
     pub backend: String,
     /// Each cached entry (one per guard set), oldest first, then the latest uncached trace if any.
     pub entries: Vec<EntryReport>,
+    /// When dims become symbolic (`auto`, `always`, `never`).
+    pub dynamic: crate::guard::Dynamic,
     /// Calls, traces, cache hits, recompiles and their reasons.
     pub stats: CompileStats,
     /// The device's memory when the report was made, on backends with a device.
@@ -50,6 +52,8 @@ pub struct EntryReport {
     pub guards: Vec<String>,
     /// A cached entry (`false`: the latest trace of a function whose graph breaks keep it from caching).
     pub cached: bool,
+    /// The guards themselves (for checking shapes against them); `None` for an uncached trace.
+    pub guard_set: Option<crate::guard::Guards>,
     /// Static arguments, printed.
     pub static_args: Vec<String>,
     /// Its graphs, in the order they ran (more than one when the function has graph breaks).
@@ -97,6 +101,38 @@ pub struct KernelReport {
     pub statements: usize,
     /// Its source in each registered language (WGSL, PTX, …), or why it could not be rendered.
     pub sources: Vec<KernelSource>,
+}
+
+/// What [`CompileReport::try_shapes`] found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapeVerdict {
+    /// The cached entry the call would run, if any.
+    pub runs: Option<usize>,
+    /// The symbol values that entry would bind (`s0 = 8`).
+    pub bound: Vec<String>,
+    /// Each entry checked before, and the guard that failed.
+    pub reasons: Vec<(usize, String)>,
+    /// Under `Dynamic::Auto`, the `(argument, dim)` the recompile would make symbolic.
+    pub becomes_symbolic: Option<(usize, usize)>,
+}
+
+impl std::fmt::Display for ShapeVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.runs {
+            Some(i) if self.bound.is_empty() => write!(f, "runs entry {i} (no symbolic dims)"),
+            Some(i) => write!(f, "runs entry {i} with {}", self.bound.join(", ")),
+            None => {
+                write!(f, "recompiles")?;
+                if let Some((_, why)) = self.reasons.first() {
+                    write!(f, ": {why}")?;
+                }
+                if let Some((a, d)) = self.becomes_symbolic {
+                    write!(f, "; input {a} dim {d} becomes symbolic (Dynamic::Auto)")?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 /// One rendering of a kernel.
@@ -218,6 +254,31 @@ impl CompileReport {
             None => return Err(bad("no `version` field: not a kiln compile report".into())),
         }
         serde_json::from_value(v).map_err(|e| bad(e.to_string()))
+    }
+
+    /// What a call with argument shapes `dims` would do: run a cached entry (which, with the symbol
+    /// values it binds), or trace again — with the first entry's failing guard as the reason, and under
+    /// `Dynamic::Auto` the dim that would become symbolic.
+    pub fn try_shapes(&self, dims: &[Vec<usize>]) -> ShapeVerdict {
+        let mut reasons: Vec<(usize, String)> = Vec::new();
+        let mut first_dim = None;
+        for (i, e) in self.entries.iter().enumerate() {
+            let Some(g) = &e.guard_set else { continue };
+            match g.check_dims(dims) {
+                Ok(b) => {
+                    let bound: Vec<String> = b.iter().map(|(s, v)| format!("{s} = {v}")).collect();
+                    return ShapeVerdict { runs: Some(i), bound, reasons, becomes_symbolic: None };
+                }
+                Err(f) => {
+                    if reasons.is_empty() {
+                        first_dim = f.arg.zip(f.dim);
+                    }
+                    reasons.push((i, f.reason));
+                }
+            }
+        }
+        let becomes_symbolic = if self.dynamic == crate::guard::Dynamic::Auto { first_dim } else { None };
+        ShapeVerdict { runs: None, bound: Vec::new(), reasons, becomes_symbolic }
     }
 
     /// Kernels over every entry and graph.

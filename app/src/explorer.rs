@@ -5,7 +5,7 @@
 use crate::bench::BenchTable;
 use crate::kernel_view::KernelAction;
 use crate::layout::{layered, Layout};
-use crate::{graph_view, guards_view, kernel_view, open};
+use crate::{graph_view, guards_view, kernel_view, open, source_view};
 use kiln::CompileReport;
 use std::sync::mpsc::{channel, Receiver};
 
@@ -16,6 +16,10 @@ pub enum Tab {
     Graph,
     /// The selected kernel's sources.
     Kernel,
+    /// The user's source, annotated.
+    Source,
+    /// Compile phases and the memory plan over time.
+    Timelines,
     /// Guards and recompiles.
     Guards,
     /// Bench charts.
@@ -46,6 +50,10 @@ pub struct Explorer {
     pub shapes: String,
     /// See `shapes`.
     pub verdict: Option<String>,
+    /// The graph view's search text (op names, lines).
+    pub search: String,
+    /// The source view's file.
+    pub source_file: Option<String>,
     /// A workload being compiled on the worker, and its name.
     pending: Option<(String, Receiver<Result<CompileReport, String>>)>,
     layout: Option<((usize, usize, bool), Layout)>,
@@ -67,6 +75,8 @@ impl Default for Explorer {
             highlight: Vec::new(),
             shapes: String::new(),
             verdict: None,
+            search: String::new(),
+            source_file: None,
             pending: None,
             layout: None,
             scene_rect: egui::Rect::ZERO,
@@ -132,6 +142,7 @@ impl Explorer {
         self.highlight.clear();
         self.layout = None;
         self.scene_rect = egui::Rect::ZERO;
+        self.source_file = None;
     }
 
     /// Opens a report from its JSON text; a bad one becomes the shown error.
@@ -287,6 +298,8 @@ impl Explorer {
         ui.horizontal(|ui| {
             ui.selectable_value(&mut self.tab, Tab::Graph, "Graph");
             ui.selectable_value(&mut self.tab, Tab::Kernel, "Kernel");
+            ui.selectable_value(&mut self.tab, Tab::Source, "Source");
+            ui.selectable_value(&mut self.tab, Tab::Timelines, "Timelines");
             ui.selectable_value(&mut self.tab, Tab::Guards, "Guards");
             ui.selectable_value(&mut self.tab, Tab::Bench, "Bench");
         });
@@ -311,6 +324,17 @@ impl Explorer {
                     ui.label("Select a kernel in the list on the left.");
                 }
             },
+            Tab::Source => self.source_tab(ui),
+            Tab::Timelines => match &self.report {
+                Some((_, r)) => {
+                    let graphs: Vec<&kiln::graph::report::GraphReport> =
+                        r.entries.iter().flat_map(|e| &e.graphs).collect();
+                    crate::timelines::show(ui, &graphs, self.selected_graph());
+                }
+                None => {
+                    ui.label("No report open.");
+                }
+            },
             Tab::Guards => match &self.report {
                 Some((_, r)) => {
                     guards_view::try_shapes(ui, r, &mut self.shapes, &mut self.verdict);
@@ -327,6 +351,43 @@ impl Explorer {
                     ui.label("Open a kiln-bench JSON (benches/results/*.json) to chart it.");
                 }
             },
+        }
+    }
+
+    fn source_tab(&mut self, ui: &mut egui::Ui) {
+        let Some((_, r)) = &self.report else {
+            ui.label("No report open.");
+            return;
+        };
+        let graphs: Vec<&kiln::graph::report::GraphReport> = r.entries.iter().flat_map(|e| &e.graphs).collect();
+        let files = source_view::files(&graphs);
+        if files.is_empty() {
+            ui.label("No user source lines in this report.");
+            return;
+        }
+        let mut file = self.source_file.clone().filter(|f| files.contains(f)).unwrap_or_else(|| files[0].clone());
+        egui::ComboBox::from_label("file").selected_text(file.as_str()).show_ui(ui, |ui| {
+            for f in &files {
+                ui.selectable_value(&mut file, f.clone(), f.as_str());
+            }
+        });
+        let jump = self.source_file.as_ref() != Some(&file);
+        let clicked = source_view::show(ui, &file, &graphs, jump);
+        self.source_file = Some(file);
+        if let Some(line) = clicked {
+            // The line's nodes in the selected graph light up there.
+            if let Some(g) = self.selected_graph() {
+                self.highlight = g
+                    .captured
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| n.loc.file == line.file && n.loc.line == line.line)
+                    .map(|(i, _)| i)
+                    .collect();
+                self.decomposed = false;
+                self.tab = Tab::Graph;
+            }
         }
     }
 
@@ -347,8 +408,22 @@ impl Explorer {
             if let Some(b) = &g.ended_by {
                 ui.label(format!("ended by a graph break at {}", b.loc));
             }
+            ui.add(
+                egui::TextEdit::singleline(&mut self.search).hint_text("search ops or file:line").desired_width(200.0),
+            );
         });
         let graph = graph_view::shown(&g, self.decomposed);
+        if !self.search.trim().is_empty() {
+            let q = self.search.trim().to_lowercase();
+            self.highlight = (0..graph.nodes.len())
+                .filter(|&i| {
+                    let n = &graph.nodes[i];
+                    graph_view::node_label(graph, i).to_lowercase().contains(&q)
+                        || n.loc.to_string().to_lowercase().contains(&q)
+                })
+                .collect();
+            ui.label(format!("{} match(es) for “{}”", self.highlight.len(), self.search.trim()));
+        }
         if let Some(i) = self.node.filter(|i| *i < graph.nodes.len()) {
             let n = &graph.nodes[i];
             ui.label(format!("{}: {} {} {}", graph_view::node_label(graph, i), n.dtype, n.shape, n.op.name()));

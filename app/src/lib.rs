@@ -14,8 +14,11 @@ mod kernel_view;
 mod layout;
 mod open;
 mod screenshot;
+mod source_view;
+mod timelines;
 
 pub use bench::{BenchRow, BenchTable};
 pub use explorer::{Explorer, Tab};
 pub use open::workload_report;
 pub use screenshot::check_screenshot;
+pub use timelines::{memory_profile, BufferSpan};

@@ -22,6 +22,8 @@ fn main() -> eframe::Result {
         app.tab = match t.as_str() {
             "kernel" => kiln_app::Tab::Kernel,
             "guards" => kiln_app::Tab::Guards,
+            "source" => kiln_app::Tab::Source,
+            "timelines" => kiln_app::Tab::Timelines,
             "bench" => kiln_app::Tab::Bench,
             _ => kiln_app::Tab::Graph,
         };
@@ -76,7 +78,7 @@ impl eframe::App for App {
                 std::process::exit(1);
             }
             println!("kiln-explorer: saved {} ({w}×{h})", path.display());
-            match kiln_app::check_screenshot(&img, self.app.report.is_some()) {
+            match kiln_app::check_screenshot(&img, self.app.report.is_some() && self.app.tab == kiln_app::Tab::Graph) {
                 Ok(what) => println!("kiln-explorer: screenshot check: {what}"),
                 Err(e) => {
                     eprintln!("kiln-explorer: screenshot check failed: {e}");

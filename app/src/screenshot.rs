@@ -5,7 +5,7 @@
 use crate::graph_view::region_colour;
 
 /// Checks `img`; says what it found, or what is missing.
-pub fn check_screenshot(img: &image::RgbaImage, report_open: bool) -> Result<String, String> {
+pub fn check_screenshot(img: &image::RgbaImage, graph_shown: bool) -> Result<String, String> {
     let (w, h) = img.dimensions();
     if w < 400 || h < 300 {
         return Err(format!("{w}×{h} is too small to hold the panels"));
@@ -27,7 +27,7 @@ pub fn check_screenshot(img: &image::RgbaImage, report_open: bool) -> Result<Str
         return Err(format!("the side panel is empty ({side} drawn pixels)"));
     }
     let mut what = format!("{} colours, side panel {side} drawn pixels", distinct.len());
-    if report_open {
+    if graph_shown {
         let palette: Vec<[u8; 4]> = (0..8).map(|r| region_colour(Some(r)).to_array()).collect();
         let nodes = img.enumerate_pixels().filter(|(x, _, p)| *x > 240 && palette.contains(&p.0)).count();
         if nodes < 200 {

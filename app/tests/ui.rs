@@ -132,3 +132,40 @@ fn bad_files_show_an_error_and_never_crash() {
     h.run_steps(2);
     assert!(h.query_by_label_contains("error: /no/such").is_some());
 }
+
+#[test]
+fn the_source_view_annotates_lines_with_their_kernels_and_a_search_finds_ops() {
+    let mut h = w3();
+    h.get_by_label("Source").click();
+    h.run_steps(2);
+    let k = h.state().selected_graph().unwrap().kernels[0].clone();
+    let line = k.lines[0].line;
+    let wanted = format!("→ {}", k.name);
+    assert!(h.query_by_label_contains(&wanted).is_some(), "the kernel's line is annotated");
+    assert!(h.query_by_label_contains("annotated line(s)").is_some());
+    // A click on the annotated line number lights up its nodes in the graph.
+    h.get_by_label(&format!("{line:4}")).click_accesskit();
+    h.run_steps(2);
+    assert_eq!(h.state().tab, Tab::Graph);
+    assert!(!h.state().highlight.is_empty());
+    // Search by op name.
+    h.state_mut().search = "gelu".into();
+    h.run_steps(2);
+    assert!(h.query_by_label_contains("1 match(es)").is_some());
+}
+
+#[test]
+fn the_timelines_show_compile_phases_and_the_memory_plan_with_its_peak() {
+    let mut h = w3();
+    let c = h.state().selected_graph().unwrap().compiled.clone().expect("compiled");
+    let (spans, in_use) = kiln_app::memory_profile(&c);
+    // W3 at its check size: x [64, 4096], w, b in; one output of x's size; one kernel.
+    assert_eq!(in_use.len(), 1);
+    let x = 64 * 4096 * 4;
+    assert_eq!(spans.iter().filter_map(|s| s.bytes).max(), Some(x));
+    assert_eq!(in_use[0], spans.iter().map(|s| s.bytes.unwrap()).sum::<u64>());
+    h.get_by_label("Timelines").click();
+    h.run_steps(2);
+    let wanted = format!("memory plan: {} buffers over 1 kernels", spans.len());
+    assert!(h.query_by_label_contains(&wanted).is_some(), "{wanted}");
+}

@@ -20,6 +20,8 @@ pub enum Tab {
     Source,
     /// Compile phases and the memory plan over time.
     Timelines,
+    /// Live runs: eager against compiled on a chosen backend.
+    Run,
     /// Guards and recompiles.
     Guards,
     /// Bench charts.
@@ -54,6 +56,17 @@ pub struct Explorer {
     pub search: String,
     /// The source view's file.
     pub source_file: Option<String>,
+    /// The built-in workload the open report is of (live runs need one).
+    pub workload: Option<String>,
+    /// The backend live runs use.
+    pub run_backend: kiln::Backend,
+    /// Calls timed per mode in a live run.
+    pub run_calls: usize,
+    /// The latest live run: what it ran, and its times.
+    pub run_result: Option<(String, Result<Vec<crate::live::LiveTime>, String>)>,
+    /// The live run under way: its progress and its channel.
+    running: Option<(String, f32, Receiver<crate::live::LiveMsg>)>,
+    backends: Option<Vec<kiln::Backend>>,
     /// A workload being compiled on the worker, and its name.
     pending: Option<(String, Receiver<Result<CompileReport, String>>)>,
     layout: Option<((usize, usize, bool), Layout)>,
@@ -77,6 +90,12 @@ impl Default for Explorer {
             verdict: None,
             search: String::new(),
             source_file: None,
+            workload: None,
+            run_backend: kiln::Backend::Kernels,
+            run_calls: 10,
+            run_result: None,
+            running: None,
+            backends: None,
             pending: None,
             layout: None,
             scene_rect: egui::Rect::ZERO,
@@ -99,6 +118,7 @@ impl Explorer {
         #[cfg(target_arch = "wasm32")]
         work();
         self.pending = Some((format!("workload {id}"), rx));
+        self.workload = Some(id.to_string());
     }
 
     /// Waits for the worker's report, if one is compiling (tests and `--screenshot` use this).
@@ -145,10 +165,105 @@ impl Explorer {
         self.source_file = None;
     }
 
+    /// Starts a live run of the open workload on `run_backend` (a worker; the Run tab shows progress).
+    pub fn start_run(&mut self, quick: bool) {
+        let Some(id) = self.workload.clone() else { return };
+        let (tx, rx) = channel();
+        let backend = self.run_backend;
+        let title = format!("{id} on {backend:?}{}", if quick { " (quick size)" } else { "" });
+        let calls = self.run_calls;
+        let work = move || crate::live::run(&id, backend, quick, calls, &tx);
+        #[cfg(not(target_arch = "wasm32"))]
+        std::thread::spawn(work);
+        #[cfg(target_arch = "wasm32")]
+        work();
+        self.running = Some((title, 0.0, rx));
+    }
+
+    /// Waits for the live run under way, if any (tests use this).
+    pub fn wait_for_run(&mut self) {
+        while let Some((title, _, rx)) = &self.running {
+            match rx.recv() {
+                Ok(crate::live::LiveMsg::Done(r)) => {
+                    self.run_result = Some((title.clone(), r));
+                    self.running = None;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    self.run_result = Some((title.clone(), Err("the worker stopped".into())));
+                    self.running = None;
+                }
+            }
+        }
+    }
+
+    fn poll_run(&mut self) {
+        let Some((title, progress, rx)) = &mut self.running else { return };
+        let mut done = None;
+        while let Ok(msg) = rx.try_recv() {
+            match msg {
+                crate::live::LiveMsg::Progress(what, p) => {
+                    *title = title.split(" — ").next().unwrap_or_default().to_string() + " — " + &what;
+                    *progress = p;
+                }
+                crate::live::LiveMsg::Done(r) => done = Some(r),
+            }
+        }
+        if let Some(r) = done {
+            let name = title.split(" — ").next().unwrap_or_default().to_string();
+            self.run_result = Some((name, r));
+            self.running = None;
+        }
+    }
+
+    fn run_tab(&mut self, ui: &mut egui::Ui) {
+        let Some(id) = self.workload.clone() else {
+            ui.label("Live runs need a built-in workload: open one with the buttons above.");
+            return;
+        };
+        let backends = self.backends.get_or_insert_with(kiln::Backend::available).clone();
+        ui.horizontal(|ui| {
+            ui.label(format!("run {id} on"));
+            egui::ComboBox::from_id_salt("run backend").selected_text(format!("{:?}", self.run_backend)).show_ui(
+                ui,
+                |ui| {
+                    for b in backends {
+                        ui.selectable_value(&mut self.run_backend, b, format!("{b:?}"));
+                    }
+                },
+            );
+            let idle = self.running.is_none();
+            if ui.add_enabled(idle, egui::Button::new("Run at check size")).clicked() {
+                self.start_run(false);
+            }
+            if ui.add_enabled(idle, egui::Button::new("Run at quick size")).clicked() {
+                self.start_run(true);
+            }
+        });
+        if let Some((title, p, _)) = &self.running {
+            ui.add(egui::ProgressBar::new(*p).text(title.as_str()));
+        }
+        match &self.run_result {
+            Some((title, Ok(times))) => crate::live::show(ui, title, times),
+            Some((title, Err(e))) => {
+                ui.colored_label(egui::Color32::from_rgb(230, 80, 80), format!("run failed: {title}: {e}"));
+            }
+            None => {
+                ui.label(format!(
+                    "eager, compiled and reduce-overhead calls on inputs already on the device, call + wait, median of {}.",
+                    self.run_calls
+                ));
+            }
+        }
+    }
+
     /// Opens a report from its JSON text; a bad one becomes the shown error.
     pub fn open_report_text(&mut self, text: &str, source: &str) {
         match CompileReport::from_json(text) {
-            Ok(r) => self.set_report(source.into(), r),
+            Ok(r) => {
+                self.workload = None;
+                self.set_report(source.into(), r)
+            }
             Err(e) => self.error = Some(format!("{source}: {e}")),
         }
     }
@@ -196,6 +311,10 @@ impl Explorer {
     /// Draws one frame.
     pub fn show(&mut self, ui: &mut egui::Ui) {
         self.poll();
+        self.poll_run();
+        if self.running.is_some() {
+            ui.ctx().request_repaint_after(std::time::Duration::from_millis(50));
+        }
         if self.busy() {
             ui.ctx().request_repaint_after(std::time::Duration::from_millis(50));
         }
@@ -300,6 +419,7 @@ impl Explorer {
             ui.selectable_value(&mut self.tab, Tab::Kernel, "Kernel");
             ui.selectable_value(&mut self.tab, Tab::Source, "Source");
             ui.selectable_value(&mut self.tab, Tab::Timelines, "Timelines");
+            ui.selectable_value(&mut self.tab, Tab::Run, "Run");
             ui.selectable_value(&mut self.tab, Tab::Guards, "Guards");
             ui.selectable_value(&mut self.tab, Tab::Bench, "Bench");
         });
@@ -325,6 +445,7 @@ impl Explorer {
                 }
             },
             Tab::Source => self.source_tab(ui),
+            Tab::Run => self.run_tab(ui),
             Tab::Timelines => match &self.report {
                 Some((_, r)) => {
                     let graphs: Vec<&kiln::graph::report::GraphReport> =

@@ -12,6 +12,7 @@ mod graph_view;
 mod guards_view;
 mod kernel_view;
 mod layout;
+mod live;
 mod open;
 mod screenshot;
 mod source_view;
@@ -19,6 +20,7 @@ mod timelines;
 
 pub use bench::{BenchRow, BenchTable};
 pub use explorer::{Explorer, Tab};
+pub use live::{LiveMsg, LiveTime};
 pub use open::workload_report;
 pub use screenshot::check_screenshot;
 pub use timelines::{memory_profile, BufferSpan};

@@ -1,6 +1,7 @@
 //! `kiln-explorer`: the desktop explorer. `--workload W3` opens a built-in workload, `--open FILE` a
-//! compile report or bench JSON; `--screenshot out.png` renders the window, saves it and exits (CI runs
-//! this under Xvfb on lavapipe to see the real app draw).
+//! compile report or bench JSON; `--tab graph|kernel|source|timelines|guards|bench|run` picks the tab;
+//! `--run BACKEND` times the workload live; `--screenshot out.png` renders the window, saves it and exits
+//! (CI runs this under Xvfb on lavapipe to see the real app draw).
 
 #[cfg(not(target_arch = "wasm32"))]
 fn main() -> eframe::Result {
@@ -24,11 +25,26 @@ fn main() -> eframe::Result {
             "guards" => kiln_app::Tab::Guards,
             "source" => kiln_app::Tab::Source,
             "timelines" => kiln_app::Tab::Timelines,
+            "run" => kiln_app::Tab::Run,
             "bench" => kiln_app::Tab::Bench,
             _ => kiln_app::Tab::Graph,
         };
         if app.tab == kiln_app::Tab::Kernel {
             app.kernel = Some(0);
+        }
+    }
+    if let Some(b) = value("--run") {
+        // `--run wgpu|cuda|kernels|cpu`: a live run of the opened workload (waited for under --screenshot).
+        app.run_backend = match b.as_str() {
+            "cuda" => kiln::Backend::Cuda,
+            "wgpu" => kiln::Backend::Wgpu,
+            "cpu" => kiln::Backend::Cpu,
+            _ => kiln::Backend::Kernels,
+        };
+        app.tab = kiln_app::Tab::Run;
+        app.start_run(false);
+        if screenshot.is_some() {
+            app.wait_for_run();
         }
     }
     let options = eframe::NativeOptions {

@@ -169,3 +169,26 @@ fn the_timelines_show_compile_phases_and_the_memory_plan_with_its_peak() {
     let wanted = format!("memory plan: {} buffers over 1 kernels", spans.len());
     assert!(h.query_by_label_contains(&wanted).is_some(), "{wanted}");
 }
+
+#[test]
+fn a_live_run_times_eager_compiled_and_reduce_overhead_on_the_kernel_backend() {
+    // W4 (64 layers of 10×10): many kernels, tiny tensors — quick on the CPU kernel interpreter.
+    let mut app = Explorer::default();
+    app.open_workload("W4");
+    app.wait_for_work();
+    app.run_calls = 2;
+    let mut h = harness(app);
+    h.run_steps(2);
+    h.get_by_label("Run").click();
+    h.run_steps(2);
+    h.get_by_label("Run at check size").click();
+    h.run_steps(1);
+    h.state_mut().wait_for_run();
+    h.run_steps(2);
+    let (_, r) = h.state().run_result.clone().expect("a result");
+    let times = r.expect("the run succeeds");
+    assert_eq!(times.iter().map(|t| t.mode).collect::<Vec<_>>(), ["eager", "compiled", "reduce-overhead"]);
+    assert!(times.iter().all(|t| t.ms > 0.0 && t.ms.is_finite()));
+    assert!(h.query_by_label_contains("compiled:").is_some());
+    assert_eq!(h.query_all_by_label_contains("× eager").count(), 3);
+}

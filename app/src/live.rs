@@ -1,0 +1,107 @@
+//! Live runs: a built-in workload on a backend the user picks, eager against compiled and
+//! reduce-overhead, timed the way the bench times a public call (inputs already on the device, call +
+//! wait, median of several calls). Runs on a worker; the UI shows its progress and charts the result.
+
+use kiln::graph::workloads;
+use kiln::{Backend, Mode, Tensor};
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+/// One mode's time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveTime {
+    /// `eager`, `compiled` or `reduce-overhead`.
+    pub mode: &'static str,
+    /// Median call + wait, ms.
+    pub ms: f64,
+}
+
+/// What the worker reports.
+#[derive(Clone, Debug)]
+pub enum LiveMsg {
+    /// What it is doing, and how far along it is (0 to 1).
+    Progress(String, f32),
+    /// The times of every mode, or why the run failed.
+    Done(Result<Vec<LiveTime>, String>),
+}
+
+/// Runs workload `id` at its check size (`quick`: its `--quick` size) on `backend`, each mode in turn:
+/// three warm-up calls, then `calls` timed ones.
+pub fn run(id: &str, backend: Backend, quick: bool, calls: usize, tx: &Sender<LiveMsg>) {
+    let result = run_inner(id, backend, quick, calls.max(1), tx);
+    let _ = tx.send(LiveMsg::Done(result));
+}
+
+fn run_inner(
+    id: &str,
+    backend: Backend,
+    quick: bool,
+    calls: usize,
+    tx: &Sender<LiveMsg>,
+) -> Result<Vec<LiveTime>, String> {
+    let w = workloads::all().into_iter().find(|w| w.id == id).ok_or(format!("no built-in workload `{id}`"))?;
+    let say = |what: String, done: f32| {
+        let _ = tx.send(LiveMsg::Progress(what, done));
+    };
+    say(format!("opening {backend:?}"), 0.0);
+    let rt = backend.runtime().map_err(|e| e.to_string())?;
+    kiln::set_eager_backend(backend).map_err(|e| e.to_string())?;
+    let specs = if quick { &w.quick } else { &w.check };
+    let mut inputs: Vec<Tensor> =
+        specs.iter().enumerate().map(|(i, s)| Tensor::from_data(workloads::data(s, i))).collect();
+    if let Some(rt) = &rt {
+        inputs = inputs.iter().map(|t| t.to(rt.clone())).collect::<kiln::Result<_>>().map_err(|e| e.to_string())?;
+    }
+    let wait = || rt.as_ref().map_or(Ok(()), |rt| rt.synchronize()).map_err(|e| e.to_string());
+    let modes: [(&'static str, Option<Mode>); 3] =
+        [("eager", None), ("compiled", Some(Mode::Default)), ("reduce-overhead", Some(Mode::ReduceOverhead))];
+    let mut times = Vec::new();
+    for (m, (name, mode)) in modes.into_iter().enumerate() {
+        let f = mode.map(|mode| kiln::compile(move |x: Vec<Tensor>| (w.f)(&x)).backend(backend).mode(mode));
+        let call = || -> Result<(), String> {
+            let out = match &f {
+                Some(f) => f.call(inputs.clone()),
+                None => (w.f)(&inputs),
+            };
+            out.map(drop).map_err(|e| e.to_string())?;
+            wait()
+        };
+        say(format!("{id} {name}: compiling and warming up"), m as f32 / 3.0);
+        for _ in 0..3 {
+            call()?;
+        }
+        let mut samples = Vec::with_capacity(calls);
+        for i in 0..calls {
+            let t = Instant::now();
+            call()?;
+            samples.push(t.elapsed().as_secs_f64() * 1e3);
+            say(format!("{id} {name}: call {}/{calls}", i + 1), (m as f32 + (i + 1) as f32 / calls as f32) / 3.0);
+        }
+        samples.sort_by(f64::total_cmp);
+        times.push(LiveTime { mode: name, ms: samples[samples.len() / 2] });
+    }
+    Ok(times)
+}
+
+/// The chart of a run: one bar per mode, with its speed-up over eager.
+pub fn show(ui: &mut egui::Ui, title: &str, times: &[LiveTime]) {
+    let eager = times.iter().find(|t| t.mode == "eager").map(|t| t.ms);
+    for t in times {
+        let speedup = eager.map_or(String::new(), |e| format!(" ({:.2}× eager)", e / t.ms));
+        ui.label(format!("{title} {}: {:.3} ms a call{speedup}", t.mode, t.ms));
+    }
+    let bars = times.iter().enumerate().map(|(i, t)| egui_plot::Bar::new(i as f64, t.ms).name(t.mode)).collect();
+    let names: Vec<&'static str> = times.iter().map(|t| t.mode).collect();
+    egui_plot::Plot::new("live run")
+        .height(220.0)
+        .y_axis_label("ms a call")
+        .x_axis_formatter(move |m, _| {
+            let i = m.value.round();
+            if (m.value - i).abs() < 1e-6 && i >= 0.0 {
+                names.get(i as usize).map_or(String::new(), |s| s.to_string())
+            } else {
+                String::new()
+            }
+        })
+        .show(ui, |p| p.bar_chart(egui_plot::BarChart::new("call + wait", bars)));
+}

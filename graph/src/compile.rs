@@ -475,7 +475,7 @@ impl<F> Compiled<F> {
         }
         lock(&self.state).stats.calls += 1;
         // Each argument's value is looked up once (a lock each) and serves the guards and the run.
-        let values: Vec<Option<Arc<Value>>> = visitor.tensors.iter().map(Tensor::value).collect();
+        let mut values: Vec<Option<Arc<Value>>> = visitor.tensors.iter().map(Tensor::value).collect();
         let sig = signature(&visitor.tensors, &values);
         let ids: Vec<u64> = visitor.tensors.iter().map(Tensor::id).collect();
         let call = CallSignature { args: &sig, statics: &visitor.statics, backend: backend.name(), ids: &ids };
@@ -495,7 +495,7 @@ impl<F> Compiled<F> {
                 }
                 Ok(_) => {
                     lock(&self.state).stats.cache_hits += 1;
-                    let r = self.run_entry(e, &visitor.tensors, &values, backend.as_ref())?;
+                    let r = self.run_entry(e, &visitor.tensors, std::mem::take(&mut values), backend.as_ref())?;
                     let ex = explain.then(|| Explanation { cached: true, ..e.explanation.clone() });
                     return Ok((r, ex));
                 }
@@ -718,7 +718,7 @@ impl<F> Compiled<F> {
         &self,
         e: &Entry,
         args: &[Tensor],
-        arg_values: &[Option<Arc<Value>>],
+        mut arg_values: Vec<Option<Arc<Value>>>,
         backend: &dyn Backend,
     ) -> Result<R> {
         let (results, step) = match &e.graph {
@@ -727,13 +727,17 @@ impl<F> Compiled<F> {
                 let mut values = Vec::with_capacity(e.inputs.len());
                 for src in &e.inputs {
                     let v = match src {
-                        InputSource::Arg(i) => arg_values
-                            .get(*i)
-                            .ok_or_else(|| Error::Unsupported {
-                                what: "a cached graph input has no source".into(),
-                                loc: SourceLoc::internal(),
-                            })?
-                            .clone(),
+                        // Each argument feeds one graph input (aliased arguments were merged when traced),
+                        // so its value moves rather than being shared again (looked up anew otherwise).
+                        InputSource::Arg(i) => match arg_values.get_mut(*i) {
+                            Some(v) => v.take().or_else(|| args.get(*i).and_then(Tensor::value)),
+                            None => {
+                                return Err(Error::Unsupported {
+                                    what: "a cached graph input has no source".into(),
+                                    loc: SourceLoc::internal(),
+                                })
+                            }
+                        },
                         InputSource::Tensor(t) => t.value(),
                     };
                     values.push(v.ok_or_else(|| Error::Unsupported {

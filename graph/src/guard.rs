@@ -77,6 +77,23 @@ pub fn alias_pattern(ids: &[u64]) -> Vec<usize> {
     ids.iter().enumerate().map(|(i, id)| *first.entry(*id).or_insert(i)).collect()
 }
 
+thread_local! {
+    /// First position of each identity, reused across calls (this check runs on every call).
+    static FIRST_SEEN: std::cell::RefCell<rustc_hash::FxHashMap<u64, usize>> = Default::default();
+}
+
+/// Whether `ids` have the aliasing pattern `pattern` ([`alias_pattern`]), without building it.
+pub fn aliases_match(ids: &[u64], pattern: &[usize]) -> bool {
+    if ids.len() != pattern.len() {
+        return false;
+    }
+    FIRST_SEEN.with(|m| {
+        let Ok(mut first) = m.try_borrow_mut() else { return alias_pattern(ids) == pattern };
+        first.clear();
+        ids.iter().zip(pattern).enumerate().all(|(i, (id, &want))| *first.entry(*id).or_insert(i) == want)
+    })
+}
+
 /// Why a guard failed: the recompile reason.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuardFailure {
@@ -162,8 +179,8 @@ impl Guards {
                 }
             }
         }
-        let aliases = alias_pattern(call.ids);
-        if aliases != self.aliases {
+        if !aliases_match(call.ids, &self.aliases) {
+            let aliases = alias_pattern(call.ids);
             return fail(
                 None,
                 None,

@@ -826,19 +826,24 @@ impl Runtime {
         let mut recs = lock(&self.recordings);
         let found = recs.iter().position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values);
         let slots = &layout.input_slots;
-        let (mut private, stale, copy_out) = match found.map(|i| &recs[i]) {
+        // Stale: an output of the last replay is still held, or an input the recording reads in place
+        // moved to another buffer. (No allocation on the replay path: this runs on every call.)
+        let (stale, copy_out) = match found.map(|i| &recs[i]) {
             Some(r) => {
-                let moved: Vec<bool> =
-                    slots.iter().zip(inputs).map(|(&s, t)| r.prepared.buffers[s].id() != t.buffer.id()).collect();
                 let kept = !r.copy_out && r.outputs_alive();
-                let stale = kept || moved.iter().zip(&r.private).any(|(m, p)| *m && !p);
-                (r.private.clone(), stale, r.copy_out || kept)
+                let moved = slots
+                    .iter()
+                    .zip(inputs)
+                    .zip(&r.private)
+                    .any(|((&s, t), &own)| !own && r.prepared.buffers[s].id() != t.buffer.id());
+                (kept || moved, r.copy_out || kept)
             }
-            None => (vec![false; inputs.len()], true, false),
+            None => (true, false),
         };
         let at = match (found, stale) {
             (Some(i), false) => i,
             _ => {
+                let mut private = found.map_or_else(|| vec![false; inputs.len()], |i| recs[i].private.clone());
                 if let Some(i) = found {
                     let old = recs.remove(i);
                     for ((s, t), p) in slots.iter().zip(inputs).zip(private.iter_mut()) {

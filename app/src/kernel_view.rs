@@ -35,9 +35,17 @@ pub fn show(ui: &mut egui::Ui, k: &KernelReport) -> Option<KernelAction> {
             match &src.text {
                 Ok(text) => {
                     col.strong(format!("{} ({} lines)", src.language.to_uppercase(), text.lines().count()));
+                    let language = src.language.clone();
+                    let dark = col.visuals().dark_mode;
+                    let mut layouter = |ui: &egui::Ui, buf: &dyn egui::TextBuffer, _wrap: f32| {
+                        ui.fonts_mut(|f| f.layout_job(crate::highlight::layout(buf.as_str(), &language, dark)))
+                    };
                     egui::ScrollArea::both().id_salt(&src.language).show(col, |ui| {
                         ui.add(
-                            egui::TextEdit::multiline(&mut text.as_str()).code_editor().desired_width(f32::INFINITY),
+                            egui::TextEdit::multiline(&mut text.as_str())
+                                .code_editor()
+                                .desired_width(f32::INFINITY)
+                                .layouter(&mut layouter),
                         );
                     });
                 }

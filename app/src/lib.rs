@@ -10,6 +10,7 @@ mod bench;
 mod explorer;
 mod graph_view;
 mod guards_view;
+mod highlight;
 mod kernel_view;
 mod layout;
 mod live;

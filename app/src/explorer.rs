@@ -42,6 +42,8 @@ pub struct Explorer {
     pub graph: (usize, usize),
     /// Show the decomposed graph instead of the captured one.
     pub decomposed: bool,
+    /// Draw each fused region as one box.
+    pub collapse: bool,
     /// The selected node of the shown graph.
     pub node: Option<usize>,
     /// The selected kernel of the selected graph.
@@ -69,7 +71,7 @@ pub struct Explorer {
     backends: Option<Vec<kiln::Backend>>,
     /// A workload being compiled on the worker, and its name.
     pending: Option<(String, Receiver<Result<CompileReport, String>>)>,
-    layout: Option<((usize, usize, bool), Layout)>,
+    layout: Option<((usize, usize, bool, bool), Layout)>,
     scene_rect: egui::Rect,
     path: String,
 }
@@ -83,6 +85,7 @@ impl Default for Explorer {
             tab: Tab::Graph,
             graph: (0, 0),
             decomposed: false,
+            collapse: false,
             node: None,
             kernel: None,
             highlight: Vec::new(),
@@ -520,6 +523,7 @@ impl Explorer {
         ui.horizontal(|ui| {
             let mut d = self.decomposed;
             ui.checkbox(&mut d, "decomposed (primitive ops)").on_hover_text("the graph after decomposition");
+            ui.checkbox(&mut self.collapse, "collapse regions").on_hover_text("one box per fused kernel");
             if d != self.decomposed {
                 self.decomposed = d;
                 self.node = None;
@@ -550,19 +554,27 @@ impl Explorer {
             ui.label(format!("{}: {} {} {}", graph_view::node_label(graph, i), n.dtype, n.shape, n.op.name()));
             ui.label(format!("source: {}", n.loc));
         }
-        let key = (self.graph.0, self.graph.1, self.decomposed);
+        let boxes = graph_view::boxes(&g, self.decomposed, self.collapse);
+        let key = (self.graph.0, self.graph.1, self.decomposed, self.collapse);
         if self.layout.as_ref().map(|(k, _)| *k) != Some(key) {
-            self.layout = Some((key, layered(graph.nodes.len(), &graph_view::edges(graph))));
+            self.layout = Some((key, layered(boxes.labels.len(), &boxes.edges)));
             self.scene_rect = egui::Rect::ZERO;
         }
-        let regions = graph_view::regions_of(&g, self.decomposed);
         let layout = &self.layout.as_ref().expect("laid out above").1;
         if self.scene_rect == egui::Rect::ZERO {
             self.scene_rect = layout.bounds.expand(40.0);
         }
-        if let Some(i) = graph_view::show(ui, graph, layout, &regions, self.node, &self.highlight, &mut self.scene_rect)
-        {
-            self.node = Some(i);
+        let selected = self.node.and_then(|n| boxes.of_node.get(n).copied());
+        let lit: Vec<usize> = self.highlight.iter().filter_map(|n| boxes.of_node.get(*n).copied()).collect();
+        if let Some(b) = graph_view::show(ui, &boxes, layout, selected, &lit, &mut self.scene_rect) {
+            match (self.collapse, boxes.regions[b]) {
+                // A collapsed region opens its kernel.
+                (true, Some(k)) => {
+                    self.kernel = Some(k);
+                    self.tab = Tab::Kernel;
+                }
+                _ => self.node = boxes.of_node.iter().position(|&x| x == b),
+            }
         }
     }
 }

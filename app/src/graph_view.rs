@@ -66,12 +66,83 @@ pub fn node_label(graph: &Graph, i: usize) -> String {
     format!("%{i} {}", graph.nodes[i].op.name())
 }
 
-/// Draws `graph` with `layout`; returns the node clicked this frame. `highlight` nodes are outlined.
+/// What the view draws: one box per node, or one per fused region when regions are collapsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Boxes {
+    /// Each box's text.
+    pub labels: Vec<String>,
+    /// Each box's hover text.
+    pub hovers: Vec<String>,
+    /// The kernel computing each box (its colour).
+    pub regions: Vec<Option<usize>>,
+    /// Edges between boxes (producer → user), without repeats.
+    pub edges: Vec<(u32, u32)>,
+    /// The box each node of the shown graph is drawn in.
+    pub of_node: Vec<usize>,
+}
+
+/// The boxes for `g` (its captured or decomposed graph); `collapse` draws each fused region as one box.
+pub fn boxes(g: &GraphReport, decomposed: bool, collapse: bool) -> Boxes {
+    let graph = shown(g, decomposed);
+    let regions = regions_of(g, decomposed);
+    let hover = |i: usize| {
+        let n = &graph.nodes[i];
+        format!("{}\n{} {}\n{}", n.op.name(), n.dtype, n.shape, n.loc)
+    };
+    if !collapse {
+        let n = graph.nodes.len();
+        return Boxes {
+            labels: (0..n).map(|i| node_label(graph, i)).collect(),
+            hovers: (0..n).map(hover).collect(),
+            regions,
+            edges: edges(graph),
+            of_node: (0..n).collect(),
+        };
+    }
+    let mut b = Boxes { labels: vec![], hovers: vec![], regions: vec![], edges: vec![], of_node: vec![] };
+    let mut region_box: std::collections::BTreeMap<usize, usize> = Default::default();
+    for (i, r) in regions.iter().enumerate() {
+        let at = match r {
+            Some(k) => *region_box.entry(*k).or_insert_with(|| {
+                let name = g.kernels.get(*k).map_or_else(|| format!("region {k}"), |kr| kr.name.clone());
+                b.labels.push(name);
+                b.hovers.push(String::new());
+                b.regions.push(Some(*k));
+                b.labels.len() - 1
+            }),
+            None => {
+                b.labels.push(node_label(graph, i));
+                b.hovers.push(hover(i));
+                b.regions.push(None);
+                b.labels.len() - 1
+            }
+        };
+        b.of_node.push(at);
+    }
+    for (i, n) in graph.nodes.iter().enumerate() {
+        if let Some(k) = regions[i] {
+            let h = &mut b.hovers[b.of_node[i]];
+            if h.is_empty() {
+                *h = format!("kernel {k}: {}", g.kernels.get(k).map_or("", |kr| kr.name.as_str()));
+            }
+            h.push_str(&format!("\n%{i} {} {}", n.op.name(), n.loc));
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (from, to) in edges(graph) {
+        let (a, z) = (b.of_node[from as usize] as u32, b.of_node[to as usize] as u32);
+        if a != z && seen.insert((a, z)) {
+            b.edges.push((a, z));
+        }
+    }
+    b
+}
+
+/// Draws `boxes` with `layout`; returns the box clicked this frame. `highlight` boxes are outlined.
 pub fn show(
     ui: &mut egui::Ui,
-    graph: &Graph,
+    boxes: &Boxes,
     layout: &Layout,
-    regions: &[Option<usize>],
     selected: Option<usize>,
     highlight: &[usize],
     scene_rect: &mut egui::Rect,
@@ -79,15 +150,12 @@ pub fn show(
     let mut clicked = None;
     egui::Scene::new().zoom_range(0.05..=4.0).show(ui, scene_rect, |ui| {
         let painter = ui.painter().clone();
-        for (i, n) in graph.nodes.iter().enumerate() {
-            for x in &n.inputs {
-                let (Some(a), Some(b)) = (layout.boxes.get(x.0 as usize), layout.boxes.get(i)) else { continue };
-                painter.line_segment([a.center_bottom(), b.center_top()], Stroke::new(1.0, Color32::from_gray(140)));
-            }
+        for &(x, i) in &boxes.edges {
+            let (Some(a), Some(b)) = (layout.boxes.get(x as usize), layout.boxes.get(i as usize)) else { continue };
+            painter.line_segment([a.center_bottom(), b.center_top()], Stroke::new(1.0, Color32::from_gray(140)));
         }
         for (i, rect) in layout.boxes.iter().enumerate() {
-            let node = &graph.nodes[i];
-            let fill = region_colour(regions.get(i).copied().flatten());
+            let fill = region_colour(boxes.regions.get(i).copied().flatten());
             let outline = if Some(i) == selected {
                 Stroke::new(3.0, Color32::WHITE)
             } else if highlight.contains(&i) {
@@ -95,16 +163,10 @@ pub fn show(
             } else {
                 Stroke::NONE
             };
-            let button = egui::Button::new(egui::RichText::new(node_label(graph, i)).color(Color32::BLACK))
+            let button = egui::Button::new(egui::RichText::new(&boxes.labels[i]).color(Color32::BLACK))
                 .fill(fill)
                 .stroke(outline);
-            let r = ui.put(*rect, button).on_hover_text(format!(
-                "{}\n{} {}\n{}",
-                node.op.name(),
-                node.dtype,
-                node.shape,
-                node.loc
-            ));
+            let r = ui.put(*rect, button).on_hover_text(&boxes.hovers[i]);
             if r.clicked() {
                 clicked = Some(i);
             }

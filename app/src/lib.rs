@@ -21,6 +21,7 @@ mod timelines;
 
 pub use bench::{BenchRow, BenchTable};
 pub use explorer::{Explorer, Tab};
+pub use graph_view::{boxes as graph_boxes, Boxes};
 pub use live::{LiveMsg, LiveTime};
 pub use open::workload_report;
 pub use screenshot::check_screenshot;

@@ -1,6 +1,6 @@
 //! `kiln-explorer`: the desktop explorer. `--workload W3` opens a built-in workload, `--open FILE` a
 //! compile report or bench JSON; `--tab graph|kernel|source|timelines|guards|bench|run` picks the tab;
-//! `--run BACKEND` times the workload live; `--screenshot out.png` renders the window, saves it and exits
+//! `--collapse` draws fused regions as one box; `--run BACKEND` times the workload live; `--screenshot out.png` renders the window, saves it and exits
 //! (CI runs this under Xvfb on lavapipe to see the real app draw).
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -19,6 +19,7 @@ fn main() -> eframe::Result {
     if let Some(p) = value("--open") {
         app.open_path(&p);
     }
+    app.collapse = args.iter().any(|a| a == "--collapse");
     if let Some(t) = value("--tab") {
         app.tab = match t.as_str() {
             "kernel" => kiln_app::Tab::Kernel,

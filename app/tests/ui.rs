@@ -192,3 +192,18 @@ fn a_live_run_times_eager_compiled_and_reduce_overhead_on_the_kernel_backend() {
     assert!(h.query_by_label_contains("compiled:").is_some());
     assert_eq!(h.query_all_by_label_contains("× eager").count(), 3);
 }
+
+#[test]
+fn collapsing_regions_draws_one_box_per_kernel() {
+    let mut h = w3();
+    let g = h.state().selected_graph().unwrap().clone();
+    let boxes = kiln_app::graph_boxes(&g, false, true);
+    // W3: three inputs (no kernel) and one fused kernel for layer_norm + gelu.
+    assert_eq!(boxes.labels.len(), 4, "{:?}", boxes.labels);
+    assert_eq!(boxes.regions.iter().filter(|r| r.is_some()).count(), 1);
+    assert_eq!(boxes.edges.len(), 3, "each input feeds the kernel once");
+    h.state_mut().collapse = true;
+    h.run_steps(2);
+    let name = g.kernels[0].name.clone();
+    assert_eq!(h.query_all_by_label(&name).count(), 2, "the kernel's box beside its entry in the list");
+}

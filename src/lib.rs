@@ -57,7 +57,7 @@ pub fn register_renderers() {
         });
         #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
         kiln_graph::report::register_renderer("ptx", |k| {
-            kiln_ptx::render(k, 90).map(|p| p.source).map_err(|e| e.to_string())
+            kiln_ptx::render(k, kiln_ptx::NEWEST_SM).map(|p| p.source).map_err(|e| e.to_string())
         });
     });
 }

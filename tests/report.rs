@@ -39,7 +39,7 @@ fn a_fused_kernel_names_its_ops_lines_and_sources() {
     assert!(wgsl.contains("@compute"), "{wgsl}");
     let ptx = k.source("ptx").expect("PTX rendered");
     assert!(ptx.contains(".entry"), "{ptx}");
-    assert!(!r.entries[0].guards.is_empty());
+    assert!(!r.entries[0].guard_lines().is_empty());
 }
 
 #[test]
@@ -49,10 +49,10 @@ fn recompiles_are_reported_with_their_reasons() {
     let _: Tensor = f.call(&host(4, 32)).unwrap();
     let r = f.report();
     assert_eq!(r.entries.len(), 2, "a new shape under Dynamic::Never is a new entry");
-    assert!(r.entries.iter().all(|e| e.cached));
+    assert!(r.entries.iter().all(|e| e.cached()));
     assert_eq!(r.stats.recompiles, 1);
     assert!(r.stats.guard_failures[0].contains("32"), "{:?}", r.stats.guard_failures);
-    assert!(r.entries[1].guards.iter().any(|g| g.contains("[4, 32]")), "{:?}", r.entries[1].guards);
+    assert!(r.entries[1].guard_lines().iter().any(|g| g.contains("[4, 32]")), "{:?}", r.entries[1].guard_lines());
 }
 
 #[test]
@@ -67,7 +67,7 @@ fn graph_breaks_are_reported_with_their_lines() {
     let r = f.report();
     assert_eq!(r.entries.len(), 1, "the latest trace, though not cached");
     let e = &r.entries[0];
-    assert!(!e.cached && e.guards.is_empty());
+    assert!(!e.cached() && e.guard_lines().is_empty());
     assert_eq!(e.breaks.len(), 1);
     assert!(e.breaks[0].loc.file.ends_with("report.rs") && e.breaks[0].loc.line == item_line, "{:?}", e.breaks[0]);
     assert_eq!(e.graphs.len(), 2, "the graph before the break and the one after");

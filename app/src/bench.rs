@@ -1,5 +1,17 @@
 //! A `kiln-bench` report (schema `kiln-bench/2`) as the rows the app charts.
 
+/// An x axis that names bar `i` by `labels[i]` at integer marks and says nothing between them.
+pub fn label_axis(labels: Vec<String>) -> impl Fn(egui_plot::GridMark, &std::ops::RangeInclusive<f64>) -> String {
+    move |mark, _range| {
+        let i = mark.value.round();
+        if (mark.value - i).abs() < 1e-6 && i >= 0.0 {
+            labels.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    }
+}
+
 /// One measured configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchRow {
@@ -64,14 +76,7 @@ impl BenchTable {
         let labels: Vec<String> = self.rows.iter().map(|r| r.label.clone()).collect();
         egui_plot::Plot::new("bench chart")
             .y_axis_label("device ms")
-            .x_axis_formatter(move |mark, _range| {
-                let i = mark.value.round();
-                if (mark.value - i).abs() < 1e-6 && i >= 0.0 {
-                    labels.get(i as usize).cloned().unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            })
+            .x_axis_formatter(label_axis(labels))
             .show(ui, |plot| plot.bar_chart(egui_plot::BarChart::new("device time", bars)));
     }
 }

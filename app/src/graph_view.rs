@@ -56,9 +56,17 @@ pub fn shown(g: &GraphReport, decomposed: bool) -> &Graph {
     }
 }
 
-/// Edges of `graph` (input → user) for the layout.
+/// Edges of `graph` (input → user) for the layout. A report read from a file may be malformed: an input
+/// that names no node, or the node itself, draws no edge (the layout would fail on it).
 pub fn edges(graph: &Graph) -> Vec<(u32, u32)> {
-    graph.nodes.iter().enumerate().flat_map(|(i, n)| n.inputs.iter().map(move |x| (x.0, i as u32))).collect()
+    let n = graph.nodes.len();
+    graph
+        .nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, node)| node.inputs.iter().map(move |x| (x.0, i as u32)))
+        .filter(|&(x, i)| (x as usize) < n && x != i)
+        .collect()
 }
 
 /// A node's one-line label: `%3 layer_norm`.

@@ -19,13 +19,13 @@ pub fn show(ui: &mut egui::Ui, r: &CompileReport) {
     }
     ui.separator();
     for (i, e) in r.entries.iter().enumerate() {
-        let title = if e.cached {
+        let title = if e.cached() {
             format!("entry {i}: {} graph(s)", e.graphs.len())
         } else {
             format!("latest trace (not cached: {} graph break(s))", e.breaks.len())
         };
         egui::CollapsingHeader::new(title).default_open(true).show(ui, |ui| {
-            for g in &e.guards {
+            for g in e.guard_lines() {
                 ui.monospace(g);
             }
             for b in &e.breaks {

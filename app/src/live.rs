@@ -47,8 +47,7 @@ fn run_inner(
     let rt = backend.runtime().map_err(|e| e.to_string())?;
     kiln::set_eager_backend(backend).map_err(|e| e.to_string())?;
     let specs = if quick { &w.quick } else { &w.check };
-    let mut inputs: Vec<Tensor> =
-        specs.iter().enumerate().map(|(i, s)| Tensor::from_data(workloads::data(s, i))).collect();
+    let mut inputs: Vec<Tensor> = workloads::inputs(specs).into_iter().map(Tensor::from_data).collect();
     if let Some(rt) = &rt {
         inputs = inputs.iter().map(|t| t.to(rt.clone())).collect::<kiln::Result<_>>().map_err(|e| e.to_string())?;
     }
@@ -91,17 +90,10 @@ pub fn show(ui: &mut egui::Ui, title: &str, times: &[LiveTime]) {
         ui.label(format!("{title} {}: {:.3} ms a call{speedup}", t.mode, t.ms));
     }
     let bars = times.iter().enumerate().map(|(i, t)| egui_plot::Bar::new(i as f64, t.ms).name(t.mode)).collect();
-    let names: Vec<&'static str> = times.iter().map(|t| t.mode).collect();
+    let names: Vec<String> = times.iter().map(|t| t.mode.to_string()).collect();
     egui_plot::Plot::new("live run")
         .height(220.0)
         .y_axis_label("ms a call")
-        .x_axis_formatter(move |m, _| {
-            let i = m.value.round();
-            if (m.value - i).abs() < 1e-6 && i >= 0.0 {
-                names.get(i as usize).map_or(String::new(), |s| s.to_string())
-            } else {
-                String::new()
-            }
-        })
+        .x_axis_formatter(crate::bench::label_axis(names))
         .show(ui, |p| p.bar_chart(egui_plot::BarChart::new("call + wait", bars)));
 }

@@ -12,8 +12,7 @@ pub fn workload_report(id: &str) -> Result<CompileReport, String> {
         .into_iter()
         .find(|w| w.id.eq_ignore_ascii_case(id))
         .ok_or_else(|| format!("no built-in workload `{id}` (W1, W2, W3, W4, W5, LG, W5-bf16)"))?;
-    let inputs: Vec<Tensor> =
-        w.check.iter().enumerate().map(|(i, s)| Tensor::from_data(workloads::data(s, i))).collect();
+    let inputs: Vec<Tensor> = workloads::inputs(&w.check).into_iter().map(Tensor::from_data).collect();
     let f = w.f;
     let compiled = kiln::compile(move |x: Vec<Tensor>| f(&x)).backend(kiln::Backend::Kernels);
     let _: Vec<Tensor> = compiled.call(inputs).map_err(|e| e.to_string())?;

@@ -86,15 +86,15 @@ pub fn show(ui: &mut egui::Ui, graphs: &[&GraphReport], selected: Option<&GraphR
     let bars: Vec<egui_plot::Bar> = spans
         .iter()
         .map(|s| {
-            egui_plot::Bar::new(s.buffer as f64, (s.through - s.from + 1) as f64).base_offset(s.from as f64).name(
-                format!(
+            egui_plot::Bar::new(s.buffer as f64, (s.through.saturating_sub(s.from) + 1) as f64)
+                .base_offset(s.from as f64)
+                .name(format!(
                     "buffer {}: kernels {}..={}, {}",
                     s.buffer,
                     s.from,
                     s.through,
                     s.bytes.map_or("symbolic size".into(), |b| format!("{b} B"))
-                ),
-            )
+                ))
         })
         .collect();
     egui_plot::Plot::new("buffer lifetimes").height(180.0).x_axis_label("kernel").y_axis_label("buffer").show(

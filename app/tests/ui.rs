@@ -207,3 +207,26 @@ fn collapsing_regions_draws_one_box_per_kernel() {
     let name = g.kernels[0].name.clone();
     assert_eq!(h.query_all_by_label(&name).count(), 2, "the kernel's box beside its entry in the list");
 }
+
+#[test]
+fn a_malformed_but_readable_report_is_drawn_without_crashing() {
+    let mut r = kiln_app::workload_report("W3").expect("W3 compiles");
+    let g = &mut r.entries[0].graphs[0];
+    let last = g.captured.nodes.len() - 1;
+    g.captured.nodes[last].inputs.push(kiln::graph::NodeId(999));
+    g.captured.nodes[last].inputs.push(kiln::graph::NodeId(last as u32));
+    if let Some(c) = g.compiled.as_mut() {
+        c.plan.live[0] = (3, 0);
+    }
+    let mut app = Explorer::default();
+    app.open_report_text(&r.to_json(), "edited.json");
+    assert!(app.error.is_none(), "{:?}", app.error);
+    let mut h = harness(app);
+    for (collapse, tab) in [(false, "Graph"), (true, "Graph"), (false, "Timelines"), (false, "Source")] {
+        h.state_mut().collapse = collapse;
+        h.get_by_label(tab).click();
+        h.run_steps(2);
+    }
+    let boxes = kiln_app::graph_boxes(h.state().selected_graph().unwrap(), false, false);
+    assert!(boxes.edges.iter().all(|&(a, b)| a != b && (a as usize) < boxes.labels.len()));
+}

@@ -164,6 +164,19 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// An expected output that is not there.
+    pub const MISSING: Outcome = Outcome { max_rel_err: f64::INFINITY, mismatches: 1, correct: false };
+
+    /// Every expected output against the one at its position in `got` (a missing one fails, and so does
+    /// expecting nothing).
+    pub fn of_each<T>(want: &[Expected], got: &[T], compare: impl Fn(&T, &Expected) -> Outcome) -> Outcome {
+        want.iter()
+            .enumerate()
+            .map(|(i, w)| got.get(i).map_or(Outcome::MISSING, |g| compare(g, w)))
+            .reduce(Outcome::and)
+            .unwrap_or(Outcome::MISSING)
+    }
+
     /// Two outcomes of one configuration (its device-time run and its public call) as one.
     pub fn and(self, o: Outcome) -> Outcome {
         Outcome {
@@ -214,19 +227,13 @@ pub fn peer_rows(results: &mut [crate::report::ResultRow], dir: &std::path::Path
         let base = crate::timing::base_id(&r.workload).to_string();
         let Some(w) = all.iter().find(|w| w.id == base) else { continue };
         if !reference.contains_key(&base) {
-            let inputs: Vec<TensorData> =
-                w.check.iter().enumerate().map(|(i, s)| kiln_graph::workloads::data(s, i)).collect();
+            let inputs: Vec<TensorData> = kiln_graph::workloads::inputs(&w.check);
             let want = Expected::reference(w.f, &inputs, "kiln's f64 reference (check size)")?;
             reference.insert(base.clone(), (want, Tolerance::of(&kiln_graph::capture(&w.check, w.f)?)?));
         }
         let (want, tol) = &reference[&base];
-        // Every output torch wrote is checked (a train step writes its whole state), and it must write
-        // as many as kiln's reference has.
-        let missing = Outcome { max_rel_err: f64::INFINITY, mismatches: 1, correct: false };
-        let o =
-            want.iter().enumerate().fold(Outcome { max_rel_err: 0.0, mismatches: 0, correct: true }, |acc, (i, w)| {
-                acc.and(got.get(i).map_or(missing, |g| compare_values(&g.dims, &g.values, w, *tol)))
-            });
+        // Every output kiln's reference has must be in torch's file (a train step writes its whole state).
+        let o = Outcome::of_each(want, &got, |g, w| compare_values(&g.dims, &g.values, w, *tol));
         r.max_rel_err = Some(o.max_rel_err);
         r.correct = Some(o.correct);
         r.checked =
@@ -284,6 +291,18 @@ mod tests {
         let mut got = big.values.clone();
         *got.last_mut().expect("non-empty") += 1.0;
         assert!(!compare_values(&[1000], &got, &big, Tolerance::rule(DType::BF16, 100.0)).correct);
+    }
+
+    #[test]
+    fn each_expected_output_must_be_there_and_right() {
+        let t = Tolerance::rule(DType::F32, 1.0);
+        let (a, b) = (want(&[1.0, 2.0]), want(&[3.0]));
+        let cmp = |g: &Vec<f64>, w: &Expected| compare_values(&[g.len()], g, w, t);
+        assert!(Outcome::of_each(&[a.clone(), b.clone()], &[vec![1.0, 2.0], vec![3.0]], cmp).correct);
+        assert!(!Outcome::of_each(&[a.clone(), b.clone()], &[vec![1.0, 2.0]], cmp).correct, "one missing");
+        assert!(!Outcome::of_each(&[a.clone(), b], &[vec![1.0, 2.0], vec![4.0]], cmp).correct, "one wrong");
+        assert!(!Outcome::of_each(&[], &[vec![1.0]], cmp).correct, "expecting nothing checks nothing");
+        let _ = a;
     }
 
     #[test]

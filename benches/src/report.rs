@@ -273,7 +273,7 @@ impl Report {
 /// The CPU reference on the check sizes: correctness only (it is the reference), time for scale.
 pub fn cpu_reference_row(w: &Workload) -> kiln::Result<ResultRow> {
     let inputs: Vec<kiln::Tensor> =
-        w.check.iter().enumerate().map(|(i, s)| kiln::Tensor::from_data(kiln_graph::workloads::data(s, i))).collect();
+        kiln_graph::workloads::inputs(&w.check).into_iter().map(kiln::Tensor::from_data).collect();
     let f = kiln::compile(|x: Vec<kiln::Tensor>| (w.f)(&x)).backend(kiln::Backend::Cpu);
     let t = std::time::Instant::now();
     f.call(inputs)?;

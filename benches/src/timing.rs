@@ -77,14 +77,7 @@ fn expected(w: &Workload, host: &[TensorData], cli: &Cli) -> kiln::Result<Vec<Ex
 
 /// One configuration's outputs against the expected ones (as many as are expected; a missing one fails).
 fn judge(outputs: &[TensorData], want: &[Expected], tol: Tolerance) -> Outcome {
-    let missing = Outcome { max_rel_err: f64::INFINITY, mismatches: 1, correct: false };
-    want.iter()
-        .enumerate()
-        .fold(None, |acc: Option<Outcome>, (i, w)| {
-            let o = outputs.get(i).map_or(missing, |got| check::compare(got, w, tol));
-            Some(acc.map_or(o, |a| a.and(o)))
-        })
-        .unwrap_or(missing)
+    Outcome::of_each(want, outputs, |got, w| check::compare(got, w, tol))
 }
 
 /// What a configuration measured, before it becomes a row.
@@ -107,7 +100,7 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
         eprintln!("kiln-bench: {} {}: {what} at {:.1} s", dev.name(), w.id, started.elapsed().as_secs_f64())
     };
     let specs = if cli.quick { &w.quick } else { &w.full };
-    let host: Vec<TensorData> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
+    let host: Vec<TensorData> = kiln_graph::workloads::inputs(specs);
     let g = capture(specs, w.f)?;
     let tol = Tolerance::of(&g)?;
     let want = expected(w, &host, cli)?;
@@ -293,7 +286,7 @@ pub fn measure_dynamic(dev: &Device, cli: &Cli, cold: bool) -> kiln::Result<Resu
             TensorSpec::new(DType::F32, &[cols]),
             TensorSpec::new(DType::F32, &[cols]),
         ];
-        let host: Vec<TensorData> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
+        let host: Vec<TensorData> = kiln_graph::workloads::inputs(&specs);
         let inputs: Vec<Tensor> =
             host.iter().map(|d| Tensor::from_data(d.clone()).to(dev.backend())).collect::<kiln::Result<_>>()?;
         let t = Instant::now();

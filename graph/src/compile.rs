@@ -238,7 +238,8 @@ struct CacheState {
     promoted: BTreeSet<(usize, usize)>,
     stats: CompileStats,
     warned: bool,
-    /// The latest trace that became no entry (a function with graph breaks traces every call).
+    /// A trace that became no entry (a function with graph breaks traces every call): the latest one
+    /// whose breaks differ from the one before.
     uncached: Option<Explanation>,
 }
 
@@ -409,17 +410,14 @@ impl<F> Compiled<F> {
             let st = lock(&self.state);
             (st.entries.clone(), st.uncached.clone(), CompileStats { entries: st.entries.len(), ..st.stats.clone() })
         };
-        let entry = |guards: Option<&Guards>, x: &Explanation, cached: bool| EntryReport {
-            guards: guards.map(|g| g.to_string().lines().map(str::to_string).collect()).unwrap_or_default(),
-            guard_set: guards.cloned(),
-            cached,
+        let entry = |guards: Option<&Guards>, x: &Explanation| EntryReport {
+            guards: guards.cloned(),
             static_args: x.static_args.clone(),
             graphs: x.graphs.iter().map(GraphReport::new).collect(),
             breaks: x.breaks.clone(),
         };
-        let mut entries: Vec<EntryReport> =
-            entries.iter().map(|e| entry(Some(&e.guards), &e.explanation, true)).collect();
-        entries.extend(uncached.iter().map(|x| entry(None, x, false)));
+        let mut entries: Vec<EntryReport> = entries.iter().map(|e| entry(Some(&e.guards), &e.explanation)).collect();
+        entries.extend(uncached.iter().map(|x| entry(None, x)));
         let backend = self.backend.as_ref().ok();
         CompileReport {
             version: crate::report::REPORT_VERSION,
@@ -630,14 +628,23 @@ impl<F> Compiled<F> {
         }
         let ids: Vec<u64> = visitor.tensors.iter().map(Tensor::id).collect();
         let mut kept = false;
-        if !(record.breaks.is_empty() && record.graphs.len() <= 1) {
-            let first = lock(&self.state).uncached.replace(explanation.clone()).is_none();
-            if first {
+        // One unbroken graph (or none) becomes an entry; a broken trace is kept for the report, replaced
+        // only when its breaks differ (such a function traces on every call: no copy per call).
+        let cacheable = record.breaks.is_empty() && record.graphs.len() <= 1;
+        if !cacheable {
+            let changed = {
+                let mut st = lock(&self.state);
+                let changed = st.uncached.as_ref().is_none_or(|u| u.breaks != explanation.breaks);
+                if changed {
+                    st.uncached = Some(explanation.clone());
+                }
+                changed
+            };
+            if changed {
                 self.write_report();
             }
         }
-        // One unbroken graph (or none): keep it as an entry.
-        if record.breaks.is_empty() && record.graphs.len() <= 1 {
+        if cacheable {
             let graph = record.graphs.into_iter().next();
             let outputs = located
                 .iter()

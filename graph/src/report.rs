@@ -33,7 +33,7 @@ pub struct CompileReport {
     pub function: SourceLoc,
     /// The backend it runs on.
     pub backend: String,
-    /// Each cached entry (one per guard set), oldest first, then the latest uncached trace if any.
+    /// Each cached entry (one per guard set), oldest first, then the trace of a function whose graph breaks keep it uncached, if any.
     pub entries: Vec<EntryReport>,
     /// When dims become symbolic (`auto`, `always`, `never`).
     pub dynamic: crate::guard::Dynamic,
@@ -47,13 +47,8 @@ pub struct CompileReport {
 /// graph breaks (traced on every call, each graph compiled once), its latest trace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EntryReport {
-    /// Its guards, printed one per line (argument dtypes and dims — symbolic ones named —, statics,
-    /// aliasing, shape checks); none for a trace that is not cached.
-    pub guards: Vec<String>,
-    /// A cached entry (`false`: the latest trace of a function whose graph breaks keep it from caching).
-    pub cached: bool,
-    /// The guards themselves (for checking shapes against them); `None` for an uncached trace.
-    pub guard_set: Option<crate::guard::Guards>,
+    /// Its guards; `None` for the trace of a function whose graph breaks keep it from caching.
+    pub guards: Option<crate::guard::Guards>,
     /// Static arguments, printed.
     pub static_args: Vec<String>,
     /// Its graphs, in the order they ran (more than one when the function has graph breaks).
@@ -132,6 +127,19 @@ impl std::fmt::Display for ShapeVerdict {
                 Ok(())
             }
         }
+    }
+}
+
+impl EntryReport {
+    /// Whether this is a cached entry (else the trace of a function with graph breaks).
+    pub fn cached(&self) -> bool {
+        self.guards.is_some()
+    }
+
+    /// Its guards, one per line (argument dtypes and dims — symbolic ones named —, statics, aliasing,
+    /// shape checks); none when not cached.
+    pub fn guard_lines(&self) -> Vec<String> {
+        self.guards.as_ref().map(|g| g.to_string().lines().map(str::to_string).collect()).unwrap_or_default()
     }
 }
 
@@ -263,7 +271,7 @@ impl CompileReport {
         let mut reasons: Vec<(usize, String)> = Vec::new();
         let mut first_dim = None;
         for (i, e) in self.entries.iter().enumerate() {
-            let Some(g) = &e.guard_set else { continue };
+            let Some(g) = &e.guards else { continue };
             match g.check_dims(dims) {
                 Ok(b) => {
                     let bound: Vec<String> = b.iter().map(|(s, v)| format!("{s} = {v}")).collect();

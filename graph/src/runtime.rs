@@ -439,10 +439,14 @@ impl Runtime {
     }
 
     fn release(&self, raw: Raw, class: u64) {
+        // Counted as cached before it is in the pool: a `trim` on another thread that drains it then
+        // subtracts what was already added (the other order let the count go below zero).
+        {
+            let mut m = lock(&self.mem);
+            m.in_use -= class;
+            m.cached += class;
+        }
         lock(&self.pool).entry(class).or_default().push(raw);
-        let mut m = lock(&self.mem);
-        m.in_use -= class;
-        m.cached += class;
     }
 
     /// [`Error::OutOfMemory`] when one buffer of `bytes` exceeds what the device allocates or binds.

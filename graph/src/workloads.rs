@@ -232,6 +232,12 @@ pub fn all() -> Vec<Workload> {
     ]
 }
 
+/// The seeded inputs for `specs`, each salted by its position (the bench, the explorer and the tests all
+/// run a workload on these).
+pub fn inputs(specs: &[TensorSpec]) -> Vec<crate::TensorData> {
+    specs.iter().enumerate().map(|(i, s)| data(s, i)).collect()
+}
+
 /// Deterministic, seeded pseudo-random input data for a spec: values uniform in [-2, 2) (a SplitMix64
 /// stream seeded by `salt`, so no row repeats another: a kernel that mixed up rows would not pass), weights
 /// scaled down so deep stacks stay finite.

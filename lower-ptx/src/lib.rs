@@ -11,4 +11,4 @@ pub mod runtime;
 
 pub use check::PtxasChecked;
 pub use render::{render, PtxKernel, RenderError};
-pub use runtime::Cuda;
+pub use runtime::{Cuda, NEWEST_SM};

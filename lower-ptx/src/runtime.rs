@@ -46,7 +46,8 @@ pub const NO_DRIVER_HINT: &str =
     "no CUDA driver found (libcuda.so.1 is installed with NVIDIA's driver); kiln needs no CUDA toolkit";
 
 /// Newest compute capability kiln's PTX names; newer GPUs JIT the sm_90 PTX forward.
-const NEWEST_SM: u32 = 90;
+/// The newest compute capability kiln's PTX targets (newer GPUs JIT it forward).
+pub const NEWEST_SM: u32 = 90;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -119,3 +119,31 @@ fn kiln_report_writes_a_file_per_compiled_function() {
     assert_eq!(r.kernel_count(), 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn profile_times_every_kernel_and_the_text_form_shows_the_shares() {
+    let f = compile(layernorm_gelu).backend(Backend::Kernels).dynamic(Dynamic::Never);
+    let x = host(8, 64);
+    let _: Tensor = f.call(&x).unwrap();
+    let g = &f.report().entries[0].graphs[0];
+    assert!(g.profiled_with.is_none() && g.kernels.iter().all(|k| k.device_ms.is_none()), "not profiled yet");
+    let y: Tensor = f.profile(&x).unwrap();
+    let want: Tensor = f.call(&x).unwrap();
+    assert_eq!(
+        y.to_vec().unwrap() as Vec<f32>,
+        want.to_vec().unwrap() as Vec<f32>,
+        "a profiled call returns the result"
+    );
+    let r = f.report();
+    assert_eq!(r.entries.len(), 1, "profiling compiles nothing new");
+    let g = &r.entries[0].graphs[0];
+    assert!(g.profiled_with.as_deref().is_some_and(|t| t.contains("wall time")), "{:?}", g.profiled_with);
+    assert!(g.kernels.iter().all(|k| k.device_ms.is_some_and(|ms| ms > 0.0)), "{:?}", g.kernels);
+    let total = g.device_ms().unwrap();
+    assert!((total - g.kernels.iter().filter_map(|k| k.device_ms).sum::<f64>()).abs() < 1e-12);
+    let text = g.to_string();
+    assert!(text.contains("profile (host wall time") && text.contains("100.0%"), "{text}");
+    // The times survive the JSON form the explorer reads.
+    let back = CompileReport::from_json(&r.to_json()).unwrap();
+    assert_eq!(back.entries[0].graphs[0].kernels[0].device_ms, g.kernels[0].device_ms);
+}

@@ -63,20 +63,58 @@ impl BenchTable {
     pub fn bars(&self) -> Vec<(String, f64)> {
         self.rows.iter().map(|r| (r.label.clone(), r.ms)).collect()
     }
+}
 
-    /// The chart: one bar per row, device time in ms.
-    pub fn show(&self, ui: &mut egui::Ui) {
-        ui.label(format!("{}: {} rows", self.source, self.rows.len()));
-        let bars: Vec<egui_plot::Bar> = self
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| egui_plot::Bar::new(i as f64, r.ms).name(&r.label).width(0.7))
-            .collect();
-        let labels: Vec<String> = self.rows.iter().map(|r| r.label.clone()).collect();
-        egui_plot::Plot::new("bench chart")
-            .y_axis_label("device ms")
-            .x_axis_formatter(label_axis(labels))
-            .show(ui, |plot| plot.bar_chart(egui_plot::BarChart::new("device time", bars)));
+/// One report's bars on a shared axis: its source and, per row, (label index, ms).
+pub type Series = (String, Vec<(usize, f64)>);
+
+/// Several bench reports on one axis: the union of their row labels (in order of first appearance) and,
+/// per report, its bars.
+pub fn side_by_side(tables: &[BenchTable]) -> (Vec<String>, Vec<Series>) {
+    let mut labels: Vec<String> = Vec::new();
+    let mut series = Vec::with_capacity(tables.len());
+    for t in tables {
+        let mut bars = Vec::with_capacity(t.rows.len());
+        for r in &t.rows {
+            let i = labels.iter().position(|l| *l == r.label).unwrap_or_else(|| {
+                labels.push(r.label.clone());
+                labels.len() - 1
+            });
+            bars.push((i, r.ms));
+        }
+        series.push((t.source.clone(), bars));
     }
+    (labels, series)
+}
+
+/// The chart of every open bench report: one bar per row, the reports' bars side by side under each
+/// label, device time in ms. Returns the plot's rectangle (for exporting it).
+pub fn show(ui: &mut egui::Ui, tables: &[BenchTable]) -> egui::Rect {
+    let (labels, series) = side_by_side(tables);
+    let n = series.len().max(1) as f64;
+    let width = 0.8 / n;
+    let charts: Vec<egui_plot::BarChart> = series
+        .iter()
+        .enumerate()
+        .map(|(j, (source, bars))| {
+            // Bars of report j sit at j's slot of each label's 0.8-wide group.
+            let offset = -0.4 + width * (j as f64 + 0.5);
+            let bars = bars
+                .iter()
+                .map(|&(i, ms)| egui_plot::Bar::new(i as f64 + offset, ms).name(&labels[i]).width(width * 0.9))
+                .collect();
+            egui_plot::BarChart::new(source.as_str(), bars)
+        })
+        .collect();
+    egui_plot::Plot::new("bench chart")
+        .y_axis_label("device ms")
+        .legend(egui_plot::Legend::default())
+        .x_axis_formatter(label_axis(labels))
+        .show(ui, |plot| {
+            for c in charts {
+                plot.bar_chart(c);
+            }
+        })
+        .response
+        .rect
 }

@@ -7,7 +7,13 @@ use crate::kernel_view::KernelAction;
 use crate::layout::{layered, Layout};
 use crate::{graph_view, guards_view, kernel_view, open, source_view};
 use kiln::CompileReport;
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::{channel, Receiver, Sender};
+
+/// A file's name and its text, or why it could not be read.
+type FileText = (String, Result<String, String>);
+
+/// Files remembered in the recent list.
+const RECENT: usize = 10;
 
 /// The central panel's tabs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,10 +38,16 @@ pub enum Tab {
 pub struct Explorer {
     /// The open report and where it came from.
     pub report: Option<(String, CompileReport)>,
-    /// The open bench report.
-    pub bench: Option<BenchTable>,
+    /// The open bench reports, charted side by side.
+    pub benches: Vec<BenchTable>,
     /// The last error, shown until something opens.
     pub error: Option<String>,
+    /// The last thing done that the user should see (a chart saved).
+    pub status: Option<String>,
+    /// Files opened lately, newest first (kept across runs by the desktop app).
+    pub recent: Vec<String>,
+    /// Where "Export PNG" writes the shown chart.
+    pub chart_path: String,
     /// The shown tab.
     pub tab: Tab,
     /// Selected (entry, graph) of the report.
@@ -66,6 +78,10 @@ pub struct Explorer {
     pub run_calls: usize,
     /// The latest live run: what it ran, and its times.
     pub run_result: Option<(String, Result<Vec<crate::live::LiveTime>, String>)>,
+    /// Files read off the UI thread (dropped in a browser): their names and texts.
+    dropped: (Sender<FileText>, Receiver<FileText>),
+    /// The shown chart's tab and rectangle, for its export.
+    chart_rect: Option<(Tab, egui::Rect)>,
     /// The live run under way: its progress and its channel.
     running: Option<(String, f32, Receiver<crate::live::LiveMsg>)>,
     backends: Option<Vec<kiln::Backend>>,
@@ -80,8 +96,13 @@ impl Default for Explorer {
     fn default() -> Self {
         Explorer {
             report: None,
-            bench: None,
+            benches: Vec::new(),
             error: None,
+            status: None,
+            recent: Vec::new(),
+            chart_path: "kiln-chart.png".into(),
+            dropped: channel(),
+            chart_rect: None,
             tab: Tab::Graph,
             graph: (0, 0),
             decomposed: false,
@@ -112,16 +133,22 @@ impl Explorer {
     pub fn open_workload(&mut self, id: &str) {
         let (tx, rx) = channel();
         let name = id.to_string();
-        let work = move || {
+        spawn(move || {
             let _ = tx.send(open::workload_report(&name));
-        };
-        #[cfg(not(target_arch = "wasm32"))]
-        std::thread::spawn(work);
-        // No threads in a browser page without cross-origin isolation: the web build compiles in place.
-        #[cfg(target_arch = "wasm32")]
-        work();
+        });
         self.pending = Some((format!("workload {id}"), rx));
         self.workload = Some(id.to_string());
+    }
+
+    /// Pans and zooms the graph view along a fixed path, `t` seconds in, as a person's drags and scrolls
+    /// would (the frame-rate measurement drives the view with it): from the whole graph down to a sixth
+    /// of it, sweeping across.
+    pub fn animate(&mut self, t: f32) {
+        let Some((_, layout)) = &self.layout else { return };
+        let b = layout.bounds;
+        let shown = 1.0 / 6.0 + (5.0 / 6.0) * (0.5 + 0.5 * (t * 0.9).cos());
+        let centre = b.center() + egui::vec2((t * 0.5).sin() * b.width(), (t * 0.37).sin() * b.height()) * 0.4;
+        self.scene_rect = egui::Rect::from_center_size(centre, b.size() * shown);
     }
 
     /// Waits for the worker's report, if one is compiling (tests and `--screenshot` use this).
@@ -175,11 +202,7 @@ impl Explorer {
         let backend = self.run_backend;
         let title = format!("{id} on {backend:?}{}", if quick { " (quick size)" } else { "" });
         let calls = self.run_calls;
-        let work = move || crate::live::run(&id, backend, quick, calls, &tx);
-        #[cfg(not(target_arch = "wasm32"))]
-        std::thread::spawn(work);
-        #[cfg(target_arch = "wasm32")]
-        work();
+        spawn(move || crate::live::run(&id, backend, quick, calls, &tx));
         self.running = Some((title, 0.0, rx));
     }
 
@@ -188,8 +211,9 @@ impl Explorer {
         while let Some((title, _, rx)) = &self.running {
             match rx.recv() {
                 Ok(crate::live::LiveMsg::Done(r)) => {
-                    self.run_result = Some((title.clone(), r));
+                    let title = title.clone();
                     self.running = None;
+                    self.run_done(title, *r);
                 }
                 Ok(_) => {}
                 Err(_) => {
@@ -209,13 +233,30 @@ impl Explorer {
                     *title = title.split(" — ").next().unwrap_or_default().to_string() + " — " + &what;
                     *progress = p;
                 }
-                crate::live::LiveMsg::Done(r) => done = Some(r),
+                crate::live::LiveMsg::Done(r) => done = Some(*r),
             }
         }
         if let Some(r) = done {
             let name = title.split(" — ").next().unwrap_or_default().to_string();
-            self.run_result = Some((name, r));
             self.running = None;
+            self.run_done(name, r);
+        }
+    }
+
+    /// A live run ended: its times are shown, and its profiled report (each kernel's device time on the
+    /// run's backend) replaces the open one.
+    fn run_done(&mut self, title: String, r: Result<crate::live::LiveRun, String>) {
+        match r {
+            Ok(run) => {
+                if let Some(report) = run.report {
+                    let (graph, kernel, tab) = (self.graph, self.kernel, self.tab);
+                    let workload = self.workload.clone();
+                    self.set_report(format!("{title} (profiled)"), report);
+                    (self.graph, self.kernel, self.tab, self.workload) = (graph, kernel, tab, workload);
+                }
+                self.run_result = Some((title, Ok(run.times)));
+            }
+            Err(e) => self.run_result = Some((title, Err(e))),
         }
     }
 
@@ -246,8 +287,14 @@ impl Explorer {
         if let Some((title, p, _)) = &self.running {
             ui.add(egui::ProgressBar::new(*p).text(title.as_str()));
         }
+        if matches!(self.run_result, Some((_, Ok(_)))) {
+            self.export_row(ui);
+        }
         match &self.run_result {
-            Some((title, Ok(times))) => crate::live::show(ui, title, times),
+            Some((title, Ok(times))) => {
+                let rect = crate::live::show(ui, title, times);
+                self.chart_rect = Some((Tab::Run, rect));
+            }
             Some((title, Err(e))) => {
                 ui.colored_label(egui::Color32::from_rgb(230, 80, 80), format!("run failed: {title}: {e}"));
             }
@@ -271,11 +318,13 @@ impl Explorer {
         }
     }
 
-    /// Opens a bench report from its JSON text and shows its chart; a bad one becomes the shown error.
+    /// Opens a bench report from its JSON text and charts it beside the ones already open (one from the
+    /// same source replaces its older self); a bad one becomes the shown error.
     pub fn open_bench_text(&mut self, text: &str, source: &str) {
         match BenchTable::parse(text, source) {
             Ok(b) => {
-                self.bench = Some(b);
+                self.benches.retain(|t| t.source != b.source);
+                self.benches.push(b);
                 self.error = None;
                 self.tab = Tab::Bench;
             }
@@ -283,12 +332,31 @@ impl Explorer {
         }
     }
 
-    /// Opens a file: a bench report if it says so, else a compile report.
+    /// Opens a file: a bench report if it says so, else a compile report. It joins the recent list.
     pub fn open_path(&mut self, path: &str) {
         match std::fs::read_to_string(path) {
-            Ok(text) => self.open_text(&text, path),
+            Ok(text) => {
+                self.open_text(&text, path);
+                if self.error.is_none() {
+                    self.recent.retain(|p| p != path);
+                    self.recent.insert(0, path.to_string());
+                    self.recent.truncate(RECENT);
+                }
+            }
             Err(e) => self.error = Some(format!("{path}: {e}")),
         }
+    }
+
+    /// The recent list from a saved app state (the desktop app keeps it between runs).
+    pub fn restore(&mut self, storage: &dyn eframe::Storage) {
+        if let Some(text) = storage.get_string("kiln-recent") {
+            self.recent = serde_json::from_str(&text).unwrap_or_default();
+        }
+    }
+
+    /// Saves what [`Explorer::restore`] reads.
+    pub fn save(&self, storage: &mut dyn eframe::Storage) {
+        storage.set_string("kiln-recent", serde_json::to_string(&self.recent).unwrap_or_default());
     }
 
     /// Opens a file's text: a bench report if it says so, else a compile report.
@@ -328,10 +396,28 @@ impl Explorer {
                 Ok(bytes) => self.open_text(&String::from_utf8_lossy(&bytes), &name),
                 Err(e) => self.error = Some(format!("{name}: {e}")),
             }
-            // Browsers read files asynchronously; the web build (web/) reads them with bytes_async.
+            // A browser reads a file only asynchronously: a task reads it and the next frames open it.
             #[cfg(target_arch = "wasm32")]
             {
-                self.error = Some(format!("{name}: opening dropped files is not wired in this build yet"));
+                let tx = self.dropped.0.clone();
+                wasm_bindgen_futures::spawn_local(async move {
+                    let text = file.bytes_async().await.map(|b| String::from_utf8_lossy(&b).into_owned());
+                    let _ = tx.send((name, text));
+                });
+            }
+        }
+        while let Ok((name, text)) = self.dropped.1.try_recv() {
+            match text {
+                Ok(text) => self.open_text(&text, &name),
+                Err(e) => self.error = Some(format!("{name}: {e}")),
+            }
+        }
+        // A chart export asked for last frame arrives as this frame's screenshot (a page writes no files).
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(saved) = crate::export::take(ui.ctx()) {
+            match saved {
+                Ok(what) => self.status = Some(what),
+                Err(e) => self.error = Some(e),
             }
         }
         egui::Panel::top("open").show(ui, |ui| self.top_bar(ui));
@@ -362,6 +448,19 @@ impl Explorer {
                 let p = self.path.clone();
                 self.open_path(&p);
             }
+            let mut pick = None;
+            ui.add_enabled_ui(!self.recent.is_empty(), |ui| {
+                ui.menu_button("Recent", |ui| {
+                    for p in &self.recent {
+                        if ui.button(p.as_str()).clicked() {
+                            pick = Some(p.clone());
+                        }
+                    }
+                });
+            });
+            if let Some(p) = pick {
+                self.open_path(&p);
+            }
             if let Some((name, _)) = &self.pending {
                 ui.spinner();
                 ui.label(format!("compiling {name}…"));
@@ -369,6 +468,8 @@ impl Explorer {
         });
         if let Some(e) = &self.error {
             ui.colored_label(egui::Color32::from_rgb(230, 80, 80), format!("error: {e}"));
+        } else if let Some(s) = &self.status {
+            ui.label(s.as_str());
         }
     }
 
@@ -396,8 +497,16 @@ impl Explorer {
                     ui.label(format!("  ✂ break at {}: {}", b.loc, b.reason));
                 }
                 if selected {
+                    if let (Some(total), Some(timing)) = (graph.device_ms(), &graph.profiled_with) {
+                        ui.label(format!("  {total:.3} ms a run ({timing})"));
+                    }
+                    let total = graph.device_ms().filter(|t| *t > 0.0);
                     for (k, kr) in graph.kernels.iter().enumerate() {
-                        if ui.selectable_label(self.kernel == Some(k), &kr.name).clicked() {
+                        let text = match (kr.device_ms, total) {
+                            (Some(ms), Some(t)) => format!("{} — {ms:.3} ms, {:.0}%", kr.name, 100.0 * ms / t),
+                            _ => kr.name.clone(),
+                        };
+                        if ui.selectable_label(self.kernel == Some(k), text).clicked() {
                             pick_kernel = Some(k);
                         }
                     }
@@ -469,13 +578,47 @@ impl Explorer {
                     ui.label("No report open.");
                 }
             },
-            Tab::Bench => match &self.bench {
-                Some(b) => b.show(ui),
-                None => {
-                    ui.label("Open a kiln-bench JSON (benches/results/*.json) to chart it.");
-                }
-            },
+            Tab::Bench => self.bench_tab(ui),
         }
+    }
+
+    fn bench_tab(&mut self, ui: &mut egui::Ui) {
+        if self.benches.is_empty() {
+            ui.label("Open one or more kiln-bench JSONs (benches/results/*.json) to chart them side by side.");
+            return;
+        }
+        let mut close = None;
+        ui.horizontal_wrapped(|ui| {
+            for (i, b) in self.benches.iter().enumerate() {
+                ui.label(format!("{}: {} rows", b.source, b.rows.len()));
+                if ui.small_button("✖").on_hover_text("close this report").clicked() {
+                    close = Some(i);
+                }
+                ui.separator();
+            }
+        });
+        if let Some(i) = close {
+            self.benches.remove(i);
+        }
+        self.export_row(ui);
+        self.chart_rect = Some((Tab::Bench, crate::bench::show(ui, &self.benches)));
+    }
+
+    /// A path and a button that saves the shown chart as PNG (the desktop app; a page cannot write files).
+    fn export_row(&mut self, ui: &mut egui::Ui) {
+        #[cfg(not(target_arch = "wasm32"))]
+        ui.horizontal(|ui| {
+            ui.add(egui::TextEdit::singleline(&mut self.chart_path).desired_width(220.0));
+            let rect = self.chart_rect.filter(|(tab, _)| *tab == self.tab).map(|(_, r)| r);
+            if ui.add_enabled(rect.is_some(), egui::Button::new("Export PNG")).clicked() {
+                if let Some(rect) = rect {
+                    let shot = crate::export::ChartShot { path: self.chart_path.clone().into(), rect };
+                    crate::export::request(ui.ctx(), shot);
+                }
+            }
+        });
+        #[cfg(target_arch = "wasm32")]
+        let _ = ui;
     }
 
     fn source_tab(&mut self, ui: &mut egui::Ui) {
@@ -577,4 +720,13 @@ impl Explorer {
             }
         }
     }
+}
+
+/// Runs `work` off the UI thread: on a worker thread natively; in a browser page (no threads without
+/// cross-origin isolation) as a task that runs after this frame is drawn, so the page shows progress first.
+fn spawn(work: impl FnOnce() + Send + 'static) {
+    #[cfg(not(target_arch = "wasm32"))]
+    std::thread::spawn(work);
+    #[cfg(target_arch = "wasm32")]
+    wasm_bindgen_futures::spawn_local(async move { work() });
 }

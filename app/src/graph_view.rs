@@ -147,6 +147,9 @@ pub fn boxes(g: &GraphReport, decomposed: bool, collapse: bool) -> Boxes {
 }
 
 /// Draws `boxes` with `layout`; returns the box clicked this frame. `highlight` boxes are outlined.
+///
+/// Only what is on screen is drawn, and boxes too small on screen to read (zoomed far out) are drawn as
+/// plain coloured rectangles without text: a graph of thousands of nodes stays smooth to pan and zoom.
 pub fn show(
     ui: &mut egui::Ui,
     boxes: &Boxes,
@@ -158,23 +161,46 @@ pub fn show(
     let mut clicked = None;
     egui::Scene::new().zoom_range(0.05..=4.0).show(ui, scene_rect, |ui| {
         let painter = ui.painter().clone();
+        // The visible part of the scene, in its own coordinates, and how many screen points a scene point is.
+        let visible = ui.clip_rect();
+        let scale = ui.ctx().layer_transform_to_global(ui.layer_id()).map_or(1.0, |t| t.scaling);
+        let readable = NODE_TEXT_POINTS <= crate::layout::NODE.y * scale;
+        let edge = Stroke::new(1.0 / scale.max(0.05), Color32::from_gray(140));
         for &(x, i) in &boxes.edges {
             let (Some(a), Some(b)) = (layout.boxes.get(x as usize), layout.boxes.get(i as usize)) else { continue };
-            painter.line_segment([a.center_bottom(), b.center_top()], Stroke::new(1.0, Color32::from_gray(140)));
+            let (p, q) = (a.center_bottom(), b.center_top());
+            if visible.intersects(egui::Rect::from_two_pos(p, q)) {
+                painter.line_segment([p, q], edge);
+            }
         }
+        let lit: std::collections::HashSet<usize> = highlight.iter().copied().collect();
         for (i, rect) in layout.boxes.iter().enumerate() {
+            if !visible.intersects(*rect) {
+                continue;
+            }
             let fill = region_colour(boxes.regions.get(i).copied().flatten());
             let outline = if Some(i) == selected {
                 Stroke::new(3.0, Color32::WHITE)
-            } else if highlight.contains(&i) {
+            } else if lit.contains(&i) {
                 Stroke::new(3.0, Color32::YELLOW)
             } else {
                 Stroke::NONE
             };
-            let button = egui::Button::new(egui::RichText::new(&boxes.labels[i]).color(Color32::BLACK))
-                .fill(fill)
-                .stroke(outline);
-            let r = ui.put(*rect, button).on_hover_text(&boxes.hovers[i]);
+            let r = if readable {
+                let button = egui::Button::new(egui::RichText::new(&boxes.labels[i]).color(Color32::BLACK))
+                    .fill(fill)
+                    .stroke(outline);
+                ui.put(*rect, button)
+            } else {
+                painter.rect(*rect, 2.0, fill, outline, egui::StrokeKind::Inside);
+                ui.interact(*rect, ui.id().with(("node", i)), egui::Sense::click())
+            };
+            let r = r.on_hover_ui(|ui| {
+                if !readable {
+                    ui.strong(&boxes.labels[i]);
+                }
+                ui.label(&boxes.hovers[i]);
+            });
             if r.clicked() {
                 clicked = Some(i);
             }
@@ -182,3 +208,6 @@ pub fn show(
     });
     clicked
 }
+
+/// Below this many screen points of box height, node labels are not drawn (they could not be read).
+const NODE_TEXT_POINTS: f32 = 9.0;

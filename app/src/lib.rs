@@ -8,6 +8,8 @@
 
 mod bench;
 mod explorer;
+#[cfg(not(target_arch = "wasm32"))]
+mod export;
 mod graph_view;
 mod guards_view;
 mod highlight;
@@ -19,10 +21,12 @@ mod screenshot;
 mod source_view;
 mod timelines;
 
-pub use bench::{BenchRow, BenchTable};
+pub use bench::{side_by_side, BenchRow, BenchTable, Series};
 pub use explorer::{Explorer, Tab};
+#[cfg(not(target_arch = "wasm32"))]
+pub use export::{crop as crop_chart, ChartShot};
 pub use graph_view::{boxes as graph_boxes, Boxes};
-pub use live::{LiveMsg, LiveTime};
-pub use open::workload_report;
+pub use live::{LiveMsg, LiveRun, LiveTime};
+pub use open::{synthetic_report, workload_report};
 pub use screenshot::check_screenshot;
 pub use timelines::{memory_profile, BufferSpan};

@@ -16,29 +16,33 @@ pub struct LiveTime {
     pub ms: f64,
 }
 
+/// A finished live run.
+#[derive(Clone, Debug)]
+pub struct LiveRun {
+    /// Every mode's time.
+    pub times: Vec<LiveTime>,
+    /// The compiled function's report after a profiled call: each kernel's device time on the run's
+    /// backend (`None` where the backend runs graphs without kernels).
+    pub report: Option<kiln::CompileReport>,
+}
+
 /// What the worker reports.
 #[derive(Clone, Debug)]
 pub enum LiveMsg {
     /// What it is doing, and how far along it is (0 to 1).
     Progress(String, f32),
-    /// The times of every mode, or why the run failed.
-    Done(Result<Vec<LiveTime>, String>),
+    /// The times of every mode and the profiled report, or why the run failed.
+    Done(Box<Result<LiveRun, String>>),
 }
 
 /// Runs workload `id` at its check size (`quick`: its `--quick` size) on `backend`, each mode in turn:
-/// three warm-up calls, then `calls` timed ones.
+/// three warm-up calls, then `calls` timed ones; then one profiled call of the compiled function.
 pub fn run(id: &str, backend: Backend, quick: bool, calls: usize, tx: &Sender<LiveMsg>) {
     let result = run_inner(id, backend, quick, calls.max(1), tx);
-    let _ = tx.send(LiveMsg::Done(result));
+    let _ = tx.send(LiveMsg::Done(Box::new(result)));
 }
 
-fn run_inner(
-    id: &str,
-    backend: Backend,
-    quick: bool,
-    calls: usize,
-    tx: &Sender<LiveMsg>,
-) -> Result<Vec<LiveTime>, String> {
+fn run_inner(id: &str, backend: Backend, quick: bool, calls: usize, tx: &Sender<LiveMsg>) -> Result<LiveRun, String> {
     let w = workloads::all().into_iter().find(|w| w.id == id).ok_or(format!("no built-in workload `{id}`"))?;
     let say = |what: String, done: f32| {
         let _ = tx.send(LiveMsg::Progress(what, done));
@@ -55,6 +59,7 @@ fn run_inner(
     let modes: [(&'static str, Option<Mode>); 3] =
         [("eager", None), ("compiled", Some(Mode::Default)), ("reduce-overhead", Some(Mode::ReduceOverhead))];
     let mut times = Vec::new();
+    let mut report = None;
     for (m, (name, mode)) in modes.into_iter().enumerate() {
         let f = mode.map(|mode| kiln::compile(move |x: Vec<Tensor>| (w.f)(&x)).backend(backend).mode(mode));
         let call = || -> Result<(), String> {
@@ -78,12 +83,18 @@ fn run_inner(
         }
         samples.sort_by(f64::total_cmp);
         times.push(LiveTime { mode: name, ms: samples[samples.len() / 2] });
+        if let (Some(f), Some(Mode::Default)) = (&f, mode) {
+            say(format!("{id} {name}: timing each kernel"), (m as f32 + 1.0) / 3.0);
+            f.profile(inputs.clone()).map(drop).map_err(|e| e.to_string())?;
+            report = Some(f.report())
+                .filter(|r| r.entries.iter().flat_map(|e| &e.graphs).any(|g| g.profiled_with.is_some()));
+        }
     }
-    Ok(times)
+    Ok(LiveRun { times, report })
 }
 
-/// The chart of a run: one bar per mode, with its speed-up over eager.
-pub fn show(ui: &mut egui::Ui, title: &str, times: &[LiveTime]) {
+/// The chart of a run: one bar per mode, with its speed-up over eager. Returns the plot's rectangle.
+pub fn show(ui: &mut egui::Ui, title: &str, times: &[LiveTime]) -> egui::Rect {
     let eager = times.iter().find(|t| t.mode == "eager").map(|t| t.ms);
     for t in times {
         let speedup = eager.map_or(String::new(), |e| format!(" ({:.2}× eager)", e / t.ms));
@@ -95,5 +106,7 @@ pub fn show(ui: &mut egui::Ui, title: &str, times: &[LiveTime]) {
         .height(220.0)
         .y_axis_label("ms a call")
         .x_axis_formatter(crate::bench::label_axis(names))
-        .show(ui, |p| p.bar_chart(egui_plot::BarChart::new("call + wait", bars)));
+        .show(ui, |p| p.bar_chart(egui_plot::BarChart::new("call + wait", bars)))
+        .response
+        .rect
 }

@@ -109,8 +109,90 @@ fn a_bench_json_charts_one_bar_per_row() {
     let mut h = harness(app);
     h.run_steps(2);
     assert_eq!(h.state().tab, Tab::Bench);
-    assert_eq!(h.state().bench.as_ref().unwrap().bars().len(), rows);
+    assert_eq!(h.state().benches[0].bars().len(), rows);
     h.get_by_label(&format!("h200: {rows} rows"));
+}
+
+fn bench_json(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/../benches/results/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+#[test]
+fn two_bench_jsons_chart_side_by_side_and_the_chart_exports_as_png() {
+    let mut app = Explorer::default();
+    app.open_bench_text(&bench_json("2026-11-23-h200-compare.json"), "h200");
+    app.open_bench_text(&bench_json("runs/h200-A/A.json"), "part A");
+    let (labels, series) = kiln_app::side_by_side(&app.benches);
+    assert_eq!(series.iter().map(|(s, _)| s.as_str()).collect::<Vec<_>>(), ["h200", "part A"]);
+    // Every row is one bar on the shared axis; rows both reports have share a label.
+    for (t, (_, bars)) in app.benches.iter().zip(&series) {
+        assert_eq!(bars.len(), t.rows.len());
+        assert!(bars.iter().zip(&t.rows).all(|(&(i, ms), r)| labels[i] == r.label && ms == r.ms));
+    }
+    let shared = app.benches[0].rows.iter().filter(|r| app.benches[1].rows.iter().any(|q| q.label == r.label)).count();
+    assert!(shared > 0, "the two runs share workloads");
+    assert_eq!(labels.len(), app.benches[0].rows.len() + app.benches[1].rows.len() - shared);
+    let png = std::env::temp_dir().join(format!("kiln-chart-test-{}.png", std::process::id()));
+    let _ = std::fs::remove_file(&png);
+    app.chart_path = png.display().to_string();
+    // A renderer (wgpu: lavapipe in CI) so the window's screenshot is real.
+    let mut h =
+        Harness::builder().with_size([1400.0, 900.0]).wgpu().build_ui_state(|ui, app: &mut Explorer| app.show(ui), app);
+    h.run_steps(3);
+    h.get_by_label("part A: 23 rows");
+    h.get_by_label("Export PNG").click();
+    h.run_steps(4);
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    let status = h.state().status.clone().expect("the export says what it saved");
+    assert!(status.starts_with("saved "), "{status}");
+    let img = image::open(&png).expect("a PNG").to_rgba8();
+    assert!(img.width() > 400 && img.height() > 200, "{}×{}", img.width(), img.height());
+    let colours: std::collections::BTreeSet<[u8; 4]> = img.pixels().map(|p| p.0).collect();
+    assert!(colours.len() > 20, "a drawn chart, not a blank image: {} colours", colours.len());
+    let _ = std::fs::remove_file(&png);
+}
+
+/// An in-memory stand-in for the desktop app's saved state.
+#[derive(Default)]
+struct Memory(std::collections::HashMap<String, String>);
+
+impl eframe::Storage for Memory {
+    fn get_string(&self, key: &str) -> Option<String> {
+        self.0.get(key).cloned()
+    }
+    fn set_string(&mut self, key: &str, value: String) {
+        self.0.insert(key.into(), value);
+    }
+    fn remove_string(&mut self, key: &str) {
+        self.0.remove(key);
+    }
+    fn flush(&mut self) {}
+}
+
+#[test]
+fn opened_files_are_remembered_across_runs() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/results/");
+    let (a, b) = (format!("{dir}runs/h200-A/A.json"), format!("{dir}2026-11-23-h200-compare.json"));
+    let mut app = Explorer::default();
+    app.open_path(&a);
+    app.open_path(&b);
+    app.open_path(&a);
+    app.open_path("/no/such/kiln/report.json");
+    assert_eq!(app.recent, [a.clone(), b.clone()], "newest first, once each, failures left out");
+    let mut saved = Memory::default();
+    app.save(&mut saved);
+    let mut next = Explorer::default();
+    next.restore(&saved);
+    assert_eq!(next.recent, [a.clone(), b]);
+    // The top bar's menu opens one.
+    let mut h = harness(next);
+    h.run_steps(2);
+    h.get_by_label("Recent").click();
+    h.run_steps(2);
+    h.get_by_label(&a).click();
+    h.run_steps(2);
+    assert_eq!(h.state().benches.len(), 1);
+    assert_eq!(h.state().benches[0].source, a);
 }
 
 #[test]
@@ -191,6 +273,14 @@ fn a_live_run_times_eager_compiled_and_reduce_overhead_on_the_kernel_backend() {
     assert!(times.iter().all(|t| t.ms > 0.0 && t.ms.is_finite()));
     assert!(h.query_by_label_contains("compiled:").is_some());
     assert_eq!(h.query_all_by_label_contains("× eager").count(), 3);
+    // The run profiled the compiled function: every kernel has its time, and the list shows the shares.
+    let g = h.state().selected_graph().expect("the profiled report").clone();
+    assert!(g.profiled_with.is_some(), "profiled");
+    assert!(g.kernels.len() > 10 && g.kernels.iter().all(|k| k.device_ms.is_some()));
+    assert!(h.query_by_label_contains("ms a run (host wall time").is_some());
+    let first = format!("{} — ", g.kernels[0].name);
+    assert!(h.query_by_label_contains(&first).is_some(), "{first}");
+    assert_eq!(h.state().workload.as_deref(), Some("W4"), "the profiled report is still the workload's");
 }
 
 #[test]

@@ -69,7 +69,7 @@ impl Device {
     }
 
     /// Milliseconds each kernel of one run took, in launch order, where the device times itself.
-    pub fn profile(&self, run: &Prepared) -> Result<Option<Vec<(String, f64)>>> {
+    pub fn profile(&self, run: &Prepared) -> Result<Option<Vec<kiln_graph::runtime::LaunchTime>>> {
         self.rt.profile(run)
     }
 }

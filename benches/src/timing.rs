@@ -198,7 +198,7 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
             if m.mode == "compiled" {
                 row.profile = profile
                     .clone()
-                    .map(|p| p.into_iter().map(|(kernel, ms)| crate::report::KernelTime { kernel, ms }).collect());
+                    .map(|p| p.into_iter().map(|l| crate::report::KernelTime { kernel: l.name, ms: l.ms }).collect());
             }
             row
         })

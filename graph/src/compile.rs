@@ -229,6 +229,8 @@ struct Entry {
     outputs: Vec<OutputSource>,
     tree: OutTree,
     explanation: Explanation,
+    /// The latest [`Compiled::profile`] of its graph: how it was timed and each launch's time.
+    profile: Mutex<Option<(&'static str, Vec<crate::runtime::LaunchTime>)>>,
 }
 
 #[derive(Default)]
@@ -416,7 +418,17 @@ impl<F> Compiled<F> {
             graphs: x.graphs.iter().map(GraphReport::new).collect(),
             breaks: x.breaks.clone(),
         };
-        let mut entries: Vec<EntryReport> = entries.iter().map(|e| entry(Some(&e.guards), &e.explanation)).collect();
+        let mut entries: Vec<EntryReport> = entries
+            .iter()
+            .map(|e| {
+                let mut r = entry(Some(&e.guards), &e.explanation);
+                // A cached entry runs one graph: the profile is of it.
+                if let (Some((timing, launches)), Some(g)) = (lock(&e.profile).as_ref(), r.graphs.first_mut()) {
+                    g.set_profile(timing, launches);
+                }
+                r
+            })
+            .collect();
         entries.extend(uncached.iter().map(|x| entry(None, x)));
         let backend = self.backend.as_ref().ok();
         CompileReport {
@@ -441,7 +453,37 @@ impl<F> Compiled<F> {
     where
         F: Fn(A) -> Result<R>,
     {
-        Ok(self.call_with(args, false)?.0)
+        Ok(self.call_with(args, false, false)?.0)
+    }
+
+    /// Runs `f` on `args` like `call`, and times each kernel of the entry that serves them alone on the
+    /// device first: [`Compiled::report`] then carries every kernel's device time (`device_ms`) and how
+    /// it was measured. The first call with new shapes compiles (untimed), so `args` is used twice. A
+    /// function whose graph breaks keep it from caching, or a backend that cannot time itself, leaves
+    /// the report without times.
+    pub fn profile<A: Args + Clone, R: Outputs>(&self, args: A) -> Result<R>
+    where
+        F: Fn(A) -> Result<R>,
+    {
+        let _: R = self.call(args.clone())?;
+        Ok(self.call_with(args, false, true)?.0)
+    }
+
+    /// Times each launch of `e`'s compiled graph alone on these inputs, and keeps the times in `e`.
+    fn profile_entry(
+        &self,
+        e: &Entry,
+        args: &[Tensor],
+        mut values: Vec<Option<Arc<Value>>>,
+        backend: &dyn Backend,
+    ) -> Result<()> {
+        let (Some((_, Some(c))), Some(rt)) = (&e.graph, backend.runtime()) else { return Ok(()) };
+        let inputs = entry_inputs(e, args, &mut values)?;
+        let devs = inputs.iter().map(|v| v.on(&rt)).collect::<Result<Vec<_>>>()?;
+        if let Some(times) = rt.profile_graph(c, &devs)? {
+            *lock(&e.profile) = Some((rt.timing(), times));
+        }
+        Ok(())
     }
 
     /// Runs `f` and returns its result with the [`Explanation`] of what was captured.
@@ -449,14 +491,15 @@ impl<F> Compiled<F> {
     where
         F: Fn(A) -> Result<R>,
     {
-        let (r, ex) = self.call_with(args, true)?;
+        let (r, ex) = self.call_with(args, true, false)?;
         let mut ex = ex.unwrap_or_else(|| Explanation::inlined("", Vec::new()));
         ex.memory = self.backend.as_ref().ok().and_then(|b| b.runtime()).map(|rt| rt.memory_stats());
         Ok((r, ex))
     }
 
-    /// A call; the explanation of a cached entry (a copy of its graphs) is made only when `explain`.
-    fn call_with<A: Args, R: Outputs>(&self, args: A, explain: bool) -> Result<(R, Option<Explanation>)>
+    /// A call; the explanation of a cached entry (a copy of its graphs) is made only when `explain`; a
+    /// cached entry's kernels are timed first when `profile`.
+    fn call_with<A: Args, R: Outputs>(&self, args: A, explain: bool, profile: bool) -> Result<(R, Option<Explanation>)>
     where
         F: Fn(A) -> Result<R>,
     {
@@ -493,6 +536,9 @@ impl<F> Compiled<F> {
                 }
                 Ok(_) => {
                     lock(&self.state).stats.cache_hits += 1;
+                    if profile {
+                        self.profile_entry(e, &visitor.tensors, values.clone(), backend.as_ref())?;
+                    }
                     let r = self.run_entry(e, &visitor.tensors, std::mem::take(&mut values), backend.as_ref())?;
                     let ex = explain.then(|| Explanation { cached: true, ..e.explanation.clone() });
                     return Ok((r, ex));
@@ -694,6 +740,7 @@ impl<F> Compiled<F> {
                     outputs,
                     tree,
                     explanation: explanation.clone(),
+                    profile: Mutex::new(None),
                 };
                 match &verifying {
                     Some(old) if old.same_program(&entry) => {
@@ -731,27 +778,7 @@ impl<F> Compiled<F> {
         let (results, step) = match &e.graph {
             None => (Vec::new(), None),
             Some((graph, compiled)) => {
-                let mut values = Vec::with_capacity(e.inputs.len());
-                for src in &e.inputs {
-                    let v = match src {
-                        // Each argument feeds one graph input (aliased arguments were merged when traced),
-                        // so its value moves rather than being shared again (looked up anew otherwise).
-                        InputSource::Arg(i) => match arg_values.get_mut(*i) {
-                            Some(v) => v.take().or_else(|| args.get(*i).and_then(Tensor::value)),
-                            None => {
-                                return Err(Error::Unsupported {
-                                    what: "a cached graph input has no source".into(),
-                                    loc: SourceLoc::internal(),
-                                })
-                            }
-                        },
-                        InputSource::Tensor(t) => t.value(),
-                    };
-                    values.push(v.ok_or_else(|| Error::Unsupported {
-                        what: "a traced tensor passed to a compiled function from inside another trace".into(),
-                        loc: SourceLoc::internal(),
-                    })?);
-                }
+                let values = entry_inputs(e, args, &mut arg_values)?;
                 let results = crate::backend::execute(backend, graph, compiled.as_ref(), &values, self.mode)?;
                 // A call on tensors that track gradients notes itself on its results, for `backward`.
                 let read = || {
@@ -785,4 +812,30 @@ impl<F> Compiled<F> {
             loc: SourceLoc::internal(),
         })
     }
+}
+
+/// The values of `e`'s graph inputs for a call: each argument's value moves out of `arg_values` (each
+/// argument feeds one graph input: aliased arguments were merged when traced), else is looked up anew;
+/// captured tensors give theirs.
+fn entry_inputs(e: &Entry, args: &[Tensor], arg_values: &mut [Option<Arc<Value>>]) -> Result<Vec<Arc<Value>>> {
+    let mut values = Vec::with_capacity(e.inputs.len());
+    for src in &e.inputs {
+        let v = match src {
+            InputSource::Arg(i) => match arg_values.get_mut(*i) {
+                Some(v) => v.take().or_else(|| args.get(*i).and_then(Tensor::value)),
+                None => {
+                    return Err(Error::Unsupported {
+                        what: "a cached graph input has no source".into(),
+                        loc: SourceLoc::internal(),
+                    })
+                }
+            },
+            InputSource::Tensor(t) => t.value(),
+        };
+        values.push(v.ok_or_else(|| Error::Unsupported {
+            what: "a traced tensor passed to a compiled function from inside another trace".into(),
+            loc: SourceLoc::internal(),
+        })?);
+    }
+    Ok(values)
 }

@@ -1,5 +1,6 @@
 //! What a compiled call captured, in a form people and tools read: the graphs, their ops, and every graph
-//! break with its reason and the user's line. The explorer app and `--explain` outputs build on this.
+//! break with its reason and the user's line. Its text is the compile report's (`report.rs`): one
+//! structure for `explain`, `KILN_REPORT` files and the explorer.
 
 use crate::ir::Graph;
 use crate::trace::{GraphBreak, TraceRecord, TracedGraph};
@@ -72,8 +73,20 @@ impl Explanation {
     pub fn graph_list(&self) -> Vec<&Graph> {
         self.graphs.iter().map(|g| &g.graph).collect()
     }
+
+    /// The call's capture as the compile report's entry (without kernel sources): the one structure
+    /// that `explain`'s text, `KILN_REPORT` files and the explorer all read.
+    pub fn report(&self) -> crate::report::EntryReport {
+        crate::report::EntryReport {
+            guards: None,
+            static_args: self.static_args.clone(),
+            graphs: self.graphs.iter().map(|g| crate::report::GraphReport::build(g, false)).collect(),
+            breaks: self.breaks.clone(),
+        }
+    }
 }
 
+/// A summary line, the memory after the call, then the entry's text from the compile report.
 impl fmt::Display for Explanation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
@@ -84,9 +97,6 @@ impl fmt::Display for Explanation {
             self.op_count(),
             self.backend
         )?;
-        if !self.static_args.is_empty() {
-            writeln!(f, "static arguments: {}", self.static_args.join(", "))?;
-        }
         if let Some(m) = &self.memory {
             writeln!(
                 f,
@@ -94,28 +104,7 @@ impl fmt::Display for Explanation {
                 m.in_use, m.cached, m.peak, m.uploaded, m.downloaded
             )?;
         }
-        for (i, g) in self.graphs.iter().enumerate() {
-            let hist: Vec<String> = g.graph.op_histogram().iter().map(|(n, c)| format!("{n}×{c}")).collect();
-            let hit = if g.cache_hit { " (compile served from the cache)" } else { "" };
-            writeln!(f, "\ngraph {i}: {} op(s) [{}]{hit}", g.graph.op_count(), hist.join(", "))?;
-            for line in g.graph.to_string().lines() {
-                writeln!(f, "    {line}")?;
-            }
-            if let Some(c) = &g.compiled {
-                for line in c.to_string().lines() {
-                    writeln!(f, "  {line}")?;
-                }
-            }
-            if let Some(b) = &g.ended_by {
-                writeln!(f, "  ended by a graph break at {}: {}", b.loc, b.reason)?;
-            }
-        }
-        if !self.breaks.is_empty() {
-            writeln!(f, "\ngraph breaks:")?;
-            for (i, b) in self.breaks.iter().enumerate() {
-                writeln!(f, "  {}. {} — {}", i + 1, b.loc, b.reason)?;
-            }
-        }
+        write!(f, "{}", self.report())?;
         Ok(())
     }
 }

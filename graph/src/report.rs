@@ -71,6 +71,10 @@ pub struct GraphReport {
     pub compiled: Option<CompiledGraph>,
     /// One per kernel, in launch order.
     pub kernels: Vec<KernelReport>,
+    /// How the kernels' `device_ms` were measured (`CUDA events`, `timestamp queries`, …), when this
+    /// graph was profiled ([`crate::compile::Compiled::profile`]).
+    #[serde(default)]
+    pub profiled_with: Option<String>,
 }
 
 /// One kernel, as a person inspects it.
@@ -96,6 +100,9 @@ pub struct KernelReport {
     pub statements: usize,
     /// Its source in each registered language (WGSL, PTX, …), or why it could not be rendered.
     pub sources: Vec<KernelSource>,
+    /// Its device time in one run, ms, when the graph was profiled (every launch of it added up).
+    #[serde(default)]
+    pub device_ms: Option<f64>,
 }
 
 /// What [`CompileReport::try_shapes`] found.
@@ -173,6 +180,10 @@ pub fn languages() -> Vec<&'static str> {
 impl KernelReport {
     /// The report of kernel `k` of `c`, whose graph was captured as `captured`.
     pub fn new(c: &CompiledGraph, k: usize, captured: &Graph) -> KernelReport {
+        KernelReport::build(c, k, captured, true)
+    }
+
+    fn build(c: &CompiledGraph, k: usize, captured: &Graph, sources: bool) -> KernelReport {
         let kernel = &c.kernels[k];
         let region = c.fusion.regions.get(k);
         let members = region.map_or(&[][..], |r| &r.members[..]);
@@ -195,7 +206,7 @@ impl KernelReport {
                 .fold(crate::sym::Expr::from(0i64), |a, b| a + b);
             total.to_string()
         };
-        let renderers = RENDERERS.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let renderers = if sources { RENDERERS.read().unwrap_or_else(|e| e.into_inner()).clone() } else { Vec::new() };
         KernelReport {
             name: kernel.name.clone(),
             kind: region.map_or_else(|| "kernel".into(), |r| kind_name(&r.kind, kernel).into()),
@@ -210,6 +221,7 @@ impl KernelReport {
                 .iter()
                 .map(|(language, render)| KernelSource { language: (*language).into(), text: render(kernel) })
                 .collect(),
+            device_ms: None,
         }
     }
 
@@ -231,10 +243,16 @@ fn kind_name(kind: &RegionKind, kernel: &Kernel) -> &'static str {
 impl GraphReport {
     /// The report of one traced graph.
     pub fn new(t: &crate::trace::TracedGraph) -> GraphReport {
+        GraphReport::build(t, true)
+    }
+
+    /// The report of one traced graph, its kernels rendered in every registered language when `sources`
+    /// (the text form, which prints no sources, skips that work).
+    pub fn build(t: &crate::trace::TracedGraph, sources: bool) -> GraphReport {
         let compiled = t.compiled.as_deref().cloned();
         let kernels = compiled
             .as_ref()
-            .map(|c| (0..c.kernels.len()).map(|k| KernelReport::new(c, k, &t.graph)).collect())
+            .map(|c| (0..c.kernels.len()).map(|k| KernelReport::build(c, k, &t.graph, sources)).collect())
             .unwrap_or_default();
         GraphReport {
             captured: t.graph.clone(),
@@ -242,7 +260,27 @@ impl GraphReport {
             cache_hit: t.cache_hit,
             compiled,
             kernels,
+            profiled_with: None,
         }
+    }
+
+    /// Notes a profiled run's launch times on the kernels they ran (`timing`: how they were measured).
+    pub fn set_profile(&mut self, timing: &str, launches: &[crate::runtime::LaunchTime]) {
+        for k in &mut self.kernels {
+            k.device_ms = None;
+        }
+        for l in launches {
+            if let Some(k) = self.kernels.get_mut(l.kernel) {
+                *k.device_ms.get_or_insert(0.0) += l.ms;
+            }
+        }
+        self.profiled_with = Some(timing.into());
+    }
+
+    /// The profiled device time of all its kernels, ms (`None` when not profiled).
+    pub fn device_ms(&self) -> Option<f64> {
+        self.profiled_with.as_ref()?;
+        Some(self.kernels.iter().filter_map(|k| k.device_ms).sum())
     }
 }
 
@@ -306,5 +344,58 @@ impl CompileReport {
         let path = dir.join(format!("{stem}-{}.json", self.function.line));
         std::fs::write(&path, self.to_json()).map_err(bad)?;
         Ok(path)
+    }
+}
+
+/// The text form `explain` prints: the graph's ops, what compiling it made, its profile and its break.
+impl std::fmt::Display for GraphReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = &self.captured;
+        let hist: Vec<String> = g.op_histogram().iter().map(|(n, c)| format!("{n}×{c}")).collect();
+        let hit = if self.cache_hit { " (compile served from the cache)" } else { "" };
+        writeln!(f, "{} op(s) [{}]{hit}", g.op_count(), hist.join(", "))?;
+        for line in g.to_string().lines() {
+            writeln!(f, "    {line}")?;
+        }
+        if let Some(c) = &self.compiled {
+            for line in c.to_string().lines() {
+                writeln!(f, "  {line}")?;
+            }
+        }
+        if let (Some(timing), Some(total)) = (&self.profiled_with, self.device_ms()) {
+            writeln!(f, "  profile ({timing}): {total:.4} ms over {} kernel(s)", self.kernels.len())?;
+            for k in &self.kernels {
+                if let Some(ms) = k.device_ms {
+                    let share = if total > 0.0 { 100.0 * ms / total } else { 0.0 };
+                    writeln!(f, "    {:>10.4} ms {share:>5.1}%  {}", ms, k.name)?;
+                }
+            }
+        }
+        if let Some(b) = &self.ended_by {
+            writeln!(f, "  ended by a graph break at {}: {}", b.loc, b.reason)?;
+        }
+        Ok(())
+    }
+}
+
+/// The text form of one entry: its guards (when cached), static arguments, graphs and breaks.
+impl std::fmt::Display for EntryReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(g) = &self.guards {
+            writeln!(f, "guards: {g}")?;
+        }
+        if !self.static_args.is_empty() {
+            writeln!(f, "static arguments: {}", self.static_args.join(", "))?;
+        }
+        for (i, g) in self.graphs.iter().enumerate() {
+            write!(f, "\ngraph {i}: {g}")?;
+        }
+        if !self.breaks.is_empty() {
+            writeln!(f, "\ngraph breaks:")?;
+            for (i, b) in self.breaks.iter().enumerate() {
+                writeln!(f, "  {}. {} — {}", i + 1, b.loc, b.reason)?;
+            }
+        }
+        Ok(())
     }
 }

@@ -281,6 +281,17 @@ fn same_dims(flat: &[usize], inputs: &[DeviceTensor]) -> bool {
 /// Layouts kept per runtime; all are dropped past this many.
 const MAX_LAYOUTS: usize = 1024;
 
+/// One launch's device time in a profiled run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchTime {
+    /// The kernel's index in its compiled graph.
+    pub kernel: usize,
+    /// The kernel's name.
+    pub name: String,
+    /// Device time, ms.
+    pub ms: f64,
+}
+
 /// A compiled graph bound to device buffers, ready to be launched again and again (the bench's device
 /// time and the reduce-overhead mode use it; [`Runtime::run`] makes one per call).
 pub struct Prepared {
@@ -669,9 +680,9 @@ impl Runtime {
         (0..p.layout.steps.len()).try_for_each(|i| self.enqueue_step(p, i))
     }
 
-    /// Milliseconds each launch of one run of `p` takes on the device, in launch order, with the kernel's
-    /// name; `None` where the device cannot time itself. Each launch is timed alone.
-    pub fn profile(&self, p: &Prepared) -> Result<Option<Vec<(String, f64)>>> {
+    /// The time each launch of one run of `p` takes on the device, in launch order; `None` where the
+    /// device cannot time itself. Each launch is timed alone.
+    pub fn profile(&self, p: &Prepared) -> Result<Option<Vec<LaunchTime>>> {
         let mut out = Vec::with_capacity(p.layout.steps.len());
         for (i, step) in p.layout.steps.iter().enumerate() {
             let timed = self.driver.time(&mut || {
@@ -679,9 +690,24 @@ impl Runtime {
                 self.driver.submit()
             })?;
             let Some(s) = timed else { return Ok(None) };
-            out.push((p.compiled.kernels[step.kernel].name.clone(), s * 1e3));
+            out.push(LaunchTime {
+                kernel: step.kernel,
+                name: p.compiled.kernels[step.kernel].name.clone(),
+                ms: s * 1e3,
+            });
         }
         Ok(Some(out))
+    }
+
+    /// Prepares `c` for `inputs` and times each of its launches alone ([`Runtime::profile`]).
+    pub fn profile_graph(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Option<Vec<LaunchTime>>> {
+        let p = self.prepare(c, inputs)?;
+        self.profile(&p)
+    }
+
+    /// How this device times launches (`CUDA events`, `timestamp queries`, `host wall time`).
+    pub fn timing(&self) -> &'static str {
+        self.driver.timing()
     }
 
     /// Enqueues launch `i` of `p`.

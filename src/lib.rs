@@ -18,9 +18,11 @@
 
 pub use kiln_graph as graph;
 
+pub mod check;
 pub mod nn;
 pub mod optim;
 pub mod train;
+pub use check::{check, check_targets};
 pub use kiln_graph::autodiff::value_and_grad;
 pub use kiln_graph::tape::no_grad;
 pub use kiln_graph::{

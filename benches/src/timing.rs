@@ -64,7 +64,7 @@ fn expected(w: &Workload, host: &[TensorData], cli: &Cli) -> kiln::Result<Vec<Ex
     let size = if cli.quick { "quick size" } else { "full size" };
     if let Some(dir) = &cli.expect {
         let path = dir.join(format!("{}.expected.safetensors", base_id(w.id)));
-        if let Some(e) = Expected::load(&path, &format!("torch's float64 output ({size})"))? {
+        if let Some(e) = check::load(&path, &format!("torch's float64 output ({size})"))? {
             return Ok(e);
         }
         eprintln!("kiln-bench: {} not found; checking {} against kiln's f64 reference", path.display(), w.id);
@@ -72,7 +72,7 @@ fn expected(w: &Workload, host: &[TensorData], cli: &Cli) -> kiln::Result<Vec<Ex
     if !cli.quick {
         eprintln!("kiln-bench: {}: computing kiln's f64 reference at full size (no --expect outputs); large workloads take minutes on the host", w.id);
     }
-    Expected::reference(w.f, host, &format!("kiln's f64 reference ({size})"))
+    check::reference(w.f, host, &format!("kiln's f64 reference ({size})"))
 }
 
 /// One configuration's outputs against the expected ones (as many as are expected; a missing one fails).
@@ -305,7 +305,7 @@ pub fn measure_dynamic(dev: &Device, cli: &Cli, cold: bool) -> kiln::Result<Resu
         per_size.push(steady);
         if CHECKED_SIZES.contains(&i) {
             let tol = Tolerance::of(&capture(&specs, kiln_graph::workloads::w3)?)?;
-            let want = Expected::reference(kiln_graph::workloads::w3, &host, "kiln's f64 reference")?;
+            let want = check::reference(kiln_graph::workloads::w3, &host, "kiln's f64 reference")?;
             let o = check::compare(&*out[0].to_data()?, &want[0], tol);
             outcome = Some(outcome.map_or(o, |x| x.and(o)));
             checked = format!(

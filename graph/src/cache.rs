@@ -79,7 +79,7 @@ pub fn key(graph: &Graph, target: &Target, mode: FusionMode) -> String {
     for i in &mut g.inputs {
         i.kind = crate::ir::InputKind::Lifted;
     }
-    let text = serde_json::to_string(&(&g, target, mode, BUILD, crate::lower::wrong_kernels()))
+    let text = serde_json::to_string(&(&g, target, mode, BUILD, crate::lower::wrong_knob()))
         .expect("graphs and targets always serialise");
     blake3::hash(text.as_bytes()).to_hex().to_string()
 }

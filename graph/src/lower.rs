@@ -6,7 +6,7 @@
 
 use crate::dtype::DType;
 use crate::fuse::{Region, RegionKind};
-use crate::ir::{ArgReduceOp, BinaryOp, Graph, NodeId, Op, ReduceOp};
+use crate::ir::{ArgReduceOp, BinaryOp, Graph, NodeId, Op, ReduceOp, UnaryOp};
 use crate::kernel::{
     builtin, Access, BufferParam, KReduceOp, Kernel, Launch, LoopMode, MatMul, MatOperand, ReduceStrategy, Scalar,
     Stmt, Tile, VarId,
@@ -90,6 +90,8 @@ struct Lowerer<'a> {
     evaluating: Vec<NodeId>,
     /// Run-time checks emitted so far (see [`FaultSite`]).
     faults: Vec<FaultSite>,
+    /// The op the test-only knob miscompiles ([`wrong_op`]).
+    wrong_op: Option<UnaryOp>,
 }
 
 impl<'a> Lowerer<'a> {
@@ -113,6 +115,7 @@ impl<'a> Lowerer<'a> {
             ranges: g.symbols.clone(),
             evaluating: Vec::new(),
             faults: Vec::new(),
+            wrong_op: wrong_op(),
         }
     }
 
@@ -179,6 +182,18 @@ impl<'a> Lowerer<'a> {
 
     /// Emits `var = value` in the outermost block where its operands exist.
     fn let_(&mut self, dtype: DType, value: Scalar) -> VarId {
+        if let Scalar::Unary { op, .. } = &value {
+            if Some(*op) == self.wrong_op {
+                // The test-only miscompilation: this op's result a quarter too large.
+                let v = self.let_inner(dtype, value);
+                let bias = self.let_inner(dtype, Scalar::Const { value: 0.25 });
+                return self.let_inner(dtype, Scalar::Binary { op: BinaryOp::Add, a: v, b: bias });
+            }
+        }
+        self.let_inner(dtype, value)
+    }
+
+    fn let_inner(&mut self, dtype: DType, value: Scalar) -> VarId {
         let value = match value {
             Scalar::Load { buffer, index, guard } => {
                 let index = index.simplify_in(&self.ranges);
@@ -922,10 +937,22 @@ pub fn lower(
     }
 }
 
-/// Whether `KILN_TEST_WRONG_KERNEL` is set: a test-only knob that makes every kernel writing a graph
-/// output store its last element one too large, so the bench's output checks can be shown to catch a
-/// wrong kernel in every mode. Part of the compile cache's key, so a wrong kernel is never served to a
-/// run without the knob.
+/// The test-only knob `KILN_TEST_WRONG_KERNEL` that seeds a wrong lowering, so the checks can be shown to
+/// catch one: any value but `op:NAME` makes every kernel writing a graph output store its last element
+/// one too large (the bench's output checks, in every mode); `op:NAME` (`op:tanh`) makes every kernel
+/// computing that unary op get it a quarter too large (`kiln check` and its minimizer). Its value is part
+/// of the compile cache's key, so a wrong kernel is never served to a run without it.
+pub fn wrong_knob() -> Option<String> {
+    std::env::var("KILN_TEST_WRONG_KERNEL").ok().filter(|v| !v.is_empty())
+}
+
+/// Whether the knob asks for wrong graph outputs ([`wrong_knob`]).
 pub fn wrong_kernels() -> bool {
-    std::env::var_os("KILN_TEST_WRONG_KERNEL").is_some_and(|v| !v.is_empty())
+    wrong_knob().is_some_and(|v| !v.starts_with("op:"))
+}
+
+/// The unary op the knob miscompiles, if it names one ([`wrong_knob`]).
+pub fn wrong_op() -> Option<UnaryOp> {
+    let name = wrong_knob()?.strip_prefix("op:")?.to_string();
+    serde_json::from_value(serde_json::Value::String(name)).ok()
 }

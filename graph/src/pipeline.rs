@@ -92,8 +92,22 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     let clock = Instant::now();
     let decomposed = decompose(graph)?;
     // Tracing records every op the user ran; only what an output needs is compiled.
-    let (live, kept) = decomposed.graph.without_dead_nodes();
-    let primitive = Decomposed { graph: live, origin: kept.iter().map(|k| decomposed.origin[k.index()]).collect() };
+    let (mut live, kept) = decomposed.graph.without_dead_nodes();
+    let mut origin: Vec<NodeId> = kept.iter().map(|k| decomposed.origin[k.index()]).collect();
+    // An output that is an input (a saved or minimized graph can return one) is written by a copy into
+    // a buffer of its own: a kernel storing a value into the buffer it loads it from binds one buffer
+    // as both read and write, which devices reject.
+    for k in 0..live.outputs.len() {
+        let o = live.outputs[k];
+        if matches!(live.node(o).op, crate::ir::Op::Input { .. }) {
+            let mut copy = live.node(o).clone();
+            copy.op = crate::ir::Op::Reshape;
+            copy.inputs = vec![o];
+            live.outputs[k] = live.push(copy);
+            origin.push(origin[o.index()]);
+        }
+    }
+    let primitive = Decomposed { graph: live, origin };
     let names: Vec<String> = primitive.origin.iter().map(|&o| graph.node(o).op.name().to_string()).collect();
     timings.decompose_ms = ms(clock);
     let mut feedback = Feedback::default();

@@ -65,6 +65,13 @@ macro_rules! conformance_suite {
 
         #[test]
         $(#[$attr])*
+        fn a_saved_graph_returning_its_input_runs_in_both_modes() {
+            let Some(b) = backend() else { return };
+            conformance::user_cases::output_is_an_input(&b);
+        }
+
+        #[test]
+        $(#[$attr])*
         fn huge_sizes_are_typed_errors() {
             let Some(b) = backend() else { return };
             conformance::user_cases::huge_sizes(&b);
@@ -275,15 +282,34 @@ pub fn check(
         // a fused kernel and the node-by-node reference) feeds `exp`, which multiplies the error by the
         // argument (seen: exp of ~6.2 differing by 1.03%).
         let tol = if steps.iter().any(|s| s.op == 33) { 3e-2 } else { 2e-4 };
-        prop_assert!(
-            close(g.values(), w.values(), tol),
-            "kernels {:?}\nreference {:?}\n{}",
-            g.values(),
-            w.values(),
-            ex
-        );
+        if !close(g.values(), w.values(), tol) {
+            let small = minimized(&a, &b, steps, backend);
+            prop_assert!(false, "kernels {:?}\nreference {:?}\n{}\n{small}", g.values(), w.values(), ex);
+        }
     }
     Ok(())
+}
+
+/// A failing random program shrunk by `kiln check`'s minimizer and saved (JSON and a Rust test under
+/// `target/kiln-minimized/`), for the failure message: what a person debugging it starts from.
+fn minimized(a: &Tensor, b: &Tensor, steps: &[Step], backend: &Arc<dyn Backend>) -> String {
+    let specs: Vec<kiln::graph::TensorSpec> = [a, b]
+        .iter()
+        .map(|t| kiln::graph::TensorSpec::new(t.dtype(), &t.shape().as_concrete().unwrap_or_default()))
+        .collect();
+    let Ok(graph) = kiln::graph::capture(&specs, |t| program(t, steps)) else {
+        return "(the program could not be captured as one graph to minimize)".into();
+    };
+    let (Ok(x), Ok(y)) = (a.to_data(), b.to_data()) else { return String::new() };
+    let case = kiln::graph::minimize::Case { graph, inputs: vec![(*x).clone(), (*y).clone()] };
+    let small = kiln::check::minimize(case, std::slice::from_ref(backend), 500);
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-minimized");
+    let name = format!("case_{}", std::process::id());
+    let what = format!("a random program on {}", backend.name());
+    match kiln::graph::minimize::write_reproducer(&small, &what, &dir, &name) {
+        Ok((json, _)) => format!("minimized to {} op(s) ({}):\n{}", small.ops(), json.display(), small.graph),
+        Err(e) => format!("minimized to {} op(s) (not saved: {e}):\n{}", small.ops(), small.graph),
+    }
 }
 
 /// Cases proptest once found, replayed on every backend.

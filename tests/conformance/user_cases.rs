@@ -160,3 +160,29 @@ pub fn huge_sizes(b: &Arc<dyn Backend>) {
     let ok: Tensor = compile(|x: &Tensor| x.add(1.0)).backend(b.clone()).call(&x).unwrap();
     assert_values(&ok, &[2.0]);
 }
+
+/// A graph whose output is its input, as a saved or minimized graph can be (a trace never makes one: it
+/// returns the argument itself). Found by `kiln check --minimize`: the output was written by a kernel
+/// binding the input's buffer as both read and write, which wgpu rejected with a panic.
+pub fn output_is_an_input(b: &Arc<dyn Backend>) {
+    use kiln::graph::ir::{Graph, InputKind};
+    let mut g = Graph::new();
+    let x = g.add_input(
+        kiln::graph::DType::F32,
+        kiln::graph::shape::Shape::from_dims(&[3, 5]),
+        InputKind::Arg { index: 0 },
+        kiln::SourceLoc::internal(),
+    );
+    let y = g.add_input(
+        kiln::graph::DType::F32,
+        kiln::graph::shape::Shape::from_dims(&[3, 5]),
+        InputKind::Arg { index: 1 },
+        kiln::SourceLoc::internal(),
+    );
+    g.outputs = vec![y, x, y];
+    let inputs = kiln::graph::check::seeded_inputs(&g).unwrap();
+    let case = kiln::graph::minimize::Case { graph: g, inputs };
+    let report = case.check(std::slice::from_ref(b)).unwrap();
+    assert!(report.passed(), "{report}");
+    assert_eq!(report.outputs.iter().filter(|o| o.passed()).count(), 6, "three outputs, two modes:\n{report}");
+}

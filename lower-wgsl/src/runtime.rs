@@ -42,6 +42,13 @@ pub struct Gpu {
     /// The next submission writes timestamps (set by `time`).
     timing: std::sync::atomic::AtomicBool,
     stats: Mutex<GpuStats>,
+    /// Errors the device raised outside any error scope (wgpu's default is to panic on them): kept, and
+    /// returned by the next submission, wait or read as typed errors naming the kernels involved.
+    faults: Arc<Mutex<Vec<String>>>,
+    /// Why the device was lost, once it was: every later call fails with it.
+    lost: Arc<Mutex<Option<String>>>,
+    /// A fault of a submission, with the kernels it held, until a caller is told.
+    pending: Mutex<Option<Error>>,
 }
 
 /// What binds a launch: the pipeline, each binding (the buffer itself, offset, size), and the symbol
@@ -72,12 +79,14 @@ impl std::hash::Hash for PipelineKey {
 enum Op {
     Clear { buffer: wgpu::Buffer, offset: u64, size: u64 },
     Copy { src: wgpu::Buffer, dst: wgpu::Buffer, size: u64 },
-    Dispatch { pipeline: Arc<wgpu::ComputePipeline>, bind: wgpu::BindGroup, grid: (u32, u32, u32) },
+    Dispatch { pipeline: Arc<wgpu::ComputePipeline>, bind: wgpu::BindGroup, grid: (u32, u32, u32), kernel: Arc<str> },
 }
 
 /// A loaded kernel.
 struct Pipeline {
     pipeline: Arc<wgpu::ComputePipeline>,
+    /// The kernel's name, for errors.
+    name: Arc<str>,
     uses_symbols: bool,
 }
 
@@ -255,7 +264,21 @@ impl Gpu {
                 mapped_at_creation: false,
             }),
         });
+        let faults: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = faults.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| lock(&sink).push(e.to_string())));
+        let lost: Arc<Mutex<Option<String>>> = Arc::default();
+        let gone = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            // Dropping the device on purpose is not a loss anyone needs to hear of.
+            if reason != wgpu::DeviceLostReason::Destroyed {
+                *lock(&gone) = Some(format!("{reason:?}: {msg}"));
+            }
+        });
         Ok(Gpu {
+            faults,
+            lost,
+            pending: Mutex::default(),
             adapter: info,
             device,
             queue,
@@ -317,16 +340,20 @@ impl Gpu {
         }
         let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
         let passes = ops.iter().filter(|o| matches!(o, Op::Dispatch { .. })).count();
+        let kernels: Vec<Arc<str>> = ops
+            .iter()
+            .filter_map(|o| if let Op::Dispatch { kernel, .. } = o { Some(kernel.clone()) } else { None })
+            .collect();
         let mut dispatched = 0;
         let mut ops = ops.into_iter().peekable();
         while let Some(op) = ops.next() {
             match op {
                 Op::Clear { buffer, offset, size } => encoder.clear_buffer(&buffer, offset, Some(size)),
                 Op::Copy { src, dst, size } => encoder.copy_buffer_to_buffer(&src, 0, &dst, 0, size),
-                Op::Dispatch { pipeline, bind, grid } => {
+                Op::Dispatch { pipeline, bind, grid, .. } => {
                     let mut run = vec![(pipeline, bind, grid)];
                     while let Some(Op::Dispatch { .. }) = ops.peek() {
-                        if let Some(Op::Dispatch { pipeline, bind, grid }) = ops.next() {
+                        if let Some(Op::Dispatch { pipeline, bind, grid, .. }) = ops.next() {
                             run.push((pipeline, bind, grid));
                         }
                     }
@@ -353,6 +380,25 @@ impl Gpu {
             encoder.copy_buffer_to_buffer(&t.resolved, 0, &t.readback, 0, 16);
         }
         self.queue.submit([encoder.finish()]);
+        // Validation errors of this submission reach the handler during `finish`/`submit`.
+        let faults = std::mem::take(&mut *lock(&self.faults));
+        if !faults.is_empty() {
+            let names: Vec<&str> = kernels.iter().map(|k| &**k).collect();
+            let msg =
+                format!("the device rejected a submission of kernel(s) [{}]: {}", names.join(", "), faults.join("; "));
+            lock(&self.pending).get_or_insert(err(msg));
+        }
+    }
+
+    /// The fault a submission left, or the loss of the device: a typed error for the caller who meets it.
+    fn fault(&self) -> Result<()> {
+        if let Some(msg) = lock(&self.lost).clone() {
+            return Err(Error::DeviceLost { device: "wgpu".into(), what: "running kernels".into(), msg });
+        }
+        match lock(&self.pending).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Blocks until every submitted piece of work has finished (native only: a browser awaits).
@@ -514,6 +560,7 @@ impl Driver for Gpu {
         Box::pin(async move {
             let size = bytes.div_ceil(4) * 4;
             let staging = self.stage(buffer_of(src), size);
+            self.fault()?;
             let mut out = self.map_read(&staging, size).await?;
             out.truncate(bytes as usize);
             Ok(out)
@@ -568,7 +615,11 @@ impl Driver for Gpu {
             st.render_ms += rendered.duration_since(clock).as_secs_f64() * 1e3;
             st.driver_ms += rendered.elapsed().as_secs_f64() * 1e3;
         }
-        Ok(Arc::new(Pipeline { pipeline: Arc::new(pipeline), uses_symbols: shader.uses_symbols }))
+        Ok(Arc::new(Pipeline {
+            pipeline: Arc::new(pipeline),
+            name: kernel.name.as_str().into(),
+            uses_symbols: shader.uses_symbols,
+        }))
     }
 
     fn launch(&self, module: &Module, kernel: &Kernel, l: &Launch) -> Result<()> {
@@ -638,20 +689,21 @@ impl Driver for Gpu {
             .target
             .fold_grid(l.groups)
             .ok_or_else(|| err(format!("kernel {}: {} workgroups exceed a 3-D grid", kernel.name, l.groups)))?;
-        lock(&self.batch).push(Op::Dispatch { pipeline: p.pipeline.clone(), bind, grid });
+        self.fault()?;
+        lock(&self.batch).push(Op::Dispatch { pipeline: p.pipeline.clone(), bind, grid, kernel: p.name.clone() });
         Ok(())
     }
 
     fn submit(&self) -> Result<()> {
         self.flush();
-        Ok(())
+        self.fault()
     }
 
     fn synchronize(&self) -> Result<()> {
         self.flush();
         #[cfg(not(target_arch = "wasm32"))]
         self.wait()?;
-        Ok(())
+        self.fault()
     }
 
     #[cfg(not(target_arch = "wasm32"))]

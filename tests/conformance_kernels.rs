@@ -4,7 +4,7 @@ mod conformance;
 
 conformance_suite!(
     backend = Some(kiln::graph::KernelInterpreter::default().runtime()),
-    random_cases = 1000,
+    random_cases = 10_000,
     big = false,
     ieee_nan = true
 );

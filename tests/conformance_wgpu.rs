@@ -16,7 +16,7 @@ fn wgpu() -> Option<std::sync::Arc<dyn kiln::graph::Backend>> {
     }
 }
 
-conformance_suite!(backend = wgpu(), random_cases = 500, big = true, ieee_nan = false);
+conformance_suite!(backend = wgpu(), random_cases = 2_000, big = true, ieee_nan = false);
 
 #[test]
 fn reports_the_adapter() {

@@ -146,19 +146,28 @@ fn list(v: &[String]) -> String {
     }
 }
 
-/// The report path named by `text`'s numbers section and the section itself (markers included).
-pub fn section(text: &str) -> Option<(String, &str)> {
-    let start = text.find(BEGIN)?;
-    let path_end = start + text[start..].find(" -->")?;
-    let end = start + text[start..].find(END)? + END.len();
-    Some((text[start + BEGIN.len()..path_end].to_string(), &text[start..end]))
+/// Every numbers section of `text` (one per committed run: the H200's, the H100's), in order: the report
+/// path each names and the section itself (markers included).
+pub fn sections(text: &str) -> Vec<(String, &str)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(rel) = text[from..].find(BEGIN) {
+        let start = from + rel;
+        let (Some(p), Some(e)) = (text[start..].find(" -->"), text[start..].find(END)) else { break };
+        let end = start + e + END.len();
+        out.push((text[start + BEGIN.len()..start + p].to_string(), &text[start..end]));
+        from = end;
+    }
+    out
 }
 
-/// Replaces `readme`'s numbers section with the one `report` (read from `json`) renders.
+/// Replaces the numbers section of `readme` that names `json` with the one `report` renders.
 pub fn write(report: &Report, json: &Path, readme: &Path) -> Result<(), String> {
     let text = std::fs::read_to_string(readme).map_err(|e| format!("{}: {e}", readme.display()))?;
-    let (_, old) =
-        section(&text).ok_or_else(|| format!("{} has no `{BEGIN}PATH -->` … `{END}` section", readme.display()))?;
+    let name = json.display().to_string();
+    let (_, old) = sections(&text).into_iter().find(|(p, _)| *p == name).ok_or_else(|| {
+        format!("{} has no `{BEGIN}{name} -->` … `{END}` section (add the two markers where it goes)", readme.display())
+    })?;
     let new = text.replacen(old, &render(report, json), 1);
     std::fs::write(readme, new).map_err(|e| format!("{}: {e}", readme.display()))
 }
@@ -167,18 +176,21 @@ pub fn write(report: &Report, json: &Path, readme: &Path) -> Result<(), String> 
 mod tests {
     use super::*;
 
-    /// The README's numbers are what its committed report renders, to the character.
+    /// The README's numbers are what its committed reports render, to the character, section by section.
     #[test]
-    fn the_readmes_numbers_are_rendered_from_the_committed_report() {
+    fn the_readmes_numbers_are_rendered_from_the_committed_reports() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let text = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-        let (path, section) = section(&text).expect("README.md has a bench:begin … bench:end section");
-        let report = Report::load(&root.join(&path)).expect("the report the README names");
-        assert_eq!(
-            section,
-            render(&report, Path::new(&path)),
-            "README.md's numbers differ from what {path} renders: run `cargo run -p kiln-bench -- --readme {path} --write-readme README.md`"
-        );
+        let all = sections(&text);
+        assert!(!all.is_empty(), "README.md has a bench:begin … bench:end section");
+        for (path, section) in all {
+            let report = Report::load(&root.join(&path)).expect("the report the README names");
+            assert_eq!(
+                section,
+                render(&report, Path::new(&path)),
+                "README.md's numbers differ from what {path} renders: run `cargo run -p kiln-bench -- --readme {path} --write-readme README.md`"
+            );
+        }
     }
 
     #[test]
@@ -209,7 +221,10 @@ mod tests {
             "eager never counts as torch's best: {s}"
         );
         let text = format!("intro\n{s}\nmore");
-        let (path, sec) = section(&text).expect("section");
+        let (path, sec) = sections(&text).into_iter().next().expect("section");
         assert_eq!((path.as_str(), sec), ("x.json", s.as_str()));
+        let two = format!("{s}\nbetween\n{}", render(&r, Path::new("y.json")));
+        let found: Vec<String> = sections(&two).into_iter().map(|(p, _)| p).collect();
+        assert_eq!(found, ["x.json", "y.json"]);
     }
 }

@@ -84,21 +84,48 @@ macro_rules! conformance_suite {
             conformance::regressions(&b);
         }
 
-        proptest::proptest! {
-            #![proptest_config(proptest::prelude::ProptestConfig { cases: $n, ..Default::default() })]
-            #[test]
-            $(#[$attr])*
-            fn random_graphs_match_the_reference(
-                da in conformance::dims(),
-                db in conformance::dims(),
-                seed in proptest::prelude::any::<u32>(),
-                steps in proptest::collection::vec(conformance::step(), 1..8),
-            ) {
-                let Some(b) = backend() else { return Ok(()) };
-                conformance::check(&da, &db, seed, &steps, &b, $nan)?;
-            }
+        #[test]
+        $(#[$attr])*
+        fn random_graphs_match_the_reference() {
+            let Some(b) = backend() else { return };
+            conformance::random_graphs(&b, $n, $nan, file!());
         }
     };
+}
+
+/// `cases` random programs (two inputs of random dims, 1 to 7 steps) checked on `backend` against the
+/// reference, drawn from `PROPTEST_RNG_SEED` when set; failures persist beside `file` as proptest's do.
+/// The count is written to the test's stderr (not captured), so CI output shows what ran.
+pub fn random_graphs(backend: &Arc<dyn Backend>, cases: u32, ieee_nan: bool, file: &'static str) {
+    use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let config = Config {
+        cases,
+        source_file: Some(file),
+        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel("proptest-regressions"))),
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let ran = AtomicUsize::new(0);
+    let strategy = (dims(), dims(), any::<u32>(), prop::collection::vec(step(), 1..8));
+    let started = std::time::Instant::now();
+    let result = runner.run(&strategy, |(da, db, seed, steps)| {
+        ran.fetch_add(1, Ordering::Relaxed);
+        check(&da, &db, seed, &steps, backend, ieee_nan)
+    });
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "random graphs: {} checked on {} in {:.1} s ({} passing cases asked for; seed {})",
+        ran.load(Ordering::Relaxed),
+        backend.name(),
+        started.elapsed().as_secs_f64(),
+        cases,
+        std::env::var("PROPTEST_RNG_SEED").unwrap_or_else(|_| "random".into()),
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
 }
 
 /// One step of a random program: an op code and operand picks (indices into the pool, taken modulo).

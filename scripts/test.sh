@@ -28,4 +28,6 @@ fi
 cargo run -q --locked --example backends
 # A user's own backend (torch's `backend=`): it records every kernel and delegates to wgpu; it exits
 # non-zero when its answers differ from the reference.
-cargo run -q --locked --example custom_backend "$KILN_CACHE_DIR/custom-backend-kernels"
+kernels="$(mktemp -d)"
+cargo run -q --locked --example custom_backend "$kernels"
+rm -rf "$kernels"

@@ -77,7 +77,7 @@ pub struct Explorer {
     /// Calls timed per mode in a live run.
     pub run_calls: usize,
     /// The latest live run: what it ran, and its times.
-    pub run_result: Option<(String, Result<Vec<crate::live::LiveTime>, String>)>,
+    pub run_result: Option<(String, Result<crate::live::LiveRun, String>)>,
     /// Files read off the UI thread (dropped in a browser): their names and texts.
     dropped: (Sender<FileText>, Receiver<FileText>),
     /// The shown chart's tab and rectangle, for its export.
@@ -247,14 +247,14 @@ impl Explorer {
     /// run's backend) replaces the open one.
     fn run_done(&mut self, title: String, r: Result<crate::live::LiveRun, String>) {
         match r {
-            Ok(run) => {
-                if let Some(report) = run.report {
+            Ok(mut run) => {
+                if let Some(report) = run.report.take() {
                     let (graph, kernel, tab) = (self.graph, self.kernel, self.tab);
                     let workload = self.workload.clone();
                     self.set_report(format!("{title} (profiled)"), report);
                     (self.graph, self.kernel, self.tab, self.workload) = (graph, kernel, tab, workload);
                 }
-                self.run_result = Some((title, Ok(run.times)));
+                self.run_result = Some((title, Ok(run)));
             }
             Err(e) => self.run_result = Some((title, Err(e))),
         }
@@ -291,8 +291,8 @@ impl Explorer {
             self.export_row(ui);
         }
         match &self.run_result {
-            Some((title, Ok(times))) => {
-                let rect = crate::live::show(ui, title, times);
+            Some((title, Ok(run))) => {
+                let rect = crate::live::show(ui, title, run);
                 self.chart_rect = Some((Tab::Run, rect));
             }
             Some((title, Err(e))) => {
@@ -540,7 +540,10 @@ impl Explorer {
             Tab::Graph => self.graph_tab(ui),
             Tab::Kernel => match self.selected_kernel().cloned() {
                 Some(k) => {
-                    if let Some(KernelAction::ShowLine(line)) = kernel_view::show(ui, &k) {
+                    let ir = self.kernel.and_then(|i| {
+                        self.selected_graph()?.compiled.as_ref()?.kernels.get(i).map(|kernel| kernel.to_string())
+                    });
+                    if let Some(KernelAction::ShowLine(line)) = kernel_view::show(ui, &k, ir.as_deref()) {
                         let g = self.selected_graph();
                         self.highlight = k
                             .nodes

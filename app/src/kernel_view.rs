@@ -1,5 +1,5 @@
-//! The kernel view: the selected kernel's launch, traffic and user lines, and its WGSL and PTX side by
-//! side. Clicking a line lights up the graph nodes that came from it.
+//! The kernel view: the selected kernel's launch, traffic and user lines, and its kernel IR, WGSL and PTX
+//! side by side. Clicking a line lights up the graph nodes that came from it.
 
 use kiln::graph::report::KernelReport;
 use kiln::SourceLoc;
@@ -10,8 +10,9 @@ pub enum KernelAction {
     ShowLine(SourceLoc),
 }
 
-/// Draws `k`; returns the action the user took.
-pub fn show(ui: &mut egui::Ui, k: &KernelReport) -> Option<KernelAction> {
+/// Draws `k` (`ir`: its kernel IR, printed, when the report has the compiled graph); returns the action
+/// the user took.
+pub fn show(ui: &mut egui::Ui, k: &KernelReport, ir: Option<&str>) -> Option<KernelAction> {
     let mut action = None;
     ui.heading(&k.name);
     ui.label(format!(
@@ -25,13 +26,18 @@ pub fn show(ui: &mut egui::Ui, k: &KernelReport) -> Option<KernelAction> {
         }
     }
     ui.separator();
-    let languages: Vec<&kiln::graph::report::KernelSource> = k.sources.iter().collect();
-    if languages.is_empty() {
+    // The kernel IR first (what `graph` decided), then each language it was rendered to.
+    let ir_source =
+        ir.map(|text| kiln::graph::report::KernelSource { language: "kernel IR".into(), text: Ok(text.into()) });
+    let panes: Vec<&kiln::graph::report::KernelSource> = ir_source.iter().chain(&k.sources).collect();
+    if k.sources.is_empty() {
         ui.label("no kernel sources in this report (no renderer was registered when it was made)");
+    }
+    if panes.is_empty() {
         return action;
     }
-    ui.columns(languages.len(), |cols| {
-        for (col, src) in cols.iter_mut().zip(&languages) {
+    ui.columns(panes.len(), |cols| {
+        for (col, src) in cols.iter_mut().zip(&panes) {
             match &src.text {
                 Ok(text) => {
                     col.strong(format!("{} ({} lines)", src.language.to_uppercase(), text.lines().count()));

@@ -24,6 +24,18 @@ pub struct LiveRun {
     /// The compiled function's report after a profiled call: each kernel's device time on the run's
     /// backend (`None` where the backend runs graphs without kernels).
     pub report: Option<kiln::CompileReport>,
+    /// The bytes one compiled call moves (its kernels' reads and writes), where the report says.
+    pub bytes: Option<u64>,
+    /// A copy's rate on this device, bytes a second: `-x` over a tensor as large as the workload's
+    /// largest input, called and waited for like the workload.
+    pub copy_rate: Option<f64>,
+}
+
+impl LiveRun {
+    /// The share of the copy rate a mode's call reaches (its bytes over its time), where both are known.
+    pub fn copy_share(&self, t: &LiveTime) -> Option<f64> {
+        Some(self.bytes? as f64 / (t.ms * 1e-3) / self.copy_rate?)
+    }
 }
 
 /// What the worker reports.
@@ -90,15 +102,68 @@ fn run_inner(id: &str, backend: Backend, quick: bool, calls: usize, tx: &Sender<
                 .filter(|r| r.entries.iter().flat_map(|e| &e.graphs).any(|g| g.profiled_with.is_some()));
         }
     }
-    Ok(LiveRun { times, report })
+    let bytes = report.as_ref().and_then(|r| {
+        let g = r.entries.first()?.graphs.first()?;
+        g.kernels.iter().map(|k| Some(k.bytes_read.parse::<u64>().ok()? + k.bytes_written.parse::<u64>().ok()?)).sum()
+    });
+    say(format!("{id}: timing a copy of the same size"), 1.0);
+    let copy_rate = copy_rate(backend, specs, &inputs, calls, &wait)?;
+    Ok(LiveRun { times, report, bytes, copy_rate })
 }
 
-/// The chart of a run: one bar per mode, with its speed-up over eager. Returns the plot's rectangle.
-pub fn show(ui: &mut egui::Ui, title: &str, times: &[LiveTime]) -> egui::Rect {
+/// Bytes a second a compiled `-x` moves over a tensor as large as the largest of `specs` (read once,
+/// written once), timed like the workload's calls.
+fn copy_rate(
+    backend: Backend,
+    specs: &[kiln::graph::TensorSpec],
+    inputs: &[Tensor],
+    calls: usize,
+    wait: &dyn Fn() -> Result<(), String>,
+) -> Result<Option<f64>, String> {
+    let Some((i, n)) = specs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.dtype == kiln::DType::F32)
+        .filter_map(|(i, s)| Some((i, s.shape.as_concrete()?.iter().product::<usize>())))
+        .max_by_key(|(_, n)| *n)
+    else {
+        return Ok(None);
+    };
+    let x = &inputs[i];
+    let f = kiln::compile(|x: &Tensor| x.neg()).backend(backend);
+    let call = || -> Result<(), String> {
+        f.call(x).map(|_: Tensor| ()).map_err(|e| e.to_string())?;
+        wait()
+    };
+    for _ in 0..3 {
+        call()?;
+    }
+    let mut samples = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let t = Instant::now();
+        call()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(Some((2 * n * 4) as f64 / samples[samples.len() / 2]))
+}
+
+/// The chart of a run: one bar per mode, with its speed-up over eager and the share of the device's
+/// copy rate it reaches. Returns the plot's rectangle.
+pub fn show(ui: &mut egui::Ui, title: &str, run: &LiveRun) -> egui::Rect {
+    let times = &run.times;
     let eager = times.iter().find(|t| t.mode == "eager").map(|t| t.ms);
     for t in times {
         let speedup = eager.map_or(String::new(), |e| format!(" ({:.2}× eager)", e / t.ms));
-        ui.label(format!("{title} {}: {:.3} ms a call{speedup}", t.mode, t.ms));
+        let share = run.copy_share(t).map_or(String::new(), |s| format!(", {:.0}% of the copy rate", 100.0 * s));
+        ui.label(format!("{title} {}: {:.3} ms a call{speedup}{share}", t.mode, t.ms));
+    }
+    if let Some(rate) = run.copy_rate {
+        ui.label(format!(
+            "copy rate here: {:.2} GB/s; one compiled call moves {}",
+            rate / 1e9,
+            run.bytes.map_or("an unknown number of bytes".into(), |b| format!("{b} bytes"))
+        ));
     }
     let bars = times.iter().enumerate().map(|(i, t)| egui_plot::Bar::new(i as f64, t.ms).name(t.mode)).collect();
     let names: Vec<String> = times.iter().map(|t| t.mode.to_string()).collect();

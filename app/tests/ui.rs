@@ -40,7 +40,7 @@ fn w3_is_one_fused_layernorm_gelu_region_and_a_node_shows_its_line() {
 }
 
 #[test]
-fn a_kernel_shows_wgsl_ptx_and_its_lines_and_a_line_lights_up_its_nodes() {
+fn a_kernel_shows_its_ir_wgsl_ptx_and_lines_and_a_line_lights_up_its_nodes() {
     let mut h = w3();
     let name = h.state().selected_graph().unwrap().kernels[0].name.clone();
     h.get_by_label(&name).click();
@@ -52,7 +52,7 @@ fn a_kernel_shows_wgsl_ptx_and_its_lines_and_a_line_lights_up_its_nodes() {
         let start = label.find(&format!("{lang} (")).unwrap() + lang.len() + 2;
         label[start..].split(' ').next().unwrap().parse().unwrap()
     };
-    assert!(count(&h, "WGSL") > 10 && count(&h, "PTX") > 10);
+    assert!(count(&h, "WGSL") > 10 && count(&h, "PTX") > 10 && count(&h, "KERNEL IR") > 3);
     let k = h.state().selected_kernel().unwrap().clone();
     assert!(!k.lines.is_empty());
     let line = k.lines[0].to_string();
@@ -268,9 +268,19 @@ fn a_live_run_times_eager_compiled_and_reduce_overhead_on_the_kernel_backend() {
     h.state_mut().wait_for_run();
     h.run_steps(2);
     let (_, r) = h.state().run_result.clone().expect("a result");
-    let times = r.expect("the run succeeds");
+    let run = r.expect("the run succeeds");
+    let times = &run.times;
     assert_eq!(times.iter().map(|t| t.mode).collect::<Vec<_>>(), ["eager", "compiled", "reduce-overhead"]);
     assert!(times.iter().all(|t| t.ms > 0.0 && t.ms.is_finite()));
+    // Each mode's share of a copy of the same size on this device.
+    assert!(
+        run.bytes.is_some_and(|b| b > 0) && run.copy_rate.is_some_and(|r| r > 0.0),
+        "{:?} {:?}",
+        run.bytes,
+        run.copy_rate
+    );
+    assert!(times.iter().all(|t| run.copy_share(t).is_some_and(|s| s > 0.0)));
+    assert_eq!(h.query_all_by_label_contains("% of the copy rate").count(), 3);
     assert!(h.query_by_label_contains("compiled:").is_some());
     assert_eq!(h.query_all_by_label_contains("× eager").count(), 3);
     // The run profiled the compiled function: every kernel has its time, and the list shows the shares.

@@ -147,3 +147,27 @@ fn profile_times_every_kernel_and_the_text_form_shows_the_shares() {
     let back = CompileReport::from_json(&r.to_json()).unwrap();
     assert_eq!(back.entries[0].graphs[0].kernels[0].device_ms, g.kernels[0].device_ms);
 }
+
+#[test]
+fn the_report_says_which_cache_level_served_a_compile() {
+    // A shape no other test here uses, so the first compile is this test's own.
+    let x = host(3, 77);
+    let first = compile(layernorm_gelu).backend(Backend::Kernels).dynamic(Dynamic::Never);
+    let _: Tensor = first.call(&x).unwrap();
+    let level =
+        |f: &kiln::Compiled<fn(&Tensor) -> kiln::Result<Tensor>>| f.report().entries[0].graphs[0].cache_level.clone();
+    let again = compile(layernorm_gelu as fn(&Tensor) -> kiln::Result<Tensor>)
+        .backend(Backend::Kernels)
+        .dynamic(Dynamic::Never);
+    let _: Tensor = again.call(&x).unwrap();
+    assert_eq!(level(&again).as_deref(), Some("memory"), "a second function with the same graph");
+    assert!(again.report().entries[0].graphs[0].to_string().contains("served from the memory cache"));
+    kiln::graph::cache::clear_memory();
+    let third = compile(layernorm_gelu as fn(&Tensor) -> kiln::Result<Tensor>)
+        .backend(Backend::Kernels)
+        .dynamic(Dynamic::Never);
+    let _: Tensor = third.call(&x).unwrap();
+    if kiln::graph::cache::directory().is_some() {
+        assert_eq!(level(&third).as_deref(), Some("disk"), "the persistent level after memory was cleared");
+    }
+}

@@ -485,8 +485,9 @@ impl Explorer {
         for (e, entry) in r.entries.iter().enumerate() {
             for (g, graph) in entry.graphs.iter().enumerate() {
                 let selected = self.graph == (e, g);
+                let cached = graph.cache_level.as_ref().map_or(String::new(), |l| format!(" · from the {l} cache"));
                 let text = format!(
-                    "entry {e} · graph {g}: {} ops, {} kernels",
+                    "entry {e} · graph {g}: {} ops, {} kernels{cached}",
                     graph.captured.nodes.len(),
                     graph.kernels.len()
                 );

@@ -279,6 +279,9 @@ pub struct TracedGraph {
     /// of a function with breaks, traced again on every call, compile once).
     #[serde(default)]
     pub cache_hit: bool,
+    /// Which level of the compile cache served it (`memory` or `disk`), when one did.
+    #[serde(default)]
+    pub cache_level: Option<String>,
 }
 
 impl PartialEq for TracedGraph {
@@ -514,12 +517,19 @@ impl Tracer {
         let index = st.graphs.len();
         let mut compiled = None;
         let mut cache_hit = false;
+        let mut cache_level = None;
         if ran {
             let backend = &self.opts.backend;
             if let Some(target) = backend.target() {
-                let hits = crate::cache::hits();
+                let before = crate::cache::stats();
                 let c = crate::pipeline::compile_cached(&graph, target, crate::fuse::FusionMode::Fused)?;
-                if crate::cache::hits() > hits {
+                let after = crate::cache::stats();
+                if after.memory_hits > before.memory_hits {
+                    cache_level = Some("memory".to_string());
+                } else if after.disk_hits > before.disk_hits {
+                    cache_level = Some("disk".to_string());
+                }
+                if cache_level.is_some() {
                     cache_hit = true;
                     st.cache_hits += 1;
                 }
@@ -551,7 +561,7 @@ impl Tracer {
             b
         });
         if ran {
-            st.graphs.push(TracedGraph { graph, ended_by, compiled, sources, cache_hit });
+            st.graphs.push(TracedGraph { graph, ended_by, compiled, sources, cache_hit, cache_level });
         }
         st.graph_index += 1;
         Ok(())

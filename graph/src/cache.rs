@@ -121,32 +121,44 @@ fn load(dir: &std::path::Path, key: &str) -> Option<CompiledGraph> {
     if let Ok(f) = std::fs::File::options().write(true).open(&path) {
         let _ = f.set_modified(std::time::SystemTime::now());
     }
-    let entry: DiskEntry = match serde_json::from_str(&text) {
-        Ok(e) => e,
-        Err(e) => {
-            reject(&path, format!("unreadable ({e})"));
-            return None;
-        }
-    };
-    if entry.format != FORMAT || entry.version != VERSION || entry.kiln != BUILD {
-        reject(&path, format!("written by {} {} (kiln {})", entry.format, entry.version, entry.kiln));
-        return None;
-    }
-    if entry.key != key {
-        reject(&path, "its key does not match its file name".into());
-        return None;
-    }
-    if blake3::hash(entry.payload.as_bytes()).to_hex().as_str() != entry.checksum {
-        reject(&path, "checksum mismatch (corrupt or truncated)".into());
-        return None;
-    }
-    match serde_json::from_str(&entry.payload) {
+    match decode(&text, key) {
         Ok(c) => Some(c),
-        Err(e) => {
-            reject(&path, format!("payload does not decode ({e})"));
+        Err(why) => {
+            reject(&path, why);
             None
         }
     }
+}
+
+/// A cache entry's text as the compiled graph it holds, or why it cannot be used (another format or
+/// build, another key, a checksum mismatch, a payload that does not decode). Never panics, whatever the
+/// text (fuzzed: `fuzz/fuzz_targets/cache_entry.rs`).
+pub fn decode(text: &str, key: &str) -> std::result::Result<CompiledGraph, String> {
+    let entry: DiskEntry = serde_json::from_str(text).map_err(|e| format!("unreadable ({e})"))?;
+    if entry.format != FORMAT || entry.version != VERSION || entry.kiln != BUILD {
+        return Err(format!("written by {} {} (kiln {})", entry.format, entry.version, entry.kiln));
+    }
+    if entry.key != key {
+        return Err("its key does not match its file name".into());
+    }
+    if blake3::hash(entry.payload.as_bytes()).to_hex().as_str() != entry.checksum {
+        return Err("checksum mismatch (corrupt or truncated)".into());
+    }
+    serde_json::from_str(&entry.payload).map_err(|e| format!("payload does not decode ({e})"))
+}
+
+/// An entry for `key` holding `payload` as this build writes it (with its checksum): what a fuzzer
+/// needs to reach the payload's decoding past the checksum.
+pub fn encode_entry(key: &str, payload: &str) -> String {
+    let entry = DiskEntry {
+        format: FORMAT.into(),
+        version: VERSION,
+        kiln: BUILD.into(),
+        key: key.into(),
+        checksum: blake3::hash(payload.as_bytes()).to_hex().to_string(),
+        payload: payload.into(),
+    };
+    serde_json::to_string(&entry).unwrap_or_default()
 }
 
 fn store(dir: &std::path::Path, key: &str, compiled: &CompiledGraph) {
@@ -154,15 +166,10 @@ fn store(dir: &std::path::Path, key: &str, compiled: &CompiledGraph) {
         Ok(p) => p,
         Err(_) => return,
     };
-    let entry = DiskEntry {
-        format: FORMAT.into(),
-        version: VERSION,
-        kiln: BUILD.into(),
-        key: key.into(),
-        checksum: blake3::hash(payload.as_bytes()).to_hex().to_string(),
-        payload,
-    };
-    let Ok(text) = serde_json::to_string(&entry) else { return };
+    let text = encode_entry(key, &payload);
+    if text.is_empty() {
+        return;
+    }
     let bytes = text.len() as u64;
     // Write then rename: a reader never sees half a file, and concurrent writers each leave a whole one.
     let tmp = dir.join(format!(".{key}.{}.tmp", std::process::id()));

@@ -711,7 +711,14 @@ impl Expr {
     /// Symbolic divisors use the extents recorded with [`SymTable::set_extent`]: `(q*y + i) // y` is `q` and
     /// `(q*y + i) % y` is `i` when `0 <= i < y` is known (a loop variable over `0..y`), which is what
     /// flattening and unflattening an index over symbolic dims produces.
+    ///
+    /// Never panics: where rewriting would overflow a coefficient (a symbol fixed to a large value, say),
+    /// the expression is returned as it is.
     pub fn simplify_in(&self, table: &SymTable) -> Expr {
+        self.try_simplify_in(table).unwrap_or_else(|| self.clone())
+    }
+
+    fn try_simplify_in(&self, table: &SymTable) -> Option<Expr> {
         let below = |x: &Expr, y: &Expr| match y.as_const() {
             Some(k) if k > 0 => {
                 let b = table.bounds(x);
@@ -740,7 +747,7 @@ impl Expr {
                         } else if let Some((q, _)) = split(&x, &y) {
                             q
                         } else {
-                            x.floor_div(&y)
+                            x.try_floor_div(&y)?
                         }
                     }
                     Atom::Mod(x, y) => {
@@ -750,7 +757,7 @@ impl Expr {
                         } else if let Some((_, r)) = split(&x, &y) {
                             r
                         } else {
-                            x.modulo(&y)
+                            x.try_modulo(&y)?
                         }
                     }
                     Atom::Min(x, y) => {
@@ -770,11 +777,11 @@ impl Expr {
                         }
                     }
                 };
-                prod = prod.mul(&a);
+                prod = prod.try_mul(&a)?;
             }
-            acc = acc.add(&prod);
+            acc = acc.try_combine(&prod, false)?;
         }
-        acc.fold_div_mod()
+        Some(acc.fold_div_mod())
     }
 
     /// Folds `c*k*(y // k) + c*(y % k)` into `c*y` (true for every integer `y` and non-zero `k` under
@@ -1359,6 +1366,22 @@ impl SymTable {
 
 #[cfg(test)]
 mod tests {
+
+    /// Found by `fuzz/fuzz_targets/sym_simplify.rs`: a symbol its range fixes to one value, substituted
+    /// into a term whose coefficient is near `i64::MAX`, overflowed inside `simplify_in` (a panic). Now
+    /// the expression comes back unsimplified, and still evaluates the same.
+    #[test]
+    fn simplifying_never_panics_on_overflow() {
+        let mut table = SymTable::new();
+        let a = table.new_symbol("a", 3, Some(3));
+        let big = Expr::constant(i64::MAX / 2 + 1).checked_mul(&Expr::sym(a)).expect("no overflow yet");
+        let e = big.checked_add(&Expr::sym(a).floor_div(&Expr::constant(2))).expect("fits");
+        let s = e.simplify_in(&table);
+        let b = Bindings::new().with(a, 3);
+        assert_eq!(s.eval(&b).is_err(), e.eval(&b).is_err());
+        let small = Expr::sym(a).mul(&Expr::constant(5));
+        assert_eq!(small.simplify_in(&table).as_const(), Some(15), "ordinary folding still happens");
+    }
     use super::*;
     use proptest::prelude::*;
 

@@ -157,7 +157,7 @@ fn graphs_around_a_break_compile_once() {
         assert_eq!(ex.graph_count(), 2);
         if i > 0 {
             assert!(ex.graphs.iter().all(|g| g.cache_hit), "{ex}");
-            assert!(ex.to_string().contains("compile served from the cache"), "{ex}");
+            assert!(ex.to_string().contains("compile served from the memory cache"), "{ex}");
         }
     }
     let s = f.stats();

@@ -83,18 +83,10 @@ fn run_inner(id: &str, backend: Backend, quick: bool, calls: usize, tx: &Sender<
             wait()
         };
         say(format!("{id} {name}: compiling and warming up"), m as f32 / 3.0);
-        for _ in 0..3 {
-            call()?;
-        }
-        let mut samples = Vec::with_capacity(calls);
-        for i in 0..calls {
-            let t = Instant::now();
-            call()?;
-            samples.push(t.elapsed().as_secs_f64() * 1e3);
-            say(format!("{id} {name}: call {}/{calls}", i + 1), (m as f32 + (i + 1) as f32 / calls as f32) / 3.0);
-        }
-        samples.sort_by(f64::total_cmp);
-        times.push(LiveTime { mode: name, ms: samples[samples.len() / 2] });
+        let ms = median_seconds(calls, &call, &mut |i| {
+            say(format!("{id} {name}: call {}/{calls}", i + 1), (m as f32 + (i + 1) as f32 / calls as f32) / 3.0)
+        })? * 1e3;
+        times.push(LiveTime { mode: name, ms });
         if let (Some(f), Some(Mode::Default)) = (&f, mode) {
             say(format!("{id} {name}: timing each kernel"), (m as f32 + 1.0) / 3.0);
             f.profile(inputs.clone()).map(drop).map_err(|e| e.to_string())?;
@@ -135,17 +127,27 @@ fn copy_rate(
         f.call(x).map(|_: Tensor| ()).map_err(|e| e.to_string())?;
         wait()
     };
+    Ok(Some((2 * n * 4) as f64 / median_seconds(calls, &call, &mut |_| {})?))
+}
+
+/// Three warm-up calls, then the median of `calls` timed ones, seconds; `done(i)` after timed call `i`.
+fn median_seconds(
+    calls: usize,
+    call: &dyn Fn() -> Result<(), String>,
+    done: &mut dyn FnMut(usize),
+) -> Result<f64, String> {
     for _ in 0..3 {
         call()?;
     }
     let mut samples = Vec::with_capacity(calls);
-    for _ in 0..calls {
+    for i in 0..calls {
         let t = Instant::now();
         call()?;
         samples.push(t.elapsed().as_secs_f64());
+        done(i);
     }
     samples.sort_by(f64::total_cmp);
-    Ok(Some((2 * n * 4) as f64 / samples[samples.len() / 2]))
+    Ok(samples[samples.len() / 2])
 }
 
 /// The chart of a run: one bar per mode, with its speed-up over eager and the share of the device's

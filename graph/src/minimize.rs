@@ -37,7 +37,49 @@ struct CaseFile {
 struct Values {
     dtype: crate::DType,
     dims: Vec<usize>,
+    #[serde(with = "numbers")]
     values: Vec<f64>,
+}
+
+/// Numbers in JSON, where NaN and the infinities (a cut node's value can be one) have no literal: they
+/// are written as the strings `"nan"`, `"inf"` and `"-inf"`.
+mod numbers {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Number {
+        Finite(f64),
+        Special(String),
+    }
+
+    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
+        let n: Vec<Number> = v
+            .iter()
+            .map(|&x| match x {
+                x if x.is_finite() => Number::Finite(x),
+                x if x.is_nan() => Number::Special("nan".into()),
+                x if x > 0.0 => Number::Special("inf".into()),
+                _ => Number::Special("-inf".into()),
+            })
+            .collect();
+        n.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        Vec::<Number>::deserialize(d)?
+            .into_iter()
+            .map(|n| match n {
+                Number::Finite(x) => Ok(x),
+                Number::Special(s) => match s.as_str() {
+                    "nan" => Ok(f64::NAN),
+                    "inf" => Ok(f64::INFINITY),
+                    "-inf" => Ok(f64::NEG_INFINITY),
+                    other => Err(serde::de::Error::custom(format!("`{other}` is not a number"))),
+                },
+            })
+            .collect()
+    }
 }
 
 impl Case {
@@ -255,4 +297,29 @@ pub fn write_reproducer(
     );
     std::fs::write(&rs, test).map_err(io)?;
     Ok((json, rs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cases_with_nan_and_infinite_inputs_round_trip() {
+        let mut g = Graph::new();
+        let x = g.add_input(
+            crate::DType::F32,
+            crate::shape::Shape::from_dims(&[4]),
+            InputKind::Arg { index: 0 },
+            crate::loc::SourceLoc::internal(),
+        );
+        g.outputs = vec![x];
+        let data = TensorData::from_f64(vec![1.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY], &[4], crate::DType::F32)
+            .expect("data");
+        let case = Case { graph: g, inputs: vec![data] };
+        let back = Case::from_json(&case.to_json("test")).expect("reads back");
+        let v = back.inputs[0].values();
+        assert_eq!(v[0], 1.5);
+        assert!(v[1].is_nan() && v[2] == f64::INFINITY && v[3] == f64::NEG_INFINITY, "{v:?}");
+        assert!(Case::from_json(&case.to_json("test").replace("\"nan\"", "\"nope\"")).is_err());
+    }
 }

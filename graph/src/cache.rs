@@ -177,6 +177,7 @@ fn store(dir: &std::path::Path, key: &str, compiled: &CompiledGraph) {
     if !ok || std::fs::rename(&tmp, dir.join(format!("{key}.json"))).is_err() {
         let _ = std::fs::remove_file(&tmp);
         tracing::debug!(target: "kiln::cache", dir = %dir.display(), "could not write a cache entry");
+        return;
     }
     note_stored(dir, bytes, max_bytes());
 }

@@ -127,12 +127,11 @@ pub fn check_graph(graph: &Graph, inputs: &[TensorData], targets: &[Arc<dyn Back
     let refs: Vec<&TensorData> = inputs.iter().collect();
     let want: Vec<Expected> =
         crate::interp::run(graph, &refs)?.iter().map(|t| Expected::of(t, "kiln's f64 reference")).collect();
-    let tolerance = Tolerance::of(graph)?;
+    // One depth for every output (decomposing the graph to find it is not free).
+    let depth = depth(graph)?;
+    let tolerance = Tolerance::rule(graph.outputs.first().map_or(crate::DType::F32, |o| graph.node(*o).dtype), depth);
     let mut report = CheckReport { tolerance, outputs: Vec::new(), kernels: Vec::new() };
-    let tol_of = |i: usize| {
-        let dtype = graph.node(graph.outputs[i]).dtype;
-        Tolerance::rule(dtype, depth(graph).unwrap_or(1.0))
-    };
+    let tol_of = |i: usize| Tolerance::rule(graph.node(graph.outputs[i]).dtype, depth);
     let mut push = |backend: &str, mode: &'static str, got: Result<Vec<TensorData>>| match got {
         Ok(got) => {
             for (i, w) in want.iter().enumerate() {
@@ -171,14 +170,14 @@ pub fn check_graph(graph: &Graph, inputs: &[TensorData], targets: &[Arc<dyn Back
         }
     }
     for c in &plans {
-        report.kernels.extend(check_kernels(c, inputs, graph)?);
+        report.kernels.extend(check_kernels(c, inputs, tolerance)?);
     }
     Ok(report)
 }
 
 /// Each kernel of `c` run alone by the kernel interpreter, its buffers read from the reference's values
-/// of the nodes they hold, its stores compared with the reference's.
-pub fn check_kernels(c: &CompiledGraph, inputs: &[TensorData], graph: &Graph) -> Result<Vec<KernelCheck>> {
+/// of the nodes they hold, its stores compared with the reference's under `tol`.
+pub fn check_kernels(c: &CompiledGraph, inputs: &[TensorData], tol: Tolerance) -> Result<Vec<KernelCheck>> {
     let prim = &c.primitive.graph;
     let refs: Vec<&TensorData> = inputs.iter().collect();
     // The reference's value of every node a kernel touches.
@@ -189,7 +188,6 @@ pub fn check_kernels(c: &CompiledGraph, inputs: &[TensorData], graph: &Graph) ->
     all.outputs = wanted.clone();
     let values: BTreeMap<NodeId, TensorData> = wanted.into_iter().zip(crate::interp::run(&all, &refs)?).collect();
     let bindings = crate::interp::bind_symbols(prim, &refs)?;
-    let tol = Tolerance::rule(graph.outputs.first().map_or(crate::DType::F32, |o| graph.node(*o).dtype), depth(graph)?);
     let mut out = Vec::with_capacity(c.kernels.len());
     for kernel in &c.kernels {
         let mut arrays: Vec<Vec<f64>> = kernel

@@ -92,6 +92,8 @@ struct Lowerer<'a> {
     faults: Vec<FaultSite>,
     /// The op the test-only knob miscompiles ([`wrong_op`]).
     wrong_op: Option<UnaryOp>,
+    /// The knob asks for wrong graph outputs ([`wrong_kernels`]); read once per kernel, as `wrong_op` is.
+    wrong_outputs: bool,
 }
 
 impl<'a> Lowerer<'a> {
@@ -116,6 +118,7 @@ impl<'a> Lowerer<'a> {
             evaluating: Vec::new(),
             faults: Vec::new(),
             wrong_op: wrong_op(),
+            wrong_outputs: wrong_kernels(),
         }
     }
 
@@ -265,7 +268,7 @@ impl<'a> Lowerer<'a> {
     fn store(&mut self, n: NodeId, index: Expr, value: VarId) {
         let index = index.simplify_in(&self.ranges);
         let value =
-            if wrong_kernels() && self.g.outputs.contains(&n) { self.miscompute(n, &index, value) } else { value };
+            if self.wrong_outputs && self.g.outputs.contains(&n) { self.miscompute(n, &index, value) } else { value };
         let buffer = self.buffer(n, Access::Write);
         let depth = self.blocks.len() - 1;
         self.blocks[depth].push(Stmt::Store { buffer, index, value });

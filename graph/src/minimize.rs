@@ -233,7 +233,7 @@ fn bypass(case: &Case, n: NodeId) -> Option<Case> {
 
 /// `case` without nodes no output needs and without inputs nothing reads (inputs renumbered).
 fn prune(case: Case) -> Case {
-    let (g, kept) = case.graph.without_dead_nodes();
+    let (g, _) = case.graph.without_dead_nodes();
     let used: Vec<bool> = {
         let mut used = vec![false; g.nodes.len()];
         for n in &g.nodes {
@@ -246,7 +246,6 @@ fn prune(case: Case) -> Case {
         }
         used
     };
-    let _ = kept;
     // Rebuild with only the inputs something uses, in their old order.
     let mut out = Graph { symbols: g.symbols.clone(), ..Graph::default() };
     let mut remap = vec![NodeId(u32::MAX); g.nodes.len()];

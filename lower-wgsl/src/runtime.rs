@@ -340,21 +340,18 @@ impl Gpu {
         }
         let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln") });
         let passes = ops.iter().filter(|o| matches!(o, Op::Dispatch { .. })).count();
-        let kernels: Vec<Arc<str>> = ops
-            .iter()
-            .filter_map(|o| if let Op::Dispatch { kernel, .. } = o { Some(kernel.clone()) } else { None })
-            .collect();
         let mut dispatched = 0;
-        let mut ops = ops.into_iter().peekable();
-        while let Some(op) = ops.next() {
+        // Iterated by reference: the ops outlive the submission, so a fault can name their kernels.
+        let mut iter = ops.iter().peekable();
+        while let Some(op) = iter.next() {
             match op {
-                Op::Clear { buffer, offset, size } => encoder.clear_buffer(&buffer, offset, Some(size)),
-                Op::Copy { src, dst, size } => encoder.copy_buffer_to_buffer(&src, 0, &dst, 0, size),
+                Op::Clear { buffer, offset, size } => encoder.clear_buffer(buffer, *offset, Some(*size)),
+                Op::Copy { src, dst, size } => encoder.copy_buffer_to_buffer(src, 0, dst, 0, *size),
                 Op::Dispatch { pipeline, bind, grid, .. } => {
-                    let mut run = vec![(pipeline, bind, grid)];
-                    while let Some(Op::Dispatch { .. }) = ops.peek() {
-                        if let Some(Op::Dispatch { pipeline, bind, grid, .. }) = ops.next() {
-                            run.push((pipeline, bind, grid));
+                    let mut run = vec![(pipeline, bind, *grid)];
+                    while let Some(Op::Dispatch { .. }) = iter.peek() {
+                        if let Some(Op::Dispatch { pipeline, bind, grid, .. }) = iter.next() {
+                            run.push((pipeline, bind, *grid));
                         }
                     }
                     let (first, last) = (dispatched == 0, dispatched + run.len() == passes);
@@ -369,7 +366,7 @@ impl Gpu {
                         .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes });
                     for (p, b, g) in &run {
                         pass.set_pipeline(p);
-                        pass.set_bind_group(0, b, &[]);
+                        pass.set_bind_group(0, *b, &[]);
                         pass.dispatch_workgroups(g.0, g.1, g.2);
                     }
                 }
@@ -383,7 +380,10 @@ impl Gpu {
         // Validation errors of this submission reach the handler during `finish`/`submit`.
         let faults = std::mem::take(&mut *lock(&self.faults));
         if !faults.is_empty() {
-            let names: Vec<&str> = kernels.iter().map(|k| &**k).collect();
+            let names: Vec<&str> = ops
+                .iter()
+                .filter_map(|o| if let Op::Dispatch { kernel, .. } = o { Some(&**kernel) } else { None })
+                .collect();
             let msg =
                 format!("the device rejected a submission of kernel(s) [{}]: {}", names.join(", "), faults.join("; "));
             lock(&self.pending).get_or_insert(err(msg));

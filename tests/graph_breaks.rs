@@ -156,7 +156,7 @@ fn graphs_around_a_break_compile_once() {
         assert_close(&read(&Ok(y)).0, &[2.0 * (1.0 + i as f64) + 1.0, 5.0]);
         assert_eq!(ex.graph_count(), 2);
         if i > 0 {
-            assert!(ex.graphs.iter().all(|g| g.cache_hit), "{ex}");
+            assert!(ex.graphs.iter().all(|g| g.cache_level.is_some()), "{ex}");
             assert!(ex.to_string().contains("compile served from the memory cache"), "{ex}");
         }
     }

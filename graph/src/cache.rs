@@ -51,13 +51,23 @@ thread_local! {
 /// The default cap on the persistent directory: 512 MiB.
 pub const DEFAULT_MAX_BYTES: u64 = 512 << 20;
 
-/// This thread's cache hits so far (memory and disk): a cheap counter for callers that want to know
-/// whether one compile was served from the cache.
-pub fn hits() -> usize {
-    STATS.with(|s| {
-        let s = s.borrow();
-        s.memory_hits + s.disk_hits
-    })
+/// Which level of the compile cache served a compile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheLevel {
+    /// This process's memory.
+    Memory,
+    /// The persistent directory (`KILN_CACHE_DIR`).
+    Disk,
+}
+
+impl std::fmt::Display for CacheLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CacheLevel::Memory => "memory",
+            CacheLevel::Disk => "disk",
+        })
+    }
 }
 
 /// This thread's cache counters.

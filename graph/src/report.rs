@@ -64,11 +64,9 @@ pub struct GraphReport {
     pub captured: Graph,
     /// The break that ended it (`None` for the graph that ran at the function's return).
     pub ended_by: Option<GraphBreak>,
-    /// Its compilation came from the compile cache.
-    pub cache_hit: bool,
-    /// Which level of the compile cache served it (`memory`, `disk`), when one did.
+    /// Which level of the compile cache (memory, disk) served its compilation, when one did.
     #[serde(default)]
-    pub cache_level: Option<String>,
+    pub cache_level: Option<crate::cache::CacheLevel>,
     /// Decomposition (with each node's origin), regions, kernels, memory plan and phase timings; `None`
     /// on the CPU reference, which runs graphs without compiling them.
     pub compiled: Option<CompiledGraph>,
@@ -260,8 +258,7 @@ impl GraphReport {
         GraphReport {
             captured: t.graph.clone(),
             ended_by: t.ended_by.clone(),
-            cache_hit: t.cache_hit,
-            cache_level: t.cache_level.clone(),
+            cache_level: t.cache_level,
             compiled,
             kernels,
             profiled_with: None,
@@ -356,11 +353,7 @@ impl std::fmt::Display for GraphReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let g = &self.captured;
         let hist: Vec<String> = g.op_histogram().iter().map(|(n, c)| format!("{n}×{c}")).collect();
-        let hit = match (&self.cache_hit, &self.cache_level) {
-            (true, Some(level)) => format!(" (compile served from the {level} cache)"),
-            (true, None) => " (compile served from the cache)".to_string(),
-            _ => String::new(),
-        };
+        let hit = self.cache_level.map_or(String::new(), |level| format!(" (compile served from the {level} cache)"));
         writeln!(f, "{} op(s) [{}]{hit}", g.op_count(), hist.join(", "))?;
         for line in g.to_string().lines() {
             writeln!(f, "    {line}")?;

@@ -275,13 +275,10 @@ pub struct TracedGraph {
     /// Per graph input: the tensor it was lifted from (`None` for the function's arguments).
     #[serde(skip)]
     pub sources: Vec<Option<Tensor>>,
-    /// The compile cache served its compilation (a structurally equal graph compiled before: the graphs
-    /// of a function with breaks, traced again on every call, compile once).
+    /// Which level of the compile cache served its compilation, when one did (a structurally equal graph
+    /// compiled before: the graphs of a function with breaks, traced again on every call, compile once).
     #[serde(default)]
-    pub cache_hit: bool,
-    /// Which level of the compile cache served it (`memory` or `disk`), when one did.
-    #[serde(default)]
-    pub cache_level: Option<String>,
+    pub cache_level: Option<crate::cache::CacheLevel>,
 }
 
 impl PartialEq for TracedGraph {
@@ -516,7 +513,6 @@ impl Tracer {
         let ran = graph.op_count() > 0 || !graph.outputs.is_empty();
         let index = st.graphs.len();
         let mut compiled = None;
-        let mut cache_hit = false;
         let mut cache_level = None;
         if ran {
             let backend = &self.opts.backend;
@@ -525,12 +521,11 @@ impl Tracer {
                 let c = crate::pipeline::compile_cached(&graph, target, crate::fuse::FusionMode::Fused)?;
                 let after = crate::cache::stats();
                 if after.memory_hits > before.memory_hits {
-                    cache_level = Some("memory".to_string());
+                    cache_level = Some(crate::cache::CacheLevel::Memory);
                 } else if after.disk_hits > before.disk_hits {
-                    cache_level = Some("disk".to_string());
+                    cache_level = Some(crate::cache::CacheLevel::Disk);
                 }
                 if cache_level.is_some() {
-                    cache_hit = true;
                     st.cache_hits += 1;
                 }
                 compiled = Some(c);
@@ -561,7 +556,7 @@ impl Tracer {
             b
         });
         if ran {
-            st.graphs.push(TracedGraph { graph, ended_by, compiled, sources, cache_hit, cache_level });
+            st.graphs.push(TracedGraph { graph, ended_by, compiled, sources, cache_level });
         }
         st.graph_index += 1;
         Ok(())

@@ -24,7 +24,8 @@ pub struct LiveRun {
     /// The compiled function's report after a profiled call: each kernel's device time on the run's
     /// backend (`None` where the backend runs graphs without kernels).
     pub report: Option<kiln::CompileReport>,
-    /// The bytes one compiled call moves (its kernels' reads and writes), where the report says.
+    /// The bytes the computation must move (inputs read once, outputs written once; the bench's
+    /// measure), where the compiled graph says.
     pub bytes: Option<u64>,
     /// A copy's rate on this device, bytes a second: `-x` over a tensor as large as the workload's
     /// largest input, called and waited for like the workload.
@@ -94,9 +95,9 @@ fn run_inner(id: &str, backend: Backend, quick: bool, calls: usize, tx: &Sender<
                 .filter(|r| r.entries.iter().flat_map(|e| &e.graphs).any(|g| g.profiled_with.is_some()));
         }
     }
+    // The computation's own traffic (inputs read once, outputs written once), as the bench quotes it.
     let bytes = report.as_ref().and_then(|r| {
-        let g = r.entries.first()?.graphs.first()?;
-        g.kernels.iter().map(|k| Some(k.bytes_read.parse::<u64>().ok()? + k.bytes_written.parse::<u64>().ok()?)).sum()
+        r.entries.first()?.graphs.first()?.compiled.as_ref()?.io_bytes(&kiln::graph::sym::Bindings::new()).ok()
     });
     say(format!("{id}: timing a copy of the same size"), 1.0);
     let copy_rate = copy_rate(backend, specs, &inputs, calls, &wait)?;
@@ -162,7 +163,7 @@ pub fn show(ui: &mut egui::Ui, title: &str, run: &LiveRun) -> egui::Rect {
     }
     if let Some(rate) = run.copy_rate {
         ui.label(format!(
-            "copy rate here: {:.2} GB/s; one compiled call moves {}",
+            "copy rate here: {:.2} GB/s; the computation moves {} (inputs read once, outputs written once)",
             rate / 1e9,
             run.bytes.map_or("an unknown number of bytes".into(), |b| format!("{b} bytes"))
         ));

@@ -382,11 +382,13 @@ impl<'g> Scheduler<'g> {
         }
     }
 
-    /// Graph outputs that are layout or source nodes get a pointwise region that writes them.
+    /// Graph outputs that are layout or source nodes get a pointwise region that writes them. (No output
+    /// is an input here: the pipeline gives such an output a copy node first, so no kernel stores into
+    /// the buffer it loads from.)
     fn transparent_outputs(&mut self) {
         let outputs: Vec<NodeId> = self.f.graph.outputs.clone();
         for o in outputs {
-            if matches!(self.f.role[o.index()], Role::Transparent | Role::Input) && self.free(o) {
+            if self.f.role[o.index()] == Role::Transparent && self.free(o) {
                 self.commit(RegionKind::Pointwise, BTreeSet::from([o]));
             }
         }
@@ -401,7 +403,7 @@ fn stored_nodes(f: &Facts, members: &BTreeSet<NodeId>) -> Vec<NodeId> {
         .filter(|&m| {
             f.output_reach[m.index()]
                 || f.consumers[m.index()].iter().any(|c| !members.contains(c))
-                || matches!(f.role[m.index()], Role::Transparent | Role::Input)
+                || f.role[m.index()] == Role::Transparent
         })
         .collect()
 }

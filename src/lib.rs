@@ -121,15 +121,24 @@ fn shared(
     name: &str,
     open: fn() -> Result<Arc<kiln_graph::Runtime>>,
 ) -> Result<Arc<dyn kiln_graph::Backend>> {
-    match slot.get_or_init(|| open().map_err(|e| e.to_string())) {
+    match slot.get_or_init(|| open().map_err(open_failure)) {
         Ok(rt) => Ok(rt.clone()),
         Err(msg) => Err(Error::Backend { backend: name.into(), msg: msg.clone() }),
     }
 }
 
+/// Why a device did not open, as kept in its slot: a backend error's own message (the slot's error names
+/// the backend again), anything else in full.
+fn open_failure(e: Error) -> String {
+    match e {
+        Error::Backend { msg, .. } => msg,
+        e => e.to_string(),
+    }
+}
+
 static KERNELS: DeviceSlot = OnceLock::new();
 
-#[cfg(all(feature = "wgpu", not(target_arch = "wasm32")))]
+#[cfg(feature = "wgpu")]
 static WGPU: DeviceSlot = OnceLock::new();
 
 #[cfg(all(feature = "wgpu", not(target_arch = "wasm32")))]
@@ -137,9 +146,39 @@ fn wgpu_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
     shared(&WGPU, "wgpu", kiln_wgsl::Gpu::runtime)
 }
 
-#[cfg(not(all(feature = "wgpu", not(target_arch = "wasm32"))))]
+/// A page cannot block while the browser opens a WebGPU adapter: the device is the one [`open_wgpu`]
+/// opened, and until then there is none.
+#[cfg(all(feature = "wgpu", target_arch = "wasm32"))]
 fn wgpu_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
-    Err(Error::Backend { backend: "wgpu".into(), msg: "this build of kiln opens no wgpu device here".into() })
+    match WGPU.get() {
+        Some(Ok(rt)) => Ok(rt.clone()),
+        Some(Err(msg)) => Err(Error::Backend { backend: "wgpu".into(), msg: msg.clone() }),
+        None => Err(Error::Backend {
+            backend: "wgpu".into(),
+            msg: "a browser opens WebGPU asynchronously: await `kiln::open_wgpu()` before using Backend::Wgpu".into(),
+        }),
+    }
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
+    Err(Error::Backend { backend: "wgpu".into(), msg: "this build of kiln has no `wgpu` feature".into() })
+}
+
+/// Opens the wgpu device without blocking and makes it the one `Backend::Wgpu` (and `Auto`) use: what a
+/// browser page awaits first, since a page cannot block while WebGPU finds an adapter. Native programs
+/// need not call it (the device opens on first use), but may. A failure (no WebGPU in this browser, no
+/// adapter) is kept: `Backend::Wgpu` reports it from then on and `Auto` passes over it.
+#[cfg(feature = "wgpu")]
+pub async fn open_wgpu() -> Result<Arc<Runtime>> {
+    if let Some(done) = WGPU.get() {
+        return done.clone().map_err(|msg| Error::Backend { backend: "wgpu".into(), msg });
+    }
+    let opened = kiln_wgsl::Gpu::runtime_async().await.map_err(open_failure);
+    // Another task may have opened it meanwhile: theirs stands.
+    let done = WGPU.get_or_init(|| opened);
+    register_renderers();
+    done.clone().map_err(|msg| Error::Backend { backend: "wgpu".into(), msg })
 }
 
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]

@@ -18,6 +18,8 @@ const RECENT: usize = 10;
 /// The central panel's tabs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tab {
+    /// The demo: built-in workloads and your own expression compiled and run here, checked and timed.
+    Demo,
     /// The graph, coloured by region.
     Graph,
     /// The selected kernel's sources.
@@ -78,13 +80,23 @@ pub struct Explorer {
     pub run_calls: usize,
     /// The latest live run: what it ran, and its times.
     pub run_result: Option<(String, Result<crate::live::LiveRun, String>)>,
+    /// Every finished live run, oldest first (the demo's table).
+    pub runs: Vec<(String, Result<crate::live::LiveRun, String>)>,
+    /// Live runs waiting their turn (the demo's "run all").
+    pub(crate) queue: std::collections::VecDeque<crate::live::Subject>,
+    /// The demo's expression line.
+    pub expression: String,
+    /// Why the expression line was rejected, shown under it.
+    pub expression_error: Option<String>,
+    /// What the page or app found about its device (the browser demo says whether it has WebGPU).
+    pub notice: Option<String>,
     /// Files read off the UI thread (dropped in a browser): their names and texts.
     dropped: (Sender<FileText>, Receiver<FileText>),
     /// The shown chart's tab and rectangle, for its export.
     chart_rect: Option<(Tab, egui::Rect)>,
     /// The live run under way: its progress and its channel.
-    running: Option<(String, f32, Receiver<crate::live::LiveMsg>)>,
-    backends: Option<Vec<kiln::Backend>>,
+    pub(crate) running: Option<(String, f32, Receiver<crate::live::LiveMsg>)>,
+    pub(crate) backends: Option<Vec<kiln::Backend>>,
     /// A workload being compiled on the worker, and its name.
     pending: Option<(String, Receiver<Result<CompileReport, String>>)>,
     layout: Option<((usize, usize, bool, bool), Layout)>,
@@ -118,6 +130,11 @@ impl Default for Explorer {
             run_backend: kiln::Backend::Kernels,
             run_calls: 10,
             run_result: None,
+            runs: Vec::new(),
+            queue: Default::default(),
+            expression: "gelu(x*1.5+0.5)*sigmoid(x)".into(),
+            expression_error: None,
+            notice: None,
             running: None,
             backends: None,
             pending: None,
@@ -133,7 +150,7 @@ impl Explorer {
     pub fn open_workload(&mut self, id: &str) {
         let (tx, rx) = channel();
         let name = id.to_string();
-        spawn(move || {
+        crate::spawn_task(move || async move {
             let _ = tx.send(open::workload_report(&name));
         });
         self.pending = Some((format!("workload {id}"), rx));
@@ -198,15 +215,35 @@ impl Explorer {
     /// Starts a live run of the open workload on `run_backend` (a worker; the Run tab shows progress).
     pub fn start_run(&mut self, quick: bool) {
         let Some(id) = self.workload.clone() else { return };
+        self.queue_runs([crate::live::Subject::Workload { id, quick }]);
+    }
+
+    /// Queues live runs on `run_backend`; they run one after another (the first starts now, if no run is
+    /// under way) and each lands in [`Explorer::runs`].
+    pub fn queue_runs(&mut self, subjects: impl IntoIterator<Item = crate::live::Subject>) {
+        self.queue.extend(subjects);
+        self.next_run();
+    }
+
+    fn next_run(&mut self) {
+        if self.running.is_some() {
+            return;
+        }
+        let Some(subject) = self.queue.pop_front() else { return };
         let (tx, rx) = channel();
         let backend = self.run_backend;
-        let title = format!("{id} on {backend:?}{}", if quick { " (quick size)" } else { "" });
-        let calls = self.run_calls;
-        spawn(move || crate::live::run(&id, backend, quick, calls, &tx));
+        let title = format!("{} on {backend:?}", subject.title());
+        crate::live::start(subject, backend, self.run_calls, tx);
         self.running = Some((title, 0.0, rx));
     }
 
-    /// Waits for the live run under way, if any (tests use this).
+    /// Whether no live run is under way or waiting.
+    pub fn runs_idle(&self) -> bool {
+        self.running.is_none() && self.queue.is_empty()
+    }
+
+    /// Waits for the live runs under way and queued, if any (tests use this; a page cannot block).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn wait_for_run(&mut self) {
         while let Some((title, _, rx)) = &self.running {
             match rx.recv() {
@@ -217,8 +254,9 @@ impl Explorer {
                 }
                 Ok(_) => {}
                 Err(_) => {
-                    self.run_result = Some((title.clone(), Err("the worker stopped".into())));
+                    let title = title.clone();
                     self.running = None;
+                    self.run_done(title, Err("the worker stopped".into()));
                 }
             }
         }
@@ -243,21 +281,30 @@ impl Explorer {
         }
     }
 
-    /// A live run ended: its times are shown, and its profiled report (each kernel's device time on the
-    /// run's backend) replaces the open one.
+    /// A live run ended: its times are shown, its report (profiled on the desktop: each kernel's device
+    /// time on the run's backend) replaces the open one, it joins [`Explorer::runs`], and the next
+    /// queued run starts.
     fn run_done(&mut self, title: String, r: Result<crate::live::LiveRun, String>) {
-        match r {
-            Ok(mut run) => {
-                if let Some(report) = run.report.take() {
-                    let (graph, kernel, tab) = (self.graph, self.kernel, self.tab);
-                    let workload = self.workload.clone();
-                    self.set_report(format!("{title} (profiled)"), report);
-                    (self.graph, self.kernel, self.tab, self.workload) = (graph, kernel, tab, workload);
-                }
-                self.run_result = Some((title, Ok(run)));
+        if let Ok(run) = &r {
+            if let Some(report) = run.report.clone() {
+                self.show_run_report(&title, report);
             }
-            Err(e) => self.run_result = Some((title, Err(e))),
         }
+        self.run_result = Some((title.clone(), r.clone()));
+        self.runs.push((title, r));
+        self.next_run();
+    }
+
+    /// Opens a live run's report, keeping what is selected where the run was of the open workload.
+    pub(crate) fn show_run_report(&mut self, title: &str, report: CompileReport) {
+        let (graph, kernel, tab) = (self.graph, self.kernel, self.tab);
+        let workload = self.workload.clone();
+        let same = self.report.as_ref().is_some_and(|(_, r)| r.function == report.function);
+        self.set_report(format!("{title} (live run)"), report);
+        if same {
+            (self.graph, self.kernel) = (graph, kernel);
+        }
+        (self.tab, self.workload) = (tab, workload);
     }
 
     fn run_tab(&mut self, ui: &mut egui::Ui) {
@@ -528,6 +575,7 @@ impl Explorer {
 
     fn central(&mut self, ui: &mut egui::Ui) {
         ui.horizontal(|ui| {
+            ui.selectable_value(&mut self.tab, Tab::Demo, "Demo");
             ui.selectable_value(&mut self.tab, Tab::Graph, "Graph");
             ui.selectable_value(&mut self.tab, Tab::Kernel, "Kernel");
             ui.selectable_value(&mut self.tab, Tab::Source, "Source");
@@ -538,6 +586,7 @@ impl Explorer {
         });
         ui.separator();
         match self.tab {
+            Tab::Demo => self.demo_tab(ui),
             Tab::Graph => self.graph_tab(ui),
             Tab::Kernel => match self.selected_kernel().cloned() {
                 Some(k) => {
@@ -724,13 +773,4 @@ impl Explorer {
             }
         }
     }
-}
-
-/// Runs `work` off the UI thread: on a worker thread natively; in a browser page (no threads without
-/// cross-origin isolation) as a task that runs after this frame is drawn, so the page shows progress first.
-fn spawn(work: impl FnOnce() + Send + 'static) {
-    #[cfg(not(target_arch = "wasm32"))]
-    std::thread::spawn(work);
-    #[cfg(target_arch = "wasm32")]
-    wasm_bindgen_futures::spawn_local(async move { work() });
 }

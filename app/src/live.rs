@@ -1,34 +1,94 @@
-//! Live runs: a built-in workload on a backend the user picks, eager against compiled and
-//! reduce-overhead, timed the way the bench times a public call (inputs already on the device, call +
-//! wait, median of several calls). Runs on a worker; the UI shows its progress and charts the result.
+//! Live runs: a built-in workload or a line of the expression language on a backend the user picks,
+//! eager against compiled and reduce-overhead, each mode's first result checked against kiln's f64
+//! reference under the one tolerance rule, each timed the way the bench times a public call (inputs
+//! already on the device, call + wait, median of several calls). One async implementation for the
+//! desktop app (a worker thread blocks on it) and the browser page (a task the page's event loop drives:
+//! a page cannot block on the GPU, so the wait is an awaited fence and the clock is `performance.now()`).
 
-use kiln::graph::workloads;
+use crate::expr::Expr;
+use kiln::graph::tolerance::{self, Expected, Outcome, Tolerance};
+use kiln::graph::{workloads, TensorSpec};
 use kiln::{Backend, Mode, Tensor};
 use std::sync::mpsc::Sender;
-use std::time::Instant;
+use std::sync::Arc;
+use web_time::Instant;
 
-/// One mode's time.
+/// How live runs time a call.
+pub const TIMING: &str = "call + wait for the device (an awaited fence), median of the timed calls";
+
+/// What a live run runs.
+#[derive(Clone, Debug)]
+pub enum Subject {
+    /// A built-in workload at its check size, or (`quick`) its bench `--quick` size.
+    Workload {
+        /// `W1`…`W5`, `LG`, `W5-bf16`.
+        id: String,
+        /// Its quick size instead of its check size.
+        quick: bool,
+    },
+    /// A line of the demo's expression language, on the inputs it names.
+    Expression(Expr),
+}
+
+/// A function of a live run's inputs, as kiln ops.
+type Function = Arc<dyn Fn(&[Tensor]) -> kiln::Result<Vec<Tensor>> + Send + Sync>;
+
+impl Subject {
+    /// What the run is called on screen.
+    pub fn title(&self) -> String {
+        match self {
+            Subject::Workload { id, quick: false } => id.clone(),
+            Subject::Workload { id, quick: true } => format!("{id} (quick size)"),
+            Subject::Expression(e) => format!("`{}`", e.text),
+        }
+    }
+
+    fn parts(&self) -> Result<(Vec<TensorSpec>, Function), String> {
+        match self {
+            Subject::Workload { id, quick } => {
+                let w = workloads::all()
+                    .into_iter()
+                    .find(|w| w.id.eq_ignore_ascii_case(id))
+                    .ok_or(format!("no built-in workload `{id}`"))?;
+                let f = w.f;
+                Ok((if *quick { w.quick } else { w.check }, Arc::new(f)))
+            }
+            Subject::Expression(e) => {
+                let e = e.clone();
+                Ok((e.specs(), Arc::new(move |x: &[Tensor]| Ok(vec![e.eval(x)?]))))
+            }
+        }
+    }
+}
+
+/// One mode's time, and its first result against the reference.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LiveTime {
     /// `eager`, `compiled` or `reduce-overhead`.
     pub mode: &'static str,
     /// Median call + wait, ms.
     pub ms: f64,
+    /// Every output of the mode's first call against kiln's f64 reference.
+    pub outcome: Outcome,
 }
 
 /// A finished live run.
 #[derive(Clone, Debug)]
 pub struct LiveRun {
-    /// Every mode's time.
+    /// What ran (see [`Subject::title`]).
+    pub title: String,
+    /// The device it ran on, as its driver describes it (the adapter's name on wgpu).
+    pub device: String,
+    /// Every mode's time and check.
     pub times: Vec<LiveTime>,
-    /// The compiled function's report after a profiled call: each kernel's device time on the run's
-    /// backend (`None` where the backend runs graphs without kernels).
+    /// The compiled function's report; natively after a profiled call (each kernel's device time on
+    /// the run's backend; a page cannot profile without blocking).
     pub report: Option<kiln::CompileReport>,
     /// The bytes the computation must move (inputs read once, outputs written once; the bench's
     /// measure), where the compiled graph says.
     pub bytes: Option<u64>,
-    /// A copy's rate on this device, bytes a second: `-x` over a tensor as large as the workload's
-    /// largest input, called and waited for like the workload.
+    /// A copy's rate on this device, bytes a second: `-x` moving as many bytes as the computation,
+    /// called and waited for like it (so a share of 100% means "as fast as copying its data once").
     pub copy_rate: Option<f64>,
 }
 
@@ -37,115 +97,221 @@ impl LiveRun {
     pub fn copy_share(&self, t: &LiveTime) -> Option<f64> {
         Some(self.bytes? as f64 / (t.ms * 1e-3) / self.copy_rate?)
     }
+
+    /// Whether every mode's result matched the reference.
+    pub fn correct(&self) -> bool {
+        self.times.iter().all(|t| t.outcome.correct)
+    }
+
+    /// A mode's time.
+    pub fn ms(&self, mode: &str) -> Option<f64> {
+        self.times.iter().find(|t| t.mode == mode).map(|t| t.ms)
+    }
+
+    /// The run as JSON (what the browser page publishes for its test and for anyone reading the page).
+    pub fn to_json(&self) -> serde_json::Value {
+        let times: Vec<serde_json::Value> = self
+            .times
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "mode": t.mode,
+                    "ms": t.ms,
+                    "correct": t.outcome.correct,
+                    "mismatches": t.outcome.mismatches,
+                    "max_rel_err": if t.outcome.max_rel_err.is_finite() { Some(t.outcome.max_rel_err) } else { None },
+                    "copy_share": self.copy_share(t),
+                })
+            })
+            .collect();
+        let kernels = self
+            .report
+            .as_ref()
+            .map(|r| r.entries.iter().flat_map(|e| &e.graphs).map(|g| g.kernels.len()).sum::<usize>());
+        serde_json::json!({
+            "title": self.title,
+            "device": self.device,
+            "correct": self.correct(),
+            "times": times,
+            "kernels": kernels,
+            "bytes": self.bytes,
+            "copy_rate": self.copy_rate,
+            "timing": TIMING,
+        })
+    }
 }
 
-/// What the worker reports.
+/// What a run reports while it works.
 #[derive(Clone, Debug)]
 pub enum LiveMsg {
     /// What it is doing, and how far along it is (0 to 1).
     Progress(String, f32),
-    /// The times of every mode and the profiled report, or why the run failed.
+    /// The times of every mode and the report, or why the run failed.
     Done(Box<Result<LiveRun, String>>),
 }
 
-/// Runs workload `id` at its check size (`quick`: its `--quick` size) on `backend`, each mode in turn:
-/// three warm-up calls, then `calls` timed ones; then one profiled call of the compiled function.
-pub fn run(id: &str, backend: Backend, quick: bool, calls: usize, tx: &Sender<LiveMsg>) {
-    let result = run_inner(id, backend, quick, calls.max(1), tx);
-    let _ = tx.send(LiveMsg::Done(Box::new(result)));
+/// Starts `subject` on `backend` off the UI: on a worker thread natively, as a page task in a browser.
+/// Progress and the result arrive on `tx`.
+pub fn start(subject: Subject, backend: Backend, calls: usize, tx: Sender<LiveMsg>) {
+    crate::spawn_task(move || async move {
+        let say = |what: String, done: f32| {
+            let _ = tx.send(LiveMsg::Progress(what, done));
+        };
+        let result = run(&subject, backend, calls, &say).await;
+        let _ = tx.send(LiveMsg::Done(Box::new(result)));
+    });
 }
 
-fn run_inner(id: &str, backend: Backend, quick: bool, calls: usize, tx: &Sender<LiveMsg>) -> Result<LiveRun, String> {
-    let w = workloads::all().into_iter().find(|w| w.id == id).ok_or(format!("no built-in workload `{id}`"))?;
-    let say = |what: String, done: f32| {
-        let _ = tx.send(LiveMsg::Progress(what, done));
-    };
+/// Runs `subject` on `backend`, each mode in turn: three warm-up calls, then `calls` timed ones, the
+/// first result checked against the reference; then (natively) one profiled call of the compiled
+/// function, and a copy moving as many bytes for the copy rate. `say` hears what it is doing.
+pub async fn run(
+    subject: &Subject,
+    backend: Backend,
+    calls: usize,
+    say: &dyn Fn(String, f32),
+) -> Result<LiveRun, String> {
+    let calls = calls.max(1);
+    let title = subject.title();
+    let (specs, f) = subject.parts()?;
+    let s = |e: kiln::Error| e.to_string();
+    say(format!("{title}: the f64 reference"), 0.0);
+    let data = workloads::inputs(&specs);
+    let want = reference(&specs, &data, &f)?;
     say(format!("opening {backend:?}"), 0.0);
-    let rt = backend.runtime().map_err(|e| e.to_string())?;
-    kiln::set_eager_backend(backend).map_err(|e| e.to_string())?;
-    let specs = if quick { &w.quick } else { &w.check };
-    let mut inputs: Vec<Tensor> = workloads::inputs(specs).into_iter().map(Tensor::from_data).collect();
+    let rt = backend.runtime().map_err(s)?;
+    let device =
+        rt.as_ref().map_or("the CPU reference (f64)".into(), |rt| format!("{}: {}", rt.name(), rt.driver().describe()));
+    kiln::set_eager_backend(backend).map_err(s)?;
+    let mut inputs: Vec<Tensor> = data.into_iter().map(Tensor::from_data).collect();
     if let Some(rt) = &rt {
-        inputs = inputs.iter().map(|t| t.to(rt.clone())).collect::<kiln::Result<_>>().map_err(|e| e.to_string())?;
+        inputs = inputs.iter().map(|t| t.to(rt.clone())).collect::<kiln::Result<_>>().map_err(s)?;
     }
-    let wait = || rt.as_ref().map_or(Ok(()), |rt| rt.synchronize()).map_err(|e| e.to_string());
+    let fence = Fence(rt.clone());
     let modes: [(&'static str, Option<Mode>); 3] =
         [("eager", None), ("compiled", Some(Mode::Default)), ("reduce-overhead", Some(Mode::ReduceOverhead))];
     let mut times = Vec::new();
     let mut report = None;
     for (m, (name, mode)) in modes.into_iter().enumerate() {
-        let f = mode.map(|mode| kiln::compile(move |x: Vec<Tensor>| (w.f)(&x)).backend(backend).mode(mode));
-        let call = || -> Result<(), String> {
-            let out = match &f {
-                Some(f) => f.call(inputs.clone()),
-                None => (w.f)(&inputs),
-            };
-            out.map(drop).map_err(|e| e.to_string())?;
-            wait()
+        let g = f.clone();
+        let compiled = mode.map(|mode| kiln::compile(move |x: Vec<Tensor>| g(&x)).backend(backend).mode(mode));
+        let call = || -> Result<Vec<Tensor>, String> {
+            match &compiled {
+                Some(c) => c.call(inputs.clone()),
+                None => f(&inputs),
+            }
+            .map_err(s)
         };
-        say(format!("{id} {name}: compiling and warming up"), m as f32 / 3.0);
-        let ms = median_seconds(calls, &call, &mut |i| {
-            say(format!("{id} {name}: call {}/{calls}", i + 1), (m as f32 + (i + 1) as f32 / calls as f32) / 3.0)
-        })? * 1e3;
-        times.push(LiveTime { mode: name, ms });
-        if let (Some(f), Some(Mode::Default)) = (&f, mode) {
-            say(format!("{id} {name}: timing each kernel"), (m as f32 + 1.0) / 3.0);
-            f.profile(inputs.clone()).map(drop).map_err(|e| e.to_string())?;
-            report = Some(f.report())
-                .filter(|r| r.entries.iter().flat_map(|e| &e.graphs).any(|g| g.profiled_with.is_some()));
+        say(format!("{title} {name}: compiling and checking"), m as f32 / 3.0);
+        let outcome = check(&call()?, &want).await?;
+        let ms = median_ms(calls, &fence, &|| call().map(drop), &|i| {
+            say(format!("{title} {name}: call {}/{calls}", i + 1), (m as f32 + (i + 1) as f32 / calls as f32) / 3.0)
+        })
+        .await?;
+        times.push(LiveTime { mode: name, ms, outcome });
+        if let (Some(c), Some(Mode::Default)) = (&compiled, mode) {
+            // Timing each kernel needs a blocking wait per launch: desktop only.
+            #[cfg(not(target_arch = "wasm32"))]
+            {
+                say(format!("{title} {name}: timing each kernel"), (m as f32 + 1.0) / 3.0);
+                c.profile(inputs.clone()).map(|_: Vec<Tensor>| ()).map_err(s)?;
+            }
+            report = Some(c.report());
         }
     }
     // The computation's own traffic (inputs read once, outputs written once), as the bench quotes it.
     let bytes = report.as_ref().and_then(|r| {
         r.entries.first()?.graphs.first()?.compiled.as_ref()?.io_bytes(&kiln::graph::sym::Bindings::new()).ok()
     });
-    say(format!("{id}: timing a copy of the same size"), 1.0);
-    let copy_rate = copy_rate(backend, specs, &inputs, calls, &wait)?;
-    Ok(LiveRun { times, report, bytes, copy_rate })
+    say(format!("{title}: timing a copy that moves as many bytes"), 1.0);
+    let copy_rate = match bytes {
+        Some(b) => copy_rate(backend, b, calls, &fence).await?,
+        None => None,
+    };
+    Ok(LiveRun { title, device, times, report, bytes, copy_rate })
 }
 
-/// Bytes a second a compiled `-x` moves over a tensor as large as the largest of `specs` (read once,
-/// written once), timed like the workload's calls.
-fn copy_rate(
-    backend: Backend,
-    specs: &[kiln::graph::TensorSpec],
-    inputs: &[Tensor],
-    calls: usize,
-    wait: &dyn Fn() -> Result<(), String>,
-) -> Result<Option<f64>, String> {
-    let Some((i, n)) = specs
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.dtype == kiln::DType::F32)
-        .filter_map(|(i, s)| Some((i, s.shape.as_concrete()?.iter().product::<usize>())))
-        .max_by_key(|(_, n)| *n)
-    else {
+/// The reference's outputs of `f` on `data` (kiln's f64 interpreter over the traced graph) and the
+/// tolerance each is held to.
+fn reference(
+    specs: &[TensorSpec],
+    data: &[kiln::TensorData],
+    f: &Function,
+) -> Result<(Vec<Expected>, Vec<Tolerance>), String> {
+    let s = |e: kiln::Error| e.to_string();
+    let graph = kiln::graph::trace::capture(specs, |x| f(x)).map_err(s)?;
+    let refs: Vec<&kiln::TensorData> = data.iter().collect();
+    let out = kiln::graph::interp::run(&graph, &refs).map_err(s)?;
+    let depth = tolerance::depth(&graph).map_err(s)?;
+    let tol = graph.outputs.iter().map(|o| Tolerance::rule(graph.node(*o).dtype, depth)).collect();
+    Ok((out.iter().map(|t| Expected::of(t, "kiln's f64 reference")).collect(), tol))
+}
+
+/// Every output against the reference (read back without blocking).
+async fn check(got: &[Tensor], want: &(Vec<Expected>, Vec<Tolerance>)) -> Result<Outcome, String> {
+    if got.len() != want.0.len() {
+        return Ok(Outcome::MISSING);
+    }
+    let mut outcome: Option<Outcome> = None;
+    for ((g, w), tol) in got.iter().zip(&want.0).zip(&want.1) {
+        let data = g.to_data_async().await.map_err(|e| e.to_string())?;
+        let o = tolerance::compare(&data, w, *tol);
+        outcome = Some(outcome.map_or(o, |x| x.and(o)));
+    }
+    Ok(outcome.unwrap_or(Outcome::MISSING))
+}
+
+/// Waits for the device without blocking (nothing to wait for on the CPU reference).
+struct Fence(Option<Arc<kiln::Runtime>>);
+
+impl Fence {
+    async fn wait(&self) -> Result<(), String> {
+        if let Some(rt) = &self.0 {
+            rt.synchronize_async().await.map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes a second a compiled `-x` moves when it moves `bytes` (a tensor of `bytes / 8` f32 elements read
+/// once and written once: the same traffic as the computation), timed like the computation's calls.
+async fn copy_rate(backend: Backend, bytes: u64, calls: usize, fence: &Fence) -> Result<Option<f64>, String> {
+    let n = (bytes / 8) as usize;
+    if n == 0 {
         return Ok(None);
-    };
-    let x = &inputs[i];
+    }
+    let s = |e: kiln::Error| e.to_string();
+    let mut x = Tensor::from_data(workloads::data(&workloads::f32s(&[n]), 0));
+    if let Some(rt) = &fence.0 {
+        x = x.to(rt.clone()).map_err(s)?;
+    }
     let f = kiln::compile(|x: &Tensor| x.neg()).backend(backend);
-    let call = || -> Result<(), String> {
-        f.call(x).map(|_: Tensor| ()).map_err(|e| e.to_string())?;
-        wait()
-    };
-    Ok(Some((2 * n * 4) as f64 / median_seconds(calls, &call, &mut |_| {})?))
+    let call = || -> Result<(), String> { f.call(&x).map(|_: Tensor| ()).map_err(s) };
+    Ok(Some((8 * n) as f64 / (median_ms(calls, fence, &call, &|_| {}).await? * 1e-3)))
 }
 
-/// Three warm-up calls, then the median of `calls` timed ones, seconds; `done(i)` after timed call `i`.
-fn median_seconds(
+/// Three warm-up calls, then the median of `calls` timed ones (each call, then the fence), ms;
+/// `done(i)` after timed call `i`.
+async fn median_ms(
     calls: usize,
+    fence: &Fence,
     call: &dyn Fn() -> Result<(), String>,
-    done: &mut dyn FnMut(usize),
+    done: &dyn Fn(usize),
 ) -> Result<f64, String> {
     for _ in 0..3 {
         call()?;
+        fence.wait().await?;
+        crate::yield_to_page().await;
     }
     let mut samples = Vec::with_capacity(calls);
     for i in 0..calls {
         let t = Instant::now();
         call()?;
-        samples.push(t.elapsed().as_secs_f64());
+        fence.wait().await?;
+        samples.push(t.elapsed().as_secs_f64() * 1e3);
         done(i);
+        // Outside the timed span: the page repaints (its progress bar) between calls.
+        crate::yield_to_page().await;
     }
     samples.sort_by(f64::total_cmp);
     Ok(samples[samples.len() / 2])

@@ -1,5 +1,5 @@
 //! `kiln-explorer`: the desktop explorer. `--workload W3` opens a built-in workload, `--open FILE` a
-//! compile report or bench JSON (repeat it to chart several bench JSONs side by side); `--tab graph|kernel|source|timelines|guards|bench|run` picks the tab;
+//! compile report or bench JSON (repeat it to chart several bench JSONs side by side); `--tab graph|kernel|source|timelines|guards|bench|run|demo` picks the tab;
 //! `--collapse` draws fused regions as one box; `--run BACKEND` times the workload live; `--synthetic N` opens a made-up graph of N ops and `--fps SECONDS` pans and zooms it, printing the frame rate; `--screenshot out.png` renders the window, saves it and exits
 //! (CI runs this under Xvfb on lavapipe to see the real app draw).
 
@@ -39,6 +39,7 @@ fn main() -> eframe::Result {
             "timelines" => kiln_app::Tab::Timelines,
             "run" => kiln_app::Tab::Run,
             "bench" => kiln_app::Tab::Bench,
+            "demo" => kiln_app::Tab::Demo,
             _ => kiln_app::Tab::Graph,
         };
         if app.tab == kiln_app::Tab::Kernel {

@@ -272,7 +272,7 @@ fn a_live_run_times_eager_compiled_and_reduce_overhead_on_the_kernel_backend() {
     let times = &run.times;
     assert_eq!(times.iter().map(|t| t.mode).collect::<Vec<_>>(), ["eager", "compiled", "reduce-overhead"]);
     assert!(times.iter().all(|t| t.ms > 0.0 && t.ms.is_finite()));
-    // Each mode's share of a copy of the same size on this device.
+    // Each mode's share of a copy moving as many bytes on this device.
     assert!(
         run.bytes.is_some_and(|b| b > 0) && run.copy_rate.is_some_and(|r| r > 0.0),
         "{:?} {:?}",
@@ -329,4 +329,66 @@ fn a_malformed_but_readable_report_is_drawn_without_crashing() {
     }
     let boxes = kiln_app::graph_boxes(h.state().selected_graph().unwrap(), false, false);
     assert!(boxes.edges.iter().all(|&(a, b)| a != b && (a as usize) < boxes.labels.len()));
+}
+
+#[test]
+fn the_demo_runs_a_workload_and_an_expression_checked_and_rejects_bad_lines() {
+    // The browser page's landing view, on the CPU kernel interpreter (the page's fallback without WebGPU).
+    let mut app = Explorer::default();
+    app.run_backend = kiln::Backend::Kernels;
+    app.run_calls = 2;
+    app.tab = Tab::Demo;
+    let mut h = harness(app);
+    h.run_steps(2);
+    h.get_by_label("Run W4").click();
+    h.run_steps(1);
+    assert!(!h.state().runs_idle(), "the run is under way on a worker");
+    h.state_mut().wait_for_run();
+    h.run_steps(2);
+    let (title, run) = h.state().runs.last().cloned().expect("a run");
+    let run = run.expect("W4 runs");
+    assert_eq!(title, "W4 (quick size) on Kernels");
+    assert!(run.correct(), "{:?}", run.times);
+    assert_eq!(run.times.iter().map(|t| t.mode).collect::<Vec<_>>(), ["eager", "compiled", "reduce-overhead"]);
+    assert!(h.query_by_label_contains("✔ matches the reference").is_some());
+    // Its report opens: the Graph tab shows what kiln made of it.
+    h.get_by_label("graph & kernels").click();
+    h.run_steps(2);
+    assert_eq!(h.state().tab, Tab::Graph);
+    assert!(h.state().selected_graph().is_some_and(|g| !g.kernels.is_empty()));
+
+    // Bad lines are rejected under the line, naming what was wrong; nothing runs.
+    h.get_by_label("Demo").click();
+    h.run_steps(1);
+    for (line, says) in [
+        ("x +* 2", "column 4: expected a number, an input or `(`, found `*`"),
+        ("frobnicate(x)", "unknown function `frobnicate`"),
+        ("x + w", "shapes [256, 1024] and [1024, 256] cannot be broadcast together"),
+    ] {
+        h.state_mut().expression = line.into();
+        h.run_steps(1);
+        h.get_by_label("Compile and run").click();
+        h.run_steps(2);
+        let shown = h.query_by_label_contains("rejected: ").map(|n| format!("{n:?}")).unwrap_or_default();
+        assert!(shown.contains(says), "{line}: {shown}");
+        assert!(h.state().runs_idle(), "{line} queued nothing");
+    }
+    // A good line compiles, runs and matches the reference.
+    h.state_mut().expression = "gelu(x*1.5+0.5)*sigmoid(x)".into();
+    h.run_steps(1);
+    h.get_by_label("Compile and run").click();
+    h.run_steps(1);
+    assert!(h.query_by_label_contains("rejected: ").is_none());
+    h.state_mut().wait_for_run();
+    h.run_steps(2);
+    let (title, run) = h.state().runs.last().cloned().expect("a run");
+    assert_eq!(title, "`gelu(x*1.5+0.5)*sigmoid(x)` on Kernels");
+    let run = run.expect("the expression runs");
+    assert!(run.correct(), "{:?}", run.times);
+    let kernels =
+        run.report.as_ref().map_or(0, |r| r.entries.iter().flat_map(|e| &e.graphs).map(|g| g.kernels.len()).sum());
+    assert_eq!(kernels, 1, "one fused kernel");
+    let json = h.state().runs_json();
+    assert_eq!(json["correct"], true);
+    assert_eq!(json["runs"].as_array().map(Vec::len), Some(2));
 }

@@ -571,6 +571,13 @@ impl Runtime {
         self.driver.synchronize()
     }
 
+    /// [`Runtime::synchronize`] without blocking (a browser page's fence): a four-byte read queued
+    /// behind everything enqueued so far, which resolves once the device has run all of it.
+    pub async fn synchronize_async(&self) -> Result<()> {
+        let fence = self.alloc(4, "a fence")?;
+        self.driver.read_async(fence.raw(), 4).await.map(drop)
+    }
+
     fn module(&self, id: u64, kernel: &crate::kernel::Kernel) -> Result<Module> {
         if let Some(m) = lock(&self.modules).get(&id).cloned() {
             lock(&self.stats).modules_reused += 1;

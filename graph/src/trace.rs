@@ -182,11 +182,16 @@ impl Tensor {
     /// [`Tensor::to_vec`] without blocking: how a browser (which cannot block) or an async caller reads a
     /// tensor that lives on a device. Not for traced tensors (await outside the traced function).
     pub async fn to_vec_async<T: crate::dtype::Element>(&self) -> Result<Vec<T>> {
+        Ok(self.to_data_async().await?.to_vec())
+    }
+
+    /// [`Tensor::to_data`] without blocking (see [`Tensor::to_vec_async`]).
+    pub async fn to_data_async(&self) -> Result<Arc<TensorData>> {
         let value = self.value().ok_or_else(|| Error::Unsupported {
             what: "an asynchronous read of a traced tensor".into(),
             loc: SourceLoc::internal(),
         })?;
-        Ok(value.to_host_async().await?.to_vec())
+        value.to_host_async().await
     }
 
     /// The single element of a one-element tensor. A graph break when traced.

@@ -10,8 +10,19 @@ fn kmod(a: i32, b: i32) -> i32 {
     return select(r, r + b, (r != 0) && ((r < 0) != (b < 0)));
 }
 
+// NaN and the infinities are made at run time: WGSL's constant evaluation rejects non-finite values, and
+// browsers' compiler (Tint) refuses `bitcast<f32>(0x7fc00000u)` where naga lets it through. A call to a
+// user function is never a constant expression.
+fn kbits(bits: u32) -> f32 {
+    return bitcast<f32>(bits);
+}
+
 fn knan() -> f32 {
-    return bitcast<f32>(0x7fc00000u);
+    return kbits(0x7fc00000u);
+}
+
+fn kinf() -> f32 {
+    return kbits(0x7f800000u);
 }
 
 fn kisnan(x: f32) -> bool {

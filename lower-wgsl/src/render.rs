@@ -62,9 +62,9 @@ fn float_literal(v: f64) -> String {
         "knan()".into()
     } else if x.is_infinite() {
         if x > 0.0 {
-            "bitcast<f32>(0x7f800000u)".into()
+            "kinf()".into()
         } else {
-            "bitcast<f32>(0xff800000u)".into()
+            "(-kinf())".into()
         }
     } else {
         format!("{x:?}f")
@@ -380,8 +380,8 @@ impl<'k> Writer<'k> {
     fn reduce_init(&self, op: KReduceOp, ty: &str) -> String {
         match (op, ty) {
             (KReduceOp::Sum, t) => format!("{t}(0)"),
-            (KReduceOp::Max | KReduceOp::ArgMax, "f32") => "bitcast<f32>(0xff800000u)".into(),
-            (KReduceOp::Min | KReduceOp::ArgMin, "f32") => "bitcast<f32>(0x7f800000u)".into(),
+            (KReduceOp::Max | KReduceOp::ArgMax, "f32") => "(-kinf())".into(),
+            (KReduceOp::Min | KReduceOp::ArgMin, "f32") => "kinf()".into(),
             (KReduceOp::Max | KReduceOp::ArgMax, "f16") => "f16(-65504.0)".into(),
             (KReduceOp::Min | KReduceOp::ArgMin, "f16") => "f16(65504.0)".into(),
             (KReduceOp::Max | KReduceOp::ArgMax, _) => "-2147483647i - 1i".into(),
@@ -840,4 +840,25 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     src.push_str(&w.out);
     src.push_str("}\n");
     Ok(Shader { name: kernel.name.clone(), source: src, storage, uses_symbols })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Browsers' WGSL compiler (Tint) rejects a constant expression whose value is NaN or infinite, which
+    /// naga accepts: non-finite constants must be made at run time (the prelude's `knan`, `kinf`).
+    #[test]
+    fn non_finite_constants_are_not_constant_expressions() {
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let text = float_literal(v);
+            assert!(!text.contains("bitcast"), "{v}: {text}");
+            assert!(text.contains("knan()") || text.contains("kinf()"), "{v}: {text}");
+        }
+        assert_eq!(float_literal(1.5), "1.5f");
+        // The prelude builds them through a function call, never `bitcast<f32>(<literal>)`.
+        let literal_bitcast =
+            PRELUDE.lines().filter(|l| !l.trim_start().starts_with("//")).any(|l| l.contains("bitcast<f32>(0x"));
+        assert!(!literal_bitcast, "the prelude bitcasts a literal");
+    }
 }

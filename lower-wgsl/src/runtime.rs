@@ -175,9 +175,15 @@ fn score(info: &wgpu::AdapterInfo) -> i32 {
 }
 
 /// How to get an adapter here, for the error when none is found.
+#[cfg(not(target_arch = "wasm32"))]
 pub const NO_ADAPTER_HINT: &str = "no GPU adapter found: install a Vulkan driver (on Debian/Ubuntu without a GPU: \
      `apt-get install -y mesa-vulkan-drivers libvulkan1` for lavapipe), or set KILN_WGPU_ADAPTER to one of the \
      listed adapters";
+
+/// How to get an adapter in a browser, for the error when none is found.
+#[cfg(target_arch = "wasm32")]
+pub const NO_ADAPTER_HINT: &str =
+    "the browser gave no WebGPU adapter (WebGPU is off, or not offered by this browser on this machine)";
 
 impl Gpu {
     /// Opens the best adapter (or the one whose name contains `KILN_WGPU_ADAPTER`).
@@ -478,7 +484,11 @@ impl Driver for Gpu {
 
     fn describe(&self) -> String {
         let i = &self.adapter;
-        format!("{} ({:?}, {:?}, driver {} {})", i.name, i.backend, i.device_type, i.driver, i.driver_info)
+        // Browsers may withhold the adapter's name and driver (WebGPU exposes them only on request).
+        let name = if i.name.is_empty() { "an adapter the browser does not name" } else { i.name.as_str() };
+        let driver = format!("{} {}", i.driver, i.driver_info);
+        let driver = if driver.trim().is_empty() { String::new() } else { format!(", driver {}", driver.trim()) };
+        format!("{name} ({:?}, {:?}{driver})", i.backend, i.device_type)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -607,8 +617,22 @@ impl Driver for Gpu {
                 shader.source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
             return Err(err(format!("kernel {}: the device rejected the shader: {e}\n{numbered}", kernel.name)));
         }
+        // A page cannot wait for the verdict: it arrives later, as a fault the next submission reports,
+        // naming the kernel and showing its source.
         #[cfg(target_arch = "wasm32")]
-        drop(scope);
+        {
+            let faults = self.faults.clone();
+            let (name, source) = (kernel.name.clone(), shader.source.clone());
+            // Popped now (scopes pop in reverse order of pushing); only the verdict is awaited.
+            let verdict = scope.pop();
+            wasm_bindgen_futures::spawn_local(async move {
+                if let Some(e) = verdict.await {
+                    let numbered: String =
+                        source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
+                    lock(&faults).push(format!("kernel {name}: the device rejected the shader: {e}\n{numbered}"));
+                }
+            });
+        }
         {
             let mut st = lock(&self.stats);
             st.pipelines_created += 1;

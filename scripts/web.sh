@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The browser demo (web/): the explorer and the whole compiler built for wasm32, computing on the
+# visitor's WebGPU device.
+#   scripts/web.sh build        builds the static page into web/dist (relative paths: any static host)
+#   scripts/web.sh serve [PORT] builds it and serves it on http://127.0.0.1:PORT (default 8080)
+#   scripts/web.sh check        builds it and drives it in headless Chromium, with WebGPU and without
+# Installs what it needs, idempotently: the wasm32 target, wasm-bindgen-cli at the version Cargo.lock
+# pins (into .tools/, reused), Chromium and chromedriver for `check`; runs wasm-opt when one is found.
+set -euo pipefail
+shopt -s inherit_errexit
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+root="$(pwd)"
+dist="$root/web/dist"
+
+bindgen() {
+  local version bin
+  version="$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)"
+  bin="$root/.tools/wasm-bindgen-$version/bin/wasm-bindgen"
+  if [ ! -x "$bin" ]; then
+    echo "web.sh: installing wasm-bindgen-cli $version (the version Cargo.lock pins) into .tools/" >&2
+    # Its own lock file first; where the registry lacks a version it names, the newest compatible ones.
+    cargo install -q --locked wasm-bindgen-cli --version "$version" --root "$root/.tools/wasm-bindgen-$version" >&2 \
+      || cargo install -q wasm-bindgen-cli --version "$version" --root "$root/.tools/wasm-bindgen-$version" >&2
+  fi
+  [ -x "$bin" ] || { echo "web.sh: wasm-bindgen-cli $version did not install" >&2; return 1; }
+  echo "$bin"
+}
+
+build() {
+  local bin wasm start=$SECONDS
+  bin="$(bindgen)"
+  cargo build --locked --profile web --target wasm32-unknown-unknown -p kiln-web --lib
+  wasm="target/wasm32-unknown-unknown/web/kiln_web.wasm"
+  rm -rf "$dist"
+  "$bin" --target web --no-typescript --out-dir "$dist" "$wasm"
+  if command -v wasm-opt >/dev/null 2>&1; then
+    wasm-opt -Os --enable-bulk-memory --enable-nontrapping-float-to-int -o "$dist/kiln_web_bg.wasm" "$dist/kiln_web_bg.wasm"
+  else
+    echo "web.sh: no wasm-opt here (Debian's binaryen): the wasm is as rustc wrote it" >&2
+  fi
+  cp web/static/index.html "$dist/"
+  local raw gz
+  raw="$(stat -c %s "$dist/kiln_web_bg.wasm")"
+  gz="$(gzip -9 -c "$dist/kiln_web_bg.wasm" | wc -c)"
+  echo "web.sh: built $dist in $((SECONDS - start)) s: kiln_web_bg.wasm $((raw / 1024)) KiB, $((gz / 1024)) KiB gzipped" >&2
+}
+
+chromium() {
+  if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo="sudo"
+    echo "web.sh: installing Debian's chromium and chromium-driver" >&2
+    $sudo apt-get update -qq >/dev/null 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+  fi
+}
+
+case "${1:-build}" in
+  build) build ;;
+  serve)
+    build
+    port="${2:-8080}"
+    echo "web.sh: serving $dist on http://127.0.0.1:$port/ (Ctrl-C stops)" >&2
+    cd "$dist" && exec python3 -m http.server "$port" --bind 127.0.0.1
+    ;;
+  check)
+    build
+    chromium
+    cargo build --locked -q -p kiln-web --bin kiln-web-check
+    ./target/debug/kiln-web-check --dist "$dist" --webgpu on --run W1,W2,W3 --calls 5
+    ./target/debug/kiln-web-check --dist "$dist" --webgpu off --run W1,W2,W3 --calls 3
+    ;;
+  *)
+    echo "usage: scripts/web.sh build | serve [PORT] | check" >&2
+    exit 2
+    ;;
+esac

@@ -68,7 +68,7 @@ case "${1:-build}" in
     build
     chromium
     cargo build --locked -q -p kiln-web --bin kiln-web-check
-    ./target/debug/kiln-web-check --dist "$dist" --webgpu on --run W1,W2,W3 --calls 5
+    ./target/debug/kiln-web-check --dist "$dist" --webgpu on --run W1,W2,W3,W4,W5 --calls 5
     ./target/debug/kiln-web-check --dist "$dist" --webgpu off --run W1,W2,W3 --calls 3
     ;;
   *)

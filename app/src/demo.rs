@@ -33,6 +33,7 @@ impl Explorer {
         }
     }
 
+    /// The demo tab: backend, workload buttons, the expression line, the table of runs.
     pub(crate) fn demo_tab(&mut self, ui: &mut egui::Ui) {
         if let Some(n) = &self.notice {
             ui.label(n.as_str());
@@ -60,8 +61,10 @@ impl Explorer {
             }
         });
         ui.label(format!(
-            "Each workload at its bench --quick size: eager, compiled and reduce-overhead, {} (after 3 warm-up calls), its first result checked against kiln's f64 reference.",
-            crate::live::TIMING.replace("the timed calls", &format!("{} calls", self.run_calls))
+            "Each workload at its bench --quick size: eager, compiled and reduce-overhead; {} ({} calls after {} untimed ones); results checked against kiln's f64 reference.",
+            crate::live::TIMING,
+            self.run_calls,
+            crate::live::WARMUP
         ));
         ui.separator();
         ui.strong("Write your own");
@@ -106,7 +109,7 @@ impl Explorer {
                             ui.label(run.ms(mode).map_or("–".into(), |ms| format!("{ms:.3}")));
                         }
                         ui.label(speedup(run));
-                        let best = run.times.iter().filter(|t| t.mode != "eager").min_by(|a, b| a.ms.total_cmp(&b.ms));
+                        let best = run.best_compiled();
                         ui.label(
                             best.and_then(|t| run.copy_share(t)).map_or("–".into(), |s| format!("{:.0}%", 100.0 * s)),
                         );
@@ -150,8 +153,7 @@ impl Explorer {
 /// Compiled (the faster of its modes) over eager.
 fn speedup(run: &LiveRun) -> String {
     let eager = run.ms("eager");
-    let best = run.times.iter().filter(|t| t.mode != "eager").map(|t| t.ms).min_by(f64::total_cmp);
-    match (eager, best) {
+    match (eager, run.best_compiled().map(|t| t.ms)) {
         (Some(e), Some(b)) if b > 0.0 => format!("{:.2}×", e / b),
         _ => "–".into(),
     }

@@ -168,7 +168,9 @@ impl Explorer {
         self.scene_rect = egui::Rect::from_center_size(centre, b.size() * shown);
     }
 
-    /// Waits for the worker's report, if one is compiling (tests and `--screenshot` use this).
+    /// Waits for the worker's report, if one is compiling (tests and `--screenshot` use this; a page
+    /// cannot block).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn wait_for_work(&mut self) {
         if let Some((name, rx)) = self.pending.take() {
             let r = rx.recv().unwrap_or_else(|_| Err("the worker stopped".into()));
@@ -245,39 +247,44 @@ impl Explorer {
     /// Waits for the live runs under way and queued, if any (tests use this; a page cannot block).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn wait_for_run(&mut self) {
-        while let Some((title, _, rx)) = &self.running {
+        while let Some((_, _, rx)) = &self.running {
             match rx.recv() {
-                Ok(crate::live::LiveMsg::Done(r)) => {
-                    let title = title.clone();
-                    self.running = None;
-                    self.run_done(title, *r);
-                }
+                Ok(crate::live::LiveMsg::Done(r)) => self.finish_run(*r),
                 Ok(_) => {}
-                Err(_) => {
-                    let title = title.clone();
-                    self.running = None;
-                    self.run_done(title, Err("the worker stopped".into()));
-                }
+                Err(_) => self.finish_run(Err("the worker stopped".into())),
             }
         }
+    }
+
+    /// The run under way ended with `r`: its title loses the progress text, and it is recorded.
+    fn finish_run(&mut self, r: Result<crate::live::LiveRun, String>) {
+        let title = self.running.take().map(|(t, _, _)| t).unwrap_or_default();
+        let title = title.split(" — ").next().unwrap_or_default().to_string();
+        self.run_done(title, r);
     }
 
     fn poll_run(&mut self) {
         let Some((title, progress, rx)) = &mut self.running else { return };
         let mut done = None;
-        while let Ok(msg) = rx.try_recv() {
-            match msg {
-                crate::live::LiveMsg::Progress(what, p) => {
+        loop {
+            match rx.try_recv() {
+                Ok(crate::live::LiveMsg::Progress(what, p)) => {
                     *title = title.split(" — ").next().unwrap_or_default().to_string() + " — " + &what;
                     *progress = p;
                 }
-                crate::live::LiveMsg::Done(r) => done = Some(*r),
+                Ok(crate::live::LiveMsg::Done(r)) => done = Some(*r),
+                // A worker that died without a word must not hold the queue forever.
+                Err(std::sync::mpsc::TryRecvError::Disconnected) if done.is_none() => {
+                    done = Some(Err("the worker stopped".into()))
+                }
+                Err(_) => break,
+            }
+            if done.is_some() {
+                break;
             }
         }
         if let Some(r) = done {
-            let name = title.split(" — ").next().unwrap_or_default().to_string();
-            self.running = None;
-            self.run_done(name, r);
+            self.finish_run(r);
         }
     }
 

@@ -139,7 +139,12 @@ struct Parser {
     tokens: Vec<(Token, usize)>,
     at: usize,
     inputs: Vec<usize>,
+    /// Nesting so far: a line of thousands of `(` must be an error, not a stack overflow in the page.
+    depth: usize,
 }
+
+/// The deepest nesting of parentheses, calls and unary minus a line may have.
+const MAX_DEPTH: usize = 64;
 
 impl Parser {
     fn peek(&self) -> &(Token, usize) {
@@ -180,11 +185,18 @@ impl Parser {
     }
 
     fn unary(&mut self) -> Result<Node, ParseError> {
-        if self.peek().0 == Token::Symbol('-') {
-            self.next();
-            return Ok(Node::Neg(Box::new(self.unary()?)));
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(ParseError { column: self.peek().1, msg: format!("nested more than {MAX_DEPTH} deep") });
         }
-        self.atom()
+        let node = if self.peek().0 == Token::Symbol('-') {
+            self.next();
+            self.unary().map(|n| Node::Neg(Box::new(n)))
+        } else {
+            self.atom()
+        };
+        self.depth -= 1;
+        node
     }
 
     fn expect(&mut self, want: char) -> Result<(), ParseError> {
@@ -262,7 +274,7 @@ fn input_list() -> String {
 impl Expr {
     /// Parses one line.
     pub fn parse(line: &str) -> Result<Expr, ParseError> {
-        let mut p = Parser { tokens: tokens(line)?, at: 0, inputs: Vec::new() };
+        let mut p = Parser { tokens: tokens(line)?, at: 0, inputs: Vec::new(), depth: 0 };
         if p.peek().0 == Token::End {
             return Err(ParseError { column: 1, msg: "the line is empty: write an expression of x, y, b, w".into() });
         }
@@ -383,7 +395,8 @@ fn call(name: &str, a: &[Tensor]) -> kiln::Result<Tensor> {
         "maximum" => x.maximum(&a[1]),
         "minimum" => x.minimum(&a[1]),
         "pow" => x.pow(&a[1]),
-        _ => x.gt(0.0)?.where_(&a[1], &a[2]),
+        "where_pos" => x.gt(0.0)?.where_(&a[1], &a[2]),
+        other => unreachable!("`{other}` is in FUNCTIONS but not applied here"),
     }
 }
 
@@ -441,5 +454,8 @@ mod tests {
         assert!(column_of("x # 2").1.contains("not part of the language"));
         assert!(column_of("").1.contains("empty"));
         assert!(column_of("x y").1.contains("expected an operator"));
+        assert!(column_of(&format!("{}x{}", "(".repeat(10_000), ")".repeat(10_000))).1.contains("nested more than"));
+        assert!(column_of(&format!("{}x", "-".repeat(10_000))).1.contains("nested more than"));
+        assert!(Expr::parse(&format!("{}x{}", "(".repeat(30), ")".repeat(30))).is_ok());
     }
 }

@@ -385,8 +385,7 @@ fn the_demo_runs_a_workload_and_an_expression_checked_and_rejects_bad_lines() {
     assert_eq!(title, "`gelu(x*1.5+0.5)*sigmoid(x)` on Kernels");
     let run = run.expect("the expression runs");
     assert!(run.correct(), "{:?}", run.times);
-    let kernels =
-        run.report.as_ref().map_or(0, |r| r.entries.iter().flat_map(|e| &e.graphs).map(|g| g.kernels.len()).sum());
+    let kernels = run.report.as_ref().map_or(0, kiln_app::live::kernel_count);
     assert_eq!(kernels, 1, "one fused kernel");
     let json = h.state().runs_json();
     assert_eq!(json["correct"], true);

@@ -174,6 +174,12 @@ fn score(info: &wgpu::AdapterInfo) -> i32 {
     kind + api
 }
 
+/// The error for a shader the device rejected: the kernel, the device's words, the numbered source.
+fn rejected(kernel: &str, e: &wgpu::Error, source: &str) -> String {
+    let numbered: String = source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
+    format!("kernel {kernel}: the device rejected the shader: {e}\n{numbered}")
+}
+
 /// How to get an adapter here, for the error when none is found.
 #[cfg(not(target_arch = "wasm32"))]
 pub const NO_ADAPTER_HINT: &str = "no GPU adapter found: install a Vulkan driver (on Debian/Ubuntu without a GPU: \
@@ -383,7 +389,8 @@ impl Gpu {
             encoder.copy_buffer_to_buffer(&t.resolved, 0, &t.readback, 0, 16);
         }
         self.queue.submit([encoder.finish()]);
-        // Validation errors of this submission reach the handler during `finish`/`submit`.
+        // Natively, validation errors of this submission reach the handler during `finish`/`submit`; a
+        // browser reports them later, and `fault` collects those.
         let faults = std::mem::take(&mut *lock(&self.faults));
         if !faults.is_empty() {
             let names: Vec<&str> = ops
@@ -401,9 +408,14 @@ impl Gpu {
         if let Some(msg) = lock(&self.lost).clone() {
             return Err(Error::DeviceLost { device: "wgpu".into(), what: "running kernels".into(), msg });
         }
-        match lock(&self.pending).take() {
-            Some(e) => Err(e),
-            None => Ok(()),
+        if let Some(e) = lock(&self.pending).take() {
+            return Err(e);
+        }
+        // Errors that arrived after their submission (a browser's, each naming its kernel where known).
+        let late = std::mem::take(&mut *lock(&self.faults));
+        match late.is_empty() {
+            true => Ok(()),
+            false => Err(err(format!("the device reported: {}", late.join("; ")))),
         }
     }
 
@@ -572,6 +584,8 @@ impl Driver for Gpu {
             let staging = self.stage(buffer_of(src), size);
             self.fault()?;
             let mut out = self.map_read(&staging, size).await?;
+            // A browser's errors for the work this read waited on have arrived by now.
+            self.fault()?;
             out.truncate(bytes as usize);
             Ok(out)
         })
@@ -613,9 +627,7 @@ impl Driver for Gpu {
         }
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(e) = pollster::block_on(scope.pop()) {
-            let numbered: String =
-                shader.source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
-            return Err(err(format!("kernel {}: the device rejected the shader: {e}\n{numbered}", kernel.name)));
+            return Err(err(rejected(&kernel.name, &e, &shader.source)));
         }
         // A page cannot wait for the verdict: it arrives later, as a fault the next submission reports,
         // naming the kernel and showing its source.
@@ -627,9 +639,7 @@ impl Driver for Gpu {
             let verdict = scope.pop();
             wasm_bindgen_futures::spawn_local(async move {
                 if let Some(e) = verdict.await {
-                    let numbered: String =
-                        source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
-                    lock(&faults).push(format!("kernel {name}: the device rejected the shader: {e}\n{numbered}"));
+                    lock(&faults).push(rejected(&name, &e, &source));
                 }
             });
         }

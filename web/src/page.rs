@@ -73,7 +73,7 @@ async fn run() -> Result<(), String> {
     if let Some(n) = asked.calls {
         app.run_calls = n;
     }
-    // Expression lines first: a bad one is rejected at once, a good one joins the queue after the workloads.
+    // Workloads first, then the expression lines: a bad one is rejected at once, a good one is queued.
     let mut rejected = Vec::new();
     let ids: Vec<&str> = asked.workloads.iter().map(String::as_str).collect();
     app.run_demo(&ids);

@@ -37,9 +37,9 @@ mod native {
         /// Where the screenshot and the page's results go.
         #[arg(long, default_value = "target/web-check")]
         out: PathBuf,
-        /// `on`: Chromium's WebGPU on SwiftShader; `off`: no WebGPU adapter (the page must fall back).
-        #[arg(long, default_value = "on")]
-        webgpu: String,
+        /// `on`: Chromium's WebGPU on SwiftShader; `off`: WebGPU switched off (the page must fall back).
+        #[arg(long, value_enum, default_value_t = WebGpu::On)]
+        webgpu: WebGpu,
         /// Built-in workloads the page runs.
         #[arg(long, default_value = "W1,W2,W3")]
         run: String,
@@ -49,11 +49,25 @@ mod native {
         /// Seconds to wait for the page to finish.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
-        /// chromedriver and chromium.
+        /// The chromedriver binary.
         #[arg(long, default_value = "/usr/bin/chromedriver")]
         chromedriver: PathBuf,
+        /// The Chromium binary.
         #[arg(long, default_value = "/usr/bin/chromium")]
         chromium: PathBuf,
+    }
+
+    /// Whether the browser offers WebGPU.
+    #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+    enum WebGpu {
+        On,
+        Off,
+    }
+
+    impl std::fmt::Display for WebGpu {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(if *self == WebGpu::On { "on" } else { "off" })
+        }
     }
 
     /// Lines the page must reject, each with a word its message must contain.
@@ -62,6 +76,7 @@ mod native {
     /// A line the page must compile and run.
     const GOOD_LINE: &str = "gelu(x*1.5+0.5)*sigmoid(x)";
 
+    /// Serves the page, starts chromedriver, and checks the page (see the module doc).
     pub fn main() -> Result<(), String> {
         let args = Args::parse();
         if !args.dist.join("index.html").is_file() || !args.dist.join("kiln_web_bg.wasm").is_file() {
@@ -166,7 +181,9 @@ mod native {
         ]
         .map(String::from)
         .to_vec();
-        if args.webgpu == "on" {
+        if args.webgpu == WebGpu::Off {
+            v.push("--disable-features=WebGPU".into());
+        } else {
             v.extend(
                 [
                     "--enable-unsafe-webgpu",
@@ -183,10 +200,16 @@ mod native {
 
     async fn check(args: &Args, site: u16, driver: u16) -> Result<(), String> {
         let profile = std::env::temp_dir().join(format!("kiln-web-check-{}", std::process::id()));
+        let result = drive(args, site, driver, &profile).await;
+        let _ = std::fs::remove_dir_all(&profile);
+        result
+    }
+
+    async fn drive(args: &Args, site: u16, driver: u16, profile: &Path) -> Result<(), String> {
         let mut caps = serde_json::Map::new();
         caps.insert(
             "goog:chromeOptions".into(),
-            json!({ "binary": args.chromium, "args": chrome_args(args, &profile) }),
+            json!({ "binary": args.chromium, "args": chrome_args(args, profile) }),
         );
         let client = fantoccini::ClientBuilder::rustls()
             .map_err(|e| e.to_string())?
@@ -223,7 +246,6 @@ mod native {
             Err(e) => eprintln!("kiln-web-check: no screenshot: {e}"),
         }
         let _ = client.close().await;
-        let _ = std::fs::remove_dir_all(&profile);
         let results = args.out.join(format!("page-webgpu-{}.json", args.webgpu));
         let _ = std::fs::write(&results, &text);
         println!("kiln-web-check: state `{state}` after {elapsed:.1} s; screenshot {}", shot.display());
@@ -243,7 +265,7 @@ mod native {
         let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
         let notice = v["notice"].as_str().unwrap_or_default();
         println!("kiln-web-check: {notice}");
-        let wanted_notice = if args.webgpu == "on" { "WebGPU device:" } else { "no WebGPU device" };
+        let wanted_notice = if args.webgpu == WebGpu::On { "WebGPU device:" } else { "no WebGPU device" };
         if !notice.contains(wanted_notice) {
             wrong.push(format!("the page's notice `{notice}` does not say `{wanted_notice}`"));
         }

@@ -121,10 +121,15 @@ fn shared(
     name: &str,
     open: fn() -> Result<Arc<kiln_graph::Runtime>>,
 ) -> Result<Arc<dyn kiln_graph::Backend>> {
-    match slot.get_or_init(|| open().map_err(open_failure)) {
-        Ok(rt) => Ok(rt.clone()),
-        Err(msg) => Err(Error::Backend { backend: name.into(), msg: msg.clone() }),
-    }
+    Ok(slot_result(slot.get_or_init(|| open().map_err(open_failure)), name)?)
+}
+
+/// A slot's device, or the error it failed to open with, naming the backend.
+fn slot_result(
+    done: &std::result::Result<Arc<kiln_graph::Runtime>, String>,
+    name: &str,
+) -> Result<Arc<kiln_graph::Runtime>> {
+    done.clone().map_err(|msg| Error::Backend { backend: name.into(), msg })
 }
 
 /// Why a device did not open, as kept in its slot: a backend error's own message (the slot's error names
@@ -151,8 +156,7 @@ fn wgpu_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
 #[cfg(all(feature = "wgpu", target_arch = "wasm32"))]
 fn wgpu_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
     match WGPU.get() {
-        Some(Ok(rt)) => Ok(rt.clone()),
-        Some(Err(msg)) => Err(Error::Backend { backend: "wgpu".into(), msg: msg.clone() }),
+        Some(done) => Ok(slot_result(done, "wgpu")?),
         None => Err(Error::Backend {
             backend: "wgpu".into(),
             msg: "a browser opens WebGPU asynchronously: await `kiln::open_wgpu()` before using Backend::Wgpu".into(),
@@ -172,13 +176,13 @@ fn wgpu_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
 #[cfg(feature = "wgpu")]
 pub async fn open_wgpu() -> Result<Arc<Runtime>> {
     if let Some(done) = WGPU.get() {
-        return done.clone().map_err(|msg| Error::Backend { backend: "wgpu".into(), msg });
+        return slot_result(done, "wgpu");
     }
     let opened = kiln_wgsl::Gpu::runtime_async().await.map_err(open_failure);
     // Another task may have opened it meanwhile: theirs stands.
     let done = WGPU.get_or_init(|| opened);
     register_renderers();
-    done.clone().map_err(|msg| Error::Backend { backend: "wgpu".into(), msg })
+    slot_result(done, "wgpu")
 }
 
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]

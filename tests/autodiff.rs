@@ -217,6 +217,23 @@ fn composites_through_their_decompositions() {
 }
 
 #[test]
+fn convolutions_and_pools_through_their_decompositions() {
+    use kiln::graph::Window;
+    check(
+        "avg_pool(max_pool(conv2d(x, w, b, stride 2, pad 1, groups 2)))",
+        &[spec(&[2, 4, 7, 6]), spec(&[6, 2, 3, 3]), spec(&[6]), spec(&[2, 6, 2, 2])],
+        |t| {
+            let y = t[0].conv(&t[1], Some(&t[2]), &Window::uniform(2, 2, 1, 1), 2)?;
+            let y = y.max_pool(&[2, 2], &Window::uniform(2, 1, 0, 1))?;
+            let y = y.avg_pool(&[2, 2], &Window::uniform(2, 1, 1, 1), false)?;
+            total(y.narrow(2, 0, 2)?.narrow(3, 0, 2)?.mul(&t[3])?)
+        },
+        &[0, 1, 2],
+        same,
+    );
+}
+
+#[test]
 fn slices_concatenation_and_padding() {
     check(
         "x[1:5] * x[::2] ++ pad(x[..., 1::3]) ++ narrow",

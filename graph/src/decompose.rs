@@ -16,7 +16,7 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::interp::reduce_dtype;
-use crate::ir::{BinaryOp, GeluApprox, Graph, GraphInput, Node, NodeId, Op, OpFamily, ReduceOp, UnaryOp};
+use crate::ir::{BinaryOp, GeluApprox, Graph, GraphInput, Node, NodeId, Op, OpFamily, PoolKind, ReduceOp, UnaryOp};
 use crate::loc::SourceLoc;
 use crate::shape::{reduced_shape, Shape};
 use crate::sym::Expr;
@@ -246,8 +246,8 @@ impl Builder {
             return Err(bad(format!("composites take float tensors, this one is {}", node.dtype)));
         }
         let arity = match &node.op {
-            Op::LayerNorm { affine: true, .. } | Op::Linear { bias: true } => 3,
-            Op::Linear { bias: false } => 2,
+            Op::LayerNorm { affine: true, .. } | Op::Linear { bias: true } | Op::Conv { bias: true, .. } => 3,
+            Op::Linear { bias: false } | Op::Conv { bias: false, .. } => 2,
             _ => 1,
         };
         if inputs.len() != arity {
@@ -267,6 +267,9 @@ impl Builder {
                 return Err(bad(format!("normalising the last {dims} axes of a rank-{rank} tensor")));
             }
             Op::CausalMask if rank < 2 => return Err(bad(format!("needs rank >= 2, got {rank}"))),
+            Op::Conv { window, .. } | Op::Pool { window, .. } if rank != window.stride.len() + 2 => {
+                return Err(bad(format!("a {}-D window over a rank-{rank} tensor", window.stride.len())));
+            }
             Op::LayerNorm { dims, affine: true, .. }
                 if inputs[1..].iter().any(|&p| self.shape(p).dims() != &self.shape(x).dims()[rank - dims..]) =>
             {
@@ -281,6 +284,13 @@ impl Builder {
             // MatMul already accumulates exactly and rounds once (the reference and cuBLAS both do), so
             // widening a half-precision weight to f32 would only double its memory traffic.
             Op::Linear { bias } => return Ok(self.linear(x, inputs[1], bias.then(|| inputs[2]))),
+            // Like linear: the matmul accumulates exactly and rounds once; max pooling only selects.
+            Op::Conv { window, groups, bias } => {
+                return Ok(self.conv(x, inputs[1], bias.then(|| inputs[2]), window, *groups));
+            }
+            Op::Pool { mode: PoolKind::Max, kernel, window } => {
+                return Ok(self.pool(x, PoolKind::Max, kernel, window));
+            }
             _ => {}
         }
         let ct = compute_dtype(node.dtype);
@@ -293,6 +303,7 @@ impl Builder {
             Op::Mean { axes, keepdim } => self.mean(x, axes, *keepdim)?,
             Op::Var { axes, correction, keepdim } => self.var(x, axes, *correction, *keepdim)?,
             Op::Gelu { approx } => self.gelu(x, *approx),
+            Op::Pool { mode, kernel, window } => self.pool(x, *mode, kernel, window),
             Op::Silu => {
                 let s = self.unary(UnaryOp::Sigmoid, x);
                 self.mul(x, s)

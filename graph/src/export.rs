@@ -48,6 +48,10 @@ pub fn from_json(text: &str) -> Result<Graph> {
     Ok(doc.graph)
 }
 
+fn window_attrs(w: &crate::conv::Window) -> String {
+    format!("stride={:?}, padding={:?}, dilation={:?}", w.stride, w.padding, w.dilation)
+}
+
 /// The op's attributes in a short `key=value` form (empty when it has none).
 pub fn op_attrs(op: &Op) -> String {
     match op {
@@ -65,6 +69,8 @@ pub fn op_attrs(op: &Op) -> String {
         Op::Pad { pads, value } => format!("pads={pads:?}, value={value}"),
         Op::LayerNorm { dims, eps, affine } => format!("dims={dims}, eps={eps}, affine={affine}"),
         Op::Linear { bias } => format!("bias={bias}"),
+        Op::Conv { window, groups, bias } => format!("{}, groups={groups}, bias={bias}", window_attrs(window)),
+        Op::Pool { mode, kernel, window } => format!("{mode:?}, kernel={kernel:?}, {}", window_attrs(window)),
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Where

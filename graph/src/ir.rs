@@ -7,6 +7,7 @@
 //! - `MatMul` reads `[..., m, k]` and `[..., k, n]` with equal batch dims (also expanded explicitly);
 //! - every node carries the user's source location.
 
+use crate::conv::Window;
 use crate::dtype::DType;
 use crate::loc::SourceLoc;
 use crate::shape::Shape;
@@ -466,6 +467,38 @@ pub enum Op {
     },
     /// `x` where column <= row in the last two axes, `-inf` above the diagonal.
     CausalMask,
+    /// Convolution over the trailing spatial axes; inputs `[x, w]` or `[x, w, b]`, x `[N, C, *in]`,
+    /// w `[O, C/groups, *kernel]`, b `[O]` (see `conv`).
+    Conv {
+        /// Stride, padding and dilation per spatial axis (every axis written out).
+        window: Window,
+        /// Channel groups (`C` for depthwise).
+        groups: usize,
+        /// Whether a bias input follows.
+        bias: bool,
+    },
+    /// Max or average pooling over the trailing `kernel.len()` axes.
+    Pool {
+        /// Max or average, and the average's divisor rule.
+        mode: PoolKind,
+        /// Window size per spatial axis.
+        kernel: Vec<usize>,
+        /// Stride, padding and dilation per spatial axis (every axis written out).
+        window: Window,
+    },
+}
+
+/// What a pooling window computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    /// The largest tap (padding is `-inf`).
+    Max,
+    /// The mean of the taps.
+    Avg {
+        /// Divide by the kernel size (true) or by the taps inside the input (false).
+        count_include_pad: bool,
+    },
 }
 
 impl Op {
@@ -501,6 +534,8 @@ impl Op {
             Op::Mean { .. } => "mean",
             Op::Var { .. } => "var",
             Op::CausalMask => "causal_mask",
+            Op::Conv { .. } => "conv",
+            Op::Pool { mode, .. } => mode.name(),
         }
     }
 
@@ -527,7 +562,9 @@ impl Op {
             | Op::Linear { .. }
             | Op::Mean { .. }
             | Op::Var { .. }
-            | Op::CausalMask => OpFamily::Composite,
+            | Op::CausalMask
+            | Op::Conv { .. }
+            | Op::Pool { .. } => OpFamily::Composite,
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod cache;
 pub mod check;
 pub mod compile;
+pub mod conv;
 pub mod data;
 pub mod decompose;
 pub mod device;
@@ -43,6 +44,7 @@ pub mod workloads;
 
 pub use backend::{Backend, CpuReference, IntoBackend, KernelInterpreter, Mode};
 pub use compile::{compile, Args, CompileStats, Compiled, Outputs, Static};
+pub use conv::Window;
 pub use data::TensorData;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};

@@ -509,7 +509,9 @@ impl<'a> Lowerer<'a> {
             | Op::Linear { .. }
             | Op::Mean { .. }
             | Op::Var { .. }
-            | Op::CausalMask => unreachable!("lowering runs after decomposition"),
+            | Op::CausalMask
+            | Op::Conv { .. }
+            | Op::Pool { .. } => unreachable!("lowering runs after decomposition"),
         })
     }
 

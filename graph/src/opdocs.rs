@@ -1,7 +1,8 @@
 //! The op reference (`docs/ops.md`) generated from the code, so it cannot drift: a test regenerates it
 //! and compares it with the committed file.
 
-use crate::ir::{ArgReduceOp, BinaryOp, GeluApprox, Op, ReduceOp, UnaryOp};
+use crate::conv::Window;
+use crate::ir::{ArgReduceOp, BinaryOp, GeluApprox, Op, PoolKind, ReduceOp, UnaryOp};
 use crate::sym::Expr;
 
 /// One representative of every op kind, in the order the reference lists them.
@@ -34,6 +35,9 @@ pub fn catalog() -> Vec<Op> {
         Op::Mean { axes: vec![], keepdim: false },
         Op::Var { axes: vec![], correction: 1, keepdim: false },
         Op::CausalMask,
+        Op::Conv { window: Window::default(), groups: 1, bias: false },
+        Op::Pool { mode: PoolKind::Max, kernel: vec![], window: Window::default() },
+        Op::Pool { mode: PoolKind::Avg { count_include_pad: true }, kernel: vec![], window: Window::default() },
     ]);
     ops
 }
@@ -127,6 +131,15 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
         Op::Mean { .. } => ("mean", "composite: sum over axes divided by the count"),
         Op::Var { .. } => ("var", "composite: variance over axes with a correction (1 = unbiased)"),
         Op::CausalMask => ("causal_mask", "composite: `-inf` above the diagonal of the last two axes"),
+        Op::Conv { .. } => (
+            "conv",
+            "composite: 1-3-D convolution `[N, C, *in]` with `[O, C/groups, *k]` (+ bias), stride/padding/dilation; \
+             becomes im2col + one matmul per group",
+        ),
+        Op::Pool { mode: PoolKind::Max, .. } => ("max_pool", "composite: window max, padding is `-inf`"),
+        Op::Pool { mode: PoolKind::Avg { .. }, .. } => {
+            ("avg_pool", "composite: window mean, padding counted or not (`count_include_pad`)")
+        }
     }
 }
 

@@ -4,9 +4,9 @@
 
 use kiln_graph::decompose::{decompose, Decomposed};
 use kiln_graph::interp;
-use kiln_graph::ir::{Graph, InputKind, Node, NodeId, Op, OpFamily};
+use kiln_graph::ir::{Graph, InputKind, Node, NodeId, Op, OpFamily, PoolKind};
 use kiln_graph::sym::Expr;
-use kiln_graph::{compile, DType, Error, Result, Shape, SourceLoc, Tensor, TensorData};
+use kiln_graph::{compile, DType, Error, Result, Shape, SourceLoc, Tensor, TensorData, Window};
 use proptest::prelude::*;
 
 /// One composite call, with its arguments.
@@ -14,14 +14,40 @@ use proptest::prelude::*;
 enum Case {
     Softmax(isize),
     LogSoftmax(isize),
-    LayerNorm { dims: usize, affine: bool },
-    Mean { axes: Vec<isize>, keepdim: bool },
-    Var { axes: Vec<isize>, correction: usize, keepdim: bool },
+    LayerNorm {
+        dims: usize,
+        affine: bool,
+    },
+    Mean {
+        axes: Vec<isize>,
+        keepdim: bool,
+    },
+    Var {
+        axes: Vec<isize>,
+        correction: usize,
+        keepdim: bool,
+    },
     Gelu,
     GeluTanh,
     Silu,
-    Linear { out: usize, bias: bool },
+    Linear {
+        out: usize,
+        bias: bool,
+    },
     CausalMask,
+    /// A convolution with `out` channels over the input's trailing `kernel.len()` axes.
+    Conv {
+        out: usize,
+        kernel: Vec<usize>,
+        window: Window,
+        groups: usize,
+        bias: bool,
+    },
+    Pool {
+        mode: PoolKind,
+        kernel: Vec<usize>,
+        window: Window,
+    },
 }
 
 /// A deterministic xorshift stream: reproducible inputs without a dependency.
@@ -56,6 +82,11 @@ fn capture(case: &Case, dims: &[usize], dtype: DType) -> Graph {
         Case::Linear { out, bias } => {
             (Some(random(&[*out, last], dtype, 1.0, &mut rng)), bias.then(|| random(&[*out], dtype, 1.0, &mut rng)))
         }
+        Case::Conv { out, kernel, groups, bias, .. } => {
+            let mut wd = vec![*out, dims[1] / groups];
+            wd.extend(kernel);
+            (Some(random(&wd, dtype, 1.0, &mut rng)), bias.then(|| random(&[*out], dtype, 1.0, &mut rng)))
+        }
         _ => (None, None),
     };
     let (w, b) = (w.map(Tensor::from_data), b.map(Tensor::from_data));
@@ -71,6 +102,11 @@ fn capture(case: &Case, dims: &[usize], dtype: DType) -> Graph {
             Case::Silu => x.silu(),
             Case::Linear { .. } => x.linear(w.as_ref().unwrap(), b.as_ref()),
             Case::CausalMask => x.causal_mask(),
+            Case::Conv { window, groups, .. } => x.conv(w.as_ref().unwrap(), b.as_ref(), window, *groups),
+            Case::Pool { mode: PoolKind::Max, kernel, window } => x.max_pool(kernel, window),
+            Case::Pool { mode: PoolKind::Avg { count_include_pad }, kernel, window } => {
+                x.avg_pool(kernel, window, *count_include_pad)
+            }
         }
     });
     let ex = f.explain(&x).unwrap();
@@ -458,4 +494,78 @@ proptest! {
         let g = capture(&case, &dims, dtype);
         check_seeded(&g, if big { 100.0 } else { 1.0 }, seed, None, Rounded::NonFinite);
     }
+}
+
+/// A random window over `r` spatial axes of length `len` that a kernel of `kernel` fits.
+fn any_window(r: usize) -> impl Strategy<Value = (Vec<usize>, Vec<usize>, Window)> {
+    let axis = (1..=7usize, 1..=3usize, 1..=2usize, 1..=2usize, 0..=2usize, 0..=2usize);
+    proptest::collection::vec(axis, r).prop_filter_map("the kernel must fit", |axes| {
+        let mut w = Window::default();
+        let (mut lens, mut kernel) = (vec![], vec![]);
+        for (len, k, stride, dilation, pb, pa) in axes {
+            if len + pb + pa < dilation * (k - 1) + 1 || pb.max(pa) >= dilation * (k - 1) + 1 {
+                return None;
+            }
+            lens.push(len);
+            kernel.push(k);
+            w.stride.push(stride);
+            w.dilation.push(dilation);
+            w.padding.push((pb, pa));
+        }
+        Some((lens, kernel, w))
+    })
+}
+
+/// A random convolution or pooling and its input dims `[N, C, *spatial]`.
+fn any_windowed() -> impl Strategy<Value = (Vec<usize>, Case)> {
+    (1..=2usize, 1..=2usize, 1..=3usize, 1..=3usize, any::<bool>(), 0..4u8, (1..=2usize).prop_flat_map(any_window))
+        .prop_map(|(n, groups, cg, og, bias, which, (lens, kernel, window))| {
+            let mut dims = vec![n, groups * cg];
+            dims.extend(&lens);
+            let case = match which {
+                0 | 1 => Case::Conv { out: groups * og, kernel, window, groups, bias },
+                2 => Case::Pool { mode: PoolKind::Max, kernel, window },
+                _ => Case::Pool { mode: PoolKind::Avg { count_include_pad: bias }, kernel, window },
+            };
+            (dims, case)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+
+    /// Convolutions and pools of random geometry (strides, dilations, uneven padding, groups, 1-D and
+    /// 2-D): the im2col decomposition computes what the direct reference does.
+    #[test]
+    fn windowed_ops_match_the_reference((dims, case) in any_windowed(), seed in any::<u64>()) {
+        let g = capture(&case, &dims, F32);
+        check_seeded(&g, 1.0, seed, None, Rounded::Close);
+    }
+}
+
+#[test]
+fn convolutions_and_pools_in_half_precision() {
+    let window = Window::uniform(2, 2, 1, 1);
+    for dtype in [DType::F16, DType::BF16] {
+        for case in [
+            Case::Conv { out: 4, kernel: vec![3, 3], window: window.clone(), groups: 2, bias: true },
+            Case::Pool { mode: PoolKind::Max, kernel: vec![3, 3], window: window.clone() },
+            Case::Pool { mode: PoolKind::Avg { count_include_pad: false }, kernel: vec![3, 3], window: window.clone() },
+        ] {
+            let g = capture(&case, &[2, 4, 6, 5], dtype);
+            check_numerics(&g, 1.0, 11, None);
+        }
+    }
+}
+
+#[test]
+fn max_pool_propagates_nan() {
+    let g = capture(
+        &Case::Pool { mode: PoolKind::Max, kernel: vec![2, 2], window: Window::uniform(2, 2, 0, 1) },
+        &[1, 1, 4, 4],
+        F32,
+    );
+    let (out, _) = check_numerics(&g, 1.0, 3, Some(5));
+    assert!(out[0].values()[0].is_nan(), "{:?}", out[0]);
+    assert!(out[0].values()[1..].iter().all(|v| !v.is_nan()), "{:?}", out[0]);
 }

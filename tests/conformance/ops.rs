@@ -185,6 +185,9 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             },
         );
     }
+    for d in FLOATS {
+        convolutions(b, d);
+    }
     let x = t(&[2, 3, 4], DType::F32, wave);
     let idx = t(&[5], DType::I64, |i| ((i * 2) % 3) as f64);
     let gidx = t(&[2, 3, 2], DType::I64, |i| (i % 4) as f64);
@@ -303,4 +306,30 @@ pub fn edge_cases(b: &Arc<dyn Backend>, big: bool, ieee_nan: bool) {
         let x = t(&[70_000, 64], DType::F32, wave);
         case(b, "grid past 65535 workgroups", &[x], 1e-5, |v| Ok(vec![v[0].softmax(-1)?]));
     }
+}
+
+/// The convolution family in the shapes CNNs use: a strided, padded 3x3 with bias, a grouped and dilated
+/// one, depthwise, a 1x1 projection, 1-D, and the pools (NaN-free inputs, odd sizes).
+fn convolutions(b: &Arc<dyn Backend>, d: DType) {
+    use kiln::graph::Window;
+    let x = t(&[2, 4, 9, 7], d, wave);
+    let x1 = t(&[2, 3, 11], d, wave);
+    let k = |dims: &[usize], seed: usize| t(dims, d, move |i| wave(i * 3 + seed) * 0.3);
+    let (w3, bias) = (k(&[6, 4, 3, 3], 1), k(&[6], 2));
+    let (wg, wdw, w1, wc1) = (k(&[4, 2, 3, 3], 3), k(&[4, 1, 3, 3], 4), k(&[8, 4, 1, 1], 5), k(&[5, 3, 4], 6));
+    // Accumulations over up to 36 taps: tolerance scales like a reduction's.
+    case(b, &format!("convolutions {d}"), &[x, x1], tol(d, 6.0), |v| {
+        let (x, x1) = (&v[0], &v[1]);
+        Ok(vec![
+            x.conv(&w3, Some(&bias), &Window::uniform(2, 2, 1, 1), 1)?,
+            x.conv(&wg, None, &Window { padding: vec![(2, 1), (0, 2)], dilation: vec![2, 1], ..Window::default() }, 2)?,
+            x.conv(&wdw, None, &Window::uniform(2, 1, 1, 1), 4)?.relu()?,
+            x.conv(&w1, None, &Window::default(), 1)?,
+            x1.conv(&wc1, None, &Window { stride: vec![3], padding: vec![(1, 2)], ..Window::default() }, 1)?,
+            x.max_pool(&[3, 3], &Window::uniform(2, 2, 1, 1))?,
+            x.avg_pool(&[2, 2], &Window::uniform(2, 2, 0, 1), true)?,
+            x.avg_pool(&[3, 3], &Window::uniform(2, 1, 1, 1), false)?,
+            x1.max_pool(&[2], &Window::default())?,
+        ])
+    });
 }

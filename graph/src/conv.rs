@@ -1,0 +1,435 @@
+//! The convolution family — convolution, transposed convolution and pooling over 1 to 3 trailing spatial
+//! axes (`[N, C, *spatial]`, PyTorch's and ONNX's layout): the window geometry and its shape rule, the
+//! `Tensor` methods that record them, the f64 reference and the decomposition into primitives.
+//!
+//! They are composites: traced whole (so explain and the explorer say `conv`), computed directly by the
+//! reference, and decomposed into pad → strided slices (one per kernel tap, an im2col) → one batched
+//! matmul per group. The slices and the pad fold into index expressions of the kernel that builds the
+//! im2col matrix, so a convolution is two kernels and autodiff needs no rule of its own.
+
+use crate::decompose::Builder;
+use crate::error::{Error, Result};
+use crate::interp::nan_max;
+use crate::ir::{BinaryOp, DTypeRule, Op, PoolKind};
+use crate::loc::SourceLoc;
+use crate::shape::Shape;
+use crate::sym::Expr;
+use crate::trace::{record, Tensor};
+use crate::NodeId;
+use serde::{Deserialize, Serialize};
+
+/// Where a sliding window sits along each spatial axis (one entry per axis; empty vectors mean stride 1,
+/// no padding, dilation 1 on every axis).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Window {
+    /// Step between window positions.
+    pub stride: Vec<usize>,
+    /// Zeros (or `-inf` for max pooling) added before and after each axis.
+    pub padding: Vec<(usize, usize)>,
+    /// Spacing between kernel taps (1 = dense).
+    pub dilation: Vec<usize>,
+}
+
+impl Window {
+    /// A window with the same `stride`, symmetric `padding` and `dilation` on all `rank` axes.
+    pub fn uniform(rank: usize, stride: usize, padding: usize, dilation: usize) -> Window {
+        Window { stride: vec![stride; rank], padding: vec![(padding, padding); rank], dilation: vec![dilation; rank] }
+    }
+
+    /// The same window with every axis written out (rank `r`), or a message when a vector has another length
+    /// or a stride/dilation is zero.
+    fn resolved(&self, r: usize) -> std::result::Result<Window, String> {
+        let fill = |v: &[usize], d: usize, what: &str| match v.len() {
+            0 => Ok(vec![d; r]),
+            n if n == r => Ok(v.to_vec()),
+            n => Err(format!("{what} has {n} entries for {r} spatial axes")),
+        };
+        let w = Window {
+            stride: fill(&self.stride, 1, "stride")?,
+            dilation: fill(&self.dilation, 1, "dilation")?,
+            padding: match self.padding.len() {
+                0 => vec![(0, 0); r],
+                n if n == r => self.padding.clone(),
+                n => return Err(format!("padding has {n} entries for {r} spatial axes")),
+            },
+        };
+        if w.stride.contains(&0) || w.dilation.contains(&0) {
+            return Err("strides and dilations must be at least 1".into());
+        }
+        Ok(w)
+    }
+
+    /// The output length along spatial axis `a` for input length `len` and kernel size `k`:
+    /// `floor((len + pads - dilation*(k-1) - 1) / stride) + 1`.
+    pub fn out_len(&self, a: usize, len: &Expr, k: usize) -> Expr {
+        let (pb, pa) = self.padding[a];
+        let span = (self.dilation[a] * (k - 1) + 1) as i64;
+        (len.clone() + (pb + pa) as i64 - span).floor_div(&Expr::from(self.stride[a])) + 1
+    }
+}
+
+/// Checks `x` is `[N, C, *spatial]` with `r` spatial axes and the window fits; returns the resolved
+/// window and the output's spatial dims.
+fn spatial_out(op: &str, x: &Shape, kernel: &[usize], window: &Window, loc: &SourceLoc) -> Result<(Window, Vec<Expr>)> {
+    let r = kernel.len();
+    let bad = |msg: String| Error::Shape { op: op.into(), msg, loc: loc.clone() };
+    if !(1..=3).contains(&r) || x.rank() != r + 2 {
+        return Err(bad(format!(
+            "a {r}-D window needs an input [N, C, {r} spatial axes], got {}",
+            crate::trace::shape_for_humans(x)
+        )));
+    }
+    if kernel.contains(&0) {
+        return Err(bad(format!("kernel size {kernel:?} has a zero")));
+    }
+    let w = window.resolved(r).map_err(bad)?;
+    let mut out = Vec::with_capacity(r);
+    for a in 0..r {
+        let o = w.out_len(a, &x.dims()[a + 2], kernel[a]);
+        if o.as_const().is_some_and(|o| o < 1) {
+            return Err(bad(format!(
+                "spatial axis {a} of {} is too short for a kernel of {} (dilation {}, padding {:?})",
+                crate::trace::shape_for_humans(x),
+                kernel[a],
+                w.dilation[a],
+                w.padding[a]
+            )));
+        }
+        out.push(o);
+    }
+    Ok((w, out))
+}
+
+fn dims_of(x: &Shape, from: usize) -> Vec<usize> {
+    x.dims()[from..].iter().map(|d| d.as_const().unwrap_or(-1).max(0) as usize).collect()
+}
+
+impl Tensor {
+    /// Convolution of `self` `[N, C, *spatial]` (1 to 3 spatial axes) with `weight`
+    /// `[O, C/groups, *kernel]`, plus `bias` `[O]` (torch's `conv1d`/`conv2d`/`conv3d`); `groups == C`
+    /// is a depthwise convolution.
+    #[track_caller]
+    pub fn conv(&self, weight: &Tensor, bias: Option<&Tensor>, window: &Window, groups: usize) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let (xs, ws) = (self.shape(), weight.shape());
+        let bad = |msg: String| Error::Shape { op: "conv".into(), msg, loc: loc.clone() };
+        float_like("conv", self, &[Some(weight), bias], &loc)?;
+        if ws.rank() < 3 {
+            return Err(bad(format!("weight {ws} must be [out, in/groups, *kernel]")));
+        }
+        let kernel = dims_of(&ws, 2);
+        if ws.dims()[2..].iter().any(|d| !d.is_const()) || ws.dims()[..2].iter().any(|d| !d.is_const()) {
+            return Err(bad(format!("weight {ws} must have constant dims")));
+        }
+        let (w, spatial) = spatial_out("conv", &xs, &kernel, window, &loc)?;
+        let (o, cg) = (ws.dims()[0].as_const().unwrap_or(0) as usize, ws.dims()[1].as_const().unwrap_or(0) as usize);
+        let c = &xs.dims()[1];
+        if groups == 0 || o % groups != 0 || c.as_const() != Some((cg * groups) as i64) {
+            return Err(bad(format!(
+                "input {} with {groups} group(s) does not fit weight {ws} ([out, in/groups, *kernel], out divisible \
+                 by groups)",
+                crate::trace::shape_for_humans(&xs)
+            )));
+        }
+        if let Some(b) = bias {
+            if b.shape() != Shape::from_dims(&[o]) {
+                return Err(bad(format!("bias {} must be [{o}]", b.shape())));
+            }
+        }
+        let mut dims = vec![xs.dims()[0].clone(), Expr::from(o)];
+        dims.extend(spatial);
+        let mut inputs = vec![self, weight];
+        inputs.extend(bias);
+        record(Op::Conv { window: w, groups, bias: bias.is_some() }, &inputs, self.dtype(), Shape(dims), loc)
+    }
+
+    /// Max pooling over the trailing `kernel.len()` axes (padding counts as `-inf`).
+    #[track_caller]
+    pub fn max_pool(&self, kernel: &[usize], window: &Window) -> Result<Tensor> {
+        self.pool(PoolKind::Max, kernel, window, SourceLoc::caller())
+    }
+
+    /// Average pooling over the trailing `kernel.len()` axes; `count_include_pad` divides every window by
+    /// the kernel's size, else by the taps that fall inside the input (torch's and ONNX's two rules).
+    #[track_caller]
+    pub fn avg_pool(&self, kernel: &[usize], window: &Window, count_include_pad: bool) -> Result<Tensor> {
+        self.pool(PoolKind::Avg { count_include_pad }, kernel, window, SourceLoc::caller())
+    }
+
+    fn pool(&self, kind: PoolKind, kernel: &[usize], window: &Window, loc: SourceLoc) -> Result<Tensor> {
+        let name = kind.name();
+        float_like(name, self, &[], &loc)?;
+        let xs = self.shape();
+        let (w, spatial) = spatial_out(name, &xs, kernel, window, &loc)?;
+        let mut dims = xs.dims()[..2].to_vec();
+        dims.extend(spatial);
+        record(Op::Pool { mode: kind, kernel: kernel.to_vec(), window: w }, &[self], self.dtype(), Shape(dims), loc)
+    }
+}
+
+/// Every tensor a float of `x`'s dtype.
+fn float_like(op: &str, x: &Tensor, others: &[Option<&Tensor>], loc: &SourceLoc) -> Result<()> {
+    if !DTypeRule::Float.allows(x.dtype()) {
+        return Err(Error::DType {
+            op: op.into(),
+            expected: DTypeRule::Float.describe().into(),
+            got: x.dtype(),
+            loc: loc.clone(),
+        });
+    }
+    for t in others.iter().flatten() {
+        if t.dtype() != x.dtype() {
+            return Err(Error::DType {
+                op: op.into(),
+                expected: format!("{} like the input", x.dtype()),
+                got: t.dtype(),
+                loc: loc.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Visits every kernel tap of a window over `out` positions: `f(out_index, input_index_or_padding)`
+/// for each output element and tap, in row-major output order then tap order.
+fn for_each_tap(
+    in_dims: &[usize],
+    out_dims: &[usize],
+    kernel: &[usize],
+    w: &Window,
+    mut f: impl FnMut(usize, usize, Option<usize>),
+) {
+    let r = kernel.len();
+    let taps: usize = kernel.iter().product();
+    let outs: usize = out_dims.iter().product();
+    for o in 0..outs {
+        for t in 0..taps {
+            let (mut oi, mut ti, mut flat, mut inside) = (o, t, 0usize, true);
+            let mut stride = 1;
+            for a in (0..r).rev() {
+                let (op, tp) = (oi % out_dims[a], ti % kernel[a]);
+                oi /= out_dims[a];
+                ti /= kernel[a];
+                let pos = (op * w.stride[a] + tp * w.dilation[a]) as i64 - w.padding[a].0 as i64;
+                inside &= pos >= 0 && (pos as usize) < in_dims[a];
+                flat += pos.max(0) as usize * stride;
+                stride *= in_dims[a];
+            }
+            f(o, t, inside.then_some(flat));
+        }
+    }
+}
+
+/// The reference convolution in f64, straight from the definition. `x` `[N, C, *in]`, `w`
+/// `[O, C/g, *k]`, output `[N, O, *out]`.
+pub(crate) fn reference_conv(
+    x: &[f64],
+    xd: &[usize],
+    w: &[f64],
+    wd: &[usize],
+    bias: Option<&[f64]>,
+    out: &[usize],
+    window: &Window,
+    groups: usize,
+) -> Vec<f64> {
+    let (n, c, o) = (xd[0], xd[1], wd[0]);
+    let (cg, og) = (c / groups, o / groups);
+    let kernel = &wd[2..];
+    let taps: usize = kernel.iter().product();
+    let (in_sp, out_sp): (usize, usize) = (xd[2..].iter().product(), out[2..].iter().product());
+    let mut y = vec![0.0; n * o * out_sp];
+    for b in 0..n {
+        for oc in 0..o {
+            let g = oc / og;
+            let base = (b * o + oc) * out_sp;
+            for ic in 0..cg {
+                let xin = &x[(b * c + g * cg + ic) * in_sp..][..in_sp];
+                let wk = &w[(oc * cg + ic) * taps..][..taps];
+                for_each_tap(&xd[2..], &out[2..], kernel, window, |p, t, at| {
+                    if let Some(at) = at {
+                        y[base + p] += xin[at] * wk[t];
+                    }
+                });
+            }
+            if let Some(bias) = bias {
+                y[base..base + out_sp].iter_mut().for_each(|v| *v += bias[oc]);
+            }
+        }
+    }
+    y
+}
+
+/// The reference pooling in f64: each output combines its window's taps inside the input.
+pub(crate) fn reference_pool(
+    x: &[f64],
+    xd: &[usize],
+    out: &[usize],
+    kind: PoolKind,
+    kernel: &[usize],
+    window: &Window,
+) -> Vec<f64> {
+    let (in_sp, out_sp): (usize, usize) = (xd[2..].iter().product(), out[2..].iter().product());
+    let taps: usize = kernel.iter().product();
+    let planes = xd[0] * xd[1];
+    let mut y = Vec::with_capacity(planes * out_sp);
+    for p in 0..planes {
+        let xin = &x[p * in_sp..][..in_sp];
+        let mut acc = vec![(if kind == PoolKind::Max { f64::NEG_INFINITY } else { 0.0 }, 0usize); out_sp];
+        for_each_tap(&xd[2..], &out[2..], kernel, window, |o, _, at| {
+            if let Some(at) = at {
+                let (v, n) = &mut acc[o];
+                *v = if kind == PoolKind::Max { nan_max(*v, xin[at]) } else { *v + xin[at] };
+                *n += 1;
+            }
+        });
+        y.extend(acc.into_iter().map(|(v, n)| match kind {
+            PoolKind::Max => v,
+            PoolKind::Avg { count_include_pad: true } => v / taps as f64,
+            PoolKind::Avg { count_include_pad: false } => v / n as f64,
+        }));
+    }
+    y
+}
+
+impl Builder {
+    /// One `[N, C, *out]` view of `x` `[N, C, *in]` per kernel tap (row-major tap order): tap `t` of
+    /// output position `p` is the (padded) input element under tap `t` of window `p`; padding reads
+    /// `pad_value`. Only a pad and strided slices: they fold into the consumer's index expressions.
+    fn window_taps(&mut self, x: NodeId, kernel: &[usize], w: &Window, out: &[Expr], pad_value: f64) -> Vec<NodeId> {
+        let r = kernel.len();
+        let mut xp = x;
+        if w.padding.iter().any(|&(b, a)| b + a > 0) {
+            let mut pads = vec![(0, 0); 2];
+            pads.extend(w.padding.iter().copied());
+            let mut dims = self.shape(x).dims().to_vec();
+            for a in 0..r {
+                dims[a + 2] = dims[a + 2].clone() + (w.padding[a].0 + w.padding[a].1) as i64;
+            }
+            xp = self.push(Op::Pad { pads, value: pad_value }, &[x], self.dtype(x), Shape(dims));
+        }
+        let taps: usize = kernel.iter().product();
+        (0..taps)
+            .map(|t| {
+                let mut s = xp;
+                let mut rest = t;
+                let mut offsets = vec![0; r];
+                for a in (0..r).rev() {
+                    offsets[a] = rest % kernel[a];
+                    rest /= kernel[a];
+                }
+                for a in 0..r {
+                    let start = offsets[a] * w.dilation[a];
+                    let full = self.shape(s).dims()[a + 2].clone();
+                    let end = Expr::from(start) + (out[a].clone() - 1) * w.stride[a] as i64 + 1;
+                    if start == 0 && w.stride[a] == 1 && end == full {
+                        continue;
+                    }
+                    let mut dims = self.shape(s).dims().to_vec();
+                    dims[a + 2] = out[a].clone();
+                    let op = Op::Slice { axis: a + 2, start: Expr::from(start), end, step: w.stride[a] };
+                    s = self.push(op, &[s], self.dtype(x), Shape(dims));
+                }
+                s
+            })
+            .collect()
+    }
+
+    /// The im2col of `x`: its window taps stacked on a new axis 2, `[N, C, taps, *out]`.
+    fn im2col(&mut self, x: NodeId, kernel: &[usize], w: &Window, out: &[Expr]) -> NodeId {
+        let taps = self.window_taps(x, kernel, w, out, 0.0);
+        let cols: Vec<NodeId> = taps
+            .iter()
+            .map(|&s| {
+                let mut dims = self.shape(s).dims().to_vec();
+                dims.insert(2, Expr::from(1usize));
+                self.reshape(s, Shape(dims))
+            })
+            .collect();
+        if cols.len() == 1 {
+            return cols[0];
+        }
+        let mut dims = self.shape(cols[0]).dims().to_vec();
+        dims[2] = Expr::from(cols.len());
+        self.push(Op::Concat { axis: 2 }, &cols, self.dtype(x), Shape(dims))
+    }
+
+    /// A convolution as im2col plus one batched matmul per group:
+    /// `[N, g, O/g, C/g*taps] @ [N, g, C/g*taps, P] -> [N, O, *out]`.
+    pub(crate) fn conv(
+        &mut self,
+        x: NodeId,
+        w: NodeId,
+        bias: Option<NodeId>,
+        window: &Window,
+        groups: usize,
+    ) -> NodeId {
+        let (xs, ws) = (self.shape(x), self.shape(w));
+        let kernel = dims_of(&ws, 2);
+        let r = kernel.len();
+        let taps: usize = kernel.iter().product();
+        let out: Vec<Expr> = (0..r).map(|a| window.out_len(a, &xs.dims()[a + 2], kernel[a])).collect();
+        let dtype = self.dtype(x);
+        let (n, o) = (xs.dims()[0].clone(), ws.dims()[0].clone());
+        let cg = ws.dims()[1].clone();
+        let g = Expr::from(groups);
+        let og = o.clone().floor_div(&g);
+        let positions = out.iter().fold(Expr::from(1usize), |p, d| p * d.clone());
+        let depth = cg.clone() * taps as i64;
+        let cols = self.im2col(x, &kernel, window, &out);
+        let cols = self.reshape(cols, Shape(vec![n.clone(), g.clone(), depth.clone(), positions.clone()]));
+        let wm = self.reshape(w, Shape(vec![Expr::from(1usize), g.clone(), og.clone(), depth.clone()]));
+        let wm = self.broadcast(wm, &Shape(vec![n.clone(), g.clone(), og.clone(), depth]));
+        let y = self.push(Op::MatMul, &[wm, cols], dtype, Shape(vec![n.clone(), g, og, positions]));
+        let mut dims = vec![n, o.clone()];
+        dims.extend(out);
+        let y = self.reshape(y, Shape(dims.clone()));
+        match bias {
+            Some(b) => {
+                let mut bd = vec![Expr::from(1usize); dims.len()];
+                bd[1] = o;
+                let b = self.reshape(b, Shape(bd));
+                let b = self.broadcast(b, &Shape(dims));
+                self.add(y, b)
+            }
+            None => y,
+        }
+    }
+
+    /// Pooling as the elementwise max (or sum) of one strided slice per kernel tap; an average divides by
+    /// the tap count, or by each window's in-bounds count (pooled the same way from ones) when padding is
+    /// not counted.
+    pub(crate) fn pool(&mut self, x: NodeId, kind: PoolKind, kernel: &[usize], window: &Window) -> NodeId {
+        let xs = self.shape(x);
+        let r = kernel.len();
+        let out: Vec<Expr> = (0..r).map(|a| window.out_len(a, &xs.dims()[a + 2], kernel[a])).collect();
+        let pad_value = if kind == PoolKind::Max { f64::NEG_INFINITY } else { 0.0 };
+        let combine = if kind == PoolKind::Max { BinaryOp::Max } else { BinaryOp::Add };
+        let pooled = |b: &mut Builder, src: NodeId| {
+            let taps = b.window_taps(src, kernel, window, &out, pad_value);
+            taps.into_iter().reduce(|acc, t| b.binary(combine, acc, t)).expect("a kernel has at least one tap")
+        };
+        let y = pooled(self, x);
+        let PoolKind::Avg { count_include_pad } = kind else { return y };
+        let taps: usize = kernel.iter().product();
+        if count_include_pad || window.padding.iter().all(|&(b, a)| b + a == 0) {
+            return self.scale(y, 1.0 / taps as f64);
+        }
+        // In-bounds counts depend only on the spatial position: pooled once at [1, 1, *in] and broadcast.
+        let mut one_dims = vec![Expr::from(1usize); 2];
+        one_dims.extend(xs.dims()[2..].iter().cloned());
+        let ones = self.full(1.0, self.dtype(x), Shape(one_dims));
+        let counts = pooled(self, ones);
+        let counts = self.broadcast(counts, &self.shape(y));
+        self.div(y, counts)
+    }
+}
+
+impl PoolKind {
+    /// The op's name, as in explain and kernel names.
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolKind::Max => "max_pool",
+            PoolKind::Avg { .. } => "avg_pool",
+        }
+    }
+}

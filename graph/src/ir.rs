@@ -335,6 +335,7 @@ pub enum Op {
     /// Every element equal to `value` (rounded to the node's dtype).
     Full {
         /// The value.
+        #[serde(with = "crate::numbers")]
         value: f64,
     },
     /// Each element's index along `axis` (arange is `iota * step + start`).
@@ -404,6 +405,7 @@ pub enum Op {
         /// Per-axis padding.
         pads: Vec<(usize, usize)>,
         /// Fill value.
+        #[serde(with = "crate::numbers")]
         value: f64,
     },
     /// `out[.., i, ..] = x[.., index[i], ..]` along `axis`; inputs `[x, index]`, index 1-D integer.
@@ -433,6 +435,7 @@ pub enum Op {
         /// How many trailing axes are normalised.
         dims: usize,
         /// Added to the variance.
+        #[serde(with = "crate::numbers")]
         eps: f64,
         /// Whether weight and bias inputs follow.
         affine: bool,

@@ -77,6 +77,7 @@ pub enum Scalar {
     /// A constant (rounded to the `Let`'s dtype).
     Const {
         /// The value.
+        #[serde(with = "crate::numbers")]
         value: f64,
     },
     /// `buffers[buffer][index]`, converted to the `Let`'s dtype; when `guard` is false the value is 0 and

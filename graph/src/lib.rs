@@ -27,6 +27,7 @@ pub mod kinterp;
 pub mod loc;
 pub mod lower;
 pub mod minimize;
+pub mod numbers;
 pub mod opdocs;
 pub mod ops;
 pub mod pipeline;

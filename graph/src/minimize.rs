@@ -37,49 +37,8 @@ struct CaseFile {
 struct Values {
     dtype: crate::DType,
     dims: Vec<usize>,
-    #[serde(with = "numbers")]
+    #[serde(with = "crate::numbers::many")]
     values: Vec<f64>,
-}
-
-/// Numbers in JSON, where NaN and the infinities (a cut node's value can be one) have no literal: they
-/// are written as the strings `"nan"`, `"inf"` and `"-inf"`.
-mod numbers {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    #[derive(Serialize, Deserialize)]
-    #[serde(untagged)]
-    enum Number {
-        Finite(f64),
-        Special(String),
-    }
-
-    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
-        let n: Vec<Number> = v
-            .iter()
-            .map(|&x| match x {
-                x if x.is_finite() => Number::Finite(x),
-                x if x.is_nan() => Number::Special("nan".into()),
-                x if x > 0.0 => Number::Special("inf".into()),
-                _ => Number::Special("-inf".into()),
-            })
-            .collect();
-        n.serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
-        Vec::<Number>::deserialize(d)?
-            .into_iter()
-            .map(|n| match n {
-                Number::Finite(x) => Ok(x),
-                Number::Special(s) => match s.as_str() {
-                    "nan" => Ok(f64::NAN),
-                    "inf" => Ok(f64::INFINITY),
-                    "-inf" => Ok(f64::NEG_INFINITY),
-                    other => Err(serde::de::Error::custom(format!("`{other}` is not a number"))),
-                },
-            })
-            .collect()
-    }
 }
 
 impl Case {

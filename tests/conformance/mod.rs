@@ -72,6 +72,13 @@ macro_rules! conformance_suite {
 
         #[test]
         $(#[$attr])*
+        fn non_finite_constants_are_not_conflated() {
+            let Some(b) = backend() else { return };
+            conformance::user_cases::non_finite_constants(&b);
+        }
+
+        #[test]
+        $(#[$attr])*
         fn huge_sizes_are_typed_errors() {
             let Some(b) = backend() else { return };
             conformance::user_cases::huge_sizes(&b);

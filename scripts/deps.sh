@@ -32,6 +32,34 @@ fi
 if [ -x "$ptxas" ]; then
   export KILN_PTXAS="$ptxas"
 fi
+# The ONNX backend node tests (models, inputs and expected outputs as protobuf files) ship inside the
+# `onnx` Python package's wheel: its data folder is unpacked into .tools/ (no Python import needed).
+onnx_version="1.20.1"
+onnx_nodes="$kiln_root/.tools/onnx-$onnx_version/node"
+if [ ! -d "$onnx_nodes" ] && command -v python3 >/dev/null 2>&1; then
+  echo "fetching the ONNX node tests (onnx==$onnx_version wheel from PyPI) into .tools/" >&2
+  wheel_dir="$(mktemp -d)"
+  if python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      -d "$wheel_dir" "onnx==$onnx_version" >/dev/null 2>&1; then
+    python3 - "$wheel_dir" "$kiln_root/.tools/onnx-$onnx_version" <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+prefix = "onnx/backend/test/data/node/"
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            out = os.path.join(sys.argv[2] + ".partial", "node", name[len(prefix):])
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out, "wb") as f:
+                f.write(z.read(name))
+os.rename(sys.argv[2] + ".partial", sys.argv[2])
+PY
+  fi
+  rm -rf "$wheel_dir"
+fi
+if [ -d "$onnx_nodes" ]; then
+  export KILN_ONNX_NODE_TESTS="$onnx_nodes"
+fi
 # Mesa warns when this is unset or shared; a private 0700 directory keeps logs clean.
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
   XDG_RUNTIME_DIR="$(mktemp -d)"

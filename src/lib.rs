@@ -17,6 +17,8 @@
 //! This crate is the small public facade; the machinery lives in [`graph`] (`kiln-graph`).
 
 pub use kiln_graph as graph;
+/// ONNX import: `kiln::onnx::load(path)` gives a compiled function over the model's inputs.
+pub use kiln_onnx as onnx;
 
 pub mod check;
 pub mod nn;

@@ -7,6 +7,7 @@
 //! matmul per group. The slices and the pad fold into index expressions of the kernel that builds the
 //! im2col matrix, so a convolution is two kernels and autodiff needs no rule of its own.
 
+use crate::data::TensorData;
 use crate::decompose::Builder;
 use crate::error::{Error, Result};
 use crate::interp::nan_max;
@@ -84,13 +85,13 @@ fn spatial_out(op: &str, x: &Shape, kernel: &[usize], window: &Window, loc: &Sou
     }
     let w = window.resolved(r).map_err(bad)?;
     let mut out = Vec::with_capacity(r);
-    for a in 0..r {
-        let o = w.out_len(a, &x.dims()[a + 2], kernel[a]);
+    for (a, &k) in kernel.iter().enumerate() {
+        let o = w.out_len(a, &x.dims()[a + 2], k);
         if o.as_const().is_some_and(|o| o < 1) {
             return Err(bad(format!(
                 "spatial axis {a} of {} is too short for a kernel of {} (dilation {}, padding {:?})",
                 crate::trace::shape_for_humans(x),
-                kernel[a],
+                k,
                 w.dilation[a],
                 w.padding[a]
             )));
@@ -167,6 +168,102 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Transposed convolution (torch's `conv_transpose1d/2d/3d`, the gradient of [`Tensor::conv`] with
+    /// respect to its input): `self` `[N, C_in, *in]`, `weight` `[C_in, C_out/groups, *kernel]`, bias
+    /// `[C_out]`; output length `(in-1)*stride - pads + dilation*(k-1) + 1 + output_padding` per axis.
+    ///
+    /// Recorded as the convolution it equals — zeros inserted between inputs (`stride - 1` per gap),
+    /// padding `dilation*(k-1) - pad`, and the kernel flipped with its channel axes swapped per group — so
+    /// it fuses, caches and differentiates as those ops do.
+    #[track_caller]
+    pub fn conv_transpose(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        window: &Window,
+        output_padding: &[usize],
+        groups: usize,
+    ) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let bad = |msg: String| Error::Shape { op: "conv_transpose".into(), msg, loc: loc.clone() };
+        float_like("conv_transpose", self, &[Some(weight), bias], &loc)?;
+        let (xs, ws) = (self.shape(), weight.shape());
+        let wd = ws.as_concrete().ok_or_else(|| bad(format!("weight {ws} must have constant dims")))?;
+        let r = wd.len().saturating_sub(2);
+        if !(1..=3).contains(&r) || xs.rank() != r + 2 {
+            return Err(bad(format!(
+                "input {} does not fit weight {ws} ([in, out/groups, *kernel])",
+                crate::trace::shape_for_humans(&xs)
+            )));
+        }
+        let w = window.resolved(r).map_err(bad)?;
+        let out_pad = if output_padding.is_empty() { vec![0; r] } else { output_padding.to_vec() };
+        if out_pad.len() != r || (0..r).any(|a| out_pad[a] >= w.stride[a].max(w.dilation[a])) {
+            return Err(bad(format!(
+                "output_padding {output_padding:?} must be below the stride or dilation on each of {r} axes"
+            )));
+        }
+        let (cin, cog) = (wd[0], wd[1]);
+        if groups == 0 || cin % groups != 0 || xs.dims()[1].as_const() != Some(cin as i64) {
+            return Err(bad(format!(
+                "input {} with {groups} group(s) does not fit weight {ws}",
+                crate::trace::shape_for_humans(&xs)
+            )));
+        }
+        let kernel = &wd[2..];
+        let mut x = self.clone();
+        for a in 0..r {
+            let ax = 2 + a;
+            let len = x.shape().dims()[ax]
+                .as_const()
+                .ok_or_else(|| bad(format!("spatial axis {a} must be constant")))? as usize;
+            if w.stride[a] > 1 && len > 1 {
+                // [.., L, ..] -> [.., L, s, ..] (zeros after each element) -> [.., L*s, ..] -> drop the tail.
+                let mut pads = vec![(0, 0); x.rank() + 1];
+                pads[ax + 1] = (0, w.stride[a] - 1);
+                let spread = x.unsqueeze(ax as isize + 1)?.pad(&pads, 0.0)?;
+                let mut dims: Vec<isize> =
+                    x.shape().dims().iter().map(|d| d.as_const().map_or(-1, |c| c as isize)).collect();
+                dims[ax] = (len * w.stride[a]) as isize;
+                x = spread.reshape(&dims)?.narrow(ax as isize, 0, (len - 1) * w.stride[a] + 1)?;
+            }
+            let full = w.dilation[a] * (kernel[a] - 1);
+            let (before, after) =
+                (full as i64 - w.padding[a].0 as i64, full as i64 - w.padding[a].1 as i64 + out_pad[a] as i64);
+            let mut pads = vec![(0, 0); x.rank()];
+            pads[ax] = (before.max(0) as usize, after.max(0) as usize);
+            if before > 0 || after > 0 {
+                x = x.pad(&pads, 0.0)?;
+            }
+            let cur = x.shape().dims()[ax].as_const().unwrap_or(0);
+            let (lo, hi) = ((-before).max(0), cur - (-after).max(0));
+            if hi <= lo {
+                return Err(bad(format!("padding {:?} leaves nothing of spatial axis {a}", w.padding[a])));
+            }
+            if lo > 0 || hi < cur {
+                x = x.narrow(ax as isize, lo as usize, (hi - lo) as usize)?;
+            }
+        }
+        // [C_in, C_out/g, *k] -> [g, C_in/g, C_out/g, *k] -> [g, C_out/g, C_in/g, *k] -> [C_out, C_in/g, *k].
+        let mut dims: Vec<isize> = vec![groups as isize, (cin / groups) as isize, cog as isize];
+        dims.extend(kernel.iter().map(|&k| k as isize));
+        let mut perm: Vec<isize> = vec![0, 2, 1];
+        perm.extend((3..3 + r as isize).collect::<Vec<_>>());
+        let mut flat: Vec<isize> = vec![(groups * cog) as isize, (cin / groups) as isize];
+        flat.extend(kernel.iter().map(|&k| k as isize));
+        let mut wt = weight.reshape(&dims)?.permute(&perm)?.reshape(&flat)?;
+        for (a, &k) in kernel.iter().enumerate() {
+            if k > 1 {
+                let taps: Vec<Tensor> = (0..k).rev().map(|i| wt.narrow(2 + a as isize, i, 1)).collect::<Result<_>>()?;
+                wt = Tensor::concat(&taps.iter().collect::<Vec<_>>(), 2 + a as isize)?;
+            }
+        }
+        let inner = Window { stride: vec![1; r], padding: vec![(0, 0); r], dilation: w.dilation.clone() };
+        x.conv(&wt, bias, &inner, groups)
+    }
+}
+
 /// Every tensor a float of `x`'s dtype.
 fn float_like(op: &str, x: &Tensor, others: &[Option<&Tensor>], loc: &SourceLoc) -> Result<()> {
     if !DTypeRule::Float.allows(x.dtype()) {
@@ -223,15 +320,15 @@ fn for_each_tap(
 /// The reference convolution in f64, straight from the definition. `x` `[N, C, *in]`, `w`
 /// `[O, C/g, *k]`, output `[N, O, *out]`.
 pub(crate) fn reference_conv(
-    x: &[f64],
-    xd: &[usize],
-    w: &[f64],
-    wd: &[usize],
-    bias: Option<&[f64]>,
+    x: &TensorData,
+    w: &TensorData,
+    bias: Option<&TensorData>,
     out: &[usize],
     window: &Window,
     groups: usize,
 ) -> Vec<f64> {
+    let (xd, wd, bias) = (x.dims(), w.dims(), bias.map(TensorData::values));
+    let (x, w) = (x.values(), w.values());
     let (n, c, o) = (xd[0], xd[1], wd[0]);
     let (cg, og) = (c / groups, o / groups);
     let kernel = &wd[2..];

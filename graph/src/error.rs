@@ -159,6 +159,23 @@ pub enum Error {
         /// What went wrong, with the kernel's name and source where one is involved.
         msg: String,
     },
+    /// A node of an imported model (ONNX) that kiln cannot run: an op, opset, attribute or dtype it does
+    /// not support (`unsupported`), or a node that breaks the format's rules.
+    #[error("{model}: node `{node}` ({op_type}, opset {opset}): {}{msg}", if *unsupported { "unsupported: " } else { "" })]
+    Import {
+        /// The model file.
+        model: String,
+        /// The node's name (or its first output's, when it has none).
+        node: String,
+        /// The node's op type, with its domain when not the default one.
+        op_type: String,
+        /// The opset the model imports for the node's domain.
+        opset: i64,
+        /// True when kiln does not support this (yet); false when the node itself is wrong.
+        unsupported: bool,
+        /// What is wrong.
+        msg: String,
+    },
     /// A malformed export or import file.
     #[error("malformed {what}: {msg}")]
     Format {

@@ -285,16 +285,9 @@ fn eval_node(
             reduce(args[0], axes, ReduceOp::Sum).into_iter().map(|s| s / count as f64).collect()
         }
         Op::Var { axes, correction, .. } => variance(args[0], axes, *correction),
-        Op::Conv { window, groups, bias } => crate::conv::reference_conv(
-            args[0].values(),
-            args[0].dims(),
-            args[1].values(),
-            args[1].dims(),
-            bias.then(|| args[2].values()),
-            &dims,
-            window,
-            *groups,
-        ),
+        Op::Conv { window, groups, bias } => {
+            crate::conv::reference_conv(args[0], args[1], bias.then(|| args[2]), &dims, window, *groups)
+        }
         Op::Pool { mode, kernel, window } => {
             crate::conv::reference_pool(args[0].values(), args[0].dims(), &dims, *mode, kernel, window)
         }

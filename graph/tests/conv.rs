@@ -63,3 +63,58 @@ fn bad_geometry_is_a_typed_error() {
     let e = t(&[0.0; 4], &[4]).max_pool(&[2], &Window::default()).unwrap_err();
     assert!(e.to_string().contains("[N, C"), "{e}");
 }
+
+#[test]
+fn conv_transpose_by_hand() {
+    // x = [1 2], kernel [1 1 1], stride 2: each input spreads over three outputs, overlapping once.
+    let x = t(&[1.0, 2.0], &[1, 1, 2]);
+    let w = t(&[1.0, 1.0, 1.0], &[1, 1, 3]);
+    let s2 = Window { stride: vec![2], ..Window::default() };
+    assert_eq!(eager(|| x.conv_transpose(&w, None, &s2, &[], 1)), [1.0, 1.0, 3.0, 2.0, 2.0]);
+    // Padding 1 crops one output at each end; output_padding 1 adds one at the end.
+    let p1 = Window { stride: vec![2], padding: vec![(1, 1)], ..Window::default() };
+    assert_eq!(eager(|| x.conv_transpose(&w, None, &p1, &[1], 1)), [1.0, 3.0, 2.0, 2.0]);
+    // An asymmetric kernel is applied flipped relative to conv: x = [1], w = [1 2 3] gives [1 2 3].
+    let one = t(&[1.0], &[1, 1, 1]);
+    let w3 = t(&[1.0, 2.0, 3.0], &[1, 1, 3]);
+    assert_eq!(eager(|| one.conv_transpose(&w3, None, &Window::default(), &[], 1)), [1.0, 2.0, 3.0]);
+}
+
+/// The transposed convolution is the adjoint of the convolution with the same weight and window:
+/// `<conv(x), y> == <x, conv_transpose(y)>` for every geometry, groups included.
+#[test]
+fn conv_transpose_is_the_adjoint_of_conv() {
+    let cases: [(&[usize], &[usize], Window, usize); 4] = [
+        (&[2, 4, 7, 6], &[6, 2, 3, 3], Window::uniform(2, 2, 1, 1), 2),
+        (&[1, 3, 9], &[4, 3, 4], Window { stride: vec![3], padding: vec![(2, 1)], dilation: vec![2] }, 1),
+        (
+            &[1, 2, 5, 5],
+            &[2, 1, 2, 3],
+            Window { stride: vec![1, 2], padding: vec![(0, 1), (1, 0)], dilation: vec![2, 1] },
+            2,
+        ),
+        (&[2, 2, 4, 4], &[3, 2, 1, 1], Window::uniform(2, 1, 0, 1), 1),
+    ];
+    for (k, (xd, wd, win, groups)) in cases.into_iter().enumerate() {
+        let n = |d: &[usize]| d.iter().product::<usize>();
+        let wave = |len: usize, seed: usize| (0..len).map(|i| ((i * 7 + seed) as f32 * 0.37).sin()).collect::<Vec<_>>();
+        let x = t(&wave(n(xd), 1), xd);
+        let w = t(&wave(n(wd), 2), wd);
+        let y_shape: Vec<usize> = x.conv(&w, None, &win, groups).unwrap().shape().as_concrete().unwrap();
+        let y = t(&wave(n(&y_shape), 3), &y_shape);
+        // conv_transpose's weight is [C_in, C_out/g, k] from the conv's point of view reversed: the
+        // conv's [O, C/g, k] read as [in = O, out/g = C/g, k].
+        let cx = eager(|| x.conv(&w, None, &win, groups));
+        let back_len =
+            xd.iter().skip(2).zip(&y_shape[2..]).zip(wd[2..].iter()).enumerate().map(|(a, ((&l, &o), &kk))| {
+                let natural =
+                    (o - 1) * win.stride[a] - win.padding[a].0 - win.padding[a].1 + win.dilation[a] * (kk - 1) + 1;
+                l - natural
+            });
+        let out_pad: Vec<usize> = back_len.collect();
+        let ty = eager(|| y.conv_transpose(&w, None, &win, &out_pad, groups));
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| *p as f64 * *q as f64).sum::<f64>();
+        let (lhs, rhs) = (dot(&cx, &y.to_vec::<f32>().unwrap()), dot(&x.to_vec::<f32>().unwrap(), &ty));
+        assert!((lhs - rhs).abs() <= 1e-4 * lhs.abs().max(1.0), "case {k}: <conv x, y> = {lhs}, <x, conv_t y> = {rhs}");
+    }
+}

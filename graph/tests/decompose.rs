@@ -503,7 +503,7 @@ fn any_window(r: usize) -> impl Strategy<Value = (Vec<usize>, Vec<usize>, Window
         let mut w = Window::default();
         let (mut lens, mut kernel) = (vec![], vec![]);
         for (len, k, stride, dilation, pb, pa) in axes {
-            if len + pb + pa < dilation * (k - 1) + 1 || pb.max(pa) >= dilation * (k - 1) + 1 {
+            if len + pb + pa < dilation * (k - 1) + 1 || pb.max(pa) > dilation * (k - 1) {
                 return None;
             }
             lens.push(len);

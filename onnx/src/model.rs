@@ -1,0 +1,297 @@
+//! A parsed ONNX model: its opset, inputs and outputs with symbolic dims, constants (initializers and
+//! `Constant` nodes, read once into kiln tensors) and the nodes [`Model::run`] interprets.
+
+use crate::proto::{self, tensor_shape_proto::dimension, type_proto, ModelProto, NodeProto};
+use crate::tensor::{dtype_of, to_data};
+use crate::value::Value;
+use kiln_graph::{DType, Error, Result, Tensor, TensorData};
+use prost::Message;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// The oldest and newest default-domain opsets kiln reads.
+pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=25;
+
+/// One dim of a model input or output as the file declares it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DimSpec {
+    /// A fixed size.
+    Fixed(usize),
+    /// A named size (`dim_param`): symbolic in kiln, so every size runs without recompiling.
+    Param(String),
+    /// Neither (any size).
+    Any,
+}
+
+impl std::fmt::Display for DimSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DimSpec::Fixed(n) => write!(f, "{n}"),
+            DimSpec::Param(p) => write!(f, "{p}"),
+            DimSpec::Any => write!(f, "?"),
+        }
+    }
+}
+
+/// A model input or output: name, dtype and declared dims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IoSpec {
+    /// The value's name in the model.
+    pub name: String,
+    /// Its element type.
+    pub dtype: DType,
+    /// Its dims (`None`: the file gives no shape).
+    pub dims: Option<Vec<DimSpec>>,
+}
+
+impl std::fmt::Display for IoSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.name, self.dtype)?;
+        if let Some(d) = &self.dims {
+            let d: Vec<String> = d.iter().map(ToString::to_string).collect();
+            write!(f, "[{}]", d.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// A constant value of the model: its host data and the kiln tensor made from it once (so a traced call
+/// lifts it as the same weight every time and it is uploaded once).
+pub(crate) struct Constant {
+    pub data: Arc<TensorData>,
+    pub tensor: Tensor,
+}
+
+/// A made constant's identity: dims, dtype and the bits of each value.
+type ConstantKey = (Vec<usize>, DType, Vec<u64>);
+
+/// A loaded ONNX model, ready to run on kiln tensors (eagerly, or traced under `compile`).
+pub struct Model {
+    /// Where it came from (a path, or the name given to [`crate::load_bytes`]).
+    pub name: String,
+    /// The default domain's opset.
+    pub opset: i64,
+    /// The inputs a caller gives, in order (initializers listed as inputs are not among them).
+    pub inputs: Vec<IoSpec>,
+    /// The outputs, in order.
+    pub outputs: Vec<IoSpec>,
+    pub(crate) nodes: Vec<NodeProto>,
+    pub(crate) constants: HashMap<String, Constant>,
+    /// Integer values that shape arithmetic folded and a node then read as data: made into a tensor
+    /// once per distinct value, so a traced call sees the same constant each time (no recompiles).
+    pub(crate) materialized: Mutex<BTreeMap<ConstantKey, Tensor>>,
+}
+
+/// A malformed file: the protobuf does not parse, or the graph breaks ONNX's rules.
+pub(crate) fn malformed(name: &str, msg: impl std::fmt::Display) -> Error {
+    Error::Format { what: format!("ONNX model {name}"), msg: msg.to_string() }
+}
+
+/// The error for `node` of model `model`.
+pub(crate) fn node_error(
+    model: &str,
+    opset: i64,
+    node: &NodeProto,
+    unsupported: bool,
+    msg: impl Into<String>,
+) -> Error {
+    let name =
+        if node.name().is_empty() { node.output.first().cloned().unwrap_or_default() } else { node.name().into() };
+    let op_type = match node.domain() {
+        "" | "ai.onnx" => node.op_type().to_string(),
+        d => format!("{d}.{}", node.op_type()),
+    };
+    Error::Import { model: model.into(), node: name, op_type, opset, unsupported, msg: msg.into() }
+}
+
+fn io_spec(model: &str, v: &proto::ValueInfoProto) -> Result<IoSpec> {
+    let bad = |msg: String| malformed(model, format!("value {:?}: {msg}", v.name()));
+    let Some(type_proto::Value::TensorType(t)) = v.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+        return Err(Error::Unsupported {
+            what: format!(
+                "{model}: input or output {:?} is not a tensor (sequences, maps and optionals are not supported)",
+                v.name()
+            ),
+            loc: kiln_graph::SourceLoc::internal(),
+        });
+    };
+    let dtype = dtype_of(t.elem_type()).map_err(|m| Error::Unsupported {
+        what: format!("{model}: input or output {:?} has {m}", v.name()),
+        loc: kiln_graph::SourceLoc::internal(),
+    })?;
+    let dims = t.shape.as_ref().map(|s| {
+        s.dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(dimension::Value::DimValue(n)) if *n >= 0 => Ok(DimSpec::Fixed(*n as usize)),
+                Some(dimension::Value::DimValue(n)) => Err(bad(format!("dimension {n}"))),
+                Some(dimension::Value::DimParam(p)) if !p.is_empty() => Ok(DimSpec::Param(p.clone())),
+                _ => Ok(DimSpec::Any),
+            })
+            .collect::<Result<Vec<_>>>()
+    });
+    Ok(IoSpec { name: v.name().into(), dtype, dims: dims.transpose()? })
+}
+
+impl Model {
+    /// Parses a model from its bytes; `dir` is where its external data lives.
+    pub(crate) fn parse(bytes: &[u8], name: &str, dir: Option<&Path>) -> Result<Model> {
+        let m = ModelProto::decode(bytes).map_err(|e| malformed(name, e))?;
+        let mut opset = None;
+        for o in &m.opset_import {
+            match o.domain() {
+                "" | "ai.onnx" => opset = Some(o.version()),
+                _ => {}
+            }
+        }
+        // IR version 3 and older imply opset 1 when none is named; kiln starts at 7.
+        let opset = opset.unwrap_or(1);
+        if !OPSETS.contains(&opset) {
+            return Err(Error::Unsupported {
+                what: format!("{name}: opset {opset} (kiln reads opsets {} to {})", OPSETS.start(), OPSETS.end()),
+                loc: kiln_graph::SourceLoc::internal(),
+            });
+        }
+        let g = m.graph.ok_or_else(|| malformed(name, "no graph"))?;
+        let mut constants = HashMap::new();
+        for init in &g.initializer {
+            let data = to_data(init, dir).map_err(|msg| match dtype_of(init.data_type()) {
+                Err(_) => Error::Unsupported {
+                    what: format!("{name}: initializer {:?}: {msg}", init.name()),
+                    loc: kiln_graph::SourceLoc::internal(),
+                },
+                Ok(_) => malformed(name, format!("initializer {:?}: {msg}", init.name())),
+            })?;
+            let data = Arc::new(data);
+            constants.insert(init.name().to_string(), Constant { tensor: Tensor::from_data((*data).clone()), data });
+        }
+        let inputs = g
+            .input
+            .iter()
+            .filter(|v| !constants.contains_key(v.name()))
+            .map(|v| io_spec(name, v))
+            .collect::<Result<Vec<_>>>()?;
+        let outputs = g.output.iter().map(|v| io_spec(name, v)).collect::<Result<Vec<_>>>()?;
+        let mut model = Model {
+            name: name.into(),
+            opset,
+            inputs,
+            outputs,
+            nodes: Vec::with_capacity(g.node.len()),
+            constants,
+            materialized: Mutex::default(),
+        };
+        for node in g.node {
+            if node.op_type() == "Constant" && matches!(node.domain(), "" | "ai.onnx") {
+                let data = crate::ops::constant_node(&node)
+                    .map_err(|(unsupported, msg)| node_error(name, opset, &node, unsupported, msg))?;
+                let data = Arc::new(data);
+                let out = node.output.first().cloned().unwrap_or_default();
+                model.constants.insert(out, Constant { tensor: Tensor::from_data((*data).clone()), data });
+                continue;
+            }
+            model.nodes.push(node);
+        }
+        Ok(model)
+    }
+
+    /// A constant tensor the conversion makes (folded sizes read as data, resize indices and weights):
+    /// made once per distinct value, so a traced call lifts the same tensor every time.
+    pub(crate) fn constant(&self, values: Vec<f64>, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let key = (dims.to_vec(), dtype, values.iter().map(|v| v.to_bits()).collect());
+        let mut cache = self.materialized.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = cache.get(&key) {
+            return Ok(t.clone());
+        }
+        let t = Tensor::from_data(TensorData::from_f64(values, dims, dtype)?);
+        cache.insert(key, t.clone());
+        Ok(t)
+    }
+
+    /// Runs the model on `inputs` (in [`Model::inputs`] order) with kiln ops: eagerly on concrete
+    /// tensors, or recorded into one graph when called inside `compile`.
+    pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.check_inputs(inputs)?;
+        let mut env: HashMap<&str, Value> = HashMap::new();
+        for (spec, t) in self.inputs.iter().zip(inputs) {
+            env.insert(&spec.name, Value::Tensor(t.clone()));
+        }
+        for node in &self.nodes {
+            let args: Vec<Option<Value>> = node
+                .input
+                .iter()
+                .map(|n| {
+                    if n.is_empty() {
+                        return Ok(None);
+                    }
+                    if let Some(v) = env.get(n.as_str()) {
+                        return Ok(Some(v.clone()));
+                    }
+                    match self.constants.get(n) {
+                        Some(c) => Ok(Some(Value::constant(c))),
+                        None => Err(node_error(
+                            &self.name,
+                            self.opset,
+                            node,
+                            false,
+                            format!("reads {n:?}, which no earlier node or initializer defines"),
+                        )),
+                    }
+                })
+                .collect::<Result<_>>()?;
+            let outs = crate::ops::run_node(self, node, &args)?;
+            for (name, v) in node.output.iter().zip(outs) {
+                if !name.is_empty() {
+                    env.insert(name, v);
+                }
+            }
+        }
+        self.outputs
+            .iter()
+            .map(|o| {
+                let v = match env.get(o.name.as_str()) {
+                    Some(v) => v.clone(),
+                    None => match self.constants.get(&o.name) {
+                        Some(c) => Value::constant(c),
+                        None => return Err(malformed(&self.name, format!("output {:?} is never computed", o.name))),
+                    },
+                };
+                v.into_tensor(self)
+            })
+            .collect()
+    }
+
+    /// Checks the caller's tensors against the declared inputs: count, dtype, rank and fixed dims.
+    pub fn check_inputs(&self, inputs: &[Tensor]) -> Result<()> {
+        let bad = |msg: String| Error::InvalidArgument {
+            op: "onnx model".into(),
+            msg,
+            loc: kiln_graph::SourceLoc::internal(),
+        };
+        if inputs.len() != self.inputs.len() {
+            let want: Vec<String> = self.inputs.iter().map(ToString::to_string).collect();
+            return Err(bad(format!(
+                "{} takes {} input(s) ({}), {} given",
+                self.name,
+                want.len(),
+                want.join(", "),
+                inputs.len()
+            )));
+        }
+        for (spec, t) in self.inputs.iter().zip(inputs) {
+            let shape = t.shape();
+            let fits = spec.dims.as_ref().is_none_or(|dims| {
+                dims.len() == shape.rank()
+                    && dims.iter().zip(shape.dims()).all(|(d, s)| match d {
+                        DimSpec::Fixed(n) => s.as_const().is_none_or(|v| v == *n as i64),
+                        _ => true,
+                    })
+            });
+            if t.dtype() != spec.dtype || !fits {
+                return Err(bad(format!("{}: input {spec} was given a {} {shape}", self.name, t.dtype())));
+            }
+        }
+        Ok(())
+    }
+}

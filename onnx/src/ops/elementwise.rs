@@ -1,0 +1,282 @@
+//! Elementwise ONNX ops: math, comparisons, activations, casts. Broadcasting is numpy's, which is
+//! kiln's; integer shape arithmetic on folded sizes stays on the host.
+
+use super::{invalid, one, unsupported, Node, OpResult};
+use crate::tensor::dtype_of;
+use crate::value::{Ints, Value};
+use kiln_graph::sym::Expr;
+use kiln_graph::{DType, Tensor};
+
+type Unary = fn(&Tensor) -> kiln_graph::Result<Tensor>;
+
+fn unary_fn(op: &str) -> Option<Unary> {
+    Some(match op {
+        "Abs" => Tensor::abs,
+        "Neg" => Tensor::neg,
+        "Exp" => Tensor::exp,
+        "Log" => Tensor::log,
+        "Sqrt" => Tensor::sqrt,
+        "Reciprocal" => Tensor::reciprocal,
+        "Sin" => Tensor::sin,
+        "Cos" => Tensor::cos,
+        "Tanh" => Tensor::tanh,
+        "Sigmoid" => Tensor::sigmoid,
+        "Erf" => Tensor::erf,
+        "Relu" => Tensor::relu,
+        "Floor" => Tensor::floor,
+        "Ceil" => Tensor::ceil,
+        "Round" => Tensor::round,
+        "Not" => Tensor::logical_not,
+        "IsNaN" => Tensor::isnan,
+        _ => return None,
+    })
+}
+
+type Binary = fn(&Tensor, &Tensor) -> kiln_graph::Result<Tensor>;
+
+fn binary_fn(op: &str) -> Option<Binary> {
+    Some(match op {
+        "Add" | "Sum" => |a, b| a.add(b),
+        "Sub" => |a, b| a.sub(b),
+        "Mul" => |a, b| a.mul(b),
+        "Div" => div,
+        "Max" => |a, b| a.maximum(b),
+        "Min" => |a, b| a.minimum(b),
+        "Equal" => |a, b| a.eq(b),
+        "Less" => |a, b| a.lt(b),
+        "Greater" => |a, b| a.gt(b),
+        "LessOrEqual" => |a, b| a.le(b),
+        "GreaterOrEqual" => |a, b| a.ge(b),
+        "And" => |a, b| a.logical_and(b),
+        "Or" => |a, b| a.logical_or(b),
+        "Xor" => |a, b| a.ne(b),
+        _ => return None,
+    })
+}
+
+/// ONNX's `Div`: kiln's integer division floors, ONNX's truncates toward zero (C's rule).
+fn div(a: &Tensor, b: &Tensor) -> kiln_graph::Result<Tensor> {
+    if !a.dtype().is_int() {
+        return a.div(b);
+    }
+    let q = a.div(b)?;
+    let r = a.sub(&q.mul(b)?)?;
+    let signs_differ = a.lt(0.0)?.ne(&b.lt(0.0)?)?;
+    let up = r.ne(0.0)?.logical_and(&signs_differ)?;
+    q.add(&up.where_(1.0, 0.0)?.cast(q.dtype())?)
+}
+
+/// `a - trunc(a / b) * b` (`fmod = 1`: the sign of the dividend) or `a - floor(a / b) * b` (`fmod = 0`:
+/// the sign of the divisor, integers only).
+fn modulo(node: &Node) -> OpResult<Vec<Value>> {
+    let (a, b) = (node.tensor(0)?, node.tensor(1)?);
+    let fmod = node.int("fmod", 0) != 0;
+    let q = match (a.dtype().is_int(), fmod) {
+        (true, false) => a.div(&b)?,
+        (true, true) => div(&a, &b)?,
+        (false, true) => {
+            let x = a.div(&b)?;
+            x.lt(0.0)?.where_(x.ceil()?, x.floor()?)?
+        }
+        (false, false) => return invalid("Mod of floats needs fmod = 1"),
+    };
+    one(a.sub(&q.mul(&b)?)?)
+}
+
+/// Folds integer arithmetic on known values (sizes): elementwise with a scalar or an equal-length side.
+fn fold_ints(op: &str, a: &Ints, b: &Ints) -> Option<Ints> {
+    let f: fn(&Expr, &Expr) -> Expr = match op {
+        "Add" => |x, y| x.add(y),
+        "Sub" => |x, y| x.sub(y),
+        "Mul" => |x, y| x.mul(y),
+        // ONNX truncates; sizes are never negative, where truncating is flooring.
+        "Div" => |x, y| x.floor_div(y),
+        _ => return None,
+    };
+    let nonneg = |i: &Ints| i.values.iter().all(|v| v.as_const().is_none_or(|c| c >= 0));
+    if op == "Div" && !(nonneg(a) && nonneg(b) && b.values.iter().all(|v| v.as_const().is_some_and(|c| c > 0))) {
+        return None;
+    }
+    let (n, m) = (a.values.len(), b.values.len());
+    let (dims, len) = if (n == m && a.dims == b.dims) || (m == 1 && b.dims.len() <= a.dims.len()) {
+        (a.dims.clone(), n)
+    } else if n == 1 && a.dims.len() <= b.dims.len() {
+        (b.dims.clone(), m)
+    } else {
+        return None;
+    };
+    let at = |i: &Ints, k: usize| i.values[if i.values.len() == 1 { 0 } else { k }].clone();
+    let values = (0..len).map(|k| f(&at(a, k), &at(b, k))).collect();
+    Some(Ints { dims, dtype: a.dtype, values })
+}
+
+fn variadic(node: &Node, f: Binary, op: &str) -> OpResult<Vec<Value>> {
+    if node.args.is_empty() {
+        return invalid("needs at least one input");
+    }
+    if let (Some(Value::Ints(a)), Some(Value::Ints(b)), 2) = (node.value(0), node.value(1), node.args.len()) {
+        if let Some(r) = fold_ints(op, a, b) {
+            return Ok(vec![Value::Ints(r)]);
+        }
+    }
+    let mut acc = node.tensor(0)?;
+    for i in 1..node.args.len() {
+        let b = node.tensor(i)?;
+        acc = f(&acc, &b)?;
+    }
+    if op == "Mean" {
+        acc = acc.div(node.args.len() as f64)?;
+    }
+    one(acc)
+}
+
+/// `lo <= x <= hi` as `min(max(x, lo), hi)`.
+fn clip(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    if node.opset() < 11 {
+        let lo = node.float("min", f64::NEG_INFINITY);
+        let hi = node.float("max", f64::INFINITY);
+        return one(x.maximum(lo)?.minimum(hi)?);
+    }
+    let mut y = x;
+    if let Some(lo) = node.opt_tensor(1)? {
+        y = y.maximum(&lo)?;
+    }
+    if let Some(hi) = node.opt_tensor(2)? {
+        y = y.minimum(&hi)?;
+    }
+    one(y)
+}
+
+fn activation(node: &Node, op: &str, x: &Tensor) -> OpResult<Tensor> {
+    let neg = || x.lt(0.0);
+    Ok(match op {
+        "LeakyRelu" => neg()?.where_(x.mul(node.float("alpha", 0.01))?, x)?,
+        "Elu" => {
+            let alpha = node.float("alpha", 1.0);
+            neg()?.where_(x.exp()?.sub(1.0)?.mul(alpha)?, x)?
+        }
+        "Selu" => {
+            let alpha = node.float("alpha", 1.673_263_192_176_818_8);
+            let gamma = node.float("gamma", 1.050_701_022_148_132_3);
+            x.le(0.0)?.where_(x.exp()?.sub(1.0)?.mul(alpha)?, x)?.mul(gamma)?
+        }
+        "Celu" => {
+            let alpha = node.float("alpha", 1.0);
+            let e = x.div(alpha)?.exp()?.sub(1.0)?.mul(alpha)?;
+            x.relu()?.add(&e.minimum(0.0)?)?
+        }
+        "HardSigmoid" => {
+            let (alpha, beta) = (node.float("alpha", 0.2), node.float("beta", 0.5));
+            x.mul(alpha)?.add(beta)?.minimum(1.0)?.maximum(0.0)?
+        }
+        "HardSwish" => x.mul(&x.div(6.0)?.add(0.5)?.minimum(1.0)?.maximum(0.0)?)?,
+        "Softplus" => x.exp()?.add(1.0)?.log()?,
+        "Softsign" => x.div(&x.abs()?.add(1.0)?)?,
+        "ThresholdedRelu" => x.gt(node.float("alpha", 1.0))?.where_(x, 0.0)?,
+        "Mish" => x.mul(&x.exp()?.add(1.0)?.log()?.tanh()?)?,
+        "Tan" => x.sin()?.div(&x.cos()?)?,
+        "Sign" => x.gt(0.0)?.where_(1.0, &x.lt(0.0)?.where_(-1.0, 0.0)?)?,
+        "IsInf" => {
+            let (pos, negative) = (node.int("detect_positive", 1) != 0, node.int("detect_negative", 1) != 0);
+            match (pos, negative) {
+                (true, true) => x.abs()?.eq(f64::INFINITY)?,
+                (true, false) => x.eq(f64::INFINITY)?,
+                (false, true) => x.eq(f64::NEG_INFINITY)?,
+                (false, false) => x.ne(x)?.logical_and(&x.eq(x)?)?,
+            }
+        }
+        "Gelu" => match node.string("approximate").as_deref() {
+            None | Some("none") => x.gelu()?,
+            Some("tanh") => x.gelu_tanh()?,
+            Some(other) => return invalid(format!("approximate = {other:?}")),
+        },
+        _ => return unsupported(format!("op {op}")),
+    })
+}
+
+/// The elementwise family; `None` when `op` is not one of it.
+pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
+    if let Some(f) = unary_fn(op) {
+        return Some(node.tensor(0).and_then(|x| one(f(&x)?)));
+    }
+    if let Some(f) = binary_fn(op) {
+        return Some(variadic(node, f, op));
+    }
+    Some(match op {
+        "Mean" => variadic(node, |a, b| a.add(b), op),
+        "Pow" => (|| {
+            let (x, y) = (node.tensor(0)?, node.tensor(1)?);
+            if !x.dtype().is_float() {
+                return unsupported(format!("Pow of {} tensors", x.dtype()));
+            }
+            let y = if y.dtype() == x.dtype() { y } else { y.cast(x.dtype())? };
+            one(x.pow(&y)?)
+        })(),
+        "Where" => (|| one(node.tensor(0)?.where_(node.tensor(1)?, node.tensor(2)?)?))(),
+        "Cast" | "CastLike" => (|| {
+            let to = if op == "Cast" {
+                dtype_of(node.int("to", 0) as i32).or_else(|m| unsupported(format!("a cast to {m}")))?
+            } else {
+                node.value(1).map(Value::dtype).ok_or_else(|| super::OpError::Invalid("input 1 is required".into()))?
+            };
+            if node.int("saturate", 1) == 0 {
+                return unsupported("saturate = 0");
+            }
+            if let (Some(Value::Ints(i)), true) = (node.value(0), to.is_int()) {
+                return Ok(vec![Value::Ints(Ints { dtype: to, ..i.clone() })]);
+            }
+            one(node.tensor(0)?.cast(to)?)
+        })(),
+        "Clip" => clip(node),
+        "Mod" => modulo(node),
+        "Identity" => match node.value(0) {
+            Some(v) => Ok(vec![v.clone()]),
+            None => invalid("input 0 is required"),
+        },
+        "Dropout" => (|| {
+            if node.opset() >= 12 && node.host_values(2)?.is_some_and(|t| t.first().is_some_and(|&t| t != 0.0)) {
+                return unsupported("Dropout in training mode");
+            }
+            let x = node.tensor(0)?;
+            let mut outs = vec![Value::Tensor(x.clone())];
+            if node.proto.output.get(1).is_some_and(|o| !o.is_empty()) {
+                let dims = x
+                    .shape()
+                    .as_concrete()
+                    .ok_or(super::OpError::Unsupported("a dropout mask of symbolic shape".into()))?;
+                outs.push(Value::Tensor(Tensor::full(1.0, &dims, DType::Bool)?));
+            }
+            Ok(outs)
+        })(),
+        "PRelu" => prelu(node),
+        op if activation_name(op) => (|| one(activation(node, op, &node.tensor(0)?)?))(),
+        _ => return None,
+    })
+}
+
+fn activation_name(op: &str) -> bool {
+    matches!(
+        op,
+        "LeakyRelu"
+            | "Elu"
+            | "Selu"
+            | "Celu"
+            | "HardSigmoid"
+            | "HardSwish"
+            | "Softplus"
+            | "Softsign"
+            | "ThresholdedRelu"
+            | "Mish"
+            | "Tan"
+            | "Sign"
+            | "IsInf"
+            | "Gelu"
+    )
+}
+
+/// PRelu: `x` where positive, `slope * x` elsewhere (slope broadcast to `x`).
+fn prelu(node: &Node) -> OpResult<Vec<Value>> {
+    let (x, slope) = (node.tensor(0)?, node.tensor(1)?);
+    one(x.lt(0.0)?.where_(x.mul(&slope)?, &x)?)
+}

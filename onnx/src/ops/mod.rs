@@ -1,0 +1,316 @@
+//! ONNX nodes as kiln ops. Each node becomes calls on [`Tensor`] — so under `compile` the model is traced
+//! into one kiln graph like Rust code is — or, for integer shape arithmetic, host computation on
+//! symbolic sizes ([`Ints`]). One function per op family; [`SUPPORTED`] lists every op type kiln reads.
+
+mod elementwise;
+mod nn;
+mod resize;
+mod shape;
+
+use crate::model::{node_error, Model};
+use crate::proto::{AttributeProto, NodeProto};
+use crate::value::{Ints, Value};
+use kiln_graph::{Error, Tensor, TensorData};
+
+/// Every default-domain op type kiln imports (the coverage table in `docs/onnx.md` is generated from it
+/// and from the ONNX node tests).
+pub const SUPPORTED: &[&str] = &[
+    // elementwise
+    "Abs",
+    "Neg",
+    "Exp",
+    "Log",
+    "Sqrt",
+    "Reciprocal",
+    "Sin",
+    "Cos",
+    "Tan",
+    "Tanh",
+    "Sigmoid",
+    "Erf",
+    "Relu",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Not",
+    "IsNaN",
+    "IsInf",
+    "Sign",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Max",
+    "Min",
+    "Sum",
+    "Mean",
+    "Equal",
+    "Less",
+    "Greater",
+    "LessOrEqual",
+    "GreaterOrEqual",
+    "And",
+    "Or",
+    "Xor",
+    "Where",
+    "Cast",
+    "CastLike",
+    "Clip",
+    "LeakyRelu",
+    "Elu",
+    "Selu",
+    "Celu",
+    "HardSigmoid",
+    "HardSwish",
+    "PRelu",
+    "Softplus",
+    "Softsign",
+    "ThresholdedRelu",
+    "Mish",
+    "Gelu",
+    "Identity",
+    "Dropout",
+    // neural-network
+    "MatMul",
+    "Gemm",
+    "Conv",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "LayerNormalization",
+    "GroupNormalization",
+    "LRN",
+    "Softmax",
+    "LogSoftmax",
+    // layout and shape arithmetic
+    "Shape",
+    "Size",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Concat",
+    "Split",
+    "Slice",
+    "Gather",
+    "GatherElements",
+    "Expand",
+    "Tile",
+    "Pad",
+    "ConstantOfShape",
+    "Range",
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ArgMax",
+    "ArgMin",
+    "Constant",
+];
+
+/// Why a node did not convert.
+pub(crate) enum OpError {
+    /// kiln does not do this (yet).
+    Unsupported(String),
+    /// The node breaks the op's definition.
+    Invalid(String),
+    /// A kiln op refused (shape, dtype) or the device failed.
+    Kiln(Error),
+}
+
+impl From<Error> for OpError {
+    fn from(e: Error) -> Self {
+        OpError::Kiln(e)
+    }
+}
+
+pub(crate) type OpResult<T> = std::result::Result<T, OpError>;
+
+pub(crate) fn unsupported<T>(msg: impl Into<String>) -> OpResult<T> {
+    Err(OpError::Unsupported(msg.into()))
+}
+
+pub(crate) fn invalid<T>(msg: impl Into<String>) -> OpResult<T> {
+    Err(OpError::Invalid(msg.into()))
+}
+
+/// One node being converted: its attributes and inputs.
+pub(crate) struct Node<'a> {
+    pub model: &'a Model,
+    pub proto: &'a NodeProto,
+    pub args: &'a [Option<Value>],
+}
+
+impl Node<'_> {
+    pub fn opset(&self) -> i64 {
+        self.model.opset
+    }
+
+    fn attr(&self, name: &str) -> Option<&AttributeProto> {
+        self.proto.attribute.iter().find(|a| a.name() == name)
+    }
+
+    /// An int attribute, or `default`.
+    pub fn int(&self, name: &str, default: i64) -> i64 {
+        self.attr(name).map_or(default, |a| a.i())
+    }
+
+    /// A float attribute, or `default`.
+    pub fn float(&self, name: &str, default: f64) -> f64 {
+        self.attr(name).map_or(default, |a| a.f() as f64)
+    }
+
+    /// An ints attribute.
+    pub fn ints(&self, name: &str) -> Option<Vec<i64>> {
+        self.attr(name).map(|a| a.ints.clone())
+    }
+
+    /// A string attribute.
+    pub fn string(&self, name: &str) -> Option<String> {
+        self.attr(name).map(|a| String::from_utf8_lossy(a.s()).into_owned())
+    }
+
+    /// Input `i` if given.
+    pub fn value(&self, i: usize) -> Option<&Value> {
+        self.args.get(i).and_then(Option::as_ref)
+    }
+
+    /// Input `i` as a kiln tensor (required).
+    pub fn tensor(&self, i: usize) -> OpResult<Tensor> {
+        match self.value(i) {
+            Some(v) => Ok(v.clone().into_tensor(self.model)?),
+            None => invalid(format!("input {i} is required")),
+        }
+    }
+
+    /// Input `i` as a kiln tensor, if given.
+    pub fn opt_tensor(&self, i: usize) -> OpResult<Option<Tensor>> {
+        self.value(i).map(|v| v.clone().into_tensor(self.model)).transpose().map_err(OpError::from)
+    }
+
+    /// Input `i` as integers known while tracing (shapes, axes, pads), if given; `what` names it in the
+    /// error when it is data computed on the device.
+    pub fn known_ints(&self, i: usize, what: &str) -> OpResult<Option<Ints>> {
+        match self.value(i) {
+            None => Ok(None),
+            Some(Value::Ints(v)) => Ok(Some(v.clone())),
+            Some(Value::Tensor(_)) => {
+                unsupported(format!("a {what} computed from tensor data (kiln needs it while tracing)"))
+            }
+        }
+    }
+
+    /// Input `i` as constant integers, if given.
+    pub fn const_ints(&self, i: usize, what: &str) -> OpResult<Option<Vec<i64>>> {
+        match self.known_ints(i, what)? {
+            None => Ok(None),
+            Some(v) => match v.consts() {
+                Some(c) => Ok(Some(c)),
+                None => unsupported(format!("a symbolic {what}")),
+            },
+        }
+    }
+
+    /// Input `i` as host floats when it is a model constant (scales, bounds).
+    pub fn const_floats(&self, i: usize) -> Option<Vec<f64>> {
+        let name = self.proto.input.get(i)?;
+        self.model.constants.get(name).map(|c| c.data.values().to_vec())
+    }
+
+    /// Input `i`'s values on the host, if given: a constant's, folded integers, or the tensor read back
+    /// (a graph break under `compile`, as in [`Node::known_ints`]).
+    pub fn host_values(&self, i: usize) -> OpResult<Option<Vec<f64>>> {
+        if let Some(v) = self.const_floats(i) {
+            return Ok(Some(v));
+        }
+        match self.value(i) {
+            None => Ok(None),
+            Some(Value::Ints(v)) => match v.consts() {
+                Some(c) => Ok(Some(c.into_iter().map(|x| x as f64).collect())),
+                None => unsupported("a symbolic size used as a number"),
+            },
+            Some(Value::Tensor(t)) => Ok(Some(t.to_data()?.values().to_vec())),
+        }
+    }
+}
+
+/// Converts one node given its inputs (absent optional inputs are `None`); returns its outputs.
+pub(crate) fn run_node(model: &Model, proto: &NodeProto, args: &[Option<Value>]) -> kiln_graph::Result<Vec<Value>> {
+    let fail = |unsupported: bool, msg: String| node_error(&model.name, model.opset, proto, unsupported, msg);
+    if !matches!(proto.domain(), "" | "ai.onnx") {
+        return Err(fail(true, format!("domain {:?}", proto.domain())));
+    }
+    let node = Node { model, proto, args };
+    let op = proto.op_type();
+    let out = elementwise::run(&node, op)
+        .or_else(|| nn::run(&node, op))
+        .or_else(|| shape::run(&node, op))
+        .or_else(|| resize::run(&node, op))
+        .unwrap_or_else(|| unsupported(format!("op {op}")));
+    match out {
+        Ok(v) => Ok(v),
+        Err(OpError::Unsupported(m)) => Err(fail(true, m)),
+        Err(OpError::Invalid(m)) => Err(fail(false, m)),
+        Err(OpError::Kiln(e @ (Error::Backend { .. } | Error::DeviceLost { .. } | Error::OutOfMemory { .. }))) => {
+            Err(e)
+        }
+        Err(OpError::Kiln(e @ Error::Import { .. })) => Err(e),
+        Err(OpError::Kiln(Error::Unsupported { what, .. })) => Err(fail(true, what)),
+        Err(OpError::Kiln(e)) => Err(fail(false, e.to_string())),
+    }
+}
+
+/// A `Constant` node's value (read once, at load).
+pub(crate) fn constant_node(node: &NodeProto) -> std::result::Result<TensorData, (bool, String)> {
+    let a = node.attribute.first().ok_or((false, "a Constant without a value".to_string()))?;
+    let data = |v: Vec<f64>, dims: &[usize], d| TensorData::from_f64(v, dims, d).map_err(|e| (false, e.to_string()));
+    match a.name() {
+        "value" => {
+            let t = a.t.as_ref().ok_or((false, "`value` holds no tensor".to_string()))?;
+            crate::tensor::to_data(t, None).map_err(|m| (crate::tensor::dtype_of(t.data_type()).is_err(), m))
+        }
+        "value_float" => data(vec![a.f() as f64], &[], kiln_graph::DType::F32),
+        "value_floats" => data(a.floats.iter().map(|&v| v as f64).collect(), &[a.floats.len()], kiln_graph::DType::F32),
+        "value_int" => data(vec![a.i() as f64], &[], kiln_graph::DType::I64),
+        "value_ints" => data(a.ints.iter().map(|&v| v as f64).collect(), &[a.ints.len()], kiln_graph::DType::I64),
+        other => Err((true, format!("a Constant given as `{other}`"))),
+    }
+}
+
+/// Output lists.
+pub(crate) fn one(t: Tensor) -> OpResult<Vec<Value>> {
+    Ok(vec![Value::Tensor(t)])
+}
+
+/// An ONNX axis (negative counts from the end) in `0..rank`.
+pub(crate) fn axis(a: i64, rank: usize) -> OpResult<usize> {
+    let r = rank as i64;
+    if a < -r || a >= r.max(1) {
+        return invalid(format!("axis {a} of a rank-{rank} tensor"));
+    }
+    Ok(if a < 0 { (a + r) as usize } else { a as usize })
+}
+
+/// Reshapes `x` to `dims`, where at most one dim may be symbolic (it is inferred, as `-1`).
+pub(crate) fn reshape_to(x: &Tensor, dims: &[kiln_graph::sym::Expr]) -> OpResult<Tensor> {
+    if x.shape().dims() == dims {
+        return Ok(x.clone());
+    }
+    let symbolic = dims.iter().filter(|d| d.as_const().is_none()).count();
+    if symbolic > 1 {
+        return unsupported(format!("a reshape to {} symbolic sizes", symbolic));
+    }
+    let target: Vec<isize> = dims.iter().map(|d| d.as_const().map_or(-1, |c| c as isize)).collect();
+    Ok(x.reshape(&target)?)
+}

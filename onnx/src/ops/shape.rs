@@ -1,0 +1,490 @@
+//! Layout, shape-arithmetic and reduction ONNX ops. Shapes are folded on the host as symbolic sizes
+//! ([`Ints`]) wherever ONNX computes them with ops (`Shape`, `Gather`, `Concat`, `Unsqueeze`, ...), so a
+//! model exported with a dynamic batch reshapes by expressions over kiln's symbols, not by data.
+
+use super::{axis, invalid, one, reshape_to, unsupported, Node, OpError, OpResult};
+use crate::tensor::to_data;
+use crate::value::{Ints, Value};
+use kiln_graph::sym::Expr;
+use kiln_graph::{DType, Tensor};
+
+/// The family; `None` when `op` is not one of it.
+pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
+    Some(match op {
+        "Shape" => shape(node),
+        "Size" => (|| {
+            let dims = dims_of(node, 0)?;
+            let n = dims.iter().fold(Expr::constant(1), |p, d| p.mul(d));
+            Ok(vec![Value::Ints(Ints { dims: vec![], dtype: DType::I64, values: vec![n] })])
+        })(),
+        "Reshape" => reshape(node),
+        "Flatten" => (|| {
+            let x = node.tensor(0)?;
+            let dims = x.shape().dims().to_vec();
+            let a = if node.int("axis", 1) == dims.len() as i64 {
+                dims.len()
+            } else {
+                axis(node.int("axis", 1), dims.len())?
+            };
+            let prod = |d: &[Expr]| d.iter().fold(Expr::constant(1), |p, d| p.mul(d));
+            one(reshape_to(&x, &[prod(&dims[..a]), prod(&dims[a..])])?)
+        })(),
+        "Transpose" => (|| {
+            let x = node.tensor(0)?;
+            let perm: Vec<isize> = match node.ints("perm") {
+                Some(p) => p.iter().map(|&v| v as isize).collect(),
+                None => (0..x.rank() as isize).rev().collect(),
+            };
+            one(x.permute(&perm)?)
+        })(),
+        "Squeeze" | "Unsqueeze" => squeeze(node, op == "Unsqueeze"),
+        "Concat" => concat(node),
+        "Split" => split(node),
+        "Slice" => slice(node),
+        "Gather" => gather(node),
+        "GatherElements" => (|| {
+            let (x, idx) = (node.tensor(0)?, node.tensor(1)?);
+            let a = axis(node.int("axis", 0), x.rank())?;
+            let idx = wrap_negative(&idx, &x.shape().dims()[a])?;
+            one(x.gather(a as isize, &idx)?)
+        })(),
+        "Expand" => expand(node),
+        "Tile" => tile(node),
+        "Pad" => pad(node),
+        "ConstantOfShape" => (|| {
+            let dims = node.const_ints(0, "shape")?.unwrap_or_default();
+            let dims: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
+            let (value, dtype) =
+                match node.proto.attribute.iter().find(|a| a.name() == "value").and_then(|a| a.t.as_ref()) {
+                    Some(t) => {
+                        let d = to_data(t, None).map_err(OpError::Unsupported)?;
+                        (d.values().first().copied().unwrap_or(0.0), d.dtype())
+                    }
+                    None => (0.0, DType::F32),
+                };
+            if dtype.is_int() && dims.iter().product::<usize>() <= 4096 {
+                let values = vec![Expr::constant(value as i64); dims.iter().product()];
+                return Ok(vec![Value::Ints(Ints { dims, dtype, values })]);
+            }
+            one(Tensor::full(value, &dims, dtype)?)
+        })(),
+        "Range" => range(node),
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
+        | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => reduce(node, op),
+        "ArgMax" | "ArgMin" => (|| {
+            if node.int("select_last_index", 0) != 0 {
+                return unsupported("select_last_index = 1");
+            }
+            let x = node.tensor(0)?;
+            let a = axis(node.int("axis", 0), x.rank())? as isize;
+            let keep = node.int("keepdims", 1) != 0;
+            one(if op == "ArgMax" { x.argmax(a, keep)? } else { x.argmin(a, keep)? })
+        })(),
+        "Constant" => invalid("a Constant is read at load"),
+        "Trilu" => trilu(node),
+        _ => return None,
+    })
+}
+
+/// Input `i`'s dims as expressions (of a tensor or of folded integers).
+fn dims_of(node: &Node, i: usize) -> OpResult<Vec<Expr>> {
+    match node.value(i) {
+        Some(Value::Tensor(t)) => Ok(t.shape().dims().to_vec()),
+        Some(Value::Ints(v)) => Ok(v.dims.iter().map(|&d| Expr::constant(d as i64)).collect()),
+        None => invalid(format!("input {i} is required")),
+    }
+}
+
+fn shape(node: &Node) -> OpResult<Vec<Value>> {
+    let dims = dims_of(node, 0)?;
+    let r = dims.len() as i64;
+    let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let start = clamp(node.int("start", 0));
+    let end = clamp(node.int("end", r));
+    let values = if start < end { dims[start..end].to_vec() } else { vec![] };
+    Ok(vec![Value::Ints(Ints::vector(values))])
+}
+
+fn reshape(node: &Node) -> OpResult<Vec<Value>> {
+    let target: Vec<Expr> = if node.opset() < 5 {
+        node.ints("shape").unwrap_or_default().into_iter().map(Expr::constant).collect()
+    } else {
+        match node.known_ints(1, "target shape")? {
+            Some(v) => v.values,
+            None => return invalid("input 1 (shape) is required"),
+        }
+    };
+    let dims = dims_of(node, 0)?;
+    let allow_zero = node.int("allowzero", 0) != 0;
+    let mut out = Vec::with_capacity(target.len());
+    let mut infer = None;
+    for (i, t) in target.iter().enumerate() {
+        match t.as_const() {
+            Some(0) if !allow_zero => out.push(
+                dims.get(i)
+                    .cloned()
+                    .ok_or(OpError::Invalid(format!("shape entry {i} copies a dim the input lacks")))?,
+            ),
+            Some(-1) if infer.is_none() => {
+                infer = Some(i);
+                out.push(Expr::constant(1));
+            }
+            Some(c) if c < 0 => return invalid(format!("shape {target:?}")),
+            _ => out.push(t.clone()),
+        }
+    }
+    let numel = dims.iter().fold(Expr::constant(1), |p, d| p.mul(d));
+    if let Some(i) = infer {
+        let known = out.iter().fold(Expr::constant(1), |p, d| p.mul(d));
+        if known.as_const() == Some(0) {
+            return invalid("a -1 next to a zero size");
+        }
+        out[i] = numel.floor_div(&known);
+    }
+    if let Some(Value::Ints(v)) = node.value(0) {
+        let dims: Option<Vec<usize>> = out.iter().map(|d| d.as_const().map(|c| c as usize)).collect();
+        if let Some(dims) = dims.filter(|d| d.iter().product::<usize>() == v.values.len()) {
+            return Ok(vec![Value::Ints(Ints { dims, ..v.clone() })]);
+        }
+    }
+    one(reshape_to(&node.tensor(0)?, &out)?)
+}
+
+fn axes_of(node: &Node, input: usize, from_opset: i64) -> OpResult<Option<Vec<i64>>> {
+    if node.opset() >= from_opset {
+        node.const_ints(input, "list of axes")
+    } else {
+        Ok(node.ints("axes"))
+    }
+}
+
+fn squeeze(node: &Node, unsqueeze: bool) -> OpResult<Vec<Value>> {
+    let axes = axes_of(node, 1, 13)?;
+    let rank = dims_of(node, 0)?.len();
+    if let Some(Value::Ints(v)) = node.value(0) {
+        let mut dims = v.dims.clone();
+        if unsqueeze {
+            let axes = axes.ok_or(OpError::Invalid("axes are required".into()))?;
+            let out_rank = rank + axes.len();
+            let mut pos: Vec<usize> = axes.iter().map(|&a| axis(a, out_rank)).collect::<OpResult<_>>()?;
+            pos.sort_unstable();
+            pos.iter().for_each(|&p| dims.insert(p.min(dims.len()), 1));
+        } else {
+            let drop: Vec<usize> = match axes {
+                Some(a) => a.iter().map(|&a| axis(a, rank)).collect::<OpResult<_>>()?,
+                None => (0..rank).filter(|&i| dims[i] == 1).collect(),
+            };
+            dims = dims.iter().enumerate().filter(|(i, _)| !drop.contains(i)).map(|(_, &d)| d).collect();
+        }
+        return Ok(vec![Value::Ints(Ints { dims, ..v.clone() })]);
+    }
+    let mut x = node.tensor(0)?;
+    if unsqueeze {
+        let axes = axes.ok_or(OpError::Invalid("axes are required".into()))?;
+        let out_rank = rank + axes.len();
+        let mut pos: Vec<usize> = axes.iter().map(|&a| axis(a, out_rank)).collect::<OpResult<_>>()?;
+        pos.sort_unstable();
+        for p in pos {
+            x = x.unsqueeze(p as isize)?;
+        }
+    } else {
+        let mut drop: Vec<usize> = match axes {
+            Some(a) => a.iter().map(|&a| axis(a, rank)).collect::<OpResult<_>>()?,
+            None => (0..rank).filter(|&i| x.shape().dims()[i].as_const() == Some(1)).collect(),
+        };
+        drop.sort_unstable();
+        for p in drop.into_iter().rev() {
+            x = x.squeeze(p as isize)?;
+        }
+    }
+    one(x)
+}
+
+fn concat(node: &Node) -> OpResult<Vec<Value>> {
+    let ints: Option<Vec<&Ints>> = node
+        .args
+        .iter()
+        .map(|a| match a {
+            Some(Value::Ints(v)) if v.dims.len() == 1 => Some(v),
+            _ => None,
+        })
+        .collect();
+    if let Some(parts) = ints.filter(|p| !p.is_empty()) {
+        let values: Vec<Expr> = parts.iter().flat_map(|p| p.values.iter().cloned()).collect();
+        return Ok(vec![Value::Ints(Ints { dims: vec![values.len()], dtype: parts[0].dtype, values })]);
+    }
+    let ts: Vec<Tensor> = (0..node.args.len()).map(|i| node.tensor(i)).collect::<OpResult<_>>()?;
+    let rank = ts.first().map_or(0, Tensor::rank);
+    let a = axis(node.int("axis", 0), rank)?;
+    let refs: Vec<&Tensor> = ts.iter().collect();
+    one(Tensor::concat(&refs, a as isize)?)
+}
+
+fn split(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let a = axis(node.int("axis", 0), x.rank())?;
+    let len = x.shape().dims()[a].as_const().ok_or(OpError::Unsupported("splitting a symbolic axis".into()))? as usize;
+    let outs = node.proto.output.len();
+    let sizes: Vec<usize> = match if node.opset() >= 13 { node.const_ints(1, "split")? } else { node.ints("split") } {
+        Some(s) => s.iter().map(|&v| v.max(0) as usize).collect(),
+        None => {
+            let n = if node.opset() >= 18 { node.int("num_outputs", outs as i64) as usize } else { outs };
+            if n == 0 {
+                return invalid("no outputs");
+            }
+            let chunk = len.div_ceil(n);
+            (0..n).map(|i| chunk.min(len.saturating_sub(i * chunk))).collect()
+        }
+    };
+    if sizes.iter().sum::<usize>() != len {
+        return invalid(format!("split {sizes:?} of a dim of {len}"));
+    }
+    let mut start = 0;
+    sizes
+        .iter()
+        .map(|&n| {
+            let t = x.narrow(a as isize, start, n)?;
+            start += n;
+            Ok(Value::Tensor(t))
+        })
+        .collect()
+}
+
+fn slice(node: &Node) -> OpResult<Vec<Value>> {
+    let (starts, ends, axes, steps) = if node.opset() < 10 {
+        (node.ints("starts").unwrap_or_default(), node.ints("ends").unwrap_or_default(), node.ints("axes"), None)
+    } else {
+        (
+            node.const_ints(1, "slice start")?.unwrap_or_default(),
+            node.const_ints(2, "slice end")?.unwrap_or_default(),
+            node.const_ints(3, "list of axes")?,
+            node.const_ints(4, "slice step")?,
+        )
+    };
+    let rank = dims_of(node, 0)?.len();
+    let axes: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&a| axis(a, rank)).collect::<OpResult<_>>()?,
+        None => (0..starts.len()).collect(),
+    };
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if starts.len() != ends.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return invalid("starts, ends, axes and steps differ in length");
+    }
+    if steps.iter().any(|&s| s <= 0) {
+        return unsupported("a slice with a negative or zero step");
+    }
+    let big = |v: i64| v.clamp(isize::MIN as i64 / 2, isize::MAX as i64 / 2) as isize;
+    if let (Some(Value::Ints(v)), true) = (node.value(0), rank == 1) {
+        let n = v.values.len() as i64;
+        let clamp = |i: i64| (if i < 0 { i + n } else { i }).clamp(0, n) as usize;
+        let (b, e, s) = (clamp(starts[0]), clamp(ends[0]), steps[0] as usize);
+        let values: Vec<Expr> = if e > b { v.values[b..e].iter().step_by(s).cloned().collect() } else { vec![] };
+        return Ok(vec![Value::Ints(Ints { dims: vec![values.len()], dtype: v.dtype, values })]);
+    }
+    let mut x = node.tensor(0)?;
+    for i in 0..starts.len() {
+        x = x.slice(axes[i] as isize, big(starts[i]), Some(big(ends[i])), steps[i] as usize)?;
+    }
+    one(x)
+}
+
+/// `idx + len` where `idx` is negative (ONNX indices may count from the end).
+fn wrap_negative(idx: &Tensor, len: &Expr) -> OpResult<Tensor> {
+    let Some(len) = len.as_const() else { return Ok(idx.clone()) };
+    Ok(idx.lt(0.0)?.where_(idx.add(len as f64)?, idx)?)
+}
+
+fn gather(node: &Node) -> OpResult<Vec<Value>> {
+    let rank = dims_of(node, 0)?.len();
+    let a = axis(node.int("axis", 0), rank)?;
+    if let (Some(Value::Ints(data)), Some(Value::Ints(idx))) = (node.value(0), node.value(1)) {
+        if let (1, Some(ix)) = (data.dims.len(), idx.consts()) {
+            let n = data.values.len() as i64;
+            let picked: Option<Vec<Expr>> = ix
+                .iter()
+                .map(|&i| {
+                    let i = if i < 0 { i + n } else { i };
+                    (0..n).contains(&i).then(|| data.values[i as usize].clone())
+                })
+                .collect();
+            let values = picked.ok_or(OpError::Invalid(format!("indices {ix:?} out of range for {n} elements")))?;
+            return Ok(vec![Value::Ints(Ints { dims: idx.dims.clone(), dtype: data.dtype, values })]);
+        }
+    }
+    let (x, idx) = (node.tensor(0)?, node.tensor(1)?);
+    let xd = x.shape().dims().to_vec();
+    let idx = wrap_negative(&idx, &xd[a])?;
+    let id = idx.shape().dims().to_vec();
+    let flat =
+        if id.len() == 1 { idx } else { reshape_to(&idx, &[id.iter().fold(Expr::constant(1), |p, d| p.mul(d))])? };
+    let picked = x.index_select(a as isize, &flat)?;
+    let mut out = xd[..a].to_vec();
+    out.extend(id.iter().cloned());
+    out.extend(xd[a + 1..].iter().cloned());
+    one(reshape_to(&picked, &out)?)
+}
+
+fn expand(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let target =
+        node.known_ints(1, "target shape")?.ok_or(OpError::Invalid("input 1 (shape) is required".into()))?.values;
+    let xd = x.shape().dims().to_vec();
+    let rank = xd.len().max(target.len());
+    let one_ = Expr::constant(1);
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let d = (i + xd.len()).checked_sub(rank).map_or(one_.clone(), |j| xd[j].clone());
+        let t = (i + target.len()).checked_sub(rank).map_or(one_.clone(), |j| target[j].clone());
+        out.push(if t == one_ { d } else { t });
+    }
+    // Dims that keep the input's size are -1, so a symbolic one need not be known as a number.
+    let dims: Vec<isize> = out
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let same = (i + xd.len()).checked_sub(rank).is_some_and(|j| xd[j] == *d);
+            match (same, d.as_const()) {
+                (true, _) => Ok(-1),
+                (false, Some(c)) => Ok(c as isize),
+                (false, None) => unsupported("expanding to a new symbolic size"),
+            }
+        })
+        .collect::<OpResult<_>>()?;
+    let x = if xd.len() < rank { reshape_to(&x, &[vec![one_; rank - xd.len()], xd].concat())? } else { x };
+    one(x.expand(&dims)?)
+}
+
+fn tile(node: &Node) -> OpResult<Vec<Value>> {
+    let mut x = node.tensor(0)?;
+    let reps = node.const_ints(1, "repeat count")?.ok_or(OpError::Invalid("input 1 (repeats) is required".into()))?;
+    if reps.len() != x.rank() || reps.iter().any(|&r| r < 0) {
+        return invalid(format!("repeats {reps:?} for a rank-{} tensor", x.rank()));
+    }
+    for (a, &r) in reps.iter().enumerate() {
+        if r != 1 {
+            let copies: Vec<&Tensor> = std::iter::repeat_n(&x, r as usize).collect();
+            if copies.is_empty() {
+                return unsupported("a repeat count of zero");
+            }
+            x = Tensor::concat(&copies, a as isize)?;
+        }
+    }
+    one(x)
+}
+
+fn pad(node: &Node) -> OpResult<Vec<Value>> {
+    let mode = node.string("mode").unwrap_or_else(|| "constant".into());
+    if mode != "constant" {
+        return unsupported(format!("Pad mode {mode:?}"));
+    }
+    let x = node.tensor(0)?;
+    let r = x.rank();
+    let (pads, value) = if node.opset() < 11 {
+        (node.ints("pads").unwrap_or_default(), node.float("value", 0.0))
+    } else {
+        let pads = node.const_ints(1, "list of pads")?.unwrap_or_default();
+        let value = match node.host_values(2)? {
+            None => 0.0,
+            Some(v) if v.len() == 1 => v[0],
+            Some(v) => return invalid(format!("a pad value of {} elements", v.len())),
+        };
+        (pads, value)
+    };
+    let axes: Vec<usize> = match node.const_ints(3, "list of axes")? {
+        Some(a) => a.iter().map(|&a| axis(a, r)).collect::<OpResult<_>>()?,
+        None => (0..r).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return invalid(format!("pads {pads:?} for {} axes", axes.len()));
+    }
+    if pads.iter().any(|&p| p < 0) {
+        return unsupported("negative pads (cropping)");
+    }
+    let mut per_axis = vec![(0usize, 0usize); r];
+    for (i, &a) in axes.iter().enumerate() {
+        per_axis[a] = (pads[i] as usize, pads[i + axes.len()] as usize);
+    }
+    one(x.pad(&per_axis, value)?)
+}
+
+fn range(node: &Node) -> OpResult<Vec<Value>> {
+    let scalar = |i: usize| -> OpResult<Option<f64>> { Ok(node.host_values(i)?.and_then(|v| v.first().copied())) };
+    let (Some(start), Some(limit), Some(delta)) = (scalar(0)?, scalar(1)?, scalar(2)?) else {
+        return invalid("Range needs start, limit and delta");
+    };
+    if delta == 0.0 {
+        return invalid("delta 0");
+    }
+    let dtype = node.value(0).map_or(DType::F32, Value::dtype);
+    let n = ((limit - start) / delta).ceil().max(0.0) as usize;
+    if dtype.is_int() && n <= 4096 {
+        let values = (0..n).map(|k| Expr::constant((start + k as f64 * delta) as i64)).collect();
+        return Ok(vec![Value::Ints(Ints { dims: vec![n], dtype, values })]);
+    }
+    one(Tensor::arange(start, start + n as f64 * delta, delta, dtype)?)
+}
+
+fn reduce(node: &Node, op: &str) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let r = x.rank();
+    let from = if op == "ReduceSum" { 13 } else { 18 };
+    let given = axes_of(node, 1, from)?;
+    let keep = node.int("keepdims", 1) != 0;
+    let axes: Vec<isize> = match given {
+        Some(a) if !a.is_empty() => a.iter().map(|&a| axis(a, r).map(|v| v as isize)).collect::<OpResult<_>>()?,
+        _ if node.int("noop_with_empty_axes", 0) != 0 => return one(x),
+        _ => (0..r as isize).collect(),
+    };
+    let y = match op {
+        "ReduceSum" => x.sum(&axes, keep)?,
+        "ReduceMean" => x.mean(&axes, keep)?,
+        "ReduceMax" => x.max(&axes, keep)?,
+        "ReduceMin" => x.min(&axes, keep)?,
+        "ReduceL1" => x.abs()?.sum(&axes, keep)?,
+        "ReduceL2" => x.mul(&x)?.sum(&axes, keep)?.sqrt()?,
+        "ReduceSumSquare" => x.mul(&x)?.sum(&axes, keep)?,
+        "ReduceLogSum" => x.sum(&axes, keep)?.log()?,
+        "ReduceLogSumExp" => {
+            let m = x.max(&axes, true)?;
+            // A row of -inf would give -inf - -inf = NaN: shift by zero there instead.
+            let m = m.isnan()?.logical_or(&m.eq(f64::NEG_INFINITY)?)?.where_(0.0, &m)?;
+            let s = x.sub(&m)?.exp()?.sum(&axes, true)?.log()?.add(&m)?;
+            if keep {
+                s
+            } else {
+                reshape_to(&s, &reduced_dims(&x, &axes))?
+            }
+        }
+        _ => return unsupported(format!("op {op}")),
+    };
+    one(y)
+}
+
+fn reduced_dims(x: &Tensor, axes: &[isize]) -> Vec<Expr> {
+    x.shape()
+        .dims()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !axes.contains(&(*i as isize)))
+        .map(|(_, d)| d.clone())
+        .collect()
+}
+
+/// The upper (or lower) triangle of the last two axes, shifted by `k` diagonals; the rest zero.
+fn trilu(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let k = node.host_values(1)?.and_then(|v| v.first().copied()).unwrap_or(0.0);
+    let r = x.rank();
+    if r < 2 {
+        return invalid("needs rank >= 2");
+    }
+    let d = x.shape().dims().to_vec();
+    let (Some(rows), Some(cols)) = (d[r - 2].as_const(), d[r - 1].as_const()) else {
+        return unsupported("Trilu over symbolic sizes");
+    };
+    let i = Tensor::arange(0.0, rows as f64, 1.0, DType::I64)?.reshape(&[rows as isize, 1])?;
+    let j = Tensor::arange(0.0, cols as f64, 1.0, DType::I64)?.reshape(&[1, cols as isize])?;
+    let diag = j.sub(&i)?;
+    let keep = if node.int("upper", 1) != 0 { diag.ge(k)? } else { diag.le(k)? };
+    one(keep.where_(&x, 0.0)?)
+}

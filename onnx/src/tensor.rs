@@ -1,0 +1,94 @@
+//! ONNX tensors (`TensorProto`) to kiln data: the element types kiln holds, little-endian raw bytes or
+//! the typed repeated fields, and external data files next to the model.
+
+use crate::proto::{tensor_proto::DataLocation, tensor_proto::DataType, TensorProto};
+use kiln_graph::{DType, TensorData};
+use std::path::Path;
+
+/// kiln's dtype for an ONNX element type, or the ONNX type's name when kiln has no such dtype.
+pub fn dtype_of(elem_type: i32) -> Result<DType, String> {
+    match DataType::try_from(elem_type) {
+        Ok(DataType::Float) => Ok(DType::F32),
+        Ok(DataType::Float16) => Ok(DType::F16),
+        Ok(DataType::Bfloat16) => Ok(DType::BF16),
+        Ok(DataType::Int32) => Ok(DType::I32),
+        Ok(DataType::Int64) => Ok(DType::I64),
+        Ok(DataType::Bool) => Ok(DType::Bool),
+        Ok(other) => Err(format!("element type {}", other.as_str_name().to_lowercase())),
+        Err(_) => Err(format!("element type {elem_type}")),
+    }
+}
+
+/// The ONNX element type of a kiln dtype.
+pub fn onnx_type(d: DType) -> DataType {
+    match d {
+        DType::F32 => DataType::Float,
+        DType::F16 => DataType::Float16,
+        DType::BF16 => DataType::Bfloat16,
+        DType::I32 => DataType::Int32,
+        DType::I64 => DataType::Int64,
+        DType::Bool => DataType::Bool,
+    }
+}
+
+/// Reads `t` into host data. `dir` is where external data files are looked up (the model's folder).
+pub fn to_data(t: &TensorProto, dir: Option<&Path>) -> Result<TensorData, String> {
+    let dtype = dtype_of(t.data_type())?;
+    let dims: Vec<usize> = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("dimension {d} is negative")))
+        .collect::<Result<_, _>>()?;
+    let numel = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or("too many elements")?;
+    let width = dtype.size_bytes();
+    let raw: Option<Vec<u8>> = if t.data_location() == DataLocation::External {
+        Some(external(t, dir, numel * width)?)
+    } else {
+        t.raw_data.clone()
+    };
+    let values: Vec<f64> = match raw {
+        Some(bytes) => {
+            if bytes.len() != numel * width {
+                return Err(format!("{} raw bytes for {numel} {dtype} elements", bytes.len()));
+            }
+            return TensorData::from_le_bytes(&bytes, &dims, dtype).map_err(|e| e.to_string());
+        }
+        None => match dtype {
+            DType::F32 => t.float_data.iter().map(|&v| v as f64).collect(),
+            DType::I64 => t.int64_data.iter().map(|&v| v as f64).collect(),
+            // Stored as the bit patterns in `int32_data` (half types) or as values (int32, bool).
+            DType::F16 => t.int32_data.iter().map(|&v| half::f16::from_bits(v as u16).to_f64()).collect(),
+            DType::BF16 => t.int32_data.iter().map(|&v| half::bf16::from_bits(v as u16).to_f64()).collect(),
+            DType::I32 | DType::Bool => t.int32_data.iter().map(|&v| v as f64).collect(),
+        },
+    };
+    if values.len() != numel {
+        return Err(format!("{} values for shape {dims:?}", values.len()));
+    }
+    TensorData::from_f64(values, &dims, dtype).map_err(|e| e.to_string())
+}
+
+/// The bytes of an external tensor: `location` (relative to the model's folder, never outside it),
+/// `offset` and `length` from its `external_data` entries.
+fn external(t: &TensorProto, dir: Option<&Path>, want: usize) -> Result<Vec<u8>, String> {
+    let get = |k: &str| t.external_data.iter().find(|e| e.key() == k).map(|e| e.value().to_string());
+    let location = get("location").ok_or("external data without a location")?;
+    let dir = dir.ok_or("external data, but the model was not read from a file")?;
+    let rel = Path::new(&location);
+    if rel.is_absolute() || rel.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        return Err(format!("external data location {location:?} leaves the model's folder"));
+    }
+    let parse = |k: &str| get(k).map(|v| v.parse::<u64>().map_err(|_| format!("external data {k} {v:?}"))).transpose();
+    let offset = parse("offset")?.unwrap_or(0);
+    let length = parse("length")?.unwrap_or(want as u64);
+    if length != want as u64 {
+        return Err(format!("external data length {length} for {want} bytes of elements"));
+    }
+    use std::io::{Read, Seek, SeekFrom};
+    let path = dir.join(rel);
+    let mut f = std::fs::File::open(&path).map_err(|e| format!("external data {}: {e}", path.display()))?;
+    f.seek(SeekFrom::Start(offset)).map_err(|e| format!("external data {}: {e}", path.display()))?;
+    let mut bytes = vec![0u8; want];
+    f.read_exact(&mut bytes).map_err(|e| format!("external data {} (offset {offset}): {e}", path.display()))?;
+    Ok(bytes)
+}

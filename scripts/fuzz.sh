@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Short fuzz runs of kiln's inputs from outside (fuzz/: report, graph and case JSON, compile-cache
-# entries, the symbolic simplifier against evaluation): `scripts/fuzz.sh [SECONDS]` runs each target
+# entries, the symbolic simplifier against evaluation, ONNX models): `scripts/fuzz.sh [SECONDS]` runs each target
 # that long (default 60) from the committed seeds, with libFuzzer under nightly Rust. A crash fails the
 # run and leaves its input in fuzz/artifacts/<target>/ (make it a regression test). Installs cargo-fuzz
 # (pinned) when missing.
@@ -14,7 +14,7 @@ fi
 if ! cargo fuzz --version 2>/dev/null | grep -q '0.13.2'; then
   cargo install cargo-fuzz --version 0.13.2 --locked
 fi
-for target in report_json graph_json cache_entry sym_simplify; do
+for target in report_json graph_json cache_entry sym_simplify onnx_model; do
   corpus="$(mktemp -d)"
   cp fuzz/seeds/"$target"/* "$corpus"/
   start=$SECONDS

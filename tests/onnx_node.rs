@@ -10,22 +10,12 @@
 
 mod common;
 
+use common::onnx::{run_case, Outcome};
+
 use kiln::graph::{Backend, CpuReference, IntoBackend};
-use kiln::onnx::proto::TensorProto;
-use kiln::{Error, Tensor, TensorData};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// How one node test went on one backend.
-#[derive(Clone, Debug, PartialEq)]
-enum Outcome {
-    Pass,
-    /// kiln says it does not do this, and why.
-    Unsupported(String),
-    /// A wrong answer, or an error other than "unsupported".
-    Fail(String),
-}
 
 fn data_dir() -> Option<PathBuf> {
     match std::env::var("KILN_ONNX_NODE_TESTS") {
@@ -42,103 +32,6 @@ fn data_dir() -> Option<PathBuf> {
             )
         }
     }
-}
-
-/// Reads a `.pb` tensor; `Err` says why it is not one kiln reads (a sequence, an optional, a dtype).
-fn read_pb(path: &Path) -> Result<TensorData, String> {
-    use prost::Message;
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let t =
-        TensorProto::decode(bytes.as_slice()).map_err(|_| "a non-tensor value (sequence or optional)".to_string())?;
-    if t.data_type.is_none() {
-        return Err("a non-tensor value (sequence or optional)".into());
-    }
-    kiln::onnx::tensor::to_data(&t, None)
-}
-
-fn unsupported_reason(e: &Error) -> Option<String> {
-    match e {
-        Error::Import { unsupported: true, op_type, msg, .. } => Some(format!("{op_type}: {msg}")),
-        Error::Unsupported { what, .. } => {
-            // The model's path is noise in the table.
-            Some(what.split_once(": ").map_or(what.as_str(), |(_, w)| w).to_string())
-        }
-        _ => None,
-    }
-}
-
-/// `|got - want| <= 1e-3 |want| + atol` (ONNX's backend-test rule, with kiln's absolute floor), same
-/// NaNs and infinities; integers and booleans exactly.
-fn compare(got: &TensorData, want: &TensorData) -> Result<(), String> {
-    if got.dims() != want.dims() {
-        return Err(format!("shape {:?}, expected {:?}", got.dims(), want.dims()));
-    }
-    if got.dtype() != want.dtype() {
-        return Err(format!("dtype {}, expected {}", got.dtype(), want.dtype()));
-    }
-    let float = want.dtype().is_float();
-    let (rtol, atol) = match want.dtype() {
-        kiln::DType::F32 => (1e-3, 1e-5),
-        kiln::DType::F16 | kiln::DType::BF16 => (1e-2, 1e-3),
-        _ => (0.0, 0.0),
-    };
-    for (i, (&a, &b)) in got.values().iter().zip(want.values()).enumerate() {
-        let ok = if !float {
-            a == b
-        } else if b.is_nan() {
-            a.is_nan()
-        } else if b.is_infinite() {
-            a == b
-        } else {
-            (a - b).abs() <= rtol * b.abs() + atol
-        };
-        if !ok {
-            return Err(format!("element {i}: {a}, expected {b}"));
-        }
-    }
-    Ok(())
-}
-
-fn run_case(dir: &Path, backend: &Arc<dyn Backend>) -> Outcome {
-    let model = match kiln::onnx::load(dir.join("model.onnx")) {
-        Ok(m) => m.backend(backend.clone()),
-        Err(e) => return unsupported_reason(&e).map_or_else(|| Outcome::Fail(e.to_string()), Outcome::Unsupported),
-    };
-    let mut sets: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|r| r.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
-        .unwrap_or_default();
-    sets.sort();
-    for set in sets {
-        let read_all = |prefix: &str| -> Result<Vec<TensorData>, String> {
-            (0..)
-                .map(|i| set.join(format!("{prefix}_{i}.pb")))
-                .take_while(|p| p.exists())
-                .map(|p| read_pb(&p))
-                .collect()
-        };
-        let (inputs, want) = match (read_all("input"), read_all("output")) {
-            (Ok(i), Ok(o)) => (i, o),
-            (Err(e), _) | (_, Err(e)) => return Outcome::Unsupported(e),
-        };
-        let inputs: Vec<Tensor> = inputs.into_iter().map(Tensor::from_data).collect();
-        let got = match model.call(inputs) {
-            Ok(g) => g,
-            Err(e) => return unsupported_reason(&e).map_or_else(|| Outcome::Fail(e.to_string()), Outcome::Unsupported),
-        };
-        if got.len() < want.len() {
-            return Outcome::Fail(format!("{} outputs, expected {}", got.len(), want.len()));
-        }
-        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-            let g = match g.to_data() {
-                Ok(g) => g,
-                Err(e) => return Outcome::Fail(e.to_string()),
-            };
-            if let Err(m) = compare(&g, w) {
-                return Outcome::Fail(format!("output {k}: {m}"));
-            }
-        }
-    }
-    Outcome::Pass
 }
 
 /// The op type a node test exercises: its model's op, or the op its name starts with for models of
@@ -174,8 +67,8 @@ fn table(results: &BTreeMap<String, (String, Vec<Outcome>)>, backends: &[&str], 
          (`KILN_BLESS=1` rewrites it; the test fails when this file and the run disagree). A test passes\n\
          when every output matches (relative 1e-3, absolute 1e-5 for f32; exact for integers and\n\
          booleans); a test kiln does not support says why below. No test may fail outright.\n\n\
-         Ops kiln imports (`kiln::onnx::SUPPORTED`): {}.\n\n",
-        kiln::onnx::SUPPORTED.iter().map(|o| format!("`{o}`")).collect::<Vec<_>>().join(", ")
+         Ops kiln imports (`kiln::onnx::supported_ops()`): {}.\n\n",
+        kiln::onnx::supported_ops().iter().map(|o| format!("`{o}`")).collect::<Vec<_>>().join(", ")
     );
     let mut per_op: BTreeMap<&str, (usize, Vec<usize>)> = BTreeMap::new();
     for (op, outcomes) in results.values() {

@@ -16,7 +16,7 @@ pub mod tensor;
 mod value;
 
 pub use model::{DimSpec, IoSpec, Model, OPSETS};
-pub use ops::SUPPORTED;
+pub use ops::supported_ops;
 
 use kiln_graph::{Compiled, Error, IntoBackend, Mode, Result, Tensor};
 use std::path::Path;
@@ -103,5 +103,22 @@ impl OnnxModel {
     /// The compiled function: its report, stats, guards.
     pub fn compiled(&self) -> &Compiled<ModelFn> {
         &self.compiled
+    }
+}
+
+impl std::fmt::Debug for OnnxModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = &self.model;
+        let list = |v: &[IoSpec]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        write!(
+            f,
+            "OnnxModel({}, opset {}, {} nodes, inputs [{}], outputs [{}], on {})",
+            m.name,
+            m.opset,
+            m.nodes.len(),
+            list(&m.inputs),
+            list(&m.outputs),
+            self.compiled.backend_name()
+        )
     }
 }

@@ -191,6 +191,13 @@ impl Model {
                 model.constants.insert(out, Constant { tensor: Tensor::from_data((*data).clone()), data });
                 continue;
             }
+            // Unknown ops and domains are found at load, not at the first call.
+            if !matches!(node.domain(), "" | "ai.onnx") {
+                return Err(node_error(name, opset, &node, true, format!("domain {:?}", node.domain())));
+            }
+            if !crate::ops::supported_ops().contains(&node.op_type()) {
+                return Err(node_error(name, opset, &node, true, format!("op {}", node.op_type())));
+            }
             model.nodes.push(node);
         }
         Ok(model)

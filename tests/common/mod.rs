@@ -1,6 +1,8 @@
 //! Small helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod onnx;
+
 use kiln::{Result, Tensor};
 
 /// An f32 tensor from values and dims.

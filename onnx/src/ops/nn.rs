@@ -6,6 +6,28 @@ use crate::value::Value;
 use kiln_graph::sym::Expr;
 use kiln_graph::{Tensor, Window};
 
+/// The op types this family converts.
+pub(super) const OPS: &[&str] = &[
+    "MatMul",
+    "Gemm",
+    "Conv",
+    "ConvTranspose",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "LayerNormalization",
+    "GroupNormalization",
+    "RMSNormalization",
+    "LpNormalization",
+    "LRN",
+    "Softmax",
+    "LogSoftmax",
+    "Hardmax",
+];
+
 /// The family; `None` when `op` is not one of it.
 pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
     Some(match op {

@@ -7,6 +7,9 @@ use super::{invalid, one, unsupported, Node, OpError, OpResult};
 use crate::value::Value;
 use kiln_graph::DType;
 
+/// The op types this family converts.
+pub(super) const OPS: &[&str] = &["Resize", "Upsample"];
+
 /// The family; `None` when `op` is not one of it.
 pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
     Some(match op {

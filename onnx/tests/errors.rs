@@ -1,0 +1,255 @@
+//! Bad models and bad calls give typed errors that name what is wrong (the node, its op type and opset,
+//! the input, the file), never a panic; a `dim_param` batch runs every size from one compiled entry.
+
+use kiln_graph::{CpuReference, DType, Error, Tensor};
+use kiln_onnx::proto::{
+    tensor_proto::{DataLocation, DataType},
+    tensor_shape_proto::{dimension, Dimension},
+    type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto,
+    TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+use prost::Message;
+
+fn value(name: &str, dims: &[Result<i64, &str>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| Dimension {
+            value: Some(match d {
+                Ok(n) => dimension::Value::DimValue(*n),
+                Err(p) => dimension::Value::DimParam(p.to_string()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(DataType::Float as i32),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(name.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn model(
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+    init: Vec<TensorProto>,
+    opset: i64,
+) -> Vec<u8> {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(opset) }],
+        graph: Some(GraphProto {
+            node: nodes,
+            input: inputs,
+            output: outputs,
+            initializer: init,
+            name: Some("g".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn weight(name: &str, values: &[f32], dims: &[i64]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        data_type: Some(DataType::Float as i32),
+        dims: dims.to_vec(),
+        float_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn garbage_is_a_format_error() {
+    let e = kiln_onnx::load_bytes(&[0xff, 0x12, 0x00, 0x99, 0x42], "junk.onnx").expect_err("not a model");
+    assert!(matches!(e, Error::Format { .. }), "{e}");
+    assert!(e.to_string().contains("junk.onnx"), "{e}");
+    let e = kiln_onnx::load("/nonexistent/model.onnx").expect_err("no file");
+    assert!(e.to_string().contains("/nonexistent/model.onnx"), "{e}");
+}
+
+#[test]
+fn an_unknown_op_names_the_node_at_load() {
+    let bytes = model(
+        vec![node("Frobnicate", "frob_1", &["x"], &["y"])],
+        vec![value("x", &[Ok(2)])],
+        vec![value("y", &[Ok(2)])],
+        vec![],
+        17,
+    );
+    let e = kiln_onnx::load_bytes(&bytes, "m.onnx").expect_err("unknown op");
+    match &e {
+        Error::Import { node, op_type, opset, unsupported, .. } => {
+            assert_eq!((node.as_str(), op_type.as_str(), *opset, *unsupported), ("frob_1", "Frobnicate", 17, true));
+        }
+        other => panic!("{other}"),
+    }
+    assert!(e.to_string().contains("m.onnx: node `frob_1` (Frobnicate, opset 17): unsupported"), "{e}");
+    let mut custom = node("Relu", "r", &["x"], &["y"]);
+    custom.domain = Some("com.example".into());
+    let bytes = model(vec![custom], vec![value("x", &[Ok(2)])], vec![value("y", &[Ok(2)])], vec![], 17);
+    let e = kiln_onnx::load_bytes(&bytes, "m.onnx").expect_err("unknown domain");
+    assert!(e.to_string().contains("com.example"), "{e}");
+}
+
+#[test]
+fn an_opset_kiln_does_not_read_is_unsupported() {
+    let bytes = model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![value("x", &[Ok(2)])],
+        vec![value("y", &[Ok(2)])],
+        vec![],
+        3,
+    );
+    let e = kiln_onnx::load_bytes(&bytes, "old.onnx").expect_err("opset 3");
+    assert!(matches!(e, Error::Unsupported { .. }) && e.to_string().contains("opset 3"), "{e}");
+}
+
+#[test]
+fn a_node_that_breaks_its_op_names_it_at_call() {
+    let mut conv = node("Conv", "conv_bad", &["x", "w"], &["y"]);
+    conv.attribute.push(AttributeProto { name: Some("strides".into()), ints: vec![1, 1, 1], ..Default::default() });
+    let bytes = model(
+        vec![conv],
+        vec![value("x", &[Ok(1), Ok(1), Ok(4), Ok(4)])],
+        vec![value("y", &[Ok(1), Ok(1), Ok(2), Ok(2)])],
+        vec![weight("w", &[1.0; 9], &[1, 1, 3, 3])],
+        17,
+    );
+    let m = kiln_onnx::load_bytes(&bytes, "m.onnx").unwrap().backend(CpuReference);
+    let e = m.call(vec![Tensor::zeros(&[1, 1, 4, 4], DType::F32).unwrap()]).expect_err("3 strides for 2 axes");
+    assert!(e.to_string().contains("conv_bad") && e.to_string().contains("strides"), "{e}");
+}
+
+#[test]
+fn a_wrong_input_is_a_typed_error_naming_the_input() {
+    let bytes = model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![value("x", &[Err("batch"), Ok(3)])],
+        vec![value("y", &[Err("batch"), Ok(3)])],
+        vec![],
+        17,
+    );
+    let m = kiln_onnx::load_bytes(&bytes, "m.onnx").unwrap().backend(CpuReference);
+    for bad in [
+        Tensor::zeros(&[2, 4], DType::F32).unwrap(),
+        Tensor::zeros(&[2, 3], DType::F16).unwrap(),
+        Tensor::zeros(&[3], DType::F32).unwrap(),
+    ] {
+        let e = m.call(vec![bad]).expect_err("does not fit");
+        assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("x: f32[batch, 3]"), "{e}");
+    }
+    assert!(m.call(vec![]).expect_err("no input").to_string().contains("takes 1 input"));
+}
+
+#[test]
+fn missing_external_data_names_the_file() {
+    let dir = std::env::temp_dir().join(format!("kiln-onnx-ext-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut w = weight("w", &[], &[3]);
+    w.data_location = Some(DataLocation::External as i32);
+    w.external_data = vec![StringStringEntryProto { key: Some("location".into()), value: Some("weights.bin".into()) }];
+    let bytes = model(
+        vec![node("Add", "add", &["x", "w"], &["y"])],
+        vec![value("x", &[Ok(3)])],
+        vec![value("y", &[Ok(3)])],
+        vec![w],
+        17,
+    );
+    std::fs::write(dir.join("m.onnx"), &bytes).unwrap();
+    let e = kiln_onnx::load(dir.join("m.onnx")).expect_err("no weights.bin");
+    assert!(e.to_string().contains("weights.bin"), "{e}");
+    // With the file there, the weights are read from it.
+    let data: Vec<u8> = [1.0f32, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(dir.join("weights.bin"), data).unwrap();
+    let m = kiln_onnx::load(dir.join("m.onnx")).unwrap().backend(CpuReference);
+    let y = m.call(vec![Tensor::from_slice(&[10.0f32, 20.0, 30.0], &[3]).unwrap()]).unwrap();
+    assert_eq!(y[0].to_vec::<f32>().unwrap(), [11.0, 22.0, 33.0]);
+    // A location outside the model's folder is refused.
+    let mut escape = weight("w", &[], &[3]);
+    escape.data_location = Some(DataLocation::External as i32);
+    escape.external_data =
+        vec![StringStringEntryProto { key: Some("location".into()), value: Some("../weights.bin".into()) }];
+    let bytes = model(
+        vec![node("Add", "add", &["x", "w"], &["y"])],
+        vec![value("x", &[Ok(3)])],
+        vec![value("y", &[Ok(3)])],
+        vec![escape],
+        17,
+    );
+    std::fs::write(dir.join("m2.onnx"), &bytes).unwrap();
+    assert!(kiln_onnx::load(dir.join("m2.onnx")).expect_err("escapes").to_string().contains("leaves"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `batch` is a `dim_param`: every batch size runs from the first compiled entry (symbolic from the
+/// start), shape arithmetic included (`Shape → Gather → Concat → Reshape` flattens per row).
+#[test]
+fn a_dynamic_batch_compiles_once() {
+    let shape_ints = |name: &str, v: &[i64]| TensorProto {
+        name: Some(name.into()),
+        data_type: Some(DataType::Int64 as i32),
+        dims: vec![v.len() as i64],
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let mut gather = node("Gather", "batch_of", &["s", "zero"], &["b"]);
+    gather.attribute.push(AttributeProto { name: Some("axis".into()), i: Some(0), ..Default::default() });
+    let mut unsq = node("Unsqueeze", "as_vector", &["b", "axes"], &["b1"]);
+    unsq.attribute.clear();
+    let mut cat = node("Concat", "target", &["b1", "rest"], &["shape"]);
+    cat.attribute.push(AttributeProto { name: Some("axis".into()), i: Some(0), ..Default::default() });
+    let nodes = vec![
+        node("Shape", "shape_of", &["x"], &["s"]),
+        gather,
+        unsq,
+        cat,
+        node("Reshape", "flatten", &["x", "shape"], &["f"]),
+        node("MatMul", "project", &["f", "w"], &["y"]),
+    ];
+    let zero = TensorProto {
+        name: Some("zero".into()),
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: vec![0],
+        ..Default::default()
+    };
+    let bytes = model(
+        nodes,
+        vec![value("x", &[Err("batch"), Ok(2), Ok(3)])],
+        vec![value("y", &[Err("batch"), Ok(1)])],
+        vec![
+            zero,
+            shape_ints("axes", &[0]),
+            shape_ints("rest", &[6]),
+            weight("w", &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[6, 1]),
+        ],
+        17,
+    );
+    let m = kiln_onnx::load_bytes(&bytes, "dyn.onnx").unwrap().backend(CpuReference);
+    assert_eq!(m.inputs()[0].to_string(), "x: f32[batch, 2, 3]");
+    for batch in [2usize, 5, 3] {
+        let x = Tensor::from_slice(&vec![1.0f32; batch * 6], &[batch, 2, 3]).unwrap();
+        let y = m.call(vec![x]).unwrap();
+        assert_eq!(y[0].to_vec::<f32>().unwrap(), vec![21.0; batch]);
+    }
+    let stats = m.compiled().stats();
+    assert_eq!((stats.traces, stats.recompiles), (1, 0), "{:?}", m.compiled().guards());
+}

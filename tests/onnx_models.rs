@@ -64,3 +64,19 @@ fn a_dynamic_batch_runs_without_recompiling() {
     let stats = model.compiled().stats();
     assert_eq!((stats.traces, stats.recompiles), (1, 0), "{:?}", model.compiled().guards());
 }
+
+/// The onnx_classify example's model and images: each held-out digit image is classified as its digit.
+#[test]
+fn the_digits_classifier_reads_every_digit() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let model = kiln::onnx::load(root.join("tests/data/onnx/digits/model.onnx")).unwrap().backend(CpuReference);
+    let mut pixels = vec![];
+    for d in 0..10 {
+        let bytes = std::fs::read(root.join(format!("examples/data/digits/digit_{d}.pgm"))).unwrap();
+        assert!(bytes.starts_with(b"P5\n8 8\n255\n"), "digit_{d}.pgm");
+        pixels.extend(bytes[11..].iter().map(|&p| p as f32 / 255.0));
+    }
+    let x = kiln::Tensor::from_slice(&pixels, &[10, 1, 8, 8]).unwrap();
+    let guesses = model.call(vec![x]).unwrap()[0].argmax(-1, false).unwrap().to_vec::<i64>().unwrap();
+    assert_eq!(guesses, (0..10).collect::<Vec<i64>>());
+}

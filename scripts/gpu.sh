@@ -79,7 +79,7 @@ tests|bench|peer|parts)
     # part: the torch peer in TORCH_TRIALS fresh processes (default 3; trial 1 cold, its outputs kept on this
     # machine), then kiln's bench in KILN_TRIALS fresh processes (default 5) checking every output against
     # torch's float64 outputs; report $out/<part>.{json,md}. Parts: A W1-W3 and dynamic shapes, B LG and
-    # W4, C W5 f32 (explicit and SDPA), D W5 bf16, T W5's training step (f32).
+    # W4, C W5 f32 (explicit and SDPA), D W5 bf16, T W5's training step (f32), E W6 (DenseNet-121).
     shift
     budget="$1"
     shift
@@ -95,6 +95,8 @@ tests|bench|peer|parts)
       D) kiln=W5-bf16 torch=W5-bf16,W5-bf16-sdpa modes=default,reduce-overhead,eager ;;
       # W5's training step (f32): kiln's one compiled step against torch's compiled model + fused AdamW.
       T) kiln=W5-train torch=W5-train,W5-train-sdpa modes=default,reduce-overhead,eager ;;
+      # DenseNet-121 (convolutions, batch norm, pooling, concatenation) against torchvision's layers.
+      E) kiln=W6 torch=W6 modes=default,reduce-overhead,eager ;;
       *) echo "unknown part $part" >&2; exit 2 ;;
       esac
       if [ $((SECONDS - start)) -ge "$budget" ]; then

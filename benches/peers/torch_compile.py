@@ -53,7 +53,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-ALL_WORKLOADS = "W1,W2,W3,W4,W5,W5-sdpa,LG,W5-bf16,W5-bf16-sdpa,W5-train,W5-train-sdpa,W3-dynamic"
+ALL_WORKLOADS = "W1,W2,W3,W4,W5,W5-sdpa,LG,W5-bf16,W5-bf16-sdpa,W5-train,W5-train-sdpa,W3-dynamic,W6"
 ALL_MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "eager", "regional"]
 # What the report's notes must say about rows that did not measure what their mode names.
 WARNINGS = []
@@ -73,8 +73,13 @@ MASK64 = (1 << 64) - 1
 
 
 def _scale(dims):
-    """Fan-in scale of every 2-D input, x included; computed as Rust does, `(1.0 / n).sqrt()`."""
-    return math.sqrt(1.0 / dims[1]) if len(dims) == 2 else 1.0
+    """Fan-in scale as Rust computes it, `(1.0 / n).sqrt()`: every 2-D input (x included) by dims[1], a
+    4-D input with a kernel of at most 7x7 (a convolution weight) by in-channels x kernel."""
+    if len(dims) == 2:
+        return math.sqrt(1.0 / dims[1])
+    if len(dims) == 4 and dims[2] <= 7 and dims[3] <= 7:
+        return math.sqrt(1.0 / (dims[1] * dims[2] * dims[3]))
+    return 1.0
 
 
 def data_f64(dims, salt):
@@ -224,10 +229,32 @@ def specs(wid, size):
             # benches/src/train_step.rs: x, the parameters, the target y, the first moments, the roots r
             # of the second moments (v = r²).
             dims += [[bsz, s, d]] + params + params
+    elif b == "W6":
+        bsz, hw = [(16, 128), (2, 64), (1, 32)][i]
+        dims = w6_specs(bsz, hw)
     else:
         raise ValueError(f"unknown workload {wid}")
     dtype = "bf16" if b == "W5-bf16" else "f32"
     return [(list(x), dtype) for x in dims]
+
+
+W6_BLOCKS = (6, 12, 24, 16)
+W6_GROWTH = 32
+
+
+def w6_specs(bsz, hw):
+    """workloads.rs `w6_inputs`: images, then DenseNet-121's parameters in the order W6 reads them."""
+    bn = lambda c: [[c], [c], [c], [c]]  # noqa: E731 (weight, bias, running mean, running variance)
+    dims = [[bsz, 3, hw, hw], [64, 3, 7, 7]] + bn(64)
+    c = 64
+    for i, layers in enumerate(W6_BLOCKS):
+        for _ in range(layers):
+            dims += bn(c) + [[4 * W6_GROWTH, c, 1, 1]] + bn(4 * W6_GROWTH) + [[W6_GROWTH, 4 * W6_GROWTH, 3, 3]]
+            c += W6_GROWTH
+        if i + 1 < len(W6_BLOCKS):
+            dims += bn(c) + [[c // 2, c, 1, 1]]
+            c //= 2
+    return dims + bn(c) + [[1000, c], [1000]]
 
 
 def inputs(wid, size, device):
@@ -329,6 +356,69 @@ class Block(torch.nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
+def _conv(w, stride, pad):
+    conv = torch.nn.Conv2d(w.shape[1], w.shape[0], w.shape[2], stride, pad, bias=False, device="meta")
+    conv.weight = _param(w)
+    return conv
+
+
+def _bn(p):
+    """nn.BatchNorm2d (eval) over kiln's weight, bias, mean; the running variance is `|var| + 1` (kiln's
+    W6 makes its uniform [-2, 2) input positive the same way)."""
+    bn = torch.nn.BatchNorm2d(p[0].shape[0], eps=1e-5, device="meta")
+    bn.weight, bn.bias = _param(p[0]), _param(p[1])
+    bn.register_buffer("running_mean", p[2])
+    bn.register_buffer("running_var", p[3].abs() + 1.0)
+    bn.register_buffer("num_batches_tracked", torch.zeros((), dtype=torch.long, device=p[0].device))
+    return bn
+
+
+class DenseLayer(torch.nn.Module):
+    """torchvision's `_DenseLayer`: concatenate the earlier features, BN-ReLU-1x1 conv-BN-ReLU-3x3 conv."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.norm1, self.conv1 = _bn(p[0:4]), _conv(p[4][0], 1, 0)
+        self.norm2, self.conv2 = _bn(p[5:9]), _conv(p[9][0], 1, 1)
+
+    def forward(self, features):
+        h = torch.cat(features, 1)
+        h = self.conv1(F.relu(self.norm1(h)))
+        return self.conv2(F.relu(self.norm2(h)))
+
+
+class W6(torch.nn.Module):
+    """DenseNet-121 in eval mode, layer for layer as torchvision builds it; t as `w6_specs` lists it."""
+
+    def __init__(self, t):
+        super().__init__()
+        it = iter(t[1:])
+        take = lambda n: [next(it) for _ in range(n)]  # noqa: E731
+        self.conv0, self.norm0 = _conv(take(1)[0], 2, 3), _bn(take(4))
+        self.blocks = torch.nn.ModuleList()
+        self.transitions = torch.nn.ModuleList()
+        for i, layers in enumerate(W6_BLOCKS):
+            self.blocks.append(torch.nn.ModuleList(DenseLayer([*take(4), take(1), *take(4), take(1)])
+                                                   for _ in range(layers)))
+            if i + 1 < len(W6_BLOCKS):
+                self.transitions.append(torch.nn.ModuleList([_bn(take(4)), _conv(take(1)[0], 1, 0)]))
+        self.norm5 = _bn(take(4))
+        self.classifier = _linear(*take(2))
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.norm0(self.conv0(x))), 3, 2, 1)
+        for i, block in enumerate(self.blocks):
+            features = [x]
+            for layer in block:
+                features.append(layer(features))
+            x = torch.cat(features, 1)
+            if i < len(self.transitions):
+                bn, conv = self.transitions[i]
+                x = F.avg_pool2d(conv(F.relu(bn(x))), 2, 2)
+        x = F.adaptive_avg_pool2d(F.relu(self.norm5(x)), 1).flatten(1)
+        return self.classifier(x)
+
+
 class W5(torch.nn.Module):
     """4 blocks then a final layer norm; t = x [b, s, d], 4 × 12 block parameters, final w/b."""
 
@@ -413,8 +503,8 @@ def build(wid, t):
     b = base_id(wid)
     if b == "W5-train":
         return train_step(None, wid, t)
-    if b in ("W4", "W5", "W5-bf16"):
-        model = W4(t) if b == "W4" else W5(t, sdpa=wid.endswith("-sdpa"))
+    if b in ("W4", "W5", "W5-bf16", "W6"):
+        model = W4(t) if b == "W4" else W6(t) if b == "W6" else W5(t, sdpa=wid.endswith("-sdpa"))
         return model.eval(), [t[0]]
     return {"W1": w1, "W2": w2, "W3": w3, "LG": lg}[b], list(t)
 
@@ -432,6 +522,22 @@ def flops(wid, t):
         return 4.0 * block * (3.0 if b == "W5-train" else 1.0)
     if b == "W4":
         return 129.0 * 2.0 * t[0].numel() * 10.0
+    if b == "W6":
+        bs, hw = float(t[0].shape[0]), t[0].shape[2] / 4.0
+
+        def conv(cin, cout, k, out):
+            return 2.0 * bs * cin * cout * k * k * out * out
+
+        total, c = conv(3, 64, 7, hw * 2), 64
+        for i, layers in enumerate(W6_BLOCKS):
+            for _ in range(layers):
+                total += conv(c, 128, 1, hw) + conv(128, 32, 3, hw)
+                c += 32
+            if i + 1 < len(W6_BLOCKS):
+                total += conv(c, c // 2, 1, hw)
+                c //= 2
+                hw /= 2.0
+        return total + 2.0 * bs * c * 1000.0
     return None
 
 

@@ -17,7 +17,11 @@ const WAITING: [(&str, &str, &str); 2] = [
         "W5 training step (forward + backward + AdamW)",
         "kiln's row exists (`--workload W5-train`: forward, mean-square loss, backward, AdamW, every output checked) and torch's (the peer's W5-train); this run did not measure them",
     ),
-    ("W6", "W6 densenet121 inference", "waits for convolution (issue: ONNX and the convolution family)"),
+    (
+        "W6",
+        "W6 densenet121 inference",
+        "kiln's row exists (`--workload W6`: DenseNet-121's layers, convolutions as im2col + matmul, checked) and torch's (the peer's W6, checked against kiln's reference); this run did not measure them",
+    ),
 ];
 
 /// The numbers section for `report`, which was read from `path` (as the README names it).

@@ -1,4 +1,4 @@
-//! The benchmark workloads (W1–W5 of the project's workload list), defined once for the bench, the
+//! The benchmark workloads (W1–W6 of the project's workload list), defined once for the bench, the
 //! fusion and cache tests and the explorer: each is a function over tensors plus its input shapes at full
 //! size, at the size the bench checks correctness on, and at `--quick` size.
 
@@ -154,6 +154,109 @@ fn w5_flops(s: &[TensorSpec]) -> Option<f64> {
     Some(4.0 * block)
 }
 
+/// DenseNet-121's layer counts per dense block (torchvision's `densenet121`: growth 32, bottleneck 4x,
+/// 64 initial features, 1000 classes).
+const W6_BLOCKS: [usize; 4] = [6, 12, 24, 16];
+const W6_GROWTH: usize = 32;
+
+/// A batch norm's four per-channel inputs (weight, bias, running mean, running variance).
+fn bn_params(c: usize) -> [TensorSpec; 4] {
+    [f32s(&[c]), f32s(&[c]), f32s(&[c]), f32s(&[c])]
+}
+
+/// W6's inputs: images `[b, 3, hw, hw]`, then every parameter in the order [`w6`] reads them.
+pub fn w6_inputs(b: usize, hw: usize) -> Vec<TensorSpec> {
+    let mut v = vec![f32s(&[b, 3, hw, hw]), f32s(&[64, 3, 7, 7])];
+    v.extend(bn_params(64));
+    let mut c = 64;
+    for (i, &layers) in W6_BLOCKS.iter().enumerate() {
+        for _ in 0..layers {
+            v.extend(bn_params(c));
+            v.push(f32s(&[4 * W6_GROWTH, c, 1, 1]));
+            v.extend(bn_params(4 * W6_GROWTH));
+            v.push(f32s(&[W6_GROWTH, 4 * W6_GROWTH, 3, 3]));
+            c += W6_GROWTH;
+        }
+        if i + 1 < W6_BLOCKS.len() {
+            v.extend(bn_params(c));
+            v.push(f32s(&[c / 2, c, 1, 1]));
+            c /= 2;
+        }
+    }
+    v.extend(bn_params(c));
+    v.extend([f32s(&[1000, c]), f32s(&[1000])]);
+    v
+}
+
+/// Batch norm in eval mode followed by ReLU: `relu(x * s + (b - mean * s))` with
+/// `s = w / sqrt(|var| + 1 + 1e-5)` per channel (the variance input is made positive this way, since
+/// the bench's inputs are uniform in [-2, 2); the torch peer loads `|var| + 1` as the running variance).
+fn bn_relu(x: &Tensor, p: &[Tensor]) -> Result<Tensor> {
+    let s = p[0].mul(&p[3].abs()?.add(1.0 + 1e-5)?.rsqrt()?)?;
+    let shift = p[1].sub(&p[2].mul(&s)?)?;
+    x.mul(&s.reshape(&[1, -1, 1, 1])?)?.add(&shift.reshape(&[1, -1, 1, 1])?)?.relu()
+}
+
+/// W6: DenseNet-121 in eval mode (torchvision's layer for layer: each dense layer concatenates every
+/// earlier feature map, BN-ReLU-1x1 conv-BN-ReLU-3x3 conv; transitions BN-ReLU-1x1 conv-2x2 average
+/// pool), global average pool and the classifier; inputs as [`w6_inputs`] lists them.
+pub fn w6(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    use crate::conv::Window;
+    let mut at = 1;
+    let mut take = |n: usize| {
+        at += n;
+        &t[at - n..at]
+    };
+    let conv =
+        |x: &Tensor, w: &Tensor, stride: usize, pad: usize| x.conv(w, None, &Window::uniform(2, stride, pad, 1), 1);
+    let x = conv(&t[0], &take(1)[0], 2, 3)?;
+    let x = bn_relu(&x, take(4))?;
+    let mut x = x.max_pool(&[3, 3], &Window::uniform(2, 2, 1, 1))?;
+    for (i, &layers) in W6_BLOCKS.iter().enumerate() {
+        let mut features = vec![x.clone()];
+        for _ in 0..layers {
+            let refs: Vec<&Tensor> = features.iter().collect();
+            let h = if refs.len() == 1 { x.clone() } else { Tensor::concat(&refs, 1)? };
+            let h = bn_relu(&h, take(4))?;
+            let h = conv(&h, &take(1)[0], 1, 0)?;
+            let h = bn_relu(&h, take(4))?;
+            features.push(conv(&h, &take(1)[0], 1, 1)?);
+        }
+        let refs: Vec<&Tensor> = features.iter().collect();
+        x = Tensor::concat(&refs, 1)?;
+        if i + 1 < W6_BLOCKS.len() {
+            let h = bn_relu(&x, take(4))?;
+            x = conv(&h, &take(1)[0], 1, 0)?.avg_pool(&[2, 2], &Window::uniform(2, 2, 0, 1), true)?;
+        }
+    }
+    let x = bn_relu(&x, take(4))?.mean(&[2, 3], false)?;
+    let head = take(2);
+    Ok(vec![x.linear(&head[0], Some(&head[1]))?])
+}
+
+/// Convolution and classifier FLOPs of W6 (2 per multiply-add).
+fn w6_flops(s: &[TensorSpec]) -> Option<f64> {
+    let d = s[0].shape.as_concrete()?;
+    let (b, mut hw) = (d[0] as f64, d[2] as f64);
+    let conv = |cin: f64, cout: f64, k: f64, out: f64| 2.0 * b * cin * cout * k * k * out * out;
+    hw /= 2.0;
+    let mut total = conv(3.0, 64.0, 7.0, hw);
+    hw /= 2.0;
+    let mut c = 64.0;
+    for (i, &layers) in W6_BLOCKS.iter().enumerate() {
+        for _ in 0..layers {
+            total += conv(c, 128.0, 1.0, hw) + conv(128.0, 32.0, 3.0, hw);
+            c += 32.0;
+        }
+        if i + 1 < W6_BLOCKS.len() {
+            total += conv(c, c / 2.0, 1.0, hw);
+            c /= 2.0;
+            hw /= 2.0;
+        }
+    }
+    Some(total + 2.0 * b * c * 1000.0)
+}
+
 fn no_flops(_: &[TensorSpec]) -> Option<f64> {
     None
 }
@@ -229,6 +332,15 @@ pub fn all() -> Vec<Workload> {
             f: w5,
             flops: w5_flops,
         },
+        Workload {
+            id: "W6",
+            what: "DenseNet-121 eval (torchvision's layers), batch 16 x 3 x 128 x 128, f32",
+            full: w6_inputs(16, 128),
+            quick: w6_inputs(2, 64),
+            check: w6_inputs(1, 32),
+            f: w6,
+            flops: w6_flops,
+        },
     ]
 }
 
@@ -244,8 +356,13 @@ pub fn inputs(specs: &[TensorSpec]) -> Vec<crate::TensorData> {
 pub fn data(spec: &TensorSpec, salt: usize) -> crate::TensorData {
     let dims = spec.shape.as_concrete().expect("workload shapes are static");
     let n: usize = dims.iter().product();
-    // Weights (2-D) scaled like a fan-in initialisation, so deep stacks stay finite and well-conditioned.
-    let scale = if dims.len() == 2 { (1.0 / dims[1] as f64).sqrt() } else { 1.0 };
+    // Weights scaled like a fan-in initialisation, so deep stacks stay finite and well-conditioned: 2-D
+    // (linear) by their input size, 4-D with a kernel of at most 7x7 (convolution) by in-channels x kernel.
+    let scale = match dims[..] {
+        [_, fan_in] => (1.0 / fan_in as f64).sqrt(),
+        [_, c, kh, kw] if kh <= 7 && kw <= 7 => (1.0 / (c * kh * kw) as f64).sqrt(),
+        _ => 1.0,
+    };
     let mut state = (salt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5851_F42D_4C95_7F2D;
     let values = (0..n)
         .map(|_| {

@@ -11,7 +11,7 @@ case "${1:-}" in
 stage)
   set -e
   mkdir -p .gpu/tests
-  cargo test --release --locked -p kiln --test conformance_cuda --test device_runtime --test guards \
+  cargo test --release --locked -p kiln --test conformance_cuda --test device_runtime --test guards --test onnx_models \
     --test conformance_wgpu --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json, shutil
 for line in sys.stdin:

@@ -247,10 +247,60 @@ fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
             }
             vec![(0, gx)]
         }
+        Op::Unfold { kernel, window, .. } => vec![(0, unfold_grad(b, x(0), g, kernel, window, &node.loc)?)],
         Op::IndexSelect { axis } => vec![(0, index_select_grad(b, x(0), x(1), *axis, g, &node.loc)?)],
         Op::Gather { axis } => vec![(0, gather_grad(b, x(0), x(1), *axis, g, &node.loc)?)],
         other => return Err(unsupported(&format!("the gradient of {} (no rule yet)", other.name()), &node.loc)),
     })
+}
+
+/// The gradient of an unfold (col2im): each tap's slice of `g` put back where the tap read it — the
+/// strided-slice gradient per spatial axis into the padded input — summed over taps, then the padding
+/// cut off.
+fn unfold_grad(
+    b: &mut Builder,
+    x: NodeId,
+    g: NodeId,
+    kernel: &[usize],
+    window: &crate::conv::Window,
+    loc: &SourceLoc,
+) -> Result<NodeId> {
+    let xs = b.shape(x);
+    let gs = b.shape(g);
+    let lens: Option<Vec<usize>> = xs.dims()[2..].iter().map(|d| d.as_const().map(|v| v as usize)).collect();
+    let Some(lens) = lens else {
+        return Err(unsupported("the gradient of an unfold over symbolic spatial sizes", loc));
+    };
+    let taps: usize = kernel.iter().product();
+    let mut tap_dims = gs.dims().to_vec();
+    tap_dims.remove(2);
+    let mut total = None;
+    for t in 0..taps {
+        let mut gt = if taps == 1 { g } else { slice(b, g, 2, t, t + 1) };
+        gt = b.reshape(gt, Shape(tap_dims.clone()));
+        let mut rest = t;
+        let mut offsets = vec![0; kernel.len()];
+        for a in (0..kernel.len()).rev() {
+            offsets[a] = rest % kernel[a];
+            rest /= kernel[a];
+        }
+        for (a, &off) in offsets.iter().enumerate() {
+            let padded = lens[a] + window.padding[a].0 + window.padding[a].1;
+            gt = unslice(b, gt, 2 + a, off * window.dilation[a], window.stride[a], padded)?;
+        }
+        total = Some(match total {
+            None => gt,
+            Some(acc) => b.binary(BinaryOp::Add, acc, gt),
+        });
+    }
+    let mut gx = total.ok_or_else(|| unsupported("an unfold with no taps", loc))?;
+    for (a, &len) in lens.iter().enumerate() {
+        let before = window.padding[a].0;
+        if window.padding[a] != (0, 0) {
+            gx = slice(b, gx, 2 + a, before, before + len);
+        }
+    }
+    Ok(gx)
 }
 
 /// `x[start..end]` along `axis` (constant bounds, step 1).

@@ -3,15 +3,16 @@
 //! `Tensor` methods that record them, the f64 reference and the decomposition into primitives.
 //!
 //! They are composites: traced whole (so explain and the explorer say `conv`), computed directly by the
-//! reference, and decomposed into pad → strided slices (one per kernel tap, an im2col) → one batched
-//! matmul per group. The slices and the pad fold into index expressions of the kernel that builds the
-//! im2col matrix, so a convolution is two kernels and autodiff needs no rule of its own.
+//! reference, and decomposed into an `unfold` (the im2col view: every window as a new axis) and one
+//! batched matmul per group; a pool is a reduction over the unfolded axis. The unfold folds into the index
+//! expressions of the kernel that reads it (the im2col matrix's, with the activation before the
+//! convolution fused in), so a convolution is two kernels.
 
 use crate::data::TensorData;
 use crate::decompose::Builder;
 use crate::error::{Error, Result};
 use crate::interp::nan_max;
-use crate::ir::{BinaryOp, DTypeRule, Op, PoolKind};
+use crate::ir::{DTypeRule, Op, PoolKind, ReduceOp};
 use crate::loc::SourceLoc;
 use crate::shape::Shape;
 use crate::sym::Expr;
@@ -356,6 +357,32 @@ pub(crate) fn reference_conv(
     y
 }
 
+/// The reference unfold in f64: `[N, C, *in]` to `[N, C, taps, *out]`, `value` where a tap falls in the
+/// padding.
+pub(crate) fn reference_unfold(
+    x: &[f64],
+    xd: &[usize],
+    out: &[usize],
+    kernel: &[usize],
+    window: &Window,
+    value: f64,
+) -> Vec<f64> {
+    let (in_sp, out_sp): (usize, usize) = (xd[2..].iter().product(), out[3..].iter().product());
+    let taps: usize = kernel.iter().product();
+    let planes = xd[0] * xd[1];
+    let mut y = vec![value; planes * taps * out_sp];
+    for p in 0..planes {
+        let xin = &x[p * in_sp..][..in_sp];
+        let base = p * taps * out_sp;
+        for_each_tap(&xd[2..], &out[3..], kernel, window, |o, t, at| {
+            if let Some(at) = at {
+                y[base + t * out_sp + o] = xin[at];
+            }
+        });
+    }
+    y
+}
+
 /// The reference pooling in f64: each output combines its window's taps inside the input.
 pub(crate) fn reference_pool(
     x: &[f64],
@@ -389,65 +416,20 @@ pub(crate) fn reference_pool(
 }
 
 impl Builder {
-    /// One `[N, C, *out]` view of `x` `[N, C, *in]` per kernel tap (row-major tap order): tap `t` of
-    /// output position `p` is the (padded) input element under tap `t` of window `p`; padding reads
-    /// `pad_value`. Only a pad and strided slices: they fold into the consumer's index expressions.
-    fn window_taps(&mut self, x: NodeId, kernel: &[usize], w: &Window, out: &[Expr], pad_value: f64) -> Vec<NodeId> {
-        let r = kernel.len();
-        let mut xp = x;
-        if w.padding.iter().any(|&(b, a)| b + a > 0) {
-            let mut pads = vec![(0, 0); 2];
-            pads.extend(w.padding.iter().copied());
-            let mut dims = self.shape(x).dims().to_vec();
-            for a in 0..r {
-                dims[a + 2] = dims[a + 2].clone() + (w.padding[a].0 + w.padding[a].1) as i64;
-            }
-            xp = self.push(Op::Pad { pads, value: pad_value }, &[x], self.dtype(x), Shape(dims));
-        }
+    /// The unfold of `x` `[N, C, *in]`: `[N, C, taps, *out]`, padding reading `value`.
+    fn unfold(&mut self, x: NodeId, kernel: &[usize], w: &Window, out: &[Expr], value: f64) -> NodeId {
+        let xs = self.shape(x);
         let taps: usize = kernel.iter().product();
-        (0..taps)
-            .map(|t| {
-                let mut s = xp;
-                let mut rest = t;
-                let mut offsets = vec![0; r];
-                for a in (0..r).rev() {
-                    offsets[a] = rest % kernel[a];
-                    rest /= kernel[a];
-                }
-                for a in 0..r {
-                    let start = offsets[a] * w.dilation[a];
-                    let full = self.shape(s).dims()[a + 2].clone();
-                    let end = Expr::from(start) + (out[a].clone() - 1) * w.stride[a] as i64 + 1;
-                    if start == 0 && w.stride[a] == 1 && end == full {
-                        continue;
-                    }
-                    let mut dims = self.shape(s).dims().to_vec();
-                    dims[a + 2] = out[a].clone();
-                    let op = Op::Slice { axis: a + 2, start: Expr::from(start), end, step: w.stride[a] };
-                    s = self.push(op, &[s], self.dtype(x), Shape(dims));
-                }
-                s
-            })
-            .collect()
-    }
-
-    /// The im2col of `x`: its window taps stacked on a new axis 2, `[N, C, taps, *out]`.
-    fn im2col(&mut self, x: NodeId, kernel: &[usize], w: &Window, out: &[Expr]) -> NodeId {
-        let taps = self.window_taps(x, kernel, w, out, 0.0);
-        let cols: Vec<NodeId> = taps
-            .iter()
-            .map(|&s| {
-                let mut dims = self.shape(s).dims().to_vec();
-                dims.insert(2, Expr::from(1usize));
-                self.reshape(s, Shape(dims))
-            })
-            .collect();
-        if cols.len() == 1 {
-            return cols[0];
+        let identity = taps == 1 && w.stride.iter().all(|&s| s == 1) && w.padding.iter().all(|&(b, a)| b + a == 0);
+        let mut dims = xs.dims()[..2].to_vec();
+        dims.push(Expr::from(taps));
+        dims.extend(out.iter().cloned());
+        if identity {
+            // A 1x1 window at stride 1 is the input itself: a reshape, so a GEMM reads it in place.
+            return self.reshape(x, Shape(dims));
         }
-        let mut dims = self.shape(cols[0]).dims().to_vec();
-        dims[2] = Expr::from(cols.len());
-        self.push(Op::Concat { axis: 2 }, &cols, self.dtype(x), Shape(dims))
+        let op = Op::Unfold { kernel: kernel.to_vec(), window: w.clone(), value };
+        self.push(op, &[x], self.dtype(x), Shape(dims))
     }
 
     /// A convolution as im2col plus one batched matmul per group:
@@ -472,7 +454,7 @@ impl Builder {
         let og = o.clone().floor_div(&g);
         let positions = out.iter().fold(Expr::from(1usize), |p, d| p * d.clone());
         let depth = cg.clone() * taps as i64;
-        let cols = self.im2col(x, &kernel, window, &out);
+        let cols = self.unfold(x, &kernel, window, &out, 0.0);
         let cols = self.reshape(cols, Shape(vec![n.clone(), g.clone(), depth.clone(), positions.clone()]));
         let wm = self.reshape(w, Shape(vec![Expr::from(1usize), g.clone(), og.clone(), depth.clone()]));
         let wm = self.broadcast(wm, &Shape(vec![n.clone(), g.clone(), og.clone(), depth]));
@@ -500,10 +482,10 @@ impl Builder {
         let r = kernel.len();
         let out: Vec<Expr> = (0..r).map(|a| window.out_len(a, &xs.dims()[a + 2], kernel[a])).collect();
         let pad_value = if kind == PoolKind::Max { f64::NEG_INFINITY } else { 0.0 };
-        let combine = if kind == PoolKind::Max { BinaryOp::Max } else { BinaryOp::Add };
+        let op = if kind == PoolKind::Max { ReduceOp::Max } else { ReduceOp::Sum };
         let pooled = |b: &mut Builder, src: NodeId| {
-            let taps = b.window_taps(src, kernel, window, &out, pad_value);
-            taps.into_iter().reduce(|acc, t| b.binary(combine, acc, t)).expect("a kernel has at least one tap")
+            let u = b.unfold(src, kernel, window, &out, pad_value);
+            b.reduce(op, u, &[2], false)
         };
         let y = pooled(self, x);
         let PoolKind::Avg { count_include_pad } = kind else { return y };

@@ -71,6 +71,7 @@ pub fn op_attrs(op: &Op) -> String {
         Op::Linear { bias } => format!("bias={bias}"),
         Op::Conv { window, groups, bias } => format!("{}, groups={groups}, bias={bias}", window_attrs(window)),
         Op::Pool { mode, kernel, window } => format!("{mode:?}, kernel={kernel:?}, {}", window_attrs(window)),
+        Op::Unfold { kernel, window, value } => format!("kernel={kernel:?}, {}, value={value}", window_attrs(window)),
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Where

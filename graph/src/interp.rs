@@ -288,6 +288,9 @@ fn eval_node(
         Op::Conv { window, groups, bias } => {
             crate::conv::reference_conv(args[0], args[1], bias.then(|| args[2]), &dims, window, *groups)
         }
+        Op::Unfold { kernel, window, value } => {
+            crate::conv::reference_unfold(args[0].values(), args[0].dims(), &dims, kernel, window, *value)
+        }
         Op::Pool { mode, kernel, window } => {
             crate::conv::reference_pool(args[0].values(), args[0].dims(), &dims, *mode, kernel, window)
         }

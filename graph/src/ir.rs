@@ -418,6 +418,20 @@ pub enum Op {
         /// The axis.
         axis: usize,
     },
+    /// The windows of a convolution or pooling as a new axis: `[N, C, *in]` becomes `[N, C, taps, *out]`,
+    /// where tap `t` (row-major over `kernel`) of output position `o` reads input position
+    /// `o * stride + tap * dilation - padding_before` on each spatial axis, and `value` outside the input.
+    /// A view: it folds into its consumer's index expressions (one division per element for the tap,
+    /// not one branch per tap).
+    Unfold {
+        /// Window size per spatial axis.
+        kernel: Vec<usize>,
+        /// Stride, padding and dilation per spatial axis (every axis written out).
+        window: Window,
+        /// What padding reads.
+        #[serde(with = "crate::numbers")]
+        value: f64,
+    },
     /// Batched matrix product `[..., m, k] x [..., k, n]`.
     MatMul,
     /// Softmax along `axis`.
@@ -526,6 +540,7 @@ impl Op {
             Op::Pad { .. } => "pad",
             Op::IndexSelect { .. } => "index_select",
             Op::Gather { .. } => "gather",
+            Op::Unfold { .. } => "unfold",
             Op::MatMul => "matmul",
             Op::Softmax { .. } => "softmax",
             Op::LogSoftmax { .. } => "log_softmax",
@@ -555,7 +570,8 @@ impl Op {
             | Op::Concat { .. }
             | Op::Pad { .. }
             | Op::IndexSelect { .. }
-            | Op::Gather { .. } => OpFamily::Layout,
+            | Op::Gather { .. }
+            | Op::Unfold { .. } => OpFamily::Layout,
             Op::MatMul => OpFamily::Matmul,
             Op::Softmax { .. }
             | Op::LogSoftmax { .. }

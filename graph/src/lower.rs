@@ -441,6 +441,42 @@ impl<'a> Lowerer<'a> {
                     }
                 }
             }
+            Op::Unfold { kernel, window, value } => {
+                // [n, c, tap, *out] reads [n, c, *(out * stride + offset * dilation - pad)], the tap's
+                // offsets recovered from its row-major number once.
+                let (m, dims) = (p.multi(&self.ranges), in_dims(0));
+                let mut src = vec![m[0].clone(), m[1].clone()];
+                let mut cond = None;
+                let mut inner = 1usize;
+                let mut offsets = vec![Expr::from(0usize); kernel.len()];
+                for a in (0..kernel.len()).rev() {
+                    offsets[a] = m[2].clone().floor_div(&Expr::from(inner)).modulo(&Expr::from(kernel[a]));
+                    inner *= kernel[a];
+                }
+                for (a, off) in offsets.into_iter().enumerate() {
+                    let (before, after) = window.padding[a];
+                    let pos = m[3 + a].clone() * Expr::from(window.stride[a]) + off * Expr::from(window.dilation[a])
+                        - Expr::from(before);
+                    if before + after > 0 {
+                        let c = self.in_range(&pos, &Expr::from(0usize), &dims[2 + a]);
+                        cond = Some(match cond {
+                            None => c,
+                            Some(prev) => self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a: prev, b: c }),
+                        });
+                    }
+                    src.push(pos);
+                }
+                let at = Point::from_multi(&dims, &src, &self.ranges);
+                match cond {
+                    None => self.value(input(0), &at)?,
+                    Some(c) => {
+                        let v = self.guarded(c, |s| s.value(input(0), &at))?;
+                        let v = self.coerce(v, cd);
+                        let pad = self.let_(cd, Scalar::Const { value: *value });
+                        self.let_(cd, Scalar::Select { cond: c, a: v, b: pad })
+                    }
+                }
+            }
             Op::Concat { axis } => {
                 let m = p.multi(&self.ranges);
                 let mut offset = Expr::from(0usize);

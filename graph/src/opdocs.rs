@@ -24,6 +24,7 @@ pub fn catalog() -> Vec<Op> {
         Op::Pad { pads: vec![], value: 0.0 },
         Op::IndexSelect { axis: 0 },
         Op::Gather { axis: 0 },
+        Op::Unfold { kernel: vec![], window: Window::default(), value: 0.0 },
         Op::MatMul,
         Op::Softmax { axis: 0 },
         Op::LogSoftmax { axis: 0 },
@@ -116,6 +117,10 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
             ("index_select", "pick entries along an axis by a 1-D integer index; out-of-range is an error")
         }
         Op::Gather { .. } => ("gather", "`torch.gather`: index tensor of the output's shape selects along an axis"),
+        Op::Unfold { .. } => (
+            "(conv and pooling decompositions)",
+            "the windows of a convolution as a new axis, `[N, C, *in]` to `[N, C, taps, *out]` (torch's `unfold`); a view",
+        ),
         Op::MatMul => ("matmul", "batched matrix product, `torch.matmul` rules (1-D promotion, batch broadcasting)"),
         Op::Softmax { .. } => ("softmax", "composite: `exp(x - max) / sum(exp(x - max))` along an axis"),
         Op::LogSoftmax { .. } => ("log_softmax", "composite: `x - logsumexp(x)` along an axis"),
@@ -153,9 +158,13 @@ fn dtypes(op: &Op) -> String {
         Op::Reduce { op: ReduceOp::Sum, .. } => "any".into(),
         Op::Reduce { .. } | Op::ArgReduce { .. } | Op::MatMul => "numeric".into(),
         Op::IndexSelect { .. } | Op::Gather { .. } => "any; integer index".into(),
-        Op::Reshape | Op::Permute { .. } | Op::Expand | Op::Slice { .. } | Op::Concat { .. } | Op::Pad { .. } => {
-            "any".into()
-        }
+        Op::Reshape
+        | Op::Permute { .. }
+        | Op::Expand
+        | Op::Slice { .. }
+        | Op::Concat { .. }
+        | Op::Pad { .. }
+        | Op::Unfold { .. } => "any".into(),
         _ => "float".into(),
     }
 }

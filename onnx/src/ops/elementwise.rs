@@ -176,6 +176,22 @@ fn activation(node: &Node, op: &str, x: &Tensor) -> OpResult<Tensor> {
         "ThresholdedRelu" => x.gt(node.float("alpha", 1.0))?.where_(x, 0.0)?,
         "Mish" => x.mul(&x.exp()?.add(1.0)?.log()?.tanh()?)?,
         "Tan" => x.sin()?.div(&x.cos()?)?,
+        "Sinh" => x.exp()?.sub(&x.neg()?.exp()?)?.mul(0.5)?,
+        "Cosh" => x.exp()?.add(&x.neg()?.exp()?)?.mul(0.5)?,
+        // asinh is odd: computed on |x| and signed back, so large negative x does not cancel.
+        "Asinh" => {
+            let a = x.abs()?;
+            let m = a.add(&a.mul(&a)?.add(1.0)?.sqrt()?)?.log()?;
+            x.lt(0.0)?.where_(m.neg()?, &m)?
+        }
+        "Acosh" => x.add(&x.mul(x)?.sub(1.0)?.sqrt()?)?.log()?,
+        "Atanh" => x.add(1.0)?.div(&x.neg()?.add(1.0)?)?.log()?.mul(0.5)?,
+        "Shrink" => {
+            let (bias, lambd) = (node.float("bias", 0.0), node.float("lambd", 0.5));
+            let high = x.gt(lambd)?.where_(x.sub(bias)?, 0.0)?;
+            x.lt(-lambd)?.where_(x.add(bias)?, &high)?
+        }
+        "Swish" => x.mul(&x.mul(node.float("alpha", 1.0))?.sigmoid()?)?,
         "Sign" => x.gt(0.0)?.where_(1.0, &x.lt(0.0)?.where_(-1.0, 0.0)?)?,
         "IsInf" => {
             let (pos, negative) = (node.int("detect_positive", 1) != 0, node.int("detect_negative", 1) != 0);
@@ -253,6 +269,13 @@ pub(super) const OPS: &[&str] = &[
     "Gelu",
     "Identity",
     "Dropout",
+    "Sinh",
+    "Cosh",
+    "Asinh",
+    "Acosh",
+    "Atanh",
+    "Shrink",
+    "Swish",
 ];
 
 /// The elementwise family; `None` when `op` is not one of it.
@@ -332,6 +355,13 @@ fn activation_name(op: &str) -> bool {
             | "Sign"
             | "IsInf"
             | "Gelu"
+            | "Sinh"
+            | "Cosh"
+            | "Asinh"
+            | "Acosh"
+            | "Atanh"
+            | "Shrink"
+            | "Swish"
     )
 }
 

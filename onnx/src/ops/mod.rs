@@ -3,6 +3,7 @@
 //! symbolic sizes ([`Ints`]). One function per op family; [`SUPPORTED`] lists every op type kiln reads.
 
 mod elementwise;
+mod loss;
 mod nn;
 mod resize;
 mod shape;
@@ -15,7 +16,8 @@ use kiln_graph::{Error, Tensor, TensorData};
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):
 /// the families' own lists, which a test holds to what their dispatch handles.
 pub fn supported_ops() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = [elementwise::OPS, nn::OPS, shape::OPS, resize::OPS, &["Constant"]].concat();
+    let mut v: Vec<&'static str> =
+        [elementwise::OPS, nn::OPS, shape::OPS, resize::OPS, loss::OPS, &["Constant"]].concat();
     v.sort_unstable();
     v
 }
@@ -106,9 +108,15 @@ impl Node<'_> {
         match self.value(i) {
             None => Ok(None),
             Some(Value::Ints(v)) => Ok(Some(v.clone())),
-            Some(Value::Tensor(_)) => {
-                unsupported(format!("a {what} computed from tensor data (kiln needs it while tracing)"))
+            // Data the model computes (or is given) that kiln needs while tracing: read on the host,
+            // which under `compile` is a graph break (as `tolist()` is for torch.compile), so the value
+            // is exact for every call and the graph after it is traced with it.
+            Some(Value::Tensor(t)) if t.dtype().is_int() => {
+                let values = t.to_vec::<i64>()?.into_iter().map(kiln_graph::sym::Expr::constant).collect();
+                let dims = t.shape().as_concrete().unwrap_or_default();
+                Ok(Some(Ints { dims, dtype: t.dtype(), values }))
             }
+            Some(Value::Tensor(t)) => invalid(format!("a {what} of {} elements", t.dtype())),
         }
     }
 
@@ -158,6 +166,7 @@ pub(crate) fn run_node(model: &Model, proto: &NodeProto, args: &[Option<Value>])
         .or_else(|| nn::run(&node, op))
         .or_else(|| shape::run(&node, op))
         .or_else(|| resize::run(&node, op))
+        .or_else(|| loss::run(&node, op))
         .unwrap_or_else(|| unsupported(format!("op {op}")));
     match out {
         Ok(v) => Ok(v),
@@ -236,11 +245,12 @@ mod tests {
         };
         let model = Model::parse(&bytes, "empty", None).unwrap();
         type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
-        let families: [(&[&str], Dispatch); 4] = [
+        let families: [(&[&str], Dispatch); 5] = [
             (elementwise::OPS, elementwise::run),
             (nn::OPS, nn::run),
             (shape::OPS, shape::run),
             (resize::OPS, resize::run),
+            (loss::OPS, loss::run),
         ];
         for (ops, run) in families {
             for op in ops {

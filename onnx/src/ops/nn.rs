@@ -26,6 +26,8 @@ pub(super) const OPS: &[&str] = &[
     "Softmax",
     "LogSoftmax",
     "Hardmax",
+    "LpPool",
+    "GlobalLpPool",
 ];
 
 /// The family; `None` when `op` is not one of it.
@@ -72,6 +74,7 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
             one(x.div(&norm)?)
         })(),
         "Hardmax" => hardmax(node),
+        "LpPool" | "GlobalLpPool" => lp_pool(node, op == "GlobalLpPool"),
         _ => return None,
     })
 }
@@ -437,4 +440,30 @@ fn conv_transpose(node: &Node) -> OpResult<Vec<Value>> {
         y = y.add(&per_channel(&b, r)?)?;
     }
     one(y)
+}
+
+/// `(sum over the window of |x|^p)^(1/p)`: a padding-counting average pool times the window size.
+fn lp_pool(node: &Node, global: bool) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let p = node.int("p", 2) as f64;
+    if p <= 0.0 {
+        return invalid(format!("p = {p}"));
+    }
+    let xp = x.abs()?.pow(p)?;
+    let summed = if global {
+        let axes: Vec<isize> = (2..x.rank() as isize).collect();
+        xp.sum(&axes, true)?
+    } else {
+        let kernel: Vec<usize> = match node.ints("kernel_shape") {
+            Some(k) if !k.is_empty() && k.iter().all(|&v| v >= 1) => k.iter().map(|&v| v as usize).collect(),
+            k => return invalid(format!("kernel_shape {k:?}")),
+        };
+        if node.int("ceil_mode", 0) != 0 {
+            return unsupported("LpPool with ceil_mode");
+        }
+        let win = window(node, &x, &kernel)?;
+        let taps: usize = kernel.iter().product();
+        xp.avg_pool(&kernel, &win, true)?.mul(taps as f64)?
+    };
+    one(summed.pow(1.0 / p)?)
 }

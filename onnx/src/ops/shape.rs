@@ -39,6 +39,12 @@ pub(super) const OPS: &[&str] = &[
     "ReduceLogSumExp",
     "ArgMax",
     "ArgMin",
+    "ReduceProd",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "EyeLike",
+    "OneHot",
+    "CumSum",
 ];
 
 /// The family; `None` when `op` is not one of it.
@@ -102,8 +108,8 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
             one(Tensor::full(value, &dims, dtype)?)
         })(),
         "Range" => range(node),
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
-        | "ReduceLogSum" | "ReduceLogSumExp" => reduce(node, op),
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
+        | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => reduce(node, op),
         "ArgMax" | "ArgMin" => (|| {
             if node.int("select_last_index", 0) != 0 {
                 return unsupported("select_last_index = 1");
@@ -114,6 +120,10 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
             one(if op == "ArgMax" { x.argmax(a, keep)? } else { x.argmin(a, keep)? })
         })(),
         "Trilu" => trilu(node),
+        "DepthToSpace" | "SpaceToDepth" => depth_space(node, op == "DepthToSpace"),
+        "EyeLike" => eye_like(node),
+        "OneHot" => one_hot(node),
+        "CumSum" => cumsum(node),
         _ => return None,
     })
 }
@@ -467,6 +477,62 @@ fn reduce(node: &Node, op: &str) -> OpResult<Vec<Value>> {
         _ if node.int("noop_with_empty_axes", 0) != 0 => return one(x),
         _ => (0..r as isize).collect(),
     };
+    let extreme = matches!(op, "ReduceMax" | "ReduceMin" | "ReduceLogSumExp");
+    // An empty reduction of a max or min has no element to return: ONNX defines it as the dtype's lowest
+    // (max) or highest (min) value.
+    let empty = axes.iter().any(|&a| x.shape().dims()[a as usize].as_const() == Some(0));
+    if extreme && empty {
+        let mut dims =
+            x.shape().as_concrete().ok_or(OpError::Unsupported("an empty reduction of symbolic shape".into()))?;
+        let mut kept = vec![];
+        for (i, d) in dims.iter_mut().enumerate() {
+            if axes.contains(&(i as isize)) {
+                *d = 1;
+                if !keep {
+                    continue;
+                }
+            }
+            kept.push(*d);
+        }
+        let low = op != "ReduceMin";
+        let fill = match x.dtype() {
+            DType::I32 => {
+                if low {
+                    i32::MIN as f64
+                } else {
+                    i32::MAX as f64
+                }
+            }
+            DType::I64 => {
+                if low {
+                    i64::MIN as f64
+                } else {
+                    i64::MAX as f64
+                }
+            }
+            DType::Bool => {
+                if low {
+                    0.0
+                } else {
+                    1.0
+                }
+            }
+            _ => {
+                if low {
+                    f64::NEG_INFINITY
+                } else {
+                    f64::INFINITY
+                }
+            }
+        };
+        return one(Tensor::full(fill, &kept, x.dtype())?);
+    }
+    // Max and min of booleans are any and all.
+    if x.dtype() == DType::Bool && matches!(op, "ReduceMax" | "ReduceMin") {
+        let i = x.cast(DType::I32)?;
+        let y = if op == "ReduceMax" { i.max(&axes, keep)? } else { i.min(&axes, keep)? };
+        return one(y.cast(DType::Bool)?);
+    }
     let y = match op {
         "ReduceSum" => x.sum(&axes, keep)?,
         "ReduceMean" => x.mean(&axes, keep)?,
@@ -476,6 +542,15 @@ fn reduce(node: &Node, op: &str) -> OpResult<Vec<Value>> {
         "ReduceL2" => x.mul(&x)?.sum(&axes, keep)?.sqrt()?,
         "ReduceSumSquare" => x.mul(&x)?.sum(&axes, keep)?,
         "ReduceLogSum" => x.sum(&axes, keep)?.log()?,
+        // Sign and magnitude apart: |prod| = exp(sum(log|x|)), negative when an odd number of factors is,
+        // zero when one is.
+        "ReduceProd" if x.dtype().is_float() => {
+            let mag = x.abs()?.log()?.sum(&axes, keep)?.exp()?;
+            let negatives = x.lt(0.0)?.cast(x.dtype())?.sum(&axes, keep)?;
+            let odd = negatives.sub(&negatives.div(2.0)?.floor()?.mul(2.0)?)?.gt(0.5)?;
+            let zero = x.eq(0.0)?.cast(x.dtype())?.sum(&axes, keep)?.gt(0.0)?;
+            zero.where_(0.0, &odd.where_(mag.neg()?, &mag)?)?
+        }
         "ReduceLogSumExp" => {
             let m = x.max(&axes, true)?;
             // A row of -inf would give -inf - -inf = NaN: shift by zero there instead.
@@ -519,4 +594,96 @@ fn trilu(node: &Node) -> OpResult<Vec<Value>> {
     let diag = j.sub(&i)?;
     let keep = if node.int("upper", 1) != 0 { diag.ge(k)? } else { diag.le(k)? };
     one(keep.where_(&x, 0.0)?)
+}
+
+/// DepthToSpace (`DCR` or `CRD` order) and SpaceToDepth: a reshape, a permutation and a reshape.
+fn depth_space(node: &Node, to_space: bool) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let b = node.int("blocksize", 0);
+    let Some(d) = x.shape().as_concrete().filter(|d| d.len() == 4) else {
+        return unsupported("a block rearrangement of a tensor other than [N, C, H, W] with constant dims");
+    };
+    if b < 1 {
+        return invalid(format!("blocksize {b}"));
+    }
+    let (n, c, h, w, b) = (d[0] as isize, d[1] as isize, d[2] as isize, d[3] as isize, b as isize);
+    let y = if to_space {
+        if c % (b * b) != 0 {
+            return invalid(format!("{c} channels for blocksize {b}"));
+        }
+        let crd = node.string("mode").as_deref() == Some("CRD");
+        let (split, perm): ([isize; 6], [isize; 6]) = if crd {
+            ([n, c / (b * b), b, b, h, w], [0, 1, 4, 2, 5, 3])
+        } else {
+            ([n, b, b, c / (b * b), h, w], [0, 3, 4, 1, 5, 2])
+        };
+        x.reshape(&split)?.permute(&perm)?.reshape(&[n, c / (b * b), h * b, w * b])?
+    } else {
+        if h % b != 0 || w % b != 0 {
+            return invalid(format!("{h}x{w} for blocksize {b}"));
+        }
+        x.reshape(&[n, c, h / b, b, w / b, b])?.permute(&[0, 3, 5, 1, 2, 4])?.reshape(&[n, c * b * b, h / b, w / b])?
+    };
+    one(y)
+}
+
+/// Ones on the `k`-th diagonal of a 2-D tensor shaped like the input.
+fn eye_like(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let Some(d) = x.shape().as_concrete().filter(|d| d.len() == 2) else {
+        return invalid("needs a 2-D input of constant shape");
+    };
+    let dtype = match node.proto.attribute.iter().find(|a| a.name() == "dtype") {
+        Some(a) => crate::tensor::dtype_of(a.i() as i32).map_err(OpError::Unsupported)?,
+        None => x.dtype(),
+    };
+    let k = node.int("k", 0) as f64;
+    let i = Tensor::arange(0.0, d[0] as f64, 1.0, DType::I64)?.reshape(&[d[0] as isize, 1])?;
+    let j = Tensor::arange(0.0, d[1] as f64, 1.0, DType::I64)?.reshape(&[1, d[1] as isize])?;
+    one(j.sub(&i)?.eq(k)?.where_(1.0, 0.0)?.cast(dtype)?)
+}
+
+/// `values[1]` where the position along the new axis equals the index (negative indices count from
+/// `depth`), `values[0]` elsewhere.
+fn one_hot(node: &Node) -> OpResult<Vec<Value>> {
+    let idx = node.tensor(0)?;
+    let depth =
+        node.host_values(1)?.and_then(|v| v.first().copied()).ok_or(OpError::Invalid("depth is required".into()))?;
+    let values = node.tensor(2)?;
+    let depth = depth as usize;
+    let r = idx.rank() + 1;
+    let a = axis(node.int("axis", -1), r)?;
+    let idx = if idx.dtype().is_float() { idx.floor()? } else { idx.clone() };
+    let idx = idx.lt(0.0)?.where_(idx.add(depth as f64)?, &idx)?.cast(DType::I64)?;
+    let mut shape = vec![1isize; r];
+    shape[a] = depth as isize;
+    let iota = Tensor::arange(0.0, depth as f64, 1.0, DType::I64)?.reshape(&shape)?;
+    let hot = iota.eq(&idx.unsqueeze(a as isize)?)?;
+    let (off, on) = (values.narrow(0, 0, 1)?.reshape(&[])?, values.narrow(0, 1, 1)?.reshape(&[])?);
+    one(hot.where_(&on, &off)?)
+}
+
+/// Running sums along an axis as a product with a triangular matrix of ones (`exclusive` drops the
+/// diagonal, `reverse` sums from the end).
+fn cumsum(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let a = node.host_values(1)?.and_then(|v| v.first().copied()).ok_or(OpError::Invalid("axis is required".into()))?;
+    let a = axis(a as i64, x.rank())?;
+    let Some(n) = x.shape().dims()[a].as_const() else {
+        return unsupported("CumSum along a symbolic axis");
+    };
+    let (exclusive, reverse) = (node.int("exclusive", 0) != 0, node.int("reverse", 0) != 0);
+    let i = Tensor::arange(0.0, n as f64, 1.0, DType::I64)?.reshape(&[n as isize, 1])?;
+    let j = Tensor::arange(0.0, n as f64, 1.0, DType::I64)?.reshape(&[1, n as isize])?;
+    // m[i][j] = 1 when input position i adds into output position j.
+    let m = match (reverse, exclusive) {
+        (false, false) => i.le(&j)?,
+        (false, true) => i.lt(&j)?,
+        (true, false) => i.ge(&j)?,
+        (true, true) => i.gt(&j)?,
+    };
+    let m = m.where_(1.0, 0.0)?.cast(x.dtype())?;
+    let last = x.rank() as isize - 1;
+    let moved = x.transpose(a as isize, last)?;
+    one(moved.matmul(&m)?.transpose(a as isize, last)?)
 }

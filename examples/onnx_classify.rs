@@ -54,20 +54,7 @@ fn read_pgm(path: &PathBuf) -> Result<(Vec<f32>, usize, usize)> {
 fn main() -> Result<()> {
     kiln::init_logs();
     let args = Args::parse();
-    let backend = match args.backend.as_str() {
-        "auto" => Backend::Auto,
-        "cuda" => Backend::Cuda,
-        "wgpu" => Backend::Wgpu,
-        "kernels" => Backend::Kernels,
-        "cpu" => Backend::Cpu,
-        other => {
-            return Err(kiln::Error::InvalidArgument {
-                op: "--backend".into(),
-                msg: format!("unknown backend {other}"),
-                loc: kiln::SourceLoc::internal(),
-            })
-        }
-    };
+    let backend: Backend = args.backend.parse()?;
     let model = kiln::onnx::load(&args.model)?.backend(backend);
     println!("{model:?}");
     let (pixels, w, h) = read_pgm(&args.image)?;

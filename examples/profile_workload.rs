@@ -10,12 +10,7 @@ use kiln::{Backend, Tensor};
 fn main() -> kiln::Result<()> {
     let mut args = std::env::args().skip(1);
     let id = args.next().unwrap_or_else(|| "W6".into());
-    let backend = match args.next().as_deref() {
-        Some("wgpu") => Backend::Wgpu,
-        Some("cpu") => Backend::Cpu,
-        Some("kernels") => Backend::Kernels,
-        _ => Backend::Cuda,
-    };
+    let backend: Backend = args.next().as_deref().unwrap_or("cuda").parse()?;
     let quick = args.next().as_deref() == Some("quick");
     let Some(w) = workloads::all().into_iter().find(|w| w.id == id) else {
         eprintln!("unknown workload {id}");

@@ -75,22 +75,6 @@ impl Rng {
     }
 }
 
-fn backend(name: &str) -> kiln::Result<Backend> {
-    Ok(match name {
-        "auto" => Backend::Auto,
-        "cuda" => Backend::Cuda,
-        "wgpu" => Backend::Wgpu,
-        "kernels" => Backend::Kernels,
-        "cpu" => Backend::Cpu,
-        other => {
-            return Err(kiln::Error::Unsupported {
-                what: format!("backend `{other}` (auto, cuda, wgpu, kernels, cpu)"),
-                loc: kiln::SourceLoc::caller(),
-            })
-        }
-    })
-}
-
 /// `t` where `rt` says (the host when there is no device runtime).
 fn placed(t: Tensor, rt: &Option<std::sync::Arc<kiln::Runtime>>) -> kiln::Result<Tensor> {
     match rt {
@@ -111,7 +95,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if ids.len() <= t + 1 {
         return Err(format!("the text has {} characters, a context of {t} needs more", ids.len()).into());
     }
-    let chosen = backend(&args.backend)?;
+    let chosen: Backend = args.backend.parse()?;
     let rt = chosen.runtime()?;
     let config = GptConfig { vocab: vocab.len(), context: t, dim: args.dim, heads: args.heads, layers: args.layers };
     let mut model = Gpt::new(config, args.seed)?;

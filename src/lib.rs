@@ -90,6 +90,27 @@ pub enum Backend {
     Cuda,
 }
 
+/// A backend by name, as command lines take it: `auto`, `cuda`, `wgpu`, `kernels` or `cpu`.
+impl std::str::FromStr for Backend {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Backend> {
+        Ok(match name {
+            "auto" => Backend::Auto,
+            "cuda" => Backend::Cuda,
+            "wgpu" => Backend::Wgpu,
+            "kernels" => Backend::Kernels,
+            "cpu" => Backend::Cpu,
+            other => {
+                return Err(Error::Unsupported {
+                    what: format!("backend `{other}` (auto, cuda, wgpu, kernels, cpu)"),
+                    loc: SourceLoc::internal(),
+                })
+            }
+        })
+    }
+}
+
 impl Backend {
     /// Every backend this build knows, best first.
     pub const ALL: [Backend; 5] = [Backend::Auto, Backend::Cuda, Backend::Wgpu, Backend::Kernels, Backend::Cpu];

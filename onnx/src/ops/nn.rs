@@ -159,13 +159,19 @@ fn window(node: &Node, x: &Tensor, kernel: &[usize]) -> OpResult<Window> {
     Ok(Window { stride, padding, dilation })
 }
 
+/// A convolution weight's dims and its kernel (its trailing dims), which must be constant.
+fn weight_dims(w: &Tensor) -> OpResult<(Vec<usize>, Vec<usize>)> {
+    let dims = w.shape().as_concrete().ok_or(super::OpError::Unsupported("a weight of symbolic shape".into()))?;
+    if dims.len() < 3 {
+        return invalid(format!("weight of rank {}", dims.len()));
+    }
+    let kernel = dims[2..].to_vec();
+    Ok((dims, kernel))
+}
+
 fn conv(node: &Node) -> OpResult<Vec<Value>> {
     let (x, w, b) = (node.tensor(0)?, node.tensor(1)?, node.opt_tensor(2)?);
-    let ws = w.shape().as_concrete().ok_or(super::OpError::Unsupported("a weight of symbolic shape".into()))?;
-    if ws.len() < 3 {
-        return invalid(format!("weight of rank {}", ws.len()));
-    }
-    let kernel = ws[2..].to_vec();
+    let (ws, kernel) = weight_dims(&w)?;
     if let Some(k) = node.ints("kernel_shape") {
         if k.iter().map(|&v| v as usize).ne(kernel.iter().copied()) {
             return invalid(format!("kernel_shape {k:?} but the weight is {ws:?}"));
@@ -381,11 +387,7 @@ fn hardmax(node: &Node) -> OpResult<Vec<Value>> {
 /// transposed convolution.
 fn conv_transpose(node: &Node) -> OpResult<Vec<Value>> {
     let (x, w, b) = (node.tensor(0)?, node.tensor(1)?, node.opt_tensor(2)?);
-    let wd = w.shape().as_concrete().ok_or(super::OpError::Unsupported("a weight of symbolic shape".into()))?;
-    if wd.len() < 3 {
-        return invalid(format!("weight of rank {}", wd.len()));
-    }
-    let kernel = wd[2..].to_vec();
+    let (_, kernel) = weight_dims(&w)?;
     let r = kernel.len();
     let per_axis = |name: &str, default: usize| -> OpResult<Vec<usize>> {
         match node.ints(name) {

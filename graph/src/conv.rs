@@ -87,6 +87,10 @@ fn spatial_out(op: &str, x: &Shape, kernel: &[usize], window: &Window, loc: &Sou
     let w = window.resolved(r).map_err(bad)?;
     let mut out = Vec::with_capacity(r);
     for (a, &k) in kernel.iter().enumerate() {
+        let span = w.dilation[a].checked_mul(k - 1).and_then(|s| s.checked_add(w.padding[a].0 + w.padding[a].1 + 1));
+        if span.is_none_or(|s| s > i32::MAX as usize) || w.stride[a] > i32::MAX as usize {
+            return Err(bad(format!("window of kernel {k}, {:?} is too large on spatial axis {a}", w)));
+        }
         let o = w.out_len(a, &x.dims()[a + 2], k);
         if o.as_const().is_some_and(|o| o < 1) {
             return Err(bad(format!(
@@ -213,6 +217,12 @@ impl Tensor {
             )));
         }
         let kernel = &wd[2..];
+        let fits = kernel.iter().enumerate().all(|(a, &k)| {
+            k >= 1 && w.dilation[a].checked_mul(k - 1).is_some_and(|s| s <= i32::MAX as usize) && w.stride[a] <= 1 << 16
+        });
+        if !fits {
+            return Err(bad(format!("kernel {kernel:?} with {w:?} is empty or too large")));
+        }
         let mut x = self.clone();
         for a in 0..r {
             let ax = 2 + a;

@@ -113,6 +113,7 @@ fn conv_transpose_is_the_adjoint_of_conv() {
             });
         let out_pad: Vec<usize> = back_len.collect();
         let ty = eager(|| y.conv_transpose(&w, None, &win, &out_pad, groups));
+        assert_eq!(ty.len(), x.to_vec::<f32>().unwrap().len(), "case {k}: conv_transpose gives the input's size");
         let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| *p as f64 * *q as f64).sum::<f64>();
         let (lhs, rhs) = (dot(&cx, &y.to_vec::<f32>().unwrap()), dot(&x.to_vec::<f32>().unwrap(), &ty));
         assert!((lhs - rhs).abs() <= 1e-4 * lhs.abs().max(1.0), "case {k}: <conv x, y> = {lhs}, <x, conv_t y> = {rhs}");

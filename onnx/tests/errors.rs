@@ -253,3 +253,75 @@ fn a_dynamic_batch_compiles_once() {
     let stats = m.compiled().stats();
     assert_eq!((stats.traces, stats.recompiles), (1, 0), "{:?}", m.compiled().guards());
 }
+
+fn ints(name: &str, v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        data_type: Some(DataType::Int64 as i32),
+        dims: vec![v.len() as i64],
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn attr_i(name: &str, i: i64) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), i: Some(i), ..Default::default() }
+}
+
+/// Runs a one-node model over `x` (f32 of `dims`) with the given initializers; the call's result.
+fn run_one(n: NodeProto, dims: &[i64], init: Vec<TensorProto>) -> kiln_graph::Result<Vec<Tensor>> {
+    let dd: Vec<Result<i64, &str>> = dims.iter().map(|&d| Ok(d)).collect();
+    let bytes = model(vec![n], vec![value("x", &dd)], vec![value("y", &[])], init, 18);
+    let m = kiln_onnx::load_bytes(&bytes, "hostile.onnx")?.backend(CpuReference);
+    let numel: i64 = dims.iter().product();
+    let x = Tensor::from_slice(&vec![1.0f32; numel as usize], &dims.iter().map(|&d| d as usize).collect::<Vec<_>>())?;
+    m.call(vec![x])
+}
+
+/// Sizes a small file can ask for that would overflow, allocate without bound or divide by zero are
+/// typed errors (found by review: each panicked or aborted before).
+#[test]
+fn hostile_sizes_are_errors_not_panics() {
+    let mut tile = node("Tile", "tile", &["x", "reps"], &["y"]);
+    tile.attribute.clear();
+    assert!(run_one(tile, &[2], vec![ints("reps", &[1 << 40])]).is_err());
+    let mut d2s = node("DepthToSpace", "d2s", &["x"], &["y"]);
+    d2s.attribute.push(attr_i("blocksize", 1 << 32));
+    assert!(run_one(d2s, &[1, 4, 2, 2], vec![]).is_err());
+    // Folded integer arithmetic that overflows i64 is left to tensors, not a panic.
+    let mul = node("Mul", "mul", &["a", "b"], &["c"]);
+    let shape = node("Reshape", "r", &["x", "c"], &["y"]);
+    let bytes = model(
+        vec![mul, shape],
+        vec![value("x", &[Ok(4)])],
+        vec![value("y", &[])],
+        vec![ints("a", &[1 << 62]), ints("b", &[4])],
+        18,
+    );
+    let m = kiln_onnx::load_bytes(&bytes, "hostile.onnx").unwrap().backend(CpuReference);
+    assert!(m.call(vec![Tensor::zeros(&[4], DType::F32).unwrap()]).is_err());
+    let mut gather = node("Gather", "g", &["x", "i"], &["y"]);
+    gather.attribute.push(attr_i("axis", 0));
+    assert!(run_one(gather, &[], vec![ints("i", &[0])]).is_err(), "axis 0 of a scalar");
+    let mut conv = node("Conv", "c", &["x", "w"], &["y"]);
+    conv.attribute.push(AttributeProto { name: Some("dilations".into()), ints: vec![1 << 62], ..Default::default() });
+    assert!(run_one(conv, &[1, 1, 8], vec![weight("w", &[1.0; 5], &[1, 1, 5])]).is_err());
+}
+
+/// Values ONNX defines that an earlier version got wrong (found by review): NLL's ignored rows.
+#[test]
+fn edge_values_follow_onnx() {
+    // An ignored row is zero even where its log-probability is -inf; a picked -inf is +inf loss.
+    let mut nll = node("NegativeLogLikelihoodLoss", "nll", &["x", "t"], &["y"]);
+    nll.attribute.push(attr_i("ignore_index", 0));
+    nll.attribute.push(AttributeProto {
+        name: Some("reduction".into()),
+        s: Some(b"mean".to_vec()),
+        ..Default::default()
+    });
+    let bytes =
+        model(vec![nll], vec![value("x", &[Ok(2), Ok(2)])], vec![value("y", &[])], vec![ints("t", &[0, 1])], 18);
+    let loss = kiln_onnx::load_bytes(&bytes, "nll.onnx").unwrap().backend(CpuReference);
+    let x = Tensor::from_slice(&[f32::NEG_INFINITY, 0.0, -1.0, -2.0], &[2, 2]).unwrap();
+    assert_eq!(loss.call(vec![x]).unwrap()[0].to_vec::<f32>().unwrap(), [2.0]);
+}

@@ -82,6 +82,9 @@ pub fn run_case(dir: &Path, backend: &Arc<dyn Backend>) -> Outcome {
         .map(|r| r.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
         .unwrap_or_default();
     sets.sort();
+    if sets.is_empty() {
+        return Outcome::Fail(format!("{}: no test_data_set_* folder", dir.display()));
+    }
     for set in sets {
         let read_all = |prefix: &str| -> Result<Vec<TensorData>, String> {
             (0..)
@@ -99,6 +102,9 @@ pub fn run_case(dir: &Path, backend: &Arc<dyn Backend>) -> Outcome {
             Ok(g) => g,
             Err(e) => return unsupported_reason(&e).map_or_else(|| Outcome::Fail(e.to_string()), Outcome::Unsupported),
         };
+        if want.is_empty() {
+            return Outcome::Fail(format!("{}: no expected output", set.display()));
+        }
         if got.len() < want.len() {
             return Outcome::Fail(format!("{} outputs, expected {}", got.len(), want.len()));
         }

@@ -75,8 +75,16 @@ fn modulo(node: &Node) -> OpResult<Vec<Value>> {
         (true, false) => a.div(&b)?,
         (true, true) => div(&a, &b)?,
         (false, true) => {
+            // The rounded quotient can land on the wrong side of an integer (6.0 fmod 0.2): the remainder
+            // is then brought back into (-|b|, |b|) with the dividend's sign.
             let x = a.div(&b)?;
-            x.lt(0.0)?.where_(x.ceil()?, x.floor()?)?
+            let t = x.lt(0.0)?.where_(x.ceil()?, x.floor()?)?;
+            let r = a.sub(&t.mul(&b)?)?;
+            let step = b.abs()?.mul(&a.lt(0.0)?.where_(-1.0, 1.0)?.cast(a.dtype())?)?;
+            let wrong_sign = r.ne(0.0)?.logical_and(&r.lt(0.0)?.ne(&a.lt(0.0)?)?)?;
+            let r = wrong_sign.where_(r.add(&step)?, &r)?;
+            let too_big = r.abs()?.ge(&b.abs()?)?;
+            return one(too_big.where_(r.sub(&step)?, &r)?);
         }
         (false, false) => return invalid("Mod of floats needs fmod = 1"),
     };
@@ -85,12 +93,13 @@ fn modulo(node: &Node) -> OpResult<Vec<Value>> {
 
 /// Folds integer arithmetic on known values (sizes): elementwise with a scalar or an equal-length side.
 fn fold_ints(op: &str, a: &Ints, b: &Ints) -> Option<Ints> {
-    let f: fn(&Expr, &Expr) -> Expr = match op {
-        "Add" => |x, y| x.add(y),
-        "Sub" => |x, y| x.sub(y),
-        "Mul" => |x, y| x.mul(y),
+    type Fold = fn(&Expr, &Expr) -> Result<Expr, kiln_graph::sym::SymError>;
+    let f: Fold = match op {
+        "Add" => |x, y| x.checked_add(y),
+        "Sub" => |x, y| x.checked_sub(y),
+        "Mul" => |x, y| x.checked_mul(y),
         // ONNX truncates; sizes are never negative, where truncating is flooring.
-        "Div" => |x, y| x.floor_div(y),
+        "Div" => |x, y| x.checked_floor_div(y),
         _ => return None,
     };
     let nonneg = |i: &Ints| i.values.iter().all(|v| v.as_const().is_none_or(|c| c >= 0));
@@ -106,7 +115,8 @@ fn fold_ints(op: &str, a: &Ints, b: &Ints) -> Option<Ints> {
         return None;
     };
     let at = |i: &Ints, k: usize| i.values[if i.values.len() == 1 { 0 } else { k }].clone();
-    let values = (0..len).map(|k| f(&at(a, k), &at(b, k))).collect();
+    // An overflow leaves the arithmetic to tensors (which wrap as the dtype does).
+    let values = (0..len).map(|k| f(&at(a, k), &at(b, k)).ok()).collect::<Option<Vec<_>>>()?;
     Some(Ints { dims, dtype: a.dtype, values })
 }
 

@@ -45,12 +45,19 @@ fn nll(node: &Node, input: &Tensor) -> OpResult<Tensor> {
                 safe.shape().dims().iter().map(|d| d.as_const().map_or(-1, |c| c as isize)).collect();
             w.index_select(0, &flat)?.reshape(&dims)?
         }
-        None => picked.mul(0.0)?.add(1.0)?,
+        // Ones from the (integer, never NaN) target, not from the input: an infinite log-probability
+        // times a zero weight would be NaN.
+        None => safe.eq(&safe)?.cast(input.dtype())?,
     };
     if let Some(v) = &valid {
         w = w.mul(v)?;
     }
+    // Ignored rows are exactly zero, whatever the input holds there.
     let loss = picked.mul(&w)?.neg()?;
+    let loss = match &valid {
+        Some(v) => v.gt(0.0)?.where_(&loss, 0.0)?,
+        None => loss,
+    };
     let all: Vec<isize> = (0..loss.rank() as isize).collect();
     Ok(match node.string("reduction").as_deref().unwrap_or("mean") {
         "none" => loss,

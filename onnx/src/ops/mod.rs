@@ -206,7 +206,7 @@ pub(crate) fn one(t: Tensor) -> OpResult<Vec<Value>> {
 /// An ONNX axis (negative counts from the end) in `0..rank`.
 pub(crate) fn axis(a: i64, rank: usize) -> OpResult<usize> {
     let r = rank as i64;
-    if a < -r || a >= r.max(1) {
+    if a < -r || a >= r {
         return invalid(format!("axis {a} of a rank-{rank} tensor"));
     }
     Ok(if a < 0 { (a + r) as usize } else { a as usize })
@@ -267,4 +267,11 @@ mod tests {
         unique.dedup();
         assert_eq!(all, unique, "an op is listed by two families");
     }
+}
+
+/// The product of sizes, or an error when it leaves i64 (a malformed file can ask for that).
+pub(crate) fn product(dims: &[kiln_graph::sym::Expr]) -> OpResult<kiln_graph::sym::Expr> {
+    dims.iter().try_fold(kiln_graph::sym::Expr::constant(1), |p, d| {
+        p.checked_mul(d).map_err(|e| OpError::Invalid(format!("sizes {dims:?} multiply past i64: {e}")))
+    })
 }

@@ -1,7 +1,7 @@
 //! Neural-network ONNX ops: matrix products, convolution and pooling (with ONNX's `auto_pad` and
 //! `ceil_mode` rules turned into explicit padding), normalizations and softmax.
 
-use super::{axis, invalid, one, reshape_to, unsupported, Node, OpResult};
+use super::{axis, invalid, one, product, reshape_to, unsupported, Node, OpResult};
 use crate::value::Value;
 use kiln_graph::sym::Expr;
 use kiln_graph::{Tensor, Window};
@@ -140,6 +140,11 @@ fn window(node: &Node, x: &Tensor, kernel: &[usize]) -> OpResult<Window> {
         "VALID" => vec![(0, 0); r],
         "SAME_UPPER" | "SAME_LOWER" => {
             let lens = spatial(x)?;
+            if lens.contains(&0)
+                || (0..r).any(|a| dilation[a].checked_mul(kernel[a].saturating_sub(1)).is_none_or(|s| s > 1 << 30))
+            {
+                return invalid(format!("auto_pad over spatial sizes {lens:?} with kernel {kernel:?}"));
+            }
             (0..r)
                 .map(|a| {
                     let out = lens[a].div_ceil(stride[a]);
@@ -166,6 +171,9 @@ fn weight_dims(w: &Tensor) -> OpResult<(Vec<usize>, Vec<usize>)> {
         return invalid(format!("weight of rank {}", dims.len()));
     }
     let kernel = dims[2..].to_vec();
+    if kernel.contains(&0) {
+        return invalid(format!("a weight with an empty kernel, {dims:?}"));
+    }
     Ok((dims, kernel))
 }
 
@@ -207,6 +215,11 @@ fn pool(node: &Node, max: bool) -> OpResult<Vec<Value>> {
         // max, uncounted for an average. A last window starting past the input and its left padding is
         // dropped (PyTorch's rule, which ONNX's reference follows).
         let lens = spatial(&x)?;
+        if lens.contains(&0)
+            || kernel.iter().zip(&win.dilation).any(|(&k, &d)| d.checked_mul(k - 1).is_none_or(|s| s > 1 << 30))
+        {
+            return invalid(format!("ceil_mode over spatial sizes {lens:?} with kernel {kernel:?}"));
+        }
         for a in 0..kernel.len() {
             let (pb, pa) = win.padding[a];
             let span = win.dilation[a] * (kernel[a] - 1) + 1;
@@ -332,7 +345,7 @@ fn lrn(node: &Node) -> OpResult<Vec<Value>> {
     if dims.len() < 3 {
         return invalid("needs [N, C, spatial...]");
     }
-    let rest = dims[2..].iter().fold(Expr::constant(1), |p, d| p.mul(d));
+    let rest = product(&dims[2..])?;
     let view = reshape_to(&x, &[dims[0].clone(), Expr::constant(1), dims[1].clone(), rest])?;
     let sq = view.mul(&view)?;
     let win = Window { padding: vec![((size - 1) / 2, size / 2), (0, 0)], ..Window::default() };
@@ -354,8 +367,8 @@ fn softmax(node: &Node, log: bool) -> OpResult<Vec<Value>> {
         return one(f(&x, -1)?);
     }
     let dims = x.shape().dims().to_vec();
-    let lead = dims[..a].iter().fold(Expr::constant(1), |p, d| p.mul(d));
-    let tail = dims[a..].iter().fold(Expr::constant(1), |p, d| p.mul(d));
+    let lead = product(&dims[..a])?;
+    let tail = product(&dims[a..])?;
     let flat = reshape_to(&x, &[lead, tail])?;
     one(reshape_to(&f(&flat, -1)?, &dims)?)
 }
@@ -369,8 +382,8 @@ fn hardmax(node: &Node) -> OpResult<Vec<Value>> {
         (x.clone(), axis(node.int("axis", -1), r)?)
     } else {
         let a = axis(node.int("axis", 1), r)?;
-        let lead = dims[..a].iter().fold(Expr::constant(1), |p, d| p.mul(d));
-        let tail = dims[a..].iter().fold(Expr::constant(1), |p, d| p.mul(d));
+        let lead = product(&dims[..a])?;
+        let tail = product(&dims[a..])?;
         (reshape_to(&x, &[lead, tail])?, 1)
     };
     let n =
@@ -405,6 +418,9 @@ fn conv_transpose(node: &Node) -> OpResult<Vec<Value>> {
     // the bias). Output padding is folded into the end padding the same way.
     let pads: Vec<(i64, i64)> = if output_shape.is_some() || auto_pad.starts_with("SAME") {
         let lens = spatial(&x)?;
+        if lens.contains(&0) || (0..r).any(|a| stride[a] > 1 << 16 || dilation[a] > 1 << 16) {
+            return invalid(format!("output_shape or auto_pad over spatial sizes {lens:?}"));
+        }
         let want: Vec<usize> = match &output_shape {
             Some(o) => o.iter().rev().take(r).rev().map(|&v| v.max(0) as usize).collect(),
             None => (0..r).map(|a| lens[a] * stride[a]).collect(),

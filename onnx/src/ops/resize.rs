@@ -83,6 +83,9 @@ fn resize(node: &Node, upsample: bool) -> OpResult<Vec<Value>> {
     if !matches!(mode.as_str(), "nearest" | "linear" | "bilinear") {
         return unsupported(format!("mode {mode:?}"));
     }
+    if mode != "nearest" && !x.dtype().is_float() {
+        return unsupported(format!("linear resizing of {} tensors", x.dtype()));
+    }
     if node.string("keep_aspect_ratio_policy").is_some_and(|p| p != "stretch") {
         return unsupported("keep_aspect_ratio_policy other than stretch");
     }
@@ -133,6 +136,9 @@ fn resize(node: &Node, upsample: bool) -> OpResult<Vec<Value>> {
             continue;
         }
         let len = dims[a];
+        if len == 0 {
+            return invalid(format!("resizing an empty axis {a} to {}", out[a]));
+        }
         let pos: Vec<f64> = (0..out[a]).map(|o| source(&coords, o, len, out[a], scale[a])).collect::<OpResult<_>>()?;
         let clamp = |v: f64| v.clamp(0.0, len as f64 - 1.0);
         if mode == "nearest" {

@@ -2,7 +2,7 @@
 //! ([`Ints`]) wherever ONNX computes them with ops (`Shape`, `Gather`, `Concat`, `Unsqueeze`, ...), so a
 //! model exported with a dynamic batch reshapes by expressions over kiln's symbols, not by data.
 
-use super::{axis, invalid, one, reshape_to, unsupported, Node, OpError, OpResult};
+use super::{axis, invalid, one, product, reshape_to, unsupported, Node, OpError, OpResult};
 use crate::tensor::to_data;
 use crate::value::{Ints, Value};
 use kiln_graph::sym::Expr;
@@ -53,7 +53,7 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         "Shape" => shape(node),
         "Size" => (|| {
             let dims = dims_of(node, 0)?;
-            let n = dims.iter().fold(Expr::constant(1), |p, d| p.mul(d));
+            let n = product(&dims)?;
             Ok(vec![Value::Ints(Ints { dims: vec![], dtype: DType::I64, values: vec![n] })])
         })(),
         "Reshape" => reshape(node),
@@ -65,8 +65,7 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
             } else {
                 axis(node.int("axis", 1), dims.len())?
             };
-            let prod = |d: &[Expr]| d.iter().fold(Expr::constant(1), |p, d| p.mul(d));
-            one(reshape_to(&x, &[prod(&dims[..a]), prod(&dims[a..])])?)
+            one(reshape_to(&x, &[product(&dims[..a])?, product(&dims[a..])?])?)
         })(),
         "Transpose" => (|| {
             let x = node.tensor(0)?;
@@ -175,13 +174,13 @@ fn reshape(node: &Node) -> OpResult<Vec<Value>> {
             _ => out.push(t.clone()),
         }
     }
-    let numel = dims.iter().fold(Expr::constant(1), |p, d| p.mul(d));
+    let numel = product(&dims)?;
     if let Some(i) = infer {
-        let known = out.iter().fold(Expr::constant(1), |p, d| p.mul(d));
+        let known = product(&out)?;
         if known.as_const() == Some(0) {
             return invalid("a -1 next to a zero size");
         }
-        out[i] = numel.floor_div(&known);
+        out[i] = numel.checked_floor_div(&known).map_err(|e| OpError::Invalid(e.to_string()))?;
     }
     if let Some(Value::Ints(v)) = node.value(0) {
         let dims: Option<Vec<usize>> = out.iter().map(|d| d.as_const().map(|c| c as usize)).collect();
@@ -316,7 +315,7 @@ fn slice(node: &Node) -> OpResult<Vec<Value>> {
         return unsupported("a slice with a negative or zero step");
     }
     let big = |v: i64| v.clamp(isize::MIN as i64 / 2, isize::MAX as i64 / 2) as isize;
-    if let (Some(Value::Ints(v)), true) = (node.value(0), rank == 1) {
+    if let (Some(Value::Ints(v)), true) = (node.value(0), rank == 1 && starts.len() == 1) {
         let n = v.values.len() as i64;
         let clamp = |i: i64| (if i < 0 { i + n } else { i }).clamp(0, n) as usize;
         let (b, e, s) = (clamp(starts[0]), clamp(ends[0]), steps[0] as usize);
@@ -330,9 +329,12 @@ fn slice(node: &Node) -> OpResult<Vec<Value>> {
     one(x)
 }
 
-/// `idx + len` where `idx` is negative (ONNX indices may count from the end).
+/// `idx + len` where `idx` is negative (ONNX indices may count from the end). Along a symbolic axis the
+/// wrap would need the size as data: refused rather than let a negative index through.
 fn wrap_negative(idx: &Tensor, len: &Expr) -> OpResult<Tensor> {
-    let Some(len) = len.as_const() else { return Ok(idx.clone()) };
+    let Some(len) = len.as_const() else {
+        return unsupported("indices that may be negative along a symbolic axis");
+    };
     Ok(idx.lt(0.0)?.where_(idx.add(len as f64)?, idx)?)
 }
 
@@ -357,8 +359,7 @@ fn gather(node: &Node) -> OpResult<Vec<Value>> {
     let xd = x.shape().dims().to_vec();
     let idx = wrap_negative(&idx, &xd[a])?;
     let id = idx.shape().dims().to_vec();
-    let flat =
-        if id.len() == 1 { idx } else { reshape_to(&idx, &[id.iter().fold(Expr::constant(1), |p, d| p.mul(d))])? };
+    let flat = if id.len() == 1 { idx } else { reshape_to(&idx, &[product(&id)?])? };
     let picked = x.index_select(a as isize, &flat)?;
     let mut out = xd[..a].to_vec();
     out.extend(id.iter().cloned());
@@ -401,6 +402,11 @@ fn tile(node: &Node) -> OpResult<Vec<Value>> {
     let reps = node.const_ints(1, "repeat count")?.ok_or(OpError::Invalid("input 1 (repeats) is required".into()))?;
     if reps.len() != x.rank() || reps.iter().any(|&r| r < 0) {
         return invalid(format!("repeats {reps:?} for a rank-{} tensor", x.rank()));
+    }
+    let numel: usize = x.shape().as_concrete().map_or(0, |d| d.iter().product());
+    let grown = reps.iter().try_fold(numel.max(1), |n, &r| n.checked_mul(r as usize));
+    if grown.is_none_or(|n| n > i32::MAX as usize) {
+        return invalid(format!("repeats {reps:?} make more than 2^31 elements"));
     }
     for (a, &r) in reps.iter().enumerate() {
         if r != 1 {
@@ -605,6 +611,9 @@ fn depth_space(node: &Node, to_space: bool) -> OpResult<Vec<Value>> {
     };
     if b < 1 {
         return invalid(format!("blocksize {b}"));
+    }
+    if b > 1 << 16 || (b * b) as usize > d[1].max(d[2] * d[3]).max(1) {
+        return invalid(format!("blocksize {b} for {d:?}"));
     }
     let (n, c, h, w, b) = (d[0] as isize, d[1] as isize, d[2] as isize, d[3] as isize, b as isize);
     let y = if to_space {

@@ -225,6 +225,13 @@ pub(crate) fn reshape_to(x: &Tensor, dims: &[kiln_graph::sym::Expr]) -> OpResult
     Ok(x.reshape(&target)?)
 }
 
+/// The product of sizes, or an error when it leaves i64 (a malformed file can ask for that).
+pub(crate) fn product(dims: &[kiln_graph::sym::Expr]) -> OpResult<kiln_graph::sym::Expr> {
+    dims.iter().try_fold(kiln_graph::sym::Expr::constant(1), |p, d| {
+        p.checked_mul(d).map_err(|e| OpError::Invalid(format!("sizes {dims:?} multiply past i64: {e}")))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,11 +274,4 @@ mod tests {
         unique.dedup();
         assert_eq!(all, unique, "an op is listed by two families");
     }
-}
-
-/// The product of sizes, or an error when it leaves i64 (a malformed file can ask for that).
-pub(crate) fn product(dims: &[kiln_graph::sym::Expr]) -> OpResult<kiln_graph::sym::Expr> {
-    dims.iter().try_fold(kiln_graph::sym::Expr::constant(1), |p, d| {
-        p.checked_mul(d).map_err(|e| OpError::Invalid(format!("sizes {dims:?} multiply past i64: {e}")))
-    })
 }

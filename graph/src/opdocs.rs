@@ -2,7 +2,7 @@
 //! and compares it with the committed file.
 
 use crate::conv::Window;
-use crate::ir::{ArgReduceOp, BinaryOp, GeluApprox, Op, PoolKind, ReduceOp, UnaryOp};
+use crate::ir::{ArgReduceOp, BinaryOp, GeluApprox, Op, OpFamily, PoolKind, ReduceOp, UnaryOp};
 use crate::sym::Expr;
 
 /// One representative of every op kind, in the order the reference lists them.
@@ -158,13 +158,8 @@ fn dtypes(op: &Op) -> String {
         Op::Reduce { op: ReduceOp::Sum, .. } => "any".into(),
         Op::Reduce { .. } | Op::ArgReduce { .. } | Op::MatMul => "numeric".into(),
         Op::IndexSelect { .. } | Op::Gather { .. } => "any; integer index".into(),
-        Op::Reshape
-        | Op::Permute { .. }
-        | Op::Expand
-        | Op::Slice { .. }
-        | Op::Concat { .. }
-        | Op::Pad { .. }
-        | Op::Unfold { .. } => "any".into(),
+        // Every other layout op moves values without arithmetic.
+        op if op.family() == OpFamily::Layout => "any".into(),
         _ => "float".into(),
     }
 }

@@ -278,13 +278,7 @@ fn unfold_grad(
     for t in 0..taps {
         let mut gt = if taps == 1 { g } else { slice(b, g, 2, t, t + 1) };
         gt = b.reshape(gt, Shape(tap_dims.clone()));
-        let mut rest = t;
-        let mut offsets = vec![0; kernel.len()];
-        for a in (0..kernel.len()).rev() {
-            offsets[a] = rest % kernel[a];
-            rest /= kernel[a];
-        }
-        for (a, &off) in offsets.iter().enumerate() {
+        for (a, off) in crate::conv::tap_offsets(t, kernel).into_iter().enumerate() {
             let padded = lens[a] + window.padding[a].0 + window.padding[a].1;
             gt = unslice(b, gt, 2 + a, off * window.dilation[a], window.stride[a], padded)?;
         }

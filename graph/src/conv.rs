@@ -123,12 +123,9 @@ impl Tensor {
         if ws.rank() < 3 {
             return Err(bad(format!("weight {ws} must be [out, in/groups, *kernel]")));
         }
-        let kernel = dims_of(&ws, 2);
-        if ws.dims()[2..].iter().any(|d| !d.is_const()) || ws.dims()[..2].iter().any(|d| !d.is_const()) {
-            return Err(bad(format!("weight {ws} must have constant dims")));
-        }
-        let (w, spatial) = spatial_out("conv", &xs, &kernel, window, &loc)?;
-        let (o, cg) = (ws.dims()[0].as_const().unwrap_or(0) as usize, ws.dims()[1].as_const().unwrap_or(0) as usize);
+        let wd = ws.as_concrete().ok_or_else(|| bad(format!("weight {ws} must have constant dims")))?;
+        let (w, spatial) = spatial_out("conv", &xs, &wd[2..], window, &loc)?;
+        let (o, cg) = (wd[0], wd[1]);
         let c = &xs.dims()[1];
         if groups == 0 || o % groups != 0 || c.as_const() != Some((cg * groups) as i64) {
             return Err(bad(format!(
@@ -275,27 +272,22 @@ impl Tensor {
     }
 }
 
-/// Every tensor a float of `x`'s dtype.
+/// `x` a float and every other tensor of its dtype.
 fn float_like(op: &str, x: &Tensor, others: &[Option<&Tensor>], loc: &SourceLoc) -> Result<()> {
-    if !DTypeRule::Float.allows(x.dtype()) {
-        return Err(Error::DType {
-            op: op.into(),
-            expected: DTypeRule::Float.describe().into(),
-            got: x.dtype(),
-            loc: loc.clone(),
-        });
+    crate::ops::check_dtype(op, DTypeRule::Float, x.dtype(), loc)?;
+    let others: Vec<&Tensor> = others.iter().flatten().copied().collect();
+    crate::ops::check_same_dtype(op, x.dtype(), &others, loc)
+}
+
+/// The per-axis offsets of kernel tap `t` (taps numbered row-major over `kernel`).
+pub(crate) fn tap_offsets(t: usize, kernel: &[usize]) -> Vec<usize> {
+    let mut rest = t;
+    let mut offsets = vec![0; kernel.len()];
+    for a in (0..kernel.len()).rev() {
+        offsets[a] = rest % kernel[a];
+        rest /= kernel[a];
     }
-    for t in others.iter().flatten() {
-        if t.dtype() != x.dtype() {
-            return Err(Error::DType {
-                op: op.into(),
-                expected: format!("{} like the input", x.dtype()),
-                got: t.dtype(),
-                loc: loc.clone(),
-            });
-        }
-    }
-    Ok(())
+    offsets
 }
 
 /// Visits every kernel tap of a window over `out` positions: `f(out_index, input_index_or_padding)`

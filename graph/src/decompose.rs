@@ -267,8 +267,13 @@ impl Builder {
                 return Err(bad(format!("normalising the last {dims} axes of a rank-{rank} tensor")));
             }
             Op::CausalMask if rank < 2 => return Err(bad(format!("needs rank >= 2, got {rank}"))),
-            Op::Conv { window, .. } | Op::Pool { window, .. } if rank != window.stride.len() + 2 => {
-                return Err(bad(format!("a {}-D window over a rank-{rank} tensor", window.stride.len())));
+            Op::Conv { window, .. } | Op::Pool { window, .. }
+                if rank != window.stride.len() + 2
+                    || window.padding.len() != window.stride.len()
+                    || window.dilation.len() != window.stride.len()
+                    || matches!(&node.op, Op::Pool { kernel, .. } if kernel.len() != window.stride.len()) =>
+            {
+                return Err(bad(format!("window {window:?} does not fit a rank-{rank} tensor")));
             }
             Op::LayerNorm { dims, affine: true, .. }
                 if inputs[1..].iter().any(|&p| self.shape(p).dims() != &self.shape(x).dims()[rank - dims..]) =>

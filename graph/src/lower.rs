@@ -341,6 +341,31 @@ impl<'a> Lowerer<'a> {
         Ok(v)
     }
 
+    /// `prev && c` (just `c` when there is no `prev`).
+    fn and(&mut self, prev: Option<VarId>, c: VarId) -> VarId {
+        match prev {
+            None => c,
+            Some(prev) => self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a: prev, b: c }),
+        }
+    }
+
+    /// `input` at `at` where `cond` holds, `value` elsewhere, touching no memory where it does not: the
+    /// read of a padded view (`pad`, `unfold`).
+    fn read_or(
+        &mut self,
+        input: NodeId,
+        at: &Point,
+        cond: Option<VarId>,
+        value: f64,
+        cd: DType,
+    ) -> Result<VarId, LowerFailure> {
+        let pad = self.let_(cd, Scalar::Const { value });
+        let Some(c) = cond else { return self.value(input, at) };
+        let v = self.guarded(c, |s| s.value(input, at))?;
+        let v = self.coerce(v, cd);
+        Ok(self.let_(cd, Scalar::Select { cond: c, a: v, b: pad }))
+    }
+
     fn compute(&mut self, n: NodeId, p: &Point) -> Result<VarId, LowerFailure> {
         let node = self.g.node(n);
         let cd = self.compute_dtype(node.dtype);
@@ -424,22 +449,11 @@ impl<'a> Lowerer<'a> {
                     }
                     let b = Expr::from(before);
                     let c = self.in_range(&m[i], &b, &(b.clone() + dims[i].clone()));
-                    cond = Some(match cond {
-                        None => c,
-                        Some(prev) => self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a: prev, b: c }),
-                    });
+                    cond = Some(self.and(cond, c));
                     src[i] = m[i].clone() - b;
                 }
-                let pad = self.let_(cd, Scalar::Const { value: *value });
-                match cond {
-                    None => self.value(input(0), &Point::from_multi(&dims, &src, &self.ranges))?,
-                    Some(c) => {
-                        let at = Point::from_multi(&dims, &src, &self.ranges);
-                        let v = self.guarded(c, |s| s.value(input(0), &at))?;
-                        let v = self.coerce(v, cd);
-                        self.let_(cd, Scalar::Select { cond: c, a: v, b: pad })
-                    }
-                }
+                let at = Point::from_multi(&dims, &src, &self.ranges);
+                self.read_or(input(0), &at, cond, *value, cd)?
             }
             Op::Unfold { kernel, window, value } => {
                 // [n, c, tap, *out] reads [n, c, *(out * stride + offset * dilation - pad)], the tap's
@@ -459,23 +473,12 @@ impl<'a> Lowerer<'a> {
                         - Expr::from(before);
                     if before + after > 0 {
                         let c = self.in_range(&pos, &Expr::from(0usize), &dims[2 + a]);
-                        cond = Some(match cond {
-                            None => c,
-                            Some(prev) => self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a: prev, b: c }),
-                        });
+                        cond = Some(self.and(cond, c));
                     }
                     src.push(pos);
                 }
                 let at = Point::from_multi(&dims, &src, &self.ranges);
-                match cond {
-                    None => self.value(input(0), &at)?,
-                    Some(c) => {
-                        let v = self.guarded(c, |s| s.value(input(0), &at))?;
-                        let v = self.coerce(v, cd);
-                        let pad = self.let_(cd, Scalar::Const { value: *value });
-                        self.let_(cd, Scalar::Select { cond: c, a: v, b: pad })
-                    }
-                }
+                self.read_or(input(0), &at, cond, *value, cd)?
             }
             Op::Concat { axis } => {
                 let m = p.multi(&self.ranges);

@@ -77,7 +77,20 @@ impl OperandValue {
     }
 }
 
-fn check_dtype(op: &str, rule: DTypeRule, got: DType, loc: &SourceLoc) -> Result<()> {
+/// Every one of `others` has `x`'s dtype (weights and biases of a layer).
+pub(crate) fn check_same_dtype(op: &str, x: DType, others: &[&Tensor], loc: &SourceLoc) -> Result<()> {
+    match others.iter().find(|t| t.dtype() != x) {
+        None => Ok(()),
+        Some(t) => Err(Error::DType {
+            op: op.into(),
+            expected: format!("{x} like the input"),
+            got: t.dtype(),
+            loc: loc.clone(),
+        }),
+    }
+}
+
+pub(crate) fn check_dtype(op: &str, rule: DTypeRule, got: DType, loc: &SourceLoc) -> Result<()> {
     if rule.allows(got) {
         Ok(())
     } else {
@@ -944,16 +957,7 @@ impl Tensor {
             }
             inputs.push(b);
         }
-        for t in &inputs[1..] {
-            if t.dtype() != self.dtype() {
-                return Err(Error::DType {
-                    op: "linear".into(),
-                    expected: format!("{} like the input", self.dtype()),
-                    got: t.dtype(),
-                    loc,
-                });
-            }
-        }
+        check_same_dtype("linear", self.dtype(), &inputs[1..], &loc)?;
         let mut dims = s.dims().to_vec();
         let last = dims.len() - 1;
         dims[last] = out_f;

@@ -201,42 +201,42 @@ fn axes_of(node: &Node, input: usize, from_opset: i64) -> OpResult<Option<Vec<i6
 
 fn squeeze(node: &Node, unsqueeze: bool) -> OpResult<Vec<Value>> {
     let axes = axes_of(node, 1, 13)?;
-    let rank = dims_of(node, 0)?.len();
-    if let Some(Value::Ints(v)) = node.value(0) {
-        let mut dims = v.dims.clone();
-        if unsqueeze {
-            let axes = axes.ok_or(OpError::Invalid("axes are required".into()))?;
-            let out_rank = rank + axes.len();
-            let mut pos: Vec<usize> = axes.iter().map(|&a| axis(a, out_rank)).collect::<OpResult<_>>()?;
-            pos.sort_unstable();
-            pos.iter().for_each(|&p| dims.insert(p.min(dims.len()), 1));
-        } else {
-            let drop: Vec<usize> = match axes {
-                Some(a) => a.iter().map(|&a| axis(a, rank)).collect::<OpResult<_>>()?,
-                None => (0..rank).filter(|&i| dims[i] == 1).collect(),
-            };
-            dims = dims.iter().enumerate().filter(|(i, _)| !drop.contains(i)).map(|(_, &d)| d).collect();
+    let dims = dims_of(node, 0)?;
+    let rank = dims.len();
+    // The axes inserted (ascending) or removed (descending), for folded integers and tensors alike.
+    let mut pos: Vec<usize> = match (unsqueeze, axes) {
+        (true, None) => return invalid("axes are required"),
+        (true, Some(a)) => {
+            let out = rank + a.len();
+            a.iter().map(|&x| axis(x, out)).collect::<OpResult<_>>()?
         }
-        return Ok(vec![Value::Ints(Ints { dims, ..v.clone() })]);
+        (false, Some(a)) => a.iter().map(|&a| axis(a, rank)).collect::<OpResult<_>>()?,
+        (false, None) => (0..rank).filter(|&i| dims[i].as_const() == Some(1)).collect(),
+    };
+    pos.sort_unstable();
+    if pos.windows(2).any(|w| w[0] == w[1]) {
+        return invalid(format!("repeated axes {pos:?}"));
+    }
+    if !unsqueeze {
+        if let Some(&p) = pos.iter().find(|&&p| dims[p].as_const() != Some(1)) {
+            return invalid(format!("squeezing axis {p} of size {}", dims[p]));
+        }
+        pos.reverse();
+    }
+    if let Some(Value::Ints(v)) = node.value(0) {
+        let mut d = v.dims.clone();
+        for &p in &pos {
+            if unsqueeze {
+                d.insert(p.min(d.len()), 1);
+            } else {
+                d.remove(p);
+            }
+        }
+        return Ok(vec![Value::Ints(Ints { dims: d, ..v.clone() })]);
     }
     let mut x = node.tensor(0)?;
-    if unsqueeze {
-        let axes = axes.ok_or(OpError::Invalid("axes are required".into()))?;
-        let out_rank = rank + axes.len();
-        let mut pos: Vec<usize> = axes.iter().map(|&a| axis(a, out_rank)).collect::<OpResult<_>>()?;
-        pos.sort_unstable();
-        for p in pos {
-            x = x.unsqueeze(p as isize)?;
-        }
-    } else {
-        let mut drop: Vec<usize> = match axes {
-            Some(a) => a.iter().map(|&a| axis(a, rank)).collect::<OpResult<_>>()?,
-            None => (0..rank).filter(|&i| x.shape().dims()[i].as_const() == Some(1)).collect(),
-        };
-        drop.sort_unstable();
-        for p in drop.into_iter().rev() {
-            x = x.squeeze(p as isize)?;
-        }
+    for p in pos {
+        x = if unsqueeze { x.unsqueeze(p as isize)? } else { x.squeeze(p as isize)? };
     }
     one(x)
 }

@@ -68,6 +68,21 @@ pub fn decompose(graph: &Graph) -> Result<Decomposed> {
             }
             out
         } else {
+            // A primitive whose attributes a saved graph may hold wrong: caught here, not by an index
+            // panic in lowering.
+            if let Op::Unfold { kernel, window, .. } = &node.op {
+                let r = inputs.first().map_or(0, |&x| b.shape(x).rank()).saturating_sub(2);
+                let fits = [kernel.len(), window.stride.len(), window.padding.len(), window.dilation.len()]
+                    .iter()
+                    .all(|&n| n == r && n > 0);
+                if !fits || kernel.contains(&0) || window.stride.contains(&0) || window.dilation.contains(&0) {
+                    return Err(Error::InvalidArgument {
+                        op: "unfold".into(),
+                        msg: format!("kernel {kernel:?} and {window:?} do not fit the input"),
+                        loc: node.loc.clone(),
+                    });
+                }
+            }
             b.push_node(Node { inputs, ..node.clone() })
         };
         map.push(new);

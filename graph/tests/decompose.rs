@@ -569,3 +569,15 @@ fn max_pool_propagates_nan() {
     assert!(out[0].values()[0].is_nan(), "{:?}", out[0]);
     assert!(out[0].values()[1..].iter().all(|v| !v.is_nan()), "{:?}", out[0]);
 }
+
+/// A saved graph's `unfold` whose window does not fit its input is an error, not an index panic later.
+#[test]
+fn an_unfold_that_does_not_fit_is_an_error() {
+    let mut g = Graph::new();
+    let loc = SourceLoc::internal();
+    let x = g.add_input(F32, Shape::from_dims(&[1, 1, 4, 4]), InputKind::Arg { index: 0 }, loc.clone());
+    let op = Op::Unfold { kernel: vec![2, 2], window: Window { stride: vec![1], ..Window::default() }, value: 0.0 };
+    let y = g.push(Node { op, inputs: vec![x], dtype: F32, shape: Shape::from_dims(&[1, 1, 4, 3, 3]), loc });
+    g.outputs = vec![y];
+    assert!(matches!(decompose(&g), Err(Error::InvalidArgument { .. })));
+}

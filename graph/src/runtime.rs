@@ -28,6 +28,7 @@ use crate::pipeline::CompiledGraph;
 use crate::sym::Bindings;
 use crate::target::Target;
 use crate::TensorData;
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -237,17 +238,17 @@ struct Layouts {
 }
 
 impl Layouts {
-    fn get(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Option<Arc<Layout>> {
+    fn get<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Option<Arc<Layout>> {
         let kept = self.by_graph.get(&(Arc::as_ptr(c) as usize))?;
         kept.iter().find(|(dims, _, _)| same_dims(dims, inputs)).map(|(_, _, l)| l.clone())
     }
 
-    fn insert(&mut self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor], layout: Arc<Layout>) {
+    fn insert<T: Borrow<DeviceTensor>>(&mut self, c: &Arc<CompiledGraph>, inputs: &[T], layout: Arc<Layout>) {
         if self.count >= MAX_LAYOUTS {
             self.clear();
         }
         let mut dims: Vec<usize> = Vec::with_capacity(inputs.len() * 4);
-        for t in inputs {
+        for t in inputs.iter().map(Borrow::borrow) {
             dims.extend([t.dtype as usize, t.dims.len()]);
             dims.extend(t.dims.iter());
         }
@@ -265,9 +266,9 @@ impl Layouts {
 type KeptLayout = (Vec<usize>, Arc<CompiledGraph>, Arc<Layout>);
 
 /// Whether `inputs` have the dtypes and dims `flat` lists (as [`Layouts::insert`] flattens them).
-fn same_dims(flat: &[usize], inputs: &[DeviceTensor]) -> bool {
+fn same_dims<T: Borrow<DeviceTensor>>(flat: &[usize], inputs: &[T]) -> bool {
     let mut k = flat.iter().copied();
-    for t in inputs {
+    for t in inputs.iter().map(Borrow::borrow) {
         if k.next() != Some(t.dtype as usize) || k.next() != Some(t.dims.len()) {
             return false;
         }
@@ -591,7 +592,7 @@ impl Runtime {
 
     /// Binds a compiled graph to device memory: `inputs` (in graph-input order) bound in place, fresh
     /// buffers for outputs, pooled ones for intermediates, every kernel loaded.
-    pub fn prepare(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Prepared> {
+    pub fn prepare<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<Prepared> {
         let g = &c.primitive.graph;
         if inputs.len() != g.inputs.len() {
             return Err(Error::Runtime {
@@ -603,7 +604,7 @@ impl Runtime {
         let layout = self.layout(c, inputs)?;
         let mut buffers: Vec<Option<Arc<DeviceBuffer>>> = vec![None; layout.sizes.len()];
         let me = self.arc();
-        for (&slot, t) in layout.input_slots.iter().zip(inputs) {
+        for (&slot, t) in layout.input_slots.iter().zip(inputs.iter().map(Borrow::borrow)) {
             if !Arc::ptr_eq(t.buffer.runtime(), &me) {
                 return Err(Error::Unsupported {
                     what: format!("an input on `{}` bound to a run on `{}`", t.buffer.runtime().name(), self.name()),
@@ -629,13 +630,13 @@ impl Runtime {
     /// What binding `c` to inputs of these dims needs besides the buffers themselves — symbol values,
     /// buffer sizes, launches with their loaded kernels — worked out once per compiled graph and input
     /// dims, so a call spends its time launching.
-    fn layout(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Arc<Layout>> {
+    fn layout<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<Arc<Layout>> {
         // Dtypes too: a cached layout skips the checks `bind_symbol_dims` makes on a miss.
         if let Some(l) = lock(&self.layouts).get(c, inputs) {
             return Ok(l);
         }
         let g = &c.primitive.graph;
-        let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|t| (t.dtype, &*t.dims)).collect();
+        let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|t| (t.borrow().dtype, &*t.borrow().dims)).collect();
         let bindings = crate::interp::bind_symbol_dims(g, &shapes)?;
         let sizes = c.buffer_bytes(&bindings, |d, n| self.driver.bytes(d, n))?;
         // Sizes no device holds are the user's error before any kernel is rendered for them.
@@ -707,7 +708,11 @@ impl Runtime {
     }
 
     /// Prepares `c` for `inputs` and times each of its launches alone ([`Runtime::profile`]).
-    pub fn profile_graph(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Option<Vec<LaunchTime>>> {
+    pub fn profile_graph<T: Borrow<DeviceTensor>>(
+        &self,
+        c: &Arc<CompiledGraph>,
+        inputs: &[T],
+    ) -> Result<Option<Vec<LaunchTime>>> {
         let p = self.prepare(c, inputs)?;
         self.profile(&p)
     }
@@ -781,9 +786,9 @@ impl Runtime {
     }
 
     /// The checks a run's outputs carry: its own, and those its inputs carry that are not known good.
-    fn carried(&self, inputs: &[DeviceTensor], own: Option<Arc<Checks>>) -> Result<Vec<Arc<Checks>>> {
+    fn carried<T: Borrow<DeviceTensor>>(&self, inputs: &[T], own: Option<Arc<Checks>>) -> Result<Vec<Arc<Checks>>> {
         let mut all: Vec<Arc<Checks>> = Vec::new();
-        for c in inputs.iter().flat_map(|t| &t.checks).chain(own.as_ref()) {
+        for c in inputs.iter().flat_map(|t| &t.borrow().checks).chain(own.as_ref()) {
             if !c.known_good() && !all.iter().any(|x| Arc::ptr_eq(x, c)) {
                 all.push(c.clone());
             }
@@ -844,7 +849,7 @@ impl Runtime {
 
     /// Runs a compiled graph on device tensors and returns device tensors; nothing waits and nothing
     /// crosses to the host.
-    pub fn run(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Vec<DeviceTensor>> {
+    pub fn run<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<Vec<DeviceTensor>> {
         let p = self.prepare(c, inputs)?;
         let own = self.launch(&p)?;
         Ok(self.outputs(&p, &self.carried(inputs, own)?))
@@ -857,8 +862,13 @@ impl Runtime {
     /// recording's own buffers, which the next replay overwrites: when a caller still holds them at the
     /// next call, the recording is made again with fresh buffers (the held ones stay the caller's) and
     /// copies its outputs out from then on, so no output is ever overwritten under its holder.
-    pub fn run_recorded(&self, c: &Arc<CompiledGraph>, inputs: &[DeviceTensor]) -> Result<Vec<DeviceTensor>> {
+    pub fn run_recorded<T: Borrow<DeviceTensor>>(
+        &self,
+        c: &Arc<CompiledGraph>,
+        inputs: &[T],
+    ) -> Result<Vec<DeviceTensor>> {
         let layout = self.layout(c, inputs)?;
+        let each = || inputs.iter().map(Borrow::borrow);
         let values: Vec<i64> = layout.bindings.iter().map(|(_, v)| v).collect();
         let mut recs = lock(&self.recordings);
         let found = recs.iter().position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values);
@@ -870,7 +880,7 @@ impl Runtime {
                 let kept = !r.copy_out && r.outputs_alive();
                 let moved = slots
                     .iter()
-                    .zip(inputs)
+                    .zip(each())
                     .zip(&r.private)
                     .any(|((&s, t), &own)| !own && r.prepared.buffers[s].id() != t.buffer.id());
                 (kept || moved, r.copy_out || kept)
@@ -883,12 +893,11 @@ impl Runtime {
                 let mut private = found.map_or_else(|| vec![false; inputs.len()], |i| recs[i].private.clone());
                 if let Some(i) = found {
                     let old = recs.remove(i);
-                    for ((s, t), p) in slots.iter().zip(inputs).zip(private.iter_mut()) {
+                    for ((s, t), p) in slots.iter().zip(each()).zip(private.iter_mut()) {
                         *p |= old.prepared.buffers[*s].id() != t.buffer.id();
                     }
                 }
-                let bound = inputs
-                    .iter()
+                let bound = each()
                     .zip(&private)
                     .map(|(t, &own)| {
                         if !own {
@@ -908,7 +917,7 @@ impl Runtime {
             }
         };
         let r = &recs[at];
-        for ((&s, t), &own) in slots.iter().zip(inputs).zip(&r.private) {
+        for ((&s, t), &own) in slots.iter().zip(each()).zip(&r.private) {
             if own && r.prepared.buffers[s].id() != t.buffer.id() {
                 let n = self.driver.bytes(t.dtype, t.numel());
                 self.driver.copy(t.buffer.raw(), r.prepared.buffers[s].raw(), n)?;

@@ -241,7 +241,7 @@ impl Tensor {
             loc: SourceLoc::caller(),
         })?;
         match backend.runtime() {
-            Some(rt) => Ok(Tensor::from_value(Value::from_device(value.on(&rt)?))),
+            Some(rt) => Ok(Tensor::from_value(Value::from_device(value.on(&rt)?.into_owned()))),
             None => Ok(Tensor::from_data(value.to_host()?.as_ref().clone())),
         }
     }

@@ -5,31 +5,33 @@
 
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::runtime::{lock, DeviceTensor, Runtime};
+use crate::runtime::{DeviceTensor, Runtime};
 use crate::shape::Shape;
 use crate::TensorData;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
 
 /// A concrete value: a host copy, a device copy, or both.
 pub struct Value {
     dtype: DType,
     dims: Vec<usize>,
     host: OnceLock<Arc<TensorData>>,
-    device: Mutex<Option<DeviceTensor>>,
+    /// Set once (a value's data never changes): read on every call without a lock.
+    device: OnceLock<DeviceTensor>,
 }
 
 impl Value {
     /// A value held on the host.
     pub fn from_host(data: Arc<TensorData>) -> Arc<Value> {
         let v =
-            Value { dtype: data.dtype(), dims: data.dims().to_vec(), host: OnceLock::new(), device: Mutex::new(None) };
+            Value { dtype: data.dtype(), dims: data.dims().to_vec(), host: OnceLock::new(), device: OnceLock::new() };
         let _ = v.host.set(data);
         Arc::new(v)
     }
 
     /// A value that lives on a device.
     pub fn from_device(t: DeviceTensor) -> Arc<Value> {
-        Arc::new(Value { dtype: t.dtype, dims: t.dims.to_vec(), host: OnceLock::new(), device: Mutex::new(Some(t)) })
+        Arc::new(Value { dtype: t.dtype, dims: t.dims.to_vec(), host: OnceLock::new(), device: OnceLock::from(t) })
     }
 
     /// Element type.
@@ -54,12 +56,12 @@ impl Value {
 
     /// The device copy, if there is one.
     pub fn device(&self) -> Option<DeviceTensor> {
-        lock(&self.device).clone()
+        self.device.get().cloned()
     }
 
     /// The name of the device the value lives on (`None`: host only).
     pub fn device_name(&self) -> Option<&'static str> {
-        lock(&self.device).as_ref().map(|t| t.buffer.runtime().name())
+        self.device.get().map(|t| t.buffer.runtime().name())
     }
 
     /// The data on the host: the host copy, or the device copy read back (waits for it) and kept.
@@ -84,23 +86,22 @@ impl Value {
 
     /// The value on `rt`: bound in place when it lives there, else uploaded — and the upload kept when the
     /// value has no device copy yet (weights cross once).
-    pub fn on(&self, rt: &Arc<Runtime>) -> Result<DeviceTensor> {
-        let mut dev = lock(&self.device);
-        if let Some(t) = dev.as_ref().filter(|t| Arc::ptr_eq(t.buffer.runtime(), rt)) {
-            return Ok(t.clone());
+    pub fn on(&self, rt: &Arc<Runtime>) -> Result<Cow<'_, DeviceTensor>> {
+        let dev = self.device.get();
+        if let Some(t) = dev.filter(|t| Arc::ptr_eq(t.buffer.runtime(), rt)) {
+            return Ok(Cow::Borrowed(t));
         }
-        let elsewhere = dev.clone();
-        drop(dev);
-        let host = match elsewhere {
+        let host = match dev {
             Some(_) => self.to_host()?,
             None => self.host.get().expect("a value has a host or a device copy").clone(),
         };
         let t = rt.upload(&host)?;
-        dev = lock(&self.device);
-        if dev.is_none() {
-            *dev = Some(t.clone());
+        // Another thread may have uploaded it meanwhile: then its copy is the value's, and this one serves
+        // only this call.
+        match self.device.set(t) {
+            Ok(()) => Ok(Cow::Borrowed(self.device.get().expect("just set"))),
+            Err(t) => Ok(Cow::Owned(t)),
         }
-        Ok(t)
     }
 }
 

@@ -22,6 +22,50 @@ for line in sys.stdin:
   cp target/release/kiln-bench .gpu/
   du -sh .gpu
   ;;
+stage-fps)
+  # The explorer and what it needs to run under Xvfb on lavapipe on a machine that has neither: Debian's
+  # Xvfb, Mesa's lavapipe and their libraries as .debs in .x11/ (unpacked there into a prefix, not /).
+  set -e
+  mkdir -p .x11 .gpu
+  # Only what a stock Ubuntu 24.04 GPU host lacks: its own libX11, libxcb, libdrm, libpng... are newer, and
+  # shipping Debian's ahead of them on the library path could break what links against theirs.
+  (cd .x11 && apt-get download xvfb x11-xkb-utils xkb-data mesa-vulkan-drivers libllvm15 libz3-4 libxfont2 \
+    libpixman-1-0 libxkbfile1 libfontenc1 libxcvt0 libsensors5 libxcb-dri3-0 libxcb-present0 libxcb-randr0 \
+    libxcb-shm0 libxcb-sync1 libxcb-xfixes0 libxshmfence1 libwayland-client0 libx11-xcb1 libunwind8 \
+    libxcb-xkb1 libxkbcommon0 libxkbcommon-x11-0 libxcursor1 libxrandr2 libxi6 libxfixes3 libxrender1 libxext6 libfreetype6 libbrotli1)
+  cargo build --release --locked -p kiln-app --bin kiln-explorer
+  # Compressed: with the .debs it must fit a device call's 64 MiB.
+  cp target/release/kiln-explorer .gpu/ && strip .gpu/kiln-explorer && xz -9f .gpu/kiln-explorer
+  du -sh .x11 .gpu
+  ;;
+fps)
+  # `fps [SECONDS]`: the explorer's 2,000-node graph panned and zoomed under Xvfb on lavapipe (this
+  # machine's CPU cores), then an empty window the same way: the frame rates issue 15 asks for.
+  x=/opt/kiln-x11
+  mkdir -p "$x"
+  for f in .gpu/*.xz; do [ -e "$f" ] && xz -df "$f"; done
+  for f in .x11/*.deb; do dpkg -x "$f" "$x"; done
+  lib="$x/usr/lib/x86_64-linux-gnu"
+  # Xvfb runs xkbcomp from its build-time path; the ICD names its library by absolute path.
+  [ -x /usr/bin/xkbcomp ] || cp "$x/usr/bin/xkbcomp" /usr/bin/xkbcomp
+  sed "s#/usr/lib/x86_64-linux-gnu#$lib#" "$x/usr/share/vulkan/icd.d/lvp_icd.x86_64.json" > "$x/lvp.json"
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+  export LD_LIBRARY_PATH="$lib:$x/lib/x86_64-linux-gnu" VK_DRIVER_FILES="$x/lvp.json" WGPU_BACKEND=vulkan
+  export XKB_CONFIG_ROOT="$x/usr/share/X11/xkb"
+  export XDG_RUNTIME_DIR="$(mktemp -d)" KILN_CACHE_DIR="$(mktemp -d)" LP_NUM_THREADS="$(nproc)"
+  "$x/usr/bin/Xvfb" :77 -screen 0 1920x1080x24 -xkbdir "$x/usr/share/X11/xkb" >"$out/xvfb.log" 2>&1 &
+  sleep 2
+  export DISPLAY=:77
+  echo "cores: $(nproc)"
+  for run in 1 2 3; do
+    echo "== 2,000-node graph, run $run"
+    timeout 120 ./.gpu/kiln-explorer --synthetic 2000 --fps "${2:-10}" 2>&1 | tee -a "$out/fps.log" | grep -E "frames in|adapter|rror" | tail -3
+  done
+  echo "== empty window"
+  timeout 120 ./.gpu/kiln-explorer --fps "${2:-10}" 2>&1 | tee -a "$out/fps.log" | grep -E "frames in|rror" | tail -3
+  kill %1 2>/dev/null
+  ;;
 tests|bench|peer|parts)
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
@@ -121,7 +165,7 @@ tests|bench|peer|parts)
   esac
   ;;
 *)
-  echo "usage: scripts/gpu.sh stage|tests|bench|peer|parts [bench arguments | --trials N and peer arguments]" >&2
+  echo "usage: scripts/gpu.sh stage|stage-fps|fps|tests|bench|peer|parts [bench arguments | --trials N and peer arguments]" >&2
   exit 2
   ;;
 esac

@@ -163,7 +163,12 @@ impl eframe::App for App {
                 let t = fps.start.map_or(0.0, |s| s.elapsed().as_secs_f32());
                 self.app.animate(t);
                 if let Some(summary) = fps.frame() {
-                    println!("kiln-explorer: {summary}");
+                    // Which device drew the frames: the figure means nothing without it.
+                    let drawn = frame.wgpu_render_state().map_or("an unknown renderer".into(), |r| {
+                        let i = r.adapter.get_info();
+                        format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
+                    });
+                    println!("kiln-explorer: {summary}; drawn by {drawn}");
                     ui.ctx().send_viewport_cmd(egui::ViewportCommand::Close);
                     self.fps = None;
                     return;

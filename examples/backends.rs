@@ -1,4 +1,4 @@
-//! Lists the backends this machine can run and the wgpu adapter kiln picks (never mistake lavapipe or a
+//! Lists the backends this machine can run, the wgpu adapter kiln picks and every other one it can run on (never mistake lavapipe or a
 //! GL fallback for a GPU). `cargo run --example backends`
 
 use kiln::Backend;
@@ -11,5 +11,8 @@ fn main() {
             Ok(None) => {}
             Err(e) => println!("{e}"),
         }
+    }
+    for (n, adapter) in kiln::wgpu_adapters().iter().enumerate() {
+        println!("Backend::WgpuAdapter({n}) (`wgpu:{n}`): {adapter}");
     }
 }

@@ -84,13 +84,18 @@ pub enum Backend {
     /// The full compiler pipeline (decompose, fuse, lower, plan) with its kernels run by the CPU kernel
     /// interpreter on a host-memory device: the kernels a GPU would get, executed without one.
     Kernels,
-    /// WGSL kernels through wgpu (Vulkan, Metal, DX12; WebGPU in browsers).
+    /// WGSL kernels through wgpu (Vulkan, Metal, DX12; WebGPU in browsers), on the best adapter (or the
+    /// one `KILN_WGPU_ADAPTER` names).
     Wgpu,
+    /// WGSL kernels through wgpu on adapter `n` of [`wgpu_adapters`] (best first, so adapter 0 is the device
+    /// `Wgpu` opens when `KILN_WGPU_ADAPTER` is unset; the two share it).
+    WgpuAdapter(usize),
     /// PTX kernels through the CUDA driver (NVIDIA GPUs, compute capability 8.0 or newer).
     Cuda,
 }
 
-/// A backend by name, as command lines take it: `auto`, `cuda`, `wgpu`, `kernels` or `cpu`.
+/// A backend by name, as command lines take it: `auto`, `cuda`, `wgpu`, `wgpu:N` (adapter `N` of
+/// [`wgpu_adapters`]), `kernels` or `cpu`.
 impl std::str::FromStr for Backend {
     type Err = Error;
 
@@ -101,13 +106,30 @@ impl std::str::FromStr for Backend {
             "wgpu" => Backend::Wgpu,
             "kernels" => Backend::Kernels,
             "cpu" => Backend::Cpu,
+            other if other.strip_prefix("wgpu:").is_some_and(|n| n.parse::<usize>().is_ok()) => {
+                Backend::WgpuAdapter(other[5..].parse().unwrap_or(0))
+            }
             other => {
                 return Err(Error::Unsupported {
-                    what: format!("backend `{other}` (auto, cuda, wgpu, kernels, cpu)"),
+                    what: format!("backend `{other}` (auto, cuda, wgpu, wgpu:N, kernels, cpu)"),
                     loc: SourceLoc::internal(),
                 })
             }
         })
+    }
+}
+
+/// The name [`Backend::from_str`](std::str::FromStr) reads back (`wgpu:1` for an adapter).
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backend::Auto => f.write_str("auto"),
+            Backend::Cpu => f.write_str("cpu"),
+            Backend::Kernels => f.write_str("kernels"),
+            Backend::Wgpu => f.write_str("wgpu"),
+            Backend::WgpuAdapter(n) => write!(f, "wgpu:{n}"),
+            Backend::Cuda => f.write_str("cuda"),
+        }
     }
 }
 
@@ -140,9 +162,9 @@ type DeviceSlot = OnceLock<std::result::Result<Arc<kiln_graph::Runtime>, String>
 
 #[allow(dead_code)] // unused when built without both GPU features
 fn shared(
-    slot: &'static DeviceSlot,
+    slot: &DeviceSlot,
     name: &str,
-    open: fn() -> Result<Arc<kiln_graph::Runtime>>,
+    open: impl FnOnce() -> Result<Arc<kiln_graph::Runtime>>,
 ) -> Result<Arc<dyn kiln_graph::Backend>> {
     Ok(slot_result(slot.get_or_init(|| open().map_err(open_failure)), name)?)
 }
@@ -171,7 +193,40 @@ static WGPU: DeviceSlot = OnceLock::new();
 
 #[cfg(all(feature = "wgpu", not(target_arch = "wasm32")))]
 fn wgpu_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
-    shared(&WGPU, "wgpu", kiln_wgsl::Gpu::runtime)
+    let adapters = kiln_wgsl::adapters::here();
+    match kiln_wgsl::adapters::default_index(adapters) {
+        Ok(n) => wgpu_adapter_backend(n),
+        // No adapter: the slot keeps why, as an open failure would.
+        Err(e) => shared(&WGPU, "wgpu", || Err(e)),
+    }
+}
+
+/// One runtime per adapter per process: `Wgpu` and `WgpuAdapter(n)` naming one adapter share it.
+#[cfg(all(feature = "wgpu", not(target_arch = "wasm32")))]
+fn wgpu_adapter_backend(n: usize) -> Result<Arc<dyn kiln_graph::Backend>> {
+    static SLOTS: OnceLock<Vec<DeviceSlot>> = OnceLock::new();
+    let slots = SLOTS.get_or_init(|| kiln_wgsl::adapters::here().iter().map(|_| OnceLock::new()).collect());
+    match slots.get(n) {
+        Some(slot) => shared(slot, "wgpu", || Ok(Runtime::new(kiln_wgsl::Gpu::open(n)?))),
+        None => Err(Error::Backend {
+            backend: "wgpu".into(),
+            msg: format!("no wgpu adapter {n}: adapters here, best first: {:?}", wgpu_adapters()),
+        }),
+    }
+}
+
+/// The wgpu adapters found here, best first, in words: `Backend::WgpuAdapter(n)` runs on the `n`th.
+/// Empty in a browser (its one adapter is `Backend::Wgpu`) and in builds without the `wgpu` feature.
+pub fn wgpu_adapters() -> Vec<String> {
+    #[cfg(all(feature = "wgpu", not(target_arch = "wasm32")))]
+    return kiln_wgsl::adapters::names(kiln_wgsl::adapters::here());
+    #[cfg(not(all(feature = "wgpu", not(target_arch = "wasm32"))))]
+    Vec::new()
+}
+
+#[cfg(not(all(feature = "wgpu", not(target_arch = "wasm32"))))]
+fn wgpu_adapter_backend(n: usize) -> Result<Arc<dyn kiln_graph::Backend>> {
+    Err(Error::Backend { backend: "wgpu".into(), msg: format!("adapter {n}: this build lists no wgpu adapters") })
 }
 
 /// A page cannot block while the browser opens a WebGPU adapter: the device is the one [`open_wgpu`]
@@ -198,14 +253,23 @@ fn wgpu_backend() -> Result<Arc<dyn kiln_graph::Backend>> {
 /// adapter) is kept: `Backend::Wgpu` reports it from then on and `Auto` passes over it.
 #[cfg(feature = "wgpu")]
 pub async fn open_wgpu() -> Result<Arc<Runtime>> {
-    if let Some(done) = WGPU.get() {
-        return slot_result(done, "wgpu");
+    // Native code opens it where `Backend::Wgpu` does (one runtime per adapter).
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let rt = wgpu_backend()?.runtime();
+        rt.ok_or_else(|| Error::Backend { backend: "wgpu".into(), msg: "the wgpu backend has no runtime".into() })
     }
-    let opened = kiln_wgsl::Gpu::runtime_async().await.map_err(open_failure);
-    // Another task may have opened it meanwhile: theirs stands.
-    let done = WGPU.get_or_init(|| opened);
-    register_renderers();
-    slot_result(done, "wgpu")
+    #[cfg(target_arch = "wasm32")]
+    {
+        if let Some(done) = WGPU.get() {
+            return slot_result(done, "wgpu");
+        }
+        let opened = kiln_wgsl::Gpu::runtime_async().await.map_err(open_failure);
+        // Another task may have opened it meanwhile: theirs stands.
+        let done = WGPU.get_or_init(|| opened);
+        register_renderers();
+        slot_result(done, "wgpu")
+    }
 }
 
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
@@ -229,6 +293,7 @@ impl IntoBackend for Backend {
             Backend::Cpu => Ok(Arc::new(CpuReference)),
             Backend::Kernels => shared(&KERNELS, "cpu-kernels", || Ok(KernelInterpreter::default().runtime())),
             Backend::Wgpu => wgpu_backend(),
+            Backend::WgpuAdapter(n) => wgpu_adapter_backend(n),
             Backend::Cuda => cuda_backend(),
         }
     }

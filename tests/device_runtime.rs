@@ -245,6 +245,30 @@ fn on_wgpu() {
     all(&rt);
 }
 
+/// Every wgpu adapter is a backend of its own (the explorer runs on each); one runtime per adapter per
+/// process, so `Wgpu` and the adapter it chose share theirs, and an adapter that is not there is a typed
+/// error.
+#[test]
+fn each_wgpu_adapter_is_a_backend() {
+    if common::wgpu_skipped() {
+        return;
+    }
+    let adapters = kiln::wgpu_adapters();
+    assert!(!adapters.is_empty(), "no wgpu adapter: install Mesa's Vulkan drivers, or set KILN_WGPU_TESTS=skip");
+    let best = kiln::Backend::Wgpu.runtime().unwrap_or_else(|e| panic!("{e}")).expect("a runtime");
+    let first: kiln::Backend = "wgpu:0".parse().unwrap();
+    assert_eq!(first, kiln::Backend::WgpuAdapter(0));
+    assert_eq!(first.to_string(), "wgpu:0");
+    let rt = first.runtime().unwrap_or_else(|e| panic!("{e}")).expect("a runtime");
+    if std::env::var_os("KILN_WGPU_ADAPTER").is_none() {
+        assert!(Arc::ptr_eq(&rt, &best), "adapter 0 is the best one, opened once: {adapters:?}");
+    }
+    let y: Tensor = compile(|x: &Tensor| x.mul(2.0)).backend(first).call(&host(&[1.0, 2.5], &[2])).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0, 5.0]);
+    let missing = kiln::Backend::WgpuAdapter(adapters.len()).runtime();
+    assert!(matches!(&missing, Err(kiln::Error::Backend { msg, .. }) if msg.contains("no wgpu adapter")), "{missing:?}");
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
 fn on_cuda() {

@@ -38,18 +38,11 @@ impl Explorer {
         if let Some(n) = &self.notice {
             ui.label(n.as_str());
         }
-        let backends = self.backends.get_or_insert_with(kiln::Backend::available).clone();
+        let backends = self.backends.get_or_insert_with(crate::live::run_backends).clone();
         let idle = self.runs_idle();
         ui.horizontal_wrapped(|ui| {
             ui.label("run on");
-            egui::ComboBox::from_id_salt("demo backend").selected_text(format!("{:?}", self.run_backend)).show_ui(
-                ui,
-                |ui| {
-                    for b in backends {
-                        ui.selectable_value(&mut self.run_backend, b, format!("{b:?}"));
-                    }
-                },
-            );
+            crate::live::backend_combo(ui, "demo backend", &mut self.run_backend, &backends);
             ui.separator();
             for id in DEMO_WORKLOADS {
                 if ui.add_enabled(idle, egui::Button::new(format!("Run {id}"))).clicked() {

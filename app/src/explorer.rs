@@ -96,7 +96,7 @@ pub struct Explorer {
     chart_rect: Option<(Tab, egui::Rect)>,
     /// The live run under way: its progress and its channel.
     pub(crate) running: Option<(String, f32, Receiver<crate::live::LiveMsg>)>,
-    pub(crate) backends: Option<Vec<kiln::Backend>>,
+    pub(crate) backends: Option<Vec<(kiln::Backend, String)>>,
     /// A workload being compiled on the worker, and its name.
     pending: Option<(String, Receiver<Result<CompileReport, String>>)>,
     layout: Option<((usize, usize, bool, bool), Layout)>,
@@ -234,7 +234,7 @@ impl Explorer {
         let Some(subject) = self.queue.pop_front() else { return };
         let (tx, rx) = channel();
         let backend = self.run_backend;
-        let title = format!("{} on {backend:?}", subject.title());
+        let title = format!("{} on {}", subject.title(), crate::live::backend_label(backend));
         crate::live::start(subject, backend, self.run_calls, tx);
         self.running = Some((title, 0.0, rx));
     }
@@ -319,17 +319,10 @@ impl Explorer {
             ui.label("Live runs need a built-in workload: open one with the buttons above.");
             return;
         };
-        let backends = self.backends.get_or_insert_with(kiln::Backend::available).clone();
+        let backends = self.backends.get_or_insert_with(crate::live::run_backends).clone();
         ui.horizontal(|ui| {
             ui.label(format!("run {id} on"));
-            egui::ComboBox::from_id_salt("run backend").selected_text(format!("{:?}", self.run_backend)).show_ui(
-                ui,
-                |ui| {
-                    for b in backends {
-                        ui.selectable_value(&mut self.run_backend, b, format!("{b:?}"));
-                    }
-                },
-            );
+            crate::live::backend_combo(ui, "run backend", &mut self.run_backend, &backends);
             let idle = self.running.is_none();
             if ui.add_enabled(idle, egui::Button::new("Run at check size")).clicked() {
                 self.start_run(false);

@@ -188,7 +188,7 @@ pub async fn run(
     say(format!("{title}: the f64 reference"), 0.0);
     let data = workloads::inputs(&specs);
     let want = reference(&specs, &data, &f)?;
-    say(format!("opening {backend:?}"), 0.0);
+    say(format!("opening {}", backend_label(backend)), 0.0);
     let rt = backend.runtime().map_err(s)?;
     let device =
         rt.as_ref().map_or("the CPU reference (f64)".into(), |rt| format!("{}: {}", rt.name(), rt.driver().describe()));
@@ -331,6 +331,40 @@ async fn median_ms(
     }
     samples.sort_by(f64::total_cmp);
     Ok(samples[samples.len() / 2])
+}
+
+/// The backends a live run can choose, best first, each with its label: on native builds every wgpu
+/// adapter is listed on its own (`Backend::Wgpu` is adapter 0 of them); a page has its one WebGPU device.
+pub fn run_backends() -> Vec<(Backend, String)> {
+    let adapters = kiln::wgpu_adapters();
+    Backend::available()
+        .into_iter()
+        .flat_map(|b| match b {
+            Backend::Wgpu if !adapters.is_empty() => (0..adapters.len()).map(Backend::WgpuAdapter).collect(),
+            b => vec![b],
+        })
+        .map(|b| (b, backend_label(b)))
+        .collect()
+}
+
+/// A backend in words: an adapter by its name, the others by theirs.
+pub fn backend_label(b: Backend) -> String {
+    match b {
+        Backend::WgpuAdapter(n) => match kiln::wgpu_adapters().get(n) {
+            Some(name) => format!("wgpu:{n} {name}"),
+            None => format!("wgpu:{n}"),
+        },
+        b => format!("{b:?}"),
+    }
+}
+
+/// A combo box choosing `backend` among `backends` (labelled).
+pub fn backend_combo(ui: &mut egui::Ui, id: &str, backend: &mut Backend, backends: &[(Backend, String)]) {
+    egui::ComboBox::from_id_salt(id).selected_text(backend_label(*backend)).show_ui(ui, |ui| {
+        for (b, label) in backends {
+            ui.selectable_value(backend, *b, label.as_str());
+        }
+    });
 }
 
 /// The chart of a run: one bar per mode, with its speed-up over eager and the share of the device's

@@ -47,12 +47,14 @@ fn main() -> eframe::Result {
         }
     }
     if let Some(b) = value("--run") {
-        // `--run wgpu|cuda|kernels|cpu`: a live run of the opened workload (waited for under --screenshot).
-        app.run_backend = match b.as_str() {
-            "cuda" => kiln::Backend::Cuda,
-            "wgpu" => kiln::Backend::Wgpu,
-            "cpu" => kiln::Backend::Cpu,
-            _ => kiln::Backend::Kernels,
+        // `--run wgpu|wgpu:N|cuda|kernels|cpu`: a live run of the opened workload (waited for under
+        // --screenshot).
+        app.run_backend = match b.parse::<kiln::Backend>() {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("kiln-explorer: {e}");
+                std::process::exit(2);
+            }
         };
         app.tab = kiln_app::Tab::Run;
         app.start_run(false);

@@ -391,3 +391,35 @@ fn the_demo_runs_a_workload_and_an_expression_checked_and_rejects_bad_lines() {
     assert_eq!(json["correct"], true);
     assert_eq!(json["runs"].as_array().map(Vec::len), Some(2));
 }
+
+#[test]
+fn live_runs_offer_every_wgpu_adapter_and_run_on_the_one_chosen() {
+    let adapters = kiln::wgpu_adapters();
+    if std::env::var("KILN_WGPU_TESTS").as_deref() == Ok("skip") {
+        eprintln!("KILN_WGPU_TESTS=skip: wgpu tests skipped on request");
+        return;
+    }
+    assert!(!adapters.is_empty(), "no wgpu adapter: install Mesa's Vulkan drivers, or set KILN_WGPU_TESTS=skip");
+    let mut h = w3();
+    h.state_mut().run_calls = 2;
+    h.get_by_label("Run").click();
+    h.run_steps(2);
+    // The combo lists each adapter by name; the last one (a software or GL one on a CI machine) is chosen.
+    h.get_by_value("Kernels").click();
+    h.run_steps(2);
+    let labels: Vec<String> = adapters.iter().enumerate().map(|(n, a)| format!("wgpu:{n} {a}")).collect();
+    for label in &labels {
+        assert!(h.query_by_label(label).is_some(), "{label} is offered");
+    }
+    h.get_by_label(labels.last().unwrap()).click();
+    h.run_steps(2);
+    assert_eq!(h.state().run_backend, kiln::Backend::WgpuAdapter(adapters.len() - 1));
+    h.get_by_label("Run at quick size").click();
+    h.run_steps(1);
+    h.state_mut().wait_for_run();
+    h.run_steps(2);
+    let (title, run) = h.state().runs.last().cloned().expect("a run");
+    let run = run.unwrap_or_else(|e| panic!("{title}: {e}"));
+    assert!(title.ends_with(labels.last().unwrap().as_str()), "{title}");
+    assert!(run.correct(), "{:?}", run.times);
+}

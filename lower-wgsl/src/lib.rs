@@ -1,6 +1,7 @@
 //! kiln-wgsl: the portable lowering. Kernels from `kiln-graph` are printed as WGSL, validated with naga,
 //! and run through wgpu on Vulkan, Metal, DX12 — and in browsers through WebGPU.
 
+pub mod adapters;
 pub mod render;
 pub mod storage;
 pub mod validate;

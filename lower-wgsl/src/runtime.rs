@@ -158,56 +158,22 @@ impl DriverCache {
     }
 }
 
-/// Ranks adapters: real GPUs first, then software ones; Vulkan/Metal/DX12 over GL.
-fn score(info: &wgpu::AdapterInfo) -> i32 {
-    let kind = match info.device_type {
-        wgpu::DeviceType::DiscreteGpu => 40,
-        wgpu::DeviceType::IntegratedGpu => 30,
-        wgpu::DeviceType::VirtualGpu => 20,
-        wgpu::DeviceType::Cpu => 10,
-        wgpu::DeviceType::Other => 0,
-    };
-    let api = match info.backend {
-        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 | wgpu::Backend::BrowserWebGpu => 5,
-        _ => 0,
-    };
-    kind + api
-}
-
 /// The error for a shader the device rejected: the kernel, the device's words, the numbered source.
 fn rejected(kernel: &str, e: &wgpu::Error, source: &str) -> String {
     let numbered: String = source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
     format!("kernel {kernel}: the device rejected the shader: {e}\n{numbered}")
 }
 
-/// How to get an adapter here, for the error when none is found.
-#[cfg(not(target_arch = "wasm32"))]
-pub const NO_ADAPTER_HINT: &str = "no GPU adapter found: install a Vulkan driver (on Debian/Ubuntu without a GPU: \
-     `apt-get install -y mesa-vulkan-drivers libvulkan1` for lavapipe), or set KILN_WGPU_ADAPTER to one of the \
-     listed adapters";
-
-/// How to get an adapter in a browser, for the error when none is found.
-#[cfg(target_arch = "wasm32")]
-pub const NO_ADAPTER_HINT: &str =
-    "the browser gave no WebGPU adapter (WebGPU is off, or not offered by this browser on this machine)";
-
 impl Gpu {
     /// Opens the best adapter (or the one whose name contains `KILN_WGPU_ADAPTER`).
     pub async fn new_async() -> Result<Gpu> {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
-        let wanted = std::env::var("KILN_WGPU_ADAPTER").ok();
-        let names: Vec<String> = adapters
-            .iter()
-            .map(|a| a.get_info())
-            .map(|i| format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type))
-            .collect();
-        let adapter = adapters
-            .into_iter()
-            .filter(|a| wanted.as_ref().is_none_or(|w| a.get_info().name.to_lowercase().contains(&w.to_lowercase())))
-            .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
-            .max_by_key(|a| score(&a.get_info()))
-            .ok_or_else(|| err(format!("{NO_ADAPTER_HINT}; adapters present: [{}]", names.join(", "))))?;
+        let adapters = crate::adapters::find().await;
+        let i = crate::adapters::default_index(&adapters)?;
+        Gpu::on(adapters[i].clone()).await
+    }
+
+    /// Opens `adapter` (one of [`crate::adapters::find`]'s).
+    pub async fn on(adapter: wgpu::Adapter) -> Result<Gpu> {
         let info = adapter.get_info();
         // KILN_WGPU_NO_F16=1 ignores `shader-f16`, so tests cover the packed-f16 path on any adapter.
         let f16 =
@@ -314,7 +280,18 @@ impl Gpu {
     /// Blocking [`Gpu::new_async`] for native code.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Gpu> {
-        pollster::block_on(Gpu::new_async())
+        let adapters = crate::adapters::here();
+        Gpu::open(crate::adapters::default_index(adapters)?)
+    }
+
+    /// Opens adapter `index` of [`crate::adapters::here`] (native code; a browser offers one adapter).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(index: usize) -> Result<Gpu> {
+        let adapters = crate::adapters::here();
+        let adapter = adapters.get(index).ok_or_else(|| {
+            err(format!("no wgpu adapter {index}: adapters here, best first: [{}]", crate::adapters::names(adapters).join(", ")))
+        })?;
+        pollster::block_on(Gpu::on(adapter.clone()))
     }
 
     /// A runtime over the best adapter (the facade keeps one per process).

@@ -5,8 +5,9 @@
 
 use kiln::{compile, Result, Tensor};
 
-/// Normalises `x` one way if its mean is positive, another way if not.
-fn normalise(x: &Tensor) -> Result<Tensor> {
+/// Normalises `x` one way if its mean is positive, another way if not. (Public: the explorer opens this
+/// example by compiling this very function.)
+pub fn normalise(x: &Tensor) -> Result<Tensor> {
     let mean = x.mean(&[], false)?;
     let centred = x.sub(&mean)?;
     if mean.item::<f32>()? > 0.0 {

@@ -157,6 +157,17 @@ impl Explorer {
         self.workload = Some(id.to_string());
     }
 
+    /// Starts compiling example program `name` ([`open::EXAMPLES`]) on a worker; its report opens when done.
+    pub fn open_example(&mut self, name: &str) {
+        let (tx, rx) = channel();
+        let example = name.to_string();
+        crate::spawn_task(move || async move {
+            let _ = tx.send(open::example_report(&example));
+        });
+        self.pending = Some((format!("example {name}"), rx));
+        self.workload = None;
+    }
+
     /// Pans and zooms the graph view along a fixed path, `t` seconds in, as a person's drags and scrolls
     /// would (the frame-rate measurement drives the view with it): from the whole graph down to a sixth
     /// of it, sweeping across.
@@ -485,6 +496,16 @@ impl Explorer {
                     .clicked()
                 {
                     self.open_workload(id);
+                }
+            }
+            ui.separator();
+            for name in open::EXAMPLES {
+                if ui
+                    .add_enabled(!self.busy(), egui::Button::new(name))
+                    .on_hover_text("the example program's function, compiled and run here")
+                    .clicked()
+                {
+                    self.open_example(name);
                 }
             }
             ui.separator();

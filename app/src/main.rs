@@ -1,4 +1,5 @@
-//! `kiln-explorer`: the desktop explorer. `--workload W3` opens a built-in workload, `--open FILE` a
+//! `kiln-explorer`: the desktop explorer. `--workload W3` opens a built-in workload, `--example "graph breaks"`
+//! an example program (`"digits CNN (ONNX)"` the other), `--open FILE` a
 //! compile report or bench JSON (repeat it to chart several bench JSONs side by side); `--tab graph|kernel|source|timelines|guards|bench|run|demo` picks the tab;
 //! `--collapse` draws fused regions as one box; `--run BACKEND` times the workload live; `--synthetic N` opens a made-up graph of N ops and `--fps SECONDS` pans and zooms it, printing the frame rate; `--screenshot out.png` renders the window, saves it and exits
 //! (CI runs this under Xvfb on lavapipe to see the real app draw).
@@ -13,6 +14,12 @@ fn main() -> eframe::Result {
         app.open_workload(&w);
         if screenshot.is_some() {
             // The picture is of the opened workload, not of its progress bar.
+            app.wait_for_work();
+        }
+    }
+    if let Some(e) = value("--example") {
+        app.open_example(&e);
+        if screenshot.is_some() {
             app.wait_for_work();
         }
     }

@@ -1,4 +1,4 @@
-//! Getting a report to show: compile a built-in workload (on the kernel backend, which runs the whole
+//! Getting a report to show: compile a built-in workload or an example program (on the kernel backend, which runs the whole
 //! pipeline — decompose, fuse, lower, plan — and the kernels on the CPU, so it needs no GPU), or read a
 //! report or bench file.
 
@@ -17,6 +17,39 @@ pub fn workload_report(id: &str) -> Result<CompileReport, String> {
     let compiled = kiln::compile(move |x: Vec<Tensor>| f(&x)).backend(kiln::Backend::Kernels);
     let _: Vec<Tensor> = compiled.call(inputs).map_err(|e| e.to_string())?;
     Ok(compiled.report())
+}
+
+/// The example programs the app opens (their own code, compiled in: `examples/` is the one source).
+pub const EXAMPLES: [&str; 2] = ["graph breaks", "digits CNN (ONNX)"];
+
+#[allow(dead_code)] // the example's `main` is its own; the app calls its function
+#[path = "../../examples/graph_breaks.rs"]
+mod graph_breaks;
+
+/// The digits classifier `examples/onnx_classify.rs` runs (exported from PyTorch by `scripts/onnx_models.py`).
+const DIGITS_ONNX: &[u8] = include_bytes!("../../tests/data/onnx/digits/model.onnx");
+
+/// Compiles and runs example `name` (one of [`EXAMPLES`]) as its program does, and returns its report:
+/// `graph breaks` on inputs that take both of its paths; the digits CNN on one 8x8 image.
+pub fn example_report(name: &str) -> Result<CompileReport, String> {
+    kiln::register_renderers();
+    match name {
+        "graph breaks" => {
+            let f = kiln::compile(graph_breaks::normalise).backend(kiln::Backend::Kernels);
+            for values in [[1.0f32, 2.0, 3.0, 6.0], [-1.0, -2.0, 0.5, 0.25]] {
+                let x = Tensor::from_slice(&values, &[4]).map_err(|e| e.to_string())?;
+                let _: Tensor = f.call(&x).map_err(|e| e.to_string())?;
+            }
+            Ok(f.report())
+        }
+        "digits CNN (ONNX)" => {
+            let model = kiln::onnx::load_bytes(DIGITS_ONNX, "digits.onnx").map_err(|e| e.to_string())?.backend(kiln::Backend::Kernels);
+            let x = Tensor::from_slice(&[0.5f32; 64], &[1, 1, 8, 8]).map_err(|e| e.to_string())?;
+            model.call(vec![x]).map_err(|e| e.to_string())?;
+            Ok(model.compiled().report())
+        }
+        other => Err(format!("no example `{other}` ({})", EXAMPLES.join(", "))),
+    }
 }
 
 /// The built-in workloads the app offers.

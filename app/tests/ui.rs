@@ -423,3 +423,30 @@ fn live_runs_offer_every_wgpu_adapter_and_run_on_the_one_chosen() {
     assert!(title.ends_with(labels.last().unwrap().as_str()), "{title}");
     assert!(run.correct(), "{:?}", run.times);
 }
+
+#[test]
+fn the_examples_open_with_their_breaks_and_convolutions() {
+    let mut h = harness(Explorer::default());
+    h.run_steps(2);
+    // `examples/graph_breaks.rs`' own function, on inputs taking both of its paths.
+    h.get_by_label("graph breaks").click();
+    h.run_steps(1);
+    h.state_mut().wait_for_work();
+    h.run_steps(3);
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    let (_, report) = h.state().report.clone().expect("a report");
+    let breaks: Vec<_> = report.entries.iter().flat_map(|e| &e.breaks).collect();
+    assert!(!breaks.is_empty(), "the value read breaks the graph");
+    assert!(breaks.iter().all(|b| b.loc.file.ends_with("graph_breaks.rs")), "{breaks:?}");
+    assert!(h.query_all_by_label_contains("break at").next().is_some(), "the break is listed");
+    // The digits CNN exported from PyTorch: its graph holds the convolutions.
+    h.get_by_label("digits CNN (ONNX)").click();
+    h.run_steps(1);
+    h.state_mut().wait_for_work();
+    h.run_steps(3);
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    let g = h.state().selected_graph().expect("a graph").clone();
+    let ops: Vec<String> = g.captured.op_histogram().into_iter().map(|(n, _)| n.to_string()).collect();
+    assert!(ops.iter().any(|o| o == "conv"), "{ops:?}");
+    assert!(!g.kernels.is_empty());
+}

@@ -31,12 +31,43 @@ impl SourceLoc {
 
 impl From<&Location<'_>> for SourceLoc {
     fn from(l: &Location<'_>) -> Self {
-        SourceLoc { file: l.file().to_string(), line: l.line(), column: l.column() }
+        SourceLoc { file: tidy(l.file()), line: l.line(), column: l.column() }
     }
+}
+
+/// `a/b/../c` as `a/c`: a file compiled through `#[path = "../.."]` (the explorer includes an example's
+/// source so) is named as a person would name it. Lexical only: paths are the compiler's, not the disk's.
+fn tidy(path: &str) -> String {
+    if !path.contains("/..") {
+        return path.to_string();
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match (part, parts.last()) {
+            ("..", Some(&last)) if last != ".." && !last.is_empty() => {
+                parts.pop();
+            }
+            _ => parts.push(part),
+        }
+    }
+    parts.join("/")
 }
 
 impl fmt::Display for SourceLoc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}:{}", self.file, self.line, self.column)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tidy;
+
+    #[test]
+    fn parent_steps_fold_lexically() {
+        assert_eq!(tidy("app/src/../../examples/graph_breaks.rs"), "examples/graph_breaks.rs");
+        assert_eq!(tidy("src/lib.rs"), "src/lib.rs");
+        assert_eq!(tidy("../up/a.rs"), "../up/a.rs");
+        assert_eq!(tidy("/abs/x/../y.rs"), "/abs/y.rs");
     }
 }

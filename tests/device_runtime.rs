@@ -266,7 +266,10 @@ fn each_wgpu_adapter_is_a_backend() {
     let y: Tensor = compile(|x: &Tensor| x.mul(2.0)).backend(first).call(&host(&[1.0, 2.5], &[2])).unwrap();
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0, 5.0]);
     let missing = kiln::Backend::WgpuAdapter(adapters.len()).runtime();
-    assert!(matches!(&missing, Err(kiln::Error::Backend { msg, .. }) if msg.contains("no wgpu adapter")), "{missing:?}");
+    assert!(
+        matches!(&missing, Err(kiln::Error::Backend { msg, .. }) if msg.contains("no wgpu adapter")),
+        "{missing:?}"
+    );
 }
 
 #[test]

@@ -102,7 +102,14 @@ pub struct Explorer {
     layout: Option<((usize, usize, bool, bool), Layout)>,
     scene_rect: egui::Rect,
     path: String,
+    /// "Browse…": a file dialog for reports and bench JSONs (a page has drag-and-drop instead).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub file_dialog: egui_file_dialog::FileDialog,
 }
+
+/// The dialog's filter for what the explorer opens.
+#[cfg(not(target_arch = "wasm32"))]
+const JSON_FILES: &str = "kiln reports and bench JSONs";
 
 impl Default for Explorer {
     fn default() -> Self {
@@ -141,6 +148,10 @@ impl Default for Explorer {
             layout: None,
             scene_rect: egui::Rect::ZERO,
             path: String::new(),
+            #[cfg(not(target_arch = "wasm32"))]
+            file_dialog: egui_file_dialog::FileDialog::new()
+                .add_file_filter_extensions(JSON_FILES, vec!["json"])
+                .default_file_filter(JSON_FILES),
         }
     }
 }
@@ -478,6 +489,15 @@ impl Explorer {
                 Err(e) => self.error = Some(e),
             }
         }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            self.file_dialog.update(ui.ctx());
+            if let Some(picked) = self.file_dialog.take_picked() {
+                self.path = picked.to_string_lossy().into_owned();
+                let p = self.path.clone();
+                self.open_path(&p);
+            }
+        }
         egui::Panel::top("open").show(ui, |ui| self.top_bar(ui));
         egui::Panel::left("contents").resizable(true).default_size(260.0).show(ui, |ui| {
             egui::ScrollArea::vertical().show(ui, |ui| self.contents(ui));
@@ -515,6 +535,10 @@ impl Explorer {
             if ui.button("Open").clicked() {
                 let p = self.path.clone();
                 self.open_path(&p);
+            }
+            #[cfg(not(target_arch = "wasm32"))]
+            if ui.button("Browse…").on_hover_text("pick a report or bench JSON").clicked() {
+                self.file_dialog.pick_file();
             }
             let mut pick = None;
             ui.add_enabled_ui(!self.recent.is_empty(), |ui| {

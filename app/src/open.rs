@@ -43,7 +43,9 @@ pub fn example_report(name: &str) -> Result<CompileReport, String> {
             Ok(f.report())
         }
         "digits CNN (ONNX)" => {
-            let model = kiln::onnx::load_bytes(DIGITS_ONNX, "digits.onnx").map_err(|e| e.to_string())?.backend(kiln::Backend::Kernels);
+            let model = kiln::onnx::load_bytes(DIGITS_ONNX, "digits.onnx")
+                .map_err(|e| e.to_string())?
+                .backend(kiln::Backend::Kernels);
             let x = Tensor::from_slice(&[0.5f32; 64], &[1, 1, 8, 8]).map_err(|e| e.to_string())?;
             model.call(vec![x]).map_err(|e| e.to_string())?;
             Ok(model.compiled().report())

@@ -450,3 +450,42 @@ fn the_examples_open_with_their_breaks_and_convolutions() {
     assert!(ops.iter().any(|o| o == "conv"), "{ops:?}");
     assert!(!g.kernels.is_empty());
 }
+
+#[test]
+fn browse_opens_a_report_picked_in_the_file_dialog() {
+    let dir = std::env::temp_dir().join(format!("kiln-browse-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = kiln_app::workload_report("W1").unwrap();
+    std::fs::write(dir.join("w1-report.json"), serde_json::to_string(&report).unwrap()).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not JSON").unwrap();
+    let mut app = Explorer::default();
+    app.file_dialog = egui_file_dialog::FileDialog::new()
+        .initial_directory(dir.clone())
+        .add_file_filter_extensions("JSON", vec!["json"])
+        .default_file_filter("JSON");
+    let mut h = harness(app);
+    h.run_steps(2);
+    h.get_by_label("Browse…").click();
+    // The dialog lists the folder (read on a thread) with only JSON files shown.
+    let mut listed = false;
+    for _ in 0..200 {
+        h.run_steps(1);
+        if h.query_by_label_contains("w1-report.json").is_some() {
+            listed = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(listed, "the dialog lists the report");
+    assert!(h.query_by_label_contains("notes.txt").is_none(), "the filter hides other files");
+    h.get_by_label_contains("w1-report.json").click();
+    h.run_steps(2);
+    // The dialog's own button (the top bar has an "Open" too).
+    h.get_by_label("🗀  Open").click();
+    h.run_steps(3);
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    let (name, opened) = h.state().report.clone().expect("the picked report is open");
+    assert!(name.contains("w1-report.json"), "{name}");
+    assert_eq!(opened.entries.len(), report.entries.len());
+    std::fs::remove_dir_all(&dir).ok();
+}

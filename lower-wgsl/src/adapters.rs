@@ -35,7 +35,6 @@ pub const NO_ADAPTER_HINT: &str = "no GPU adapter found: install a Vulkan driver
 pub const NO_ADAPTER_HINT: &str =
     "the browser gave no WebGPU adapter (WebGPU is off, or not offered by this browser on this machine)";
 
-
 /// Every adapter wgpu finds (but its no-op one), best first.
 pub async fn find() -> Vec<wgpu::Adapter> {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());

@@ -289,7 +289,10 @@ impl Gpu {
     pub fn open(index: usize) -> Result<Gpu> {
         let adapters = crate::adapters::here();
         let adapter = adapters.get(index).ok_or_else(|| {
-            err(format!("no wgpu adapter {index}: adapters here, best first: [{}]", crate::adapters::names(adapters).join(", ")))
+            err(format!(
+                "no wgpu adapter {index}: adapters here, best first: [{}]",
+                crate::adapters::names(adapters).join(", ")
+            ))
         })?;
         pollster::block_on(Gpu::on(adapter.clone()))
     }

@@ -565,6 +565,45 @@ impl Explorer {
         }
     }
 
+    /// The selected entry's graphs in the order the trace made them, each break drawn as a cut between
+    /// the graph it ended and the next (where and why); a click opens a graph.
+    fn trace_strip(&mut self, ui: &mut egui::Ui) {
+        let Some((_, r)) = &self.report else { return };
+        let (e, shown) = self.graph;
+        let Some(entry) = r.entries.get(e) else { return };
+        if entry.graphs.len() < 2 && entry.graphs.iter().all(|g| g.ended_by.is_none()) {
+            return;
+        }
+        let mut pick = None;
+        ui.horizontal_wrapped(|ui| {
+            ui.label(format!("entry {e}:"));
+            for (g, graph) in entry.graphs.iter().enumerate() {
+                let text = format!("graph {g} ({} ops)", graph.captured.nodes.len());
+                if ui.selectable_label(g == shown, text).clicked() {
+                    pick = Some(g);
+                }
+                if let Some(b) = &graph.ended_by {
+                    // (Arrows from the emoji font: the default text font has no U+2192.)
+                    ui.label("➡");
+                    ui.colored_label(egui::Color32::from_rgb(240, 160, 60), format!("✂ {}", b.loc))
+                        .on_hover_text(&b.reason);
+                    ui.label("➡");
+                }
+            }
+        });
+        if let Some(g) = pick {
+            self.select_graph((e, g));
+        }
+    }
+
+    /// Shows graph `g` (entry, graph) with nothing selected in it.
+    fn select_graph(&mut self, g: (usize, usize)) {
+        self.graph = g;
+        self.kernel = None;
+        self.node = None;
+        self.highlight.clear();
+    }
+
     fn contents(&mut self, ui: &mut egui::Ui) {
         let Some((source, r)) = &self.report else {
             ui.label("Open a workload above, or a report written with KILN_REPORT=dir (drop it here).");
@@ -607,10 +646,7 @@ impl Explorer {
             }
         }
         if let Some(g) = pick_graph {
-            self.graph = g;
-            self.kernel = None;
-            self.node = None;
-            self.highlight.clear();
+            self.select_graph(g);
         }
         if let Some(k) = pick_kernel {
             self.kernel = Some(k);
@@ -771,13 +807,11 @@ impl Explorer {
                 self.highlight.clear();
                 self.scene_rect = egui::Rect::ZERO;
             }
-            if let Some(b) = &g.ended_by {
-                ui.label(format!("ended by a graph break at {}", b.loc));
-            }
             ui.add(
                 egui::TextEdit::singleline(&mut self.search).hint_text("search ops or file:line").desired_width(200.0),
             );
         });
+        self.trace_strip(ui);
         let graph = graph_view::shown(&g, self.decomposed);
         if !self.search.trim().is_empty() {
             let q = self.search.trim().to_lowercase();

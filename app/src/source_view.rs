@@ -96,7 +96,7 @@ pub fn show(ui: &mut egui::Ui, file: &str, graphs: &[&GraphReport], jump: bool) 
                 ui.label(egui::RichText::new(line).monospace());
                 match note {
                     Some(n) => {
-                        let mut parts: Vec<String> = n.kernels.iter().map(|k| format!("→ {k}")).collect();
+                        let mut parts: Vec<String> = n.kernels.iter().map(|k| format!("➡ {k}")).collect();
                         parts.extend(n.breaks.iter().map(|b| format!("✂ graph break: {b}")));
                         ui.colored_label(egui::Color32::from_rgb(120, 180, 255), parts.join("  "));
                     }

@@ -222,7 +222,7 @@ fn the_source_view_annotates_lines_with_their_kernels_and_a_search_finds_ops() {
     h.run_steps(2);
     let k = h.state().selected_graph().unwrap().kernels[0].clone();
     let line = k.lines[0].line;
-    let wanted = format!("→ {}", k.name);
+    let wanted = format!("➡ {}", k.name);
     assert!(h.query_by_label_contains(&wanted).is_some(), "the kernel's line is annotated");
     assert!(h.query_by_label_contains("annotated line(s)").is_some());
     // A click on the annotated line number lights up its nodes in the graph.
@@ -439,6 +439,11 @@ fn the_examples_open_with_their_breaks_and_convolutions() {
     assert!(!breaks.is_empty(), "the value read breaks the graph");
     assert!(breaks.iter().all(|b| b.loc.file.ends_with("graph_breaks.rs")), "{breaks:?}");
     assert!(h.query_all_by_label_contains("break at").next().is_some(), "the break is listed");
+    // The graph view draws the trace: graph 0, the cut at the user's line, graph 1; a click opens graph 1.
+    assert!(h.query_by_label_contains("✂ examples/graph_breaks.rs:13").is_some(), "the cut is drawn");
+    h.get_by_label("graph 1 (6 ops)").click();
+    h.run_steps(2);
+    assert_eq!(h.state().graph, (0, 1));
     // The digits CNN exported from PyTorch: its graph holds the convolutions.
     h.get_by_label("digits CNN (ONNX)").click();
     h.run_steps(1);

@@ -16,6 +16,7 @@ pub mod dtype;
 pub mod error;
 pub mod explain;
 pub mod export;
+pub mod fan_in;
 pub mod fuse;
 pub mod gemm;
 pub mod guard;

@@ -107,10 +107,13 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
             origin.push(origin[o.index()]);
         }
     }
+    // A device that binds few buffers cannot read a wide concatenation's sources in one kernel.
+    let (live, origin, inner) =
+        crate::fan_in::split_wide_concats(&live, &origin, crate::fan_in::concat_fan_in(target.max_bindings));
     let primitive = Decomposed { graph: live, origin };
     let names: Vec<String> = primitive.origin.iter().map(|&o| graph.node(o).op.name().to_string()).collect();
     timings.decompose_ms = ms(clock);
-    let mut feedback = Feedback::default();
+    let mut feedback = Feedback { materialized: inner, ..Feedback::default() };
     loop {
         let per_op = (mode == FusionMode::PerOp).then_some(primitive.origin.as_slice());
         let clock = Instant::now();

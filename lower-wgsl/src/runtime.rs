@@ -178,7 +178,13 @@ impl Gpu {
         // KILN_WGPU_NO_F16=1 ignores `shader-f16`, so tests cover the packed-f16 path on any adapter.
         let f16 =
             adapter.features().contains(wgpu::Features::SHADER_F16) && std::env::var_os("KILN_WGPU_NO_F16").is_none();
-        let limits = adapter.limits();
+        // KILN_WGPU_LIMITS=webgpu asks for WebGPU's default limits (8 storage buffers a stage, 65,535
+        // workgroups a dimension, 128 MiB a binding) instead of the adapter's: what a page gets unless it
+        // asks for more, so the compiler's fitting to them is tested on any machine.
+        let limits = match std::env::var("KILN_WGPU_LIMITS").as_deref() {
+            Ok("webgpu") => wgpu::Limits::default(),
+            _ => adapter.limits(),
+        };
         let mut required_features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
         let persist = adapter.features().contains(wgpu::Features::PIPELINE_CACHE);
         if persist {

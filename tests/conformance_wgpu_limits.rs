@@ -1,0 +1,44 @@
+//! Every op, the edge cases and the bench workloads on wgpu with the device opened at WebGPU's default
+//! limits (KILN_WGPU_LIMITS=webgpu: 8 storage buffers a stage, 65,535 workgroups a dimension, 128 MiB a
+//! binding) — what a browser page gets unless it asks for more. The compiler must split regions that
+//! would bind more buffers and fold grids that would be wider; lavapipe's own limits are far larger, so
+//! without this the browser's limits are never exercised in CI.
+
+mod common;
+mod conformance;
+
+use kiln::graph::tolerance::{compare, Expected, Tolerance};
+use kiln::graph::{workloads, CpuReference};
+use kiln::{compile, Tensor};
+
+#[test]
+fn everything_fits_webgpu_default_limits() {
+    if common::wgpu_skipped() {
+        return;
+    }
+    // Set before this binary opens its device; no other test here opens one first.
+    std::env::set_var("KILN_WGPU_LIMITS", "webgpu");
+    let rt = kiln_wgsl::Gpu::runtime().unwrap_or_else(|e| panic!("{e}"));
+    let t = rt.target();
+    assert_eq!((t.max_bindings, t.max_groups_per_dim), (8, 65_535), "{}", rt.driver().describe());
+    assert_eq!(rt.driver().max_binding_bytes(), 128 << 20);
+    let b: std::sync::Arc<dyn kiln::graph::Backend> = rt.clone();
+    conformance::ops::every_op(&b);
+    conformance::ops::edge_cases(&b, true, false);
+    // The workloads at their check sizes (W6 too: its dense blocks concatenate up to 58 tensors).
+    for w in workloads::all() {
+        let specs = &w.check;
+        let g = kiln::graph::capture(specs, w.f).unwrap();
+        let tol = Tolerance::of(&g).unwrap();
+        let inputs: Vec<Tensor> = workloads::inputs(specs).into_iter().map(Tensor::from_data).collect();
+        let f = |x: Vec<Tensor>| (w.f)(&x);
+        let got: Vec<Tensor> =
+            compile(f).backend(rt.clone()).call(inputs.clone()).unwrap_or_else(|e| panic!("{}: {e}", w.id));
+        let want: Vec<Tensor> = compile(f).backend(CpuReference).call(inputs).unwrap();
+        for (i, (g, wnt)) in got.iter().zip(&want).enumerate() {
+            let outcome = compare(&g.to_data().unwrap(), &Expected::of(&wnt.to_data().unwrap(), "reference"), tol);
+            assert!(outcome.correct, "{} output {i}: {outcome:?}", w.id);
+        }
+        eprintln!("{}: {} outputs match the reference at WebGPU's default limits", w.id, got.len());
+    }
+}

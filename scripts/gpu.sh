@@ -12,7 +12,7 @@ stage)
   set -e
   mkdir -p .gpu/tests
   cargo test --release --locked -p kiln --test conformance_cuda --test device_runtime --test guards --test onnx_models \
-    --test conformance_wgpu --no-run --message-format=json 2>/dev/null |
+    --test conformance_wgpu --test conformance_wgpu_limits --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json, shutil
 for line in sys.stdin:
     m = json.loads(line)

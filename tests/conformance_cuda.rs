@@ -120,3 +120,13 @@ fn a_sum_over_more_than_two_to_the_32_elements() {
     let s: f32 = f.call(&zero).unwrap().item().unwrap();
     assert_eq!(s as f64, n as f32 as f64, "every element counted once");
 }
+
+/// 3·2^30-element tensors through W1, a row softmax and a full sum give the reference's values where
+/// 32-bit indexing would wrap (issue: 64-bit indexing on both paths).
+#[test]
+#[ignore = needs_gpu!()]
+fn tensors_past_two_to_the_32_elements() {
+    let b: std::sync::Arc<dyn kiln::graph::Backend> =
+        kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
+    conformance::user_cases::beyond_two_to_the_32(&b).unwrap_or_else(|e| panic!("{e}"));
+}

@@ -59,3 +59,20 @@ fn a_concat_whose_other_side_is_dead_renders() {
     let y: kiln::Tensor = f.call(&x).unwrap();
     assert!((y.to_vec::<f32>().unwrap()[0] - 0.5f32.sin()).abs() < 1e-6);
 }
+
+/// The 3·2^30-element tensors of the CUDA test on wgpu: the reference's values, or a typed error naming
+/// the adapter's binding or buffer limit where one 12 GiB tensor exceeds it. Ignored by default: it needs
+/// a GPU with tens of GiB (`--include-ignored` on the GPU machine runs it).
+#[test]
+#[ignore = "needs a GPU with 48 GiB free: run with --include-ignored on the GPU machine"]
+fn tensors_past_two_to_the_32_elements_or_a_limit_error() {
+    let Some(b) = wgpu() else { return };
+    match conformance::user_cases::beyond_two_to_the_32(&b) {
+        Ok(()) => eprintln!("wgpu held 12 GiB tensors and matched the reference"),
+        Err(kiln::Error::OutOfMemory { limit: Some(limit), what, .. }) => {
+            eprintln!("wgpu refused: {what}, limit {limit} bytes");
+            assert!(limit < (3u64 << 32), "a refusal names a limit below the 12 GiB asked for");
+        }
+        Err(e) => panic!("neither the reference's values nor a limit error: {e}"),
+    }
+}

@@ -208,3 +208,59 @@ pub fn non_finite_constants(b: &Arc<dyn Backend>) {
         assert_values(&f.call(&x.slice(0, 3, None, 1).unwrap()).unwrap(), &[p, 2.0, f64::NEG_INFINITY]);
     }
 }
+
+/// Tensors of 3·2^30 elements (12 GiB of f32 each), past where 32-bit indexing wraps: W1 elementwise, a
+/// softmax over rows that start 2^31 and 2^32 elements in, and a full sum. Each result is read where a
+/// wrapped index would land elsewhere (around 2^31, 2^32 and the end) and checked against the reference
+/// on the values the device holds there. A device that cannot hold such a tensor must say so with a
+/// typed error naming its limit: that error is returned, for the caller to accept or not.
+pub fn beyond_two_to_the_32(b: &Arc<dyn Backend>) -> kiln::graph::Result<()> {
+    big_tensors(b, 3 << 30)
+}
+
+/// [`beyond_two_to_the_32`]'s checks for `n` elements (a multiple of 1024), at the positions below `n`.
+pub fn big_tensors(b: &Arc<dyn Backend>, n: usize) -> kiln::graph::Result<()> {
+    use kiln::graph::{workloads, CpuReference};
+    let zero = Tensor::from_slice(&[0.0f32], &[1])?;
+    let on_host = |t: &Tensor| -> kiln::graph::Result<Tensor> { Tensor::from_slice(&t.to_vec::<f32>()?, &t.shape().as_concrete().unwrap_or_default()) };
+    let host_compiled = |f: fn(&[Tensor]) -> kiln::graph::Result<Vec<Tensor>>, x: Tensor| {
+        compile(move |x: &Tensor| f(std::slice::from_ref(x))).backend(CpuReference).call(&x)
+    };
+    // W1 on a ramp (made on the device: nothing this size crosses from the host).
+    let w1 = compile(|z: &Tensor| -> kiln::graph::Result<Vec<Tensor>> {
+        let x = Tensor::arange(0.0, n as f64, 1.0, DType::F32)?.mul(1e-9)?.sub(1.5)?.add(z)?;
+        let y = workloads::w1(std::slice::from_ref(&x))?.remove(0);
+        Ok(vec![x, y])
+    })
+    .backend(b.clone());
+    let xy: Vec<Tensor> = w1.call(&zero)?;
+    let two31: usize = 1 << 31;
+    let points = [0, 1, two31 - 1, two31, two31 + 1, 2 * two31 - 1, 2 * two31, 2 * two31 + 1, n - 2, n - 1];
+    for i in points.into_iter().filter(|&i| i < n) {
+        let at = |t: &Tensor| t.slice(0, i as isize, Some(i as isize + 1), 1);
+        let want: Vec<Tensor> = host_compiled(workloads::w1, on_host(&at(&xy[0])?)?)?;
+        assert_values(&at(&xy[1])?, &values(&want[0]));
+    }
+    drop(xy);
+    // Softmax over rows of 1024: row 2^21 starts 2^31 elements in, row 2^22 at 2^32.
+    let rows = n / 1024;
+    let w2 = compile(|z: &Tensor| -> kiln::graph::Result<Vec<Tensor>> {
+        let x = Tensor::arange(0.0, n as f64, 1.0, DType::F32)?.mul(3e-7)?.sin()?.add(z)?.reshape(&[rows as isize, 1024])?;
+        Ok(vec![x.softmax(-1)?, x])
+    })
+    .backend(b.clone());
+    let sx: Vec<Tensor> = w2.call(&zero)?;
+    for r in [0, (1 << 21) - 1, 1 << 21, (1 << 22) + 5, rows - 1].into_iter().filter(|&r| r < rows) {
+        let at = |t: &Tensor| t.slice(0, r as isize, Some(r as isize + 1), 1);
+        let want: Vec<Tensor> = host_compiled(workloads::w2, on_host(&at(&sx[1])?)?)?;
+        assert_values(&at(&sx[0])?, &values(&want[0]));
+    }
+    drop(sx);
+    // Every element summed once (3·2^30 is exact in f32).
+    let total: f32 = compile(|z: &Tensor| Tensor::ones(&[n], DType::F32)?.add(z)?.sum(&[0], false))
+        .backend(b.clone())
+        .call(&zero)?
+        .item()?;
+    assert_eq!(total as f64, n as f64, "every element counted once");
+    Ok(())
+}

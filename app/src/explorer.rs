@@ -159,24 +159,24 @@ impl Default for Explorer {
 impl Explorer {
     /// Starts compiling built-in workload `id` on a worker; the report opens when it is done.
     pub fn open_workload(&mut self, id: &str) {
-        let (tx, rx) = channel();
-        let name = id.to_string();
-        crate::spawn_task(move || async move {
-            let _ = tx.send(open::workload_report(&name));
-        });
-        self.pending = Some((format!("workload {id}"), rx));
+        self.compile_on_worker(format!("workload {id}"), id, open::workload_report);
         self.workload = Some(id.to_string());
     }
 
     /// Starts compiling example program `name` ([`open::EXAMPLES`]) on a worker; its report opens when done.
     pub fn open_example(&mut self, name: &str) {
-        let (tx, rx) = channel();
-        let example = name.to_string();
-        crate::spawn_task(move || async move {
-            let _ = tx.send(open::example_report(&example));
-        });
-        self.pending = Some((format!("example {name}"), rx));
+        self.compile_on_worker(format!("example {name}"), name, open::example_report);
         self.workload = None;
+    }
+
+    /// Runs `make(name)` on a worker; its report opens when it arrives (see `pending`).
+    fn compile_on_worker(&mut self, title: String, name: &str, make: fn(&str) -> Result<CompileReport, String>) {
+        let (tx, rx) = channel();
+        let name = name.to_string();
+        crate::spawn_task(move || async move {
+            let _ = tx.send(make(&name));
+        });
+        self.pending = Some((title, rx));
     }
 
     /// Pans and zooms the graph view along a fixed path, `t` seconds in, as a person's drags and scrolls
@@ -509,26 +509,24 @@ impl Explorer {
         ui.horizontal_wrapped(|ui| {
             ui.strong("kiln explorer");
             ui.separator();
-            for id in open::workload_ids() {
-                if ui
-                    .add_enabled(!self.busy(), egui::Button::new(id))
-                    .on_hover_text("compile and run it here")
-                    .clicked()
-                {
-                    self.open_workload(id);
+            // The built-in workloads, then the example programs: one button each.
+            let groups = [(open::workload_ids(), false), (open::EXAMPLES.to_vec(), true)];
+            for (names, example) in groups {
+                let hover = if example {
+                    "the example program's function, compiled and run here"
+                } else {
+                    "compile and run it here"
+                };
+                for name in names {
+                    if ui.add_enabled(!self.busy(), egui::Button::new(name)).on_hover_text(hover).clicked() {
+                        match example {
+                            true => self.open_example(name),
+                            false => self.open_workload(name),
+                        }
+                    }
                 }
+                ui.separator();
             }
-            ui.separator();
-            for name in open::EXAMPLES {
-                if ui
-                    .add_enabled(!self.busy(), egui::Button::new(name))
-                    .on_hover_text("the example program's function, compiled and run here")
-                    .clicked()
-                {
-                    self.open_example(name);
-                }
-            }
-            ui.separator();
             ui.add(
                 egui::TextEdit::singleline(&mut self.path).hint_text("report or bench JSON path").desired_width(240.0),
             );

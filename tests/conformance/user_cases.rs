@@ -222,7 +222,9 @@ pub fn beyond_two_to_the_32(b: &Arc<dyn Backend>) -> kiln::graph::Result<()> {
 pub fn big_tensors(b: &Arc<dyn Backend>, n: usize) -> kiln::graph::Result<()> {
     use kiln::graph::{workloads, CpuReference};
     let zero = Tensor::from_slice(&[0.0f32], &[1])?;
-    let on_host = |t: &Tensor| -> kiln::graph::Result<Tensor> { Tensor::from_slice(&t.to_vec::<f32>()?, &t.shape().as_concrete().unwrap_or_default()) };
+    let on_host = |t: &Tensor| -> kiln::graph::Result<Tensor> {
+        Tensor::from_slice(&t.to_vec::<f32>()?, &t.shape().as_concrete().unwrap_or_default())
+    };
     let host_compiled = |f: fn(&[Tensor]) -> kiln::graph::Result<Vec<Tensor>>, x: Tensor| {
         compile(move |x: &Tensor| f(std::slice::from_ref(x))).backend(CpuReference).call(&x)
     };
@@ -245,7 +247,11 @@ pub fn big_tensors(b: &Arc<dyn Backend>, n: usize) -> kiln::graph::Result<()> {
     // Softmax over rows of 1024: row 2^21 starts 2^31 elements in, row 2^22 at 2^32.
     let rows = n / 1024;
     let w2 = compile(|z: &Tensor| -> kiln::graph::Result<Vec<Tensor>> {
-        let x = Tensor::arange(0.0, n as f64, 1.0, DType::F32)?.mul(3e-7)?.sin()?.add(z)?.reshape(&[rows as isize, 1024])?;
+        let x = Tensor::arange(0.0, n as f64, 1.0, DType::F32)?
+            .mul(3e-7)?
+            .sin()?
+            .add(z)?
+            .reshape(&[rows as isize, 1024])?;
         Ok(vec![x.softmax(-1)?, x])
     })
     .backend(b.clone());

@@ -25,6 +25,7 @@ pub mod interp;
 pub mod ir;
 pub mod kernel;
 pub mod kinterp;
+pub mod layers;
 pub mod loc;
 pub mod lower;
 pub mod minimize;

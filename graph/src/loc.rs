@@ -16,11 +16,39 @@ pub struct SourceLoc {
     pub column: u32,
 }
 
+thread_local! {
+    /// The user's line that every op recorded now is attributed to, while a layer made of several ops
+    /// runs (see [`SourceLoc::attributed`]).
+    static SCOPE: std::cell::RefCell<Option<SourceLoc>> = const { std::cell::RefCell::new(None) };
+}
+
 impl SourceLoc {
-    /// The location of the caller of the innermost `#[track_caller]` frame.
+    /// The location of the caller of the innermost `#[track_caller]` frame — or, inside
+    /// [`SourceLoc::attributed`], the line the whole layer was called from.
     #[track_caller]
     pub fn caller() -> Self {
-        Location::caller().into()
+        // Read here: inside the closure below, `Location::caller` would name this file.
+        let here = Location::caller();
+        SCOPE.with(|s| s.borrow().clone()).unwrap_or_else(|| here.into())
+    }
+
+    /// Runs `f` with every op it records (and every error it raises) attributed to `loc`: a layer built
+    /// from several ops (`batch_norm`, `group_norm`) shows as the user's one line, not kiln's. The
+    /// outermost attribution wins when layers nest.
+    pub fn attributed<R>(loc: SourceLoc, f: impl FnOnce() -> R) -> R {
+        let outer = SCOPE.with(|s| s.borrow().is_some());
+        if outer {
+            return f();
+        }
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                SCOPE.with(|s| *s.borrow_mut() = None);
+            }
+        }
+        SCOPE.with(|s| *s.borrow_mut() = Some(loc));
+        let _reset = Reset;
+        f()
     }
 
     /// A location for nodes that kiln makes itself rather than the user (none of the user's lines applies).

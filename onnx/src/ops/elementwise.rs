@@ -159,13 +159,9 @@ fn clip(node: &Node) -> OpResult<Vec<Value>> {
 }
 
 fn activation(node: &Node, op: &str, x: &Tensor) -> OpResult<Tensor> {
-    let neg = || x.lt(0.0);
     Ok(match op {
-        "LeakyRelu" => neg()?.where_(x.mul(node.float("alpha", 0.01))?, x)?,
-        "Elu" => {
-            let alpha = node.float("alpha", 1.0);
-            neg()?.where_(x.exp()?.sub(1.0)?.mul(alpha)?, x)?
-        }
+        "LeakyRelu" => x.leaky_relu(node.float("alpha", 0.01))?,
+        "Elu" => x.elu(node.float("alpha", 1.0))?,
         "Selu" => {
             let alpha = node.float("alpha", 1.673_263_192_176_818_8);
             let gamma = node.float("gamma", 1.050_701_022_148_132_3);
@@ -180,7 +176,7 @@ fn activation(node: &Node, op: &str, x: &Tensor) -> OpResult<Tensor> {
             let (alpha, beta) = (node.float("alpha", 0.2), node.float("beta", 0.5));
             x.mul(alpha)?.add(beta)?.minimum(1.0)?.maximum(0.0)?
         }
-        "HardSwish" => x.mul(&x.div(6.0)?.add(0.5)?.minimum(1.0)?.maximum(0.0)?)?,
+        "HardSwish" => x.hardswish()?,
         "Softplus" => x.exp()?.add(1.0)?.log()?,
         "Softsign" => x.div(&x.abs()?.add(1.0)?)?,
         "ThresholdedRelu" => x.gt(node.float("alpha", 1.0))?.where_(x, 0.0)?,

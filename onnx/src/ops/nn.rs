@@ -44,10 +44,8 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         })(),
         "BatchNormalization" => batch_norm(node),
         "InstanceNormalization" => (|| {
-            let x = node.tensor(0)?;
-            let axes: Vec<isize> = (2..x.rank() as isize).collect();
-            let y = normalize(&x, &axes, node.float("epsilon", 1e-5))?;
-            one(affine(&y, node.opt_tensor(1)?, node.opt_tensor(2)?, 1)?)
+            let (scale, bias) = (node.opt_tensor(1)?, node.opt_tensor(2)?);
+            one(node.tensor(0)?.instance_norm(scale.as_ref(), bias.as_ref(), node.float("epsilon", 1e-5))?)
         })(),
         "LayerNormalization" => layer_norm(node),
         "GroupNormalization" => group_norm(node),
@@ -235,32 +233,11 @@ fn pool(node: &Node, max: bool) -> OpResult<Vec<Value>> {
     one(if max { x.max_pool(&kernel, &win)? } else { x.avg_pool(&kernel, &win, count_pad)? })
 }
 
-/// `(x - mean) / sqrt(var + eps)` over `axes` (biased variance).
-fn normalize(x: &Tensor, axes: &[isize], eps: f64) -> OpResult<Tensor> {
-    let mean = x.mean(axes, true)?;
-    let d = x.sub(&mean)?;
-    let var = d.mul(&d)?.mean(axes, true)?;
-    Ok(d.mul(&var.add(eps)?.rsqrt()?)?)
-}
-
 /// A per-channel parameter `[C]` shaped to broadcast over `[N, C, ...]` of rank `rank`.
 fn per_channel(p: &Tensor, rank: usize) -> OpResult<Tensor> {
     let mut dims = vec![-1isize];
     dims.extend(std::iter::repeat_n(1, rank.saturating_sub(2)));
     Ok(p.reshape(&dims)?)
-}
-
-/// `y * scale + bias` with per-channel parameters (channel axis 1).
-fn affine(y: &Tensor, scale: Option<Tensor>, bias: Option<Tensor>, _channel_axis: usize) -> OpResult<Tensor> {
-    let r = y.rank();
-    let mut y = y.clone();
-    if let Some(s) = scale {
-        y = y.mul(&per_channel(&s, r)?)?;
-    }
-    if let Some(b) = bias {
-        y = y.add(&per_channel(&b, r)?)?;
-    }
-    Ok(y)
 }
 
 fn batch_norm(node: &Node) -> OpResult<Vec<Value>> {
@@ -269,12 +246,7 @@ fn batch_norm(node: &Node) -> OpResult<Vec<Value>> {
     }
     let (x, scale, bias, mean, var) =
         (node.tensor(0)?, node.tensor(1)?, node.tensor(2)?, node.tensor(3)?, node.tensor(4)?);
-    let r = x.rank();
-    let eps = node.float("epsilon", 1e-5);
-    // One multiply-add per element: the per-channel factor is computed on the [C] parameters.
-    let inv = scale.mul(&var.add(eps)?.rsqrt()?)?;
-    let y = x.sub(&per_channel(&mean, r)?)?.mul(&per_channel(&inv, r)?)?.add(&per_channel(&bias, r)?)?;
-    one(y)
+    one(x.batch_norm(&mean, &var, Some(&scale), Some(&bias), node.float("epsilon", 1e-5))?)
 }
 
 fn layer_norm(node: &Node) -> OpResult<Vec<Value>> {
@@ -306,29 +278,22 @@ fn layer_norm(node: &Node) -> OpResult<Vec<Value>> {
 fn group_norm(node: &Node) -> OpResult<Vec<Value>> {
     let (x, scale, bias) = (node.tensor(0)?, node.tensor(1)?, node.tensor(2)?);
     let groups = node.int("num_groups", 0);
-    let dims = x.shape().dims().to_vec();
-    let (Some(c), true) = (dims.get(1).and_then(Expr::as_const), groups >= 1) else {
+    let c = x.shape().dims().get(1).and_then(Expr::as_const);
+    let (Some(c), true) = (c, groups >= 1) else {
         return invalid("needs [N, C, ...] with a constant C and num_groups >= 1");
     };
-    if c % groups != 0 {
-        return invalid(format!("{c} channels in {groups} groups"));
-    }
-    let mut grouped = vec![dims[0].clone(), Expr::constant(groups), Expr::constant(c / groups)];
-    grouped.extend(dims[2..].iter().cloned());
-    let g = reshape_to(&x, &grouped)?;
-    let axes: Vec<isize> = (2..g.rank() as isize).collect();
-    let y = reshape_to(&normalize(&g, &axes, node.float("epsilon", 1e-5))?, &dims)?;
+    let eps = node.float("epsilon", 1e-5);
     let per_group = scale.shape().dims().first().and_then(Expr::as_const) == Some(groups) && groups != c;
-    if per_group {
+    if per_group && c % groups == 0 {
         // Opset 18: one scale and bias per group, repeated over its channels.
         let spread = |p: &Tensor| -> OpResult<Tensor> {
             Ok(p.reshape(&[groups as isize, 1])?
                 .expand(&[groups as isize, (c / groups) as isize])?
                 .reshape(&[c as isize])?)
         };
-        return one(affine(&y, Some(spread(&scale)?), Some(spread(&bias)?), 1)?);
+        return one(x.group_norm(groups as usize, Some(&spread(&scale)?), Some(&spread(&bias)?), eps)?);
     }
-    one(affine(&y, Some(scale), Some(bias), 1)?)
+    one(x.group_norm(groups as usize, Some(&scale), Some(&bias), eps)?)
 }
 
 /// Local response normalization across channels: the squared sum over a window of `size` channels is

@@ -196,3 +196,82 @@ impl Tensor {
         })
     }
 }
+
+/// How [`Tensor::pad_with`] fills the border (`torch.nn.functional.pad`'s modes; ONNX `Pad`'s
+/// `constant`, `reflect`, `edge`, `wrap`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PadMode {
+    /// Every new element is this value.
+    Constant(f64),
+    /// Mirrored without repeating the edge: `[a b c]` padded by 2 → `c b [a b c] b a`. Each pad must be
+    /// below the axis's size.
+    Reflect,
+    /// The edge element repeated: `a a [a b c] c c`.
+    Replicate,
+    /// Wrapped around: `b c [a b c] a b`. Each pad must be at most the axis's size.
+    Circular,
+}
+
+impl Tensor {
+    /// Pads axis `i` by `pads[i] = (before, after)`, from the first axis (as [`Tensor::pad`]; fewer entries
+    /// than the rank pad the leading axes only), filling as `mode` says. Reflect, replicate and
+    /// circular padding are slices of `x` joined to it (flipped where reflected), so a convolution with
+    /// `padding_mode='reflect'` is `x.pad_with(.., PadMode::Reflect)?.conv(..)`. Padded axes must have
+    /// constant sizes.
+    #[track_caller]
+    pub fn pad_with(&self, pads: &[(usize, usize)], mode: PadMode) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        if let PadMode::Constant(v) = mode {
+            return SourceLoc::attributed(loc, || self.pad(pads, v));
+        }
+        SourceLoc::attributed(loc, || {
+            let bad = |msg: String| Error::Shape { op: "pad".into(), msg, loc: SourceLoc::caller() };
+            if pads.len() > self.rank() {
+                return Err(bad(format!("{} pads for a rank-{} tensor", pads.len(), self.rank())));
+            }
+            let mut x = self.clone();
+            for (a, &(before, after)) in pads.iter().enumerate() {
+                if before == 0 && after == 0 {
+                    continue;
+                }
+                let n = x.shape().dims()[a].as_const().ok_or_else(|| bad(format!("axis {a} has a symbolic size")))?
+                    as usize;
+                let fits = match mode {
+                    PadMode::Reflect => before < n && after < n,
+                    PadMode::Circular => before <= n && after <= n,
+                    _ => n >= 1,
+                };
+                if !fits {
+                    return Err(bad(format!("{mode:?} padding ({before}, {after}) of axis {a} of size {n}")));
+                }
+                let ax = a as isize;
+                let part = |start: usize, len: usize| x.narrow(ax, start, len);
+                let (head, tail) = match mode {
+                    PadMode::Reflect => (flip(&part(1, before)?, ax)?, flip(&part(n - 1 - after, after)?, ax)?),
+                    PadMode::Circular => (part(n - before, before)?, part(0, after)?),
+                    _ => (repeat(&part(0, 1)?, ax, before)?, repeat(&part(n - 1, 1)?, ax, after)?),
+                };
+                let pieces: Vec<&Tensor> =
+                    [&head, &x, &tail].into_iter().filter(|t| t.shape().dims()[a].as_const() != Some(0)).collect();
+                x = Tensor::concat(&pieces, ax)?;
+            }
+            Ok(x)
+        })
+    }
+}
+
+/// `x` reversed along axis `a` (a gather of the indices `n-1 .. 0`).
+fn flip(x: &Tensor, a: isize) -> Result<Tensor> {
+    let n = x.shape().dims()[a as usize].as_const().unwrap_or(0);
+    if n <= 1 {
+        return Ok(x.clone());
+    }
+    x.index_select(a, &Tensor::arange((n - 1) as f64, -1.0, -1.0, crate::DType::I64)?)
+}
+
+/// A size-1 slice `x` repeated `k` times along axis `a` (a broadcast).
+fn repeat(x: &Tensor, a: isize, k: usize) -> Result<Tensor> {
+    let mut dims: Vec<isize> = x.shape().dims().iter().map(|d| d.as_const().map_or(-1, |v| v as isize)).collect();
+    dims[a as usize] = k as isize;
+    x.expand(&dims)
+}

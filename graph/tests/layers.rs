@@ -132,3 +132,30 @@ fn every_node_of_a_layer_is_the_callers_line() {
         .iter()
         .all(|n| n.loc.file.ends_with("tests/layers.rs") || matches!(n.op, kiln_graph::ir::Op::Input { .. })));
 }
+
+#[test]
+fn padding_modes_fill_the_border_as_torch_does() {
+    use kiln_graph::layers::PadMode;
+    // [2, 3]: rows [1 2 3] and [4 5 6]; the last axis padded (2, 1), the first (1, 0).
+    let x = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let cases: [(PadMode, [f64; 18]); 3] = [
+        (
+            PadMode::Reflect,
+            // Rows: the reflected row above is row 1; each row [r0 r1 r2] → r2 r1 r0 r1 r2 r1.
+            [6., 5., 4., 5., 6., 5., 3., 2., 1., 2., 3., 2., 6., 5., 4., 5., 6., 5.],
+        ),
+        (PadMode::Replicate, [1., 1., 1., 2., 3., 3., 1., 1., 1., 2., 3., 3., 4., 4., 4., 5., 6., 6.]),
+        (PadMode::Circular, [5., 6., 4., 5., 6., 4., 2., 3., 1., 2., 3., 1., 5., 6., 4., 5., 6., 4.]),
+    ];
+    for (mode, want) in cases {
+        let y = x.pad_with(&[(1, 0), (2, 1)], mode).unwrap();
+        assert_eq!(y.shape().as_concrete(), Some(vec![3, 6]), "{mode:?}");
+        close(&y, &want);
+    }
+    close(&x.pad_with(&[(0, 0), (1, 0)], PadMode::Constant(9.0)).unwrap(), &[9., 1., 2., 3., 9., 4., 5., 6.]);
+    // Reflect needs pads below the size; circular at most the size.
+    for (pads, mode) in [([(0, 0), (3, 0)], PadMode::Reflect), ([(0, 0), (0, 4)], PadMode::Circular)] {
+        let e = x.pad_with(&pads, mode);
+        assert!(matches!(&e, Err(Error::Shape { loc, .. }) if loc.file.ends_with("tests/layers.rs")), "{e:?}");
+    }
+}

@@ -5,6 +5,7 @@
 use super::{axis, invalid, one, product, reshape_to, unsupported, Node, OpError, OpResult};
 use crate::tensor::to_data;
 use crate::value::{Ints, Value};
+use kiln_graph::layers::PadMode;
 use kiln_graph::sym::Expr;
 use kiln_graph::{DType, Tensor};
 
@@ -422,7 +423,14 @@ fn tile(node: &Node) -> OpResult<Vec<Value>> {
 
 fn pad(node: &Node) -> OpResult<Vec<Value>> {
     let mode = node.string("mode").unwrap_or_else(|| "constant".into());
-    if mode != "constant" {
+    let fill = |value: f64| match mode.as_str() {
+        "constant" => Some(PadMode::Constant(value)),
+        "reflect" => Some(PadMode::Reflect),
+        "edge" => Some(PadMode::Replicate),
+        "wrap" => Some(PadMode::Circular),
+        _ => None,
+    };
+    if fill(0.0).is_none() {
         return unsupported(format!("Pad mode {mode:?}"));
     }
     let x = node.tensor(0)?;
@@ -452,7 +460,7 @@ fn pad(node: &Node) -> OpResult<Vec<Value>> {
     for (i, &a) in axes.iter().enumerate() {
         per_axis[a] = (pads[i] as usize, pads[i + axes.len()] as usize);
     }
-    one(x.pad(&per_axis, value)?)
+    one(x.pad_with(&per_axis, fill(value).unwrap_or(PadMode::Constant(value)))?)
 }
 
 fn range(node: &Node) -> OpResult<Vec<Value>> {

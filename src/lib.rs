@@ -106,8 +106,16 @@ impl std::str::FromStr for Backend {
             "wgpu" => Backend::Wgpu,
             "kernels" => Backend::Kernels,
             "cpu" => Backend::Cpu,
-            other if other.strip_prefix("wgpu:").is_some_and(|n| n.parse::<usize>().is_ok()) => {
-                Backend::WgpuAdapter(other[5..].parse().unwrap_or(0))
+            other if other.strip_prefix("wgpu:").is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) => {
+                match other[5..].parse() {
+                    Ok(n) => Backend::WgpuAdapter(n),
+                    Err(_) => {
+                        return Err(Error::Unsupported {
+                            what: format!("backend `{other}`: no such adapter number"),
+                            loc: SourceLoc::internal(),
+                        })
+                    }
+                }
             }
             other => {
                 return Err(Error::Unsupported {
@@ -210,7 +218,7 @@ fn wgpu_adapter_backend(n: usize) -> Result<Arc<dyn kiln_graph::Backend>> {
         Some(slot) => shared(slot, "wgpu", || Ok(Runtime::new(kiln_wgsl::Gpu::open(n)?))),
         None => Err(Error::Backend {
             backend: "wgpu".into(),
-            msg: format!("no wgpu adapter {n}: adapters here, best first: {:?}", wgpu_adapters()),
+            msg: kiln_wgsl::adapters::missing(n, kiln_wgsl::adapters::here()),
         }),
     }
 }
@@ -256,7 +264,7 @@ pub async fn open_wgpu() -> Result<Arc<Runtime>> {
     // Native code opens it where `Backend::Wgpu` does (one runtime per adapter).
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let rt = wgpu_backend()?.runtime();
+        let rt = Backend::Wgpu.into_backend()?.runtime();
         rt.ok_or_else(|| Error::Backend { backend: "wgpu".into(), msg: "the wgpu backend has no runtime".into() })
     }
     #[cfg(target_arch = "wasm32")]

@@ -125,8 +125,8 @@ fn a_sum_over_more_than_two_to_the_32_elements() {
 /// 32-bit indexing would wrap (issue: 64-bit indexing on both paths).
 #[test]
 #[ignore = needs_gpu!()]
-fn tensors_past_two_to_the_32_elements() {
+fn tensors_of_three_times_two_to_the_30_elements() {
     let b: std::sync::Arc<dyn kiln::graph::Backend> =
         kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
-    conformance::user_cases::beyond_two_to_the_32(&b).unwrap_or_else(|e| panic!("{e}"));
+    conformance::user_cases::three_times_two_to_the_30(&b).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -65,9 +65,9 @@ fn a_concat_whose_other_side_is_dead_renders() {
 /// a GPU with tens of GiB (`--include-ignored` on the GPU machine runs it).
 #[test]
 #[ignore = "needs a GPU with 48 GiB free: run with --include-ignored on the GPU machine"]
-fn tensors_past_two_to_the_32_elements_or_a_limit_error() {
+fn tensors_of_three_times_two_to_the_30_elements_or_a_limit_error() {
     let Some(b) = wgpu() else { return };
-    match conformance::user_cases::beyond_two_to_the_32(&b) {
+    match conformance::user_cases::three_times_two_to_the_30(&b) {
         Ok(()) => eprintln!("wgpu held 12 GiB tensors and matched the reference"),
         Err(kiln::Error::OutOfMemory { limit: Some(limit), what, .. }) => {
             eprintln!("wgpu refused: {what}, limit {limit} bytes");

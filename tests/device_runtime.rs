@@ -263,6 +263,10 @@ fn each_wgpu_adapter_is_a_backend() {
     if std::env::var_os("KILN_WGPU_ADAPTER").is_none() {
         assert!(Arc::ptr_eq(&rt, &best), "adapter 0 is the best one, opened once: {adapters:?}");
     }
+    if adapters.len() > 1 {
+        let second = kiln::Backend::WgpuAdapter(1).runtime().unwrap_or_else(|e| panic!("{e}")).expect("a runtime");
+        assert!(!Arc::ptr_eq(&rt, &second), "each adapter has its own runtime: {adapters:?}");
+    }
     let y: Tensor = compile(|x: &Tensor| x.mul(2.0)).backend(first).call(&host(&[1.0, 2.5], &[2])).unwrap();
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0, 5.0]);
     let missing = kiln::Backend::WgpuAdapter(adapters.len()).runtime();

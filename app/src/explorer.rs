@@ -111,6 +111,18 @@ pub struct Explorer {
 #[cfg(not(target_arch = "wasm32"))]
 const JSON_FILES: &str = "kiln reports and bench JSONs";
 
+/// The explorer's file dialog (JSON files only), opening in `start` when given.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn json_dialog(start: Option<std::path::PathBuf>) -> egui_file_dialog::FileDialog {
+    let d = egui_file_dialog::FileDialog::new()
+        .add_file_filter_extensions(JSON_FILES, vec!["json"])
+        .default_file_filter(JSON_FILES);
+    match start {
+        Some(dir) => d.initial_directory(dir),
+        None => d,
+    }
+}
+
 impl Default for Explorer {
     fn default() -> Self {
         Explorer {
@@ -149,9 +161,7 @@ impl Default for Explorer {
             scene_rect: egui::Rect::ZERO,
             path: String::new(),
             #[cfg(not(target_arch = "wasm32"))]
-            file_dialog: egui_file_dialog::FileDialog::new()
-                .add_file_filter_extensions(JSON_FILES, vec!["json"])
-                .default_file_filter(JSON_FILES),
+            file_dialog: json_dialog(None),
         }
     }
 }

@@ -24,6 +24,8 @@ mod source_view;
 mod timelines;
 
 pub use bench::{side_by_side, BenchRow, BenchTable, Series};
+#[cfg(not(target_arch = "wasm32"))]
+pub use explorer::json_dialog;
 pub use explorer::{Explorer, Tab};
 #[cfg(not(target_arch = "wasm32"))]
 pub use export::{crop as crop_chart, ChartShot};

@@ -333,14 +333,14 @@ async fn median_ms(
     Ok(samples[samples.len() / 2])
 }
 
-/// The backends a live run can choose, best first, each with its label: on native builds every wgpu
-/// adapter is listed on its own (`Backend::Wgpu` is adapter 0 of them); a page has its one WebGPU device.
+/// The backends a live run can choose, best first, each with its label: `Wgpu` (the default adapter)
+/// and, on native builds, every wgpu adapter on its own; a page has its one WebGPU device.
 pub fn run_backends() -> Vec<(Backend, String)> {
     let adapters = kiln::wgpu_adapters();
     Backend::available()
         .into_iter()
         .flat_map(|b| match b {
-            Backend::Wgpu if !adapters.is_empty() => (0..adapters.len()).map(Backend::WgpuAdapter).collect(),
+            Backend::Wgpu => std::iter::once(b).chain((0..adapters.len()).map(Backend::WgpuAdapter)).collect(),
             b => vec![b],
         })
         .map(|b| (b, backend_label(b)))
@@ -358,9 +358,10 @@ pub fn backend_label(b: Backend) -> String {
     }
 }
 
-/// A combo box choosing `backend` among `backends` (labelled).
+/// A combo box choosing `backend` among `backends` (labelled; the labels are made once, not per frame).
 pub fn backend_combo(ui: &mut egui::Ui, id: &str, backend: &mut Backend, backends: &[(Backend, String)]) {
-    egui::ComboBox::from_id_salt(id).selected_text(backend_label(*backend)).show_ui(ui, |ui| {
+    let shown = backends.iter().find(|(b, _)| b == backend).map_or_else(|| backend_label(*backend), |(_, l)| l.clone());
+    egui::ComboBox::from_id_salt(id).selected_text(shown).show_ui(ui, |ui| {
         for (b, label) in backends {
             ui.selectable_value(backend, *b, label.as_str());
         }

@@ -17,6 +17,10 @@ fn main() -> eframe::Result {
             app.wait_for_work();
         }
     }
+    if value("--workload").is_some() && value("--example").is_some() {
+        eprintln!("kiln-explorer: --workload and --example each open a report: give one");
+        std::process::exit(2);
+    }
     if let Some(e) = value("--example") {
         app.open_example(&e);
         if screenshot.is_some() {

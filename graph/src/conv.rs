@@ -231,8 +231,7 @@ impl Tensor {
                 let mut pads = vec![(0, 0); x.rank() + 1];
                 pads[ax + 1] = (0, w.stride[a] - 1);
                 let spread = x.unsqueeze(ax as isize + 1)?.pad(&pads, 0.0)?;
-                let mut dims: Vec<isize> =
-                    x.shape().dims().iter().map(|d| d.as_const().map_or(-1, |c| c as isize)).collect();
+                let mut dims = x.shape().view_dims();
                 dims[ax] = (len * w.stride[a]) as isize;
                 x = spread.reshape(&dims)?.narrow(ax as isize, 0, (len - 1) * w.stride[a] + 1)?;
             }

@@ -480,7 +480,8 @@ pub enum FusionMode {
 pub struct Feedback {
     /// Consumers that must not join row regions (they read a reduction at another row).
     pub refused: BTreeSet<NodeId>,
-    /// Layout nodes stored in a buffer of their own: a GEMM library cannot read the view in place.
+    /// Layout nodes computed as copies rather than folded as views: a GEMM library cannot read the view
+    /// in place, or (from the start) a wide concatenation split to fit the binding limit (`fan_in`).
     pub materialized: BTreeSet<NodeId>,
 }
 

@@ -123,8 +123,8 @@ impl Tensor {
             let batch = known(&dims.dims()[0]);
             let per_group = spatial.map(|s| s * (n / groups as i64) as isize);
             let (grouped, back): (Vec<isize>, Vec<isize>) = match (batch, per_group) {
-                (Some(b), _) => (vec![b, groups as isize, -1], self.view_dims()),
-                (None, Some(k)) => (vec![-1, groups as isize, k], self.view_dims()),
+                (Some(b), _) => (vec![b, groups as isize, -1], self.shape().view_dims()),
+                (None, Some(k)) => (vec![-1, groups as isize, k], self.shape().view_dims()),
                 (None, None) => {
                     return Err(Error::Shape {
                         op: "group_norm".into(),
@@ -138,12 +138,6 @@ impl Tensor {
         })
     }
 
-    /// This tensor's dims as a reshape target: constants as they are, a symbolic one as `-1` (a reshape
-    /// infers one; two are its error).
-    fn view_dims(&self) -> Vec<isize> {
-        self.shape().dims().iter().map(|d| d.as_const().map_or(-1, |v| v as isize)).collect()
-    }
-
     /// `x` where positive, `negative_slope * x` elsewhere (`torch.nn.functional.leaky_relu`).
     #[track_caller]
     pub fn leaky_relu(&self, negative_slope: f64) -> Result<Tensor> {
@@ -153,7 +147,12 @@ impl Tensor {
     /// `x` where positive, `alpha * (exp(x) - 1)` elsewhere (`torch.nn.functional.elu`).
     #[track_caller]
     pub fn elu(&self, alpha: f64) -> Result<Tensor> {
-        SourceLoc::attributed(SourceLoc::caller(), || self.lt(0.0)?.where_(self.exp()?.sub(1.0)?.mul(alpha)?, self))
+        SourceLoc::attributed(SourceLoc::caller(), || {
+            // exp of min(x, 0): the branch `where` does not pick still gets a gradient, and exp of a
+            // large positive x would make it 0 · inf = NaN.
+            let neg = self.minimum(0.0)?.exp()?.sub(1.0)?.mul(alpha)?;
+            self.lt(0.0)?.where_(neg, self)
+        })
     }
 
     /// `min(max(x + 3, 0), 6) / 6` (`torch.nn.functional.hardsigmoid`).
@@ -271,7 +270,7 @@ fn flip(x: &Tensor, a: isize) -> Result<Tensor> {
 
 /// A size-1 slice `x` repeated `k` times along axis `a` (a broadcast).
 fn repeat(x: &Tensor, a: isize, k: usize) -> Result<Tensor> {
-    let mut dims: Vec<isize> = x.shape().dims().iter().map(|d| d.as_const().map_or(-1, |v| v as isize)).collect();
+    let mut dims = x.shape().view_dims();
     dims[a as usize] = k as isize;
     x.expand(&dims)
 }

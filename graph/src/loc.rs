@@ -64,7 +64,8 @@ impl From<&Location<'_>> for SourceLoc {
 }
 
 /// `a/b/../c` as `a/c`: a file compiled through `#[path = "../.."]` (the explorer includes an example's
-/// source so) is named as a person would name it. Lexical only: paths are the compiler's, not the disk's.
+/// source so) is named as a person would name it. Lexical only (paths are the compiler's, not the disk's),
+/// and `/`-separated: a Windows path's `\..\` is left as it is.
 fn tidy(path: &str) -> String {
     if !path.contains("/..") {
         return path.to_string();
@@ -78,7 +79,12 @@ fn tidy(path: &str) -> String {
             _ => parts.push(part),
         }
     }
-    parts.join("/")
+    let tidy = parts.join("/");
+    if tidy.is_empty() {
+        ".".into()
+    } else {
+        tidy
+    }
 }
 
 impl fmt::Display for SourceLoc {
@@ -97,5 +103,6 @@ mod tests {
         assert_eq!(tidy("src/lib.rs"), "src/lib.rs");
         assert_eq!(tidy("../up/a.rs"), "../up/a.rs");
         assert_eq!(tidy("/abs/x/../y.rs"), "/abs/y.rs");
+        assert_eq!(tidy("a/.."), ".");
     }
 }

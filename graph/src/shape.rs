@@ -23,6 +23,12 @@ impl Shape {
         Shape(Vec::new())
     }
 
+    /// The dims as a reshape target: constants as they are, a symbolic one as `-1` (a reshape infers
+    /// one; two are its error).
+    pub fn view_dims(&self) -> Vec<isize> {
+        self.0.iter().map(|d| d.as_const().map_or(-1, |v| v as isize)).collect()
+    }
+
     /// Number of dims.
     pub fn rank(&self) -> usize {
         self.0.len()

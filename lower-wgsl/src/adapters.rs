@@ -65,6 +65,11 @@ pub fn names(adapters: &[wgpu::Adapter]) -> Vec<String> {
         .collect()
 }
 
+/// The words for asking for adapter `n` where there is none.
+pub fn missing(n: usize, adapters: &[wgpu::Adapter]) -> String {
+    format!("no wgpu adapter {n}: adapters here, best first: [{}]", names(adapters).join(", "))
+}
+
 /// Where in `adapters` (best first) the default device is: the first whose name contains
 /// `KILN_WGPU_ADAPTER` when it is set, else the best.
 pub fn default_index(adapters: &[wgpu::Adapter]) -> Result<usize> {

@@ -11,4 +11,5 @@ pub use storage::Storage;
 pub use validate::{validate, ValidationError};
 pub mod runtime;
 
+pub use adapters::NO_ADAPTER_HINT;
 pub use runtime::{Gpu, GpuStats};

@@ -149,7 +149,10 @@ impl DriverCache {
         let Some(data) = self.cache.get_data() else { return };
         let mut bytes = blake3::hash(&data).as_bytes().to_vec();
         bytes.extend(data);
-        let tmp = self.file.with_extension(format!("{}.tmp", std::process::id()));
+        // Two devices of one model share the file: each write goes through a temporary of its own.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.file.with_extension(format!("{}.{n}.tmp", std::process::id()));
         let ok = self.file.parent().is_some_and(|d| std::fs::create_dir_all(d).is_ok())
             && std::fs::write(&tmp, bytes).is_ok();
         if !ok || std::fs::rename(&tmp, &self.file).is_err() {
@@ -183,7 +186,10 @@ impl Gpu {
         // asks for more, so the compiler's fitting to them is tested on any machine.
         let limits = match std::env::var("KILN_WGPU_LIMITS").as_deref() {
             Ok("webgpu") => wgpu::Limits::default(),
-            _ => adapter.limits(),
+            Ok(other) => {
+                return Err(err(format!("KILN_WGPU_LIMITS={other}: `webgpu` is the one value it takes")));
+            }
+            Err(_) => adapter.limits(),
         };
         let mut required_features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
         let persist = adapter.features().contains(wgpu::Features::PIPELINE_CACHE);
@@ -283,7 +289,7 @@ impl Gpu {
         Ok(Runtime::new(Gpu::new_async().await?))
     }
 
-    /// Blocking [`Gpu::new_async`] for native code.
+    /// [`Gpu::new_async`] for native code: blocks, and picks from the adapters found once per process.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Gpu> {
         let adapters = crate::adapters::here();
@@ -294,12 +300,7 @@ impl Gpu {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open(index: usize) -> Result<Gpu> {
         let adapters = crate::adapters::here();
-        let adapter = adapters.get(index).ok_or_else(|| {
-            err(format!(
-                "no wgpu adapter {index}: adapters here, best first: [{}]",
-                crate::adapters::names(adapters).join(", ")
-            ))
-        })?;
+        let adapter = adapters.get(index).ok_or_else(|| err(crate::adapters::missing(index, adapters)))?;
         pollster::block_on(Gpu::on(adapter.clone()))
     }
 

@@ -210,15 +210,16 @@ pub fn non_finite_constants(b: &Arc<dyn Backend>) {
 }
 
 /// Tensors of 3·2^30 elements (12 GiB of f32 each), past where 32-bit indexing wraps: W1 elementwise, a
-/// softmax over rows that start 2^31 and 2^32 elements in, and a full sum. Each result is read where a
-/// wrapped index would land elsewhere (around 2^31, 2^32 and the end) and checked against the reference
+/// softmax over rows that start past 2^31 elements in, and a full sum. 3·2^30 is below 2^32: these cross
+/// the signed 32-bit index and 2^32 bytes (the points past 2^32 elements apply only to a larger `n`).
+/// Each result is read where a wrapped index would land elsewhere and checked against the reference
 /// on the values the device holds there. A device that cannot hold such a tensor must say so with a
 /// typed error naming its limit: that error is returned, for the caller to accept or not.
-pub fn beyond_two_to_the_32(b: &Arc<dyn Backend>) -> kiln::graph::Result<()> {
+pub fn three_times_two_to_the_30(b: &Arc<dyn Backend>) -> kiln::graph::Result<()> {
     big_tensors(b, 3 << 30)
 }
 
-/// [`beyond_two_to_the_32`]'s checks for `n` elements (a multiple of 1024), at the positions below `n`.
+/// [`three_times_two_to_the_30`]'s checks for `n` elements (a multiple of 1024), at the positions below `n`.
 pub fn big_tensors(b: &Arc<dyn Backend>, n: usize) -> kiln::graph::Result<()> {
     use kiln::graph::{workloads, CpuReference};
     let zero = Tensor::from_slice(&[0.0f32], &[1])?;
@@ -240,11 +241,14 @@ pub fn big_tensors(b: &Arc<dyn Backend>, n: usize) -> kiln::graph::Result<()> {
     let points = [0, 1, two31 - 1, two31, two31 + 1, 2 * two31 - 1, 2 * two31, 2 * two31 + 1, n - 2, n - 1];
     for i in points.into_iter().filter(|&i| i < n) {
         let at = |t: &Tensor| t.slice(0, i as isize, Some(i as isize + 1), 1);
+        // The ramp itself, against its formula on the host: a wrapped index would place it wrong too.
+        let xi = at(&xy[0])?.to_vec::<f32>()?[0] as f64;
+        assert!((xi - (i as f64 * 1e-9 - 1.5)).abs() < 1e-5, "x[{i}] = {xi}");
         let want: Vec<Tensor> = host_compiled(workloads::w1, on_host(&at(&xy[0])?)?)?;
         assert_values(&at(&xy[1])?, &values(&want[0]));
     }
     drop(xy);
-    // Softmax over rows of 1024: row 2^21 starts 2^31 elements in, row 2^22 at 2^32.
+    // Softmax over rows of 1024: row 2^21 starts 2^31 elements in (row 2^22, at 2^32, for a larger n).
     let rows = n / 1024;
     let w2 = compile(|z: &Tensor| -> kiln::graph::Result<Vec<Tensor>> {
         let x = Tensor::arange(0.0, n as f64, 1.0, DType::F32)?

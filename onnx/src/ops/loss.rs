@@ -41,8 +41,7 @@ fn nll(node: &Node, input: &Tensor) -> OpResult<Tensor> {
     let mut w = match &weight {
         Some(w) => {
             let flat = safe.reshape(&[-1])?;
-            let dims: Vec<isize> =
-                safe.shape().dims().iter().map(|d| d.as_const().map_or(-1, |c| c as isize)).collect();
+            let dims: Vec<isize> = safe.shape().view_dims();
             w.index_select(0, &flat)?.reshape(&dims)?
         }
         // Ones from the (integer, never NaN) target, not from the input: an infinite log-probability

@@ -21,7 +21,7 @@ fn everything_fits_webgpu_default_limits() {
     let rt = kiln_wgsl::Gpu::runtime().unwrap_or_else(|e| panic!("{e}"));
     let t = rt.target();
     assert_eq!((t.max_bindings, t.max_groups_per_dim), (8, 65_535), "{}", rt.driver().describe());
-    assert_eq!(rt.driver().max_binding_bytes(), 128 << 20);
+    assert_eq!(rt.target().max_binding_bytes, 128 << 20);
     let b: std::sync::Arc<dyn kiln::graph::Backend> = rt.clone();
     conformance::ops::every_op(&b);
     conformance::ops::edge_cases(&b, true, false);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use kiln::graph::device::{Bound, Driver, Launch};
+use kiln::graph::device::{BindingCache, Bound, Driver, Launch};
 use kiln::graph::{capture, DType, TensorSpec};
 
 #[test]
@@ -21,8 +21,17 @@ fn a_rejected_dispatch_is_a_typed_error_naming_its_kernel_and_the_device_goes_on
     // One buffer bound as both the kernel's input and its output: WebGPU forbids it in one dispatch.
     let bound = [Bound { raw: &raw, id: 1, bytes: 256, offset: 0 }, Bound { raw: &raw, id: 1, bytes: 256, offset: 0 }];
     let bindings = Default::default();
-    let launch = Launch { buffers: &bound, symbols: &[], bindings: &bindings, fault: None, groups: 1 };
-    gpu.launch(&module, k, &launch).unwrap();
+    let cache = BindingCache::default();
+    let launch = Launch {
+        buffers: &bound,
+        symbols: &[],
+        bindings: &bindings,
+        fault: None,
+        groups: 1,
+        module: &module,
+        cache: &cache,
+    };
+    gpu.launch(k, &launch).unwrap();
     let e = gpu.synchronize().expect_err("the device rejects the dispatch");
     assert!(matches!(e, kiln::Error::Backend { .. }), "{e:?}");
     assert!(e.to_string().contains(&k.name), "names the kernel: {e}");

@@ -1,6 +1,5 @@
-//! A device as the bench drives it: kiln's runtime core over one driver, plus the extras only some
-//! drivers have (the CUDA driver's memcpy bandwidth). Prepare a compiled graph once, launch it again and
-//! again, time a launch the best way the device has.
+//! A device as the bench drives it: kiln's runtime core over one driver. Prepare a compiled graph once,
+//! launch it again and again, time a launch the best way the device has.
 
 use kiln_graph::runtime::Prepared;
 use kiln_graph::{Backend, CompiledGraph, Result, Runtime, Target, TensorData};
@@ -59,13 +58,9 @@ impl Device {
         self.rt.driver().timing()
     }
 
-    /// GB/s of the driver's own device-to-device copy of `bytes`, where it has one that is not a kiln
-    /// kernel (CUDA's memcpy).
+    /// GB/s of the device's own copy of `bytes` (no kiln kernel), where it times itself.
     pub fn native_copy_gbps(&self, bytes: usize, repeat: usize) -> Result<Option<f64>> {
-        match self.rt.driver().as_any().downcast_ref::<kiln_ptx::Cuda>() {
-            Some(cuda) => cuda.memcpy_gbps(bytes, repeat).map(Some),
-            None => Ok(None),
-        }
+        self.rt.copy_rate(bytes as u64, repeat)
     }
 
     /// Milliseconds each kernel of one run took, in launch order, where the device times itself.

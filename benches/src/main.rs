@@ -308,11 +308,11 @@ fn run_device(
     cold: bool,
 ) -> kiln::Result<()> {
     let (kernel, native) = timing::copy_bandwidth(dev, cli)?;
-    // Fractions are quoted against the better of kiln's copy kernel and the runtime's own memcpy.
+    // Fractions are quoted against the better of kiln's copy kernel and the device's own copy.
     let copy = native.map_or(kernel, |n| n.max(kernel));
     if let Some(n) = native {
         report.devices.push(format!(
-            "{}: copy bandwidth: kiln's copy kernel {kernel:.0} GB/s, driver memcpy {n:.0} GB/s",
+            "{}: copy bandwidth: kiln's copy kernel {kernel:.0} GB/s, the device's own copy {n:.0} GB/s",
             dev.name()
         ));
     }

@@ -40,7 +40,7 @@ fn time(dev: &Device, run: &Prepared, cli: &Cli) -> kiln::Result<f64> {
 }
 
 /// GB/s of a plain copy kernel (a layout output: read once, written once) over 2^26 f32 (2^22 quick),
-/// and of the runtime's own memcpy of the same bytes where it has one.
+/// and of the device's own copy of the same bytes where it times itself.
 pub fn copy_bandwidth(dev: &Device, cli: &Cli) -> kiln::Result<(f64, Option<f64>)> {
     let n = if cli.quick { 1 << 22 } else { 1 << 26 };
     let spec = TensorSpec::new(DType::F32, &[n]);

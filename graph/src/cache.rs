@@ -180,16 +180,40 @@ fn store(dir: &std::path::Path, key: &str, compiled: &CompiledGraph) {
     if text.is_empty() {
         return;
     }
-    let bytes = text.len() as u64;
-    // Write then rename: a reader never sees half a file, and concurrent writers each leave a whole one.
-    let tmp = dir.join(format!(".{key}.{}.tmp", std::process::id()));
-    let ok = std::fs::create_dir_all(dir).is_ok() && std::fs::write(&tmp, text).is_ok();
-    if !ok || std::fs::rename(&tmp, dir.join(format!("{key}.json"))).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-        tracing::debug!(target: "kiln::cache", dir = %dir.display(), "could not write a cache entry");
-        return;
+    if write_whole(dir, &format!("{key}.json"), text.as_bytes()) {
+        note_stored(dir, text.len() as u64, max_bytes());
     }
-    note_stored(dir, bytes, max_bytes());
+}
+
+/// Writes `name` in `dir` through a temporary of this write's own, renamed into place: a reader never
+/// sees half a file, and concurrent writers (threads, processes) each leave a whole one.
+fn write_whole(dir: &std::path::Path, name: &str, bytes: &[u8]) -> bool {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let ok = std::fs::create_dir_all(dir).is_ok() && std::fs::write(&tmp, bytes).is_ok();
+    if !ok || std::fs::rename(&tmp, dir.join(name)).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::debug!(target: "kiln::cache", dir = %dir.display(), name, "could not write a cache file");
+        return false;
+    }
+    true
+}
+
+/// Bytes a driver kept under `name` in the cache directory with [`store_blob`] (its compiled shaders),
+/// if the file is whole: a checksum turns a torn or foreign file into a miss.
+pub fn load_blob(name: &str) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(directory()?.join(name)).ok()?;
+    let (sum, data) = bytes.split_at_checked(32)?;
+    (blake3::hash(data).as_bytes() == sum).then(|| data.to_vec())
+}
+
+/// Keeps `data` under `name` in the cache directory, checksummed, written whole or not at all.
+pub fn store_blob(name: &str, data: &[u8]) {
+    let Some(dir) = directory() else { return };
+    let mut bytes = blake3::hash(data).as_bytes().to_vec();
+    bytes.extend_from_slice(data);
+    write_whole(&dir, name, &bytes);
 }
 
 /// The directory's size as this process last scanned it plus what it stored since. Scanning the

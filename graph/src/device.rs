@@ -7,13 +7,12 @@
 //! Work is ordered as the device orders it (a CUDA stream, a wgpu queue): a driver may return from
 //! `launch` before the kernel ran; `read` waits for exactly the work before it.
 
-use crate::dtype::DType;
+pub use crate::binding::BindingCache;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::loc::SourceLoc;
 use crate::sym::Bindings;
 use crate::target::Target;
-use crate::TensorData;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -30,7 +29,8 @@ pub type Module = Arc<dyn Any + Send + Sync>;
 pub struct Bound<'a> {
     /// The allocation.
     pub raw: &'a Raw,
-    /// Its identity (stable while the allocation lives; drivers key binding caches on it).
+    /// The allocation's identity: it keeps it while pooled and handed out again, and no other
+    /// allocation ever gets it (the [`BindingCache`] keys on it).
     pub id: u64,
     /// Bytes the kernel may touch, from offset 0.
     pub bytes: u64,
@@ -50,6 +50,10 @@ pub struct Launch<'a> {
     pub fault: Option<Bound<'a>>,
     /// Workgroups to launch (the driver folds them into a grid with [`Target::fold_grid`]).
     pub groups: u64,
+    /// The loaded kernel.
+    pub module: &'a Module,
+    /// Where [`Launch::binding`] keeps what the driver makes for a binding.
+    pub cache: &'a BindingCache,
 }
 
 /// The bytes of an asynchronous read.
@@ -57,6 +61,10 @@ pub type ReadFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Res
 
 /// A recorded sequence of launches that replays with one call (a CUDA graph).
 pub type Recording = Box<dyn Any + Send + Sync>;
+
+/// What a driver makes for one kernel bound to particular buffers (a wgpu bind group, a cuBLAS call
+/// plan), kept by the runtime's [`BindingCache`] and found through [`Launch::binding`].
+pub type Binding = Arc<dyn Any + Send + Sync>;
 
 /// What kiln needs from a device. See the module docs.
 pub trait Driver: Send + Sync + 'static {
@@ -68,30 +76,6 @@ pub trait Driver: Send + Sync + 'static {
     fn describe(&self) -> String;
     /// The driver itself, so tools (the bench) can reach device-specific extras.
     fn as_any(&self) -> &dyn Any;
-    /// Device bytes of `n` elements of `dtype` in the device's layout.
-    fn bytes(&self, dtype: DType, n: usize) -> u64 {
-        (n * dtype.size_bytes()) as u64
-    }
-    /// Host data in the device's layout (borrowed where it is the host's: no copy).
-    fn encode<'a>(&self, data: &'a TensorData) -> std::borrow::Cow<'a, [u8]> {
-        std::borrow::Cow::Borrowed(data.le_bytes())
-    }
-    /// Device bytes back to host data.
-    fn decode(&self, bytes: &[u8], dims: &[usize], dtype: DType) -> Result<TensorData> {
-        TensorData::from_le_bytes(bytes, dims, dtype)
-    }
-    /// The largest allocation the device makes.
-    fn max_buffer_bytes(&self) -> u64 {
-        u64::MAX
-    }
-    /// The most bytes one kernel binding may cover.
-    fn max_binding_bytes(&self) -> u64 {
-        u64::MAX
-    }
-    /// Byte stride between fault words in one allocation (binding offsets must be aligned to it).
-    fn offset_alignment(&self) -> u64 {
-        4
-    }
     /// A fresh allocation of `bytes`; [`Error::OutOfMemory`] when the device has no room.
     fn alloc(&self, bytes: u64) -> Result<Raw>;
     /// Writes `bytes` at the start of `dst`, ordered after the work enqueued before.
@@ -109,7 +93,7 @@ pub trait Driver: Send + Sync + 'static {
     /// Renders and loads a kernel (a library GEMM loads nothing).
     fn load(&self, kernel: &Kernel) -> Result<Module>;
     /// Enqueues one launch of a loaded kernel.
-    fn launch(&self, module: &Module, kernel: &Kernel, launch: &Launch) -> Result<()>;
+    fn launch(&self, kernel: &Kernel, launch: &Launch) -> Result<()>;
     /// Hands the work enqueued since the last call to the device (wgpu submits one command buffer per
     /// run; stream-ordered drivers need nothing).
     fn submit(&self) -> Result<()> {

@@ -188,3 +188,10 @@ pub enum Error {
 
 /// kiln's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A kernel's source that a validator, assembler or driver rejected, as every codegen error shows it:
+/// the kernel, who rejected it and their words, then the source with numbered lines.
+pub fn rejected_source(kernel: &str, by: &str, words: &dyn std::fmt::Display, source: &str) -> String {
+    let numbered: String = source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
+    format!("kernel {kernel}: {by} rejected it: {words}\n{numbered}")
+}

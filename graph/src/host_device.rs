@@ -77,7 +77,7 @@ impl Driver for KernelInterpreter {
         Ok(Arc::new(()))
     }
 
-    fn launch(&self, _module: &Module, kernel: &Kernel, launch: &Launch) -> Result<()> {
+    fn launch(&self, kernel: &Kernel, launch: &Launch) -> Result<()> {
         // Decode every bound buffer (each lock taken alone: one allocation may be bound twice), run, then
         // write back what the kernel stores.
         let mut arrays = Vec::with_capacity(kernel.buffers.len());

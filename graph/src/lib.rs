@@ -5,6 +5,7 @@
 
 pub mod autodiff;
 pub mod backend;
+mod binding;
 pub mod cache;
 pub mod check;
 pub mod compile;

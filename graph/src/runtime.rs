@@ -17,10 +17,16 @@
 //!   the recorded buffers themselves while the caller drops each call's outputs before the next call;
 //!   once a caller keeps them across a call, that recording copies its outputs out instead (a replay
 //!   overwrites its own buffers). Both copies are counted in [`RuntimeStats`].
+//! - **Bindings**: what a driver makes for a kernel bound to particular buffers (a bind group, a GEMM
+//!   plan) is kept in one [`BindingCache`] for every driver; pooled buffers keep their identity, so a
+//!   call that binds the buffers of the call before makes nothing.
+//! - **The gate**: every driver call holds the device shared; a recording holds it alone, so no other
+//!   thread's launch, allocation or free lands inside a capture (a CUDA stream being captured records
+//!   what others put on it instead of running it). Pooled memory is freed only under the gate.
 //! - **Statistics**: memory in use, cached and peak; bytes uploaded and downloaded (what the tests of
 //!   "inputs on the device are never copied" read).
 
-use crate::device::{Bound, Driver, Launch, Module, Raw, Recording};
+use crate::device::{BindingCache, Bound, Driver, Launch, Module, Raw, Recording};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::loc::SourceLoc;
@@ -31,12 +37,37 @@ use crate::TensorData;
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 /// Locks a mutex, also after a panic elsewhere poisoned it (the data stays consistent: every critical
-/// section here is a few plain updates).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// section here is a few plain updates). Drivers use it too.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+thread_local! {
+    /// The runtime (by address) whose gate this thread holds, and whether it is recording on it. Calls
+    /// nested in a gated call pass through: a shared lock taken twice by one thread can deadlock
+    /// against a writer waiting between the two.
+    static HELD: std::cell::Cell<(usize, bool)> = const { std::cell::Cell::new((0, false)) };
+}
+
+/// Whether this thread is recording launches now (nothing may be allocated or set up then).
+pub(crate) fn recording() -> bool {
+    HELD.with(|h| h.get().1)
+}
+
+/// The gate as one thread holds it (see the module docs); dropping it restores what the thread held.
+struct Gate<'a> {
+    _shared: Option<RwLockReadGuard<'a, ()>>,
+    _alone: Option<RwLockWriteGuard<'a, ()>>,
+    before: (usize, bool),
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        HELD.with(|h| h.set(self.before));
+    }
 }
 
 /// Device memory and host↔device traffic.
@@ -76,6 +107,12 @@ pub struct RuntimeStats {
     /// Outputs copied out of a recording's buffers: the caller kept an earlier call's outputs alive
     /// across a later call, so that recording hands out copies from then on.
     pub replay_output_copies: u64,
+    /// Bindings a driver made (bind groups, GEMM plans).
+    #[serde(default)]
+    pub bindings_made: u64,
+    /// Launches whose binding was found made.
+    #[serde(default)]
+    pub bindings_reused: u64,
 }
 
 /// A device allocation owned by kiln; dropping the last handle returns it to its runtime's pool.
@@ -98,7 +135,7 @@ impl DeviceBuffer {
         self.raw.as_ref().expect("a live buffer holds its allocation")
     }
 
-    /// A stable identity while the buffer lives.
+    /// The allocation's identity: kept while pooled and handed out again, never given to another.
     pub fn id(&self) -> u64 {
         self.id
     }
@@ -116,7 +153,7 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if let Some(raw) = self.raw.take() {
-            self.runtime.release(raw, self.class);
+            self.runtime.release(raw, self.id, self.class);
         }
     }
 }
@@ -351,8 +388,11 @@ const MAX_RECORDINGS: usize = 16;
 pub struct Runtime {
     driver: Box<dyn Driver>,
     me: Weak<Runtime>,
-    pool: Mutex<HashMap<u64, Vec<Raw>>>,
+    /// Free allocations with their ids, by size class.
+    pool: Mutex<HashMap<u64, Vec<(u64, Raw)>>>,
     modules: Mutex<HashMap<u64, Module>>,
+    bindings: BindingCache,
+    gate: RwLock<()>,
     mem: Mutex<MemoryStats>,
     stats: Mutex<RuntimeStats>,
     recordings: Mutex<Vec<Recorded>>,
@@ -368,6 +408,8 @@ impl Runtime {
             me: me.clone(),
             pool: Mutex::default(),
             modules: Mutex::default(),
+            bindings: BindingCache::default(),
+            gate: RwLock::new(()),
             mem: Mutex::default(),
             stats: Mutex::default(),
             recordings: Mutex::default(),
@@ -389,6 +431,31 @@ impl Runtime {
     /// The target kernels are compiled for.
     pub fn target(&self) -> &Target {
         self.driver.target()
+    }
+
+    /// Shared use of the device, for one driver call or a sequence of them (see the module docs).
+    fn gate(&self) -> Gate<'_> {
+        let (me, before) = (self as *const Runtime as usize, HELD.with(|h| h.get()));
+        if before.0 == me {
+            return Gate { _shared: None, _alone: None, before };
+        }
+        let shared = self.gate.read().unwrap_or_else(|e| e.into_inner());
+        HELD.with(|h| h.set((me, false)));
+        Gate { _shared: Some(shared), _alone: None, before }
+    }
+
+    /// The device alone, for a recording.
+    fn gate_alone(&self) -> Result<Gate<'_>> {
+        let (me, before) = (self as *const Runtime as usize, HELD.with(|h| h.get()));
+        if before.0 == me {
+            return Err(Error::Backend {
+                backend: self.name().into(),
+                msg: "recording a graph from inside another call on the device".into(),
+            });
+        }
+        let alone = self.gate.write().unwrap_or_else(|e| e.into_inner());
+        HELD.with(|h| h.set((me, false)));
+        Ok(Gate { _shared: None, _alone: Some(alone), before })
     }
 
     /// This runtime's shared handle.
@@ -432,25 +499,30 @@ impl Runtime {
 
     /// What the runtime did so far.
     pub fn stats(&self) -> RuntimeStats {
-        *lock(&self.stats)
+        let (made, reused) = self.bindings.counts();
+        RuntimeStats { bindings_made: made, bindings_reused: reused, ..*lock(&self.stats) }
     }
 
     /// Forgets loaded modules (cold-compile measurements).
     pub fn clear_modules(&self) {
+        let _gate = self.gate();
         lock(&self.modules).clear();
         lock(&self.layouts).clear();
+        self.bindings.clear();
     }
 
-    /// Frees every pooled buffer.
+    /// Frees every pooled buffer (and the bindings that may hold them).
     pub fn trim(&self) {
-        let pooled: Vec<(u64, Vec<Raw>)> = lock(&self.pool).drain().collect();
+        let _gate = self.gate();
+        self.bindings.clear();
+        let pooled: Vec<(u64, Vec<(u64, Raw)>)> = lock(&self.pool).drain().collect();
         let freed: u64 = pooled.iter().map(|(class, v)| class * v.len() as u64).sum();
         lock(&self.mem).cached -= freed;
         // Freed outside the pool's lock: a driver's free may wait for the device's stream.
         drop(pooled);
     }
 
-    fn release(&self, raw: Raw, class: u64) {
+    fn release(&self, raw: Raw, id: u64, class: u64) {
         // Counted as cached before it is in the pool: a `trim` on another thread that drains it then
         // subtracts what was already added (the other order let the count go below zero).
         {
@@ -458,18 +530,18 @@ impl Runtime {
             m.in_use -= class;
             m.cached += class;
         }
-        lock(&self.pool).entry(class).or_default().push(raw);
+        lock(&self.pool).entry(class).or_default().push((id, raw));
     }
 
     /// [`Error::OutOfMemory`] when one buffer of `bytes` exceeds what the device allocates or binds.
     fn check_fits(&self, bytes: u64, what: &str) -> Result<()> {
-        let d = &self.driver;
-        if bytes > d.max_binding_bytes() || bytes > d.max_buffer_bytes() {
+        let (d, t) = (&self.driver, self.driver.target());
+        if bytes > t.max_binding_bytes || bytes > t.max_buffer_bytes {
             return Err(Error::OutOfMemory {
                 device: d.name().into(),
                 what: format!("{what} (one binding on {})", d.describe()),
                 bytes,
-                limit: Some(d.max_binding_bytes().min(d.max_buffer_bytes())),
+                limit: Some(t.max_binding_bytes.min(t.max_buffer_bytes)),
             });
         }
         Ok(())
@@ -479,14 +551,22 @@ impl Runtime {
     /// in an out-of-memory error.
     pub fn alloc(&self, bytes: u64, what: &str) -> Result<Arc<DeviceBuffer>> {
         self.check_fits(bytes, what)?;
+        if recording() {
+            // The address would exist only inside the recording.
+            return Err(Error::Backend {
+                backend: self.name().into(),
+                msg: format!("allocating {what} while recording"),
+            });
+        }
+        let _gate = self.gate();
         let d = &self.driver;
         let class = bytes.max(256).checked_next_power_of_two().unwrap_or(u64::MAX);
-        let class = if class > d.max_buffer_bytes() { bytes.div_ceil(256) * 256 } else { class };
+        let class = if class > d.target().max_buffer_bytes { bytes.div_ceil(256) * 256 } else { class };
         let pooled = lock(&self.pool).get_mut(&class).and_then(Vec::pop);
-        let raw = match pooled {
-            Some(raw) => {
+        let (id, raw) = match pooled {
+            Some(pooled) => {
                 lock(&self.mem).cached -= class;
-                raw
+                pooled
             }
             None => {
                 let raw = match d.alloc(class) {
@@ -504,7 +584,7 @@ impl Runtime {
                     e => e,
                 })?;
                 lock(&self.mem).allocations += 1;
-                raw
+                (self.next_id.fetch_add(1, Ordering::Relaxed), raw)
             }
         };
         {
@@ -512,13 +592,13 @@ impl Runtime {
             m.in_use += class;
             m.peak = m.peak.max(m.in_use);
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         Ok(Arc::new(DeviceBuffer { raw: Some(raw), id, class, runtime: self.arc() }))
     }
 
     /// Copies host data to a new device tensor.
     pub fn upload(&self, data: &TensorData) -> Result<DeviceTensor> {
-        let bytes = self.driver.encode(data);
+        let _gate = self.gate();
+        let bytes = self.target().encode(data);
         let buffer = self.alloc(bytes.len() as u64, "an uploaded tensor")?;
         if !bytes.is_empty() {
             self.driver.write(buffer.raw(), &bytes)?;
@@ -530,8 +610,9 @@ impl Runtime {
     /// Reads a device tensor back (waits for the work that writes it). The fault words of the runs it
     /// depends on are read first: a failed check is reported here.
     pub fn download(&self, t: &DeviceTensor) -> Result<TensorData> {
+        let _gate = self.gate();
         self.check(&t.checks)?;
-        let n = self.driver.bytes(t.dtype, t.numel());
+        let n = self.target().storage_bytes(t.dtype, t.numel());
         let bytes = if n == 0 { Vec::new() } else { self.driver.read(t.buffer.raw(), n)? };
         self.downloaded(t, &bytes)
     }
@@ -539,24 +620,32 @@ impl Runtime {
     /// Counts and decodes a tensor's bytes read back.
     fn downloaded(&self, t: &DeviceTensor, bytes: &[u8]) -> Result<TensorData> {
         lock(&self.mem).downloaded += bytes.len() as u64;
-        self.driver.decode(bytes, &t.dims, t.dtype)
+        self.target().decode(bytes, &t.dims, t.dtype)
     }
 
     /// [`Runtime::download`] without blocking (browsers, async callers).
     pub async fn download_async(&self, t: &DeviceTensor) -> Result<TensorData> {
         for c in &t.checks {
             if c.outcome.get().is_none() {
-                c.settle(&self.driver.read_async(c.words.raw(), c.bytes()).await?);
+                c.settle(&self.read_async(c.words.raw(), c.bytes()).await?);
             }
             c.failure()?;
         }
-        let n = self.driver.bytes(t.dtype, t.numel());
-        let bytes = if n == 0 { Vec::new() } else { self.driver.read_async(t.buffer.raw(), n).await? };
+        let n = self.target().storage_bytes(t.dtype, t.numel());
+        let bytes = if n == 0 { Vec::new() } else { self.read_async(t.buffer.raw(), n).await? };
         self.downloaded(t, &bytes)
+    }
+
+    /// A driver's asynchronous read, started under the gate (a driver that reads at once, as CUDA's,
+    /// does its work there; the gate is not held across the wait).
+    fn read_async<'a>(&'a self, raw: &'a Raw, bytes: u64) -> crate::device::ReadFuture<'a> {
+        let _gate = self.gate();
+        self.driver.read_async(raw, bytes)
     }
 
     /// Reads the fault words of `checks` (waiting for those runs) and reports the first failed check.
     pub fn check(&self, checks: &[Arc<Checks>]) -> Result<()> {
+        let _gate = self.gate();
         for c in checks {
             if c.outcome.get().is_none() {
                 c.settle(&self.driver.read(c.words.raw(), c.bytes())?);
@@ -569,6 +658,7 @@ impl Runtime {
     /// Waits for everything enqueued on the device. (Failed run-time checks are reported by reading the
     /// results that depend on them.)
     pub fn synchronize(&self) -> Result<()> {
+        let _gate = self.gate();
         self.driver.synchronize()
     }
 
@@ -576,7 +666,7 @@ impl Runtime {
     /// behind everything enqueued so far, which resolves once the device has run all of it.
     pub async fn synchronize_async(&self) -> Result<()> {
         let fence = self.alloc(4, "a fence")?;
-        self.driver.read_async(fence.raw(), 4).await.map(drop)
+        self.read_async(fence.raw(), 4).await.map(drop)
     }
 
     fn module(&self, id: u64, kernel: &crate::kernel::Kernel) -> Result<Module> {
@@ -586,8 +676,8 @@ impl Runtime {
         }
         let m = self.driver.load(kernel)?;
         lock(&self.stats).modules_loaded += 1;
-        lock(&self.modules).insert(id, m.clone());
-        Ok(m)
+        // Two threads may load one kernel at once: both keep the first module stored.
+        Ok(lock(&self.modules).entry(id).or_insert(m).clone())
     }
 
     /// Binds a compiled graph to device memory: `inputs` (in graph-input order) bound in place, fresh
@@ -638,7 +728,7 @@ impl Runtime {
         let g = &c.primitive.graph;
         let shapes: Vec<(DType, &[usize])> = inputs.iter().map(|t| (t.borrow().dtype, &*t.borrow().dims)).collect();
         let bindings = crate::interp::bind_symbol_dims(g, &shapes)?;
-        let sizes = c.buffer_bytes(&bindings, |d, n| self.driver.bytes(d, n))?;
+        let sizes = c.buffer_bytes(&bindings, |d, n| self.target().storage_bytes(d, n))?;
         // Sizes no device holds are the user's error before any kernel is rendered for them.
         for (i, &size) in sizes.iter().enumerate() {
             self.check_fits(size, &format!("plan buffer {i} of a {}-kernel graph", c.kernels.len()))?;
@@ -674,7 +764,7 @@ impl Runtime {
             sizes,
             steps,
             checked,
-            stride: self.driver.offset_alignment().max(4),
+            stride: self.driver.target().binding_alignment.max(4),
         });
         lock(&self.layouts).insert(c, inputs, layout.clone());
         Ok(layout)
@@ -682,6 +772,9 @@ impl Runtime {
 
     /// Enqueues every launch of `p` (without submitting).
     fn enqueue_launches(&self, p: &Prepared) -> Result<()> {
+        if !recording() {
+            self.bindings.trim();
+        }
         if let Some(words) = &p.faults {
             self.driver.zero(words.raw(), 0, p.layout.stride * p.layout.checked.len() as u64)?;
         }
@@ -691,6 +784,7 @@ impl Runtime {
     /// The time each launch of one run of `p` takes on the device, in launch order; `None` where the
     /// device cannot time itself. Each launch is timed alone.
     pub fn profile(&self, p: &Prepared) -> Result<Option<Vec<LaunchTime>>> {
+        let _gate = self.gate();
         let mut out = Vec::with_capacity(p.layout.steps.len());
         for (i, step) in p.layout.steps.iter().enumerate() {
             let timed = self.driver.time(&mut || {
@@ -748,14 +842,17 @@ impl Runtime {
                 bindings: &p.layout.bindings,
                 fault,
                 groups: step.groups,
+                module: &step.module,
+                cache: &self.bindings,
             };
-            self.driver.launch(&step.module, kernel, &launch)
+            self.driver.launch(kernel, &launch)
         }
     }
 
     /// Launches a prepared graph once (replaying its recording when it has one) and hands the work to the
     /// device. Returns without waiting, with the run's fault words when it has checks.
     pub fn launch(&self, p: &Prepared) -> Result<Option<Arc<Checks>>> {
+        let _gate = self.gate();
         match &p.recording {
             Some(r) => {
                 self.driver.replay(r)?;
@@ -804,13 +901,17 @@ impl Runtime {
     /// cannot (launching again is then the replay).
     pub fn record(&self, p: &mut Prepared) -> Result<bool> {
         p.recording = None;
+        let gate = self.gate_alone()?;
         // One plain run first: whatever a launch sets up on first use with these buffers (a library
         // GEMM's pointer arrays, allocated and uploaded) must not happen inside the capture, where an
         // allocation or a host copy would be recorded instead of done.
         self.enqueue_launches(p)?;
         self.driver.submit()?;
         self.driver.synchronize()?;
-        let recording = self.driver.record(&mut || self.enqueue_launches(p))?;
+        HELD.with(|h| h.set((self as *const Runtime as usize, true)));
+        let recording = self.driver.record(&mut || self.enqueue_launches(p));
+        drop(gate);
+        let recording = recording?;
         let recorded = recording.is_some();
         p.recording = recording;
         if recorded {
@@ -822,6 +923,7 @@ impl Runtime {
     /// Seconds one launch of `p` takes: `n` launches back to back between two device events, divided by
     /// `n`, where the device can time itself; else host wall time around the launches and a wait.
     pub fn time_launches(&self, p: &Prepared, n: usize) -> Result<f64> {
+        let _gate = self.gate();
         let n = n.max(1);
         let mut enqueue = || (0..n).try_for_each(|_| self.launch(p).map(drop));
         if let Some(s) = self.driver.time(&mut enqueue)? {
@@ -831,6 +933,28 @@ impl Runtime {
         enqueue()?;
         self.driver.synchronize()?;
         Ok(t.elapsed().as_secs_f64() / n as f64)
+    }
+
+    /// GB/s (bytes read + written) of the device's own copy of `bytes` (a CUDA memcpy, a wgpu buffer
+    /// copy: no kiln kernel), the median of `repeat` copies each timed on the device: the ceiling a
+    /// memory-bound kernel is quoted against. `None` where the device cannot time itself.
+    pub fn copy_rate(&self, bytes: u64, repeat: usize) -> Result<Option<f64>> {
+        let _gate = self.gate();
+        let (src, dst) = (self.alloc(bytes, "a timed copy's source")?, self.alloc(bytes, "a timed copy's target")?);
+        let mut seconds = Vec::with_capacity(repeat);
+        // Three copies first, untimed in the median: the first touches of fresh memory are slower.
+        for i in 0..repeat.max(1) + 3 {
+            let copy = &mut || {
+                self.driver.copy(src.raw(), dst.raw(), bytes)?;
+                self.driver.submit()
+            };
+            let Some(s) = self.driver.time(copy)? else { return Ok(None) };
+            if i >= 3 {
+                seconds.push(s);
+            }
+        }
+        seconds.sort_by(f64::total_cmp);
+        Ok(Some(2.0 * bytes as f64 / seconds[seconds.len() / 2] / 1e9))
     }
 
     /// The output tensors of a prepared graph (its output buffers, shared), carrying `checks`.
@@ -903,7 +1027,7 @@ impl Runtime {
                         if !own {
                             return Ok(t.clone());
                         }
-                        let b = self.alloc(self.driver.bytes(t.dtype, t.numel()), "a recorded input")?;
+                        let b = self.alloc(self.target().storage_bytes(t.dtype, t.numel()), "a recorded input")?;
                         Ok(DeviceTensor { buffer: b, dtype: t.dtype, dims: t.dims.clone(), checks: Vec::new() })
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -917,9 +1041,10 @@ impl Runtime {
             }
         };
         let r = &recs[at];
+        let _gate = self.gate();
         for ((&s, t), &own) in slots.iter().zip(each()).zip(&r.private) {
             if own && r.prepared.buffers[s].id() != t.buffer.id() {
-                let n = self.driver.bytes(t.dtype, t.numel());
+                let n = self.target().storage_bytes(t.dtype, t.numel());
                 self.driver.copy(t.buffer.raw(), r.prepared.buffers[s].raw(), n)?;
                 lock(&self.stats).replay_input_copies += 1;
             }
@@ -943,7 +1068,7 @@ impl Runtime {
         }
         let mut outs = Vec::with_capacity(layout.outputs.len());
         for (b, dims, dtype) in &layout.outputs {
-            let n = self.driver.bytes(*dtype, dims.iter().product());
+            let n = self.target().storage_bytes(*dtype, dims.iter().product());
             let fresh = self.alloc(n, "an output")?;
             if n > 0 {
                 self.driver.copy(r.prepared.buffers[*b].raw(), fresh.raw(), n)?;

@@ -3,7 +3,9 @@
 //! kernel may bind, how big a workgroup may be, which reduction strategy, whether f16 is computed natively),
 //! so renderers never decide anything themselves.
 
+use crate::{DType, Result, TensorData};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// A device's capabilities.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -45,6 +47,27 @@ pub struct Target {
     /// see `benches/NOTES.md`).
     #[serde(default = "default_row_threads")]
     pub row_threads: u32,
+    /// Bytes one buffer may hold.
+    #[serde(default = "unlimited")]
+    pub max_buffer_bytes: u64,
+    /// Bytes one kernel binding may cover.
+    #[serde(default = "unlimited")]
+    pub max_binding_bytes: u64,
+    /// Alignment of a binding's byte offset (fault words of one run share a buffer at this stride).
+    #[serde(default = "default_binding_alignment")]
+    pub binding_alignment: u64,
+    /// Bools are stored as 32-bit words (WGSL has no 8-bit storage); every other dtype is stored as the
+    /// host stores it.
+    #[serde(default)]
+    pub bool_words: bool,
+}
+
+fn unlimited() -> u64 {
+    u64::MAX
+}
+
+fn default_binding_alignment() -> u64 {
+    4
 }
 
 fn default_row_threads() -> u32 {
@@ -74,6 +97,10 @@ impl Target {
             max_row_cache: 32,
             library_gemm: false,
             row_threads: 256,
+            max_buffer_bytes: 256 << 20,
+            max_binding_bytes: 128 << 20,
+            binding_alignment: 256,
+            bool_words: true,
         }
     }
 
@@ -101,6 +128,10 @@ impl Target {
             max_row_cache: 32,
             library_gemm: true,
             row_threads: 256,
+            max_buffer_bytes: unlimited(),
+            max_binding_bytes: unlimited(),
+            binding_alignment: default_binding_alignment(),
+            bool_words: false,
         }
     }
 
@@ -111,6 +142,10 @@ impl Target {
             name: "kernel-interpreter".into(),
             max_bindings: 64,
             subgroup_size: Some(32),
+            max_buffer_bytes: unlimited(),
+            max_binding_bytes: unlimited(),
+            binding_alignment: default_binding_alignment(),
+            bool_words: false,
             ..Target::webgpu_default()
         }
     }
@@ -124,6 +159,44 @@ impl Target {
         let y = rest.min(max);
         let z = rest.div_ceil(y.max(1));
         (z <= max).then_some((x as u32, y as u32, z as u32))
+    }
+
+    /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
+    /// `KILN_<BACKEND>_ROW_THREADS`, `KILN_<BACKEND>_ROW_CACHE` (persistent rows; 0: off) and
+    /// `KILN_<BACKEND>_GEMM=kiln` (no GEMM library) applied, for experiments (`benches/NOTES.md`).
+    pub fn tuned_by_env(mut self, backend: &str) -> Target {
+        let knob = |k: &str| std::env::var(format!("KILN_{backend}_{k}")).ok().and_then(|v| v.parse::<u32>().ok());
+        if let Some(n) = knob("MAX_THREADS") {
+            self.max_threads_per_group = self.max_threads_per_group.min(n);
+        }
+        self.row_threads = knob("ROW_THREADS").unwrap_or(self.row_threads);
+        self.max_row_cache = knob("ROW_CACHE").unwrap_or(self.max_row_cache);
+        self.library_gemm &= std::env::var(format!("KILN_{backend}_GEMM")).as_deref() != Ok("kiln");
+        self
+    }
+
+    /// Device bytes of `n` elements of `dtype`.
+    pub fn storage_bytes(&self, dtype: DType, n: usize) -> u64 {
+        let wide = self.bool_words && dtype == DType::Bool;
+        (n * if wide { 4 } else { dtype.size_bytes() }) as u64
+    }
+
+    /// Host data in the device's layout: the host's own bytes (no copy) but for bools stored as words.
+    pub fn encode<'a>(&self, data: &'a TensorData) -> Cow<'a, [u8]> {
+        match self.bool_words && data.dtype() == DType::Bool {
+            true => Cow::Owned(data.le_bytes().iter().flat_map(|&b| u32::from(b != 0).to_le_bytes()).collect()),
+            false => Cow::Borrowed(data.le_bytes()),
+        }
+    }
+
+    /// Device bytes of `dims` elements of `dtype` back to host data.
+    pub fn decode(&self, bytes: &[u8], dims: &[usize], dtype: DType) -> Result<TensorData> {
+        if !(self.bool_words && dtype == DType::Bool) {
+            return TensorData::from_le_bytes(bytes, dims, dtype);
+        }
+        let n: usize = dims.iter().product();
+        let bools: Vec<u8> = bytes.chunks_exact(4).take(n).map(|w| u8::from(w != [0, 0, 0, 0])).collect();
+        TensorData::from_le_bytes(&bools, dims, dtype)
     }
 
     /// This target with a different binding limit (tests of the splitting logic use tiny limits).

@@ -94,8 +94,8 @@ impl Driver for PtxasChecked {
         self.check(kernel)?;
         self.interpreter.load(kernel)
     }
-    fn launch(&self, module: &Module, kernel: &Kernel, launch: &Launch) -> Result<()> {
-        self.interpreter.launch(module, kernel, launch)
+    fn launch(&self, kernel: &Kernel, launch: &Launch) -> Result<()> {
+        self.interpreter.launch(kernel, launch)
     }
     fn synchronize(&self) -> Result<()> {
         Ok(())

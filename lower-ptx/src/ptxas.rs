@@ -42,9 +42,6 @@ pub fn assemble(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Resu
     if out.status.success() {
         return Ok(());
     }
-    let numbered: String = ptx.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
-    Err(format!(
-        "kernel {name}: ptxas rejected the PTX for sm_{sm}:\n{}\n{numbered}",
-        String::from_utf8_lossy(&out.stderr)
-    ))
+    let words = String::from_utf8_lossy(&out.stderr);
+    Err(kiln_graph::error::rejected_source(name, &format!("ptxas (sm_{sm})"), &words, ptx))
 }

@@ -11,10 +11,10 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PushKernelArg,
 };
 use kiln_graph::device::{Driver, Launch, Module, Raw, Recording};
+use kiln_graph::error::rejected_source;
 use kiln_graph::kernel::Kernel;
-use kiln_graph::runtime::Runtime;
+use kiln_graph::runtime::{lock, Runtime};
 use kiln_graph::{Error, Result, Target};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 pub(crate) fn err(msg: impl Into<String>) -> Error {
@@ -45,16 +45,12 @@ pub(crate) fn driver(what: &str, e: DriverError) -> Error {
 pub const NO_DRIVER_HINT: &str =
     "no CUDA driver found (libcuda.so.1 is installed with NVIDIA's driver); kiln needs no CUDA toolkit";
 
-/// Newest compute capability kiln's PTX names; newer GPUs JIT the sm_90 PTX forward.
 /// The newest compute capability kiln's PTX targets (newer GPUs JIT it forward).
 pub const NEWEST_SM: u32 = 90;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// A CUDA device as a kiln [`Driver`]: one context, one stream (CUDA graph capture needs one that is not
-/// the legacy default stream).
+/// the legacy default stream). The runtime core holds the device alone while it records, so no other
+/// thread's work, allocation or free lands in a capture.
 pub struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -64,66 +60,15 @@ pub struct Cuda {
     target: Target,
     /// cuBLAS, opened at the first library GEMM; a handle serves one call at a time, hence the lock.
     blas: Mutex<Option<Blas>>,
-    /// The stream's gate and the frees it deferred, shared with every allocation (which frees itself).
-    shared: Arc<StreamGate>,
 }
 
-/// Held (shared) by every operation on the stream and (exclusively) through a graph capture: work another
-/// thread puts on a stream while it is being captured is recorded into the graph instead of running (an
-/// allocation would hand out an address that exists only inside the graph, a free would run at every
-/// replay). Allocations and frees are stream-ordered too, so they pass the gate as launches do.
-struct StreamGate {
-    gate: std::sync::RwLock<()>,
-    /// Buffers dropped while the stream was being captured: freed by the next allocation or wait.
-    deferred: Mutex<Vec<CudaSlice<u8>>>,
-}
-
-impl StreamGate {
-    /// Frees what was dropped during a capture (the caller holds the gate, shared).
-    fn free_deferred(&self) {
-        let buried = std::mem::take(&mut *lock(&self.deferred));
-        drop(buried);
-    }
-}
-
-/// One buffer of the device: freed (stream-ordered) when dropped, or later if the stream is being
-/// captured at that moment.
-struct Allocation {
-    slice: Option<CudaSlice<u8>>,
-    shared: Arc<StreamGate>,
-}
-
-impl Drop for Allocation {
-    fn drop(&mut self) {
-        let Some(slice) = self.slice.take() else { return };
-        if !CAPTURING.with(|c| c.get()) {
-            if let Ok(_gate) = self.shared.gate.try_read() {
-                drop(slice);
-                return;
-            }
-        }
-        // A capture is under way (or a thread waits to start one): freeing now would be recorded.
-        lock(&self.shared.deferred).push(slice);
-    }
-}
-
-thread_local! {
-    /// This thread is capturing the stream (its own launches go into the capture, without the gate).
-    static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// A loaded kernel: its function, or for a library GEMM the calls planned so far (by pointers and
-/// symbol values: pooled buffers recur, so each is planned once).
+/// A loaded kernel: its function, or nothing for a library GEMM (its calls are planned per binding).
 enum Loaded {
     Function(CudaFunction),
-    Gemm(Mutex<GemmPlans>),
+    Gemm,
 }
 
-/// GEMM calls planned for a library-GEMM kernel, by operand pointers and symbol values.
-type GemmPlans = HashMap<(Vec<u64>, Vec<i64>), Arc<GemmCall>>;
-
-// SAFETY: a CUDA function handle may be used from any thread of its context; the GEMM plans are behind a
-// mutex.
+// SAFETY: a CUDA function handle may be used from any thread of its context.
 unsafe impl Send for Loaded {}
 // SAFETY: as above.
 unsafe impl Sync for Loaded {}
@@ -137,9 +82,8 @@ unsafe impl Send for Captured {}
 unsafe impl Sync for Captured {}
 
 fn slice(raw: &Raw) -> &CudaSlice<u8> {
-    // Every allocation of this driver is made by `alloc` below, and holds its slice until dropped.
-    let a = raw.downcast_ref::<Allocation>().expect("an allocation of the CUDA driver");
-    a.slice.as_ref().expect("a live allocation")
+    // Every allocation of this driver is made by `alloc` below.
+    raw.downcast_ref::<CudaSlice<u8>>().expect("an allocation of the CUDA driver")
 }
 
 impl Cuda {
@@ -166,18 +110,8 @@ impl Cuda {
         // SAFETY: writes one int; the library was found above.
         unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) };
         let stream = ctx.new_stream().map_err(|e| driver("creating a stream", e))?;
-        let mut target = Target::cuda(sm.min(NEWEST_SM));
+        let mut target = Target::cuda(sm.min(NEWEST_SM)).tuned_by_env("CUDA");
         target.name = format!("cuda-sm_{sm}");
-        // KILN_CUDA_GEMM=kiln keeps every matmul on kiln's own template (for comparisons).
-        target.library_gemm = std::env::var("KILN_CUDA_GEMM").as_deref() != Ok("kiln");
-        // Tuning knobs for experiments (benches/NOTES.md): threads per row group, persistent-row cap.
-        let knob = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
-        if let Some(t) = knob("KILN_CUDA_ROW_THREADS") {
-            target.row_threads = t;
-        }
-        if let Some(c) = knob("KILN_CUDA_ROW_CACHE") {
-            target.max_row_cache = c;
-        }
         tracing::info!(target: "kiln::graph", device = %name, sm, "cuda device");
         Ok(Cuda {
             ctx,
@@ -188,18 +122,12 @@ impl Cuda {
             driver_version,
             target,
             blas: Mutex::new(None),
-            shared: Arc::new(StreamGate { gate: std::sync::RwLock::new(()), deferred: Mutex::default() }),
         })
     }
 
     /// A runtime over the device (the facade keeps one per process).
     pub fn runtime() -> Result<Arc<Runtime>> {
         Ok(Runtime::new(Cuda::new()?))
-    }
-
-    /// The stream every launch goes to.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
     }
 
     /// Runs one GEMM call on cuBLAS (opened on this device's stream at the first call).
@@ -209,11 +137,6 @@ impl Cuda {
             *b = Some(Blas::new(&self.stream)?);
         }
         b.as_ref().map_or(Ok(()), |b| b.run(call))
-    }
-
-    /// Shared use of the stream (none needed while this thread captures it).
-    fn gate(&self) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
-        (!CAPTURING.with(|c| c.get())).then(|| self.shared.gate.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Makes this device's context current on the calling thread (raw driver calls need it; cudarc's own
@@ -228,40 +151,6 @@ impl Cuda {
 
     fn ptr(&self, raw: &Raw) -> u64 {
         slice(raw).device_ptr(&self.stream).0
-    }
-
-    /// GB/s (bytes read + written) of the driver's device-to-device copy of `bytes`, the median of
-    /// `repeat` timed copies: the ceiling any kernel's bandwidth is quoted against.
-    pub fn memcpy_gbps(&self, bytes: usize, repeat: usize) -> Result<f64> {
-        let (src, dst) = (self.alloc(bytes as u64)?, self.alloc(bytes as u64)?);
-        let mut samples = Vec::with_capacity(repeat);
-        for i in 0..repeat.max(1) + 3 {
-            let ms = self.time(&mut || self.copy(&src, &dst, bytes as u64))?.unwrap_or(0.0) * 1e3;
-            if i >= 3 {
-                samples.push(ms);
-            }
-        }
-        samples.sort_by(f64::total_cmp);
-        let ms = samples[samples.len() / 2];
-        Ok(2.0 * bytes as f64 / (ms / 1e3) / 1e9)
-    }
-
-    /// Milliseconds each launch of `enqueue` took, in order (an event after each): where a graph's time
-    /// goes. `enqueue` gets a callback to call after each launch.
-    pub fn profile(&self, steps: usize, enqueue: &mut dyn FnMut(usize) -> Result<()>) -> Result<Vec<f64>> {
-        let mut marks = vec![self.event()?];
-        marks[0].record(&self.stream).map_err(|e| driver("recording an event", e))?;
-        for i in 0..steps {
-            enqueue(i)?;
-            let e = self.event()?;
-            e.record(&self.stream).map_err(|e| driver("recording an event", e))?;
-            marks.push(e);
-        }
-        self.synchronize()?;
-        marks
-            .windows(2)
-            .map(|w| w[0].elapsed_ms(&w[1]).map(f64::from).map_err(|e| driver("reading an event", e)))
-            .collect()
     }
 }
 
@@ -284,15 +173,9 @@ impl Driver for Cuda {
     }
 
     fn alloc(&self, bytes: u64) -> Result<Raw> {
-        if CAPTURING.with(|c| c.get()) {
-            // Inside a capture the address would exist only while the graph runs.
-            return Err(err(format!("allocating {bytes} bytes while recording a CUDA graph")));
-        }
-        let _gate = self.gate();
-        self.shared.free_deferred();
         // SAFETY: buffers are written by a kernel, an upload or a zeroing before any kernel reads them.
         match unsafe { self.stream.alloc::<u8>(bytes as usize) } {
-            Ok(b) => Ok(Box::new(Allocation { slice: Some(b), shared: self.shared.clone() })),
+            Ok(b) => Ok(Box::new(b)),
             Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
                 Err(Error::OutOfMemory { device: "cuda".into(), what: "a buffer".into(), bytes, limit: None })
             }
@@ -301,7 +184,6 @@ impl Driver for Cuda {
     }
 
     fn write(&self, dst: &Raw, bytes: &[u8]) -> Result<()> {
-        let _gate = self.gate();
         self.bind()?;
         let dst = self.ptr(dst);
         // SAFETY: the destination holds at least `bytes.len()` bytes (the runtime sized it); the copy is
@@ -312,7 +194,6 @@ impl Driver for Cuda {
     }
 
     fn read(&self, src: &Raw, bytes: u64) -> Result<Vec<u8>> {
-        let _gate = self.gate();
         let view = slice(src).slice(0..bytes as usize);
         let out = self.stream.clone_dtoh(&view).map_err(|e| driver("reading back", e))?;
         self.stream.synchronize().map_err(|e| driver("reading back", e))?;
@@ -320,7 +201,6 @@ impl Driver for Cuda {
     }
 
     fn zero(&self, dst: &Raw, offset: u64, bytes: u64) -> Result<()> {
-        let _gate = self.gate();
         self.bind()?;
         // SAFETY: the range lies inside the allocation (the runtime sized it).
         unsafe {
@@ -330,7 +210,6 @@ impl Driver for Cuda {
     }
 
     fn copy(&self, src: &Raw, dst: &Raw, bytes: u64) -> Result<()> {
-        let _gate = self.gate();
         self.bind()?;
         // SAFETY: both allocations hold at least `bytes` (the runtime sized them); ordered on the stream.
         unsafe {
@@ -346,7 +225,7 @@ impl Driver for Cuda {
 
     fn load(&self, kernel: &Kernel) -> Result<Module> {
         if kernel.gemm().is_some() {
-            return Ok(Arc::new(Loaded::Gemm(Mutex::default())));
+            return Ok(Arc::new(Loaded::Gemm));
         }
         let ptx = render(kernel, self.sm).map_err(|e| err(e.to_string()))?;
         tracing::debug!(target: "kiln::output_code", kernel = %kernel.name, "\n{}", ptx.source);
@@ -354,46 +233,19 @@ impl Driver for Cuda {
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx.source.clone()))
             .and_then(|m| m.load_function(&kernel.name));
-        let f = loaded.map_err(|e| {
-            let numbered: String =
-                ptx.source.lines().enumerate().map(|(i, l)| format!("{:4} | {l}\n", i + 1)).collect();
-            err(format!("kernel {}: the driver rejected the PTX: {:?}\n{numbered}", kernel.name, e.0))
-        })?;
+        let f = loaded.map_err(|e| err(rejected_source(&kernel.name, "the driver", &e, &ptx.source)))?;
         Ok(Arc::new(Loaded::Function(f)))
     }
 
-    fn launch(&self, module: &Module, kernel: &Kernel, l: &Launch) -> Result<()> {
-        let _gate = self.gate();
-        let loaded = module.downcast_ref::<Loaded>().ok_or_else(|| err("a module of another driver"))?;
+    fn launch(&self, kernel: &Kernel, l: &Launch) -> Result<()> {
+        let loaded = l.module.downcast_ref::<Loaded>().ok_or_else(|| err("a module of another driver"))?;
         let pointers: Vec<u64> = l.buffers.iter().map(|b| self.ptr(b.raw) + b.offset).collect();
         let f = match loaded {
             Loaded::Function(f) => f,
-            Loaded::Gemm(plans) => {
+            Loaded::Gemm => {
                 let gemm = kernel.gemm().ok_or_else(|| err("a GEMM module for a generated kernel"))?;
-                let key = (pointers.clone(), l.symbols.to_vec());
-                let call = {
-                    let mut plans = lock(plans);
-                    // (Not while capturing: dropping plans frees their pointer arrays on the stream.)
-                    if plans.len() > 4096 && !CAPTURING.with(|c| c.get()) {
-                        plans.clear();
-                    }
-                    match plans.get(&key) {
-                        Some(c) => c.clone(),
-                        None if CAPTURING.with(|c| c.get()) => {
-                            // Planning allocates and uploads pointer arrays: inside a capture that would be
-                            // recorded, not done (the runtime runs once before it records, so this is a bug).
-                            return Err(err(format!(
-                                "kernel {}: a GEMM first planned during graph capture",
-                                kernel.name
-                            )));
-                        }
-                        None => {
-                            let c = Arc::new(GemmCall::plan(gemm, l.bindings, &pointers, &self.stream)?);
-                            plans.insert(key, c.clone());
-                            c
-                        }
-                    }
-                };
+                // Planning allocates and uploads pointer arrays: once per binding, never inside a capture.
+                let call = l.binding(|| GemmCall::plan(gemm, l.bindings, &pointers, &self.stream))?;
                 return self.gemm(&call);
             }
         };
@@ -420,49 +272,10 @@ impl Driver for Cuda {
     }
 
     fn synchronize(&self) -> Result<()> {
-        let _gate = self.gate();
-        if _gate.is_some() {
-            self.shared.free_deferred();
-        }
         self.stream.synchronize().map_err(|e| driver("waiting for the device", e))
     }
 
     fn record(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
-        let _exclusive = self.shared.gate.write().unwrap_or_else(|e| e.into_inner());
-        CAPTURING.with(|c| c.set(true));
-        let recorded = self.capture(enqueue);
-        CAPTURING.with(|c| c.set(false));
-        recorded
-    }
-
-    fn replay(&self, recording: &Recording) -> Result<()> {
-        let _gate = self.gate();
-        let g = recording.downcast_ref::<Captured>().ok_or_else(|| err("a recording of another driver"))?;
-        g.0.launch().map_err(|e| driver("replaying the CUDA graph", e))
-    }
-
-    fn time(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
-        let (start, end) = (self.event()?, self.event()?);
-        {
-            let _gate = self.gate();
-            start.record(&self.stream).map_err(|e| driver("recording an event", e))?;
-        }
-        enqueue()?;
-        let _gate = self.gate();
-        end.record(&self.stream).map_err(|e| driver("recording an event", e))?;
-        end.synchronize().map_err(|e| driver("waiting for the device", e))?;
-        let ms = start.elapsed_ms(&end).map_err(|e| driver("reading an event", e))?;
-        Ok(Some(f64::from(ms) / 1e3))
-    }
-
-    fn timing(&self) -> &'static str {
-        "CUDA events"
-    }
-}
-
-impl Cuda {
-    /// Captures the stream around `enqueue` (the caller holds the gate exclusively).
-    fn capture(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| driver("beginning graph capture", e))?;
@@ -473,5 +286,24 @@ impl Cuda {
         let graph = graph.ok_or_else(|| err("graph capture recorded nothing"))?;
         tracing::debug!(target: "kiln::graph", "recorded a CUDA graph");
         Ok(Some(Box::new(Captured(graph))))
+    }
+
+    fn replay(&self, recording: &Recording) -> Result<()> {
+        let g = recording.downcast_ref::<Captured>().ok_or_else(|| err("a recording of another driver"))?;
+        g.0.launch().map_err(|e| driver("replaying the CUDA graph", e))
+    }
+
+    fn time(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
+        let (start, end) = (self.event()?, self.event()?);
+        start.record(&self.stream).map_err(|e| driver("recording an event", e))?;
+        enqueue()?;
+        end.record(&self.stream).map_err(|e| driver("recording an event", e))?;
+        end.synchronize().map_err(|e| driver("waiting for the device", e))?;
+        let ms = start.elapsed_ms(&end).map_err(|e| driver("reading an event", e))?;
+        Ok(Some(f64::from(ms) / 1e3))
+    }
+
+    fn timing(&self) -> &'static str {
+        "CUDA events"
     }
 }

@@ -1,8 +1,9 @@
-//! How each kiln dtype is laid out in a WGSL storage buffer, and the host-side conversions. WGSL has no
-//! 8- or 64-bit integers and f16 only behind the `shader-f16` feature, so some dtypes are widened on the
-//! device; values always keep their dtype's precision (the shaders round on every store).
+//! How each kiln dtype is laid out in a WGSL storage buffer. WGSL has no 8- or 64-bit integers and f16
+//! only behind the `shader-f16` feature, so some dtypes are packed or widened on the device; values
+//! always keep their dtype's precision (the shaders round on every store). Every layout holds the
+//! host's bytes but bool's, whose words the target's `bool_words` tells the runtime core about.
 
-use kiln_graph::{DType, Result, TensorData};
+use kiln_graph::DType;
 
 /// The device layout of one dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,38 +46,6 @@ impl Storage {
             Storage::F16 => "f16",
             Storage::I32 | Storage::I64Pairs => "i32",
             Storage::BoolU32 | Storage::F16Packed | Storage::Bf16Packed => "u32",
-        }
-    }
-
-    /// Bytes `len` elements take on the device.
-    pub fn bytes(self, len: usize) -> usize {
-        len * match self {
-            Storage::F16 | Storage::F16Packed | Storage::Bf16Packed => 2,
-            Storage::I64Pairs => 8,
-            _ => 4,
-        }
-    }
-
-    /// The host tensor in this layout: the host's own bytes (no copy) for every layout but bool's, whose
-    /// one byte per element widens to a word.
-    pub fn encode(self, data: &TensorData) -> std::borrow::Cow<'_, [u8]> {
-        match self {
-            Storage::BoolU32 => {
-                std::borrow::Cow::Owned(data.le_bytes().iter().flat_map(|&b| u32::from(b != 0).to_le_bytes()).collect())
-            }
-            _ => std::borrow::Cow::Borrowed(data.le_bytes()),
-        }
-    }
-
-    /// A host tensor of `dtype` and `dims` from device bytes in this layout (one copy but for bool).
-    pub fn decode(self, bytes: &[u8], dims: &[usize], dtype: DType) -> Result<TensorData> {
-        match self {
-            Storage::BoolU32 => {
-                let n: usize = dims.iter().product();
-                let words: Vec<u8> = bytes.chunks_exact(4).take(n).map(|w| u8::from(w != [0, 0, 0, 0])).collect();
-                TensorData::from_le_bytes(&words, dims, dtype)
-            }
-            _ => TensorData::from_le_bytes(bytes, dims, dtype),
         }
     }
 }

@@ -51,7 +51,7 @@ impl Driver for NullDriver {
     fn load(&self, _kernel: &Kernel) -> kiln::Result<Module> {
         Ok(Arc::new(()))
     }
-    fn launch(&self, _module: &Module, _kernel: &Kernel, _launch: &Launch) -> kiln::Result<()> {
+    fn launch(&self, _kernel: &Kernel, _launch: &Launch) -> kiln::Result<()> {
         Ok(())
     }
     fn synchronize(&self) -> kiln::Result<()> {

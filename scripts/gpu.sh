@@ -10,6 +10,7 @@ mkdir -p "$out"
 case "${1:-}" in
 stage)
   set -e
+  rm -rf .gpu/tests .gpu/kiln-bench .gpu/kiln-bench.xz
   mkdir -p .gpu/tests
   cargo test --release --locked -p kiln --test conformance_cuda --test device_runtime --test guards --test onnx_models \
     --test conformance_wgpu --test conformance_wgpu_limits --no-run --message-format=json 2>/dev/null |
@@ -20,6 +21,9 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".gpu/tests/" + m["target"]["name"])'
   cargo build --release --locked -p kiln-bench
   cp target/release/kiln-bench .gpu/
+  # Stripped and compressed: with .gl they must fit a device call's 64 MiB.
+  strip .gpu/kiln-bench .gpu/tests/*
+  xz -9f -T2 .gpu/kiln-bench .gpu/tests/*
   du -sh .gpu
   ;;
 stage-fps)
@@ -67,6 +71,7 @@ fps)
   kill %1 2>/dev/null
   ;;
 tests|bench|peer|parts)
+  for f in .gpu/*.xz .gpu/tests/*.xz; do [ -e "$f" ] && xz -df "$f"; done
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json

@@ -107,11 +107,15 @@ fn reduce_overhead_mode_replays_and_rerecords() {
     assert_eq!(c.stats().traces, 1, "{:?}", c.stats());
 }
 
+/// The tests below each hold tens of GiB on the device: run in parallel they would fail for memory.
+static BIG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A full reduction over 2^32 + 8 elements (17 GB of f32) sums all of them: the row length once went
 /// through a `u32` and the kernel summed a fraction of the input.
 #[test]
 #[ignore = needs_gpu!()]
 fn a_sum_over_more_than_two_to_the_32_elements() {
+    let _one_at_a_time = BIG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let rt = kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
     let n = (1usize << 32) + 8;
     let f = kiln::compile(|x: &kiln::Tensor| kiln::Tensor::ones(&[n], DType::F32)?.add(x)?.sum(&[0], false))
@@ -126,7 +130,19 @@ fn a_sum_over_more_than_two_to_the_32_elements() {
 #[test]
 #[ignore = needs_gpu!()]
 fn tensors_of_three_times_two_to_the_30_elements() {
+    let _one_at_a_time = BIG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let b: std::sync::Arc<dyn kiln::graph::Backend> =
         kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
     conformance::user_cases::three_times_two_to_the_30(&b).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// 5·2^30-element tensors (20 GiB of f32 each): the same checks, now also at and past 2^32 elements, where
+/// an unsigned 32-bit index would wrap to the tensor's start.
+#[test]
+#[ignore = needs_gpu!()]
+fn tensors_of_five_times_two_to_the_30_elements() {
+    let _one_at_a_time = BIG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let b: std::sync::Arc<dyn kiln::graph::Backend> =
+        kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
+    conformance::user_cases::big_tensors(&b, 5 << 30).unwrap_or_else(|e| panic!("{e}"));
 }

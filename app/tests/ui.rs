@@ -404,7 +404,7 @@ fn live_runs_offer_every_wgpu_adapter_and_run_on_the_one_chosen() {
     h.state_mut().run_calls = 2;
     h.get_by_label("Run").click();
     h.run_steps(2);
-    // The combo lists each adapter by name; the last one (a software or GL one on a CI machine) is chosen.
+    // The combo lists each adapter by name; the last one is chosen.
     h.get_by_value("Kernels").click();
     h.run_steps(2);
     let labels: Vec<String> = adapters.iter().enumerate().map(|(n, a)| format!("wgpu:{n} {a}")).collect();

@@ -38,6 +38,7 @@ pub mod plan;
 pub mod report;
 pub mod runtime;
 pub mod shape;
+mod size_class;
 pub mod sym;
 pub mod tape;
 pub mod target;

@@ -31,6 +31,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::loc::SourceLoc;
 use crate::pipeline::CompiledGraph;
+use crate::size_class::size_class;
 use crate::sym::Bindings;
 use crate::target::Target;
 use crate::TensorData;
@@ -560,7 +561,7 @@ impl Runtime {
         }
         let _gate = self.gate();
         let d = &self.driver;
-        let class = bytes.max(256).checked_next_power_of_two().unwrap_or(u64::MAX);
+        let class = size_class(bytes);
         let class = if class > d.target().max_buffer_bytes { bytes.div_ceil(256) * 256 } else { class };
         let pooled = lock(&self.pool).get_mut(&class).and_then(Vec::pop);
         let (id, raw) = match pooled {

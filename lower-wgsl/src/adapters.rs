@@ -44,9 +44,23 @@ pub async fn find() -> Vec<wgpu::Adapter> {
         .into_iter()
         .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
         .collect();
+    let apis: Vec<(wgpu::Backend, String)> =
+        adapters.iter().map(|a| a.get_info()).map(|i| (i.backend, i.name)).collect();
+    let mut apis_in_order = apis.iter();
+    adapters.retain(|_| apis_in_order.next().is_none_or(|(api, name)| !gl_twin(*api, name, &apis)));
     // Stable: adapters of one rank keep the order wgpu found them in.
     adapters.sort_by_key(|a| std::cmp::Reverse(score(&a.get_info())));
     adapters
+}
+
+/// Whether the adapter `name` on `api` is a GL adapter over a device another adapter in `all` reaches through Vulkan, Metal
+/// or DX12 (GL names it the same, with `/PCIe/SSE2`-style suffixes). The twin adds nothing kiln can use
+/// (GL's compute is the weaker path to the same memory), and on NVIDIA's headless EGL it lists but
+/// cannot open a device ("Parent device is lost", gfx-rs/wgpu#7068). With only GL adapters present
+/// (`WGPU_BACKEND=gl`) none is a twin.
+fn gl_twin(api: wgpu::Backend, name: &str, all: &[(wgpu::Backend, String)]) -> bool {
+    use wgpu::Backend::Gl;
+    api == Gl && all.iter().any(|(other, o)| *other != Gl && !o.is_empty() && name.starts_with(o.as_str()))
 }
 
 /// [`find`]'s adapters, found once per process (opening each device stays separate).
@@ -78,4 +92,21 @@ pub fn default_index(adapters: &[wgpu::Adapter]) -> Result<usize> {
         .iter()
         .position(|a| wanted.as_ref().is_none_or(|w| a.get_info().name.to_lowercase().contains(w)))
         .ok_or_else(|| err(format!("{NO_ADAPTER_HINT}; adapters present: [{}]", names(adapters).join(", "))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gl_twin;
+    use wgpu::Backend::{Gl, Vulkan};
+
+    #[test]
+    fn a_gl_adapter_over_a_vulkan_device_is_a_twin() {
+        let all = |names: &[(wgpu::Backend, &str)]| names.iter().map(|&(b, n)| (b, n.to_string())).collect::<Vec<_>>();
+        let here = all(&[(Vulkan, "NVIDIA H200"), (Gl, "NVIDIA H200/PCIe/SSE2"), (Gl, "llvmpipe (LLVM 15.0.6)")]);
+        assert!(gl_twin(Gl, "NVIDIA H200/PCIe/SSE2", &here));
+        assert!(!gl_twin(Vulkan, "NVIDIA H200", &here), "the Vulkan adapter stays");
+        assert!(!gl_twin(Gl, "llvmpipe (LLVM 15.0.6)", &here), "a GL adapter over a device nothing else reaches stays");
+        let gl_only = all(&[(Gl, "NVIDIA H200/PCIe/SSE2"), (Gl, "llvmpipe (LLVM 15.0.6)")]);
+        assert!(!gl_twin(Gl, "NVIDIA H200/PCIe/SSE2", &gl_only), "only GL adapters: none is a twin");
+    }
 }

@@ -110,6 +110,22 @@ fn reads_without_blocking(rt: &Arc<Runtime>) {
     let x = host(&[1.0, 2.0, 3.0], &[3]).to(rt.clone()).unwrap();
     let y: Tensor = compile(|x: &Tensor| x.mul(3.0)).backend(rt.clone()).call(&x).unwrap();
     assert_eq!(pollster::block_on(y.to_vec_async::<f32>()).unwrap(), vec![3.0, 6.0, 9.0]);
+    // The device's own time of a call, awaited: where the device times itself, a figure, and the work
+    // is done once it is known (its result reads without a wait of its own).
+    let f = compile(|x: &Tensor| x.sin()?.mul(2.0)).backend(rt.clone());
+    let mut out = None;
+    let timed = pollster::block_on(rt.time_async(&mut || {
+        out = Some(f.call(&x)?);
+        Ok(())
+    }))
+    .unwrap();
+    match rt.timing() {
+        "fenced wall time" => assert_eq!(timed, None, "{} cannot time itself", rt.name()),
+        how => assert!(timed.is_some_and(|s| s > 0.0 && s < 1.0), "{}: {how}: {timed:?}", rt.name()),
+    }
+    let out: Tensor = out.expect("called");
+    let want = [1.0f32, 2.0, 3.0].map(|v| v.sin() * 2.0);
+    assert!(out.to_vec::<f32>().unwrap().iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-5), "{out:?}");
 }
 
 /// A failed run-time check is reported to whoever reads a result that depends on it — also through a

@@ -6,7 +6,7 @@
 
 use crate::explorer::{Explorer, Tab};
 use crate::expr::{Expr, FUNCTIONS, INPUTS};
-use crate::live::{LiveRun, Subject};
+use crate::live::{LiveRun, LiveTime, Subject};
 
 /// The workloads the demo offers (the convolution workload W6 is not in kiln yet).
 pub const DEMO_WORKLOADS: [&str; 5] = ["W1", "W2", "W3", "W4", "W5"];
@@ -99,7 +99,7 @@ impl Explorer {
                 match r {
                     Ok(run) => {
                         for mode in ["eager", "compiled", "reduce-overhead"] {
-                            ui.label(run.ms(mode).map_or("–".into(), |ms| format!("{ms:.3}")));
+                            ui.label(run.times.iter().find(|t| t.mode == mode).map_or("–".into(), mode_time));
                         }
                         ui.label(speedup(run));
                         let best = run.best_compiled();
@@ -118,6 +118,9 @@ impl Explorer {
                 ui.end_row();
             }
         });
+        if let Some(how) = self.runs.iter().find_map(|(_, r)| r.as_ref().ok()?.device_timing) {
+            ui.label(format!("Times are call + wait, ms; \"device\" is the device's own time of a call ({how})."));
+        }
         if let Some(Some((title, Ok(run)))) = open.map(|i| self.runs.get(i)) {
             if let Some(report) = run.report.clone() {
                 let title = title.clone();
@@ -140,6 +143,14 @@ impl Explorer {
             .collect();
         let correct = self.runs.iter().all(|(_, r)| r.as_ref().is_ok_and(LiveRun::correct));
         serde_json::json!({ "notice": self.notice, "correct": correct, "runs": runs })
+    }
+}
+
+/// A mode's call + wait, and the device's own time of the call where it timed itself.
+fn mode_time(t: &LiveTime) -> String {
+    match t.device_ms {
+        Some(d) => format!("{:.3} (device {d:.3})", t.ms),
+        None => format!("{:.3}", t.ms),
     }
 }
 

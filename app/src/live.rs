@@ -14,7 +14,8 @@ use std::sync::Arc;
 use web_time::Instant;
 
 /// How live runs time a call.
-pub const TIMING: &str = "call + wait for the device (in a page an awaited fence), median of the timed calls";
+pub const TIMING: &str = "call + wait for the device (in a page an awaited fence), median of the timed calls; \
+     where the device times itself (CUDA events, WebGPU timestamp queries), the device's own time of each call too";
 
 /// Untimed calls before the timed ones (compiling, recording, warming caches).
 pub const WARMUP: usize = 3;
@@ -71,6 +72,8 @@ pub struct LiveTime {
     pub mode: &'static str,
     /// Median call + wait, ms.
     pub ms: f64,
+    /// Median of the device's own time of each call, ms, where it can time itself.
+    pub device_ms: Option<f64>,
     /// Every output of the mode's first call against kiln's f64 reference.
     pub outcome: Outcome,
 }
@@ -84,6 +87,8 @@ pub struct LiveRun {
     pub device: String,
     /// Every mode's time and check.
     pub times: Vec<LiveTime>,
+    /// How the device timed itself (`timestamp queries`, `CUDA events`); `None` where it did not.
+    pub device_timing: Option<&'static str>,
     /// The compiled function's report; natively after a profiled call (each kernel's device time on
     /// the run's backend; a page cannot profile without blocking).
     pub report: Option<kiln::CompileReport>,
@@ -125,6 +130,7 @@ impl LiveRun {
                 serde_json::json!({
                     "mode": t.mode,
                     "ms": t.ms,
+                    "device_ms": t.device_ms,
                     "correct": t.outcome.correct,
                     "mismatches": t.outcome.mismatches,
                     "max_rel_err": if t.outcome.max_rel_err.is_finite() { Some(t.outcome.max_rel_err) } else { None },
@@ -142,6 +148,7 @@ impl LiveRun {
             "bytes": self.bytes,
             "copy_rate": self.copy_rate,
             "timing": TIMING,
+            "device_timing": self.device_timing,
         })
     }
 }
@@ -214,13 +221,13 @@ pub async fn run(
         };
         say(format!("{title} {name}: compiling and checking"), m as f32 / 3.0);
         let outcome = check(&call()?, &want).await?;
-        let ms = median_ms(calls, &fence, &|| call().map(drop), &|i| {
+        let (ms, device_ms) = median_ms(calls, &fence, &|| call().map(drop), &|i| {
             say(format!("{title} {name}: call {}/{calls}", i + 1), (m as f32 + (i + 1) as f32 / calls as f32) / 3.0)
         })
         .await?;
         // The timed calls' path too: in reduce-overhead the first call records and the rest replay.
         let outcome = outcome.and(check(&call()?, &want).await?);
-        times.push(LiveTime { mode: name, ms, outcome });
+        times.push(LiveTime { mode: name, ms, device_ms, outcome });
         if let (Some(c), Some(Mode::Default)) = (&compiled, mode) {
             // Timing each kernel needs a blocking wait per launch: desktop only.
             #[cfg(not(target_arch = "wasm32"))]
@@ -240,7 +247,9 @@ pub async fn run(
         Some(b) => copy_rate(backend, b, calls, &fence).await?,
         None => None,
     };
-    Ok(LiveRun { title, device, times, report, bytes, copy_rate })
+    let device_timing =
+        times.iter().any(|t| t.device_ms.is_some()).then(|| rt.as_ref().map(|rt| rt.timing())).flatten();
+    Ok(LiveRun { title, device, times, device_timing, report, bytes, copy_rate })
 }
 
 /// The reference's outputs of `f` on `data` (kiln's f64 interpreter over the traced graph) and the
@@ -277,6 +286,23 @@ async fn check(got: &[Tensor], want: &(Vec<Expected>, Vec<Tolerance>)) -> Result
 struct Fence(Option<Arc<kiln::Runtime>>);
 
 impl Fence {
+    /// Runs `call` and waits for its work; returns the device's own time of that work, ms, where the
+    /// device times itself (its timing's readback is then the wait), else after a plain [`Fence::wait`].
+    async fn timed(&self, call: &dyn Fn() -> Result<(), String>) -> Result<Option<f64>, String> {
+        let Some(rt) = &self.0 else { return call().map(|()| None) };
+        let mut called = Ok(());
+        let timing = rt.time_async(&mut || {
+            called = call();
+            Ok(())
+        });
+        let seconds = timing.await.map_err(|e| e.to_string());
+        called?;
+        match seconds? {
+            Some(s) => Ok(Some(s * 1e3)),
+            None => self.wait().await.map(|()| None),
+        }
+    }
+
     async fn wait(&self) -> Result<(), String> {
         if let Some(rt) = &self.0 {
             // Natively the bench's wait (a worker thread may block); a page awaits a fence instead.
@@ -303,34 +329,38 @@ async fn copy_rate(backend: Backend, bytes: u64, calls: usize, fence: &Fence) ->
     }
     let f = kiln::compile(|x: &Tensor| x.neg()).backend(backend);
     let call = || -> Result<(), String> { f.call(&x).map(|_: Tensor| ()).map_err(s) };
-    Ok(Some((8 * n) as f64 / (median_ms(calls, fence, &call, &|_| {}).await? * 1e-3)))
+    Ok(Some((8 * n) as f64 / (median_ms(calls, fence, &call, &|_| {}).await?.0 * 1e-3)))
 }
 
-/// [`WARMUP`] untimed calls, then the median of `calls` timed ones (each call, then the fence), ms;
-/// `done(i)` after timed call `i`.
+/// [`WARMUP`] untimed calls, then the median of `calls` timed ones (each call, then the fence), ms, and
+/// the median of the device's own times of them where it timed itself; `done(i)` after timed call `i`.
 async fn median_ms(
     calls: usize,
     fence: &Fence,
     call: &dyn Fn() -> Result<(), String>,
     done: &dyn Fn(usize),
-) -> Result<f64, String> {
+) -> Result<(f64, Option<f64>), String> {
     for _ in 0..WARMUP {
         call()?;
         fence.wait().await?;
         crate::yield_to_page().await;
     }
-    let mut samples = Vec::with_capacity(calls);
+    let (mut wall, mut device) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
     for i in 0..calls {
         let t = Instant::now();
-        call()?;
-        fence.wait().await?;
-        samples.push(t.elapsed().as_secs_f64() * 1e3);
+        device.extend(fence.timed(call).await?);
+        wall.push(t.elapsed().as_secs_f64() * 1e3);
         done(i);
         // Outside the timed span: the page repaints (its progress bar) between calls.
         crate::yield_to_page().await;
     }
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[samples.len() / 2])
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    // Device times only when every call was timed (a timing can be refused while another is pending).
+    let device = if device.len() == calls { median(device) } else { None };
+    Ok((median(wall).unwrap_or(f64::NAN), device))
 }
 
 /// The backends a live run can choose, best first, each with its label: `Wgpu` (the default adapter)

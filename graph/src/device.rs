@@ -59,6 +59,9 @@ pub struct Launch<'a> {
 /// The bytes of an asynchronous read.
 pub type ReadFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>>> + 'a>>;
 
+/// Seconds the device spent on timed work, once its timestamps are back (`None`: it cannot time itself).
+pub type TimeFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<f64>>> + 'a>>;
+
 /// A recorded sequence of launches that replays with one call (a CUDA graph).
 pub type Recording = Box<dyn Any + Send + Sync>;
 
@@ -117,6 +120,11 @@ pub trait Driver: Send + Sync + 'static {
     fn time(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
         let _ = enqueue;
         Ok(None)
+    }
+    /// [`Driver::time`] without blocking, for a browser (and async callers): `enqueue` runs at once, the
+    /// future waits for the timestamps. By default the blocking [`Driver::time`], already finished.
+    fn time_async(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> TimeFuture<'_> {
+        Box::pin(std::future::ready(self.time(enqueue)))
     }
     /// How [`Driver::time`] times (`CUDA events`, `timestamp queries`).
     fn timing(&self) -> &'static str {

@@ -921,6 +921,15 @@ impl Runtime {
         Ok(recorded)
     }
 
+    /// Seconds the device spent on the work `enqueue` makes (a call of a compiled function, say), timed on
+    /// the device (CUDA events, wgpu timestamp queries) without blocking: `enqueue` runs at once, the
+    /// future waits for the timing, so awaiting it also waits for the work. `None` where the device
+    /// cannot time itself (or, on wgpu, while another timing is pending): then nothing was waited for.
+    pub fn time_async<'a>(&'a self, enqueue: &mut dyn FnMut() -> Result<()>) -> crate::device::TimeFuture<'a> {
+        let _gate = self.gate();
+        self.driver.time_async(enqueue)
+    }
+
     /// Seconds one launch of `p` takes: `n` launches back to back between two device events, divided by
     /// `n`, where the device can time itself; else host wall time around the launches and a wait.
     pub fn time_launches(&self, p: &Prepared, n: usize) -> Result<f64> {

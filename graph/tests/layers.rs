@@ -97,6 +97,17 @@ fn activations_follow_their_definitions() {
     close(&y, &want);
 }
 
+/// ELU's gradient is `alpha·exp(x)` below zero and 1 above, finite at any x: the branch `where` does not
+/// pick is differentiated too, and `exp(x)` of a large positive x once made it `0 · inf = NaN`.
+#[test]
+fn elu_gradient_is_finite_at_large_inputs() {
+    let v = [-3.0f32, -0.5, 0.5, 100.0, 1000.0, 3.0e38];
+    let x = t(&v, &[6]);
+    let (_, g) = kiln_graph::autodiff::value_and_grad(|a| a[0].elu(0.5)?.sum(&[0], false), &[x], &[0]).unwrap();
+    let want: Vec<f64> = v.iter().map(|&a| if a < 0.0 { 0.5 * (a as f64).exp() } else { 1.0 }).collect();
+    close(&g[0], &want);
+}
+
 #[test]
 fn wrong_parameters_are_shape_errors_at_the_callers_line() {
     let (_, x) = sample();

@@ -76,13 +76,22 @@ struct Pipeline {
     uses_symbols: bool,
 }
 
-/// A query set for two timestamps and the buffers they are resolved into and read back from (by `time`,
-/// which blocks: not in a browser).
-#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+/// A query set for two timestamps and the buffers they are resolved into and read back from; one timing
+/// at a time (`busy` while its readback is pending).
 struct Timestamps {
     queries: wgpu::QuerySet,
     resolved: wgpu::Buffer,
     readback: wgpu::Buffer,
+    busy: std::sync::atomic::AtomicBool,
+}
+
+/// Marks [`Timestamps`] free again when its timing ends, finished or dropped.
+struct Busy<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// What the driver spent compiling, for compile statistics.
@@ -183,6 +192,7 @@ impl Gpu {
             }),
             resolved: buffer("kiln timing", 16, wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
             readback: buffer("kiln timing readback", 16, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+            busy: Default::default(),
         });
         let faults: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = faults.clone();
@@ -311,7 +321,6 @@ impl Gpu {
 
     /// Records an empty compute pass that writes timestamp `index` (0 at its start, 1 at its end): the
     /// device writes it once the work recorded before has finished.
-    #[cfg(not(target_arch = "wasm32"))]
     fn stamp(&self, t: &Timestamps, index: u32) {
         let mut batch = lock(&self.batch);
         let writes = wgpu::ComputePassTimestampWrites {
@@ -536,9 +545,18 @@ impl Driver for Gpu {
 
     #[cfg(not(target_arch = "wasm32"))]
     fn time(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {
-        let Some(t) = &self.timestamps else { return Ok(None) };
+        pollster::block_on(self.time_async(enqueue))
+    }
+
+    fn time_async(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> kiln_graph::device::TimeFuture<'_> {
+        use std::sync::atomic::Ordering::AcqRel;
+        // Without timestamp queries, or while another timing's readback is pending: untimed.
+        let Some(t) = self.timestamps.as_ref().filter(|t| !t.busy.swap(true, AcqRel)) else {
+            return Box::pin(std::future::ready(enqueue().map(|()| None)));
+        };
+        let busy = Busy(&t.busy);
         self.stamp(t, 0);
-        enqueue()?;
+        let enqueued = enqueue();
         self.stamp(t, 1);
         {
             let mut batch = lock(&self.batch);
@@ -547,11 +565,17 @@ impl Driver for Gpu {
             encoder.copy_buffer_to_buffer(&t.resolved, 0, &t.readback, 0, 16);
             self.flush(&mut batch);
         }
-        self.fault()?;
-        let bytes = pollster::block_on(self.map_read(&t.readback, 16))?;
-        let at = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-        let ticks = at(1).saturating_sub(at(0));
-        Ok(Some(ticks as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9))
+        if let Err(e) = enqueued.and_then(|()| self.fault()) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        Box::pin(async move {
+            let bytes = self.map_read(&t.readback, 16).await;
+            drop(busy);
+            let bytes = bytes?;
+            let at = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+            let ticks = at(1).saturating_sub(at(0));
+            Ok(Some(ticks as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9))
+        })
     }
 
     fn timing(&self) -> &'static str {

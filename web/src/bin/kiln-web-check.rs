@@ -276,8 +276,9 @@ mod native {
                 .map(|t| {
                     t.iter()
                         .map(|t| {
+                            let device = t["device_ms"].as_f64().map_or(String::new(), |d| format!(" (device {d:.3})"));
                             format!(
-                                "{} {:.3} ms",
+                                "{} {:.3} ms{device}",
                                 t["mode"].as_str().unwrap_or("?"),
                                 t["ms"].as_f64().unwrap_or(f64::NAN)
                             )
@@ -286,6 +287,17 @@ mod native {
                 })
                 .unwrap_or_default();
             println!("  {}: {} — correct: {}", r["title"].as_str().unwrap_or("?"), times.join(", "), r["correct"]);
+            if let Some(how) = r["device_timing"].as_str() {
+                println!("    device times from {how}");
+            }
+            // A device time is part of its call + wait (timestamps are coarse in browsers: 0.1 ms slack).
+            for t in r["times"].as_array().into_iter().flatten() {
+                if let (Some(d), Some(ms)) = (t["device_ms"].as_f64(), t["ms"].as_f64()) {
+                    if !(0.0..=ms + 0.1).contains(&d) {
+                        wrong.push(format!("run {}: device time {d} ms outside its call's {ms} ms", r["title"]));
+                    }
+                }
+            }
             if r["correct"].as_bool() != Some(true) {
                 wrong.push(format!("run {} disagrees with the reference or failed: {r}", r["title"]));
             }

@@ -215,7 +215,10 @@ fn wgpu_adapter_backend(n: usize) -> Result<Arc<dyn kiln_graph::Backend>> {
     static SLOTS: OnceLock<Vec<DeviceSlot>> = OnceLock::new();
     let slots = SLOTS.get_or_init(|| kiln_wgsl::adapters::here().iter().map(|_| OnceLock::new()).collect());
     match slots.get(n) {
-        Some(slot) => shared(slot, "wgpu", || Ok(Runtime::new(kiln_wgsl::Gpu::open(n)?))),
+        // A lost device (a driver reset, a GPU gone) is opened again at the next call.
+        Some(slot) => shared(slot, "wgpu", || {
+            Ok(Runtime::reopening(kiln_wgsl::Gpu::open(n)?, move || Ok(Box::new(kiln_wgsl::Gpu::open(n)?))))
+        }),
         None => Err(Error::Backend {
             backend: "wgpu".into(),
             msg: kiln_wgsl::adapters::missing(n, kiln_wgsl::adapters::here()),

@@ -77,6 +77,9 @@ fn check_catches_a_wrong_lowering_and_the_minimizer_cuts_it_to_a_few_nodes() {
     assert!(small.ops() <= 5, "{} ops left:\n{}", small.ops(), small.graph);
     assert!(small.graph.nodes.iter().any(|n| n.op.name() == "tanh"), "{}", small.graph);
     assert!(!small.check(&targets).expect("runs").passed());
+    // At the smallest sizes that still fail (the inputs were [4, 8]), with plain values.
+    assert!(small.inputs.iter().all(|d| d.numel() <= 2), "{:?}", small.inputs);
+    assert!(small.inputs.iter().all(|d| d.values().iter().all(|v| (v * 100.0).round() == v * 100.0)));
 
     // The reproducer: JSON plus a Rust test that replays it; failing with the knob, passing without.
     let dir = std::env::temp_dir().join(format!("kiln-minimized-{}", std::process::id()));

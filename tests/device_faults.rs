@@ -40,3 +40,48 @@ fn a_rejected_dispatch_is_a_typed_error_naming_its_kernel_and_the_device_goes_on
     gpu.synchronize().unwrap();
     assert_eq!(gpu.read(&raw, 256).unwrap(), vec![7u8; 256]);
 }
+
+/// A device lost mid-session (a driver reset, an unplugged GPU) is opened again at the next call: the
+/// compiled function goes on (its weight uploaded again, its recording made again), while a tensor
+/// that lived only on the lost device is a typed `DeviceLost` error wherever it is used.
+#[test]
+fn a_lost_device_is_opened_again_at_the_next_call() {
+    if common::wgpu_skipped() {
+        return;
+    }
+    use kiln::{compile, Backend, Mode, Tensor};
+    let rt = Backend::Wgpu.runtime().unwrap_or_else(|e| panic!("{e}")).expect("wgpu has a runtime");
+    let w = common::f32s(&[0.5, -1.0, 2.0], &[3]);
+    let weight = w.clone();
+    let f = compile(move |x: &Tensor| x.mul(&weight)?.tanh()).backend(rt.clone());
+    let weight = w.clone();
+    let g = compile(move |x: &Tensor| x.add(&weight)?.sin()).backend(rt.clone()).mode(Mode::ReduceOverhead);
+    let x = common::f32s(&[1.0, 2.0, 3.0], &[3]);
+    let want_f: Vec<f64> = [0.5f64, -2.0, 6.0].iter().map(|v| v.tanh()).collect();
+    let want_g: Vec<f64> = [1.5f64, 1.0, 5.0].iter().map(|v| v.sin()).collect();
+    let read = |t: &Tensor| t.to_vec::<f32>().expect("reads").iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+    common::assert_close_tol(&read(&f.call(&x).expect("runs")), &want_f, 1e-6);
+    for _ in 0..2 {
+        common::assert_close_tol(&read(&g.call(&x).expect("replays")), &want_g, 1e-6);
+    }
+    let on_device: Tensor = f.call(&x).expect("runs");
+    let reopens = rt.stats().reopens;
+
+    let gpu = rt.driver().as_any().downcast_ref::<kiln_wgsl::Gpu>().expect("a wgpu runtime");
+    gpu.lose_device("lost on purpose by a test");
+    // The next call opens the device again and runs on it.
+    common::assert_close_tol(&read(&f.call(&x).expect("runs after the loss")), &want_f, 1e-6);
+    assert_eq!(rt.stats().reopens, reopens + 1);
+    for _ in 0..2 {
+        common::assert_close_tol(&read(&g.call(&x).expect("records again")), &want_g, 1e-6);
+    }
+    // What lived only on the lost device is gone, and says so.
+    let e = on_device.to_vec::<f32>().expect_err("its data went with the device");
+    assert!(matches!(e, kiln::Error::DeviceLost { .. }), "{e:?}");
+    let e = f.call(&on_device).expect_err("an input from the lost device");
+    assert!(matches!(e, kiln::Error::DeviceLost { .. }), "{e:?}");
+    // Made again, it runs.
+    let again = x.to(rt.clone()).expect("uploads");
+    common::assert_close_tol(&read(&f.call(&again).expect("runs")), &want_f, 1e-6);
+    assert_eq!(rt.stats().reopens, reopens + 1, "opened once");
+}

@@ -130,4 +130,8 @@ pub trait Driver: Send + Sync + 'static {
     fn timing(&self) -> &'static str {
         "fenced wall time"
     }
+    /// Whether the device told the driver it is lost (wgpu's lost callback), before any call failed.
+    fn is_lost(&self) -> bool {
+        false
+    }
 }

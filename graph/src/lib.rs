@@ -36,6 +36,7 @@ pub mod ops;
 pub mod pipeline;
 pub mod plan;
 pub mod report;
+pub mod resize;
 pub mod runtime;
 pub mod shape;
 mod size_class;

@@ -2,7 +2,8 @@
 //! torch's minifier and delta debugging do — into a reproducer a person can read: first one failing
 //! output, then nodes cut (a node replaced by an input holding its reference value, so everything above
 //! it goes) and bypassed (a node replaced by one of its inputs of the same shape and type), then its
-//! input values made plain. The result is saved as JSON with a generated Rust test that replays it.
+//! sizes made small (the graph replayed through the ops at the new sizes), its constants and input values
+//! plain. The result is saved as JSON with a generated Rust test that replays it.
 
 use crate::backend::Backend;
 use crate::check::{check_graph, CheckReport};
@@ -135,17 +136,54 @@ pub fn minimize(case: Case, fails: &mut dyn FnMut(&Case) -> bool, budget: usize)
             break;
         }
     }
-    // Plain input values: a few significant digits read better in a test and rarely hide the bug.
-    for k in 0..best.inputs.len() {
-        let mut c = best.clone();
-        let d = &c.inputs[k];
-        let plain: Vec<f64> = d.values().iter().map(|v| (v * 100.0).round() / 100.0).collect();
-        if plain.as_slice() == d.values() {
-            continue;
+    // Smaller sizes: each size of an input, largest first, made 1, 2 or half of itself (and halved
+    // again while that holds), every node's sizes following (see `crate::resize`).
+    let mut sizes: Vec<usize> = best.inputs.iter().flat_map(|d| d.dims().to_vec()).filter(|&d| d > 1).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    while let Some(from) = sizes.pop() {
+        for to in [1, 2, from / 2] {
+            if to == 0 || to >= from {
+                continue;
+            }
+            let c = crate::resize::resize(&best.graph, &best.inputs, from, to).ok();
+            if attempt(c.map(|(graph, inputs)| Case { graph, inputs }), &mut best, &mut tries) {
+                if to > 2 {
+                    sizes.push(to);
+                }
+                break;
+            }
         }
-        if let Ok(p) = TensorData::from_f64(plain, d.dims(), d.dtype()) {
-            c.inputs[k] = p;
-            attempt(Some(c), &mut best, &mut tries);
+    }
+    // Plain constants: 1, a whole number or one decimal read better than 0.7978845608.
+    for i in 0..best.graph.nodes.len() {
+        let Op::Full { value } = best.graph.nodes[i].op else { continue };
+        for plain in [1.0, value.round(), (value * 10.0).round() / 10.0] {
+            if plain == value || !plain.is_finite() {
+                continue;
+            }
+            let mut c = best.clone();
+            c.graph.nodes[i].op = Op::Full { value: c.graph.nodes[i].dtype.round(plain) };
+            if attempt(Some(c), &mut best, &mut tries) {
+                break;
+            }
+        }
+    }
+    // Plain input values: whole numbers, else two decimals, read better in a test and rarely hide the bug.
+    for k in 0..best.inputs.len() {
+        for scale in [1.0, 100.0] {
+            let mut c = best.clone();
+            let d = &c.inputs[k];
+            let plain: Vec<f64> = d.values().iter().map(|v| (v * scale).round() / scale).collect();
+            if plain.as_slice() == d.values() {
+                break;
+            }
+            if let Ok(p) = TensorData::from_f64(plain, d.dims(), d.dtype()) {
+                c.inputs[k] = p;
+                if attempt(Some(c), &mut best, &mut tries) {
+                    break;
+                }
+            }
         }
     }
     best

@@ -293,13 +293,13 @@ impl Tensor {
         iota.binary(BinaryOp::Mul, &step, loc.clone())?.binary(BinaryOp::Add, &start, loc)
     }
 
-    fn unary(&self, op: UnaryOp, loc: SourceLoc) -> Result<Tensor> {
+    pub(crate) fn unary(&self, op: UnaryOp, loc: SourceLoc) -> Result<Tensor> {
         check_dtype(op.name(), op.accepts(), self.dtype(), &loc)?;
         let dtype = if op == UnaryOp::IsNan { DType::Bool } else { self.dtype() };
         record(Op::Unary { op }, &[self], dtype, self.shape(), loc)
     }
 
-    fn binary(&self, op: BinaryOp, rhs: &Tensor, loc: SourceLoc) -> Result<Tensor> {
+    pub(crate) fn binary(&self, op: BinaryOp, rhs: &Tensor, loc: SourceLoc) -> Result<Tensor> {
         let name = op.name();
         check_dtype(name, op.accepts(), self.dtype(), &loc)?;
         if rhs.dtype() != self.dtype() {

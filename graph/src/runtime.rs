@@ -23,6 +23,10 @@
 //! - **The gate**: every driver call holds the device shared; a recording holds it alone, so no other
 //!   thread's launch, allocation or free lands inside a capture (a CUDA stream being captured records
 //!   what others put on it instead of running it). Pooled memory is freed only under the gate.
+//! - **A lost device is reopened** (where the driver can be opened again) at the next call: the runtime
+//!   stays, its pool, modules, bindings and recordings go with the old device, and every buffer made
+//!   before carries the old generation, so a tensor that lived there is a typed `DeviceLost` error when
+//!   used (its data is gone), while a value with a host copy (a weight) is uploaded again.
 //! - **Statistics**: memory in use, cached and peak; bytes uploaded and downloaded (what the tests of
 //!   "inputs on the device are never copied" read).
 
@@ -37,7 +41,7 @@ use crate::target::Target;
 use crate::TensorData;
 use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 /// Locks a mutex, also after a panic elsewhere poisoned it (the data stays consistent: every critical
@@ -114,6 +118,9 @@ pub struct RuntimeStats {
     /// Launches whose binding was found made.
     #[serde(default)]
     pub bindings_reused: u64,
+    /// Times the device was lost and opened again.
+    #[serde(default)]
+    pub reopens: u64,
 }
 
 /// A device allocation owned by kiln; dropping the last handle returns it to its runtime's pool.
@@ -121,6 +128,8 @@ pub struct DeviceBuffer {
     raw: Option<Raw>,
     id: u64,
     class: u64,
+    /// The runtime's device generation it was made on (see [`Runtime::reopen`]).
+    generation: u64,
     runtime: Arc<Runtime>,
 }
 
@@ -146,15 +155,39 @@ impl DeviceBuffer {
         &self.runtime
     }
 
+    /// `Ok` while the device it was made on is the runtime's device; [`Error::DeviceLost`] once that
+    /// device was lost and another opened (its data went with the old one).
+    #[inline]
+    pub fn live(&self, what: &str) -> Result<()> {
+        if self.generation == self.runtime.generation.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.runtime.lost_with_its_device(what)
+    }
+
     fn bound(&self, bytes: u64) -> Bound<'_> {
         Bound { raw: self.raw(), id: self.id, bytes, offset: 0 }
+    }
+}
+
+impl Runtime {
+    /// The error for a buffer made before the device was lost and opened again.
+    #[cold]
+    fn lost_with_its_device(&self, what: &str) -> Result<()> {
+        Err(Error::DeviceLost {
+            device: self.name().into(),
+            what: what.into(),
+            msg: "it lived on the device before that device was lost and opened again: its data is gone \
+                  (make it again, or upload it from the host)"
+                .into(),
+        })
     }
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if let Some(raw) = self.raw.take() {
-            self.runtime.release(raw, self.id, self.class);
+            self.runtime.release(raw, self.id, self.class, self.generation);
         }
     }
 }
@@ -335,6 +368,7 @@ pub struct LaunchTime {
 /// time and the reduce-overhead mode use it; [`Runtime::run`] makes one per call).
 pub struct Prepared {
     compiled: Arc<CompiledGraph>,
+    generation: u64,
     layout: Arc<Layout>,
     buffers: Vec<Arc<DeviceBuffer>>,
     /// Fault words of the kernels `layout.checked` names, `layout.stride` bytes apart.
@@ -387,7 +421,18 @@ const MAX_RECORDINGS: usize = 16;
 /// The runtime core over one device. One per device per process, shared (`Arc`) by every tensor,
 /// compiled function and thread using it.
 pub struct Runtime {
-    driver: Box<dyn Driver>,
+    /// The device's driver at each generation: the newest is the device now. Older ones (lost
+    /// devices) are kept until the runtime goes, so a driver borrowed by a call in flight stays valid
+    /// without a lock or a reference count on every call.
+    drivers: Box<[OnceLock<Box<dyn Driver>>]>,
+    /// The device's capabilities (a reopened device must have the same).
+    target: Target,
+    /// How to open the device again after it is lost (`None`: it cannot be, in this process).
+    reopen: Option<Reopen>,
+    /// Bumped by each reopening (an index into `drivers`); buffers carry the one they were made under.
+    generation: AtomicU64,
+    /// A driver call reported the device lost.
+    lost: AtomicBool,
     me: Weak<Runtime>,
     /// Free allocations with their ids, by size class.
     pool: Mutex<HashMap<u64, Vec<(u64, Raw)>>>,
@@ -401,11 +446,38 @@ pub struct Runtime {
     next_id: AtomicU64,
 }
 
+/// Opens a device again (see [`Runtime::reopening`]).
+pub type Reopen = Box<dyn Fn() -> Result<Box<dyn Driver>> + Send + Sync>;
+
+/// Times one runtime opens its device again before a loss is final (a device lost this often is not
+/// coming back).
+pub const MAX_REOPENS: usize = 16;
+
 impl Runtime {
-    /// A runtime over `driver`.
+    /// A runtime over `driver`; a lost device stays lost (every later call is [`Error::DeviceLost`]).
     pub fn new(driver: impl Driver) -> Arc<Runtime> {
+        Runtime::with(Box::new(driver), None)
+    }
+
+    /// A runtime over `driver` that opens the device again with `reopen` at the first call after it
+    /// was lost.
+    pub fn reopening(
+        driver: impl Driver,
+        reopen: impl Fn() -> Result<Box<dyn Driver>> + Send + Sync + 'static,
+    ) -> Arc<Runtime> {
+        Runtime::with(Box::new(driver), Some(Box::new(reopen)))
+    }
+
+    fn with(driver: Box<dyn Driver>, reopen: Option<Reopen>) -> Arc<Runtime> {
+        let drivers: Box<[OnceLock<Box<dyn Driver>>]> = (0..=MAX_REOPENS).map(|_| OnceLock::new()).collect();
+        let target = driver.target().clone();
+        let _ = drivers[0].set(driver);
         Arc::new_cyclic(|me| Runtime {
-            driver: Box::new(driver),
+            target,
+            drivers,
+            reopen,
+            generation: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
             me: me.clone(),
             pool: Mutex::default(),
             modules: Mutex::default(),
@@ -419,19 +491,93 @@ impl Runtime {
         })
     }
 
-    /// The device driver.
+    /// The device driver (the one now: a lost device's successor after a reopening).
     pub fn driver(&self) -> &dyn Driver {
-        self.driver.as_ref()
+        let now = self.generation.load(Ordering::Acquire) as usize;
+        self.drivers[now].get().expect("the generation is bumped after its driver is set").as_ref()
     }
 
     /// Backend name.
     pub fn name(&self) -> &'static str {
-        self.driver.name()
+        self.driver().name()
     }
 
     /// The target kernels are compiled for.
     pub fn target(&self) -> &Target {
-        self.driver.target()
+        &self.target
+    }
+
+    /// Notes a driver error that says the device is lost: the next call opens it again.
+    fn seen<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(Error::DeviceLost { .. }) = &r {
+            self.lost.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// Opens the device again when it was lost (a driver call said so, or the driver noticed), before
+    /// a call uses it: the new device replaces the old, and what belonged to the old one — pooled
+    /// buffers, loaded modules, bindings, layouts, recordings — goes. Buffers still held (tensors) keep
+    /// the old generation and are [`Error::DeviceLost`] when used. Every run, allocation and launch
+    /// does this first; a caller that binds values to the device before its run (uploading a weight
+    /// again) calls it before that. Calls nested in another pass.
+    pub fn reopen_if_lost(&self) -> Result<()> {
+        if !self.lost.load(Ordering::Acquire) && !self.driver().is_lost() {
+            return Ok(());
+        }
+        if HELD.with(|h| h.get().0) == self as *const Runtime as usize {
+            return Ok(());
+        }
+        let name = self.name();
+        let next = self.generation.load(Ordering::Acquire) as usize + 1;
+        let (Some(reopen), true) = (&self.reopen, next <= MAX_REOPENS) else {
+            return Err(Error::DeviceLost {
+                device: name.into(),
+                what: "a call".into(),
+                msg: format!(
+                    "the device was lost and cannot be opened again in this process{} (restart it)",
+                    if self.reopen.is_some() { format!(" ({MAX_REOPENS} reopenings already)") } else { String::new() }
+                ),
+            });
+        };
+        let gate = self.gate_alone()?;
+        // Another thread may have opened it meanwhile.
+        if !self.lost.load(Ordering::Acquire) && !self.driver().is_lost() {
+            return Ok(());
+        }
+        let fresh = reopen().map_err(|e| Error::DeviceLost {
+            device: name.into(),
+            what: "opening the device again".into(),
+            msg: e.to_string(),
+        })?;
+        if fresh.target() != &self.target {
+            return Err(Error::DeviceLost {
+                device: name.into(),
+                what: "opening the device again".into(),
+                msg: format!("the device opened has other capabilities: {}", fresh.describe()),
+            });
+        }
+        if self.drivers[next].set(fresh).is_err() {
+            return Err(Error::DeviceLost {
+                device: name.into(),
+                what: "opening the device again".into(),
+                msg: "opened twice".into(),
+            });
+        }
+        self.generation.store(next as u64, Ordering::Release);
+        self.lost.store(false, Ordering::Release);
+        lock(&self.modules).clear();
+        lock(&self.layouts).clear();
+        self.bindings.clear();
+        let recordings = std::mem::take(&mut *lock(&self.recordings));
+        let pooled: Vec<(u64, Vec<(u64, Raw)>)> = lock(&self.pool).drain().collect();
+        lock(&self.mem).cached -= pooled.iter().map(|(class, v)| class * v.len() as u64).sum::<u64>();
+        lock(&self.stats).reopens += 1;
+        drop(gate);
+        // The old device's buffers and the recordings' go (outside every lock).
+        drop((recordings, pooled));
+        tracing::warn!("{name}: the device was lost and has been opened again");
+        Ok(())
     }
 
     /// Shared use of the device, for one driver call or a sequence of them (see the module docs).
@@ -523,7 +669,12 @@ impl Runtime {
         drop(pooled);
     }
 
-    fn release(&self, raw: Raw, id: u64, class: u64) {
+    fn release(&self, raw: Raw, id: u64, class: u64, generation: u64) {
+        if generation != self.generation.load(Ordering::Acquire) {
+            // The old device's: freed, never handed out again.
+            lock(&self.mem).in_use -= class;
+            return;
+        }
         // Counted as cached before it is in the pool: a `trim` on another thread that drains it then
         // subtracts what was already added (the other order let the count go below zero).
         {
@@ -536,11 +687,11 @@ impl Runtime {
 
     /// [`Error::OutOfMemory`] when one buffer of `bytes` exceeds what the device allocates or binds.
     fn check_fits(&self, bytes: u64, what: &str) -> Result<()> {
-        let (d, t) = (&self.driver, self.driver.target());
+        let t = &self.target;
         if bytes > t.max_binding_bytes || bytes > t.max_buffer_bytes {
             return Err(Error::OutOfMemory {
-                device: d.name().into(),
-                what: format!("{what} (one binding on {})", d.describe()),
+                device: self.name().into(),
+                what: format!("{what} (one binding on {})", self.driver().describe()),
                 bytes,
                 limit: Some(t.max_binding_bytes.min(t.max_buffer_bytes)),
             });
@@ -559,8 +710,10 @@ impl Runtime {
                 msg: format!("allocating {what} while recording"),
             });
         }
+        self.reopen_if_lost()?;
         let _gate = self.gate();
-        let d = &self.driver;
+        let d = self.driver();
+        let generation = self.generation.load(Ordering::Acquire);
         let class = size_class(bytes);
         let class = if class > d.target().max_buffer_bytes { bytes.div_ceil(256) * 256 } else { class };
         let pooled = lock(&self.pool).get_mut(&class).and_then(Vec::pop);
@@ -578,7 +731,7 @@ impl Runtime {
                     }
                     other => other,
                 };
-                let raw = raw.map_err(|e| match e {
+                let raw = self.seen(raw).map_err(|e| match e {
                     Error::OutOfMemory { device, bytes, limit, .. } => {
                         Error::OutOfMemory { device, what: what.to_string(), bytes, limit }
                     }
@@ -593,7 +746,7 @@ impl Runtime {
             m.in_use += class;
             m.peak = m.peak.max(m.in_use);
         }
-        Ok(Arc::new(DeviceBuffer { raw: Some(raw), id, class, runtime: self.arc() }))
+        Ok(Arc::new(DeviceBuffer { raw: Some(raw), id, class, generation, runtime: self.arc() }))
     }
 
     /// Copies host data to a new device tensor.
@@ -602,7 +755,7 @@ impl Runtime {
         let bytes = self.target().encode(data);
         let buffer = self.alloc(bytes.len() as u64, "an uploaded tensor")?;
         if !bytes.is_empty() {
-            self.driver.write(buffer.raw(), &bytes)?;
+            self.seen(self.driver().write(buffer.raw(), &bytes))?;
         }
         lock(&self.mem).uploaded += bytes.len() as u64;
         Ok(DeviceTensor { buffer, dtype: data.dtype(), dims: data.dims().into(), checks: Vec::new() })
@@ -612,9 +765,10 @@ impl Runtime {
     /// depends on are read first: a failed check is reported here.
     pub fn download(&self, t: &DeviceTensor) -> Result<TensorData> {
         let _gate = self.gate();
+        t.buffer.live("reading a tensor")?;
         self.check(&t.checks)?;
         let n = self.target().storage_bytes(t.dtype, t.numel());
-        let bytes = if n == 0 { Vec::new() } else { self.driver.read(t.buffer.raw(), n)? };
+        let bytes = if n == 0 { Vec::new() } else { self.seen(self.driver().read(t.buffer.raw(), n))? };
         self.downloaded(t, &bytes)
     }
 
@@ -626,14 +780,16 @@ impl Runtime {
 
     /// [`Runtime::download`] without blocking (browsers, async callers).
     pub async fn download_async(&self, t: &DeviceTensor) -> Result<TensorData> {
+        t.buffer.live("reading a tensor")?;
         for c in &t.checks {
+            c.words.live("reading a run's checks")?;
             if c.outcome.get().is_none() {
                 c.settle(&self.read_async(c.words.raw(), c.bytes()).await?);
             }
             c.failure()?;
         }
         let n = self.target().storage_bytes(t.dtype, t.numel());
-        let bytes = if n == 0 { Vec::new() } else { self.read_async(t.buffer.raw(), n).await? };
+        let bytes = if n == 0 { Vec::new() } else { self.seen(self.read_async(t.buffer.raw(), n).await)? };
         self.downloaded(t, &bytes)
     }
 
@@ -641,7 +797,7 @@ impl Runtime {
     /// does its work there; the gate is not held across the wait).
     fn read_async<'a>(&'a self, raw: &'a Raw, bytes: u64) -> crate::device::ReadFuture<'a> {
         let _gate = self.gate();
-        self.driver.read_async(raw, bytes)
+        self.driver().read_async(raw, bytes)
     }
 
     /// Reads the fault words of `checks` (waiting for those runs) and reports the first failed check.
@@ -649,7 +805,8 @@ impl Runtime {
         let _gate = self.gate();
         for c in checks {
             if c.outcome.get().is_none() {
-                c.settle(&self.driver.read(c.words.raw(), c.bytes())?);
+                c.words.live("reading a run's checks")?;
+                c.settle(&self.seen(self.driver().read(c.words.raw(), c.bytes()))?);
             }
             c.failure()?;
         }
@@ -660,7 +817,7 @@ impl Runtime {
     /// results that depend on them.)
     pub fn synchronize(&self) -> Result<()> {
         let _gate = self.gate();
-        self.driver.synchronize()
+        self.seen(self.driver().synchronize())
     }
 
     /// [`Runtime::synchronize`] without blocking (a browser page's fence): a four-byte read queued
@@ -675,7 +832,7 @@ impl Runtime {
             lock(&self.stats).modules_reused += 1;
             return Ok(m);
         }
-        let m = self.driver.load(kernel)?;
+        let m = self.seen(self.driver().load(kernel))?;
         lock(&self.stats).modules_loaded += 1;
         // Two threads may load one kernel at once: both keep the first module stored.
         Ok(lock(&self.modules).entry(id).or_insert(m).clone())
@@ -684,6 +841,7 @@ impl Runtime {
     /// Binds a compiled graph to device memory: `inputs` (in graph-input order) bound in place, fresh
     /// buffers for outputs, pooled ones for intermediates, every kernel loaded.
     pub fn prepare<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<Prepared> {
+        self.reopen_if_lost()?;
         let g = &c.primitive.graph;
         if inputs.len() != g.inputs.len() {
             return Err(Error::Runtime {
@@ -702,6 +860,7 @@ impl Runtime {
                     loc: SourceLoc::internal(),
                 });
             }
+            t.buffer.live("an input of a run")?;
             buffers[slot] = Some(t.buffer.clone());
         }
         let mut filled = Vec::with_capacity(layout.sizes.len());
@@ -715,7 +874,8 @@ impl Runtime {
             0 => None,
             n => Some(self.alloc(layout.stride * n as u64, "fault words")?),
         };
-        Ok(Prepared { compiled: c.clone(), layout, buffers: filled, faults, recording: None })
+        let generation = self.generation.load(Ordering::Acquire);
+        Ok(Prepared { compiled: c.clone(), generation, layout, buffers: filled, faults, recording: None })
     }
 
     /// What binding `c` to inputs of these dims needs besides the buffers themselves — symbol values,
@@ -765,33 +925,35 @@ impl Runtime {
             sizes,
             steps,
             checked,
-            stride: self.driver.target().binding_alignment.max(4),
+            stride: self.target.binding_alignment.max(4),
         });
         lock(&self.layouts).insert(c, inputs, layout.clone());
         Ok(layout)
     }
 
     /// Enqueues every launch of `p` (without submitting).
-    fn enqueue_launches(&self, p: &Prepared) -> Result<()> {
+    fn enqueue_launches(&self, d: &dyn Driver, p: &Prepared) -> Result<()> {
         if !recording() {
             self.bindings.trim();
         }
         if let Some(words) = &p.faults {
-            self.driver.zero(words.raw(), 0, p.layout.stride * p.layout.checked.len() as u64)?;
+            d.zero(words.raw(), 0, p.layout.stride * p.layout.checked.len() as u64)?;
         }
-        (0..p.layout.steps.len()).try_for_each(|i| self.enqueue_step(p, i))
+        (0..p.layout.steps.len()).try_for_each(|i| self.enqueue_step(d, p, i))
     }
 
     /// The time each launch of one run of `p` takes on the device, in launch order; `None` where the
     /// device cannot time itself. Each launch is timed alone.
     pub fn profile(&self, p: &Prepared) -> Result<Option<Vec<LaunchTime>>> {
         let _gate = self.gate();
+        self.current(p)?;
+        let d = self.driver();
         let mut out = Vec::with_capacity(p.layout.steps.len());
         for (i, step) in p.layout.steps.iter().enumerate() {
-            let timed = self.driver.time(&mut || {
-                self.enqueue_step(p, i)?;
-                self.driver.submit()
-            })?;
+            let timed = self.seen(d.time(&mut || {
+                self.enqueue_step(d, p, i)?;
+                d.submit()
+            }))?;
             let Some(s) = timed else { return Ok(None) };
             out.push(LaunchTime {
                 kernel: step.kernel,
@@ -814,11 +976,11 @@ impl Runtime {
 
     /// How this device times launches (`CUDA events`, `timestamp queries`, `host wall time`).
     pub fn timing(&self) -> &'static str {
-        self.driver.timing()
+        self.driver().timing()
     }
 
     /// Enqueues launch `i` of `p`.
-    fn enqueue_step(&self, p: &Prepared, i: usize) -> Result<()> {
+    fn enqueue_step(&self, d: &dyn Driver, p: &Prepared, i: usize) -> Result<()> {
         let c = &p.compiled;
         {
             let step = &p.layout.steps[i];
@@ -846,22 +1008,24 @@ impl Runtime {
                 module: &step.module,
                 cache: &self.bindings,
             };
-            self.driver.launch(kernel, &launch)
+            d.launch(kernel, &launch)
         }
     }
 
     /// Launches a prepared graph once (replaying its recording when it has one) and hands the work to the
     /// device. Returns without waiting, with the run's fault words when it has checks.
     pub fn launch(&self, p: &Prepared) -> Result<Option<Arc<Checks>>> {
+        self.reopen_if_lost()?;
         let _gate = self.gate();
+        self.current(p)?;
+        let d = self.driver();
         match &p.recording {
             Some(r) => {
-                self.driver.replay(r)?;
+                self.seen(d.replay(r))?;
                 lock(&self.stats).replays += 1;
             }
             None => {
-                self.enqueue_launches(p)?;
-                self.driver.submit()?;
+                self.seen(self.enqueue_launches(d, p).and_then(|()| d.submit()))?;
             }
         }
         {
@@ -870,6 +1034,18 @@ impl Runtime {
             s.launches += p.layout.steps.len() as u64;
         }
         Ok(p.faults.clone().map(|words| self.checks_over(p, words)))
+    }
+
+    /// `Ok` while `p` was prepared on the device the runtime has now.
+    fn current(&self, p: &Prepared) -> Result<()> {
+        if p.generation == self.generation.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(Error::DeviceLost {
+            device: self.name().into(),
+            what: "launching a prepared graph".into(),
+            msg: "it was prepared on the device before that device was lost and opened again: prepare it again".into(),
+        })
     }
 
     /// The checks of one launch of `p`, read from `words` (its fault words or a copy of them).
@@ -903,16 +1079,16 @@ impl Runtime {
     pub fn record(&self, p: &mut Prepared) -> Result<bool> {
         p.recording = None;
         let gate = self.gate_alone()?;
+        self.current(p)?;
+        let d = self.driver();
         // One plain run first: whatever a launch sets up on first use with these buffers (a library
         // GEMM's pointer arrays, allocated and uploaded) must not happen inside the capture, where an
         // allocation or a host copy would be recorded instead of done.
-        self.enqueue_launches(p)?;
-        self.driver.submit()?;
-        self.driver.synchronize()?;
+        self.seen(self.enqueue_launches(d, p).and_then(|()| d.submit()).and_then(|()| d.synchronize()))?;
         HELD.with(|h| h.set((self as *const Runtime as usize, true)));
-        let recording = self.driver.record(&mut || self.enqueue_launches(p));
+        let recording = d.record(&mut || self.enqueue_launches(d, p));
         drop(gate);
-        let recording = recording?;
+        let recording = self.seen(recording)?;
         let recorded = recording.is_some();
         p.recording = recording;
         if recorded {
@@ -927,7 +1103,7 @@ impl Runtime {
     /// cannot time itself (or, on wgpu, while another timing is pending): then nothing was waited for.
     pub fn time_async<'a>(&'a self, enqueue: &mut dyn FnMut() -> Result<()>) -> crate::device::TimeFuture<'a> {
         let _gate = self.gate();
-        self.driver.time_async(enqueue)
+        self.driver().time_async(enqueue)
     }
 
     /// Seconds one launch of `p` takes: `n` launches back to back between two device events, divided by
@@ -935,13 +1111,14 @@ impl Runtime {
     pub fn time_launches(&self, p: &Prepared, n: usize) -> Result<f64> {
         let _gate = self.gate();
         let n = n.max(1);
+        let d = self.driver();
         let mut enqueue = || (0..n).try_for_each(|_| self.launch(p).map(drop));
-        if let Some(s) = self.driver.time(&mut enqueue)? {
+        if let Some(s) = self.seen(d.time(&mut enqueue))? {
             return Ok(s / n as f64);
         }
         let t = web_time::Instant::now();
         enqueue()?;
-        self.driver.synchronize()?;
+        self.seen(d.synchronize())?;
         Ok(t.elapsed().as_secs_f64() / n as f64)
     }
 
@@ -951,14 +1128,15 @@ impl Runtime {
     pub fn copy_rate(&self, bytes: u64, repeat: usize) -> Result<Option<f64>> {
         let _gate = self.gate();
         let (src, dst) = (self.alloc(bytes, "a timed copy's source")?, self.alloc(bytes, "a timed copy's target")?);
+        let d = self.driver();
         let mut seconds = Vec::with_capacity(repeat);
         // Three copies first, untimed in the median: the first touches of fresh memory are slower.
         for i in 0..repeat.max(1) + 3 {
             let copy = &mut || {
-                self.driver.copy(src.raw(), dst.raw(), bytes)?;
-                self.driver.submit()
+                d.copy(src.raw(), dst.raw(), bytes)?;
+                d.submit()
             };
-            let Some(s) = self.driver.time(copy)? else { return Ok(None) };
+            let Some(s) = self.seen(d.time(copy))? else { return Ok(None) };
             if i >= 3 {
                 seconds.push(s);
             }
@@ -1001,6 +1179,7 @@ impl Runtime {
         c: &Arc<CompiledGraph>,
         inputs: &[T],
     ) -> Result<Vec<DeviceTensor>> {
+        self.reopen_if_lost()?;
         let layout = self.layout(c, inputs)?;
         let each = || inputs.iter().map(Borrow::borrow);
         let values: Vec<i64> = layout.bindings.iter().map(|(_, v)| v).collect();
@@ -1052,10 +1231,12 @@ impl Runtime {
         };
         let r = &recs[at];
         let _gate = self.gate();
+        let d = self.driver();
         for ((&s, t), &own) in slots.iter().zip(each()).zip(&r.private) {
             if own && r.prepared.buffers[s].id() != t.buffer.id() {
+                t.buffer.live("an input of a run")?;
                 let n = self.target().storage_bytes(t.dtype, t.numel());
-                self.driver.copy(t.buffer.raw(), r.prepared.buffers[s].raw(), n)?;
+                self.seen(d.copy(t.buffer.raw(), r.prepared.buffers[s].raw(), n))?;
                 lock(&self.stats).replay_input_copies += 1;
             }
         }
@@ -1066,14 +1247,14 @@ impl Runtime {
             Some(words) => {
                 let n = layout.stride * layout.checked.len() as u64;
                 let copy = self.alloc(n, "fault words")?;
-                self.driver.copy(words.raw(), copy.raw(), n)?;
+                self.seen(d.copy(words.raw(), copy.raw(), n))?;
                 Some(self.checks_over(&r.prepared, copy))
             }
             None => None,
         };
         let checks = self.carried(inputs, own)?;
         if !r.copy_out {
-            self.driver.submit()?;
+            self.seen(d.submit())?;
             return Ok(self.outputs(&r.prepared, &checks));
         }
         let mut outs = Vec::with_capacity(layout.outputs.len());
@@ -1081,12 +1262,12 @@ impl Runtime {
             let n = self.target().storage_bytes(*dtype, dims.iter().product());
             let fresh = self.alloc(n, "an output")?;
             if n > 0 {
-                self.driver.copy(r.prepared.buffers[*b].raw(), fresh.raw(), n)?;
+                self.seen(d.copy(r.prepared.buffers[*b].raw(), fresh.raw(), n))?;
                 lock(&self.stats).replay_output_copies += 1;
             }
             outs.push(DeviceTensor { buffer: fresh, dtype: *dtype, dims: dims.clone(), checks: checks.clone() });
         }
-        self.driver.submit()?;
+        self.seen(d.submit())?;
         Ok(outs)
     }
 
@@ -1100,6 +1281,6 @@ impl Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Runtime({})", self.driver.describe())
+        write!(f, "Runtime({})", self.driver().describe())
     }
 }

@@ -241,7 +241,10 @@ impl Tensor {
             loc: SourceLoc::caller(),
         })?;
         match backend.runtime() {
-            Some(rt) => Ok(Tensor::from_value(Value::from_device(value.on(&rt)?.into_owned()))),
+            Some(rt) => {
+                rt.reopen_if_lost()?;
+                Ok(Tensor::from_value(Value::from_device(value.on(&rt)?.into_owned())))
+            }
             None => Ok(Tensor::from_data(value.to_host()?.as_ref().clone())),
         }
     }

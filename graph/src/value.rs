@@ -18,20 +18,33 @@ pub struct Value {
     host: OnceLock<Arc<TensorData>>,
     /// Set once (a value's data never changes): read on every call without a lock.
     device: OnceLock<DeviceTensor>,
+    /// The upload that replaces `device` once the device it lived on was lost and opened again.
+    renewed: std::sync::Mutex<Option<DeviceTensor>>,
 }
 
 impl Value {
     /// A value held on the host.
     pub fn from_host(data: Arc<TensorData>) -> Arc<Value> {
-        let v =
-            Value { dtype: data.dtype(), dims: data.dims().to_vec(), host: OnceLock::new(), device: OnceLock::new() };
+        let v = Value {
+            dtype: data.dtype(),
+            dims: data.dims().to_vec(),
+            host: OnceLock::new(),
+            device: OnceLock::new(),
+            renewed: Default::default(),
+        };
         let _ = v.host.set(data);
         Arc::new(v)
     }
 
     /// A value that lives on a device.
     pub fn from_device(t: DeviceTensor) -> Arc<Value> {
-        Arc::new(Value { dtype: t.dtype, dims: t.dims.to_vec(), host: OnceLock::new(), device: OnceLock::from(t) })
+        Arc::new(Value {
+            dtype: t.dtype,
+            dims: t.dims.to_vec(),
+            host: OnceLock::new(),
+            device: OnceLock::from(t),
+            renewed: Default::default(),
+        })
     }
 
     /// Element type.
@@ -89,7 +102,22 @@ impl Value {
     pub fn on(&self, rt: &Arc<Runtime>) -> Result<Cow<'_, DeviceTensor>> {
         let dev = self.device.get();
         if let Some(t) = dev.filter(|t| Arc::ptr_eq(t.buffer.runtime(), rt)) {
-            return Ok(Cow::Borrowed(t));
+            if t.buffer.live("").is_ok() {
+                return Ok(Cow::Borrowed(t));
+            }
+            // Its device was lost and opened again: a value with a host copy (a weight) is uploaded
+            // again, once; one that lived only there is gone (reading it says so).
+            let host = match self.host.get() {
+                Some(h) => h.clone(),
+                None => return t.buffer.live("a tensor").map(|()| Cow::Borrowed(t)),
+            };
+            let mut renewed = crate::runtime::lock(&self.renewed);
+            if let Some(r) = renewed.as_ref().filter(|r| r.buffer.live("").is_ok()) {
+                return Ok(Cow::Owned(r.clone()));
+            }
+            let fresh = rt.upload(&host)?;
+            *renewed = Some(fresh.clone());
+            return Ok(Cow::Owned(fresh));
         }
         let host = match dev {
             Some(_) => self.to_host()?,

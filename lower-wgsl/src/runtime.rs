@@ -127,6 +127,13 @@ fn driver_cache(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Option<(wgpu
 }
 
 impl Gpu {
+    /// Loses the device now, as a driver reset or an unplugged GPU would: destroys it and marks it lost
+    /// with `why`. For tests of what follows a loss (the runtime opens the device again).
+    pub fn lose_device(&self, why: &str) {
+        *lock(&self.lost) = Some(why.to_string());
+        self.device.destroy();
+    }
+
     /// Opens the best adapter (or the one whose name contains `KILN_WGPU_ADAPTER`).
     pub async fn new_async() -> Result<Gpu> {
         let adapters = crate::adapters::find().await;
@@ -576,6 +583,10 @@ impl Driver for Gpu {
             let ticks = at(1).saturating_sub(at(0));
             Ok(Some(ticks as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9))
         })
+    }
+
+    fn is_lost(&self) -> bool {
+        lock(&self.lost).is_some()
     }
 
     fn timing(&self) -> &'static str {

@@ -157,6 +157,11 @@ fn merge(cli: &Cli) -> kiln::Result<Report> {
     // Parts measured by a binary that had no training step said so; the merged report has the rows.
     let has_train = all.results.iter().any(|r| r.workload.starts_with("W5-train"));
     all.notes.retain(|n| !(has_train && n.starts_with("W5 runs forward only")));
+    // Likewise W6, measured by a later binary than a part that said it waited for convolutions.
+    let has_w6 = all.results.iter().any(|r| r.workload == "W6");
+    all.notes.retain(|n| !(has_w6 && n.contains("W6 (densenet) waits")));
+    let mut seen = std::collections::HashSet::new();
+    all.notes.retain(|n| seen.insert(n.clone()));
     Ok(all)
 }
 

@@ -5,8 +5,8 @@
 #   scripts/web.sh serve [PORT] builds it and serves it on http://127.0.0.1:PORT (default 8080)
 #   scripts/web.sh check        builds it and drives it in headless Chromium, with WebGPU and without
 # Installs what it needs, idempotently: the wasm32 target, wasm-bindgen-cli at the version Cargo.lock
-# pins (into .tools/, reused), Chromium and chromedriver for `check`, Debian's binaryen for wasm-opt (the
-# page ships unoptimised where it cannot install).
+# pins (into .tools/, reused), Chromium and chromedriver for `check`, binaryen's wasm-opt from npm (into
+# .tools/; the page ships unoptimised where npm is missing).
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
@@ -35,15 +35,21 @@ build() {
   wasm="target/wasm32-unknown-unknown/web/kiln_web.wasm"
   rm -rf "$dist"
   "$bin" --target web --no-typescript --out-dir "$dist" "$wasm"
-  # Shrinks the wasm by about a quarter (a tenth gzipped); where it cannot be installed, the page ships as
-  # rustc wrote it.
-  apt_install wasm-opt binaryen || true
-  if command -v wasm-opt >/dev/null 2>&1; then
+  # Shrinks the wasm by about a quarter (a tenth gzipped). binaryen 132 from npm (pinned: its wasm-opt
+  # is a JS build, ~4.5 minutes here); Debian's binaryen 108 broke the page (wasm-bindgen's externref
+  # table: "WebAssembly.Table.set(): Argument 1 is invalid"), so a wasm-opt on PATH is not used.
+  local opt="$root/.tools/binaryen-132/node_modules/.bin/wasm-opt"
+  if [ ! -x "$opt" ] && command -v npm >/dev/null 2>&1; then
+    echo "web.sh: installing binaryen 132.0.0 from npm into .tools/ (for wasm-opt)" >&2
+    npm install --silent --no-audit --no-fund --prefix "$root/.tools/binaryen-132" binaryen@132.0.0 >&2 || true
+  fi
+  if [ -x "$opt" ]; then
     local opt_start=$SECONDS
-    wasm-opt -Os --enable-bulk-memory --enable-nontrapping-float-to-int -o "$dist/kiln_web_bg.wasm" "$dist/kiln_web_bg.wasm"
-    echo "web.sh: wasm-opt -Os took $((SECONDS - opt_start)) s" >&2
+    "$opt" -Os --enable-bulk-memory --enable-nontrapping-float-to-int --enable-reference-types --enable-sign-ext \
+      --enable-mutable-globals --enable-multivalue -o "$dist/kiln_web_bg.wasm" "$dist/kiln_web_bg.wasm"
+    echo "web.sh: wasm-opt -Os (binaryen 132) took $((SECONDS - opt_start)) s" >&2
   else
-    echo "web.sh: no wasm-opt here (Debian's binaryen did not install): the wasm is as rustc wrote it" >&2
+    echo "web.sh: no npm here for binaryen's wasm-opt: the wasm is as rustc wrote it" >&2
   fi
   cp web/static/index.html "$dist/"
   local raw gz

@@ -80,6 +80,11 @@ fn a_lost_device_is_opened_again_at_the_next_call() {
     assert!(matches!(e, kiln::Error::DeviceLost { .. }), "{e:?}");
     let e = f.call(&on_device).expect_err("an input from the lost device");
     assert!(matches!(e, kiln::Error::DeviceLost { .. }), "{e:?}");
+    // Its memory is counted as the lost device's until it is dropped.
+    let lost = rt.memory_stats().lost;
+    assert!(lost > 0, "{:?}", rt.memory_stats());
+    drop(on_device);
+    assert!(rt.memory_stats().lost < lost, "{:?}", rt.memory_stats());
     // Made again, it runs.
     let again = x.to(rt.clone()).expect("uploads");
     common::assert_close_tol(&read(&f.call(&again).expect("runs")), &want_f, 1e-6);

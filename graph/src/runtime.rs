@@ -90,6 +90,10 @@ pub struct MemoryStats {
     pub downloaded: u64,
     /// Allocations the driver made (pool misses).
     pub allocations: u64,
+    /// Bytes of buffers of a lost device that something still holds (a tensor, a weight's old copy):
+    /// not counted in `in_use`, freed as they are dropped.
+    #[serde(default)]
+    pub lost: u64,
 }
 
 /// What the runtime did.
@@ -128,7 +132,7 @@ pub struct DeviceBuffer {
     raw: Option<Raw>,
     id: u64,
     class: u64,
-    /// The runtime's device generation it was made on (see [`Runtime::reopen`]).
+    /// The runtime's device generation it was made on (see [`Runtime::reopen_if_lost`]).
     generation: u64,
     runtime: Arc<Runtime>,
 }
@@ -285,6 +289,8 @@ struct Step {
 
 /// Binding a compiled graph to inputs of given dims, apart from the buffers (see [`Runtime::layout`]).
 struct Layout {
+    /// The device generation its modules were loaded on.
+    generation: u64,
     /// The plan buffer of each graph input.
     input_slots: Vec<usize>,
     bindings: Bindings,
@@ -517,10 +523,11 @@ impl Runtime {
 
     /// Opens the device again when it was lost (a driver call said so, or the driver noticed), before
     /// a call uses it: the new device replaces the old, and what belonged to the old one — pooled
-    /// buffers, loaded modules, bindings, layouts, recordings — goes. Buffers still held (tensors) keep
-    /// the old generation and are [`Error::DeviceLost`] when used. Every run, allocation and launch
-    /// does this first; a caller that binds values to the device before its run (uploading a weight
-    /// again) calls it before that. Calls nested in another pass.
+    /// buffers, loaded modules, bindings, layouts (recordings at their next replay) — goes. Buffers
+    /// still held (tensors) keep the old generation and are [`Error::DeviceLost`] when used. The entry
+    /// points (upload, prepare, run, reduce-overhead run, launch, copy rate) do this first; a caller that
+    /// binds values to the device before its run (uploading a weight again) calls it before that. Calls
+    /// nested in another pass.
     pub fn reopen_if_lost(&self) -> Result<()> {
         if !self.lost.load(Ordering::Acquire) && !self.driver().is_lost() {
             return Ok(());
@@ -529,6 +536,11 @@ impl Runtime {
             return Ok(());
         }
         let name = self.name();
+        let gate = self.gate_alone()?;
+        // Another thread may have opened it meanwhile.
+        if !self.lost.load(Ordering::Acquire) && !self.driver().is_lost() {
+            return Ok(());
+        }
         let next = self.generation.load(Ordering::Acquire) as usize + 1;
         let (Some(reopen), true) = (&self.reopen, next <= MAX_REOPENS) else {
             return Err(Error::DeviceLost {
@@ -540,11 +552,6 @@ impl Runtime {
                 ),
             });
         };
-        let gate = self.gate_alone()?;
-        // Another thread may have opened it meanwhile.
-        if !self.lost.load(Ordering::Acquire) && !self.driver().is_lost() {
-            return Ok(());
-        }
         let fresh = reopen().map_err(|e| Error::DeviceLost {
             device: name.into(),
             what: "opening the device again".into(),
@@ -564,18 +571,28 @@ impl Runtime {
                 msg: "opened twice".into(),
             });
         }
-        self.generation.store(next as u64, Ordering::Release);
+        // The generation moves under the pool's lock, where `release` decides whether a buffer is pooled:
+        // no buffer of the old device enters the new pool. (Recordings are not touched here: a reduce-
+        // overhead call holds them while it takes the gate; it drops stale ones itself.)
+        let pooled: Vec<(u64, Vec<(u64, Raw)>)> = {
+            let mut pool = lock(&self.pool);
+            self.generation.store(next as u64, Ordering::Release);
+            let mut m = lock(&self.mem);
+            let pooled: Vec<(u64, Vec<(u64, Raw)>)> = pool.drain().collect();
+            m.cached -= pooled.iter().map(|(class, v)| class * v.len() as u64).sum::<u64>();
+            // Everything in use now is the old device's.
+            m.lost += m.in_use;
+            m.in_use = 0;
+            pooled
+        };
         self.lost.store(false, Ordering::Release);
         lock(&self.modules).clear();
         lock(&self.layouts).clear();
         self.bindings.clear();
-        let recordings = std::mem::take(&mut *lock(&self.recordings));
-        let pooled: Vec<(u64, Vec<(u64, Raw)>)> = lock(&self.pool).drain().collect();
-        lock(&self.mem).cached -= pooled.iter().map(|(class, v)| class * v.len() as u64).sum::<u64>();
         lock(&self.stats).reopens += 1;
         drop(gate);
-        // The old device's buffers and the recordings' go (outside every lock).
-        drop((recordings, pooled));
+        // The old device's pooled buffers go (outside every lock).
+        drop(pooled);
         tracing::warn!("{name}: the device was lost and has been opened again");
         Ok(())
     }
@@ -670,19 +687,20 @@ impl Runtime {
     }
 
     fn release(&self, raw: Raw, id: u64, class: u64, generation: u64) {
+        // Decided under the pool's lock, where a reopening moves the generation.
+        let mut pool = lock(&self.pool);
+        let mut m = lock(&self.mem);
         if generation != self.generation.load(Ordering::Acquire) {
-            // The old device's: freed, never handed out again.
-            lock(&self.mem).in_use -= class;
+            // The old device's: freed (outside the locks), never handed out again.
+            m.lost -= class;
+            drop((m, pool));
+            drop(raw);
             return;
         }
-        // Counted as cached before it is in the pool: a `trim` on another thread that drains it then
-        // subtracts what was already added (the other order let the count go below zero).
-        {
-            let mut m = lock(&self.mem);
-            m.in_use -= class;
-            m.cached += class;
-        }
-        lock(&self.pool).entry(class).or_default().push((id, raw));
+        m.in_use -= class;
+        m.cached += class;
+        drop(m);
+        pool.entry(class).or_default().push((id, raw));
     }
 
     /// [`Error::OutOfMemory`] when one buffer of `bytes` exceeds what the device allocates or binds.
@@ -710,7 +728,6 @@ impl Runtime {
                 msg: format!("allocating {what} while recording"),
             });
         }
-        self.reopen_if_lost()?;
         let _gate = self.gate();
         let d = self.driver();
         let generation = self.generation.load(Ordering::Acquire);
@@ -751,6 +768,7 @@ impl Runtime {
 
     /// Copies host data to a new device tensor.
     pub fn upload(&self, data: &TensorData) -> Result<DeviceTensor> {
+        self.reopen_if_lost()?;
         let _gate = self.gate();
         let bytes = self.target().encode(data);
         let buffer = self.alloc(bytes.len() as u64, "an uploaded tensor")?;
@@ -832,16 +850,29 @@ impl Runtime {
             lock(&self.stats).modules_reused += 1;
             return Ok(m);
         }
+        let generation = self.generation.load(Ordering::Acquire);
         let m = self.seen(self.driver().load(kernel))?;
         lock(&self.stats).modules_loaded += 1;
+        let mut modules = lock(&self.modules);
+        if generation != self.generation.load(Ordering::Acquire) {
+            // Loaded on a device lost since: not kept (its layout is made again too).
+            return Ok(m);
+        }
         // Two threads may load one kernel at once: both keep the first module stored.
-        Ok(lock(&self.modules).entry(id).or_insert(m).clone())
+        Ok(modules.entry(id).or_insert(m).clone())
     }
 
     /// Binds a compiled graph to device memory: `inputs` (in graph-input order) bound in place, fresh
     /// buffers for outputs, pooled ones for intermediates, every kernel loaded.
     pub fn prepare<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<Prepared> {
         self.reopen_if_lost()?;
+        self.prepare_now(c, inputs)
+    }
+
+    /// [`Runtime::prepare`] on the device as it is: under the gate, so no reopening lands inside it.
+    fn prepare_now<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<Prepared> {
+        let _gate = self.gate();
+        let generation = self.generation.load(Ordering::Acquire);
         let g = &c.primitive.graph;
         if inputs.len() != g.inputs.len() {
             return Err(Error::Runtime {
@@ -874,7 +905,6 @@ impl Runtime {
             0 => None,
             n => Some(self.alloc(layout.stride * n as u64, "fault words")?),
         };
-        let generation = self.generation.load(Ordering::Acquire);
         Ok(Prepared { compiled: c.clone(), generation, layout, buffers: filled, faults, recording: None })
     }
 
@@ -883,7 +913,8 @@ impl Runtime {
     /// dims, so a call spends its time launching.
     fn layout<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<Arc<Layout>> {
         // Dtypes too: a cached layout skips the checks `bind_symbol_dims` makes on a miss.
-        if let Some(l) = lock(&self.layouts).get(c, inputs) {
+        let generation = self.generation.load(Ordering::Acquire);
+        if let Some(l) = lock(&self.layouts).get(c, inputs).filter(|l| l.generation == generation) {
             return Ok(l);
         }
         let g = &c.primitive.graph;
@@ -917,6 +948,7 @@ impl Runtime {
             steps.push(Step { kernel: k, module, symbols, groups, fault_slot: checked.iter().position(|&x| x == k) });
         }
         let layout = Arc::new(Layout {
+            generation,
             input_slots: c.input_buffers(),
             outputs: c.output_slots(&bindings)?.into_iter().map(|(b, d, t)| (b, d.into(), t)).collect(),
             io_bytes: c.io_bytes(&bindings)?,
@@ -1016,6 +1048,11 @@ impl Runtime {
     /// device. Returns without waiting, with the run's fault words when it has checks.
     pub fn launch(&self, p: &Prepared) -> Result<Option<Arc<Checks>>> {
         self.reopen_if_lost()?;
+        self.launch_now(p)
+    }
+
+    /// [`Runtime::launch`] on the device as it is.
+    fn launch_now(&self, p: &Prepared) -> Result<Option<Arc<Checks>>> {
         let _gate = self.gate();
         self.current(p)?;
         let d = self.driver();
@@ -1111,8 +1148,10 @@ impl Runtime {
     pub fn time_launches(&self, p: &Prepared, n: usize) -> Result<f64> {
         let _gate = self.gate();
         let n = n.max(1);
+        // A stale plan is the caller's error, not a sign that the device is lost.
+        self.current(p)?;
         let d = self.driver();
-        let mut enqueue = || (0..n).try_for_each(|_| self.launch(p).map(drop));
+        let mut enqueue = || (0..n).try_for_each(|_| self.launch_now(p).map(drop));
         if let Some(s) = self.seen(d.time(&mut enqueue))? {
             return Ok(s / n as f64);
         }
@@ -1126,6 +1165,7 @@ impl Runtime {
     /// copy: no kiln kernel), the median of `repeat` copies each timed on the device: the ceiling a
     /// memory-bound kernel is quoted against. `None` where the device cannot time itself.
     pub fn copy_rate(&self, bytes: u64, repeat: usize) -> Result<Option<f64>> {
+        self.reopen_if_lost()?;
         let _gate = self.gate();
         let (src, dst) = (self.alloc(bytes, "a timed copy's source")?, self.alloc(bytes, "a timed copy's target")?);
         let d = self.driver();
@@ -1162,8 +1202,9 @@ impl Runtime {
     /// Runs a compiled graph on device tensors and returns device tensors; nothing waits and nothing
     /// crosses to the host.
     pub fn run<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<Vec<DeviceTensor>> {
-        let p = self.prepare(c, inputs)?;
-        let own = self.launch(&p)?;
+        self.reopen_if_lost()?;
+        let p = self.prepare_now(c, inputs)?;
+        let own = self.launch_now(&p)?;
         Ok(self.outputs(&p, &self.carried(inputs, own)?))
     }
 
@@ -1184,6 +1225,11 @@ impl Runtime {
         let each = || inputs.iter().map(Borrow::borrow);
         let values: Vec<i64> = layout.bindings.iter().map(|(_, v)| v).collect();
         let mut recs = lock(&self.recordings);
+        let now = self.generation.load(Ordering::Acquire);
+        if recs.iter().any(|r| r.prepared.generation != now) {
+            // Made on a device lost since: dropped (their buffers freed, not pooled), recorded again.
+            recs.retain(|r| r.prepared.generation == now);
+        }
         let found = recs.iter().position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values);
         let slots = &layout.input_slots;
         // Stale: an output of the last replay is still held, or an input the recording reads in place
@@ -1220,7 +1266,7 @@ impl Runtime {
                         Ok(DeviceTensor { buffer: b, dtype: t.dtype, dims: t.dims.clone(), checks: Vec::new() })
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let mut prepared = self.prepare(c, &bound)?;
+                let mut prepared = self.prepare_now(c, &bound)?;
                 self.record(&mut prepared)?;
                 if recs.len() >= MAX_RECORDINGS {
                     recs.remove(0);
@@ -1240,7 +1286,7 @@ impl Runtime {
                 lock(&self.stats).replay_input_copies += 1;
             }
         }
-        self.launch(&r.prepared)?;
+        self.launch_now(&r.prepared)?;
         // The next replay rewrites the recording's fault words as it rewrites its outputs: this replay's
         // results carry a copy of them (a few words; outputs may be carried far by later calls).
         let own = match &r.prepared.faults {

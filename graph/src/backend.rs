@@ -64,8 +64,7 @@ pub(crate) fn execute(
     mode: Mode,
 ) -> Result<Vec<Arc<Value>>> {
     if let (Some(rt), Some(c)) = (backend.runtime(), compiled) {
-        rt.reopen_if_lost()?;
-        let devs = inputs.iter().map(|v| v.on(&rt)).collect::<Result<Vec<_>>>()?;
+        let devs = Value::all_on(inputs, &rt)?;
         let outs = match mode {
             Mode::ReduceOverhead => rt.run_recorded(c, &devs)?,
             Mode::Default => rt.run(c, &devs)?,

@@ -479,8 +479,7 @@ impl<F> Compiled<F> {
     ) -> Result<()> {
         let (Some((_, Some(c))), Some(rt)) = (&e.graph, backend.runtime()) else { return Ok(()) };
         let inputs = entry_inputs(e, args, &mut values)?;
-        rt.reopen_if_lost()?;
-        let devs = inputs.iter().map(|v| v.on(&rt)).collect::<Result<Vec<_>>>()?;
+        let devs = Value::all_on(&inputs, &rt)?;
         if let Some(times) = rt.profile_graph(c, &devs)? {
             *lock(&e.profile) = Some((rt.timing(), times));
         }

@@ -16,6 +16,12 @@ use crate::trace::{capture, Tensor, TensorSpec};
 /// graph cannot be replayed at the new size, holds symbolic dims, or has an op whose meaning depends on
 /// input values at the old size (an index into the resized axis).
 pub fn resize(graph: &Graph, inputs: &[TensorData], from: usize, to: usize) -> Result<(Graph, Vec<TensorData>)> {
+    if inputs.len() != graph.inputs.len() {
+        return Err(Error::Unsupported {
+            what: format!("resizing a graph of {} inputs given {} values", graph.inputs.len(), inputs.len()),
+            loc: SourceLoc::internal(),
+        });
+    }
     let map = |d: usize| if d == from { to } else { d };
     let concrete =
         |n: &crate::ir::Node| n.shape.as_concrete().ok_or_else(|| unsupported("a graph with symbolic dims", &n.loc));

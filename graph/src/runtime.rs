@@ -163,10 +163,16 @@ impl DeviceBuffer {
     /// device was lost and another opened (its data went with the old one).
     #[inline]
     pub fn live(&self, what: &str) -> Result<()> {
-        if self.generation == self.runtime.generation.load(Ordering::Relaxed) {
+        if self.is_live() {
             return Ok(());
         }
         self.runtime.lost_with_its_device(what)
+    }
+
+    /// Whether the device it was made on is still the runtime's ([`DeviceBuffer::live`] as a test).
+    #[inline]
+    pub fn is_live(&self) -> bool {
+        self.generation == self.runtime.generation.load(Ordering::Relaxed)
     }
 
     fn bound(&self, bytes: u64) -> Bound<'_> {
@@ -536,6 +542,8 @@ impl Runtime {
             return Ok(());
         }
         let name = self.name();
+        let failed =
+            |msg: String| Error::DeviceLost { device: name.into(), what: "opening the device again".into(), msg };
         let gate = self.gate_alone()?;
         // Another thread may have opened it meanwhile.
         if !self.lost.load(Ordering::Acquire) && !self.driver().is_lost() {
@@ -552,24 +560,12 @@ impl Runtime {
                 ),
             });
         };
-        let fresh = reopen().map_err(|e| Error::DeviceLost {
-            device: name.into(),
-            what: "opening the device again".into(),
-            msg: e.to_string(),
-        })?;
+        let fresh = reopen().map_err(|e| failed(e.to_string()))?;
         if fresh.target() != &self.target {
-            return Err(Error::DeviceLost {
-                device: name.into(),
-                what: "opening the device again".into(),
-                msg: format!("the device opened has other capabilities: {}", fresh.describe()),
-            });
+            return Err(failed(format!("the device opened has other capabilities: {}", fresh.describe())));
         }
         if self.drivers[next].set(fresh).is_err() {
-            return Err(Error::DeviceLost {
-                device: name.into(),
-                what: "opening the device again".into(),
-                msg: "opened twice".into(),
-            });
+            return Err(failed("opened twice".into()));
         }
         // The generation moves under the pool's lock, where `release` decides whether a buffer is pooled:
         // no buffer of the old device enters the new pool. (Recordings are not touched here: a reduce-
@@ -800,8 +796,8 @@ impl Runtime {
     pub async fn download_async(&self, t: &DeviceTensor) -> Result<TensorData> {
         t.buffer.live("reading a tensor")?;
         for c in &t.checks {
-            c.words.live("reading a run's checks")?;
             if c.outcome.get().is_none() {
+                c.words.live("reading a run's checks")?;
                 c.settle(&self.read_async(c.words.raw(), c.bytes()).await?);
             }
             c.failure()?;

@@ -242,8 +242,8 @@ impl Tensor {
         })?;
         match backend.runtime() {
             Some(rt) => {
-                rt.reopen_if_lost()?;
-                Ok(Tensor::from_value(Value::from_device(value.on(&rt)?.into_owned())))
+                let on = Value::all_on(std::slice::from_ref(&value), &rt)?.pop().expect("one value");
+                Ok(Tensor::from_value(Value::from_device(on.into_owned())))
             }
             None => Ok(Tensor::from_data(value.to_host()?.as_ref().clone())),
         }

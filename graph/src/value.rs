@@ -97,12 +97,19 @@ impl Value {
         Ok(self.host.get_or_init(|| data).clone())
     }
 
+    /// Every one of `values` on `rt` ([`Value::on`]), after `rt` opened its device again if it was lost:
+    /// a weight whose device copy went with a lost device is then seen as stale and uploaded again.
+    pub fn all_on<'a>(values: &'a [Arc<Value>], rt: &Arc<Runtime>) -> Result<Vec<Cow<'a, DeviceTensor>>> {
+        rt.reopen_if_lost()?;
+        values.iter().map(|v| v.on(rt)).collect()
+    }
+
     /// The value on `rt`: bound in place when it lives there, else uploaded — and the upload kept when the
     /// value has no device copy yet (weights cross once).
     pub fn on(&self, rt: &Arc<Runtime>) -> Result<Cow<'_, DeviceTensor>> {
         let dev = self.device.get();
         if let Some(t) = dev.filter(|t| Arc::ptr_eq(t.buffer.runtime(), rt)) {
-            if t.buffer.live("").is_ok() {
+            if t.buffer.is_live() {
                 return Ok(Cow::Borrowed(t));
             }
             // Its device was lost and opened again: a value with a host copy (a weight) is uploaded
@@ -112,7 +119,7 @@ impl Value {
                 None => return t.buffer.live("a tensor").map(|()| Cow::Borrowed(t)),
             };
             let mut renewed = crate::runtime::lock(&self.renewed);
-            if let Some(r) = renewed.as_ref().filter(|r| r.buffer.live("").is_ok()) {
+            if let Some(r) = renewed.as_ref().filter(|r| r.buffer.is_live()) {
                 return Ok(Cow::Owned(r.clone()));
             }
             let fresh = rt.upload(&host)?;

@@ -128,7 +128,7 @@ tests|bench|peer|parts)
     # part: the torch peer in TORCH_TRIALS fresh processes (default 3; trial 1 cold, its outputs kept on this
     # machine), then kiln's bench in KILN_TRIALS fresh processes (default 5) checking every output against
     # torch's float64 outputs; report $out/<part>.{json,md}. Parts: A W1-W3 and dynamic shapes, B LG and
-    # W4, C W5 f32 (explicit and SDPA), D W5 bf16, T W5's training step (f32), E W6 (DenseNet-121).
+    # W4, C W5 f32 (explicit and SDPA), D W5 bf16, H W1–W3 in bf16, T W5's training step (f32), E W6 (DenseNet-121).
     shift
     budget="$1"
     shift
@@ -142,6 +142,8 @@ tests|bench|peer|parts)
       # The same with torch's SDPA only (its faster attention), for a shorter call.
       Cs) kiln=W5 torch=W5-sdpa modes=default,reduce-overhead,eager ;;
       D) kiln=W5-bf16 torch=W5-bf16,W5-bf16-sdpa modes=default,reduce-overhead,eager ;;
+      # W1–W3 in bf16.
+      H) kiln=W1-bf16,W2-bf16,W3-bf16 torch=W1-bf16,W2-bf16,W3-bf16 modes=all ;;
       # W5's training step (f32): kiln's one compiled step against torch's compiled model + fused AdamW.
       T) kiln=W5-train torch=W5-train,W5-train-sdpa modes=default,reduce-overhead,eager ;;
       # DenseNet-121 (convolutions, batch norm, pooling, concatenation) against torchvision's layers.

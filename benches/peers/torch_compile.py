@@ -53,7 +53,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-ALL_WORKLOADS = "W1,W2,W3,W4,W5,W5-sdpa,LG,W5-bf16,W5-bf16-sdpa,W5-train,W5-train-sdpa,W3-dynamic,W6"
+ALL_WORKLOADS = ("W1,W2,W3,W4,W5,W5-sdpa,LG,W5-bf16,W5-bf16-sdpa,W1-bf16,W2-bf16,W3-bf16,W5-train,W5-train-sdpa,"
+                 "W3-dynamic,W6")
 ALL_MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "eager", "regional"]
 # What the report's notes must say about rows that did not measure what their mode names.
 WARNINGS = []
@@ -208,6 +209,8 @@ def specs(wid, size):
     """Input (dims, dtype) in kiln's order for `size` in full / quick / check; the salt is the index."""
     i = {"full": 0, "quick": 1, "check": 2}[size]
     b = base_id(wid)
+    # W1–W3's bf16 variants: the same sizes, every input bf16.
+    b = b.removesuffix("-bf16") if b in ("W1-bf16", "W2-bf16", "W3-bf16") else b
     if b == "W1":
         dims = [[[1 << 26]], [[1 << 20]], [[100_003]]][i]
     elif b == "W2":
@@ -234,7 +237,7 @@ def specs(wid, size):
         dims = w6_specs(bsz, hw)
     else:
         raise ValueError(f"unknown workload {wid}")
-    dtype = "bf16" if b == "W5-bf16" else "f32"
+    dtype = "bf16" if base_id(wid).endswith("-bf16") else "f32"
     return [(list(x), dtype) for x in dims]
 
 
@@ -506,7 +509,7 @@ def build(wid, t):
     if b in ("W4", "W5", "W5-bf16", "W6"):
         model = W4(t) if b == "W4" else W6(t) if b == "W6" else W5(t, sdpa=wid.endswith("-sdpa"))
         return model.eval(), [t[0]]
-    return {"W1": w1, "W2": w2, "W3": w3, "LG": lg}[b], list(t)
+    return {"W1": w1, "W2": w2, "W3": w3, "LG": lg}[b.removesuffix("-bf16")], list(t)
 
 
 def flops(wid, t):

@@ -392,10 +392,12 @@ impl RowLoad {
     }
 
     /// The loads of a row (the body of its `Group` loop) that a persistent row keeps: those indexed by a
-    /// pass's loop variable, unguarded, and not by an index bound inside the pass (a gather's index does
-    /// not exist before the pass runs). Both renderers keep exactly these.
+    /// pass's loop variable, unguarded, not by an index bound inside the pass (a gather's index does
+    /// not exist before the pass runs), and read by two passes or more — a load only one pass reads
+    /// (a layer norm's weight and bias) costs the same from memory and would only hold registers, so
+    /// fewer threads could share a multiprocessor. Both renderers keep exactly these.
     pub fn of_row(row: &[Stmt]) -> Vec<RowLoad> {
-        let mut out: Vec<RowLoad> = Vec::new();
+        let mut out: Vec<(RowLoad, usize)> = Vec::new();
         for st in row {
             let (pass, inner) = match st {
                 Stmt::Reduce { sym, body, strategy: ReduceStrategy::Group { .. }, .. } => (*sym, body),
@@ -406,19 +408,26 @@ impl RowLoad {
                 .iter()
                 .filter_map(|b| if let Stmt::BindIndex { sym, .. } = b { Some(*sym) } else { None })
                 .collect();
+            let mut this_pass: Vec<RowLoad> = Vec::new();
             for b in inner {
                 if let Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. } = b {
                     let syms = index.symbols();
                     if syms.contains(&pass) && syms.is_disjoint(&bound) {
                         let load = RowLoad { buffer: *buffer, dtype: *dtype, index: RowLoad::key(index, pass) };
-                        if !out.contains(&load) {
-                            out.push(load);
+                        if !this_pass.contains(&load) {
+                            this_pass.push(load);
                         }
                     }
                 }
             }
+            for load in this_pass {
+                match out.iter_mut().find(|(l, _)| *l == load) {
+                    Some((_, passes)) => *passes += 1,
+                    None => out.push((load, 1)),
+                }
+            }
         }
-        out
+        out.into_iter().filter(|(_, passes)| *passes > 1).map(|(l, _)| l).collect()
     }
 
     /// The trip count of a row's passes (they all run over the row's elements), if the row has a pass.
@@ -506,6 +515,31 @@ impl Kernel {
             [Stmt::Gemm(g)] => Some(g),
             _ => None,
         }
+    }
+
+    /// The symbols the body binds from computed values (`BindIndex`: a gather's index). An index
+    /// expression over one of them can change between unrolled copies of a loop body even where its
+    /// loop variable moves it by a constant.
+    pub fn bound_indices(&self) -> std::collections::BTreeSet<SymId> {
+        fn visit(b: &[Stmt], out: &mut std::collections::BTreeSet<SymId>) {
+            for s in b {
+                match s {
+                    Stmt::BindIndex { sym, .. } => {
+                        out.insert(*sym);
+                    }
+                    Stmt::Loop { body, .. } | Stmt::Reduce { body, .. } => visit(body, out),
+                    Stmt::MatMul(m) => {
+                        visit(&m.a.body, out);
+                        visit(&m.b.body, out);
+                        visit(&m.epilogue, out);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut out = std::collections::BTreeSet::new();
+        visit(&self.body, &mut out);
+        out
     }
 
     /// Number of statements, recursively (a size measure for logs and tests).

@@ -615,6 +615,15 @@ impl Expr {
         self.try_subst(map).ok_or_else(|| overflow_err(format_args!("substitution into {self}")))
     }
 
+    /// How much the expression grows when `sym` grows by `delta`, when that is one constant wherever
+    /// `sym` stands (an affine use, or a period the simplifier proves): an unrolled copy of a loop body
+    /// then addresses memory at a fixed offset from the first copy's address.
+    pub fn shift_by(&self, sym: SymId, delta: i64) -> Option<i64> {
+        let moved =
+            self.try_subst(&BTreeMap::from([(sym, Expr::sym(sym).checked_add(&Expr::constant(delta)).ok()?)]))?;
+        moved.checked_sub(self).ok()?.as_const()
+    }
+
     /// The expression as a tree: a sum of products of atoms, then the constant.
     pub fn tree(&self) -> ExprTree {
         let pair = |x: &Expr, y: &Expr| (Box::new(x.tree()), Box::new(y.tree()));
@@ -1562,6 +1571,16 @@ mod tests {
         assert_eq!(flat.floor_div(&m).simplify_in(&t2), q);
         assert_eq!(flat.modulo(&m).simplify_in(&t2), s(k.0));
         assert_eq!(flat.floor_div(&m).simplify_in(&t), flat.floor_div(&m), "no extent, no rewrite");
+    }
+
+    #[test]
+    fn shift_by_is_the_constant_growth_of_an_affine_use() {
+        let e = s(0) * 8192 + s(1);
+        assert_eq!(e.shift_by(SymId(1), 256), Some(256));
+        assert_eq!(e.shift_by(SymId(0), 2), Some(16384));
+        assert_eq!((s(1) * 3 + 7).shift_by(SymId(2), 5), Some(0));
+        // A division of the shifted symbol grows by different amounts at different points.
+        assert_eq!(s(1).floor_div(&c(3)).shift_by(SymId(1), 1), None);
     }
 
     #[test]

@@ -120,8 +120,12 @@ impl Target {
             } else {
                 48 * 1024
             },
-            f16_compute: sm >= 53,
-            bf16_compute: sm >= 80,
+            // Half-precision values are computed in f32 inside a fused kernel and rounded where they are
+            // stored or cast, as torch.compile's generated code does (and as WGSL does without
+            // `shader-f16`): rounding after every op costs two instructions an op and only moves the
+            // result away from the exact one. `KILN_CUDA_HALF_ROUNDING=each-op` restores per-op rounding.
+            f16_compute: false,
+            bf16_compute: false,
             matrix_units: sm >= 70,
             max_vector_bytes: 16,
             packed_half_storage: false,
@@ -163,7 +167,9 @@ impl Target {
 
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
     /// `KILN_<BACKEND>_ROW_THREADS`, `KILN_<BACKEND>_ROW_CACHE` (persistent rows; 0: off) and
-    /// `KILN_<BACKEND>_GEMM=kiln` (no GEMM library) applied, for experiments (`benches/NOTES.md`).
+    /// `KILN_<BACKEND>_GEMM=kiln` (no GEMM library) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
+    /// values rounded after every op rather than where they are stored) applied, for experiments
+    /// (`benches/NOTES.md`).
     pub fn tuned_by_env(mut self, backend: &str) -> Target {
         let knob = |k: &str| std::env::var(format!("KILN_{backend}_{k}")).ok().and_then(|v| v.parse::<u32>().ok());
         if let Some(n) = knob("MAX_THREADS") {
@@ -172,6 +178,10 @@ impl Target {
         self.row_threads = knob("ROW_THREADS").unwrap_or(self.row_threads);
         self.max_row_cache = knob("ROW_CACHE").unwrap_or(self.max_row_cache);
         self.library_gemm &= std::env::var(format!("KILN_{backend}_GEMM")).as_deref() != Ok("kiln");
+        if std::env::var(format!("KILN_{backend}_HALF_ROUNDING")).as_deref() == Ok("each-op") {
+            self.name = format!("{}-round-each-op", self.name);
+            (self.f16_compute, self.bf16_compute) = (true, true);
+        }
         self
     }
 

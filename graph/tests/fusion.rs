@@ -2,7 +2,7 @@
 //! how many kernels each compiles to, of which kind, and what they fuse.
 
 use kiln_graph::fuse::RegionKind;
-use kiln_graph::kernel::Access;
+use kiln_graph::kernel::{Access, RowLoad, Stmt};
 use kiln_graph::{capture, compile_graph, CompiledGraph, Result, Target, Tensor, TensorSpec};
 
 use kiln_graph::workloads::{block_params, f32s, gpt_block, w4, w4_inputs};
@@ -49,6 +49,27 @@ fn w3_layernorm_gelu_is_one_row_kernel() {
     assert_eq!(c.kernels.len(), 1, "{c}");
     assert_eq!(c.kernels[0].name, "k0_fused_layernorm_gelu");
     assert_eq!(c.kernels[0].buffers.iter().filter(|b| b.access == Access::Write).count(), 1);
+    // The row is read by three passes (mean, variance, output) and kept in registers; the weight and
+    // bias are read by the last pass only, so they are loaded there and hold no registers: 256 threads
+    // keep 16 elements each.
+    let k = &c.kernels[0];
+    let Some(Stmt::Loop { body: row, .. }) = k.body.iter().find(|s| matches!(s, Stmt::Loop { .. })) else {
+        panic!("a row loop: {k}")
+    };
+    let kept: Vec<usize> = RowLoad::of_row(row).iter().map(|l| l.buffer).collect();
+    assert_eq!(kept, vec![0], "{k}");
+    assert_eq!((k.launch.threads, k.row_cache), (256, Some(16)));
+}
+
+#[test]
+fn a_row_invariant_divisor_is_inverted_once() {
+    let c = compiled(&[f32s(&[8192, 8192])], |t| Ok(vec![t[0].softmax(-1)?]));
+    let text = c.kernels[0].to_string();
+    assert!(!text.contains("div("), "no division left per element: {text}");
+    assert_eq!(text.matches("reciprocal(").count(), 1, "{text}");
+    // A divisor that varies with the element stays a division.
+    let c = compiled(&[f32s(&[1024]), f32s(&[1024])], |t| Ok(vec![t[0].div(&t[1])?]));
+    assert!(c.kernels[0].to_string().contains("div("), "{}", c.kernels[0]);
 }
 
 #[test]

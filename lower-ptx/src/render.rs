@@ -62,6 +62,13 @@ struct Writer<'k> {
     row_cache: HashMap<(usize, DType, Expr), Vec<String>>,
     /// The pass being written in a persistent row: its loop variable and slot.
     pass: Option<(SymId, usize)>,
+    /// Whether the statements being written run once per slot of a persistent row (not inside a loop
+    /// of their own): addresses there are the first slot's plus a constant.
+    in_slot: bool,
+    /// The first slot's address of each `(buffer, index, pass variable)` written so far in this row.
+    slot_bases: HashMap<(usize, Expr, SymId), String>,
+    /// `Kernel::bound_indices`: an index over one of these is never addressed from another slot's.
+    bound: std::collections::BTreeSet<SymId>,
     /// Inside a vectorised loop: the loop variable, the lane being written, each vector-loaded buffer's
     /// lane registers, and each vector-stored buffer's lane values so far.
     lane: Option<(SymId, usize)>,
@@ -235,7 +242,44 @@ impl<'k> Writer<'k> {
         r
     }
 
+    /// The address operand (inside `[...]`) of element `index` of `buffer`. In an unrolled slot of a
+    /// persistent row, an index that moves by a constant from slot to slot is the first slot's address
+    /// plus an immediate offset: no integer arithmetic per element.
     fn address(&mut self, buffer: usize, index: &Expr) -> String {
+        let size = self.k.buffers[buffer].dtype.size_bytes() as i64;
+        let fixed = |e: &Expr, bound: &std::collections::BTreeSet<SymId>| e.symbols().is_disjoint(bound);
+        if let (true, Some((s, u)), true) = (self.in_slot, self.pass, fixed(index, &self.bound)) {
+            let delta = u as i64 * self.k.launch.threads as i64;
+            let offset = index.shift_by(s, delta).and_then(|d| d.checked_mul(size)).filter(|o| o.abs() < 1 << 31);
+            if let Some(offset) = offset {
+                let key = (buffer, index.clone(), s);
+                let base = match self.slot_bases.get(&key) {
+                    Some(b) => b.clone(),
+                    None => {
+                        // Slot 0's element is `%local`; a later slot only runs where slot 0 did (its
+                        // element is larger), so the register is set wherever it is read.
+                        let own = self.syms.insert(s, "%local".into());
+                        let b = self.plain_address(buffer, index);
+                        match own {
+                            Some(r) => self.syms.insert(s, r),
+                            None => self.syms.remove(&s),
+                        };
+                        self.slot_bases.insert(key, b.clone());
+                        b
+                    }
+                };
+                return match offset {
+                    0 => base,
+                    o if o < 0 => format!("{base}-{}", -o),
+                    o => format!("{base}+{o}"),
+                };
+            }
+        }
+        self.plain_address(buffer, index)
+    }
+
+    /// A register holding the address of element `index` of `buffer`.
+    fn plain_address(&mut self, buffer: usize, index: &Expr) -> String {
         let idx = self.expr(index);
         let size = self.k.buffers[buffer].dtype.size_bytes();
         let a = self.reg("s64");
@@ -343,6 +387,55 @@ impl<'k> Writer<'k> {
         r
     }
 
+    /// `e^x` with a subnormal result flushed to zero: inside sigmoid, tanh and erf, where such a value
+    /// is added to 1 or scaled by at most 1 (the result is the same) and the guard `ex2` needs for
+    /// subnormals (a compare and two multiplies) is wasted.
+    fn exp_ftz(&mut self, x: &str) -> String {
+        let (t, r) = (self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("mul.f32 {t}, {x}, 0f3FB8AA3B;"));
+        self.emit(&format!("ex2.approx.ftz.f32 {r}, {t};"));
+        r
+    }
+
+    /// `1/d` for `d ≥ 1` (within 1 ulp): one hardware reciprocal, where `rcp.rn` adds a Newton step
+    /// and a slow path for operands this caller never has.
+    fn rcp_at_least_one(&mut self, d: &str) -> String {
+        let r = self.reg("f32");
+        self.emit(&format!("rcp.approx.ftz.f32 {r}, {d};"));
+        r
+    }
+
+    /// tanh within 2 ulp: libdevice's odd polynomial below |x| = 0.6, where `1 - 2/(e^{2|x|} + 1)`
+    /// would cancel, and that form above; both computed and one selected (no divergence), the sign
+    /// copied from x. NaN flows through the second form; ±inf gives ±1.
+    fn tanh(&mut self, x: &str) -> String {
+        let (s, t) = (self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("mul.f32 {s}, {x}, {x};"));
+        self.emit(&format!("mul.f32 {t}, {s}, {x};"));
+        let mut p = self.reg("f32");
+        self.emit(&format!("mov.f32 {p}, {};", f32_imm(-5.70498872745e-3)));
+        for c in [2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1] {
+            let n = self.reg("f32");
+            self.emit(&format!("fma.rn.f32 {n}, {p}, {s}, {};", f32_imm(c)));
+            p = n;
+        }
+        let small = self.reg("f32");
+        self.emit(&format!("fma.rn.f32 {small}, {p}, {t}, {x};"));
+        let (a, m) = (self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("abs.f32 {a}, {x};"));
+        self.emit(&format!("add.f32 {m}, {a}, {a};"));
+        let e = self.exp_ftz(&m);
+        let d = self.reg("f32");
+        self.emit(&format!("add.f32 {d}, {e}, 0f3F800000;"));
+        let q = self.rcp_at_least_one(&d);
+        let (big, signed, lt, r) = (self.reg("f32"), self.reg("f32"), self.reg("pred"), self.reg("f32"));
+        self.emit(&format!("fma.rn.f32 {big}, {q}, 0fC0000000, 0f3F800000;"));
+        self.emit(&format!("copysign.f32 {signed}, {x}, {big};"));
+        self.emit(&format!("setp.lt.f32 {lt}, {a}, 0f3F19999A;"));
+        self.emit(&format!("selp.f32 {r}, {small}, {signed}, {lt};"));
+        r
+    }
+
     fn f32_unary(&mut self, op: UnaryOp, x: &str) -> String {
         let r = self.reg("f32");
         match op {
@@ -358,25 +451,14 @@ impl<'k> Writer<'k> {
             UnaryOp::Rsqrt => self.emit(&format!("rsqrt.approx.f32 {r}, {x};")),
             UnaryOp::Sin => self.emit(&format!("sin.approx.f32 {r}, {x};")),
             UnaryOp::Cos => self.emit(&format!("cos.approx.f32 {r}, {x};")),
-            UnaryOp::Tanh => {
-                // tanh|x| = (1 - e^{-2|x|}) / (1 + e^{-2|x|}), then the sign of x; NaN flows through.
-                let (a, m) = (self.reg("f32"), self.reg("f32"));
-                self.emit(&format!("abs.f32 {a}, {x};"));
-                self.emit(&format!("mul.f32 {m}, {a}, 0fC0000000;"));
-                let e = self.exp(&m);
-                let (n, d, q) = (self.reg("f32"), self.reg("f32"), self.reg("f32"));
-                self.emit(&format!("sub.f32 {n}, 0f3F800000, {e};"));
-                self.emit(&format!("add.f32 {d}, 0f3F800000, {e};"));
-                self.emit(&format!("div.rn.f32 {q}, {n}, {d};"));
-                self.emit(&format!("copysign.f32 {r}, {x}, {q};"));
-            }
+            UnaryOp::Tanh => return self.tanh(x),
             UnaryOp::Sigmoid => {
                 let m = self.reg("f32");
                 self.emit(&format!("neg.f32 {m}, {x};"));
-                let e = self.exp(&m);
+                let e = self.exp_ftz(&m);
                 let d = self.reg("f32");
                 self.emit(&format!("add.f32 {d}, 0f3F800000, {e};"));
-                self.emit(&format!("rcp.rn.f32 {r}, {d};"));
+                return self.rcp_at_least_one(&d);
             }
             UnaryOp::Erf => return self.erf(x),
             UnaryOp::Relu => self.emit(&format!("max.NaN.f32 {r}, {x}, 0f00000000;")),
@@ -410,7 +492,7 @@ impl<'k> Writer<'k> {
         let (h, den, t) = (self.reg("f32"), self.reg("f32"), self.reg("f32"));
         self.emit(&format!("mul.f32 {h}, {a}, 0f3F000000;"));
         self.emit(&format!("add.f32 {den}, {h}, 0f3F800000;"));
-        self.emit(&format!("rcp.rn.f32 {t}, {den};"));
+        self.emit(&format!("rcp.approx.ftz.f32 {t}, {den};"));
         let poly = [
             0.17087277,
             -0.82215223,
@@ -433,7 +515,7 @@ impl<'k> Writer<'k> {
         let (sq, arg) = (self.reg("f32"), self.reg("f32"));
         self.emit(&format!("mul.f32 {sq}, {a}, {a};"));
         self.emit(&format!("sub.f32 {arg}, {p}, {sq};"));
-        let e = self.exp(&arg);
+        let e = self.exp_ftz(&arg);
         let (te, big, signed) = (self.reg("f32"), self.reg("f32"), self.reg("f32"));
         self.emit(&format!("mul.f32 {te}, {t}, {e};"));
         self.emit(&format!("sub.f32 {big}, 0f3F800000, {te};"));
@@ -738,13 +820,19 @@ impl<'k> Writer<'k> {
         self.k.row_cache.is_some() && !self.row_cache.is_empty()
     }
 
-    /// Where slot `u` of a persistent row starts: element `local + u * threads`, and whether it is past
-    /// the row's end `n`.
-    fn slot_element(&mut self, u: u32, n: &str) -> (String, String) {
-        let (j, past) = (self.reg("s64"), self.reg("pred"));
-        self.emit(&format!("add.s64 {j}, %local, {};", u * self.k.launch.threads));
+    /// Where slot `u` of a persistent row starts: element `local + u * threads`, and a predicate that
+    /// it is past the row's end `extent` — none when every thread's slot `u` lies inside a row of
+    /// constant length.
+    fn slot_element(&mut self, u: u32, extent: &Expr) -> (String, Option<String>) {
+        let threads = self.k.launch.threads as i64;
+        let j = self.reg("s64");
+        self.emit(&format!("add.s64 {j}, %local, {};", u as i64 * threads));
+        if extent.as_const().is_some_and(|n| (u as i64 + 1) * threads <= n) {
+            return (j, None);
+        }
+        let (n, past) = (self.expr(extent), self.reg("pred"));
         self.emit(&format!("setp.ge.s64 {past}, {j}, {n};"));
-        (j, past)
+        (j, Some(past))
     }
 
     /// Persistent rows: before the row's passes, each thread loads its elements of the row once into
@@ -755,40 +843,51 @@ impl<'k> Writer<'k> {
         if loads.is_empty() {
             return;
         }
-        let n = self.expr(n);
-        let elements: Vec<(String, String)> = (0..slots).map(|u| self.slot_element(u, &n)).collect();
+        let elements: Vec<(String, Option<String>)> = (0..slots).map(|u| self.slot_element(u, n)).collect();
+        let (saved_pass, saved_in) = (self.pass, std::mem::replace(&mut self.in_slot, true));
         for load in loads {
             let mut regs = Vec::with_capacity(elements.len());
-            for (j, past) in &elements {
-                let inside = self.reg("pred");
-                self.emit(&format!("not.pred {inside}, {past};"));
+            for (u, (j, past)) in elements.iter().enumerate() {
+                let inside = past.as_ref().map(|past| {
+                    let inside = self.reg("pred");
+                    self.emit(&format!("not.pred {inside}, {past};"));
+                    inside
+                });
                 self.syms.insert(ROW_ELEMENT, j.clone());
-                let (raw, from) = self.load(load.buffer, &load.index, Some(&inside));
+                self.pass = Some((ROW_ELEMENT, u));
+                let (raw, from) = self.load(load.buffer, &load.index, inside.as_deref());
                 regs.push(self.convert(&raw, from, load.dtype));
             }
             self.row_cache.insert((load.buffer, load.dtype, load.index), regs);
         }
+        (self.pass, self.in_slot) = (saved_pass, saved_in);
     }
 
     /// A pass of a persistent row, unrolled: `each` runs once per slot with `s` bound to the slot's
     /// element, skipped past the row's end.
     fn slots(&mut self, s: SymId, extent: &Expr, mut each: impl FnMut(&mut Self)) {
-        let n = self.expr(extent);
-        let saved = self.pass;
+        let (saved, saved_in) = (self.pass, std::mem::replace(&mut self.in_slot, true));
         for u in 0..self.k.row_cache.unwrap_or(1) {
-            let (j, past) = self.slot_element(u, &n);
-            let skip = self.label();
-            self.emit(&format!("@{past} bra {skip};"));
+            let (j, past) = self.slot_element(u, extent);
+            let skip = past.map(|past| {
+                let skip = self.label();
+                self.emit(&format!("@{past} bra {skip};"));
+                skip
+            });
             self.syms.insert(s, j);
             self.pass = Some((s, u as usize));
             each(self);
-            self.place(&skip);
+            if let Some(skip) = skip {
+                self.place(&skip);
+            }
         }
-        self.pass = saved;
+        (self.pass, self.in_slot) = (saved, saved_in);
     }
 
     /// `for sym in start..extent step stride { body }` as labelled branches.
     fn counted_loop(&mut self, s: SymId, start: &str, stride: &str, extent: &Expr, body: impl FnOnce(&mut Self)) {
+        // A loop's body is not once per slot: its addresses move with its own variable.
+        let saved_in = std::mem::replace(&mut self.in_slot, false);
         let i = self.reg("s64");
         self.syms.insert(s, i.clone());
         let n = self.expr(extent);
@@ -802,6 +901,7 @@ impl<'k> Writer<'k> {
         self.emit(&format!("add.s64 {i}, {i}, {stride};"));
         self.emit(&format!("bra {top};"));
         self.place(&end);
+        self.in_slot = saved_in;
     }
 
     fn stmt(&mut self, s: &Stmt) {
@@ -850,6 +950,7 @@ impl<'k> Writer<'k> {
                         w.fill_row_cache(body);
                         w.block(body);
                         w.row_cache.clear();
+                        w.slot_bases.clear();
                     });
                 } else {
                     self.counted_loop(*sym, start, stride, extent, |w| w.block(body));
@@ -1140,6 +1241,9 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
         error: None,
         row_cache: HashMap::new(),
         pass: None,
+        in_slot: false,
+        slot_bases: HashMap::new(),
+        bound: kernel.bound_indices(),
         lane: None,
         vector_loads: HashMap::new(),
         vector_stores: HashMap::new(),

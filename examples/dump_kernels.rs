@@ -8,7 +8,7 @@ fn main() -> kiln::Result<()> {
     let id = args.get(1).map_or("W1", String::as_str);
     let target = match args.get(2).map(String::as_str) {
         Some("webgpu") => Target::webgpu_default(),
-        _ => Target::cuda(90),
+        _ => Target::cuda(90).tuned_by_env("CUDA"),
     };
     let w = workloads::all().into_iter().find(|w| w.id.eq_ignore_ascii_case(id)).expect("a workload id");
     let g = capture(&w.full, w.f)?;

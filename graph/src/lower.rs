@@ -79,6 +79,9 @@ struct Lowerer<'a> {
     blocks: Vec<Vec<Stmt>>,
     var_depth: HashMap<VarId, usize>,
     var_dtype: HashMap<VarId, DType>,
+    /// Values read from a buffer, with the buffer's dtype: exact in it, so rounding one to it again
+    /// (a half cast after a half load computed in f32) is a no-op and is skipped.
+    loaded: HashMap<VarId, DType>,
     sym_depth: HashMap<SymId, usize>,
     memo: HashMap<(NodeId, Expr, Option<VarId>), VarId>,
     guard: Option<VarId>,
@@ -110,6 +113,7 @@ impl<'a> Lowerer<'a> {
             blocks: vec![Vec::new()],
             var_depth: HashMap::new(),
             var_dtype: HashMap::new(),
+            loaded: HashMap::new(),
             sym_depth: HashMap::new(),
             memo: HashMap::new(),
             guard: None,
@@ -319,7 +323,9 @@ impl<'a> Lowerer<'a> {
         let node = self.g.node(n);
         let dtype = self.compute_dtype(node.dtype);
         let buffer = self.buffer(n, Access::Read);
-        self.let_(dtype, Scalar::Load { buffer, index, guard: self.guard })
+        let v = self.let_(dtype, Scalar::Load { buffer, index, guard: self.guard });
+        self.loaded.insert(v, node.dtype);
+        v
     }
 
     /// The value of node `n` at point `p`.
@@ -426,7 +432,7 @@ impl<'a> Lowerer<'a> {
                 // casts round (and overflow) exactly as the reference does. The result keeps its storage
                 // dtype so narrowing really rounds; arithmetic widens it again.
                 let from = self.g.node(input(0)).dtype;
-                if matches!(from, DType::F16 | DType::BF16) {
+                if matches!(from, DType::F16 | DType::BF16) && self.loaded.get(&a) != Some(&from) {
                     a = self.coerce(a, from);
                 }
                 self.let_(node.dtype, Scalar::Cast { a })

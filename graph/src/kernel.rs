@@ -125,6 +125,17 @@ pub enum Scalar {
         /// Input.
         a: VarId,
     },
+    /// `a / b`, rounded as a division is, where `reciprocal` holds `1/b` computed once outside the loop
+    /// that computes `a` (a softmax's row sum): a renderer may refine `a * reciprocal` to the rounded
+    /// quotient (two fused multiply-adds) instead of dividing per element. f32 only.
+    Quotient {
+        /// Dividend.
+        a: VarId,
+        /// Divisor.
+        b: VarId,
+        /// `1/b`, rounded.
+        reciprocal: VarId,
+    },
 }
 
 /// The combining op of a kernel reduction.
@@ -593,6 +604,7 @@ impl fmt::Display for Scalar {
             Scalar::Binary { op, a, b } => write!(f, "{}({a}, {b})", op.name()),
             Scalar::Select { cond, a, b } => write!(f, "select({cond}, {a}, {b})"),
             Scalar::Cast { a } => write!(f, "cast({a})"),
+            Scalar::Quotient { a, b, reciprocal } => write!(f, "div({a}, {b}; 1/b = {reciprocal})"),
         }
     }
 }

@@ -72,6 +72,8 @@ impl<M: Memory> Env<'_, M> {
                 }
             }
             Scalar::Cast { a } => self.var(*a)?,
+            // The f64 quotient of two f32 values rounds to the correctly rounded f32 quotient.
+            Scalar::Quotient { a, b, .. } => self.var(*a)? / self.var(*b)?,
         })
     }
 

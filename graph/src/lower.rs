@@ -126,8 +126,6 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    /// Emits a run-time check: when `bad` holds (and the current load guard, so values a guarded-off
-    /// branch never reads cannot fault), the kernel records a fault naming `node`'s op and `msg`.
     /// Whether `fixed` is defined outside the innermost loop that `varying` depends on, so it holds one
     /// value while `varying` takes many.
     fn loop_invariant(&self, fixed: VarId, varying: VarId) -> bool {
@@ -135,6 +133,8 @@ impl<'a> Lowerer<'a> {
         depth(fixed) < depth(varying)
     }
 
+    /// Emits a run-time check: when `bad` holds (and the current load guard, so values a guarded-off
+    /// branch never reads cannot fault), the kernel records a fault naming `node`'s op and `msg`.
     fn fault(&mut self, bad: VarId, node: NodeId, msg: String) {
         let cond = match self.guard {
             Some(g) => self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a: g, b: bad }),
@@ -230,6 +230,11 @@ impl<'a> Lowerer<'a> {
             Scalar::Load { guard, .. } => guard.iter().for_each(&mut dep),
             Scalar::Index { .. } => {}
             Scalar::Unary { a, .. } | Scalar::Cast { a } => dep(a),
+            Scalar::Quotient { a, b, reciprocal } => {
+                dep(a);
+                dep(b);
+                dep(reciprocal)
+            }
             Scalar::Binary { a, b, .. } => {
                 dep(a);
                 dep(b)
@@ -410,12 +415,11 @@ impl<'a> Lowerer<'a> {
                 if *op == BinaryOp::Div && operand_dtype == DType::F32 && cd == DType::F32 && self.loop_invariant(b, a)
                 {
                     // A divisor fixed across the loop that computes `a` (a softmax's row sum, a mean's
-                    // count) is inverted once, outside it: one multiply per element instead of an IEEE
-                    // division (a dozen instructions and a slow path on a GPU). At most 1.5 ulp from the
-                    // rounded quotient; a subnormal divisor's reciprocal overflows to inf (documented in
-                    // the README's numerics).
-                    let r = self.let_(cd, Scalar::Unary { op: UnaryOp::Reciprocal, a: b });
-                    return Ok(self.let_(cd, Scalar::Binary { op: BinaryOp::Mul, a, b: r }));
+                    // count) is inverted once, outside it; each element's quotient is refined from it
+                    // (PTX: a multiply and two fused multiply-adds, the rounded quotient) instead of a
+                    // full division (a dozen instructions and a slow path on a GPU).
+                    let reciprocal = self.let_(cd, Scalar::Unary { op: UnaryOp::Reciprocal, a: b });
+                    return Ok(self.let_(cd, Scalar::Quotient { a, b, reciprocal }));
                 }
                 self.let_(cd, Scalar::Binary { op: *op, a, b })
             }

@@ -270,7 +270,6 @@ impl<'k> Writer<'k> {
                 };
                 return match offset {
                     0 => base,
-                    o if o < 0 => format!("{base}-{}", -o),
                     o => format!("{base}+{o}"),
                 };
             }
@@ -398,7 +397,7 @@ impl<'k> Writer<'k> {
     }
 
     /// `1/d` for `d ≥ 1` (within 1 ulp): one hardware reciprocal, where `rcp.rn` adds a Newton step
-    /// and a slow path for operands this caller never has.
+    /// and a slow path. A result below 2^-126 (d past 2^126: sigmoid(x) for x < -87.3) flushes to 0.
     fn rcp_at_least_one(&mut self, d: &str) -> String {
         let r = self.reg("f32");
         self.emit(&format!("rcp.approx.ftz.f32 {r}, {d};"));
@@ -406,8 +405,8 @@ impl<'k> Writer<'k> {
     }
 
     /// tanh within 2 ulp: libdevice's odd polynomial below |x| = 0.6, where `1 - 2/(e^{2|x|} + 1)`
-    /// would cancel, and that form above; both computed and one selected (no divergence), the sign
-    /// copied from x. NaN flows through the second form; ±inf gives ±1.
+    /// would cancel, and that form (of |x|) above; both computed and one selected (no divergence), the
+    /// sign copied from x. NaN flows through the second form; ±inf gives ±1, ±0 gives ±0.
     fn tanh(&mut self, x: &str) -> String {
         let (s, t) = (self.reg("f32"), self.reg("f32"));
         self.emit(&format!("mul.f32 {s}, {x}, {x};"));
@@ -428,11 +427,12 @@ impl<'k> Writer<'k> {
         let d = self.reg("f32");
         self.emit(&format!("add.f32 {d}, {e}, 0f3F800000;"));
         let q = self.rcp_at_least_one(&d);
-        let (big, signed, lt, r) = (self.reg("f32"), self.reg("f32"), self.reg("pred"), self.reg("f32"));
+        let (big, lt, pick, r) = (self.reg("f32"), self.reg("pred"), self.reg("f32"), self.reg("f32"));
         self.emit(&format!("fma.rn.f32 {big}, {q}, 0fC0000000, 0f3F800000;"));
-        self.emit(&format!("copysign.f32 {signed}, {x}, {big};"));
         self.emit(&format!("setp.lt.f32 {lt}, {a}, 0f3F19999A;"));
-        self.emit(&format!("selp.f32 {r}, {small}, {signed}, {lt};"));
+        self.emit(&format!("selp.f32 {pick}, {small}, {big}, {lt};"));
+        // x's sign on both forms: the second is |tanh|, and the polynomial turns -0 into +0.
+        self.emit(&format!("copysign.f32 {r}, {x}, {pick};"));
         r
     }
 
@@ -658,7 +658,31 @@ impl<'k> Writer<'k> {
                 let (x, from) = self.var(*a);
                 self.convert(&x, from, dtype)
             }
+            Scalar::Quotient { a, b, reciprocal } => {
+                let ((x, _), (y, _), (r, _)) = (self.var(*a), self.var(*b), self.var(*reciprocal));
+                self.quotient(&x, &y, &r)
+            }
         }
+    }
+
+    /// `x / y` from `r = 1/y` (rounded): `q0 = x·r`, then one correction with the exact residual
+    /// `x − q0·y` (a fused multiply-add) gives the rounded quotient whenever `q0` and `r` are normal
+    /// numbers (Markstein) and the dividend is not so small that the residual underflows (|x| below
+    /// ~2^-100, where it may be 1 ulp off); a zero, infinite, NaN or subnormal `q0` or `r` divides
+    /// instead, so every special value is IEEE's. Four instructions an element, against a division's
+    /// reciprocal, Newton step, range check and slow-path branch.
+    fn quotient(&mut self, x: &str, y: &str, r: &str) -> String {
+        let (q0, nq, e, q) = (self.reg("f32"), self.reg("f32"), self.reg("f32"), self.reg("f32"));
+        let (normal, rn) = (self.reg("pred"), self.reg("pred"));
+        self.emit(&format!("mul.rn.f32 {q0}, {x}, {r};"));
+        self.emit(&format!("neg.f32 {nq}, {q0};"));
+        self.emit(&format!("fma.rn.f32 {e}, {nq}, {y}, {x};"));
+        self.emit(&format!("fma.rn.f32 {q}, {e}, {r}, {q0};"));
+        self.emit(&format!("testp.normal.f32 {normal}, {q0};"));
+        self.emit(&format!("testp.normal.f32 {rn}, {r};"));
+        self.emit(&format!("and.pred {normal}, {normal}, {rn};"));
+        self.emit(&format!("@!{normal} div.rn.f32 {q}, {x}, {y};"));
+        q
     }
 
     fn binary(&mut self, op: BinaryOp, x: &str, y: &str, operand: DType) -> String {

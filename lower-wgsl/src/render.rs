@@ -280,6 +280,8 @@ impl<'k> Writer<'k> {
             }
             Scalar::Select { cond, a, b } => format!("select({}, {}, {})", self.var(*b), self.var(*a), self.var(*cond)),
             Scalar::Cast { a } => self.convert(&self.var(*a), self.dtype_of(*a), dtype),
+            // WGSL's own division (2.5 ulp by the spec): a refinement would not make it exact.
+            Scalar::Quotient { a, b, .. } => format!("({} / {})", self.var(*a), self.var(*b)),
         }
     }
 

@@ -293,6 +293,16 @@ pub fn edge_cases(b: &Arc<dyn Backend>, big: bool, ieee_nan: bool) {
             let x = &v[0];
             Ok(vec![x.exp()?, x.sub(x)?, x.mul(0.0)?, x.sigmoid()?, x.sum(&[], false)?, x.narrow(0, 1, 7)?.softmax(0)?])
         });
+        // A division by a loop-invariant divisor is computed from its reciprocal, yet rounded as a
+        // division: 41·k / 41 is exactly k (a product with the rounded 1/41 is 1 ulp low for k = 1, so
+        // the floor would be k − 1), in a pointwise kernel (a constant divisor) and in a row (a sum).
+        // IEEE backends only: WGSL's division may be 2.5 ulp off by its spec.
+        let k = t(&[4, 8], DType::F32, |i| 41.0 * (i + 1) as f64);
+        case(b, "quotients round as divisions", &[k], 0.0, |v| {
+            let x = &v[0];
+            let sums = x.div(41.0)?.floor()?.sum(&[1], true)?;
+            Ok(vec![x.div(41.0)?.floor()?, x.div(&sums)?.mul(&sums)?.div(41.0)?.round()?.sub(&x.div(41.0)?)?])
+        });
         // Every half-precision value is rounded to its dtype, intermediates too: exp(12) overflows f16
         // even when the result is cast back to f32 (found by the random CUDA graphs).
         let y = t(&[4], DType::F32, |i| [2.0, 10.0, 12.0, 20.0][i]);

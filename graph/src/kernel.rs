@@ -520,6 +520,14 @@ impl Kernel {
         &at_index - &elsewhere
     }
 
+    /// Whether unrolled slot `u` of a persistent row (elements `local + u · threads`) lies inside a row of
+    /// `row_len` elements for every thread of the group: a constant row at least `(u + 1) · threads`
+    /// long. Renderers test nothing there.
+    pub fn slot_inside_row(&self, u: u32, row_len: &Expr) -> bool {
+        let threads = self.launch.threads as i64;
+        row_len.as_const().is_some_and(|n| (u as i64 + 1) * threads <= n)
+    }
+
     /// The library GEMM this kernel is, when it is one (its whole body is the call).
     pub fn gemm(&self) -> Option<&Gemm> {
         match self.body.as_slice() {

@@ -247,8 +247,8 @@ impl<'k> Writer<'k> {
     /// plus an immediate offset: no integer arithmetic per element.
     fn address(&mut self, buffer: usize, index: &Expr) -> String {
         let size = self.k.buffers[buffer].dtype.size_bytes() as i64;
-        let fixed = |e: &Expr, bound: &std::collections::BTreeSet<SymId>| e.symbols().is_disjoint(bound);
-        if let (true, Some((s, u)), true) = (self.in_slot, self.pass, fixed(index, &self.bound)) {
+        let fixed = index.symbols().is_disjoint(&self.bound);
+        if let (true, Some((s, u)), true) = (self.in_slot, self.pass, fixed) {
             let delta = u as i64 * self.k.launch.threads as i64;
             let offset = index.shift_by(s, delta).and_then(|d| d.checked_mul(size)).filter(|o| o.abs() < 1 << 31);
             if let Some(offset) = offset {
@@ -848,10 +848,9 @@ impl<'k> Writer<'k> {
     /// it is past the row's end `extent` — none when every thread's slot `u` lies inside a row of
     /// constant length.
     fn slot_element(&mut self, u: u32, extent: &Expr) -> (String, Option<String>) {
-        let threads = self.k.launch.threads as i64;
         let j = self.reg("s64");
-        self.emit(&format!("add.s64 {j}, %local, {};", u as i64 * threads));
-        if extent.as_const().is_some_and(|n| (u as i64 + 1) * threads <= n) {
+        self.emit(&format!("add.s64 {j}, %local, {};", u as i64 * self.k.launch.threads as i64));
+        if self.k.slot_inside_row(u, extent) {
             return (j, None);
         }
         let (n, past) = (self.expr(extent), self.reg("pred"));

@@ -297,12 +297,18 @@ impl<'k> Writer<'k> {
     }
 
     /// Opens unrolled copy `slot` of a persistent row pass: element `local + slot * threads`, skipped
-    /// past the row's end. Closed by [`Writer::close_slot`].
-    fn open_slot(&mut self, depth: usize, j: &str, n: &str, slot: u32) {
+    /// past the row's end `extent` (untested where `Kernel::slot_inside_row` holds). Closed by
+    /// [`Writer::close_slot`].
+    fn open_slot(&mut self, depth: usize, j: &str, extent: &Expr, slot: u32) {
         let t = self.k.launch.threads;
         self.line(depth, "{");
         self.line(depth + 1, &format!("let {j}: i32 = local + {}i;", slot * t));
-        self.line(depth + 1, &format!("if ({j} < {n}) {{"));
+        if self.k.slot_inside_row(slot, extent) {
+            self.line(depth + 1, "{");
+        } else {
+            let n = self.expr(extent);
+            self.line(depth + 1, &format!("if ({j} < {n}) {{"));
+        }
         self.unroll_slot = Some(slot);
     }
 
@@ -444,12 +450,12 @@ impl<'k> Writer<'k> {
                 self.vector_loop(depth, *s, extent, body)
             }
             Stmt::Loop { sym: s, extent, mode: LoopMode::Threads, body } if self.persistent() => {
-                let (n, i) = (self.expr(extent), sym(*s));
+                let i = sym(*s);
                 let saved = (self.pass_sym, self.single_thread_stores);
                 self.pass_sym = Some(*s);
                 self.single_thread_stores = false;
                 for slot in 0..self.k.row_cache.unwrap_or(1) {
-                    self.open_slot(depth, &i, &n, slot);
+                    self.open_slot(depth, &i, extent, slot);
                     self.block(depth + 2, body);
                     self.close_slot(depth);
                 }
@@ -580,7 +586,7 @@ impl<'k> Writer<'k> {
         }
         for slot in 0..copies {
             let inner = if persistent {
-                self.open_slot(depth, &j, &n, slot);
+                self.open_slot(depth, &j, extent, slot);
                 depth + 2
             } else {
                 if grouped {

@@ -303,6 +303,10 @@ pub fn edge_cases(b: &Arc<dyn Backend>, big: bool, ieee_nan: bool) {
             let sums = x.div(41.0)?.floor()?.sum(&[1], true)?;
             Ok(vec![x.div(41.0)?.floor()?, x.div(&sums)?.mul(&sums)?.div(41.0)?.round()?.sub(&x.div(41.0)?)?])
         });
+        // tanh near 0 to its own size (the ratio tanh(x)/x ≈ 1): a form `(1 − e)/(1 + e)` cancels there,
+        // ~1e-2 off at 1e-5, inside the absolute tolerance of tanh itself.
+        let tiny = t(&[5], DType::F32, |i| [1e-5, -3e-4, 1e-3, 0.3, -0.59][i]);
+        case(b, "tanh keeps its digits near zero", &[tiny], 2e-6, |v| Ok(vec![v[0].tanh()?.div(&v[0])?]));
         // Every half-precision value is rounded to its dtype, intermediates too: exp(12) overflows f16
         // even when the result is cast back to f32 (found by the random CUDA graphs).
         let y = t(&[4], DType::F32, |i| [2.0, 10.0, 12.0, 20.0][i]);

@@ -143,14 +143,15 @@ fn caches() -> bool {
     cold
 }
 
-/// `--merge`: several reports of one run (split by workload) as one.
+/// `--merge`: several reports of one run (split by workload) as one; a later report's rows replace an
+/// earlier one's of the same workload, backend and mode.
 fn merge(cli: &Cli) -> kiln::Result<Report> {
     let mut all: Option<Report> = None;
     for p in &cli.merge {
         let r = Report::load(p).map_err(|msg| kiln::Error::Format { what: p.display().to_string(), msg })?;
         match &mut all {
             None => all = Some(r),
-            Some(a) => a.absorb(r),
+            Some(a) => a.supersede(r),
         }
     }
     let mut all = all.ok_or_else(|| kiln::Error::Format { what: "--merge".into(), msg: "no reports".into() })?;

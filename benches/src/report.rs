@@ -152,6 +152,15 @@ impl Report {
         Ok(r)
     }
 
+    /// Takes in a later part of a merged comparison (`--merge`): as `absorb`, except that its rows replace
+    /// this report's rows of the same workload, backend and mode (the later part re-measured them).
+    pub fn supersede(&mut self, later: Report) {
+        let key = |r: &ResultRow| (r.workload.clone(), r.backend.clone(), r.mode.clone());
+        let newer: std::collections::HashSet<_> = later.results.iter().map(key).collect();
+        self.results.retain(|r| !newer.contains(&key(r)));
+        self.absorb(later);
+    }
+
     /// Takes in another report of the same run (another trial, another part): its rows, devices and
     /// notes not yet listed, and the lower copy bandwidth per backend.
     pub fn absorb(&mut self, other: Report) {
@@ -319,5 +328,23 @@ pub fn spread(median: f64, min: Option<f64>, max: Option<f64>) -> String {
     match (min, max) {
         (Some(lo), Some(hi)) => format!("{median:.4} ({lo:.4}–{hi:.4})"),
         _ => format!("{median:.4}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_later_part_supersedes_the_rows_it_remeasured() {
+        let part = |rows: Vec<ResultRow>| Report { results: rows, ..Report::new(false) };
+        let row = |w: &str, ms: f64| ResultRow::timed(w, "cuda", "compiled", ms, "CUDA events");
+        let mut merged = part(vec![row("W1", 0.2), row("W2", 0.3)]);
+        merged.supersede(part(vec![row("W2", 0.1), row("W3", 0.4)]));
+        let got: Vec<(String, f64)> = merged.results.iter().map(|r| (r.workload.clone(), r.median_ms)).collect();
+        assert_eq!(got, vec![("W1".into(), 0.2), ("W2".into(), 0.1), ("W3".into(), 0.4)]);
+        // Trials of one configuration are all kept (folded later), not superseded.
+        merged.absorb(part(vec![row("W1", 0.25)]));
+        assert_eq!(merged.results.iter().filter(|r| r.workload == "W1").count(), 2);
     }
 }

@@ -153,6 +153,19 @@ impl<'a> Lowerer<'a> {
         self.blocks[depth].push(Stmt::Fault { cond, site: index as u32 });
     }
 
+    /// `1/d` when node `d` is a constant ±2^k whose reciprocal is a normal f32 (`dtype` f32), so that a
+    /// division by it is exactly a multiplication by its reciprocal.
+    fn exact_reciprocal(&self, d: NodeId, dtype: DType) -> Option<f64> {
+        let Op::Full { value } = self.g.node(d).op else { return None };
+        if dtype != DType::F32 {
+            return None;
+        }
+        let bits = value.abs().to_bits();
+        let exponent = ((bits >> 52) & 0x7ff) as i64 - 1023;
+        let power_of_two = value.is_finite() && value != 0.0 && bits & ((1u64 << 52) - 1) == 0;
+        (power_of_two && exponent.abs() <= 126).then(|| 1.0 / value)
+    }
+
     /// The dtype values of a storage dtype are computed in on this target.
     fn compute_dtype(&self, d: DType) -> DType {
         match d {
@@ -405,8 +418,17 @@ impl<'a> Lowerer<'a> {
             Op::Binary { op } => {
                 let operand_dtype = self.compute_dtype(self.g.node(input(0)).dtype);
                 let a = self.value(input(0), p)?;
+                let a = self.coerce(a, operand_dtype);
+                if *op == BinaryOp::Div {
+                    if let Some(r) = self.exact_reciprocal(input(1), operand_dtype) {
+                        // Dividing by ±2^k scales exactly, as multiplying by ±2^-k does: one rounding of the
+                        // same real number, so the product is the quotient (a mean's `/ 4096`).
+                        let r = self.let_(operand_dtype, Scalar::Const { value: r });
+                        return Ok(self.let_(cd, Scalar::Binary { op: BinaryOp::Mul, a, b: r }));
+                    }
+                }
                 let b = self.value(input(1), p)?;
-                let (a, b) = (self.coerce(a, operand_dtype), self.coerce(b, operand_dtype));
+                let b = self.coerce(b, operand_dtype);
                 if *op == BinaryOp::Div && operand_dtype.is_int() {
                     let zero = self.let_(operand_dtype, Scalar::Const { value: 0.0 });
                     let bad = self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::Eq, a: b, b: zero });

@@ -74,6 +74,22 @@ fn a_row_invariant_divisor_is_inverted_once() {
 }
 
 #[test]
+fn a_power_of_two_divisor_is_a_multiplication() {
+    // W3's mean and variance divide by the row length, 4096: exactly a multiplication by 2^-12, so
+    // neither needs a reciprocal nor a refined quotient.
+    let c = compiled(&[f32s(&[8192, 4096]), f32s(&[4096]), f32s(&[4096])], |t| {
+        Ok(vec![t[0].layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?.gelu()?])
+    });
+    let text = c.kernels[0].to_string();
+    assert!(!text.contains("div(") && !text.contains("reciprocal("), "{text}");
+    assert_eq!(text.matches("= 0.000244140625").count(), 2, "{text}");
+    // A length that is not a power of two keeps the division's rounding.
+    let c = compiled(&[f32s(&[64, 3000])], |t| Ok(vec![t[0].mean(&[1], false)?]));
+    let text = c.kernels[0].to_string();
+    assert!(text.contains("div("), "{text}");
+}
+
+#[test]
 fn w4_layers_are_matmuls_with_fused_epilogues() {
     let c = compiled(&w4_inputs(10), w4);
     assert_eq!(c.kernels.len(), 129, "one matmul per linear and nothing else");

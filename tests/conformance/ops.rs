@@ -303,6 +303,15 @@ pub fn edge_cases(b: &Arc<dyn Backend>, big: bool, ieee_nan: bool) {
             let sums = x.div(41.0)?.floor()?.sum(&[1], true)?;
             Ok(vec![x.div(41.0)?.floor()?, x.div(&sums)?.mul(&sums)?.div(41.0)?.round()?.sub(&x.div(41.0)?)?])
         });
+        // A division by ±2^k is a multiplication by ±2^-k (exact: one rounding of the same number), at the
+        // ends of the range too: 2^126 (its reciprocal the smallest normal), 2^127 (a reciprocal that is
+        // not normal: divided), results that are subnormal or overflow.
+        let p = t(&[6], DType::F32, |i| [41.0, -3.0, 3e38, 1.5e-38, 0.0, 1e-45][i]);
+        case(b, "division by powers of two", &[p], 0.0, |v| {
+            let x = &v[0];
+            let two = |k: i32| 2f64.powi(k);
+            Ok(vec![x.div(4096.0)?, x.div(-0.25)?, x.div(two(126))?, x.div(two(127))?, x.div(0.5)?, x.div(4.0)?])
+        });
         // tanh near 0 to its own size (the ratio tanh(x)/x ≈ 1): a form `(1 − e)/(1 + e)` cancels there,
         // ~1e-2 off at 1e-5, inside the absolute tolerance of tanh itself.
         let tiny = t(&[5], DType::F32, |i| [1e-5, -3e-4, 1e-3, 0.3, -0.59][i]);

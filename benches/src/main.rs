@@ -31,6 +31,10 @@ pub struct Cli {
     /// Small sizes, for CI and first runs.
     #[arg(long)]
     quick: bool,
+    /// Modes to measure besides `compiled` (always measured: the others derive from its plan), e.g.
+    /// `reduce-overhead` (default: `reduce-overhead,eager`).
+    #[arg(long, value_delimiter = ',', default_values_t = [String::from("reduce-overhead"), String::from("eager")])]
+    pub modes: Vec<String>,
     /// Timed runs per measurement (after warm-up); the median is reported.
     #[arg(long, default_value_t = 20)]
     repeat: usize,
@@ -173,6 +177,13 @@ fn run(cli: &Cli, cold: bool) -> kiln::Result<Report> {
         .filter(|w| cli.workload.is_empty() || cli.workload.iter().any(|x| x.eq_ignore_ascii_case(w.id)))
         .collect();
     let mut report = Report::new(cli.quick);
+    if let Some(m) = cli.modes.iter().find(|m| !["compiled", "reduce-overhead", "eager"].contains(&m.as_str())) {
+        return Err(kiln::Error::InvalidArgument {
+            op: "--modes".into(),
+            msg: format!("`{m}` is not one of compiled, reduce-overhead, eager"),
+            loc: kiln::SourceLoc::internal(),
+        });
+    }
     if !["best", "all", "cuda", "wgpu", "cpu"].contains(&cli.backend.as_str()) {
         return Err(kiln::Error::InvalidArgument {
             op: "--backend".into(),

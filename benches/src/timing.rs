@@ -142,7 +142,8 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
         compile_ms: Some(compile_ms),
         peak,
     });
-    if dev.capture(&mut run)? {
+    let wants = |mode: &str| cli.modes.iter().any(|m| m == mode);
+    if wants("reduce-overhead") && dev.capture(&mut run)? {
         let device_s = time(dev, &run, cli)?;
         let replay_out = outputs(dev, &run)?;
         let (call_s, call_out) = public_call(dev, w, &device_inputs, cli.repeat, Some(kiln::Mode::ReduceOverhead))?;
@@ -162,6 +163,20 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
     phase("reduce-overhead timed and checked");
 
     // Eager: the per-op plan's device time; the call is the user's tensor code run op by op.
+    if !wants("eager") {
+        return Ok(rows(
+            w,
+            dev,
+            cli,
+            specs,
+            measured,
+            (launches, launches, io, traffic),
+            &checked,
+            copy_gbps,
+            cold,
+            profile,
+        ));
+    }
     let c = compile_cached(&capture(specs, w.f)?, dev.target(), FusionMode::PerOp)?;
     let run = dev.rt.prepare(&c, &bound)?;
     dev.rt.reset_peak();
@@ -173,8 +188,25 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
     measured.push(Measured { mode: "eager", device_s, call_s: Some(call_s), outcome, compile_ms: None, peak });
     let eager_launches = run.launches();
     phase("eager timed and checked");
+    Ok(rows(w, dev, cli, specs, measured, (launches, eager_launches, io, traffic), &checked, copy_gbps, cold, profile))
+}
 
-    Ok(measured
+/// One report row per measured mode. `counts`: launches compiled and eager, I/O and traffic bytes.
+#[allow(clippy::too_many_arguments)]
+fn rows(
+    w: &Workload,
+    dev: &Device,
+    cli: &Cli,
+    specs: &[TensorSpec],
+    measured: Vec<Measured>,
+    counts: (usize, usize, u64, u64),
+    checked: &str,
+    copy_gbps: f64,
+    cold: bool,
+    profile: Option<Vec<kiln_graph::runtime::LaunchTime>>,
+) -> Vec<ResultRow> {
+    let (launches, eager_launches, io, traffic) = counts;
+    measured
         .into_iter()
         .map(|m| {
             let mut row = ResultRow::timed(w.id, dev.name(), m.mode, m.device_s * 1e3, dev.timing());
@@ -182,7 +214,7 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
             row.call_ms = m.call_s.map(|s| s * 1e3);
             row.max_rel_err = Some(m.outcome.max_rel_err);
             row.correct = Some(m.outcome.correct);
-            row.checked = Some(checked.clone());
+            row.checked = Some(checked.to_string());
             row.kernels = Some(if m.mode == "eager" { eager_launches } else { launches });
             row.bytes = io;
             row.traffic_bytes = traffic;
@@ -202,7 +234,7 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
             }
             row
         })
-        .collect())
+        .collect()
 }
 
 /// The outputs a prepared plan's last launch left, read back (after timing).

@@ -70,3 +70,44 @@ fn every_mode_catches_a_wrong_kernel_and_passes_a_right_one() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn modes_choose_the_rows_and_reject_unknown_ones() {
+    if std::env::var("KILN_WGPU_TESTS").as_deref() == Ok("skip") {
+        eprintln!("KILN_WGPU_TESTS=skip: not run");
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("kiln-modes-{}.json", std::process::id()));
+    let bench = |modes: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kiln-bench"))
+            .args([
+                "--quick",
+                "--backend",
+                "wgpu",
+                "--repeat",
+                "2",
+                "--batch",
+                "2",
+                "--workload",
+                "W1",
+                "--modes",
+                modes,
+            ])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("the bench runs")
+    };
+    let out = bench("compiled");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("a report")).expect("JSON report");
+    let modes: Vec<&str> =
+        report["results"].as_array().expect("results").iter().filter_map(|r| r["mode"].as_str()).collect();
+    assert_eq!(modes, vec!["compiled"], "{stderr}");
+    let out = bench("compiled,fast");
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`fast` is not one of"), "{out:?}");
+    let _ = std::fs::remove_file(&json);
+}

@@ -150,6 +150,11 @@ fn eval_node(
         Op::Input { index } => return Ok(inputs[*index].clone()),
         Op::Full { value } => vec![*value; numel],
         Op::Iota { axis } => map_index(&dims, |idx| idx[*axis] as f64),
+        Op::Rand => {
+            let k = args[0].values();
+            let key = crate::rng::key_of(k[0], k[1]);
+            (0..numel as u64).map(|i| crate::rng::uniform(i, key)).collect()
+        }
         Op::Unary { op } => args[0].values().iter().map(|&x| unary(*op, x)).collect(),
         Op::Binary { op } => {
             let (a, b) = (args[0].values(), args[1].values());

@@ -343,6 +343,11 @@ pub enum Op {
         /// The counting axis.
         axis: usize,
     },
+    /// Uniform random numbers in [0, 1), f32, each element's drawn from its flat index by the
+    /// counter-based Philox4x32-10 generator under the key its input holds (an i32 tensor of two
+    /// elements): the same key gives the same numbers on every backend, and a new key (a new step)
+    /// needs no recompile. See [`crate::rng`].
+    Rand,
     /// A one-input pointwise op.
     Unary {
         /// Which.
@@ -525,6 +530,7 @@ impl Op {
             Op::Input { .. } => "input",
             Op::Full { .. } => "full",
             Op::Iota { .. } => "iota",
+            Op::Rand => "rand",
             Op::Unary { op } => op.name(),
             Op::Binary { op } => op.name(),
             Op::Where => "where",
@@ -560,7 +566,7 @@ impl Op {
     /// The family the op belongs to.
     pub fn family(&self) -> OpFamily {
         match self {
-            Op::Input { .. } | Op::Full { .. } | Op::Iota { .. } => OpFamily::Source,
+            Op::Input { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Rand => OpFamily::Source,
             Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast => OpFamily::Pointwise,
             Op::Reduce { .. } | Op::ArgReduce { .. } => OpFamily::Reduce,
             Op::Reshape

@@ -136,6 +136,56 @@ pub enum Scalar {
         /// `1/b`, rounded.
         reciprocal: VarId,
     },
+    /// `a op b` on 32-bit patterns: i32 operands and result read as u32 (the integer arithmetic of
+    /// counter-based random numbers, [`crate::rng`]).
+    Bits {
+        /// Which.
+        op: BitOp,
+        /// Left operand.
+        a: VarId,
+        /// Right operand.
+        b: VarId,
+    },
+}
+
+/// An operation on 32-bit unsigned patterns ([`Scalar::Bits`]); arithmetic wraps modulo 2^32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BitOp {
+    /// Exclusive or.
+    Xor,
+    /// Sum modulo 2^32.
+    Add,
+    /// The low 32 bits of the 64-bit product.
+    MulLo,
+    /// The high 32 bits of the 64-bit product.
+    MulHi,
+    /// Logical shift right by `b` (0 to 31).
+    Shr,
+}
+
+impl BitOp {
+    /// The op on two 32-bit patterns: the definition every renderer matches.
+    pub fn apply(self, a: u32, b: u32) -> u32 {
+        match self {
+            BitOp::Xor => a ^ b,
+            BitOp::Add => a.wrapping_add(b),
+            BitOp::MulLo => a.wrapping_mul(b),
+            BitOp::MulHi => ((u64::from(a) * u64::from(b)) >> 32) as u32,
+            BitOp::Shr => a >> (b & 31),
+        }
+    }
+
+    /// The name kernel IR prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            BitOp::Xor => "xor",
+            BitOp::Add => "add_u32",
+            BitOp::MulLo => "mul_lo_u32",
+            BitOp::MulHi => "mul_hi_u32",
+            BitOp::Shr => "shr_u32",
+        }
+    }
 }
 
 /// The combining op of a kernel reduction.
@@ -613,6 +663,7 @@ impl fmt::Display for Scalar {
             Scalar::Select { cond, a, b } => write!(f, "select({cond}, {a}, {b})"),
             Scalar::Cast { a } => write!(f, "cast({a})"),
             Scalar::Quotient { a, b, reciprocal } => write!(f, "div({a}, {b}; 1/b = {reciprocal})"),
+            Scalar::Bits { op, a, b } => write!(f, "{}({a}, {b})", op.name()),
         }
     }
 }

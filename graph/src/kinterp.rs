@@ -74,6 +74,10 @@ impl<M: Memory> Env<'_, M> {
             Scalar::Cast { a } => self.var(*a)?,
             // The f64 quotient of two f32 values rounds to the correctly rounded f32 quotient.
             Scalar::Quotient { a, b, .. } => self.var(*a)? / self.var(*b)?,
+            Scalar::Bits { op, a, b } => {
+                let bits = |v: f64| v as i64 as i32 as u32;
+                f64::from(op.apply(bits(self.var(*a)?), bits(self.var(*b)?)) as i32)
+            }
         })
     }
 

@@ -37,6 +37,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod report;
 pub mod resize;
+pub mod rng;
 pub mod runtime;
 pub mod shape;
 mod size_class;

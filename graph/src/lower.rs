@@ -166,6 +166,48 @@ impl<'a> Lowerer<'a> {
         (power_of_two && exponent.abs() <= 126).then(|| 1.0 / value)
     }
 
+    /// Element `flat`'s uniform number under the key `key` holds: [`crate::rng`]'s Philox4x32-10 as
+    /// 32-bit kernel IR (the key schedule depends on the key alone, so it is computed outside the loops).
+    fn rand(&mut self, key: NodeId, key_dims: &[Expr], flat: &Expr) -> Result<VarId, LowerFailure> {
+        use crate::kernel::BitOp;
+        use crate::rng::{KEY_STEPS, MULTIPLIERS, ROUNDS};
+        let word = |s: &mut Self, w: u32| s.let_(DType::I32, Scalar::Const { value: f64::from(w as i32) });
+        let bits = |s: &mut Self, op: BitOp, a: VarId, b: VarId| s.let_(DType::I32, Scalar::Bits { op, a, b });
+        let mut k = [0, 1].map(|i| Point::flat(key_dims, Expr::from(i as usize)));
+        let mut key_words = [VarId(0); 2];
+        for (w, at) in key_words.iter_mut().zip(&mut k) {
+            let v = self.value(key, at)?;
+            *w = self.coerce(v, DType::I32);
+        }
+        let lo = self.let_(DType::I32, Scalar::Index { expr: flat.clone() });
+        let zero = word(self, 0);
+        // A target whose buffers hold less than 2^32 bytes (WebGPU) indexes in 32 bits: the high word is 0.
+        let hi = if self.target.max_buffer_bytes <= u64::from(u32::MAX) {
+            zero
+        } else {
+            self.let_(DType::I32, Scalar::Index { expr: flat.floor_div(&Expr::from(1usize << 32)) })
+        };
+        let mut c = [lo, hi, zero, zero];
+        let (m0, m1) = (word(self, MULTIPLIERS[0]), word(self, MULTIPLIERS[1]));
+        let steps = [word(self, KEY_STEPS[0]), word(self, KEY_STEPS[1])];
+        for round in 0..ROUNDS {
+            if round > 0 {
+                key_words = [0, 1].map(|i| bits(self, BitOp::Add, key_words[i], steps[i]));
+            }
+            let (hi0, lo0) = (bits(self, BitOp::MulHi, m0, c[0]), bits(self, BitOp::MulLo, m0, c[0]));
+            let (hi1, lo1) = (bits(self, BitOp::MulHi, m1, c[2]), bits(self, BitOp::MulLo, m1, c[2]));
+            let x0 = bits(self, BitOp::Xor, hi1, c[1]);
+            let x2 = bits(self, BitOp::Xor, hi0, c[3]);
+            c = [bits(self, BitOp::Xor, x0, key_words[0]), lo1, bits(self, BitOp::Xor, x2, key_words[1]), lo0];
+        }
+        // The top 24 bits, a nonnegative i32 that f32 holds exactly, times 2^-24.
+        let eight = word(self, 8);
+        let top = bits(self, BitOp::Shr, c[0], eight);
+        let top = self.coerce(top, DType::F32);
+        let scale = self.let_(DType::F32, Scalar::Const { value: 1.0 / 16_777_216.0 });
+        Ok(self.let_(DType::F32, Scalar::Binary { op: BinaryOp::Mul, a: top, b: scale }))
+    }
+
     /// The dtype values of a storage dtype are computed in on this target.
     fn compute_dtype(&self, d: DType) -> DType {
         match d {
@@ -248,7 +290,7 @@ impl<'a> Lowerer<'a> {
                 dep(b);
                 dep(reciprocal)
             }
-            Scalar::Binary { a, b, .. } => {
+            Scalar::Binary { a, b, .. } | Scalar::Bits { a, b, .. } => {
                 dep(a);
                 dep(b)
             }
@@ -409,6 +451,7 @@ impl<'a> Lowerer<'a> {
                 let expr = p.multi(&self.ranges)[*axis].clone();
                 self.let_(cd, Scalar::Index { expr })
             }
+            Op::Rand => self.rand(input(0), &in_dims(0), &p.flat)?,
             Op::Unary { op } => {
                 let a = self.value(input(0), p)?;
                 let a = self.coerce(a, self.compute_dtype(self.g.node(input(0)).dtype));

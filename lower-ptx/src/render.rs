@@ -11,7 +11,7 @@
 use kiln_graph::dtype::DType;
 use kiln_graph::ir::{BinaryOp, UnaryOp};
 use kiln_graph::kernel::{
-    KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, RowLoad, Scalar, Stmt, VarId, ROW_ELEMENT,
+    BitOp, KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, RowLoad, Scalar, Stmt, VarId, ROW_ELEMENT,
 };
 use kiln_graph::sym::{Expr, ExprTree, SymId};
 use std::collections::HashMap;
@@ -661,6 +661,19 @@ impl<'k> Writer<'k> {
             Scalar::Quotient { a, b, reciprocal } => {
                 let ((x, _), (y, _), (r, _)) = (self.var(*a), self.var(*b), self.var(*reciprocal));
                 self.quotient(&x, &y, &r)
+            }
+            Scalar::Bits { op, a, b } => {
+                let ((x, _), (y, _)) = (self.var(*a), self.var(*b));
+                let r = self.reg("s32");
+                let ins = match op {
+                    BitOp::Xor => "xor.b32",
+                    BitOp::Add => "add.u32",
+                    BitOp::MulLo => "mul.lo.u32",
+                    BitOp::MulHi => "mul.hi.u32",
+                    BitOp::Shr => "shr.u32",
+                };
+                self.emit(&format!("{ins} {r}, {x}, {y};"));
+                r
             }
         }
     }

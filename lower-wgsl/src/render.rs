@@ -5,7 +5,8 @@ use crate::storage::Storage;
 use kiln_graph::dtype::DType;
 use kiln_graph::ir::{BinaryOp, UnaryOp};
 use kiln_graph::kernel::{
-    builtin, Access, KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, RowLoad, Scalar, Stmt, VarId, ROW_ELEMENT,
+    builtin, Access, BitOp, KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, RowLoad, Scalar, Stmt, VarId,
+    ROW_ELEMENT,
 };
 use kiln_graph::sym::{Expr, ExprTree, SymId};
 use std::collections::HashMap;
@@ -282,6 +283,17 @@ impl<'k> Writer<'k> {
             Scalar::Cast { a } => self.convert(&self.var(*a), self.dtype_of(*a), dtype),
             // WGSL's own division (2.5 ulp by the spec): a refinement would not make it exact.
             Scalar::Quotient { a, b, .. } => format!("({} / {})", self.var(*a), self.var(*b)),
+            Scalar::Bits { op, a, b } => {
+                let (x, y) = (format!("bitcast<u32>({})", self.var(*a)), format!("bitcast<u32>({})", self.var(*b)));
+                let r = match op {
+                    BitOp::Xor => format!("({x} ^ {y})"),
+                    BitOp::Add => format!("({x} + {y})"),
+                    BitOp::MulLo => format!("({x} * {y})"),
+                    BitOp::MulHi => format!("kmulhi_u32({x}, {y})"),
+                    BitOp::Shr => format!("({x} >> ({y} & 31u))"),
+                };
+                format!("bitcast<i32>({r})")
+            }
         }
     }
 

@@ -170,6 +170,35 @@ impl Module for LayerNorm {
     }
 }
 
+/// Randomly zeroes elements while training (torch's `nn.Dropout`): each element is kept with probability
+/// `1 - p` and scaled by `1/(1-p)`, the mask drawn from the step's key ([`Tensor::rng_key`]) by a
+/// counter-based generator, so it is the same on every backend and the backward pass recomputes it. In
+/// evaluation it is the identity. No parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct Dropout {
+    /// Probability of zeroing an element, in [0, 1).
+    pub p: f64,
+    /// Training (drop) or evaluation (identity).
+    pub training: bool,
+}
+
+impl Dropout {
+    /// Dropout with probability `p`, in training mode.
+    pub fn new(p: f64) -> Dropout {
+        Dropout { p, training: true }
+    }
+
+    /// `x` with dropout under `key` when training and `p > 0`; `x` itself otherwise.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor, key: &Tensor) -> Result<Tensor> {
+        if self.training && self.p > 0.0 {
+            x.dropout(self.p, key)
+        } else {
+            Ok(x.clone())
+        }
+    }
+}
+
 /// Mean cross-entropy of `logits` `[n, classes]` against integer `targets` `[n]` (torch's
 /// `F.cross_entropy`): a log-softmax and the negative log-likelihood of each row's target, fused by
 /// the compiler.

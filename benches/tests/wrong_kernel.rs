@@ -6,24 +6,28 @@
 
 use std::process::Command;
 
+/// The bench at quick sizes on the wgpu adapter, timing little: `workloads`, then `extra` arguments.
+fn bench(workloads: &str, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln-bench"));
+    cmd.args(["--quick", "--backend", "wgpu", "--repeat", "2", "--batch", "2", "--workload", workloads]).args(extra);
+    cmd
+}
+
+/// True (and says so) where the caller opted out of GPU-API tests.
+fn skipped() -> bool {
+    let skip = std::env::var("KILN_WGPU_TESTS").as_deref() == Ok("skip");
+    if skip {
+        eprintln!("KILN_WGPU_TESTS=skip: not run");
+    }
+    skip
+}
+
 fn run(wrong: bool, json: &std::path::Path) -> std::process::Output {
     let cache = std::env::temp_dir().join(format!("kiln-wrong-kernel-cache-{}-{wrong}", std::process::id()));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln-bench"));
-    cmd.args([
-        "--quick",
-        "--backend",
-        "wgpu",
-        "--repeat",
-        "2",
-        "--batch",
-        "2",
-        "--workload",
-        "W1,W2,W3-dynamic",
-        "--json",
-    ])
-    .arg(json)
-    // A cache of its own: a wrong kernel must never be served to another run (the knob is in the key).
-    .env("KILN_BENCH_CACHE", &cache);
+    let mut cmd = bench("W1,W2,W3-dynamic", &["--json"]);
+    cmd.arg(json)
+        // A cache of its own: a wrong kernel must never be served to another run (the knob is in the key).
+        .env("KILN_BENCH_CACHE", &cache);
     if wrong {
         cmd.env("KILN_TEST_WRONG_KERNEL", "1");
     } else {
@@ -36,8 +40,7 @@ fn run(wrong: bool, json: &std::path::Path) -> std::process::Output {
 
 #[test]
 fn every_mode_catches_a_wrong_kernel_and_passes_a_right_one() {
-    if std::env::var("KILN_WGPU_TESTS").as_deref() == Ok("skip") {
-        eprintln!("KILN_WGPU_TESTS=skip: not run");
+    if skipped() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("kiln-wrong-kernel-{}", std::process::id()));
@@ -73,31 +76,11 @@ fn every_mode_catches_a_wrong_kernel_and_passes_a_right_one() {
 
 #[test]
 fn modes_choose_the_rows_and_reject_unknown_ones() {
-    if std::env::var("KILN_WGPU_TESTS").as_deref() == Ok("skip") {
-        eprintln!("KILN_WGPU_TESTS=skip: not run");
+    if skipped() {
         return;
     }
     let json = std::env::temp_dir().join(format!("kiln-modes-{}.json", std::process::id()));
-    let bench = |modes: &str| {
-        Command::new(env!("CARGO_BIN_EXE_kiln-bench"))
-            .args([
-                "--quick",
-                "--backend",
-                "wgpu",
-                "--repeat",
-                "2",
-                "--batch",
-                "2",
-                "--workload",
-                "W1",
-                "--modes",
-                modes,
-            ])
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .expect("the bench runs")
-    };
+    let bench = |modes: &str| bench("W1", &["--modes", modes, "--json"]).arg(&json).output().expect("the bench runs");
     let out = bench("compiled");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");

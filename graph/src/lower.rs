@@ -173,16 +173,15 @@ impl<'a> Lowerer<'a> {
         use crate::rng::{KEY_STEPS, MULTIPLIERS, ROUNDS};
         let word = |s: &mut Self, w: u32| s.let_(DType::I32, Scalar::Const { value: f64::from(w as i32) });
         let bits = |s: &mut Self, op: BitOp, a: VarId, b: VarId| s.let_(DType::I32, Scalar::Bits { op, a, b });
-        let mut k = [0, 1].map(|i| Point::flat(key_dims, Expr::from(i as usize)));
         let mut key_words = [VarId(0); 2];
-        for (w, at) in key_words.iter_mut().zip(&mut k) {
-            let v = self.value(key, at)?;
+        for (i, w) in key_words.iter_mut().enumerate() {
+            let v = self.value(key, &Point::flat(key_dims, Expr::from(i)))?;
             *w = self.coerce(v, DType::I32);
         }
         let lo = self.let_(DType::I32, Scalar::Index { expr: flat.clone() });
         let zero = word(self, 0);
-        // A target whose buffers hold less than 2^32 bytes (WebGPU) indexes in 32 bits: the high word is 0.
-        let hi = if self.target.max_buffer_bytes <= u64::from(u32::MAX) {
+        // A target that indexes in 32 bits (WGSL) has no element past 2^32: the high word is 0.
+        let hi = if self.target.index_bits <= 32 {
             zero
         } else {
             self.let_(DType::I32, Scalar::Index { expr: flat.floor_div(&Expr::from(1usize << 32)) })

@@ -60,6 +60,14 @@ pub struct Target {
     /// host stores it.
     #[serde(default)]
     pub bool_words: bool,
+    /// Width of the integers the renderer indexes with: 32 (WGSL's i32/u32, whatever the adapter's
+    /// buffer limit) or 64 (PTX, the kernel interpreter).
+    #[serde(default = "default_index_bits")]
+    pub index_bits: u32,
+}
+
+fn default_index_bits() -> u32 {
+    64
 }
 
 fn unlimited() -> u64 {
@@ -101,6 +109,7 @@ impl Target {
             max_binding_bytes: 128 << 20,
             binding_alignment: 256,
             bool_words: true,
+            index_bits: 32,
         }
     }
 
@@ -136,6 +145,7 @@ impl Target {
             max_binding_bytes: unlimited(),
             binding_alignment: default_binding_alignment(),
             bool_words: false,
+            index_bits: 64,
         }
     }
 
@@ -150,6 +160,7 @@ impl Target {
             max_binding_bytes: unlimited(),
             binding_alignment: default_binding_alignment(),
             bool_words: false,
+            index_bits: 64,
             ..Target::webgpu_default()
         }
     }

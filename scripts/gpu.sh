@@ -13,7 +13,7 @@ stage)
   rm -rf .gpu/tests .gpu/kiln-bench .gpu/kiln-bench.xz
   mkdir -p .gpu/tests
   cargo test --release --locked -p kiln --test conformance_cuda --test device_runtime --test guards --test onnx_models \
-    --test conformance_wgpu --test conformance_wgpu_limits --test device_faults --no-run --message-format=json 2>/dev/null |
+    --test conformance_wgpu --test conformance_wgpu_limits --test device_faults --test torch_parity --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json, shutil
 for line in sys.stdin:
     m = json.loads(line)

@@ -184,7 +184,7 @@ impl<'a> Lowerer<'a> {
         let hi = if self.target.index_bits <= 32 {
             zero
         } else {
-            self.let_(DType::I32, Scalar::Index { expr: flat.floor_div(&Expr::from(1usize << 32)) })
+            self.let_(DType::I32, Scalar::Index { expr: flat.floor_div(&Expr::from(1i64 << 32)) })
         };
         let mut c = [lo, hi, zero, zero];
         let (m0, m1) = (word(self, MULTIPLIERS[0]), word(self, MULTIPLIERS[1]));

@@ -48,8 +48,11 @@ struct Args {
     #[arg(long, default_value_t = 300)]
     sample_chars: usize,
     /// Train in bf16 on f32 master weights (mixed precision).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "f16")]
     bf16: bool,
+    /// Train in f16 on f32 master weights, with dynamic loss scaling (skipped steps shown at the end).
+    #[arg(long)]
+    f16: bool,
     /// Fail unless the mean loss of the last ten steps is below this.
     #[arg(long)]
     threshold: Option<f64>,
@@ -101,6 +104,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut model = Gpt::new(config, args.seed)?;
     if args.bf16 {
         model = model.cast(kiln::DType::BF16)?;
+    } else if args.f16 {
+        model = model.cast(kiln::DType::F16)?;
     }
     if let Some(rt) = &rt {
         model = model.to(rt)?;
@@ -149,6 +154,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         secs * 1e3 / args.steps.max(1) as f64,
         trainer.stats()
     );
+    if let Some(s) = trainer.loss_scale()? {
+        eprintln!(
+            "train_gpt: loss scale {} after {} steps ({} skipped for overflow)",
+            s.scale,
+            trainer.steps(),
+            trainer.steps() - s.updates
+        );
+    }
     std::fs::create_dir_all(&args.out)?;
     plot(&curve, &args.out)?;
     kiln::nn::save(trainer.model(), &args.out.join("gpt.safetensors"))?;

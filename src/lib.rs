@@ -21,6 +21,7 @@ pub use kiln_graph as graph;
 pub use kiln_onnx as onnx;
 
 pub mod check;
+pub mod loss_scale;
 pub mod nn;
 pub mod optim;
 pub mod train;

@@ -5,6 +5,7 @@
 mod common;
 
 use kiln::graph::{KernelInterpreter, Runtime};
+use kiln::loss_scale::LossScale;
 use kiln::nn::{cross_entropy, Gpt, GptConfig, Init, Module};
 use kiln::optim::{warmup_cosine, AdamW, AdamWState, Sgd};
 use kiln::train::{adamw_step, Trainer};
@@ -237,4 +238,112 @@ fn a_bf16_gpt_trains_on_f32_masters() {
     eprintln!("losses after 10 steps, f32 and bf16: {last:?}");
     assert!(last[1] < 0.8 * 11f32.ln(), "the bf16 model learns: {last:?}");
     assert!((last[0] - last[1]).abs() < 0.05 * last[0], "and follows the f32 one: {last:?}");
+}
+
+/// An f16 model trains with dynamic loss scaling: parameters stay f16 on f32 masters, no step overflows
+/// at the default scale (the loss is f32, so 2¹⁶ meets f16 only after the mean divides it), and the loss
+/// follows the f32 model's within 5% over 10 steps.
+#[test]
+fn an_f16_gpt_trains_with_dynamic_loss_scaling() {
+    let rt = KernelInterpreter::default().runtime();
+    let opt = AdamW { lr: 2e-2, weight_decay: 0.0, ..AdamW::default() };
+    let (ids, targets) = batch(5);
+    let b = [ids.to(rt.clone()).unwrap(), targets.to(rt.clone()).unwrap()];
+    let mut last = Vec::new();
+    for dtype in [kiln::DType::F32, kiln::DType::F16] {
+        let model = Gpt::new(tiny(), 11).unwrap().cast(dtype).unwrap().to(&rt).unwrap();
+        let mut trainer = Trainer::new(model, opt, |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]), rt.clone()).unwrap();
+        let mut loss = 0.0;
+        for _ in 0..10 {
+            loss = trainer.step(&b, 1.0).unwrap().item::<f32>().unwrap();
+        }
+        assert_eq!(trainer.model().tensors()[4].dtype(), dtype, "the model keeps its dtype");
+        let scale = trainer.loss_scale().unwrap();
+        if dtype == kiln::DType::F16 {
+            let s = scale.expect("an f16 model scales its loss");
+            assert_eq!((s.scale, s.updates, s.good_steps), (65536.0, 10, 10), "{s:?}");
+        } else {
+            assert!(scale.is_none(), "an f32 model does not");
+        }
+        last.push(loss);
+    }
+    eprintln!("losses after 10 steps, f32 and f16: {last:?}");
+    assert!(last[1] < 0.8 * 11f32.ln(), "the f16 model learns: {last:?}");
+    assert!((last[0] - last[1]).abs() < 0.05 * last[0], "and follows the f32 one: {last:?}");
+}
+
+/// A step whose gradients overflow f16 is skipped on the device — masters and moments keep their values
+/// bit for bit — and the scale halves until steps fit; the loss it returns is still the unscaled loss.
+#[test]
+fn an_overflowing_loss_scale_skips_steps_and_backs_off() {
+    let rt = KernelInterpreter::default().runtime();
+    let opt = AdamW { lr: 2e-2, ..AdamW::default() };
+    let (ids, targets) = batch(5);
+    let b = [ids.to(rt.clone()).unwrap(), targets.to(rt.clone()).unwrap()];
+    let model = Gpt::new(tiny(), 11).unwrap().cast(kiln::DType::F16).unwrap().to(&rt).unwrap();
+    let initial: Vec<Vec<f64>> = model.tensors().iter().map(|t| vals(&t.cast(kiln::DType::F32).unwrap())).collect();
+    let scaling = Some(LossScale { init: 2f64.powi(40), ..LossScale::default() });
+    let loss = |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]);
+    let mut trainer = Trainer::with_loss_scale(model, opt, scaling, loss, rt.clone()).unwrap();
+    let first = trainer.step(&b, 1.0).unwrap().item::<f32>().unwrap();
+    assert!((first - 11f32.ln()).abs() < 0.2, "the unscaled loss: {first}");
+    let s = trainer.loss_scale().unwrap().unwrap();
+    assert_eq!((s.scale, s.updates, s.good_steps), (2f64.powi(39), 0, 0), "skipped and backed off: {s:?}");
+    for (m, want) in trainer.masters().unwrap().iter().zip(&initial) {
+        assert_eq!(&vals(m), want, "a skipped step leaves the masters as they were");
+    }
+    let mut calls = 1;
+    while trainer.loss_scale().unwrap().unwrap().updates == 0 {
+        assert!(calls < 40, "the scale never came down to where steps fit");
+        trainer.step(&b, 1.0).unwrap();
+        calls += 1;
+    }
+    let s = trainer.loss_scale().unwrap().unwrap();
+    assert_eq!(s.scale, 2f64.powi(40 - (calls - 1)), "one halving per skipped step: {s:?} after {calls} calls");
+    assert!(s.scale >= 1024.0, "steps fit well before the scale is small: {s:?}");
+    assert_ne!(vals(&trainer.masters().unwrap()[4]), initial[4], "the applied step moved the weights");
+    assert_eq!(trainer.steps(), calls as u64, "every call counts as a step");
+}
+
+/// After `interval` good steps in a row the scale doubles, and the count starts again.
+#[test]
+fn the_loss_scale_grows_after_an_interval_of_good_steps() {
+    let rt = KernelInterpreter::default().runtime();
+    let (ids, targets) = batch(5);
+    let b = [ids.to(rt.clone()).unwrap(), targets.to(rt.clone()).unwrap()];
+    let model = Gpt::new(tiny(), 11).unwrap().cast(kiln::DType::F16).unwrap().to(&rt).unwrap();
+    let scaling = Some(LossScale { init: 256.0, interval: 3, ..LossScale::default() });
+    let loss = |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]);
+    let mut trainer = Trainer::with_loss_scale(model, AdamW::default(), scaling, loss, rt.clone()).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..7 {
+        trainer.step(&b, 1.0).unwrap();
+        let s = trainer.loss_scale().unwrap().unwrap();
+        seen.push((s.scale, s.good_steps));
+    }
+    let want = [(256.0, 1), (256.0, 2), (512.0, 0), (512.0, 1), (512.0, 2), (1024.0, 0), (1024.0, 1)];
+    assert_eq!(seen, want);
+    assert_eq!(trainer.stats().recompiles, 0, "the scale is a device tensor, never a constant");
+}
+
+/// A loss-scaled step with nothing to overflow follows the unscaled one: with scaling on an f32 model
+/// (by a power of two, exact in f32) the parameters after three steps agree with the unscaled run's.
+#[test]
+fn loss_scaling_an_f32_model_changes_nothing_but_the_exponent() {
+    let rt = KernelInterpreter::default().runtime();
+    let (ids, targets) = batch(5);
+    let b = [ids.to(rt.clone()).unwrap(), targets.to(rt.clone()).unwrap()];
+    let opt = AdamW { lr: 1e-2, ..AdamW::default() };
+    let loss = |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]);
+    let mut runs = Vec::new();
+    for scaling in [None, Some(LossScale { init: 1024.0, ..LossScale::default() })] {
+        let model = Gpt::new(tiny(), 3).unwrap().to(&rt).unwrap();
+        let mut trainer = Trainer::with_loss_scale(model, opt, scaling, loss, rt.clone()).unwrap();
+        let losses: Vec<f64> = (0..3).map(|_| vals(&trainer.step(&b, 1.0).unwrap())[0]).collect();
+        runs.push((losses, trainer.model().tensors().iter().map(vals).collect::<Vec<_>>()));
+    }
+    assert!(close(&runs[0].0, &runs[1].0, 1e-6), "losses {:?} vs {:?}", runs[0].0, runs[1].0);
+    for (i, (a, b)) in runs[0].1.iter().zip(&runs[1].1).enumerate() {
+        assert!(close(a, b, 1e-4), "parameter {i}");
+    }
 }

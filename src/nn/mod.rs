@@ -201,13 +201,19 @@ impl Dropout {
 
 /// Mean cross-entropy of `logits` `[n, classes]` against integer `targets` `[n]` (torch's
 /// `F.cross_entropy`): a log-softmax and the negative log-likelihood of each row's target, fused by
-/// the compiler.
+/// the compiler. Half-precision logits are read as f32 and the loss is f32 (torch's autocast runs it
+/// in f32 too): a log-sum-exp over a vocabulary in f16 loses the digits that separate the targets, and
+/// a scaled loss's gradient (2¹⁶ at first) does not fit f16 until the mean has divided it.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let dims = logits
         .shape()
         .as_concrete()
         .filter(|d| d.len() == 2)
         .ok_or_else(|| mismatch(format!("cross_entropy takes logits [n, classes], got {}", logits.shape())))?;
+    let logits = &match logits.dtype() {
+        DType::F16 | DType::BF16 => logits.cast(DType::F32)?,
+        _ => logits.clone(),
+    };
     let picked = logits.log_softmax(-1)?.gather(1, &targets.reshape(&[dims[0] as isize, 1])?)?;
     picked.mean(&[0, 1], false)?.neg()
 }

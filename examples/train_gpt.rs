@@ -50,6 +50,9 @@ struct Args {
     /// Train in bf16 on f32 master weights (mixed precision).
     #[arg(long, conflicts_with = "f16")]
     bf16: bool,
+    /// Dropout probability while training (GPT-2's sites; the sample is drawn without it).
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
     /// Train in f16 on f32 master weights, with dynamic loss scaling (skipped steps shown at the end).
     #[arg(long)]
     f16: bool,
@@ -100,7 +103,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let chosen: Backend = args.backend.parse()?;
     let rt = chosen.runtime()?;
-    let config = GptConfig { vocab: vocab.len(), context: t, dim: args.dim, heads: args.heads, layers: args.layers };
+    let config = GptConfig {
+        vocab: vocab.len(),
+        context: t,
+        dim: args.dim,
+        heads: args.heads,
+        layers: args.layers,
+        dropout: args.dropout,
+    };
     let mut model = Gpt::new(config, args.seed)?;
     if args.bf16 {
         model = model.cast(kiln::DType::BF16)?;
@@ -119,7 +129,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rt.as_ref().map_or("the CPU reference".to_string(), |r| r.driver().describe())
     );
     let opt = AdamW { lr: args.lr, weight_decay: 0.01, ..AdamW::default() };
-    let mut trainer = Trainer::new(model, opt, |m: &Gpt, batch: &[Tensor]| m.loss(&batch[0], &batch[1]), chosen)?;
+    // The batch's third tensor is the step's dropout key: data, so a new one each step recompiles nothing.
+    let loss = |m: &Gpt, batch: &[Tensor]| m.loss_train(&batch[0], &batch[1], &batch[2]);
+    let mut trainer = Trainer::new(model, opt, loss, chosen)?;
     let mut rng = Rng(args.seed ^ 0x5eed);
     let bar = ProgressBar::new(args.steps);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} steps, {elapsed} {msg}")?);
@@ -132,7 +144,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             x.extend_from_slice(&ids[at..at + t]);
             y.extend_from_slice(&ids[at + 1..at + t + 1]);
         }
-        let batch = [placed(Tensor::from_slice(&x, &[b, t])?, &rt)?, placed(Tensor::from_slice(&y, &[b, t])?, &rt)?];
+        let batch = [
+            placed(Tensor::from_slice(&x, &[b, t])?, &rt)?,
+            placed(Tensor::from_slice(&y, &[b, t])?, &rt)?,
+            placed(Tensor::rng_key(args.seed as u32, step as u32), &rt)?,
+        ];
         let scale = warmup_cosine(step, (args.steps / 10).max(1), args.steps, 0.1);
         let loss = trainer.step(&batch, scale)?.cast(kiln::DType::F32)?;
         // Reading a loss waits for its step: only every tenth, for the progress line.

@@ -67,8 +67,14 @@ fn torch_run() -> TorchRun {
     let (config, adamw) = metadata(&result);
     let n = |k: &str| config[k].as_u64().unwrap() as usize;
     let f = |k: &str| adamw[k].as_f64().unwrap();
-    let config =
-        GptConfig { vocab: n("vocab"), context: n("context"), dim: n("dim"), heads: n("heads"), layers: n("layers") };
+    let config = GptConfig {
+        vocab: n("vocab"),
+        context: n("context"),
+        dim: n("dim"),
+        heads: n("heads"),
+        layers: n("layers"),
+        dropout: 0.0,
+    };
     let names: Vec<String> = Gpt::new(config, 0).unwrap().parameters().into_iter().map(|(n, _)| n).collect();
     let b = SafeTensors::deserialize(&batches).unwrap();
     let r = SafeTensors::deserialize(&result).unwrap();

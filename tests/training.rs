@@ -96,7 +96,7 @@ fn cross_entropy_value_and_gradient() {
 }
 
 fn tiny() -> GptConfig {
-    GptConfig { vocab: 11, context: 8, dim: 16, heads: 2, layers: 1 }
+    GptConfig { vocab: 11, context: 8, dim: 16, heads: 2, layers: 1, dropout: 0.0 }
 }
 
 #[test]
@@ -345,5 +345,39 @@ fn loss_scaling_an_f32_model_changes_nothing_but_the_exponent() {
     assert!(close(&runs[0].0, &runs[1].0, 1e-6), "losses {:?} vs {:?}", runs[0].0, runs[1].0);
     for (i, (a, b)) in runs[0].1.iter().zip(&runs[1].1).enumerate() {
         assert!(close(a, b, 1e-4), "parameter {i}");
+    }
+}
+
+/// A GPT with dropout: evaluation ignores it (the logits of p = 0); training draws its masks from the
+/// step's key — the same key, the same loss, eager or compiled, on the kernel interpreter and on wgpu
+/// alike; another key, another loss — and the compiled step takes a new key each step without
+/// recompiling.
+#[test]
+fn a_gpt_with_dropout_draws_its_masks_from_the_step_key() {
+    let cfg = GptConfig { dropout: 0.2, ..tiny() };
+    let (ids, targets) = batch(5);
+    let mut curves = Vec::new();
+    for rt in common::kernel_devices() {
+        let on = rt.name();
+        let model = Gpt::new(cfg, 11).unwrap().to(&rt).unwrap();
+        let plain = Gpt::new(tiny(), 11).unwrap().to(&rt).unwrap();
+        let (ids, targets) = (ids.to(rt.clone()).unwrap(), targets.to(rt.clone()).unwrap());
+        let key = |s: u32| Tensor::rng_key(9, s).to(rt.clone()).unwrap();
+        let eval = vals(&model.loss(&ids, &targets).unwrap())[0];
+        assert_eq!(eval, vals(&plain.loss(&ids, &targets).unwrap())[0], "{on}: evaluation has no dropout");
+        let train = |s: u32| vals(&model.loss_train(&ids, &targets, &key(s)).unwrap())[0];
+        let (a, again, other) = (train(0), train(0), train(1));
+        assert_eq!(a, again, "{on}: one key, one mask");
+        assert!(a != other && a != eval, "{on}: another key or none, another loss ({a}, {other}, {eval})");
+        let loss = |m: &Gpt, b: &[Tensor]| m.loss_train(&b[0], &b[1], &b[2]);
+        let mut trainer = Trainer::new(model.clone(), AdamW::default(), loss, rt.clone()).unwrap();
+        let curve: Vec<f64> =
+            (0..4).map(|s| vals(&trainer.step(&[ids.clone(), targets.clone(), key(s)], 1.0).unwrap())[0]).collect();
+        assert!((curve[0] - a).abs() < 1e-5 * a, "{on}: the compiled step draws the eager masks: {} vs {a}", curve[0]);
+        assert_eq!(trainer.stats().recompiles, 0, "{on}: a new key is data, not a new graph");
+        curves.push(curve);
+    }
+    for c in &curves[1..] {
+        assert!(close(c, &curves[0], 1e-4), "every backend draws the same masks: {curves:?}");
     }
 }

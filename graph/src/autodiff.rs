@@ -155,7 +155,7 @@ fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
     let node = b.graph.node(y).clone();
     let x = |k: usize| node.inputs[k];
     Ok(match &node.op {
-        Op::Input { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Rand => vec![],
+        Op::Input { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Rand { .. } => vec![],
         Op::Unary { op } => unary(b, *op, x(0), y, g).map(|c| vec![(0, c)]).unwrap_or_default(),
         Op::Binary { op } => binary(b, *op, x(0), x(1), y, g),
         Op::Where => {

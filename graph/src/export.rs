@@ -72,8 +72,8 @@ pub fn op_attrs(op: &Op) -> String {
         Op::Conv { window, groups, bias } => format!("{}, groups={groups}, bias={bias}", window_attrs(window)),
         Op::Pool { mode, kernel, window } => format!("{mode:?}, kernel={kernel:?}, {}", window_attrs(window)),
         Op::Unfold { kernel, window, value } => format!("kernel={kernel:?}, {}, value={value}", window_attrs(window)),
-        Op::Rand
-        | Op::Unary { .. }
+        Op::Rand { stream } => format!("stream={stream}"),
+        Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Where
         | Op::Cast

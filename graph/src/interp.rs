@@ -150,12 +150,12 @@ fn eval_node(
         Op::Input { index } => return Ok(inputs[*index].clone()),
         Op::Full { value } => vec![*value; numel],
         Op::Iota { axis } => map_index(&dims, |idx| idx[*axis] as f64),
-        Op::Rand => {
+        Op::Rand { stream } => {
             let Some(&[k0, k1]) = args.first().map(|a| a.values()) else {
                 return Err(runtime(node, "the key is not a tensor of two elements"));
             };
             let key = crate::rng::key_of(k0, k1);
-            (0..numel as u64).map(|i| crate::rng::uniform(i, key)).collect()
+            (0..numel as u64).map(|i| crate::rng::uniform_in(i, *stream, key)).collect()
         }
         Op::Unary { op } => args[0].values().iter().map(|&x| unary(*op, x)).collect(),
         Op::Binary { op } => {

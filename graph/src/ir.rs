@@ -347,7 +347,12 @@ pub enum Op {
     /// counter-based Philox4x32-10 generator under the key its input holds (an i32 tensor of two
     /// elements): the same key gives the same numbers on every backend, and a new key (a new step)
     /// needs no recompile. See [`crate::rng`].
-    Rand,
+    Rand {
+        /// The counter's third word: draws of one key in different streams are unrelated, so one step's
+        /// key serves every dropout site of a model (each its own stream).
+        #[serde(default)]
+        stream: u32,
+    },
     /// A one-input pointwise op.
     Unary {
         /// Which.
@@ -530,7 +535,7 @@ impl Op {
             Op::Input { .. } => "input",
             Op::Full { .. } => "full",
             Op::Iota { .. } => "iota",
-            Op::Rand => "rand",
+            Op::Rand { .. } => "rand",
             Op::Unary { op } => op.name(),
             Op::Binary { op } => op.name(),
             Op::Where => "where",
@@ -566,7 +571,7 @@ impl Op {
     /// The family the op belongs to.
     pub fn family(&self) -> OpFamily {
         match self {
-            Op::Input { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Rand => OpFamily::Source,
+            Op::Input { .. } | Op::Full { .. } | Op::Iota { .. } | Op::Rand { .. } => OpFamily::Source,
             Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast => OpFamily::Pointwise,
             Op::Reduce { .. } | Op::ArgReduce { .. } => OpFamily::Reduce,
             Op::Reshape

@@ -168,7 +168,7 @@ impl<'a> Lowerer<'a> {
 
     /// Element `flat`'s uniform number under the key `key` holds: [`crate::rng`]'s Philox4x32-10 as
     /// 32-bit kernel IR (the key schedule depends on the key alone, so it is computed outside the loops).
-    fn rand(&mut self, key: NodeId, key_dims: &[Expr], flat: &Expr) -> Result<VarId, LowerFailure> {
+    fn rand(&mut self, key: NodeId, key_dims: &[Expr], flat: &Expr, stream: u32) -> Result<VarId, LowerFailure> {
         use crate::kernel::BitOp;
         use crate::rng::{KEY_STEPS, MULTIPLIERS, ROUNDS};
         let word = |s: &mut Self, w: u32| s.let_(DType::I32, Scalar::Const { value: f64::from(w as i32) });
@@ -186,7 +186,8 @@ impl<'a> Lowerer<'a> {
         } else {
             self.let_(DType::I32, Scalar::Index { expr: flat.floor_div(&Expr::from(1i64 << 32)) })
         };
-        let mut c = [lo, hi, zero, zero];
+        let stream = word(self, stream);
+        let mut c = [lo, hi, stream, zero];
         let (m0, m1) = (word(self, MULTIPLIERS[0]), word(self, MULTIPLIERS[1]));
         let steps = [word(self, KEY_STEPS[0]), word(self, KEY_STEPS[1])];
         for round in 0..ROUNDS {
@@ -450,7 +451,7 @@ impl<'a> Lowerer<'a> {
                 let expr = p.multi(&self.ranges)[*axis].clone();
                 self.let_(cd, Scalar::Index { expr })
             }
-            Op::Rand => self.rand(input(0), &in_dims(0), &p.flat)?,
+            Op::Rand { stream } => self.rand(input(0), &in_dims(0), &p.flat, *stream)?,
             Op::Unary { op } => {
                 let a = self.value(input(0), p)?;
                 let a = self.coerce(a, self.compute_dtype(self.g.node(input(0)).dtype));

@@ -7,7 +7,7 @@ use crate::sym::Expr;
 
 /// One representative of every op kind, in the order the reference lists them.
 pub fn catalog() -> Vec<Op> {
-    let mut ops = vec![Op::Input { index: 0 }, Op::Full { value: 0.0 }, Op::Iota { axis: 0 }, Op::Rand];
+    let mut ops = vec![Op::Input { index: 0 }, Op::Full { value: 0.0 }, Op::Iota { axis: 0 }, Op::Rand { stream: 0 }];
     ops.extend(UnaryOp::ALL.iter().map(|&op| Op::Unary { op }));
     ops.extend(BinaryOp::ALL.iter().map(|&op| Op::Binary { op }));
     ops.extend([Op::Where, Op::Cast]);
@@ -53,9 +53,9 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
             ("Tensor::full / zeros / ones / scalar", "Every element equal to one value, rounded to the dtype.")
         }
         Op::Iota { .. } => ("Tensor::arange", "Each element's index along an axis; `arange` scales and shifts it."),
-        Op::Rand => (
-            "Tensor::rand / rand_like / dropout",
-            "Uniform numbers in [0, 1) from Philox4x32-10 of each element's index under an i32 key of two elements: the same on every backend.",
+        Op::Rand { .. } => (
+            "Tensor::rand / rand_like / dropout (and their `_in` forms, which name a stream)",
+            "Uniform numbers in [0, 1) from Philox4x32-10 of each element's index (and a stream number) under an i32 key of two elements: the same on every backend.",
         ),
         Op::Unary { op } => match op {
             UnaryOp::Neg => ("neg", "`-x`"),
@@ -158,7 +158,7 @@ fn dtypes(op: &Op) -> String {
         Op::Unary { op } => op.accepts().describe().to_string(),
         Op::Binary { op } => op.accepts().describe().to_string(),
         Op::Full { .. } | Op::Iota { .. } | Op::Input { .. } | Op::Cast => "any".into(),
-        Op::Rand => "f32 out; i32 key".into(),
+        Op::Rand { .. } => "f32 out; i32 key".into(),
         Op::Where => "bool condition, branches of any one dtype".into(),
         Op::Reduce { op: ReduceOp::Sum, .. } => "any".into(),
         Op::Reduce { .. } | Op::ArgReduce { .. } | Op::MatMul => "numeric".into(),

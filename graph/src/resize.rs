@@ -66,7 +66,7 @@ fn replay(op: &Op, xs: &[Tensor], old_in: &[Vec<usize>], target: &[usize], node:
     Ok(match op {
         Op::Input { .. } => unreachable!("inputs are arguments"),
         Op::Full { value } => Tensor::full(*value, target, node.dtype)?,
-        Op::Rand => Tensor::rand(target, x)?,
+        Op::Rand { stream } => Tensor::rand_in(target, x, *stream)?,
         Op::Unary { op } => x.unary(*op, SourceLoc::caller())?,
         Op::Binary { op } => x.binary(*op, &xs[1], SourceLoc::caller())?,
         Op::Where => x.where_(&xs[1], &xs[2])?,

@@ -39,15 +39,20 @@ pub fn philox4x32(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
-/// The counter of element `index`: its low and high 32 bits, then zeros.
-pub fn counter(index: u64) -> [u32; 4] {
-    [index as u32, (index >> 32) as u32, 0, 0]
+/// The counter of element `index` in `stream`: the index's low and high 32 bits, the stream, zero.
+pub fn counter(index: u64, stream: u32) -> [u32; 4] {
+    [index as u32, (index >> 32) as u32, stream, 0]
 }
 
-/// The uniform number of element `index` under `key`: the top 24 bits of Philox's first word, scaled by
-/// 2^-24 — a multiple of 2^-24 in [0, 1), exact in f32.
+/// The uniform number of element `index` under `key` (stream 0).
 pub fn uniform(index: u64, key: [u32; 2]) -> f64 {
-    f64::from(philox4x32(counter(index), key)[0] >> 8) * (1.0 / 16_777_216.0)
+    uniform_in(index, 0, key)
+}
+
+/// The uniform number of element `index` of `stream` under `key`: the top 24 bits of Philox's first
+/// word, scaled by 2^-24 — a multiple of 2^-24 in [0, 1), exact in f32.
+pub fn uniform_in(index: u64, stream: u32, key: [u32; 2]) -> f64 {
+    f64::from(philox4x32(counter(index, stream), key)[0] >> 8) * (1.0 / 16_777_216.0)
 }
 
 /// The key two i32 values (a key tensor's elements) stand for: their 32-bit patterns.
@@ -71,13 +76,19 @@ impl Tensor {
     /// Philox4x32-10 of each element's flat index, the same numbers on every backend.
     #[track_caller]
     pub fn rand(dims: &[usize], key: &Tensor) -> Result<Tensor> {
-        rand_at(Shape::from_dims(dims), key, SourceLoc::caller())
+        rand_at(Shape::from_dims(dims), key, 0, SourceLoc::caller())
+    }
+
+    /// [`Tensor::rand`] in `stream`: numbers unrelated to every other stream's under the same key.
+    #[track_caller]
+    pub fn rand_in(dims: &[usize], key: &Tensor, stream: u32) -> Result<Tensor> {
+        rand_at(Shape::from_dims(dims), key, stream, SourceLoc::caller())
     }
 
     /// [`Tensor::rand`] of this tensor's shape (symbolic dims included).
     #[track_caller]
     pub fn rand_like(&self, key: &Tensor) -> Result<Tensor> {
-        rand_at(self.shape(), key, SourceLoc::caller())
+        rand_at(self.shape(), key, 0, SourceLoc::caller())
     }
 
     /// Zeroes each element with probability `p` and scales the rest by `1/(1-p)`
@@ -85,7 +96,17 @@ impl Tensor {
     /// the backward pass recomputes it from the key instead of saving it.
     #[track_caller]
     pub fn dropout(&self, p: f64, key: &Tensor) -> Result<Tensor> {
-        let loc = SourceLoc::caller();
+        self.dropout_at(p, key, 0, SourceLoc::caller())
+    }
+
+    /// [`Tensor::dropout`] with its mask drawn in `stream`: a model's dropout sites share one key per
+    /// step and differ by stream, so no two draw the same mask.
+    #[track_caller]
+    pub fn dropout_in(&self, p: f64, key: &Tensor, stream: u32) -> Result<Tensor> {
+        self.dropout_at(p, key, stream, SourceLoc::caller())
+    }
+
+    fn dropout_at(&self, p: f64, key: &Tensor, stream: u32, loc: SourceLoc) -> Result<Tensor> {
         if !(0.0..1.0).contains(&p) {
             return Err(Error::InvalidArgument {
                 op: "dropout".into(),
@@ -94,13 +115,13 @@ impl Tensor {
             });
         }
         SourceLoc::attributed(loc.clone(), || {
-            let keep = rand_at(self.shape(), key, loc.clone())?.ge(p)?;
+            let keep = rand_at(self.shape(), key, stream, loc.clone())?.ge(p)?;
             keep.where_(self.mul(1.0 / (1.0 - p))?, 0.0)
         })
     }
 }
 
-fn rand_at(shape: Shape, key: &Tensor, loc: SourceLoc) -> Result<Tensor> {
+fn rand_at(shape: Shape, key: &Tensor, stream: u32, loc: SourceLoc) -> Result<Tensor> {
     if key.dtype() != DType::I32 || key.shape().dims().len() != 1 || key.shape().dims()[0].as_const() != Some(2) {
         return Err(Error::InvalidArgument {
             op: "rand".into(),
@@ -112,7 +133,7 @@ fn rand_at(shape: Shape, key: &Tensor, loc: SourceLoc) -> Result<Tensor> {
             loc,
         });
     }
-    record(Op::Rand, &[key], DType::F32, shape, loc)
+    record(Op::Rand { stream }, &[key], DType::F32, shape, loc)
 }
 
 #[cfg(test)]
@@ -143,5 +164,22 @@ mod tests {
         assert!(buckets.iter().all(|&b| (9_500..10_500).contains(&b)), "{buckets:?}");
         // Another key, other numbers.
         assert_ne!(uniform(0, [7, 11]), uniform(0, [7, 12]));
+    }
+
+    /// Streams of one key are unrelated: element by element they agree as often as chance says (1 in
+    /// 2^24 for equal values; about half the time on which side of 0.5 they fall), and stream 0 is
+    /// `uniform`.
+    #[test]
+    fn streams_of_one_key_draw_unrelated_numbers() {
+        let n = 20_000u64;
+        let key = [7, 11];
+        assert!((0..100).all(|i| uniform_in(i, 0, key) == uniform(i, key)));
+        for (a, b) in [(0, 1), (1, 2), (3, 0xFFFF_FFF0)] {
+            let same = (0..n).filter(|&i| uniform_in(i, a, key) == uniform_in(i, b, key)).count();
+            let sides = (0..n).filter(|&i| (uniform_in(i, a, key) < 0.5) == (uniform_in(i, b, key) < 0.5)).count();
+            assert!(same < 3, "streams {a} and {b}: {same} equal draws");
+            // Binomial(n, 1/2): standard deviation 71; 5 of them.
+            assert!((sides as i64 - n as i64 / 2).abs() < 355, "streams {a} and {b}: {sides} of {n} on one side");
+        }
     }
 }

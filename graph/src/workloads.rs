@@ -76,6 +76,23 @@ pub fn w4_inputs(batch: usize) -> Vec<TensorSpec> {
 /// One pre-LN GPT block; `p` holds ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc1 w/b, fc2 w/b.
 #[track_caller]
 pub fn gpt_block(x: &Tensor, p: &[Tensor], heads: usize) -> Result<Tensor> {
+    gpt_block_train(x, p, heads, None)
+}
+
+/// Dropout inside a training GPT block (GPT-2's three sites: the attention weights, the attention's
+/// output and the MLP's output, before each residual add).
+#[derive(Clone, Copy, Debug)]
+pub struct BlockDropout<'a> {
+    /// Probability of dropping an element.
+    pub p: f64,
+    /// The step's key ([`Tensor::rng_key`]).
+    pub key: &'a Tensor,
+    /// The first of the block's three random streams (each site draws its own).
+    pub stream: u32,
+}
+
+/// [`gpt_block`] with dropout while training (`None`: evaluation, the same graph as `gpt_block`).
+pub fn gpt_block_train(x: &Tensor, p: &[Tensor], heads: usize, dropout: Option<BlockDropout>) -> Result<Tensor> {
     let dims = x.shape().as_concrete().filter(|d| d.len() == 3 && heads > 0 && d[2] % heads == 0).ok_or_else(|| {
         crate::Error::Unsupported {
             what: format!(
@@ -99,11 +116,16 @@ pub fn gpt_block(x: &Tensor, p: &[Tensor], heads: usize) -> Result<Tensor> {
         qkv.narrow(-1, (i * d) as usize, d as usize)?.reshape(&[b, s, heads as isize, hd])?.permute(&[0, 2, 1, 3])
     };
     let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-    let att = q.matmul(&k.transpose(-1, -2)?)?.mul(1.0 / (hd as f64).sqrt())?.causal_mask()?.softmax(-1)?.matmul(&v)?;
+    let drop = |t: Tensor, site: u32| match dropout {
+        Some(d) if d.p > 0.0 => t.dropout_in(d.p, d.key, d.stream + site),
+        _ => Ok(t),
+    };
+    let weights = q.matmul(&k.transpose(-1, -2)?)?.mul(1.0 / (hd as f64).sqrt())?.causal_mask()?.softmax(-1)?;
+    let att = drop(weights, 0)?.matmul(&v)?;
     let att = att.permute(&[0, 2, 1, 3])?.reshape(&[b, s, d])?;
-    let x = x.add(&att.linear(&p[4], Some(&p[5]))?)?;
+    let x = x.add(&drop(att.linear(&p[4], Some(&p[5]))?, 1)?)?;
     let h = x.layer_norm(1, Some(&p[6]), Some(&p[7]), 1e-5)?;
-    x.add(&h.linear(&p[8], Some(&p[9]))?.gelu()?.linear(&p[10], Some(&p[11]))?)
+    x.add(&drop(h.linear(&p[8], Some(&p[9]))?.gelu()?.linear(&p[10], Some(&p[11]))?, 2)?)
 }
 
 /// W5 forward: 4 blocks then a final layer norm; inputs x, 4 × 12 block parameters, final w/b.

@@ -6,7 +6,7 @@ use super::{cross_entropy, scoped, take, Embedding, Init, LayerNorm, Linear, Mod
 use crate::{DType, Result, Tensor};
 
 /// A GPT's sizes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GptConfig {
     /// Tokens in the vocabulary.
     pub vocab: usize,
@@ -18,6 +18,9 @@ pub struct GptConfig {
     pub heads: usize,
     /// Blocks.
     pub layers: usize,
+    /// Dropout probability while training (GPT-2's sites: the embeddings, and in each block the
+    /// attention weights, the attention's output and the MLP's output); 0 for none.
+    pub dropout: f64,
 }
 
 /// One block's parameter names, in `gpt_block`'s order.
@@ -81,21 +84,48 @@ impl Gpt {
         })
     }
 
-    /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]` (i64, `seq` ≤ context).
+    /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]` (i64, `seq` ≤ context), in evaluation
+    /// (no dropout).
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.forward_with(ids, None)
+    }
+
+    /// [`Gpt::forward`] while training: dropout of the config's probability, its masks drawn under `key`
+    /// (the step's [`Tensor::rng_key`]; a new key each step changes data, not the graph), one random
+    /// stream per site.
+    pub fn forward_train(&self, ids: &Tensor, key: &Tensor) -> Result<Tensor> {
+        self.forward_with(ids, Some(key))
+    }
+
+    fn forward_with(&self, ids: &Tensor, key: Option<&Tensor>) -> Result<Tensor> {
+        use kiln_graph::workloads::{gpt_block_train, BlockDropout};
         let seq = ids.shape().as_concrete().and_then(|d| d.get(1).copied()).unwrap_or(0);
         let x = self.tokens.forward(ids)?;
         let pos = self.positions.weight.narrow(0, 0, seq)?;
-        let mut x = x.add(&pos)?;
-        for p in &self.blocks {
-            x = kiln_graph::workloads::gpt_block(&x, p, self.config.heads)?;
+        let p = self.config.dropout;
+        let mut x = match key {
+            Some(key) if p > 0.0 => x.add(&pos)?.dropout_in(p, key, 0)?,
+            _ => x.add(&pos)?,
+        };
+        for (i, w) in self.blocks.iter().enumerate() {
+            let dropout = key.map(|key| BlockDropout { p, key, stream: 1 + 3 * i as u32 });
+            x = gpt_block_train(&x, w, self.config.heads, dropout)?;
         }
         self.head.forward(&self.ln_f.forward(&x)?)
     }
 
-    /// Mean next-token cross-entropy of `ids` against `targets` (both `[batch, seq]`, i64).
+    /// Mean next-token cross-entropy of `ids` against `targets` (both `[batch, seq]`, i64), in
+    /// evaluation (no dropout).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let logits = self.forward(ids)?;
+        self.cross_entropy(&self.forward(ids)?, targets)
+    }
+
+    /// [`Gpt::loss`] while training, with dropout under `key` (see [`Gpt::forward_train`]).
+    pub fn loss_train(&self, ids: &Tensor, targets: &Tensor, key: &Tensor) -> Result<Tensor> {
+        self.cross_entropy(&self.forward_train(ids, key)?, targets)
+    }
+
+    fn cross_entropy(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let v = self.config.vocab as isize;
         cross_entropy(&logits.reshape(&[-1, v])?, &targets.reshape(&[-1])?.cast(DType::I64)?)
     }

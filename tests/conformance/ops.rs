@@ -290,12 +290,19 @@ pub fn edge_cases(b: &Arc<dyn Backend>, big: bool, ieee_nan: bool) {
     });
     // Counter-based random numbers are integer arithmetic: every backend draws the reference's numbers
     // exactly (multiples of 2^-24), under two keys (one with the sign bits set), and dropout keeps and
-    // scales the same elements; an odd size covers partial vectors and groups.
+    // scales the same elements; an odd size covers partial vectors and groups; other streams of one key.
     let keys = t(&[2, 2], DType::I32, |i| [7.0, 3.0, -1.0, -2_147_483_647.0][i]);
     let x = t(&[3, 257], DType::F32, wave);
     case(b, "random numbers and dropout", &[keys, x], 0.0, |v| {
         let (k0, k1) = (v[0].narrow(0, 0, 1)?.reshape(&[2])?, v[0].narrow(0, 1, 1)?.reshape(&[2])?);
-        Ok(vec![Tensor::rand(&[3, 257], &k0)?, v[1].rand_like(&k1)?, v[1].dropout(0.25, &k0)?])
+        Ok(vec![
+            Tensor::rand(&[3, 257], &k0)?,
+            v[1].rand_like(&k1)?,
+            v[1].dropout(0.25, &k0)?,
+            // Streams: the counter's third word (a large one has its sign bit set as an i32).
+            Tensor::rand_in(&[3, 257], &k0, 7)?,
+            v[1].dropout_in(0.5, &k1, 0xFFFF_FFF0)?,
+        ])
     });
     // Inside a row kernel (its persistent row and its passes) and a reduction.
     let keys = t(&[2], DType::I32, |i| [12.0, 34.0][i]);

@@ -146,6 +146,8 @@ tests|bench|peer|parts)
       H) kiln=W1-bf16,W2-bf16,W3-bf16 torch=W1-bf16,W2-bf16,W3-bf16 modes=all ;;
       # W5's training step (f32): kiln's one compiled step against torch's compiled model + fused AdamW.
       T) kiln=W5-train torch=W5-train,W5-train-sdpa modes=default,reduce-overhead,eager ;;
+      # The same step in bf16 (parameters and moments bf16, the update in f32 on both sides).
+      Tb) kiln=W5-train-bf16 torch=W5-train-bf16,W5-train-bf16-sdpa modes=default,reduce-overhead,eager ;;
       # DenseNet-121 (convolutions, batch norm, pooling, concatenation) against torchvision's layers.
       E) kiln=W6 torch=W6 modes=default,reduce-overhead,eager ;;
       *) echo "unknown part $part" >&2; exit 2 ;;

@@ -78,7 +78,8 @@ impl AdamWState {
 
 impl AdamW {
     /// One update: returns `(params, m, v)` after the step. `scalars` is what [`AdamWState::scalars`]
-    /// made for this step. Parameters of a half dtype are updated in f32 and rounded back.
+    /// made for this step. Parameters and moments of a half dtype are updated in f32 and rounded back
+    /// to their own dtypes (torch's AdamW keeps a bf16 parameter's moments bf16 and computes in f32).
     #[track_caller]
     pub fn update(
         &self,
@@ -97,13 +98,14 @@ impl AdamW {
         for (((p, g), m), v) in params.iter().zip(grads).zip(m).zip(v) {
             let dtype = p.dtype();
             let (p32, g) = (p.cast(DType::F32)?, g.cast(DType::F32)?);
-            let m = m.mul(b1)?.add(&g.mul(1.0 - b1)?)?;
-            let v = v.mul(b2)?.add(&g.mul(&g)?.mul(1.0 - b2)?)?;
+            let (m_dtype, v_dtype) = (m.dtype(), v.dtype());
+            let m = m.cast(DType::F32)?.mul(b1)?.add(&g.mul(1.0 - b1)?)?;
+            let v = v.cast(DType::F32)?.mul(b2)?.add(&g.mul(&g)?.mul(1.0 - b2)?)?;
             let step = m.mul(&c1)?.div(&v.mul(&c2)?.sqrt()?.add(self.eps)?)?;
             let decayed = p32.sub(&p32.mul(&lr)?.mul(self.weight_decay)?)?;
             ps.push(decayed.sub(&step.mul(&lr)?)?.cast(dtype)?);
-            ms.push(m);
-            vs.push(v);
+            ms.push(m.cast(m_dtype)?);
+            vs.push(v.cast(v_dtype)?);
         }
         Ok((ps, ms, vs))
     }

@@ -54,6 +54,7 @@ import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 ALL_WORKLOADS = ("W1,W2,W3,W4,W5,W5-sdpa,LG,W5-bf16,W5-bf16-sdpa,W1-bf16,W2-bf16,W3-bf16,W5-train,W5-train-sdpa,"
+                 "W5-train-bf16,W5-train-bf16-sdpa,"
                  "W3-dynamic,W6")
 ALL_MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "eager", "regional"]
 # What the report's notes must say about rows that did not measure what their mode names.
@@ -205,6 +206,11 @@ def base_id(wid):
     return wid.removesuffix("-sdpa")
 
 
+def is_train(b):
+    """Whether base workload `b` is a training step (W5-train and its bf16 variant)."""
+    return b in ("W5-train", "W5-train-bf16")
+
+
 def specs(wid, size):
     """Input (dims, dtype) in kiln's order for `size` in full / quick / check; the salt is the index."""
     i = {"full": 0, "quick": 1, "check": 2}[size]
@@ -223,12 +229,12 @@ def specs(wid, size):
                 [[64, 512], [256, 512], [256]]][i]
     elif b == "W4":
         dims = [[10, 10]] + [[10, 10], [10]] * 129
-    elif b in ("W5", "W5-bf16", "W5-train"):
+    elif b in ("W5", "W5-bf16") or is_train(b):
         bsz, s, d = [(8, 512, 768), (2, 64, 128), (1, 16, 128)][i]
         block = [[d], [d], [3 * d, d], [3 * d], [d, d], [d], [d], [d], [4 * d, d], [4 * d], [d, 4 * d], [d]]
         params = block * 4 + [[d], [d]]
         dims = [[bsz, s, d]] + params
-        if b == "W5-train":
+        if is_train(b):
             # benches/src/train_step.rs: x, the parameters, the target y, the first moments, the roots r
             # of the second moments (v = r²).
             dims += [[bsz, s, d]] + params + params
@@ -504,7 +510,7 @@ def build(wid, t):
     """The eager callable for `wid` over inputs `t`, and the arguments it is called with (W4 and W5 hold
     their weights as module parameters, as torch users write them; they are called with x alone)."""
     b = base_id(wid)
-    if b == "W5-train":
+    if is_train(b):
         return train_step(None, wid, t)
     if b in ("W4", "W5", "W5-bf16", "W6"):
         model = W4(t) if b == "W4" else W6(t) if b == "W6" else W5(t, sdpa=wid.endswith("-sdpa"))
@@ -518,11 +524,11 @@ def flops(wid, t):
     if b == "LG":
         (m, k), n = t[0].shape, t[1].shape[0]
         return 2.0 * m * k * n
-    if b in ("W5", "W5-bf16", "W5-train"):
+    if b in ("W5", "W5-bf16") or is_train(b):
         bs, n, d = (float(s) for s in t[0].shape)
         block = 2 * bs * n * d * 3 * d + 2 * 2 * bs * n * n * d + 2 * bs * n * d * d + 2 * 2 * bs * n * d * 4 * d
         # A train step: the forward and the backward's two matmuls per forward matmul (train_step.rs).
-        return 4.0 * block * (3.0 if b == "W5-train" else 1.0)
+        return 4.0 * block * (3.0 if is_train(b) else 1.0)
     if b == "W4":
         return 129.0 * 2.0 * t[0].numel() * 10.0
     if b == "W6":
@@ -556,7 +562,7 @@ def modes_for(wid, selected):
 
 def make_fn(mode, wid, t):
     """`wid` over inputs `t` in `mode`: the callable and its arguments. Compilation is lazy (first call)."""
-    if base_id(wid) == "W5-train":
+    if is_train(base_id(wid)):
         step, args = train_step(None if mode == "eager" else mode, wid, t)
         if mode == "reduce-overhead":
             for a in args:

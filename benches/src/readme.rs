@@ -11,7 +11,12 @@ const END: &str = "<!-- bench:end -->";
 
 /// Workloads (by id) whose rows a report may lack, what they are, and what they wait for; said only when
 /// the report has no row of that id.
-const WAITING: [(&str, &str, &str); 2] = [
+const WAITING: [(&str, &str, &str); 3] = [
+    (
+        "W5-train-bf16",
+        "W5 training step in bf16",
+        "kiln's row exists (`--workload W5-train-bf16`: parameters and moments bf16, the update in f32, every output checked; `scripts/gpu.sh parts Tb`) and torch's (the peer's W5-train-bf16, fused AdamW on bf16 parameters); no GPU run has measured them yet",
+    ),
     (
         "W5-train",
         "W5 training step (forward + backward + AdamW)",

@@ -578,6 +578,35 @@ impl Kernel {
         row_len.as_const().is_some_and(|n| (u as i64 + 1) * threads <= n)
     }
 
+    /// The ranges of the kernel's own index symbols where they are constant: a loop's or a reduction's
+    /// variable lies in `0..extent`, a bound index in `0..bound` (it is clamped there). Shape symbols and
+    /// symbolic extents stay unbounded. A lane whose variable runs past its extent (a masked slot of a
+    /// row) computes indices it never uses, so the ranges hold wherever a value matters. Renderers ask it
+    /// (through [`crate::sym::SymTable::tree_bounds`]) whether an index division fits 32 bits.
+    pub fn index_ranges(&self) -> crate::sym::SymTable {
+        fn visit(body: &[Stmt], t: &mut crate::sym::SymTable) {
+            for st in body {
+                match st {
+                    Stmt::Loop { sym, extent, body, .. } | Stmt::Reduce { sym, extent, body, .. } => {
+                        if let Some(n) = extent.as_const().filter(|&n| n > 0) {
+                            t.set_range(*sym, 0, Some(n - 1));
+                        }
+                        visit(body, t);
+                    }
+                    Stmt::BindIndex { sym, bound, .. } => {
+                        if let Some(n) = bound.as_const().filter(|&n| n > 0) {
+                            t.set_range(*sym, 0, Some(n - 1));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut t = crate::sym::SymTable::new();
+        visit(&self.body, &mut t);
+        t
+    }
+
     /// The library GEMM this kernel is, when it is one (its whole body is the call).
     pub fn gemm(&self) -> Option<&Gemm> {
         match self.body.as_slice() {

@@ -1058,6 +1058,11 @@ impl Interval {
     pub fn contains(&self, v: i64) -> bool {
         self.lo.is_none_or(|lo| lo <= v) && self.hi.is_none_or(|hi| v <= hi)
     }
+
+    /// Whether every value lies in `[lo, hi]` (both bounded and inside).
+    pub fn within(&self, lo: i64, hi: i64) -> bool {
+        self.lo.is_some_and(|l| l >= lo) && self.hi.is_some_and(|h| h <= hi)
+    }
 }
 
 /// Extended integers for interval arithmetic. Finite values are kept within
@@ -1307,18 +1312,47 @@ impl SymTable {
         self.iv(e).to_public()
     }
 
+    /// [`SymTable::bounds`] of an expression's tree (the form renderers walk), node by node: a
+    /// renderer asks it of each dividend to know whether 32-bit division is exact there.
+    pub fn tree_bounds(&self, t: &ExprTree) -> Interval {
+        self.iv_tree(t).to_public()
+    }
+
+    fn iv_tree(&self, t: &ExprTree) -> Iv {
+        let fold = |v: &[ExprTree], mul: bool| {
+            let mut acc = self.iv_tree(&v[0]);
+            for x in &v[1..] {
+                let y = self.iv_tree(x);
+                acc = if mul { acc.mul(y) } else { acc.add(y) };
+            }
+            acc
+        };
+        match t {
+            ExprTree::Const(c) => Iv::point(*c),
+            ExprTree::Sym(s) => self.sym_iv(*s),
+            ExprTree::Add(v) => fold(v, false),
+            ExprTree::Mul(v) => fold(v, true),
+            ExprTree::FloorDiv(a, b) => self.iv_tree(a).floor_div(self.iv_tree(b)),
+            ExprTree::Mod(a, b) => self.iv_tree(a).modulo(self.iv_tree(b)),
+            ExprTree::Min(a, b) => self.iv_tree(a).min(self.iv_tree(b)),
+            ExprTree::Max(a, b) => self.iv_tree(a).max(self.iv_tree(b)),
+        }
+    }
+
+    fn sym_iv(&self, s: SymId) -> Iv {
+        match self.range(s) {
+            Some((lo, hi)) => Iv { lo: Ext::Fin(lo.into()), hi: hi.map_or(Ext::PosInf, |h| Ext::Fin(h.into())) },
+            None => Iv::FULL,
+        }
+    }
+
     fn iv(&self, e: &Expr) -> Iv {
         let mut acc = Iv::point(e.constant);
         for t in &e.terms {
             let mut prod = Iv::point(t.coeff);
             for atom in &t.atoms {
                 let a = match atom {
-                    Atom::Sym(s) => match self.range(*s) {
-                        Some((lo, hi)) => {
-                            Iv { lo: Ext::Fin(lo.into()), hi: hi.map_or(Ext::PosInf, |h| Ext::Fin(h.into())) }
-                        }
-                        None => Iv::FULL,
-                    },
+                    Atom::Sym(s) => self.sym_iv(*s),
                     Atom::FloorDiv(x, y) => self.iv(x).floor_div(self.iv(y)),
                     Atom::Mod(x, y) => self.iv(x).modulo(self.iv(y)),
                     Atom::Min(x, y) => self.iv(x).min(self.iv(y)),
@@ -1718,6 +1752,10 @@ mod tests {
             if let Ok(v) = e.eval(&bindings(&[x, y, z])) {
                 let iv = table.bounds(&e);
                 prop_assert!(iv.contains(v), "{} = {} not in {:?}", e, v, iv);
+                // The same question asked of the tree renderers walk, and of each of its dividends.
+                let tree = e.tree();
+                let tv = table.tree_bounds(&tree);
+                prop_assert!(tv.contains(v), "{} = {} not in the tree's {:?}", e, v, tv);
             }
         }
     }

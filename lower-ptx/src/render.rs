@@ -69,6 +69,8 @@ struct Writer<'k> {
     slot_bases: HashMap<(usize, Expr, SymId), String>,
     /// `Kernel::bound_indices`: an index over one of these is never addressed from another slot's.
     bound: std::collections::BTreeSet<SymId>,
+    /// `Kernel::index_ranges`: where a dividend provably fits 32 bits, its division is 32-bit alone.
+    ranges: kiln_graph::sym::SymTable,
     /// Inside a vectorised loop: the loop variable, the lane being written, each vector-loaded buffer's
     /// lane registers, and each vector-stored buffer's lane values so far.
     lane: Option<(SymId, usize)>,
@@ -148,8 +150,29 @@ impl<'k> Writer<'k> {
                 }
                 r
             }
-            // Other positive constants: 32-bit division (which ptxas turns into a multiply and a shift)
-            // whenever the dividend fits, as index values nearly always do; 64-bit otherwise.
+            // Other positive constants: 32-bit division (which ptxas turns into a multiply and a shift).
+            // Where the kernel's index ranges prove the dividend a non-negative 32-bit value, that alone
+            // (floor is truncation there); otherwise chosen at run time, with 64-bit division — a long
+            // software routine that dominates ptxas's time on kernels with many such indices — for
+            // dividends past 2^32 or negative.
+            ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b)
+                if matches!(**b, ExprTree::Const(k) if k > 0 && k < 1 << 31)
+                    && self.ranges.tree_bounds(a).within(0, u32::MAX.into()) =>
+            {
+                let ExprTree::Const(k) = **b else { unreachable!("matched above") };
+                let a = self.tree(a);
+                let (a32, q32, q, r) = (self.reg("u32"), self.reg("u32"), self.reg("s64"), self.reg("s64"));
+                self.emit(&format!("cvt.u32.u64 {a32}, {a};"));
+                self.emit(&format!("div.u32 {q32}, {a32}, {k};"));
+                self.emit(&format!("cvt.u64.u32 {q}, {q32};"));
+                if matches!(t, ExprTree::FloorDiv(..)) {
+                    q
+                } else {
+                    self.emit(&format!("mul.lo.s64 {r}, {q}, {k};"));
+                    self.emit(&format!("sub.s64 {r}, {a}, {r};"));
+                    r
+                }
+            }
             ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b) if matches!(**b, ExprTree::Const(k) if k > 0 && k < 1 << 31) =>
             {
                 let ExprTree::Const(k) = **b else { unreachable!("matched above") };
@@ -1280,6 +1303,7 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
         in_slot: false,
         slot_bases: HashMap::new(),
         bound: kernel.bound_indices(),
+        ranges: kernel.index_ranges(),
         lane: None,
         vector_loads: HashMap::new(),
         vector_stores: HashMap::new(),

@@ -1,6 +1,6 @@
-//! What a workload's cold compile costs on CUDA before any GPU is involved: each kernel's PTX size and the
+//! What a workload's cold compile costs on CUDA before any GPU is involved: each kernel's PTX size, the
 //! time `ptxas -arch=sm_90` takes to assemble it (the CUDA driver's JIT does the same work on a cold
-//! first call), largest first. `cargo run --release --example ptx_cost -- W6 [count]`.
+//! first call) and the registers it uses and spills, slowest first. `cargo run --release --example ptx_cost -- W6 [count]`.
 
 use kiln::graph::{capture, compile_graph, workloads, Target};
 use std::time::Instant;
@@ -27,19 +27,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         let t = Instant::now();
-        kiln_ptx::ptxas::assemble(&ptxas, &k.name, &ptx.source, 90)?;
-        rows.push((k.name.clone(), ptx.source.len(), t.elapsed().as_secs_f64()));
+        let used = kiln_ptx::ptxas::resources(&ptxas, &k.name, &ptx.source, 90)?;
+        rows.push((k.name.clone(), ptx.source.len(), t.elapsed().as_secs_f64(), used));
     }
     let (bytes, secs): (usize, f64) = rows.iter().fold((0, 0.0), |(b, s), r| (b + r.1, s + r.2));
+    let spilling = rows.iter().filter(|r| r.3.spill_stores > 0).count();
     println!(
-        "{id}: {} kernels ({library} library GEMMs, {} distinct PTX), {:.2} MB of PTX, ptxas -arch=sm_90 {secs:.1} s in all; kiln's compile {compile_s:.2} s",
+        "{id}: {} kernels ({library} library GEMMs, {} distinct PTX), {:.2} MB of PTX, ptxas -arch=sm_90 {secs:.1} s in all, {spilling} spilling registers; kiln's compile {compile_s:.2} s",
         c.kernels.len(),
         rows.len(),
         bytes as f64 / 1e6
     );
     rows.sort_by(|a, b| b.2.total_cmp(&a.2));
-    for (name, size, s) in rows.iter().take(show) {
-        println!("  {s:7.2} s  {:8.1} KB  {name}", *size as f64 / 1e3);
+    for (name, size, s, used) in rows.iter().take(show) {
+        println!(
+            "  {s:7.2} s  {:8.1} KB  {:3} registers  {:6} B spilled  {name}",
+            *size as f64 / 1e3,
+            used.registers,
+            used.spill_stores
+        );
     }
     Ok(())
 }

@@ -25,23 +25,62 @@ pub fn find() -> Option<PathBuf> {
 
 /// Assembles `ptx` for `sm_<sm>`; on failure, ptxas's message followed by the numbered source.
 pub fn assemble(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Result<(), String> {
+    run(ptxas, name, ptx, sm, false).map(|_| ())
+}
+
+/// What one assembled kernel uses per thread, as `ptxas -v` reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Registers.
+    pub registers: u32,
+    /// Bytes stored to local memory because registers ran out (each a round trip to memory).
+    pub spill_stores: u32,
+    /// Bytes of stack frame.
+    pub stack: u32,
+}
+
+/// Assembles `ptx` for `sm_<sm>` with `-v` and reads its per-thread resources.
+pub fn resources(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Result<Resources, String> {
+    let report = run(ptxas, name, ptx, sm, true)?;
+    // "N bytes stack frame, N bytes spill stores, N bytes spill loads" and "Used N registers".
+    let number_before = |text: &str, word: &str| -> u32 {
+        text.split(word)
+            .next()
+            .and_then(|head| head.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut r = Resources::default();
+    for line in report.lines() {
+        if line.contains("spill stores") {
+            r.stack = number_before(line, " bytes stack frame");
+            r.spill_stores = number_before(line, " bytes spill stores");
+        }
+        if let Some(rest) = line.split("Used ").nth(1) {
+            r.registers = number_before(rest, " registers");
+        }
+    }
+    Ok(r)
+}
+
+/// Runs ptxas (with `-v` when `verbose`) and returns what it printed to stderr.
+fn run(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32, verbose: bool) -> Result<String, String> {
     // Unique per call: tests assemble the same kernel from several threads at once.
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let file = std::env::temp_dir().join(format!("kiln-{}-{n}-{name}-{sm}.ptx", std::process::id()));
     std::fs::write(&file, ptx).map_err(|e| format!("writing {}: {e}", file.display()))?;
-    let out = Command::new(ptxas)
-        .arg(format!("-arch=sm_{sm}"))
-        .arg(&file)
-        .arg("-o")
-        .arg("/dev/null")
-        .output()
-        .map_err(|e| format!("running {}: {e}", ptxas.display()));
+    let mut cmd = Command::new(ptxas);
+    cmd.arg(format!("-arch=sm_{sm}")).arg(&file).arg("-o").arg("/dev/null");
+    if verbose {
+        cmd.arg("-v");
+    }
+    let out = cmd.output().map_err(|e| format!("running {}: {e}", ptxas.display()));
     let _ = std::fs::remove_file(&file);
     let out = out?;
+    let words = String::from_utf8_lossy(&out.stderr).to_string();
     if out.status.success() {
-        return Ok(());
+        return Ok(words);
     }
-    let words = String::from_utf8_lossy(&out.stderr);
     Err(kiln_graph::error::rejected_source(name, &format!("ptxas (sm_{sm})"), &words, ptx))
 }

@@ -29,3 +29,27 @@ fn indices_past_2_to_the_32_keep_the_64_bit_division() {
     let p = ptx(&[5, 3, 1 << 30], permuted);
     assert!(p.contains("div.s64"), "a dividend past 2^32 needs the 64-bit path:\n{p}");
 }
+
+/// DenseNet-121's kernels fit their registers: with 64-bit division fallbacks, 44 of its 68 distinct
+/// kernels spilled (the dense blocks' BN + ReLU over the concatenation up to 4.8 KB a thread, a round
+/// trip to memory for every element); with 32-bit division, at most a few bytes in any kernel.
+#[test]
+fn densenet_kernels_do_not_spill_registers() {
+    let ptxas = kiln_ptx::ptxas::find().unwrap_or_else(|| panic!("{}", kiln_ptx::ptxas::INSTALL_HINT));
+    let w = kiln_graph::workloads::all().into_iter().find(|w| w.id == "W6").expect("W6");
+    let c = compile_graph(&capture(&w.full, w.f).unwrap(), &Target::cuda(90)).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let mut worst = (0, String::new());
+    for k in c.kernels.iter().filter(|k| k.gemm().is_none()) {
+        let ptx = kiln_ptx::render(k, 90).unwrap().source;
+        if !seen.insert(ptx.replace(&k.name, "kernel")) {
+            continue;
+        }
+        let used = kiln_ptx::ptxas::resources(&ptxas, &k.name, &ptx, 90).unwrap();
+        if used.spill_stores > worst.0 {
+            worst = (used.spill_stores, k.name.clone());
+        }
+    }
+    assert!(seen.len() > 50, "W6 has its kernels: {}", seen.len());
+    assert!(worst.0 <= 64, "{} spills {} bytes a thread", worst.1, worst.0);
+}

@@ -211,33 +211,51 @@ fn a_tiny_gpt_learns_a_batch() {
     assert_eq!(trainer.steps(), 40);
 }
 
-/// A bf16 model trains on f32 master weights: its parameters stay bf16, the masters f32, and its loss
-/// follows the f32 model's (within 5%) over 10 steps on one batch, while it is still falling.
-#[test]
-fn a_bf16_gpt_trains_on_f32_masters() {
+/// Ten steps of the tiny GPT cast to `dtype` on one batch (lr 2e-2, no weight decay), on the kernel
+/// interpreter: the last loss and the trainer.
+fn ten_steps_in(dtype: kiln::DType) -> (f32, Trainer<Gpt, impl kiln::train::StepFn>) {
     let rt = KernelInterpreter::default().runtime();
     let opt = AdamW { lr: 2e-2, weight_decay: 0.0, ..AdamW::default() };
     let (ids, targets) = batch(5);
     let b = [ids.to(rt.clone()).unwrap(), targets.to(rt.clone()).unwrap()];
+    let model = Gpt::new(tiny(), 11).unwrap().cast(dtype).unwrap().to(&rt).unwrap();
+    let mut trainer = Trainer::new(model, opt, |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]), rt.clone()).unwrap();
+    let mut loss = 0.0;
+    for _ in 0..10 {
+        loss = trainer.step(&b, 1.0).unwrap().item::<f32>().unwrap();
+    }
+    assert_eq!(trainer.model().tensors()[4].dtype(), dtype, "the model keeps its dtype");
+    (loss, trainer)
+}
+
+/// Ten steps of an f32 model and of the same model in `half`: the half model learns and its loss follows
+/// the f32 one's within 5%; `check` sees each run's dtype, masters and loss-scale state.
+fn half_follows_f32(
+    half: kiln::DType,
+    check: impl Fn(kiln::DType, Option<&[Tensor]>, Option<kiln::loss_scale::LossScaleState>),
+) {
     let mut last = Vec::new();
-    for dtype in [kiln::DType::F32, kiln::DType::BF16] {
-        let model = Gpt::new(tiny(), 11).unwrap().cast(dtype).unwrap().to(&rt).unwrap();
-        let mut trainer = Trainer::new(model, opt, |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]), rt.clone()).unwrap();
-        let mut loss = 0.0;
-        for _ in 0..10 {
-            loss = trainer.step(&b, 1.0).unwrap().item::<f32>().unwrap();
-        }
-        let p = &trainer.model().tensors()[4];
-        assert_eq!(p.dtype(), dtype, "the model keeps its dtype");
-        match trainer.masters() {
+    for dtype in [kiln::DType::F32, half] {
+        let (loss, trainer) = ten_steps_in(dtype);
+        check(dtype, trainer.masters(), trainer.loss_scale().unwrap());
+        last.push(loss);
+    }
+    eprintln!("losses after 10 steps, f32 and {half}: {last:?}");
+    assert!(last[1] < 0.8 * 11f32.ln(), "the {half} model learns: {last:?}");
+    assert!((last[0] - last[1]).abs() < 0.05 * last[0], "and follows the f32 one: {last:?}");
+}
+
+/// A bf16 model trains on f32 master weights: its parameters stay bf16, the masters f32, and its loss
+/// follows the f32 model's (within 5%) over 10 steps on one batch, while it is still falling.
+#[test]
+fn a_bf16_gpt_trains_on_f32_masters() {
+    half_follows_f32(kiln::DType::BF16, |dtype, masters, scale| {
+        match masters {
             Some(m) => assert!(dtype == kiln::DType::BF16 && m[4].dtype() == kiln::DType::F32, "f32 masters"),
             None => assert_eq!(dtype, kiln::DType::F32),
         }
-        last.push(loss);
-    }
-    eprintln!("losses after 10 steps, f32 and bf16: {last:?}");
-    assert!(last[1] < 0.8 * 11f32.ln(), "the bf16 model learns: {last:?}");
-    assert!((last[0] - last[1]).abs() < 0.05 * last[0], "and follows the f32 one: {last:?}");
+        assert!(scale.is_none(), "bf16 needs no loss scaling");
+    });
 }
 
 /// An f16 model trains with dynamic loss scaling: parameters stay f16 on f32 masters, no step overflows
@@ -245,31 +263,14 @@ fn a_bf16_gpt_trains_on_f32_masters() {
 /// follows the f32 model's within 5% over 10 steps.
 #[test]
 fn an_f16_gpt_trains_with_dynamic_loss_scaling() {
-    let rt = KernelInterpreter::default().runtime();
-    let opt = AdamW { lr: 2e-2, weight_decay: 0.0, ..AdamW::default() };
-    let (ids, targets) = batch(5);
-    let b = [ids.to(rt.clone()).unwrap(), targets.to(rt.clone()).unwrap()];
-    let mut last = Vec::new();
-    for dtype in [kiln::DType::F32, kiln::DType::F16] {
-        let model = Gpt::new(tiny(), 11).unwrap().cast(dtype).unwrap().to(&rt).unwrap();
-        let mut trainer = Trainer::new(model, opt, |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]), rt.clone()).unwrap();
-        let mut loss = 0.0;
-        for _ in 0..10 {
-            loss = trainer.step(&b, 1.0).unwrap().item::<f32>().unwrap();
-        }
-        assert_eq!(trainer.model().tensors()[4].dtype(), dtype, "the model keeps its dtype");
-        let scale = trainer.loss_scale().unwrap();
+    half_follows_f32(kiln::DType::F16, |dtype, _, scale| {
         if dtype == kiln::DType::F16 {
             let s = scale.expect("an f16 model scales its loss");
             assert_eq!((s.scale, s.updates, s.good_steps), (65536.0, 10, 10), "{s:?}");
         } else {
             assert!(scale.is_none(), "an f32 model does not");
         }
-        last.push(loss);
-    }
-    eprintln!("losses after 10 steps, f32 and f16: {last:?}");
-    assert!(last[1] < 0.8 * 11f32.ln(), "the f16 model learns: {last:?}");
-    assert!((last[0] - last[1]).abs() < 0.05 * last[0], "and follows the f32 one: {last:?}");
+    });
 }
 
 /// A step whose gradients overflow f16 is skipped on the device — masters and moments keep their values

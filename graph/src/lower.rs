@@ -759,17 +759,24 @@ fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymI
     let mut width = (target.max_vector_bytes / narrowest).clamp(1, 4);
     let unit = Expr::sym(i);
     let mut fits = true;
-    let mut contiguous = false;
+    let (mut at_index, mut per_lane) = (0usize, 0usize);
     for s in body {
         match s {
             Stmt::Let { value: Scalar::Load { index, .. }, .. } | Stmt::Store { index, .. } => {
-                contiguous |= *index == unit
+                if *index == unit {
+                    at_index += 1;
+                } else {
+                    per_lane += 1;
+                }
             }
             Stmt::Let { .. } => {}
             _ => fits = false,
         }
     }
-    if !fits || !contiguous {
+    // A body of many per-lane accesses (a concatenation of dozens of inputs, each at its own offset)
+    // gains nothing from vectors — its loads are per lane either way — and each lane copies all of
+    // them: four times the code, the registers and the driver's compile time.
+    if !fits || at_index == 0 || per_lane > 4 * at_index.max(2) {
         return 1;
     }
     while width > 1 && !n.is_divisible_by(width as i64) {

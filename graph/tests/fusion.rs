@@ -27,6 +27,22 @@ fn w1_is_one_pointwise_kernel() {
     assert_eq!(k.vector_width, 4, "contiguous f32 accesses go 16 bytes at a time");
 }
 
+/// A concatenation of many inputs, each read at its own offset, stays scalar: its loads are per lane
+/// either way, and four lanes would copy them all four times (DenseNet's dense blocks: a quarter of the
+/// PTX). A bias read per lane beside contiguous accesses keeps the vectors.
+#[test]
+fn a_many_way_concatenation_is_not_vectorised() {
+    let specs: Vec<TensorSpec> = (0..12).map(|_| f32s(&[4, 32, 64])).collect();
+    let c = compiled(&specs, |t| {
+        let parts: Vec<&Tensor> = t.iter().collect();
+        Ok(vec![Tensor::concat(&parts, 1)?.relu()?])
+    });
+    assert_eq!(c.kernels.len(), 1, "{c}");
+    assert_eq!(c.kernels[0].vector_width, 1, "{}", c.kernels[0]);
+    let c = compiled(&[f32s(&[256, 1024]), f32s(&[1024])], |t| Ok(vec![t[0].add(&t[1])?.relu()?]));
+    assert_eq!(c.kernels[0].vector_width, 4, "{}", c.kernels[0]);
+}
+
 #[test]
 fn w2_softmax_is_one_row_kernel() {
     let c = compiled(&[f32s(&[8192, 8192])], |t| Ok(vec![t[0].softmax(-1)?]));

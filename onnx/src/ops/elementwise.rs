@@ -323,25 +323,40 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
             Some(v) => Ok(vec![v.clone()]),
             None => invalid("input 0 is required"),
         },
-        "Dropout" => (|| {
-            if node.opset() >= 12 && node.host_values(2)?.is_some_and(|t| t.first().is_some_and(|&t| t != 0.0)) {
-                return unsupported("Dropout in training mode");
-            }
-            let x = node.tensor(0)?;
-            let mut outs = vec![Value::Tensor(x.clone())];
-            if node.proto.output.get(1).is_some_and(|o| !o.is_empty()) {
-                let dims = x
-                    .shape()
-                    .as_concrete()
-                    .ok_or(super::OpError::Unsupported("a dropout mask of symbolic shape".into()))?;
-                outs.push(Value::Tensor(Tensor::full(1.0, &dims, DType::Bool)?));
-            }
-            Ok(outs)
-        })(),
+        "Dropout" => dropout(node),
         "PRelu" => prelu(node),
         op if activation_name(op) => (|| one(activation(node, op, &node.tensor(0)?)?))(),
         _ => return None,
     })
+}
+
+/// `Dropout`: the identity in inference; in training mode (opset 12's third input) each element kept
+/// with probability `1 − ratio` and scaled by `1/(1 − ratio)`, the mask drawn by kiln's counter-based
+/// generator under the node's `seed` (the same on every backend; not numpy's numbers, which the ONNX
+/// reference draws). The optional second output is the mask.
+fn dropout(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let training = node.opset() >= 12 && node.host_values(2)?.is_some_and(|t| t.first().is_some_and(|&t| t != 0.0));
+    let ratio = match node.opset() {
+        o if o >= 12 => node.host_values(1)?.and_then(|r| r.first().copied()).unwrap_or(0.5),
+        _ => node.float("ratio", 0.5),
+    };
+    let want_mask = node.proto.output.get(1).is_some_and(|o| !o.is_empty());
+    let dims = || x.shape().as_concrete().ok_or(super::OpError::Unsupported("a dropout mask of symbolic shape".into()));
+    if !training || ratio == 0.0 {
+        let mut outs = vec![Value::Tensor(x.clone())];
+        if want_mask {
+            outs.push(Value::Tensor(Tensor::full(1.0, &dims()?, DType::Bool)?));
+        }
+        return Ok(outs);
+    }
+    let key = Tensor::rng_key(node.int("seed", 0) as u32, 0);
+    let keep = x.rand_like(&key)?.ge(ratio)?;
+    let mut outs = vec![Value::Tensor(keep.where_(&x.mul(1.0 / (1.0 - ratio))?, 0.0)?)];
+    if want_mask {
+        outs.push(Value::Tensor(keep));
+    }
+    Ok(outs)
 }
 
 fn activation_name(op: &str) -> bool {

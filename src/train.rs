@@ -80,20 +80,26 @@ pub fn adamw_step_scaled<M: Module + Clone>(
         let (scalars, rest) = (&rest[0], &rest[1..]);
         let (state, batch) = rest.split_at(extra);
         let wrt: Vec<usize> = (0..n).collect();
-        let Some(cfg) = scaling else {
-            let args: Vec<Tensor> = weights.iter().chain(batch).cloned().collect();
-            // Gradients with respect to the weights themselves: through the rounding casts, in f32.
-            let (value, grads) =
-                crate::value_and_grad(|a| loss(&shape.load(&rounded(&a[..n])?)?, &a[n..]), &args, &wrt)?;
+        // With loss scaling, the scale is an argument after the weights (data, not a constant).
+        let scale = state.first().map(loss_scale::scale_of).transpose()?;
+        let args: Vec<Tensor> = weights.iter().chain(&scale).chain(batch).cloned().collect();
+        // Gradients with respect to the weights themselves: through the rounding casts, in f32.
+        let (value, grads) = crate::value_and_grad(
+            |a| {
+                let l = loss(&shape.load(&rounded(&a[..n])?)?, &a[n + extra..])?;
+                if extra == 0 {
+                    return Ok(l);
+                }
+                l.cast(DType::F32)?.mul(&a[n])
+            },
+            &args,
+            &wrt,
+        )?;
+        let (Some(cfg), Some(state), Some(scale)) = (scaling, state.first(), scale) else {
             let (w, m, v) = opt.update(weights, &grads, m, v, scalars)?;
             let params = if mixed { rounded(&w)? } else { Vec::new() };
             return Ok([vec![value], w, m, v, params].concat());
         };
-        let state = &state[0];
-        let scale = loss_scale::scale_of(state)?;
-        let args: Vec<Tensor> = weights.iter().chain([&scale]).chain(batch).cloned().collect();
-        let scaled = |a: &[Tensor]| loss(&shape.load(&rounded(&a[..n])?)?, &a[n + 1..])?.cast(DType::F32)?.mul(&a[n]);
-        let (value, grads) = crate::value_and_grad(scaled, &args, &wrt)?;
         let inverse = scale.reciprocal()?;
         let grads = grads.iter().map(|g| g.cast(DType::F32)?.mul(&inverse)).collect::<Result<Vec<_>>>()?;
         let overflow = loss_scale::found_overflow(&grads)?;

@@ -75,8 +75,8 @@ impl<M: Memory> Env<'_, M> {
             // The f64 quotient of two f32 values rounds to the correctly rounded f32 quotient.
             Scalar::Quotient { a, b, .. } => self.var(*a)? / self.var(*b)?,
             Scalar::Bits { op, a, b } => {
-                let bits = |v: f64| v as i64 as i32 as u32;
-                f64::from(op.apply(bits(self.var(*a)?), bits(self.var(*b)?)) as i32)
+                let word = crate::rng::word_of;
+                f64::from(op.apply(word(self.var(*a)?), word(self.var(*b)?)) as i32)
             }
         })
     }

@@ -55,9 +55,14 @@ pub fn uniform_in(index: u64, stream: u32, key: [u32; 2]) -> f64 {
     f64::from(philox4x32(counter(index, stream), key)[0] >> 8) * (1.0 / 16_777_216.0)
 }
 
+/// The 32-bit pattern an i32 value (held as f64, as interpreters hold values) stands for.
+pub fn word_of(v: f64) -> u32 {
+    v as i64 as i32 as u32
+}
+
 /// The key two i32 values (a key tensor's elements) stand for: their 32-bit patterns.
 pub fn key_of(k0: f64, k1: f64) -> [u32; 2] {
-    [k0 as i64 as i32 as u32, k1 as i64 as i32 as u32]
+    [word_of(k0), word_of(k1)]
 }
 
 impl Tensor {
@@ -96,17 +101,24 @@ impl Tensor {
     /// the backward pass recomputes it from the key instead of saving it.
     #[track_caller]
     pub fn dropout(&self, p: f64, key: &Tensor) -> Result<Tensor> {
-        self.dropout_at(p, key, 0, SourceLoc::caller())
+        Ok(self.dropout_at(p, key, 0, SourceLoc::caller())?.0)
     }
 
     /// [`Tensor::dropout`] with its mask drawn in `stream`: a model's dropout sites share one key per
     /// step and differ by stream, so no two draw the same mask.
     #[track_caller]
     pub fn dropout_in(&self, p: f64, key: &Tensor, stream: u32) -> Result<Tensor> {
+        Ok(self.dropout_at(p, key, stream, SourceLoc::caller())?.0)
+    }
+
+    /// [`Tensor::dropout_in`] and its mask (bool, true where an element was kept): ONNX's `Dropout`
+    /// returns both.
+    #[track_caller]
+    pub fn dropout_with_mask(&self, p: f64, key: &Tensor, stream: u32) -> Result<(Tensor, Tensor)> {
         self.dropout_at(p, key, stream, SourceLoc::caller())
     }
 
-    fn dropout_at(&self, p: f64, key: &Tensor, stream: u32, loc: SourceLoc) -> Result<Tensor> {
+    fn dropout_at(&self, p: f64, key: &Tensor, stream: u32, loc: SourceLoc) -> Result<(Tensor, Tensor)> {
         if !(0.0..1.0).contains(&p) {
             return Err(Error::InvalidArgument {
                 op: "dropout".into(),
@@ -116,7 +128,7 @@ impl Tensor {
         }
         SourceLoc::attributed(loc.clone(), || {
             let keep = rand_at(self.shape(), key, stream, loc.clone())?.ge(p)?;
-            keep.where_(self.mul(1.0 / (1.0 - p))?, 0.0)
+            Ok((keep.where_(self.mul(1.0 / (1.0 - p))?, 0.0)?, keep))
         })
     }
 }

@@ -1318,6 +1318,12 @@ impl SymTable {
         self.iv_tree(t).to_public()
     }
 
+    /// Whether `t` is a non-negative 32-bit value wherever it is computed: where it is, a renderer that
+    /// indexes in 64 bits divides it in 32 (one decision for every renderer that asks).
+    pub fn fits_u32(&self, t: &ExprTree) -> bool {
+        self.tree_bounds(t).within(0, u32::MAX.into())
+    }
+
     fn iv_tree(&self, t: &ExprTree) -> Iv {
         let fold = |v: &[ExprTree], mul: bool| {
             let mut acc = self.iv_tree(&v[0]);

@@ -117,7 +117,7 @@ pub fn gpt_block_train(x: &Tensor, p: &[Tensor], heads: usize, dropout: Option<B
     };
     let (q, k, v) = (split(0)?, split(1)?, split(2)?);
     let drop = |t: Tensor, site: u32| match dropout {
-        Some(d) if d.p > 0.0 => t.dropout_in(d.p, d.key, d.stream + site),
+        Some(d) if d.p > 0.0 => t.dropout_in(d.p, d.key, d.stream.wrapping_add(site)),
         _ => Ok(t),
     };
     let weights = q.matmul(&k.transpose(-1, -2)?)?.mul(1.0 / (hd as f64).sqrt())?.causal_mask()?.softmax(-1)?;

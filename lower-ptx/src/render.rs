@@ -156,8 +156,7 @@ impl<'k> Writer<'k> {
             // software routine that dominates ptxas's time on kernels with many such indices — for
             // dividends past 2^32 or negative.
             ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b)
-                if matches!(**b, ExprTree::Const(k) if k > 0 && k < 1 << 31)
-                    && self.ranges.tree_bounds(a).within(0, u32::MAX.into()) =>
+                if matches!(**b, ExprTree::Const(k) if k > 0 && k < 1 << 31) && self.ranges.fits_u32(a) =>
             {
                 let ExprTree::Const(k) = **b else { unreachable!("matched above") };
                 let a = self.tree(a);

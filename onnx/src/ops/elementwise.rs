@@ -337,8 +337,12 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
 fn dropout(node: &Node) -> OpResult<Vec<Value>> {
     let x = node.tensor(0)?;
     let training = node.opset() >= 12 && node.host_values(2)?.is_some_and(|t| t.first().is_some_and(|&t| t != 0.0));
-    let ratio = match node.opset() {
-        o if o >= 12 => node.host_values(1)?.and_then(|r| r.first().copied()).unwrap_or(0.5),
+    let ratio = match (node.opset(), node.host_values(1)?) {
+        (o, Some(r)) if o >= 12 => match r.as_slice() {
+            [r] => *r,
+            _ => return invalid(format!("ratio has {} values, a scalar was expected", r.len())),
+        },
+        (o, None) if o >= 12 => 0.5,
         _ => node.float("ratio", 0.5),
     };
     let want_mask = node.proto.output.get(1).is_some_and(|o| !o.is_empty());
@@ -351,8 +355,8 @@ fn dropout(node: &Node) -> OpResult<Vec<Value>> {
         return Ok(outs);
     }
     let key = Tensor::rng_key(node.int("seed", 0) as u32, 0);
-    let keep = x.rand_like(&key)?.ge(ratio)?;
-    let mut outs = vec![Value::Tensor(keep.where_(&x.mul(1.0 / (1.0 - ratio))?, 0.0)?)];
+    let (y, keep) = x.dropout_with_mask(ratio, &key, 0)?;
+    let mut outs = vec![Value::Tensor(y)];
     if want_mask {
         outs.push(Value::Tensor(keep));
     }

@@ -1,6 +1,8 @@
 //! What a workload's cold compile costs on CUDA before any GPU is involved: each kernel's PTX size, the
 //! time `ptxas -arch=sm_90` takes to assemble it (the CUDA driver's JIT does the same work on a cold
 //! first call) and the registers it uses and spills, slowest first. `cargo run --release --example ptx_cost -- W6 [count]`.
+//! With `KILN_PTX_DUMP=dir`, each distinct kernel's PTX is also written there (`<name>.ptx`), for SASS
+//! counts with NVIDIA's `cuobjdump -sass`.
 
 use kiln::graph::{capture, compile_graph, workloads, Target};
 use std::time::Instant;
@@ -25,6 +27,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ptx = kiln_ptx::render(k, 90)?;
         if !seen.insert(ptx.source.replace(&k.name, "kernel")) {
             continue;
+        }
+        if let Ok(dir) = std::env::var("KILN_PTX_DUMP") {
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(std::path::Path::new(&dir).join(format!("{}.ptx", k.name)), &ptx.source)?;
         }
         let t = Instant::now();
         let used = kiln_ptx::ptxas::resources(&ptxas, &k.name, &ptx.source, 90)?;

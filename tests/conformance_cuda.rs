@@ -136,6 +136,17 @@ fn tensors_of_three_times_two_to_the_30_elements() {
     conformance::user_cases::three_times_two_to_the_30(&b).unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// A symbolic dim bounded for 32-bit indexing, then a call past the bound: an unbounded entry, right
+/// past 2^31 elements (issue: 64-bit indexing chosen by a guard).
+#[test]
+#[ignore = needs_gpu!()]
+fn a_dynamic_dim_past_the_32_bit_bound() {
+    let _one_at_a_time = BIG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let b: std::sync::Arc<dyn kiln::graph::Backend> =
+        kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
+    conformance::user_cases::dynamic_dims_past_the_32_bit_bound(&b).unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// 5·2^30-element tensors (20 GiB of f32 each): the same checks, now also at and past 2^32 elements, where
 /// an unsigned 32-bit index would wrap to the tensor's start.
 #[test]

@@ -1,5 +1,6 @@
 //! Work a device rejects is a typed error naming the kernels involved — never a panic — and the device
-//! goes on running the next work (wgpu's default for such errors is to abort the process).
+//! goes on running the next work (wgpu's default for such errors is to abort the process); a CUDA fault,
+//! after which NVIDIA's driver serves the process no more work, is a typed `DeviceLost` that says so.
 
 mod common;
 
@@ -89,4 +90,36 @@ fn a_lost_device_is_opened_again_at_the_next_call() {
     let again = x.to(rt.clone()).expect("uploads");
     common::assert_close_tol(&read(&f.call(&again).expect("runs")), &want_f, 1e-6);
     assert_eq!(rt.stats().reopens, reopens + 1, "opened once");
+}
+
+/// A kernel that faults on the GPU (here: its buffer bound 1 TiB past the allocation, an illegal address)
+/// is a typed `DeviceLost` error naming the kernel when launches are waited for, and saying that the
+/// process must restart; every later call is the same error, not a hang or a panic. (Run in this test
+/// binary, whose other tests use wgpu: the fault ends CUDA for the whole process.)
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
+fn a_faulting_cuda_kernel_is_a_typed_error_naming_it() {
+    let cuda = kiln_ptx::Cuda::new().unwrap_or_else(|e| panic!("{e}")).synchronous();
+    let g = capture(&[TensorSpec::new(DType::F32, &[1 << 20])], |t| Ok(vec![t[0].tanh()?])).unwrap();
+    let c = kiln::graph::pipeline::compile_graph(&g, cuda.target()).unwrap();
+    let k = &c.kernels[0];
+    let raw = cuda.alloc(4 << 20).unwrap();
+    let module = cuda.load(k).unwrap();
+    let far = Bound { raw: &raw, id: 1, bytes: 4 << 20, offset: 1 << 40 };
+    let bound = [far, Bound { raw: &raw, id: 1, bytes: 4 << 20, offset: 0 }];
+    let (bindings, cache) = (Default::default(), BindingCache::default());
+    let launch = Launch {
+        buffers: &bound,
+        symbols: &[],
+        bindings: &bindings,
+        fault: None,
+        groups: 64,
+        module: &module,
+        cache: &cache,
+    };
+    let e = cuda.launch(k, &launch).expect_err("an illegal address");
+    assert!(matches!(e, kiln::Error::DeviceLost { .. }), "{e:?}");
+    assert!(e.to_string().contains(&k.name) && e.to_string().contains("restart"), "{e}");
+    let again = cuda.synchronize().expect_err("the fault is sticky");
+    assert!(matches!(again, kiln::Error::DeviceLost { .. }), "{again:?}");
 }

@@ -37,9 +37,10 @@ fn auto_compiles_once_recompiles_once_naming_the_dim_then_reuses() {
     let s = c.stats();
     assert_eq!((s.traces, s.recompiles, s.verifications, s.cache_hits, s.entries), (2, 1, 2, 2, 2), "{s:?}");
     assert!(s.guard_failures[0].contains("input 0 dim 1"), "{:?}", s.guard_failures);
-    // The second entry is symbolic in that dim and static in the other.
+    // The second entry is symbolic in that dim and static in the other, bounded so that the input
+    // stays under 2^31 elements (its kernels may index in 32 bits; a larger call recompiles unbounded).
     let g = c.guards();
-    assert!(g[1].contains("[8, s0∈[2, ∞]]"), "{g:?}");
+    assert!(g[1].contains("[8, s0∈[2, 268435455]]"), "{g:?}");
 }
 
 #[test]
@@ -97,7 +98,7 @@ fn sizes_0_and_1_are_specialised() {
     c.call::<_, Tensor>(&x(&[3, 1])).unwrap();
     c.call::<_, Tensor>(&x(&[3, 5])).unwrap();
     let g = c.guards();
-    assert!(g[0].contains("[s0∈[2, ∞], 1]"), "{g:?}");
+    assert!(g[0].contains("[s0∈[2, 2147483647], 1]"), "{g:?}");
     assert_eq!(c.stats().traces, 2, "size 1 is its own entry");
 }
 
@@ -175,4 +176,41 @@ fn a_cached_call_does_not_trace_and_reads_new_argument_values() {
     let third: Vec<f32> = c.call(&x(&[5]).add(2.0).unwrap()).unwrap().to_vec().unwrap();
     assert_eq!(third.len(), a.len());
     assert_eq!((c.stats().traces, c.stats().verifications, c.stats().cache_hits), (1, 1, 1));
+}
+
+/// The PTX of every kernel of `r`'s newest entry.
+fn newest_ptx(r: &kiln::graph::report::CompileReport) -> String {
+    let entry = r.entries.last().expect("an entry");
+    let kernels = entry.graphs.iter().flat_map(|g| &g.kernels);
+    kernels.map(|k| k.source("ptx").expect("PTX rendered").to_string()).collect::<Vec<_>>().join("\n")
+}
+
+/// A dim made symbolic is bounded so that its argument stays under 2^31 elements: index arithmetic over
+/// the symbol is then provably 32-bit and the PTX divides in 32 bits alone; an unbounded symbol (here a
+/// `mark_dynamic` to `usize::MAX`) keeps the run-time choice with its 64-bit fallback.
+#[test]
+fn a_bounded_symbol_indexes_in_32_bits() {
+    let bias = x(&[1000]);
+    let add_bias = |x: &Tensor| x.add(&bias);
+    let auto = compile(add_bias).backend(Backend::Kernels);
+    for rows in [300, 301] {
+        let _: Tensor = auto.call(&x(&[rows, 1000])).unwrap();
+    }
+    let g = auto.guards();
+    assert!(g[1].contains("[s0∈[2, 2147483], 1000]"), "(2^31 - 1) / 1000 rows: {g:?}");
+    let bounded = newest_ptx(&auto.report());
+    assert!(bounded.contains("rem.u32") && !bounded.contains("div.s64"), "{bounded}");
+
+    let unbounded = compile(add_bias).backend(Backend::Kernels).mark_dynamic(0, 0, 2..=usize::MAX);
+    let _: Tensor = unbounded.call(&x(&[300, 1000])).unwrap();
+    assert!(unbounded.guards()[0].contains("s0∈[2, ∞]"), "{:?}", unbounded.guards());
+    assert!(newest_ptx(&unbounded.report()).contains("div.s64"), "an unbounded flat index may pass 2^32");
+}
+
+#[test]
+fn an_empty_mark_dynamic_range_is_an_error() {
+    #[allow(clippy::reversed_empty_ranges)]
+    let c = compile(f).backend(Backend::Kernels).mark_dynamic(0, 1, 9..=3);
+    let err = c.call::<_, Tensor>(&x(&[2, 5])).unwrap_err();
+    assert!(err.to_string().contains("mark_dynamic") && err.to_string().contains("empty"), "{err}");
 }

@@ -238,12 +238,18 @@ struct CacheState {
     entries: Vec<Arc<Entry>>,
     /// `(argument, dim)` pairs a recompile showed to vary (Dynamic::Auto).
     promoted: BTreeSet<(usize, usize)>,
+    /// `(argument, dim)` pairs a call took past their 32-bit index bound: traced unbounded from then on
+    /// (bounding them again would recompile at every larger size).
+    unbounded: BTreeSet<(usize, usize)>,
     stats: CompileStats,
     warned: bool,
     /// A trace that became no entry (a function with graph breaks traces every call): the latest one
     /// whose breaks differ from the one before.
     uncached: Option<Explanation>,
 }
+
+/// A symbolic dim's range, `(lo, hi)` inclusive (`hi` unbounded when `None`).
+type DimRange = (i64, Option<i64>);
 
 /// A compiled function. Build with [`compile`], configure with the builder methods, run with `call`.
 ///
@@ -372,9 +378,12 @@ impl<F> Compiled<F> {
         self
     }
 
-    /// Traces dim `dim` of tensor argument `arg` as symbolic from the first call, for sizes in `range`.
+    /// Traces dim `dim` of tensor argument `arg` as symbolic from the first call, for sizes in `range`
+    /// (an end past `i64::MAX`, such as `usize::MAX`, is unbounded; an empty range is an error at the
+    /// first call).
     pub fn mark_dynamic(mut self, arg: usize, dim: usize, range: std::ops::RangeInclusive<usize>) -> Self {
-        self.marks.insert((arg, dim), (*range.start() as i64, Some(*range.end() as i64)));
+        let start = i64::try_from(*range.start()).unwrap_or(i64::MAX);
+        self.marks.insert((arg, dim), (start, i64::try_from(*range.end()).ok()));
         self
     }
 
@@ -560,6 +569,9 @@ impl<F> Compiled<F> {
             if let (Dynamic::Auto, Some(a), Some(d)) = (self.dynamic, f.arg, f.dim) {
                 st.promoted.insert((a, d));
             }
+            if let (true, Some(a), Some(d)) = (f.past_bound, f.arg, f.dim) {
+                st.unbounded.insert((a, d));
+            }
             if st.entries.len() >= self.recompile_limit {
                 if self.fail_on_recompile {
                     return Err(Error::Unsupported {
@@ -588,22 +600,47 @@ impl<F> Compiled<F> {
         Ok(self.call_explained(args)?.1)
     }
 
-    /// The dims of argument `i` to trace symbolically, with their ranges, under the policy.
-    fn dynamic_dims(&self, i: usize, dims: &[usize]) -> Vec<Option<(i64, Option<i64>)>> {
-        let promoted = &lock(&self.state).promoted;
-        dims.iter()
+    /// The dims of every argument to trace symbolically, with their ranges, under the policy. A dim the
+    /// policy makes symbolic is bounded so that the entry indexes in 32 bits ([`crate::guard::index_bounds`])
+    /// unless a call has already gone past such a bound; a `mark_dynamic` range is the user's.
+    fn dynamic_dims(&self, dims: &[Vec<usize>]) -> Vec<Vec<Option<DimRange>>> {
+        let st = lock(&self.state);
+        // Per dim: marked (the user's range), policy-symbolic (to bound), or static.
+        let wanted: Vec<Vec<bool>> = dims
+            .iter()
             .enumerate()
-            .map(|(d, &v)| {
-                if let Some(&r) = self.marks.get(&(i, d)) {
-                    return Some(r);
-                }
-                // Sizes 0 and 1 are specialised: broadcasting and emptiness change what code is right.
-                let wanted = match self.dynamic {
-                    Dynamic::Always => true,
-                    Dynamic::Never => false,
-                    Dynamic::Auto => promoted.contains(&(i, d)),
-                };
-                (wanted && v >= 2).then_some((2, None))
+            .map(|(i, dims)| {
+                dims.iter()
+                    .enumerate()
+                    .map(|(d, &v)| {
+                        // Sizes 0 and 1 are specialised: broadcasting and emptiness change what code is right.
+                        let policy = match self.dynamic {
+                            Dynamic::Always => true,
+                            Dynamic::Never => false,
+                            Dynamic::Auto => st.promoted.contains(&(i, d)),
+                        };
+                        !self.marks.contains_key(&(i, d)) && policy && v >= 2
+                    })
+                    .collect()
+            })
+            .collect();
+        let bounded: Vec<(&[usize], Vec<bool>)> = dims
+            .iter()
+            .zip(&wanted)
+            .enumerate()
+            .map(|(i, (dims, w))| {
+                (&dims[..], w.iter().enumerate().map(|(d, &w)| w && !st.unbounded.contains(&(i, d))).collect())
+            })
+            .collect();
+        let bounds = crate::guard::index_bounds(&bounded);
+        (0..dims.len())
+            .map(|i| {
+                (0..dims[i].len())
+                    .map(|d| match self.marks.get(&(i, d)) {
+                        Some(&r) => Some(r),
+                        None => wanted[i][d].then_some((2, bounds[i][d])),
+                    })
+                    .collect()
             })
             .collect()
     }
@@ -625,9 +662,17 @@ impl<F> Compiled<F> {
         // Dynamic dims get symbols; equal sizes share one (duck sizing), which the guards then require.
         let mut by_size: BTreeMap<(usize, i64, Option<i64>), crate::sym::SymId> = BTreeMap::new();
         let mut arg_guards = Vec::with_capacity(visitor.tensors.len());
-        for (i, t) in visitor.tensors.iter().enumerate() {
-            let dims = t.shape().as_concrete().unwrap_or_default();
-            let dynamic = self.dynamic_dims(i, &dims);
+        let all_dims: Vec<Vec<usize>> =
+            visitor.tensors.iter().map(|t| t.shape().as_concrete().unwrap_or_default()).collect();
+        let all_dynamic = self.dynamic_dims(&all_dims);
+        if let Some(((arg, dim), (lo, hi))) = self.marks.iter().find(|(_, (lo, hi))| hi.is_some_and(|h| h < *lo)) {
+            return Err(Error::InvalidArgument {
+                op: "mark_dynamic".into(),
+                msg: format!("input {arg} dim {dim}: the range {lo}..={} is empty", hi.unwrap_or_default()),
+                loc: SourceLoc::internal(),
+            });
+        }
+        for (i, ((t, dims), dynamic)) in visitor.tensors.iter().zip(&all_dims).zip(all_dynamic).enumerate() {
             let mut shape = Vec::with_capacity(dims.len());
             let mut guards = Vec::with_capacity(dims.len());
             for (&v, dynamic) in dims.iter().zip(&dynamic) {

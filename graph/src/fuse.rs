@@ -102,8 +102,6 @@ struct Facts<'g> {
     consumers: Vec<Vec<NodeId>>,
     /// Graph outputs, and compute nodes that a transparent output reads.
     output_reach: Vec<bool>,
-    /// `ancestors[n]` holds every compute node `n` depends on.
-    ancestors: Vec<BTreeSet<NodeId>>,
     /// Some node checks a value at run time (gather indices, integer division): its kernel may bind a
     /// fault word, one binding fewer for buffers.
     checks: bool,
@@ -168,19 +166,8 @@ impl<'g> Facts<'g> {
                 }
             }
         }
-        let mut ancestors: Vec<BTreeSet<NodeId>> = vec![BTreeSet::new(); n];
-        for i in 0..n {
-            let mut set = BTreeSet::new();
-            for &p in &producers[i] {
-                if role[p.index()] != Role::Input {
-                    set.insert(p);
-                    set.extend(ancestors[p.index()].iter().copied());
-                }
-            }
-            ancestors[i] = set;
-        }
         let checks = graph.nodes.iter().any(|node| checks_at_run_time(graph, node));
-        Facts { graph, role, producers, consumers, output_reach, ancestors, checks }
+        Facts { graph, role, producers, consumers, output_reach, checks }
     }
 
     fn shape(&self, n: NodeId) -> &Shape {
@@ -205,15 +192,6 @@ fn buffer_count(f: &Facts, members: &BTreeSet<NodeId>) -> usize {
     reads.len() + writes
 }
 
-/// True when adding `c` would make a cycle between regions: one of `c`'s outside producers depends on a
-/// member.
-fn closes_cycle(f: &Facts, members: &BTreeSet<NodeId>, c: NodeId) -> bool {
-    f.producers[c.index()]
-        .iter()
-        .filter(|p| !members.contains(p))
-        .any(|p| f.ancestors[p.index()].iter().any(|a| members.contains(a)))
-}
-
 struct Scheduler<'g> {
     f: Facts<'g>,
     target: &'g Target,
@@ -228,6 +206,39 @@ struct Scheduler<'g> {
 impl<'g> Scheduler<'g> {
     fn free(&self, n: NodeId) -> bool {
         self.assigned[n.index()].is_none()
+    }
+
+    /// True when adding `c` to the region being grown would make regions depend on each other in a
+    /// cycle: a path leaves the region (with `c`) and comes back into it. Regions committed so far run as
+    /// units, so a path that reaches any of their members continues from all of them: a region computing
+    /// two unrelated things (a row region's scalar loss beside its backward) can carry a path between
+    /// nodes that no node-level path joins. Checking every addition this way keeps the graph of regions
+    /// (committed ones contracted) acyclic, so a launch order always exists.
+    fn closes_cycle(&self, members: &BTreeSet<NodeId>, c: NodeId) -> bool {
+        let inside = |x: NodeId| x == c || members.contains(&x);
+        let mut seen = vec![false; self.f.graph.nodes.len()];
+        let mut seen_region = vec![false; self.regions.len()];
+        let mut stack: Vec<NodeId> = members
+            .iter()
+            .chain(std::iter::once(&c))
+            .flat_map(|m| self.f.producers[m.index()].iter().copied())
+            .filter(|&p| !inside(p))
+            .collect();
+        while let Some(x) = stack.pop() {
+            if inside(x) {
+                return true;
+            }
+            if std::mem::replace(&mut seen[x.index()], true) {
+                continue;
+            }
+            stack.extend(self.f.producers[x.index()].iter().copied());
+            if let Some(r) = self.assigned[x.index()] {
+                if !std::mem::replace(&mut seen_region[r], true) {
+                    stack.extend(self.regions[r].1.iter().copied());
+                }
+            }
+        }
+        false
     }
 
     fn fits(&self, members: &BTreeSet<NodeId>, extra: NodeId) -> bool {
@@ -316,7 +327,7 @@ impl<'g> Scheduler<'g> {
                             }
                             _ => false,
                         };
-                        if ok && !closes_cycle(&self.f, &members, c) && self.fits(&members, c) {
+                        if ok && !self.closes_cycle(&members, c) && self.fits(&members, c) {
                             if self.f.role[c.index()] == Role::Reduce {
                                 row_level.insert(c);
                             }
@@ -356,7 +367,7 @@ impl<'g> Scheduler<'g> {
                             && !self.refused.contains(&c)
                             && self.f.role[c.index()] == Role::Pointwise
                             && *self.f.shape(c) == shape
-                            && !closes_cycle(&self.f, &members, c)
+                            && !self.closes_cycle(&members, c)
                             && self.fits(&members, c);
                         if ok {
                             members.insert(c);

@@ -94,6 +94,51 @@ pub fn aliases_match(ids: &[u64], pattern: &[usize]) -> bool {
     })
 }
 
+/// The most elements a tensor of a bounded entry may hold: below 2³¹, so every element index (and every
+/// offset a kernel derives from one) is a non-negative 32-bit value and a lowering may compute it so.
+pub const INDEX_LIMIT: i64 = (1 << 31) - 1;
+
+/// Upper bounds for the dims a trace makes symbolic, chosen so that no argument exceeds
+/// [`INDEX_LIMIT`] elements while the guards hold: an entry whose symbols are bounded proves its index
+/// arithmetic fits 32 bits (`Kernel::index_ranges`), where an unbounded symbol forces 64-bit fallbacks.
+///
+/// `args[i]` is argument `i`'s dims with, for each, whether it is to be symbolic. Every argument's
+/// symbolic dims may grow by one common factor, `(INDEX_LIMIT / elements)^(1/m)` for `m` symbolic dims,
+/// so their product stays within the limit; dims of one size share a symbol (duck sizing) and take the
+/// least bound any argument allows. A bound below the current size (an argument already past the
+/// limit) is `None`: that entry indexes in 64 bits. Returned per argument and dim (`None` also for
+/// static dims).
+pub fn index_bounds(args: &[(&[usize], Vec<bool>)]) -> Vec<Vec<Option<i64>>> {
+    let mut by_size: std::collections::BTreeMap<usize, i64> = std::collections::BTreeMap::new();
+    for (dims, symbolic) in args {
+        let m = symbolic.iter().filter(|&&s| s).count();
+        let elements: f64 = dims.iter().map(|&d| d as f64).product();
+        if m == 0 || elements == 0.0 {
+            continue; // nothing grows, or an empty tensor stays empty whatever its symbols are
+        }
+        let factor = (INDEX_LIMIT as f64 / elements).powf(1.0 / m as f64);
+        let mut bounds: Vec<i128> = dims
+            .iter()
+            .zip(symbolic)
+            .map(|(&d, &s)| if s { (d as f64 * factor).floor().min(INDEX_LIMIT as f64) as i128 } else { d as i128 })
+            .collect();
+        // Exactly, in integers: floating rounding must not let the bounds' product pass the limit.
+        while bounds.iter().product::<i128>() > INDEX_LIMIT as i128 {
+            let Some(j) = (0..dims.len()).filter(|&j| symbolic[j]).max_by_key(|&j| bounds[j]) else { break };
+            bounds[j] -= 1;
+        }
+        for ((&d, _), &bound) in dims.iter().zip(symbolic).zip(&bounds).filter(|((_, s), _)| **s) {
+            let bound = bound as i64;
+            by_size.entry(d).and_modify(|b| *b = (*b).min(bound)).or_insert(bound);
+        }
+    }
+    args.iter()
+        .map(|(dims, symbolic)| {
+            dims.iter().zip(symbolic).map(|(&d, &s)| by_size.get(&d).copied().filter(|&b| s && b >= d as i64)).collect()
+        })
+        .collect()
+}
+
 /// Why a guard failed: the recompile reason.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuardFailure {
@@ -103,6 +148,10 @@ pub struct GuardFailure {
     pub dim: Option<usize>,
     /// In words.
     pub reason: String,
+    /// The size exceeded a symbol's upper bound (the 32-bit index bound [`index_bounds`] gave it): the
+    /// recompile makes that dim unbounded instead of bounding it again.
+    #[serde(default)]
+    pub past_bound: bool,
 }
 
 impl fmt::Display for GuardFailure {
@@ -126,7 +175,7 @@ pub struct CallSignature<'a> {
 impl Guards {
     /// Checks a call; on success returns the symbol values the call binds.
     pub fn check(&self, call: &CallSignature) -> Result<Bindings, GuardFailure> {
-        let fail = |arg, dim, reason: String| Err(GuardFailure { arg, dim, reason });
+        let fail = |arg, dim, reason: String| Err(GuardFailure { arg, dim, reason, past_bound: false });
         if call.backend != self.backend {
             return fail(None, None, format!("backend changed from {} to {}", self.backend, call.backend));
         }
@@ -155,11 +204,12 @@ impl Guards {
                         let v = v as i64;
                         if v < *lo || hi.is_some_and(|h| v > h) {
                             let range = format!("{lo}..={}", hi.map_or("inf".into(), |h| h.to_string()));
-                            return fail(
-                                Some(i),
-                                Some(d),
-                                format!("input {i} dim {d}: size {v} is outside {sym}'s range {range}"),
-                            );
+                            return Err(GuardFailure {
+                                arg: Some(i),
+                                dim: Some(d),
+                                reason: format!("input {i} dim {d}: size {v} is outside {sym}'s range {range}"),
+                                past_bound: v >= *lo,
+                            });
                         }
                         match b.get(*sym) {
                             Some(prev) if prev != v => {
@@ -305,6 +355,38 @@ mod tests {
         assert!(g.check(&same).unwrap_err().reason.contains("aliasing changed"));
         let weight = CallSignature { ids: &[1, 99], ..call(&ok, &statics) };
         assert_eq!(g.check(&weight).unwrap_err().arg, Some(1));
+    }
+
+    #[test]
+    fn index_bounds_keep_every_argument_under_the_limit() {
+        // W3-dynamic's shape: the rows may grow until the tensor holds 2^31 - 1 elements.
+        let b = index_bounds(&[(&[300, 4096], vec![true, false])]);
+        assert_eq!(b, vec![vec![Some(INDEX_LIMIT / 4096), None]]);
+        // Two symbols of one argument share the headroom; products of the bounds stay within the limit.
+        let b = index_bounds(&[(&[100, 300], vec![true, true]), (&[300], vec![true])]);
+        let (x, y) = (b[0][0].unwrap(), b[0][1].unwrap());
+        assert!(x >= 100 && y >= 300 && x * y <= INDEX_LIMIT, "{x} {y}");
+        assert!(x * y > INDEX_LIMIT / 2, "the headroom is used: {x} {y}");
+        // Duck sizing: the size-300 symbol takes the least bound any argument gives it.
+        assert_eq!(b[1][0], Some(y));
+        // An argument already past the limit leaves its symbols unbounded (64-bit entry).
+        let b = index_bounds(&[(&[1 << 20, 4096], vec![true, false])]);
+        assert_eq!(b, vec![vec![None, None]]);
+        // Empty tensors constrain nothing; static dims get no bound.
+        let b = index_bounds(&[(&[0, 7], vec![false, true])]);
+        assert_eq!(b, vec![vec![None, None]]);
+    }
+
+    #[test]
+    fn a_size_past_the_bound_says_so() {
+        let mut g = guards();
+        g.args[1].dims[0] = DimGuard::Symbol { sym: SymId(0), lo: 2, hi: Some(50) };
+        g.args[0].dims[1] = DimGuard::Symbol { sym: SymId(0), lo: 2, hi: Some(50) };
+        let statics = vec!["true".to_string()];
+        let big = sig([(DType::F32, vec![8, 60]), (DType::F32, vec![60])]);
+        assert!(g.check(&call(&big, &statics)).unwrap_err().past_bound);
+        let small = sig([(DType::F32, vec![8, 1]), (DType::F32, vec![1])]);
+        assert!(!g.check(&call(&small, &statics)).unwrap_err().past_bound);
     }
 
     #[test]

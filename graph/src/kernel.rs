@@ -525,6 +525,11 @@ pub struct Kernel {
     pub buffers: Vec<BufferParam>,
     /// Shape symbols the body reads, whose values are passed at launch (not those that only size a buffer).
     pub symbols: Vec<SymId>,
+    /// The range the entry's guards hold each of [`Kernel::symbols`] to, in the same order (`hi` unbounded
+    /// when `None`). Part of the kernel's structure: a bounded symbol lets [`Kernel::index_ranges`] prove
+    /// index arithmetic over it fits 32 bits, so an entry guarded that way gets other code.
+    #[serde(default)]
+    pub symbol_ranges: Vec<(i64, Option<i64>)>,
     /// Launch shape.
     pub launch: Launch,
     /// Elements of the `Global` loop one thread may handle at once: the trip count is a multiple of this,
@@ -578,31 +583,34 @@ impl Kernel {
         row_len.as_const().is_some_and(|n| (u as i64 + 1) * threads <= n)
     }
 
-    /// The ranges of the kernel's own index symbols where they are constant: a loop's or a reduction's
-    /// variable lies in `0..extent`, a bound index in `0..bound` (it is clamped there). Shape symbols and
-    /// symbolic extents stay unbounded. A lane whose variable runs past its extent (a masked slot of a
-    /// row) computes indices it never uses, so the ranges hold wherever a value matters. Renderers ask it
-    /// (through [`crate::sym::SymTable::tree_bounds`]) whether an index division fits 32 bits.
+    /// The ranges of the kernel's symbols: shape symbols as the guards hold them
+    /// ([`Kernel::symbol_ranges`]), a loop's or a reduction's variable in `0..extent`, a bound index in
+    /// `0..bound` (it is clamped there), where the extent or bound is bounded above by those ranges. A
+    /// lane whose variable runs past its extent (a masked slot of a row) computes indices it never uses,
+    /// so the ranges hold wherever a value matters. Renderers ask it (through
+    /// [`crate::sym::SymTable::tree_bounds`]) whether an index division fits 32 bits.
     pub fn index_ranges(&self) -> crate::sym::SymTable {
+        fn below(t: &mut crate::sym::SymTable, sym: SymId, extent: &Expr) {
+            if let Some(n) = t.bounds(extent).hi.filter(|&n| n > 0) {
+                t.set_range(sym, 0, Some(n - 1));
+            }
+        }
         fn visit(body: &[Stmt], t: &mut crate::sym::SymTable) {
             for st in body {
                 match st {
                     Stmt::Loop { sym, extent, body, .. } | Stmt::Reduce { sym, extent, body, .. } => {
-                        if let Some(n) = extent.as_const().filter(|&n| n > 0) {
-                            t.set_range(*sym, 0, Some(n - 1));
-                        }
+                        below(t, *sym, extent);
                         visit(body, t);
                     }
-                    Stmt::BindIndex { sym, bound, .. } => {
-                        if let Some(n) = bound.as_const().filter(|&n| n > 0) {
-                            t.set_range(*sym, 0, Some(n - 1));
-                        }
-                    }
+                    Stmt::BindIndex { sym, bound, .. } => below(t, *sym, bound),
                     _ => {}
                 }
             }
         }
         let mut t = crate::sym::SymTable::new();
+        for (s, (lo, hi)) in self.symbols.iter().zip(&self.symbol_ranges) {
+            t.set_range(*s, *lo, *hi);
+        }
         visit(&self.body, &mut t);
         t
     }

@@ -695,10 +695,14 @@ impl<'a> Lowerer<'a> {
         let mut symbols: BTreeSet<SymId> = self.symbols().into_iter().collect();
         symbols.extend(launch.groups.symbols().into_iter().filter(|s| s.0 < builtin::FIRST_LOCAL));
         let body = self.blocks.pop().unwrap_or_default();
+        let symbols: Vec<SymId> = symbols.into_iter().collect();
+        // A symbol the graph does not know (none should reach here) is unbounded: never a false proof.
+        let symbol_ranges = symbols.iter().map(|s| self.ranges.range(*s).unwrap_or((i64::MIN, None))).collect();
         Kernel {
             name: name.to_string(),
             buffers: self.buffers,
-            symbols: symbols.into_iter().collect(),
+            symbols,
+            symbol_ranges,
             launch,
             vector_width: 1,
             row_cache: None,

@@ -117,7 +117,82 @@ impl<'k> Writer<'k> {
         self.tree(&t)
     }
 
+    /// An index expression tree into an s64 register. Where the kernel's index ranges prove its value a
+    /// non-negative 32-bit one, it is computed in 32-bit arithmetic ([`Writer::tree32`]) and widened once:
+    /// 64-bit integer multiplies and adds are several instructions each on the GPU, and index arithmetic
+    /// is most of what a memory-bound kernel executes besides its loads and stores.
     fn tree(&mut self, t: &ExprTree) -> String {
+        if matches!(t, ExprTree::Const(_) | ExprTree::Sym(_)) || !self.ranges.fits_u32(t) {
+            return self.tree64(t);
+        }
+        let r32 = self.tree32(t);
+        let r = self.reg("s64");
+        self.emit(&format!("cvt.u64.u32 {r}, {r32};"));
+        r
+    }
+
+    /// `t` modulo 2^32 in a u32 register. Sums and products wrap, so they are right modulo 2^32 whatever
+    /// their operands' sizes; a division, remainder, minimum or maximum is computed in 32 bits only where
+    /// its operands provably are exact non-negative 32-bit values, and otherwise in 64 bits and truncated.
+    fn tree32(&mut self, t: &ExprTree) -> String {
+        let fits = |w: &Self, x: &ExprTree| w.ranges.fits_u32(x);
+        match t {
+            ExprTree::Const(c) => {
+                let r = self.reg("u32");
+                self.emit(&format!("mov.u32 {r}, {};", *c as u32));
+                r
+            }
+            ExprTree::Sym(s) => {
+                let wide = self.sym(*s);
+                let r = self.reg("u32");
+                self.emit(&format!("cvt.u32.u64 {r}, {wide};"));
+                r
+            }
+            ExprTree::Add(v) | ExprTree::Mul(v) => {
+                let op = if matches!(t, ExprTree::Add(_)) { "add.u32" } else { "mul.lo.u32" };
+                let mut acc = self.tree32(&v[0]);
+                for x in &v[1..] {
+                    let y = self.tree32(x);
+                    let r = self.reg("u32");
+                    self.emit(&format!("{op} {r}, {acc}, {y};"));
+                    acc = r;
+                }
+                acc
+            }
+            ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b)
+                if matches!(**b, ExprTree::Const(k) if k > 0 && k <= u32::MAX as i64) && fits(self, a) =>
+            {
+                let ExprTree::Const(k) = **b else { unreachable!("matched above") };
+                let a = self.tree32(a);
+                let r = self.reg("u32");
+                // Floor is truncation for a non-negative dividend.
+                let line = match (matches!(t, ExprTree::FloorDiv(..)), (k as u64).is_power_of_two()) {
+                    (true, true) => format!("shr.u32 {r}, {a}, {};", k.trailing_zeros()),
+                    (false, true) => format!("and.b32 {r}, {a}, {};", k - 1),
+                    (true, false) => format!("div.u32 {r}, {a}, {k};"),
+                    (false, false) => format!("rem.u32 {r}, {a}, {k};"),
+                };
+                self.emit(&line);
+                r
+            }
+            ExprTree::Min(a, b) | ExprTree::Max(a, b) if fits(self, a) && fits(self, b) => {
+                let op = if matches!(t, ExprTree::Min(..)) { "min.u32" } else { "max.u32" };
+                let (a, b) = (self.tree32(a), self.tree32(b));
+                let r = self.reg("u32");
+                self.emit(&format!("{op} {r}, {a}, {b};"));
+                r
+            }
+            _ => {
+                let wide = self.tree64(t);
+                let r = self.reg("u32");
+                self.emit(&format!("cvt.u32.u64 {r}, {wide};"));
+                r
+            }
+        }
+    }
+
+    /// [`Writer::tree`] in 64-bit arithmetic (its operands may still be 32-bit where they fit).
+    fn tree64(&mut self, t: &ExprTree) -> String {
         match t {
             ExprTree::Const(c) => {
                 let r = self.reg("s64");
@@ -150,28 +225,10 @@ impl<'k> Writer<'k> {
                 }
                 r
             }
-            // Other positive constants: 32-bit division (which ptxas turns into a multiply and a shift).
-            // Where the kernel's index ranges prove the dividend a non-negative 32-bit value, that alone
-            // (floor is truncation there); otherwise chosen at run time, with 64-bit division — a long
-            // software routine that dominates ptxas's time on kernels with many such indices — for
-            // dividends past 2^32 or negative.
-            ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b)
-                if matches!(**b, ExprTree::Const(k) if k > 0 && k < 1 << 31) && self.ranges.fits_u32(a) =>
-            {
-                let ExprTree::Const(k) = **b else { unreachable!("matched above") };
-                let a = self.tree(a);
-                let (a32, q32, q, r) = (self.reg("u32"), self.reg("u32"), self.reg("s64"), self.reg("s64"));
-                self.emit(&format!("cvt.u32.u64 {a32}, {a};"));
-                self.emit(&format!("div.u32 {q32}, {a32}, {k};"));
-                self.emit(&format!("cvt.u64.u32 {q}, {q32};"));
-                if matches!(t, ExprTree::FloorDiv(..)) {
-                    q
-                } else {
-                    self.emit(&format!("mul.lo.s64 {r}, {q}, {k};"));
-                    self.emit(&format!("sub.s64 {r}, {a}, {r};"));
-                    r
-                }
-            }
+            // Other positive constants, where the dividend may pass 2^32 or be negative (a dividend the
+            // ranges prove a non-negative 32-bit value is divided in `tree32`): 32-bit division (which
+            // ptxas turns into a multiply and a shift) chosen at run time, with 64-bit division — a long
+            // software routine that dominates ptxas's time on kernels with many such indices — past 2^32.
             ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b) if matches!(**b, ExprTree::Const(k) if k > 0 && k < 1 << 31) =>
             {
                 let ExprTree::Const(k) = **b else { unreachable!("matched above") };
@@ -301,10 +358,19 @@ impl<'k> Writer<'k> {
 
     /// A register holding the address of element `index` of `buffer`.
     fn plain_address(&mut self, buffer: usize, index: &Expr) -> String {
-        let idx = self.expr(index);
         let size = self.k.buffers[buffer].dtype.size_bytes();
+        let t = index.tree();
         let a = self.reg("s64");
-        self.emit(&format!("mad.lo.s64 {a}, {idx}, {size}, %b{buffer};"));
+        // A plain variable stays a 64-bit multiply-add (widening it first saves nothing: measured on W3's
+        // SASS, 424 against 432 instructions).
+        if !matches!(t, ExprTree::Const(_) | ExprTree::Sym(_)) && self.ranges.fits_u32(&t) {
+            // A 32-bit index widens inside the address's multiply-add.
+            let idx = self.tree32(&t);
+            self.emit(&format!("mad.wide.u32 {a}, {idx}, {size}, %b{buffer};"));
+        } else {
+            let idx = self.tree(&t);
+            self.emit(&format!("mad.lo.s64 {a}, {idx}, {size}, %b{buffer};"));
+        }
         a
     }
 

@@ -34,7 +34,13 @@ pub(crate) fn driver(what: &str, e: DriverError) -> Error {
         | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
         | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
         | CUresult::CUDA_ERROR_ECC_UNCORRECTABLE => {
-            return Error::DeviceLost { device: "cuda".into(), what: what.into(), msg: format!("{words} ({:?})", e.0) }
+            // Such an error is sticky: NVIDIA's driver serves this process no more CUDA work, so the runtime
+            // does not try to open the device again (as it does a lost wgpu device).
+            return Error::DeviceLost {
+                device: "cuda".into(),
+                what: what.into(),
+                msg: format!("{words} ({:?}); CUDA cannot continue in this process: restart it", e.0),
+            };
         }
         _ => "",
     };
@@ -60,6 +66,10 @@ pub struct Cuda {
     target: Target,
     /// cuBLAS, opened at the first library GEMM; a handle serves one call at a time, hence the lock.
     blas: Mutex<Option<Blas>>,
+    /// Waits for each kernel after launching it (`KILN_CUDA_SYNC_LAUNCHES=1`, or [`Cuda::synchronous`]), so
+    /// a fault the GPU reports later (an illegal address) names the kernel that caused it, as
+    /// `CUDA_LAUNCH_BLOCKING` does for PyTorch. Off by default: it serialises the host with the GPU.
+    sync_launches: bool,
 }
 
 /// A loaded kernel: its function, or nothing for a library GEMM (its calls are planned per binding).
@@ -122,7 +132,14 @@ impl Cuda {
             driver_version,
             target,
             blas: Mutex::new(None),
+            sync_launches: std::env::var("KILN_CUDA_SYNC_LAUNCHES").is_ok_and(|v| v == "1"),
         })
+    }
+
+    /// This device with every launch waited for (see `KILN_CUDA_SYNC_LAUNCHES`).
+    pub fn synchronous(mut self) -> Cuda {
+        self.sync_launches = true;
+        self
     }
 
     /// A runtime over the device (the facade keeps one per process).
@@ -268,6 +285,9 @@ impl Driver for Cuda {
         // bound buffer, sized by the plan for the launch's symbol values, then each symbol, then the fault
         // word), and every index a kernel computes is guarded by the bounds the kernel IR carries.
         unsafe { b.launch(config) }.map_err(|e| driver(&format!("launching kernel {}", kernel.name), e))?;
+        if self.sync_launches {
+            self.stream.synchronize().map_err(|e| driver(&format!("running kernel {}", kernel.name), e))?;
+        }
         Ok(())
     }
 

@@ -1,6 +1,6 @@
-//! Index divisions by constants: 32-bit alone where the kernel's index ranges prove the dividend fits
-//! (every static-shape kernel under 2^32 elements), the run-time choice with a 64-bit fallback where they
-//! do not. The 64-bit routine is what made DenseNet-121's kernels slow to assemble (ptxas 71 s → 7 s).
+//! Index arithmetic in 32 bits where the kernel's index ranges prove it fits (every static-shape kernel
+//! under 2^32 elements, and symbolic ones whose guards bound their symbols), divisions by constants with
+//! the run-time choice and a 64-bit fallback where they do not. The 64-bit routine is what made DenseNet-121's kernels slow to assemble (ptxas 71 s → 7 s).
 
 use kiln_graph::{capture, compile_graph, DType, Target, TensorSpec};
 
@@ -21,6 +21,10 @@ fn a_small_static_kernel_divides_in_32_bits_only() {
     let p = ptx(&[5, 3, 7], permuted);
     assert!(p.contains("div.u32"), "{p}");
     assert!(!p.contains("div.s64"), "no 64-bit division where every index fits 32 bits:\n{p}");
+    // The whole index in 32-bit arithmetic, widened inside the address's multiply-add.
+    // The permuted read's index in 32-bit arithmetic, widened inside the address's multiply-add (the
+    // store's index is the loop variable itself).
+    assert!(p.contains("mad.wide.u32") && p.contains("mad.lo.u32") && !p.contains("mul.lo.s64 %t"), "{p}");
 }
 
 #[test]
@@ -28,6 +32,7 @@ fn indices_past_2_to_the_32_keep_the_64_bit_division() {
     // 5 · 3 · 2^30 elements: the flat index reaches 1.6e10 (nothing is allocated; only the PTX is read).
     let p = ptx(&[5, 3, 1 << 30], permuted);
     assert!(p.contains("div.s64"), "a dividend past 2^32 needs the 64-bit path:\n{p}");
+    assert!(p.contains("mad.lo.s64") && !p.contains("mad.wide.u32"), "addresses past 2^32 elements in 64 bits:\n{p}");
 }
 
 /// DenseNet-121's kernels fit their registers: with 64-bit division fallbacks, 44 of its 68 distinct

@@ -274,3 +274,46 @@ pub fn big_tensors(b: &Arc<dyn Backend>, n: usize) -> kiln::graph::Result<()> {
     assert_eq!(total as f64, n as f64, "every element counted once");
     Ok(())
 }
+
+/// A dim made symbolic is bounded so that its entry indexes in 32 bits; a call past that bound (here
+/// a softmax over 3,221,226 rows of 1000, 3.2·10^9 elements) recompiles into an unbounded entry whose
+/// kernels index in 64 bits, and rows past 2^31 elements in hold the reference's values. A device that
+/// cannot hold such a tensor returns its typed limit error, for the caller to accept or not.
+pub fn dynamic_dims_past_the_32_bit_bound(b: &Arc<dyn Backend>) -> kiln::graph::Result<()> {
+    use kiln::graph::{workloads, CpuReference};
+    let zero = Tensor::from_slice(&[0.0f32], &[1])?;
+    // Rows made on the device (nothing this size crosses from the host).
+    let rows_of = |rows: usize| -> kiln::graph::Result<Tensor> {
+        compile(move |z: &Tensor| {
+            Tensor::arange(0.0, (rows * 1000) as f64, 1.0, DType::F32)?
+                .mul(3e-7)?
+                .sin()?
+                .add(z)?
+                .reshape(&[rows as isize, 1000])
+        })
+        .backend(b.clone())
+        .call(&zero)
+    };
+    let softmax = compile(|x: &Tensor| x.softmax(-1)).backend(b.clone()).dynamic(Dynamic::Auto);
+    for rows in [4, 5] {
+        let _: Tensor = softmax.call(&rows_of(rows)?)?;
+    }
+    let bounded = softmax.guards();
+    assert!(bounded[1].contains("s0∈[2, 2147483]"), "{bounded:?}");
+    let rows = 3_221_226;
+    let x = rows_of(rows)?;
+    let y: Tensor = softmax.call(&x)?;
+    let s = softmax.stats();
+    assert_eq!((s.recompiles, s.entries), (2, 3), "{s:?}");
+    assert!(s.guard_failures[1].contains("outside s0's range"), "{:?}", s.guard_failures);
+    assert!(softmax.guards()[2].contains("∞"), "the third entry is unbounded: {:?}", softmax.guards());
+    // Row 2147484 is the first to start past 2^31 elements; row 4294968 would start past 2^32.
+    for r in [0, 2_147_483, 2_147_484, rows - 1] {
+        let at = |t: &Tensor| t.slice(0, r as isize, Some(r as isize + 1), 1);
+        let row = Tensor::from_slice(&at(&x)?.to_vec::<f32>()?, &[1, 1000])?;
+        let want: Vec<Tensor> =
+            compile(|x: &Tensor| workloads::w2(std::slice::from_ref(x))).backend(CpuReference).call(&row)?;
+        assert_values(&at(&y)?, &values(&want[0]));
+    }
+    Ok(())
+}

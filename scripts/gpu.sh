@@ -79,10 +79,14 @@ tests|bench|peer|parts)
   nvidia-smi -L
   case "$1" in
   tests)
+    # `tests [test-binary arguments]`: every staged test binary, GPU tests included; arguments (a name
+    # filter, `--skip NAME`) go to each binary.
+    shift
     status=0
     for t in .gpu/tests/*; do
+      [ -x "$t" ] || continue
       echo "== $(basename "$t")"
-      "$t" --include-ignored 2>&1 | tee "$out/$(basename "$t").log" | grep -E "^test |test result|panicked|FAILED" | tail -40
+      "$t" --include-ignored "$@" 2>&1 | tee "$out/$(basename "$t").log" | grep -E "^test |test result|panicked|FAILED|random (graphs|gradients):" | tail -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
     exit $status
@@ -174,7 +178,7 @@ tests|bench|peer|parts)
   esac
   ;;
 *)
-  echo "usage: scripts/gpu.sh stage|stage-fps|fps|tests|bench|peer|parts [bench arguments | --trials N and peer arguments]" >&2
+  echo "usage: scripts/gpu.sh stage|stage-fps|fps|tests [test arguments]|bench|peer|parts [bench arguments | --trials N and peer arguments]" >&2
   exit 2
   ;;
 esac

@@ -148,17 +148,8 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("cvt.u32.u64 {r}, {wide};"));
                 r
             }
-            ExprTree::Add(v) | ExprTree::Mul(v) => {
-                let op = if matches!(t, ExprTree::Add(_)) { "add.u32" } else { "mul.lo.u32" };
-                let mut acc = self.tree32(&v[0]);
-                for x in &v[1..] {
-                    let y = self.tree32(x);
-                    let r = self.reg("u32");
-                    self.emit(&format!("{op} {r}, {acc}, {y};"));
-                    acc = r;
-                }
-                acc
-            }
+            ExprTree::Add(v) => self.chain(v, "add.u32", "u32", Self::tree32),
+            ExprTree::Mul(v) => self.chain(v, "mul.lo.u32", "u32", Self::tree32),
             ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b)
                 if matches!(**b, ExprTree::Const(k) if k > 0 && k <= u32::MAX as i64) && fits(self, a) =>
             {
@@ -191,6 +182,19 @@ impl<'k> Writer<'k> {
         }
     }
 
+    /// The terms of a sum or product, each written by `term`, combined left to right by `op` into `ty`
+    /// registers.
+    fn chain(&mut self, v: &[ExprTree], op: &str, ty: &str, term: fn(&mut Self, &ExprTree) -> String) -> String {
+        let mut acc = term(self, &v[0]);
+        for x in &v[1..] {
+            let y = term(self, x);
+            let r = self.reg(ty);
+            self.emit(&format!("{op} {r}, {acc}, {y};"));
+            acc = r;
+        }
+        acc
+    }
+
     /// [`Writer::tree`] in 64-bit arithmetic (its operands may still be 32-bit where they fit).
     fn tree64(&mut self, t: &ExprTree) -> String {
         match t {
@@ -200,17 +204,8 @@ impl<'k> Writer<'k> {
                 r
             }
             ExprTree::Sym(s) => self.sym(*s),
-            ExprTree::Add(v) | ExprTree::Mul(v) => {
-                let op = if matches!(t, ExprTree::Add(_)) { "add.s64" } else { "mul.lo.s64" };
-                let mut acc = self.tree(&v[0]);
-                for x in &v[1..] {
-                    let y = self.tree(x);
-                    let r = self.reg("s64");
-                    self.emit(&format!("{op} {r}, {acc}, {y};"));
-                    acc = r;
-                }
-                acc
-            }
+            ExprTree::Add(v) => self.chain(v, "add.s64", "s64", Self::tree),
+            ExprTree::Mul(v) => self.chain(v, "mul.lo.s64", "s64", Self::tree),
             // Power-of-two divisors (most strides) are a shift and a mask, exact for negative values
             // under floor semantics: 64-bit division is a long software routine on the GPU.
             ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b) if matches!(**b, ExprTree::Const(k) if k > 0 && (k as u64).is_power_of_two()) =>

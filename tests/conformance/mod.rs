@@ -112,43 +112,30 @@ macro_rules! conformance_suite {
 /// reference, drawn from `PROPTEST_RNG_SEED` when set; failures persist beside `file` as proptest's do.
 /// The count is written to the test's stderr (not captured), so CI output shows what ran.
 pub fn random_graphs(backend: &Arc<dyn Backend>, cases: u32, ieee_nan: bool, file: &'static str) {
-    use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let config = Config {
-        cases,
-        source_file: Some(file),
-        failure_persistence: Some(Box::new(FileFailurePersistence::SourceParallel("proptest-regressions"))),
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new(config);
-    let ran = AtomicUsize::new(0);
-    let strategy = (dims(), dims(), any::<u32>(), prop::collection::vec(step(), 1..8));
-    let started = std::time::Instant::now();
-    let result = runner.run(&strategy, |(da, db, seed, steps)| {
-        ran.fetch_add(1, Ordering::Relaxed);
-        check(&da, &db, seed, &steps, backend, ieee_nan)
+    run_random("random graphs", backend, cases, file, |da, db, seed, steps| {
+        check(da, db, seed, steps, backend, ieee_nan)
     });
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
-        "random graphs: {} checked on {} in {:.1} s ({} passing cases asked for; seed {})",
-        ran.load(Ordering::Relaxed),
-        backend.name(),
-        started.elapsed().as_secs_f64(),
-        cases,
-        std::env::var("PROPTEST_RNG_SEED").unwrap_or_else(|_| "random".into()),
-    );
-    if let Err(e) = result {
-        panic!("{e}");
-    }
 }
 
 /// `cases` random programs differentiated: each one's loss (a weighted sum of its outputs) and its
 /// gradients with respect to both inputs, traced as one joint graph (as a compiled training step is) and
 /// checked on `backend` against the reference's run of the same differentiation. The backward graphs
 /// bring what forward programs rarely do: sums over broadcast axes, scatters of slices and
-/// concatenations, transposed matmuls, masks from comparisons. Counted on stderr as `random_graphs`.
+/// concatenations, transposed matmuls, masks from comparisons. Counted on stderr like [`random_graphs`].
 pub fn random_gradients(backend: &Arc<dyn Backend>, cases: u32, ieee_nan: bool, file: &'static str) {
+    run_random("random gradients", backend, cases, file, |da, db, seed, steps| {
+        check_gradients(da, db, seed, steps, backend, ieee_nan)
+    });
+}
+
+/// Runs `check` on `cases` random programs and prints how many ran, where, how long and under which seed.
+fn run_random(
+    what: &str,
+    backend: &Arc<dyn Backend>,
+    cases: u32,
+    file: &'static str,
+    check: impl Fn(&[usize], &[usize], u32, &[Step]) -> std::result::Result<(), TestCaseError>,
+) {
     use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
     use std::sync::atomic::{AtomicUsize, Ordering};
     let config = Config {
@@ -163,12 +150,12 @@ pub fn random_gradients(backend: &Arc<dyn Backend>, cases: u32, ieee_nan: bool, 
     let started = std::time::Instant::now();
     let result = runner.run(&strategy, |(da, db, seed, steps)| {
         ran.fetch_add(1, Ordering::Relaxed);
-        check_gradients(&da, &db, seed, &steps, backend, ieee_nan)
+        check(&da, &db, seed, &steps)
     });
     use std::io::Write;
     let _ = writeln!(
         std::io::stderr(),
-        "random gradients: {} checked on {} in {:.1} s ({} passing cases asked for; seed {})",
+        "{what}: {} checked on {} in {:.1} s ({} passing cases asked for; seed {})",
         ran.load(Ordering::Relaxed),
         backend.name(),
         started.elapsed().as_secs_f64(),

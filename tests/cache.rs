@@ -103,6 +103,16 @@ fn structure_keyed_persistent_and_checked() {
     assert!(usage.bytes <= usage.max_bytes, "{usage:?}");
     assert!(dir.join(format!("{}.json", keys[5])).exists(), "the newest entry stays");
     assert!(!dir.join(format!("{}.json", keys[0])).exists(), "the oldest of the new ones went");
+    // A full cache is not scanned at every store: eviction goes down to three quarters of the cap.
+    std::env::set_var("KILN_CACHE_MAX_BYTES", (20 * entry).to_string());
+    let scans = cache::stats().directory_scans;
+    for n in 200..260 {
+        compile_cached(&softmax_graph(n), &target, FusionMode::Fused).unwrap();
+    }
+    let scans = cache::stats().directory_scans - scans;
+    assert!((1..=15).contains(&scans), "60 stores into a cache of 20 entries scanned it {scans} times");
+    let usage = cache::disk_usage();
+    assert!(usage.bytes <= usage.max_bytes, "{usage:?}");
     std::env::remove_var("KILN_CACHE_MAX_BYTES");
 
     // `kiln cache stats` and `kiln cache clear`, as a user runs them.

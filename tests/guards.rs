@@ -214,3 +214,18 @@ fn an_empty_mark_dynamic_range_is_an_error() {
     let err = c.call::<_, Tensor>(&x(&[2, 5])).unwrap_err();
     assert!(err.to_string().contains("mark_dynamic") && err.to_string().contains("empty"), "{err}");
 }
+
+/// A keepdim reduction over the leading axis of duck-sized symbolic dims (`[s0, s0, s0]`): its row index
+/// unflattens to `r // s0`, which the simplifier must know lies below `s0` (without it, lowering refused
+/// the kernel: found by the random programs traced with symbolic dims).
+#[test]
+fn a_symbolic_keepdim_sum_over_the_leading_axis() {
+    let sum = |x: &Tensor| x.sum(&[0], true);
+    let c = compile(sum).backend(Backend::Kernels).dynamic(Dynamic::Always);
+    for n in [2, 3] {
+        let t = x(&[n, n, n]);
+        let want: Vec<f32> = compile(sum).backend(Backend::Cpu).call(&t).unwrap().to_vec().unwrap();
+        assert_close(&c.call(&t).unwrap().to_vec::<f32>().unwrap(), &want);
+    }
+    assert_eq!(c.stats().entries, 1, "one symbolic entry serves both sizes");
+}

@@ -675,6 +675,32 @@ impl Expr {
     }
 
     /// The symbol when `self` is exactly one symbol.
+    /// `self` as exactly `p // a`, if it is that.
+    fn single_floor_div(&self) -> Option<(&Expr, &Expr)> {
+        match (self.constant, self.terms.as_slice()) {
+            (0, [Term { atoms, coeff: 1 }]) => match atoms.as_slice() {
+                [Atom::FloorDiv(p, a)] => Some((p, a)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Whether `0 <= self < y` for a symbolic `y`, from loop extents: a loop variable over `0..y`, or
+    /// `p // a` with `a` positive and `p` below `a*y` (unflattening an index over symbolic dims: the row
+    /// `r` of a `[s0, s0]` loop over `0..s0*s0` gives `r // s0`, which is below `s0`).
+    fn below_symbolic(&self, y: &Expr, table: &SymTable) -> bool {
+        if self.is_zero() || self.single_sym().is_some_and(|s| table.extent(s) == Some(y)) {
+            return true;
+        }
+        match self.single_floor_div() {
+            Some((p, a)) if table.bounds(a).lo.is_some_and(|lo| lo >= 1) => {
+                a.checked_mul(y).is_ok_and(|ay| p.below_symbolic(&ay, table))
+            }
+            _ => false,
+        }
+    }
+
     fn single_sym(&self) -> Option<SymId> {
         match (self.constant, self.terms.as_slice()) {
             (0, [Term { atoms, coeff: 1 }]) => match atoms.as_slice() {
@@ -733,7 +759,7 @@ impl Expr {
                 let b = table.bounds(x);
                 b.lo.is_some_and(|lo| lo >= 0) && b.hi.is_some_and(|hi| hi < k)
             }
-            _ => x.is_zero() || x.single_sym().is_some_and(|s| table.extent(s) == Some(y)),
+            _ => x.below_symbolic(y, table),
         };
         // `x` as `q*y + r` with `r` below `y`: `(q, r)`.
         let split = |x: &Expr, y: &Expr| -> Option<(Expr, Expr)> {

@@ -148,8 +148,9 @@ pub struct GuardFailure {
     pub dim: Option<usize>,
     /// In words.
     pub reason: String,
-    /// The size exceeded a symbol's upper bound (the 32-bit index bound [`index_bounds`] gave it): the
-    /// recompile makes that dim unbounded instead of bounding it again.
+    /// The size exceeded a symbol's upper bound. Where the policy made the dim symbolic that bound is
+    /// the 32-bit index bound [`index_bounds`] gave it, and the recompile makes the dim unbounded instead
+    /// of bounding it again (a `mark_dynamic` range stays the user's).
     #[serde(default)]
     pub past_bound: bool,
 }

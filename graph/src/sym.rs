@@ -674,7 +674,6 @@ impl Expr {
         self.terms.is_empty() && self.constant == 0
     }
 
-    /// The symbol when `self` is exactly one symbol.
     /// `self` as exactly `p // a`, if it is that.
     fn single_floor_div(&self) -> Option<(&Expr, &Expr)> {
         match (self.constant, self.terms.as_slice()) {
@@ -701,6 +700,7 @@ impl Expr {
         }
     }
 
+    /// The symbol when `self` is exactly one symbol.
     fn single_sym(&self) -> Option<SymId> {
         match (self.constant, self.terms.as_slice()) {
             (0, [Term { atoms, coeff: 1 }]) => match atoms.as_slice() {

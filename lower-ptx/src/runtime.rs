@@ -70,6 +70,9 @@ pub struct Cuda {
     /// a fault the GPU reports later (an illegal address) names the kernel that caused it, as
     /// `CUDA_LAUNCH_BLOCKING` does for PyTorch. Off by default: it serialises the host with the GPU.
     sync_launches: bool,
+    /// A CUDA graph is being captured: a stream cannot be waited for then (the capture would fail), so
+    /// `sync_launches` waits only outside captures (a replay is waited for as a whole by its caller).
+    capturing: std::sync::atomic::AtomicBool,
 }
 
 /// A loaded kernel: its function, or nothing for a library GEMM (its calls are planned per binding).
@@ -133,6 +136,7 @@ impl Cuda {
             target,
             blas: Mutex::new(None),
             sync_launches: std::env::var("KILN_CUDA_SYNC_LAUNCHES").is_ok_and(|v| v == "1"),
+            capturing: Default::default(),
         })
     }
 
@@ -285,7 +289,7 @@ impl Driver for Cuda {
         // bound buffer, sized by the plan for the launch's symbol values, then each symbol, then the fault
         // word), and every index a kernel computes is guarded by the bounds the kernel IR carries.
         unsafe { b.launch(config) }.map_err(|e| driver(&format!("launching kernel {}", kernel.name), e))?;
-        if self.sync_launches {
+        if self.sync_launches && !self.capturing.load(std::sync::atomic::Ordering::Relaxed) {
             self.stream.synchronize().map_err(|e| driver(&format!("running kernel {}", kernel.name), e))?;
         }
         Ok(())
@@ -299,7 +303,10 @@ impl Driver for Cuda {
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| driver("beginning graph capture", e))?;
+        // The runtime core holds the device alone while it records, so the flag is this capture's.
+        self.capturing.store(true, std::sync::atomic::Ordering::Relaxed);
         let enqueued = enqueue();
+        self.capturing.store(false, std::sync::atomic::Ordering::Relaxed);
         let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
         enqueued?;
         let graph = graph.map_err(|e| driver("ending graph capture", e))?;

@@ -35,6 +35,14 @@ pub struct Decomposed {
 /// Fails only on a graph the public API cannot record (a composite of a non-float dtype, an axis out of
 /// range, a malformed node), naming the node's source location.
 pub fn decompose(graph: &Graph) -> Result<Decomposed> {
+    decompose_for(graph, None)
+}
+
+/// [`decompose`], writing each attention that `target` runs fused (see `attention`) as one
+/// [`Op::Attention`] node in place of its final product (the written-out chain before it is left
+/// without readers, and pruned with the other dead nodes); `None` writes every attention out.
+pub fn decompose_for(graph: &Graph, target: Option<&crate::target::Target>) -> Result<Decomposed> {
+    let readers = target.map(|_| crate::attention::readers(graph));
     let mut b = Builder {
         graph: Graph { symbols: graph.symbols.clone(), ..Graph::default() },
         origin: Vec::with_capacity(graph.nodes.len()),
@@ -53,7 +61,12 @@ pub fn decompose(graph: &Graph) -> Result<Decomposed> {
         let inputs = node.inputs.iter().map(|&a| lookup(&map, a, &node.loc)).collect::<Result<Vec<_>>>()?;
         b.from = NodeId(i as u32);
         b.loc = node.loc.clone();
-        let new = if node.op.family() == OpFamily::Composite {
+        let fused =
+            target.zip(readers.as_deref()).and_then(|(t, r)| crate::attention::find(graph, NodeId(i as u32), r, t));
+        let new = if let Some(a) = fused {
+            let qkv = [a.q, a.k, a.v].iter().map(|&n| lookup(&map, n, &node.loc)).collect::<Result<Vec<_>>>()?;
+            b.push(Op::Attention { scale: a.scale, causal: a.causal }, &qkv, node.dtype, node.shape.clone())
+        } else if node.op.family() == OpFamily::Composite {
             let out = b.composite(node, &inputs)?;
             let got = b.graph.node(out);
             if got.dtype != node.dtype || got.shape != node.shape {

@@ -73,6 +73,7 @@ pub fn op_attrs(op: &Op) -> String {
         Op::Pool { mode, kernel, window } => format!("{mode:?}, kernel={kernel:?}, {}", window_attrs(window)),
         Op::Unfold { kernel, window, value } => format!("kernel={kernel:?}, {}, value={value}", window_attrs(window)),
         Op::Rand { stream } => format!("stream={stream}"),
+        Op::Attention { scale, causal } => format!("scale={scale}, causal={causal}"),
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Where

@@ -44,6 +44,11 @@ pub enum RegionKind {
         /// The matmul node.
         node: NodeId,
     },
+    /// The fused attention template (`kernel::Attention`), one node.
+    Attention {
+        /// The attention node.
+        node: NodeId,
+    },
 }
 
 /// A group of nodes computed by one kernel.
@@ -79,6 +84,8 @@ pub enum Role {
     Reduce,
     /// Matrix product.
     MatMul,
+    /// Fused attention: a region of its own.
+    Attention,
 }
 
 /// How the scheduler treats an op.
@@ -88,6 +95,7 @@ pub fn role(op: &Op) -> Role {
         Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast => Role::Pointwise,
         Op::Reduce { .. } | Op::ArgReduce { .. } => Role::Reduce,
         Op::MatMul => Role::MatMul,
+        Op::Attention { .. } => Role::Attention,
         _ => Role::Transparent,
     }
 }
@@ -346,6 +354,14 @@ impl<'g> Scheduler<'g> {
         }
     }
 
+    fn attention_regions(&mut self) {
+        for i in 0..self.f.graph.nodes.len() {
+            if self.f.role[i] == Role::Attention && self.free(NodeId(i as u32)) {
+                self.commit(RegionKind::Attention { node: NodeId(i as u32) }, BTreeSet::from([NodeId(i as u32)]));
+            }
+        }
+    }
+
     fn matmul_regions(&mut self) {
         for i in 0..self.f.graph.nodes.len() {
             let m = NodeId(i as u32);
@@ -514,6 +530,7 @@ pub fn fuse(
         refused: feedback.refused.clone(),
         groups: per_op,
     };
+    s.attention_regions();
     s.row_regions();
     s.matmul_regions();
     s.pointwise_regions();

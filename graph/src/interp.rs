@@ -246,6 +246,13 @@ fn eval_node(
             v
         }
         Op::MatMul => matmul(args[0], args[1], &dims, false),
+        Op::Attention { scale, causal } => {
+            let (qd, kd) = (args[0].dims(), args[1].dims());
+            let r = qd.len();
+            let batch: usize = qd[..r - 2].iter().product();
+            let sizes = [batch, qd[r - 2], kd[r - 2], qd[r - 1], dims[r - 1]];
+            crate::attention::reference(args[0].values(), args[1].values(), args[2].values(), sizes, *scale, *causal)
+        }
         Op::Softmax { axis } => lanes(args[0], *axis, |lane| {
             let m = lane.iter().cloned().fold(f64::NEG_INFINITY, nan_max);
             let e: Vec<f64> = lane.iter().map(|x| (x - m).exp()).collect();

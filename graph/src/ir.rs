@@ -444,6 +444,17 @@ pub enum Op {
     },
     /// Batched matrix product `[..., m, k] x [..., k, n]`.
     MatMul,
+    /// Scaled dot-product attention over the last two axes, `softmax(q @ kᵀ * scale, -1) @ v` with
+    /// `-inf` above the diagonal when `causal`; inputs `[q, k, v]` shaped `[.., tq, d]`, `[.., tk, d]`,
+    /// `[.., tk, dv]` with equal batch dims. Decomposition writes it in place of that explicit chain
+    /// where the target runs it as one kernel (see `attention`), so no `tq × tk` matrix is stored.
+    Attention {
+        /// Multiplies the scores before the softmax.
+        #[serde(with = "crate::numbers")]
+        scale: f64,
+        /// Whether key `j` is masked out of query `i`'s row when `j > i`.
+        causal: bool,
+    },
     /// Softmax along `axis`.
     Softmax {
         /// The axis.
@@ -553,6 +564,7 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::Unfold { .. } => "unfold",
             Op::MatMul => "matmul",
+            Op::Attention { .. } => "attention",
             Op::Softmax { .. } => "softmax",
             Op::LogSoftmax { .. } => "log_softmax",
             Op::LayerNorm { .. } => "layer_norm",
@@ -583,7 +595,7 @@ impl Op {
             | Op::IndexSelect { .. }
             | Op::Gather { .. }
             | Op::Unfold { .. } => OpFamily::Layout,
-            Op::MatMul => OpFamily::Matmul,
+            Op::MatMul | Op::Attention { .. } => OpFamily::Matmul,
             Op::Softmax { .. }
             | Op::LogSoftmax { .. }
             | Op::LayerNorm { .. }

@@ -298,6 +298,8 @@ pub enum Stmt {
     MatMul(Box<MatMul>),
     /// A matmul the device's GEMM library runs (cuBLAS on CUDA): the kernel is this one call, not code.
     Gemm(Box<Gemm>),
+    /// The fused attention template (see [`Attention`]): the kernel's whole body.
+    Attention(Box<Attention>),
     /// When bool `cond` holds, records fault `site` (an index of [`Kernel::faults`]) in the kernel's
     /// fault word; the run then fails with that site's error. Execution goes on (indices are clamped),
     /// so no memory outside a buffer is touched. Sites are numbered so the largest recorded wins.
@@ -428,6 +430,100 @@ pub struct Gemm {
     pub out: usize,
     /// Dtype of both operands and the output.
     pub dtype: DType,
+}
+
+/// Rows of a matrix in a kernel buffer: element `(r, c)` of batch entry 0 at `offset + r * ld + c`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RowsOperand {
+    /// Kernel buffer number.
+    pub buffer: usize,
+    /// Element offset of `(0, 0)`.
+    pub offset: Expr,
+    /// Elements from one row to the next.
+    pub ld: Expr,
+}
+
+/// One batch dimension of an attention, with each operand's stride along it, in elements.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttentionBatch {
+    /// Entries.
+    pub extent: Expr,
+    /// Stride in the queries.
+    pub q: Expr,
+    /// Stride in the keys.
+    pub k: Expr,
+    /// Stride in the values.
+    pub v: Expr,
+    /// Stride in the output.
+    pub out: Expr,
+}
+
+/// How the attention template divides its work, chosen by `graph` from the target and head dims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AttentionTile {
+    /// Warps per workgroup; each owns 16 query rows (one matrix instruction's height).
+    pub warps: u32,
+    /// Keys per step: the key and value tiles in shared memory hold this many rows.
+    pub keys: u32,
+    /// Elements one global load moves: 8 (16 bytes) when every row of every operand starts 16-byte
+    /// aligned, else 1.
+    pub vector: u32,
+}
+
+impl AttentionTile {
+    /// Query rows per workgroup.
+    pub fn rows(&self) -> u32 {
+        16 * self.warps
+    }
+
+    /// Elements a shared-memory row of head dim `d` takes: 8 more than `d`, so the eight rows one
+    /// matrix load reads start in different banks.
+    pub fn smem_row(d: u32) -> u32 {
+        d + 8
+    }
+
+    /// Shared memory the template uses for head dims `d` and `dv`, 2-byte elements: the query block,
+    /// one key tile and one value tile.
+    pub fn shared_bytes(&self, d: u32, dv: u32) -> u32 {
+        2 * (self.rows() * Self::smem_row(d) + self.keys * (Self::smem_row(d) + Self::smem_row(dv)))
+    }
+}
+
+/// `out[batch.., i, :] = sum_j p_ij v[batch.., j, :]` with `p_i = softmax_j(q_i · k_j * scale)` over keys
+/// `j < kv_len` (and `j <= i` when `causal`), in f32, rounded once to `dtype`. Flash-attention style: each
+/// workgroup owns `tile.rows()` queries of one batch entry and streams `tile.keys` keys at a time
+/// through shared memory, keeping a running max and sum per query (the online softmax), so no
+/// `q_len × kv_len` matrix exists anywhere. Launched as `batch × ceil(q_len / rows)` workgroups of
+/// `32 × tile.warps` threads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attention {
+    /// Batch dimensions, outermost first.
+    pub batch: Vec<AttentionBatch>,
+    /// Queries per batch entry.
+    pub q_len: Expr,
+    /// Keys (and values) per batch entry.
+    pub kv_len: Expr,
+    /// Elements of a query or key row.
+    pub head_dim: u32,
+    /// Elements of a value or output row.
+    pub value_dim: u32,
+    /// Queries, `q_len × head_dim`.
+    pub q: RowsOperand,
+    /// Keys, `kv_len × head_dim`.
+    pub k: RowsOperand,
+    /// Values, `kv_len × value_dim`.
+    pub v: RowsOperand,
+    /// Output, `q_len × value_dim`.
+    pub out: RowsOperand,
+    /// Multiplies the scores.
+    #[serde(with = "crate::numbers")]
+    pub scale: f64,
+    /// Keys after the query are masked out.
+    pub causal: bool,
+    /// Dtype of every operand (f16 or bf16).
+    pub dtype: DType,
+    /// Work division.
+    pub tile: AttentionTile,
 }
 
 /// The symbol persistent-row loads are keyed by: "the element of the row" that every pass shares.
@@ -656,7 +752,7 @@ impl Kernel {
                     1 + match s {
                         Stmt::Loop { body, .. } | Stmt::Reduce { body, .. } => count(body),
                         Stmt::MatMul(m) => count(&m.a.body) + count(&m.b.body) + count(&m.epilogue),
-                        Stmt::Gemm(_) => 0,
+                        Stmt::Gemm(_) | Stmt::Attention(_) => 0,
                         _ => 0,
                     }
                 })
@@ -754,6 +850,38 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                 writeln!(f, "{pad}  epilogue ({} = acc):", m.acc)?;
                 write_block(f, &m.epilogue, depth + 2)?;
                 writeln!(f, "{pad}}}")?;
+            }
+            Stmt::Attention(a) => {
+                let rows =
+                    |o: &RowsOperand| format!("b{}[{} + r * {}]", o.buffer, show_expr(&o.offset), show_expr(&o.ld));
+                let batch: Vec<String> = a
+                    .batch
+                    .iter()
+                    .map(|b| {
+                        let [e, q, k, v, o] = [&b.extent, &b.q, &b.k, &b.v, &b.out].map(show_expr);
+                        format!("{e} (strides {q}, {k}, {v}, {o})")
+                    })
+                    .collect();
+                writeln!(
+                    f,
+                    "{pad}attention {} = softmax({} · {}ᵀ * {}{}) @ {} ({}: tq {}, tk {}, d {}, dv {}; batch [{}]; \
+                     {} warps, {} keys a step, loads of {})",
+                    rows(&a.out),
+                    rows(&a.q),
+                    rows(&a.k),
+                    a.scale,
+                    if a.causal { ", causal" } else { "" },
+                    rows(&a.v),
+                    a.dtype,
+                    show_expr(&a.q_len),
+                    show_expr(&a.kv_len),
+                    a.head_dim,
+                    a.value_dim,
+                    batch.join(", "),
+                    a.tile.warps,
+                    a.tile.keys,
+                    a.tile.vector
+                )?;
             }
             Stmt::Gemm(g) => {
                 let operand = |o: &GemmOperand| {

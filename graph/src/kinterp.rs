@@ -5,7 +5,7 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::interp::{binary, nan_max, nan_min, unary};
-use crate::kernel::{Gemm, KReduceOp, Kernel, Scalar, Stmt, VarId};
+use crate::kernel::{Attention, Gemm, KReduceOp, Kernel, Scalar, Stmt, VarId};
 use crate::loc::SourceLoc;
 use crate::sym::{Bindings, Expr};
 use std::collections::HashMap;
@@ -182,6 +182,7 @@ impl<M: Memory> Env<'_, M> {
                 }
             }
             Stmt::Gemm(g) => self.gemm(g)?,
+            Stmt::Attention(a) => self.attention(a)?,
         }
         Ok(())
     }
@@ -189,6 +190,68 @@ impl<M: Memory> Env<'_, M> {
 
 impl<M: Memory> Env<'_, M> {
     /// A library GEMM, as the library computes it: f32 accumulation, one rounding to the dtype.
+    /// The attention template: each batch entry's operands gathered through their strides and computed
+    /// by the reference's formula (in f64; the template's f32 and half-precision probabilities stay
+    /// within the dtype's tolerance of it), rounded once to the dtype.
+    fn attention(&mut self, a: &Attention) -> Result<()> {
+        let [tq, tk] = [&a.q_len, &a.kv_len].map(|e| self.index(e));
+        let (tq, tk) = (tq?.max(0) as usize, tk?.max(0) as usize);
+        let (d, dv) = (a.head_dim as usize, a.value_dim as usize);
+        let (mut offs, mut lds) = ([0i64; 4], [0i64; 4]);
+        for (i, o) in [&a.q, &a.k, &a.v, &a.out].into_iter().enumerate() {
+            (offs[i], lds[i]) = (self.index(&o.offset)?, self.index(&o.ld)?);
+        }
+        let mut batch = Vec::with_capacity(a.batch.len());
+        for b in &a.batch {
+            batch.push([
+                self.index(&b.extent)?,
+                self.index(&b.q)?,
+                self.index(&b.k)?,
+                self.index(&b.v)?,
+                self.index(&b.out)?,
+            ]);
+        }
+        let entries: i64 = batch.iter().map(|b| b[0]).product();
+        let kernel = self.kernel;
+        let read = |mem: &mut M, buffer: usize, at: i64, ld: i64, rows: usize, cols: usize| -> Result<Vec<f64>> {
+            let slot = mem.slot(buffer);
+            let mut v = Vec::with_capacity(rows * cols);
+            for r in 0..rows as i64 {
+                for c in 0..cols as i64 {
+                    let i = at + r * ld + c;
+                    let x = usize::try_from(i).ok().and_then(|i| slot.get(i).copied());
+                    v.push(x.ok_or_else(|| fail(kernel, format!("attention read b{buffer}[{i}] of {}", slot.len())))?);
+                }
+            }
+            Ok(v)
+        };
+        for e in 0..entries {
+            let (mut rest, mut at) = (e, offs);
+            for b in batch.iter().rev() {
+                let i = rest % b[0];
+                rest /= b[0];
+                for (x, stride) in at.iter_mut().zip(&b[1..]) {
+                    *x += i * stride;
+                }
+            }
+            let q = read(self.mem, a.q.buffer, at[0], lds[0], tq, d)?;
+            let k = read(self.mem, a.k.buffer, at[1], lds[1], tk, d)?;
+            let v = read(self.mem, a.v.buffer, at[2], lds[2], tk, dv)?;
+            let o = crate::attention::reference(&q, &k, &v, [1, tq, tk, d, dv], a.scale, a.causal);
+            let slot = self.mem.slot(a.out.buffer);
+            let len = slot.len();
+            for (r, row) in o.chunks(dv.max(1)).enumerate() {
+                for (c, x) in row.iter().enumerate() {
+                    let i = at[3] + r as i64 * lds[3] + c as i64;
+                    let dst = usize::try_from(i).ok().and_then(|i| slot.get_mut(i));
+                    *dst.ok_or_else(|| fail(kernel, format!("attention write b{}[{i}] of {len}", a.out.buffer)))? =
+                        a.dtype.round(*x);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn gemm(&mut self, g: &Gemm) -> Result<()> {
         let [m, n, k] = [&g.m, &g.n, &g.k].map(|e| self.index(e));
         let (m, n, k) = (m?, n?, k?);

@@ -3,6 +3,7 @@
 //!
 //! Start reading at [`compile`]: it is the pipeline as one short function.
 
+pub mod attention;
 pub mod autodiff;
 pub mod backend;
 mod binding;

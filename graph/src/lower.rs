@@ -11,7 +11,7 @@ use crate::kernel::{
     builtin, Access, BufferParam, KReduceOp, Kernel, Launch, LoopMode, MatMul, MatOperand, ReduceStrategy, Scalar,
     Stmt, Tile, VarId,
 };
-use crate::kernel::{FaultSite, Gemm, GemmBatch, RowLoad};
+use crate::kernel::{Attention, AttentionBatch, FaultSite, Gemm, GemmBatch, RowLoad, RowsOperand};
 use crate::shape::Shape;
 use crate::sym::{Expr, SymId, SymTable};
 use crate::target::Target;
@@ -628,7 +628,7 @@ impl<'a> Lowerer<'a> {
                 }
             },
             // The accumulator is bound at the output point; reading it anywhere else cannot be fused.
-            Op::MatMul => {
+            Op::MatMul | Op::Attention { .. } => {
                 let culprit = self.evaluating.iter().rev().find(|&&m| m != n).copied().unwrap_or(n);
                 return Err(LowerFailure::Refuse(culprit));
             }
@@ -644,6 +644,26 @@ impl<'a> Lowerer<'a> {
             | Op::Conv { .. }
             | Op::Pool { .. } => unreachable!("lowering runs after decomposition"),
         })
+    }
+
+    /// Node `node` read in place as a strided view of one buffer: `(buffer, offset, strides)` with its
+    /// element at `syms` (one symbol per axis) at `offset + sum(strides[i] * syms[i])`, when its value is
+    /// one plain load whose index is affine in `syms` (what a library or template reads without a copy).
+    fn strided_view(&mut self, node: NodeId, syms: &[SymId]) -> Option<(usize, Expr, Vec<Expr>)> {
+        self.push_block(syms);
+        let idx: Vec<Expr> = syms.iter().map(|&s| Expr::sym(s)).collect();
+        let g = self.g;
+        let at = Point::from_multi(g.node(node).shape.dims(), &idx, &self.ranges);
+        let v = self.value(node, &at).ok();
+        let body = self.pop_block();
+        let (buffer, index) = match (v, body.as_slice()) {
+            (Some(v), [Stmt::Let { var, value: Scalar::Load { buffer, index, guard: None }, .. }]) if *var == v => {
+                (*buffer, index.simplify_in(&self.ranges))
+            }
+            _ => return None,
+        };
+        let (offset, strides) = crate::gemm::affine(&index, syms)?;
+        Some((buffer, offset, strides))
     }
 
     fn symbols(&self) -> Vec<SymId> {
@@ -668,6 +688,20 @@ impl<'a> Lowerer<'a> {
                         visit(&m.a.body, out);
                         visit(&m.b.body, out);
                         visit(&m.epilogue, out);
+                    }
+                    Stmt::Attention(a) => {
+                        for e in [&a.q_len, &a.kv_len] {
+                            add(out, e);
+                        }
+                        for o in [&a.q, &a.k, &a.v, &a.out] {
+                            add(out, &o.offset);
+                            add(out, &o.ld);
+                        }
+                        for b in &a.batch {
+                            for e in [&b.extent, &b.q, &b.k, &b.v, &b.out] {
+                                add(out, e);
+                            }
+                        }
                     }
                     Stmt::Gemm(g) => {
                         for e in [&g.m, &g.n, &g.k, &g.a.offset, &g.a.ld, &g.b.offset, &g.b.ld] {
@@ -1008,23 +1042,10 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Optio
     let k = l.g.node(a_node).shape.dims()[r - 1].clone();
     let batch_syms: Vec<SymId> = dims[..r - 2].iter().map(|d| l.new_sym(d)).collect();
     let [is, js, ps] = [&m, &n, &k].map(|e| l.new_sym(e));
-    // Each operand must be one plain load whose index is affine in the batch, row and column symbols.
     let operand = |l: &mut Lowerer, node: NodeId, row: SymId, col: SymId, extents: (&Expr, &Expr)| {
         let mut syms = batch_syms.clone();
         syms.extend([row, col]);
-        l.push_block(&syms);
-        let idx: Vec<Expr> = syms.iter().map(|&s| Expr::sym(s)).collect();
-        let g = l.g;
-        let at = Point::from_multi(g.node(node).shape.dims(), &idx, &l.ranges);
-        let v = l.value(node, &at).ok();
-        let body = l.pop_block();
-        let (buffer, index) = match (v, body.as_slice()) {
-            (Some(v), [Stmt::Let { var, value: Scalar::Load { buffer, index, guard: None }, .. }]) if *var == v => {
-                (*buffer, index.simplify_in(&l.ranges))
-            }
-            _ => return None,
-        };
-        let (offset, strides) = crate::gemm::affine(&index, &syms)?;
+        let (buffer, offset, strides) = l.strided_view(node, &syms)?;
         let (rs, cs) = (&strides[strides.len() - 2], &strides[strides.len() - 1]);
         let op = crate::gemm::operand(buffer, offset, extents, (rs, cs), &l.ranges)?;
         Some((op, strides[..strides.len() - 2].to_vec()))
@@ -1056,6 +1077,59 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Optio
     Ok(Some(l.finish(&region.name, Launch { groups: Expr::from(1usize), threads: 1 })))
 }
 
+/// The region of attention `node` as the fused attention template. Each operand is read in place as rows
+/// (unit column stride); a view that is not (a transposed key) is sent back to the scheduler to be stored
+/// first, as `.contiguous()` would.
+fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, LowerFailure> {
+    let n = l.g.node(node);
+    let Op::Attention { scale, causal } = n.op else { return Err(LowerFailure::Refuse(node)) };
+    let (dtype, dims) = (n.dtype, n.shape.dims().to_vec());
+    let [qn, kn, vn] = [n.inputs[0], n.inputs[1], n.inputs[2]];
+    let r = dims.len();
+    let (q_len, kv_len) = (dims[r - 2].clone(), l.g.node(kn).shape.dims()[r - 2].clone());
+    let head = |x: NodeId| l.g.node(x).shape.dims()[r - 1].as_const().and_then(|c| u32::try_from(c).ok());
+    let (Some(d), Some(dv)) = (head(qn), head(vn)) else { return Err(LowerFailure::Refuse(node)) };
+    let batch_syms: Vec<SymId> = dims[..r - 2].iter().map(|e| l.new_sym(e)).collect();
+    let mut views = Vec::with_capacity(3);
+    for (x, rows, cols) in [(qn, &q_len, d), (kn, &kv_len, d), (vn, &kv_len, dv)] {
+        let mut syms = batch_syms.clone();
+        syms.extend([l.new_sym(rows), l.new_sym(&Expr::from(cols as usize))]);
+        match l.strided_view(x, &syms) {
+            Some((buffer, offset, strides)) if strides[r - 1].as_const() == Some(1) => {
+                let ld = strides[r - 2].clone();
+                views.push((RowsOperand { buffer, offset, ld }, strides[..r - 2].to_vec()));
+            }
+            _ if crate::fuse::role(&l.g.node(x).op) == crate::fuse::Role::Transparent
+                && !l.materialized.contains(&x) =>
+            {
+                return Err(LowerFailure::Materialize(x));
+            }
+            _ => return Err(LowerFailure::Refuse(node)),
+        }
+    }
+    let out = l.buffer(node, Access::Write);
+    let mut out_stride = q_len.clone() * Expr::from(dv as usize);
+    let mut batch = Vec::with_capacity(r - 2);
+    for a in (0..r - 2).rev() {
+        let [q, k, v] = [0, 1, 2].map(|i| views[i].1[a].clone());
+        batch.push(AttentionBatch { extent: dims[a].clone(), q, k, v, out: out_stride.clone() });
+        out_stride = out_stride * dims[a].clone();
+    }
+    batch.reverse();
+    // 16-byte loads where every row of every operand starts on a multiple of 8 elements.
+    let eighths = |e: &Expr| e.as_const().is_some_and(|c| c % 8 == 0);
+    let aligned = views.iter().all(|(o, strides)| eighths(&o.offset) && eighths(&o.ld) && strides.iter().all(eighths));
+    let Some(tile) = crate::attention::tile(l.target, d, dv, aligned) else { return Err(LowerFailure::Refuse(node)) };
+    let groups = batch.iter().fold(ceil_div(&q_len, tile.rows()), |g, b| g * b.extent.clone());
+    let [q, k, v] = [0, 1, 2].map(|i| views[i].0.clone());
+    let out = RowsOperand { buffer: out, offset: Expr::from(0usize), ld: Expr::from(dv as usize) };
+    let threads = 32 * tile.warps;
+    let a = Attention { batch, q_len, kv_len, head_dim: d, value_dim: dv, q, k, v, out, scale, causal, dtype, tile };
+    l.blocks[0].push(Stmt::Attention(Box::new(a)));
+    let _ = region;
+    Ok(l.finish(&region.name, Launch { groups, threads }))
+}
+
 /// Lowers one region of `graph` to a kernel for `target`; `materialized` lists the layout nodes other
 /// regions store (see `fuse::Feedback`).
 pub fn lower(
@@ -1075,6 +1149,7 @@ pub fn lower(
     match &region.kind {
         RegionKind::Pointwise => pointwise(l, region),
         RegionKind::Rows { input_shape, axes } => rows(l, region, input_shape, axes),
+        RegionKind::Attention { node } => attention(l, region, *node),
         RegionKind::MatMul { node } => {
             match library_matmul(Lowerer::new(graph, target, region, materialized), region, *node)? {
                 Some(k) => Ok(k),

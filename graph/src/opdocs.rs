@@ -26,6 +26,7 @@ pub fn catalog() -> Vec<Op> {
         Op::Gather { axis: 0 },
         Op::Unfold { kernel: vec![], window: Window::default(), value: 0.0 },
         Op::MatMul,
+        Op::Attention { scale: 1.0, causal: false },
         Op::Softmax { axis: 0 },
         Op::LogSoftmax { axis: 0 },
         Op::LayerNorm { dims: 1, eps: 0.0, affine: false },
@@ -126,6 +127,10 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
             "the windows of a convolution as a new axis, `[N, C, *in]` to `[N, C, taps, *out]` (torch's `unfold`); a view",
         ),
         Op::MatMul => ("matmul", "batched matrix product, `torch.matmul` rules (1-D promotion, batch broadcasting)"),
+        Op::Attention { .. } => (
+            "(recognised in `q.matmul(k.transpose) * s → causal_mask → softmax → matmul(v)`)",
+            "`softmax(q @ kᵀ * scale, -1) @ v`, causal or not, as one flash-attention kernel where the target has matrix units (f16/bf16, head dims multiples of 16 up to 128)",
+        ),
         Op::Softmax { .. } => ("softmax", "composite: `exp(x - max) / sum(exp(x - max))` along an axis"),
         Op::LogSoftmax { .. } => ("log_softmax", "composite: `x - logsumexp(x)` along an axis"),
         Op::LayerNorm { .. } => {

@@ -3,7 +3,7 @@
 //! only render and launch.
 
 use crate::data::TensorData;
-use crate::decompose::{decompose, Decomposed};
+use crate::decompose::Decomposed;
 use crate::error::{Error, Result};
 use crate::fuse::{fuse, Feedback, Fusion, FusionMode, RegionKind};
 use crate::interp::bind_symbols;
@@ -90,7 +90,8 @@ fn with_locations_of(c: std::sync::Arc<CompiledGraph>, graph: &Graph) -> std::sy
 pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> Result<CompiledGraph> {
     let mut timings = PhaseTimes::default();
     let clock = Instant::now();
-    let decomposed = decompose(graph)?;
+    // The eager baseline runs each op as the user wrote it, attention included.
+    let decomposed = crate::decompose::decompose_for(graph, (mode == FusionMode::Fused).then_some(target))?;
     // Tracing records every op the user ran; only what an output needs is compiled.
     let (mut live, kept) = decomposed.graph.without_dead_nodes();
     let mut origin: Vec<NodeId> = kept.iter().map(|k| decomposed.origin[k.index()]).collect();
@@ -111,7 +112,14 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     let (live, origin, inner) =
         crate::fan_in::split_wide_concats(&live, &origin, crate::fan_in::concat_fan_in(target.max_bindings));
     let primitive = Decomposed { graph: live, origin };
-    let names: Vec<String> = primitive.origin.iter().map(|&o| graph.node(o).op.name().to_string()).collect();
+    // Kernels are named for the user's ops; a fused attention is named for itself (its origin is the
+    // final matmul of the written-out form).
+    let names: Vec<String> = (primitive.origin.iter().zip(&primitive.graph.nodes))
+        .map(|(&o, n)| match n.op {
+            crate::ir::Op::Attention { .. } => "attention".to_string(),
+            _ => graph.node(o).op.name().to_string(),
+        })
+        .collect();
     timings.decompose_ms = ms(clock);
     let mut feedback = Feedback { materialized: inner, ..Feedback::default() };
     loop {
@@ -305,14 +313,14 @@ impl CompiledGraph {
             .collect()
     }
 
-    /// Kernels of each kind: `(pointwise, rows, matmul)`.
+    /// Kernels of each kind: `(pointwise, rows, matmul)` (a fused attention counts as a matmul).
     pub fn kernel_kinds(&self) -> (usize, usize, usize) {
         let mut k = (0, 0, 0);
         for r in &self.fusion.regions {
             match r.kind {
                 RegionKind::Pointwise => k.0 += 1,
                 RegionKind::Rows { .. } => k.1 += 1,
-                RegionKind::MatMul { .. } => k.2 += 1,
+                RegionKind::MatMul { .. } | RegionKind::Attention { .. } => k.2 += 1,
             }
         }
         k

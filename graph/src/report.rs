@@ -238,6 +238,7 @@ fn kind_name(kind: &RegionKind, kernel: &Kernel) -> &'static str {
         RegionKind::Rows { .. } => "rows",
         RegionKind::MatMul { .. } if kernel.gemm().is_some() => "library gemm",
         RegionKind::MatMul { .. } => "matmul",
+        RegionKind::Attention { .. } => "attention",
     }
 }
 

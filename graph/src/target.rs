@@ -28,7 +28,8 @@ pub struct Target {
     pub f16_compute: bool,
     /// Computes bf16 natively (otherwise stored as bf16 and computed in f32).
     pub bf16_compute: bool,
-    /// Has matrix units (tensor cores) a matmul template may use.
+    /// Has matrix units (tensor cores: `mma.m16n8k16` on f16/bf16) the fused attention template runs on
+    /// (see `attention::fits`).
     pub matrix_units: bool,
     /// Widest vector load or store, in bytes.
     pub max_vector_bytes: u32,
@@ -135,7 +136,8 @@ impl Target {
             // result away from the exact one. `KILN_CUDA_HALF_ROUNDING=each-op` restores per-op rounding.
             f16_compute: false,
             bf16_compute: false,
-            matrix_units: sm >= 70,
+            // The template's `mma.m16n8k16` over bf16 needs sm_80 (kiln renders for sm_80 or newer).
+            matrix_units: sm >= 80,
             max_vector_bytes: 16,
             packed_half_storage: false,
             max_row_cache: 32,
@@ -161,6 +163,8 @@ impl Target {
             binding_alignment: default_binding_alignment(),
             bool_words: false,
             index_bits: 64,
+            // It runs the fused attention template too, so every CI run checks that kernel IR.
+            matrix_units: true,
             ..Target::webgpu_default()
         }
     }
@@ -178,7 +182,8 @@ impl Target {
 
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
     /// `KILN_<BACKEND>_ROW_THREADS`, `KILN_<BACKEND>_ROW_CACHE` (persistent rows; 0: off) and
-    /// `KILN_<BACKEND>_GEMM=kiln` (no GEMM library) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
+    /// `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
+    /// attention: matrix units unused) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
     /// (`benches/NOTES.md`).
     pub fn tuned_by_env(mut self, backend: &str) -> Target {
@@ -189,6 +194,10 @@ impl Target {
         self.row_threads = knob("ROW_THREADS").unwrap_or(self.row_threads);
         self.max_row_cache = knob("ROW_CACHE").unwrap_or(self.max_row_cache);
         self.library_gemm &= std::env::var(format!("KILN_{backend}_GEMM")).as_deref() != Ok("kiln");
+        if self.matrix_units && std::env::var(format!("KILN_{backend}_ATTENTION")).as_deref() == Ok("written-out") {
+            self.name = format!("{}-attention-written-out", self.name);
+            self.matrix_units = false;
+        }
         if std::env::var(format!("KILN_{backend}_HALF_ROUNDING")).as_deref() == Ok("each-op") {
             self.name = format!("{}-round-each-op", self.name);
             (self.f16_compute, self.bf16_compute) = (true, true);

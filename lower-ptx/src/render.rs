@@ -19,6 +19,8 @@ use std::fmt::Write;
 
 pub use kiln_graph::kernel::RenderError;
 
+mod attention;
+
 /// The loop variable of a vectorised loop: which vector a thread moves (the IR's own variable is the
 /// element, one per lane).
 const VECTOR_INDEX: SymId = SymId(u32::MAX - 2);
@@ -76,6 +78,8 @@ struct Writer<'k> {
     lane: Option<(SymId, usize)>,
     vector_loads: HashMap<usize, Vec<String>>,
     vector_stores: HashMap<usize, Vec<String>>,
+    /// Shared arrays a template declares (the attention's tiles), printed verbatim.
+    extra_shared: Vec<String>,
 }
 
 impl<'k> Writer<'k> {
@@ -1081,6 +1085,7 @@ impl<'k> Writer<'k> {
             }
             Stmt::MatMul(m) => self.matmul(m),
             Stmt::Gemm(_) => self.fail("a library GEMM is a runtime call, not PTX".into()),
+            Stmt::Attention(a) => self.attention(a),
         }
     }
 
@@ -1367,6 +1372,7 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
         lane: None,
         vector_loads: HashMap::new(),
         vector_stores: HashMap::new(),
+        extra_shared: Vec::new(),
     };
     for s in &kernel.symbols {
         w.syms.insert(*s, format!("%s{}", s.0));
@@ -1386,6 +1392,9 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
             _ => ("s64", 8),
         };
         let _ = writeln!(src, ".shared .align {n} .{ty} {sh}[{t}];");
+    }
+    for sh in &w.extra_shared {
+        let _ = writeln!(src, "{sh}");
     }
     let mut params: Vec<String> = (0..kernel.buffers.len()).map(|i| format!("    .param .u64 p_b{i}")).collect();
     params.extend(kernel.symbols.iter().map(|s| format!("    .param .s64 p_s{}", s.0)));

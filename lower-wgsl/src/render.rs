@@ -510,6 +510,8 @@ impl<'k> Writer<'k> {
             Stmt::Gemm(_) => {
                 self.fail("this target has no GEMM library (the kernel should be a matmul template)".into())
             }
+            // `attention::fits` gives the template only to targets with matrix units; WGSL has none.
+            Stmt::Attention(_) => self.fail("this target has no matrix units for the fused attention template".into()),
         }
     }
 

@@ -317,3 +317,87 @@ pub fn dynamic_dims_past_the_32_bit_bound(b: &Arc<dyn Backend>) -> kiln::graph::
     }
     Ok(())
 }
+
+/// Seeded values in [-2, 2) of `dtype`, `dims`.
+fn seeded_in(dtype: DType, dims: &[usize], salt: u32) -> Tensor {
+    let n: usize = dims.iter().product();
+    let v: Vec<f32> =
+        (0..n as u32).map(|i| ((i.wrapping_mul(2654435761) ^ salt) % 4001) as f32 / 1000.0 - 2.0).collect();
+    Tensor::from_slice(&v, dims).unwrap().cast(dtype).unwrap()
+}
+
+/// One attention shape: queries/keys/values per batch entry, head dims, how they are laid out.
+struct AttentionCase {
+    dtype: DType,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    dv: usize,
+    causal: bool,
+    /// q, k and v are narrowed out of one wider tensor at this element offset (8: 16-byte rows; 4: rows
+    /// off a 16-byte boundary, the template's 2-byte loads).
+    packed_at: Option<usize>,
+}
+
+fn attention_of(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> kiln::Result<Tensor> {
+    let s = q.matmul(&k.transpose(-1, -2)?)?.mul(scale)?;
+    let s = if causal { s.causal_mask()? } else { s };
+    s.softmax(-1)?.matmul(v)
+}
+
+/// Attention written out (scaled, causal or not, fewer or more keys than queries, rows past one tile, heads
+/// read in place out of one projection, aligned and not) in bf16 and f16, against the f64 reference under
+/// kiln's tolerance rule. Where `attention::fits` says the target runs the template, each becomes the fused
+/// attention kernel (asserted through the compile report), so this is that template's check on every such
+/// backend.
+pub fn attention(b: &Arc<dyn Backend>) {
+    use kiln::graph::tolerance::{compare, Expected, Tolerance};
+    let cases = [
+        AttentionCase { dtype: DType::BF16, tq: 130, tk: 130, d: 64, dv: 64, causal: true, packed_at: None },
+        AttentionCase { dtype: DType::F16, tq: 70, tk: 33, d: 16, dv: 48, causal: false, packed_at: None },
+        AttentionCase { dtype: DType::BF16, tq: 33, tk: 70, d: 128, dv: 128, causal: true, packed_at: None },
+        AttentionCase { dtype: DType::BF16, tq: 96, tk: 96, d: 32, dv: 32, causal: true, packed_at: Some(8) },
+        AttentionCase { dtype: DType::F16, tq: 50, tk: 50, d: 32, dv: 32, causal: true, packed_at: Some(4) },
+        AttentionCase { dtype: DType::BF16, tq: 1, tk: 1, d: 16, dv: 16, causal: true, packed_at: None },
+    ];
+    for (n, c) in cases.iter().enumerate() {
+        let scale = 1.0 / (c.d as f64).sqrt();
+        let (q, k, v) = match c.packed_at {
+            // Three heads' worth of columns; q, k, v are narrowed at `at`, `at + d` and `at + 2d` (tq = tk).
+            Some(at) => {
+                let wide = seeded_in(c.dtype, &[2, c.tq, at + 3 * c.d], 11 * n as u32);
+                (wide.clone(), wide.clone(), wide)
+            }
+            None => (
+                seeded_in(c.dtype, &[2, c.tq, c.d], 3 * n as u32),
+                seeded_in(c.dtype, &[2, c.tk, c.d], 3 * n as u32 + 1),
+                seeded_in(c.dtype, &[2, c.tk, c.dv], 3 * n as u32 + 2),
+            ),
+        };
+        let (d, packed_at, causal) = (c.d, c.packed_at, c.causal);
+        let f = move |(q, k, v): (&Tensor, &Tensor, &Tensor)| match packed_at {
+            Some(at) => attention_of(
+                &q.narrow(-1, at, d)?,
+                &k.narrow(-1, at + d, d)?,
+                &v.narrow(-1, at + 2 * d, d)?,
+                causal,
+                scale,
+            ),
+            None => attention_of(q, k, v, causal, scale),
+        };
+        let want = compile(f).backend(kiln::graph::CpuReference).call((&q, &k, &v)).unwrap();
+        let compiled = compile(f).backend(b.clone());
+        let got: Tensor = compiled.call((&q, &k, &v)).unwrap();
+        let report = compiled.report();
+        let kinds: Vec<String> =
+            report.entries.iter().flat_map(|e| &e.graphs).flat_map(|g| &g.kernels).map(|k| k.kind.clone()).collect();
+        let fused_here = b.target().is_some_and(|t| kiln::graph::attention::fits(t, c.dtype, c.d as i64, c.dv as i64));
+        assert_eq!(kinds.iter().any(|k| k == "attention"), fused_here, "case {n}: kernels {kinds:?}");
+        // The reference rounds after every op as the written-out form does; the rule's depth covers it.
+        let graph = &report.entries[0].graphs[0].captured;
+        let tol = Tolerance::rule(c.dtype, kiln::graph::tolerance::depth(graph).unwrap());
+        let (got, want) = (got.to_data().unwrap(), want.to_data().unwrap());
+        let outcome = compare(&got, &Expected::of(&want, "reference"), tol);
+        assert!(outcome.correct, "case {n} ({:?} tq {} tk {} d {} dv {}): {outcome:?}", c.dtype, c.tq, c.tk, c.d, c.dv);
+    }
+}

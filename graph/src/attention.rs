@@ -1,0 +1,195 @@
+//! Fused attention: where `softmax(q @ kᵀ * scale [causal]) @ v`, written out as separate ops, becomes
+//! one [`Op::Attention`] node, and what that node computes.
+//!
+//! Written out, attention stores a `tq × tk` score matrix per head, reads it back for the softmax, stores
+//! the probabilities and reads them again for the second product: at GPT-2 sizes that traffic and three
+//! launches are most of the attention's time. One flash-attention-style kernel (tiles of keys streamed
+//! past a block of queries, an online softmax, nothing `tq × tk` in memory) removes all of it. The
+//! decision is made here, once, from the graph and the [`Target`]; a backend only renders the kernel the
+//! lowering describes (`kernel::Attention`).
+//!
+//! The pattern is matched on the traced graph (composites whole), at the final matmul: its left operand is
+//! a last-axis softmax of, in either order, at most one scalar scale and at most one causal mask over
+//! `q @ kᵀ`, and each of those intermediate values is read only by the next (a training step that keeps the
+//! probabilities for its backward pass does not match, and stays written out).
+
+use crate::dtype::DType;
+use crate::ir::{BinaryOp, Graph, NodeId, Op};
+use crate::kernel::AttentionTile;
+use crate::target::Target;
+
+/// The largest head dim the fused kernel keeps in registers (one row of `q` and of the output per group
+/// of four threads).
+pub const MAX_HEAD_DIM: i64 = 128;
+
+/// An attention found in a graph: the operands and what the softmax saw.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Found {
+    /// Queries, `[.., tq, d]`.
+    pub q: NodeId,
+    /// Keys, `[.., tk, d]` (before the transpose the product read).
+    pub k: NodeId,
+    /// Values, `[.., tk, dv]`.
+    pub v: NodeId,
+    /// The scores' multiplier.
+    pub scale: f64,
+    /// Whether a causal mask was applied.
+    pub causal: bool,
+}
+
+/// Whether `target` runs attention over `dtype` with head dims `d` and `dv` as one fused kernel: it has
+/// matrix units (the kernel's products are matrix-multiply-accumulate instructions), the dtype is one
+/// they take, both head dims are multiples of 16 (one instruction's depth) no larger than
+/// [`MAX_HEAD_DIM`], and a tile fits the target's shared memory ([`tile`]).
+pub fn fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
+    let dim_ok = |x: i64| x > 0 && x % 16 == 0 && x <= MAX_HEAD_DIM;
+    target.matrix_units
+        && matches!(dtype, DType::F16 | DType::BF16)
+        && dim_ok(d)
+        && dim_ok(dv)
+        && tile(target, d as u32, dv as u32, false).is_some()
+}
+
+/// The template's work division for head dims `d` and `dv` on `target`: four warps (64 queries) a
+/// workgroup, and the most keys a step (64, 32 or 16) whose tiles fit the target's shared memory within
+/// the 48 KiB a kernel may declare statically; 16-byte loads when every operand row is `aligned` to 8
+/// elements. `None` when not even 16 keys fit.
+pub fn tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<AttentionTile> {
+    let budget = target.shared_memory_bytes.min(48 * 1024);
+    [64, 32, 16]
+        .into_iter()
+        .map(|keys| AttentionTile { warps: 4, keys, vector: if aligned { 8 } else { 1 } })
+        .find(|t| t.shared_bytes(d, dv) <= budget)
+}
+
+/// How many nodes read each node, graph outputs counted as readers.
+pub fn readers(g: &Graph) -> Vec<usize> {
+    let mut n = vec![0usize; g.nodes.len()];
+    for node in &g.nodes {
+        for &i in &node.inputs {
+            n[i.index()] += 1;
+        }
+    }
+    for &o in &g.outputs {
+        n[o.index()] += 1;
+    }
+    n
+}
+
+/// The scalar a node holds everywhere, when it is a constant (through reshapes and expands of one).
+fn constant(g: &Graph, mut n: NodeId) -> Option<f64> {
+    loop {
+        let node = g.node(n);
+        match node.op {
+            Op::Full { value } => return Some(value),
+            Op::Reshape | Op::Expand if node.inputs.len() == 1 => n = node.inputs[0],
+            _ => return None,
+        }
+    }
+}
+
+/// The attention whose final product is node `out` of `g`, if it is one that `target` fuses (`readers`
+/// from [`readers`]).
+pub fn find(g: &Graph, out: NodeId, readers: &[usize], target: &Target) -> Option<Found> {
+    let node = g.node(out);
+    if node.op != Op::MatMul || node.inputs.len() != 2 {
+        return None;
+    }
+    let only_here = |n: NodeId| readers[n.index()] == 1;
+    let (probs, v) = (node.inputs[0], node.inputs[1]);
+    let sm = g.node(probs);
+    let rank = sm.shape.rank();
+    if sm.op != (Op::Softmax { axis: rank.wrapping_sub(1) }) || !only_here(probs) || rank < 2 {
+        return None;
+    }
+    // Back from the softmax through at most one scale and one mask, in either order.
+    let (mut at, mut scale, mut causal) = (sm.inputs[0], None, false);
+    loop {
+        if !only_here(at) {
+            return None;
+        }
+        let n = g.node(at);
+        match n.op {
+            Op::CausalMask if !causal => causal = true,
+            Op::Binary { op: op @ (BinaryOp::Mul | BinaryOp::Div) } if scale.is_none() => {
+                let (x, c) = match (constant(g, n.inputs[0]), constant(g, n.inputs[1])) {
+                    (_, Some(c)) => (n.inputs[0], c),
+                    (Some(c), None) if op == BinaryOp::Mul => (n.inputs[1], c),
+                    _ => return None,
+                };
+                let s = if op == BinaryOp::Div { 1.0 / c } else { c };
+                // A mask after a non-positive scale would not stay `-inf`; such a model is not attention.
+                if !(s.is_finite() && s > 0.0) {
+                    return None;
+                }
+                scale = Some(s);
+                at = x;
+                continue;
+            }
+            _ => break,
+        }
+        at = n.inputs[0];
+    }
+    let scores = g.node(at);
+    if scores.op != Op::MatMul {
+        return None;
+    }
+    let (q, kt) = (scores.inputs[0], scores.inputs[1]);
+    let t = g.node(kt);
+    let mut swap: Vec<usize> = (0..rank).collect();
+    swap.swap(rank - 1, rank - 2);
+    if t.op != (Op::Permute { perm: swap }) || !only_here(kt) {
+        return None;
+    }
+    let k = t.inputs[0];
+    let [qs, ks, vs] = [q, k, v].map(|n| g.node(n).shape.dims().to_vec());
+    let batch_ok = qs.len() == rank && ks.len() == rank && vs.len() == rank && qs[..rank - 2] == ks[..rank - 2];
+    if !batch_ok || vs[..rank - 2] != qs[..rank - 2] || qs[rank - 1] != ks[rank - 1] || ks[rank - 2] != vs[rank - 2] {
+        return None;
+    }
+    let dtype = node.dtype;
+    if [q, k, v, at, probs].iter().any(|&n| g.node(n).dtype != dtype) {
+        return None;
+    }
+    let (d, dv) = (qs[rank - 1].as_const()?, vs[rank - 1].as_const()?);
+    fits(target, dtype, d, dv).then_some(Found { q, k, v, scale: scale.unwrap_or(1.0), causal })
+}
+
+/// What [`Op::Attention`] computes, in f64 (the reference): `q` `[batch, tq, d]`, `k` `[batch, tk, d]`,
+/// `v` `[batch, tk, dv]`, row-major, batch flattened. A row with no key (`tk = 0`) is zeros, as the
+/// written-out form's empty product gives.
+pub fn reference(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    [batch, tq, tk, d, dv]: [usize; 5],
+    scale: f64,
+    causal: bool,
+) -> Vec<f64> {
+    let mut out = vec![0.0; batch * tq * dv];
+    let mut s = vec![0.0; tk];
+    for b in 0..batch {
+        for i in 0..tq {
+            let keys = if causal { tk.min(i + 1) } else { tk };
+            let qi = &q[(b * tq + i) * d..][..d];
+            for (j, sj) in s.iter_mut().enumerate().take(keys) {
+                let kj = &k[(b * tk + j) * d..][..d];
+                *sj = qi.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>() * scale;
+            }
+            let m = s[..keys].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let mut total = 0.0;
+            for sj in &mut s[..keys] {
+                *sj = (*sj - m).exp();
+                total += *sj;
+            }
+            let o = &mut out[(b * tq + i) * dv..][..dv];
+            for (j, p) in s[..keys].iter().enumerate() {
+                let vj = &v[(b * tk + j) * dv..][..dv];
+                for (x, y) in o.iter_mut().zip(vj) {
+                    *x += p / total * y;
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,158 @@
+//! Fused attention: which written-out attentions become one `Attention` kernel (decided in `graph` from the
+//! target and the graph), how its operands are read in place, and that the template computes what the
+//! written-out form does (through the kernel interpreter, against the f64 reference).
+
+use kiln_graph::kernel::{Attention, Stmt};
+use kiln_graph::tolerance::{compare, Expected, Tolerance};
+use kiln_graph::workloads::data;
+use kiln_graph::{capture, compile_graph, interp, CompiledGraph, DType, Result, Target, Tensor, TensorSpec};
+
+fn attentions(c: &CompiledGraph) -> Vec<&Attention> {
+    c.kernels
+        .iter()
+        .filter_map(|k| match k.body.as_slice() {
+            [Stmt::Attention(a)] => Some(&**a),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Compiles `f` for `target`, runs it through the kernel interpreter and checks it against the f64
+/// reference of the traced (written-out) graph under kiln's tolerance rule (`tolerance`).
+fn checked(specs: &[TensorSpec], f: fn(&[Tensor]) -> Result<Vec<Tensor>>, target: &Target) -> CompiledGraph {
+    let g = capture(specs, f).unwrap();
+    let c = compile_graph(&g, target).unwrap();
+    let inputs: Vec<_> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
+    let refs: Vec<_> = inputs.iter().collect();
+    let got = c.run_interpreted(&refs).unwrap();
+    let want = interp::run_unrounded(&g, &refs).unwrap();
+    let tol = Tolerance::of(&g).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        let outcome = compare(g, &Expected::of(w, "reference"), tol);
+        assert!(outcome.correct, "{outcome:?}\n{c}");
+    }
+    c
+}
+
+/// W5's attention: q, k, v split from one projection, heads permuted out, scaled, causal.
+fn gpt_attention(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let (b, s, heads, hd) = (2isize, 40isize, 2isize, 32isize);
+    let split = |i: usize| -> Result<Tensor> {
+        t[0].narrow(-1, i * (heads * hd) as usize, (heads * hd) as usize)?
+            .reshape(&[b, s, heads, hd])?
+            .permute(&[0, 2, 1, 3])
+    };
+    let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+    let w = q.matmul(&k.transpose(-1, -2)?)?.mul(1.0 / (hd as f64).sqrt())?.causal_mask()?.softmax(-1)?;
+    Ok(vec![w.matmul(&v)?.permute(&[0, 2, 1, 3])?.reshape(&[b, s, heads * hd])?])
+}
+
+fn qkv_spec(dtype: DType) -> [TensorSpec; 1] {
+    [TensorSpec::new(dtype, &[2, 40, 3 * 2 * 32])]
+}
+
+#[test]
+fn gpts_attention_is_one_kernel_reading_the_projection_in_place() {
+    let c = checked(&qkv_spec(DType::BF16), gpt_attention, &Target::cuda(90));
+    let a = attentions(&c);
+    assert_eq!(a.len(), 1, "{c}");
+    let a = a[0];
+    // The scale as the written-out form multiplies by it: a bf16 constant.
+    assert!(a.causal && a.scale == DType::BF16.round(1.0 / 32f64.sqrt()), "{}", a.scale);
+    assert_eq!((a.head_dim, a.value_dim, a.q_len.as_const(), a.kv_len.as_const()), (32, 32, Some(40), Some(40)));
+    // q, k and v are rows of the one projection buffer (row stride 192), at offsets 0, 64 and 128.
+    assert_eq!([&a.q, &a.k, &a.v].map(|o| o.buffer), [a.q.buffer; 3]);
+    assert_eq!(
+        [&a.q, &a.k, &a.v].map(|o| (o.offset.as_const(), o.ld.as_const())),
+        [(Some(0), Some(192)), (Some(64), Some(192)), (Some(128), Some(192))]
+    );
+    // Heads stride 32 elements and batches 40 rows, both multiples of 8: 16-byte loads.
+    assert_eq!(a.batch.len(), 2);
+    assert_eq!((a.batch[1].q.as_const(), a.batch[0].q.as_const()), (Some(32), Some(40 * 192)));
+    assert_eq!(a.tile.vector, 8);
+    // Nothing 40 × 40 is stored: the attention kernel and the copy putting heads back into rows.
+    assert_eq!(c.kernels.len(), 2, "{c}");
+    assert!(c.kernels.iter().all(|k| k.buffers.iter().all(|b| b.len.as_const() != Some(2 * 2 * 40 * 40))), "{c}");
+    assert!(c.kernels[0].name.contains("attention"), "{}", c.kernels[0].name);
+}
+
+#[test]
+fn attention_stays_written_out_where_the_target_or_dtype_does_not_fit() {
+    // f32 (no f32 matrix instructions in the template), and a device without matrix units.
+    let f32 = checked(&qkv_spec(DType::F32), gpt_attention, &Target::cuda(90));
+    assert!(attentions(&f32).is_empty(), "{f32}");
+    let web = checked(&qkv_spec(DType::BF16), gpt_attention, &Target::webgpu_default());
+    assert!(attentions(&web).is_empty(), "{web}");
+    // The eager baseline runs the ops as written.
+    let g = capture(&qkv_spec(DType::BF16), gpt_attention).unwrap();
+    let eager = kiln_graph::compile_graph_with(&g, &Target::cuda(90), kiln_graph::FusionMode::PerOp).unwrap();
+    assert!(attentions(&eager).is_empty());
+}
+
+fn heads(t: &[Tensor]) -> [Tensor; 3] {
+    [t[0].clone(), t[1].clone(), t[2].clone()]
+}
+
+/// Mask before scale, the scale a division, no causal mask on the second output.
+fn variants(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let [q, k, v] = heads(t);
+    let kt = k.transpose(-1, -2)?;
+    let a = q.matmul(&kt)?.causal_mask()?.div(4.0)?.softmax(-1)?.matmul(&v)?;
+    let b = q.matmul(&k.transpose(-1, -2)?)?.softmax(-1)?.matmul(&v)?;
+    Ok(vec![a, b])
+}
+
+fn att_specs(tq: usize, tk: usize, d: usize, dv: usize) -> [TensorSpec; 3] {
+    [
+        TensorSpec::new(DType::F16, &[3, tq, d]),
+        TensorSpec::new(DType::F16, &[3, tk, d]),
+        TensorSpec::new(DType::F16, &[3, tk, dv]),
+    ]
+}
+
+#[test]
+fn scale_and_mask_in_either_order_and_unmasked_attention_fuse() {
+    // Rows past one tile, fewer keys than queries, a value dim unlike the head dim.
+    let c = checked(&att_specs(70, 33, 16, 48), variants, &Target::cuda(80));
+    let a = attentions(&c);
+    assert_eq!(a.len(), 2, "{c}");
+    assert!(a.iter().any(|a| a.causal && a.scale == 0.25), "{c}");
+    assert!(a.iter().any(|a| !a.causal && a.scale == 1.0), "{c}");
+}
+
+/// The probabilities are an output too: they must be stored, so nothing fuses.
+fn probabilities_read_twice(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let [q, k, v] = heads(t);
+    let p = q.matmul(&k.transpose(-1, -2)?)?.softmax(-1)?;
+    Ok(vec![p.matmul(&v)?, p])
+}
+
+/// A softmax over the wrong axis, and a score matrix that is not `q @ kᵀ`.
+fn not_attention(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let [q, k, v] = heads(t);
+    let s = q.matmul(&k.transpose(-1, -2)?)?;
+    let wrong_axis = s.softmax(-2)?.matmul(&v)?;
+    let no_transpose = q.matmul(&k.transpose(-1, -2)?)?.add(1.0)?.softmax(-1)?.matmul(&v)?;
+    Ok(vec![wrong_axis, no_transpose])
+}
+
+#[test]
+fn only_attention_whose_intermediates_nothing_else_reads_fuses() {
+    let specs = att_specs(24, 24, 16, 16);
+    let c = checked(&specs, probabilities_read_twice, &Target::cuda(90));
+    assert!(attentions(&c).is_empty(), "{c}");
+    let c = checked(&specs, not_attention, &Target::cuda(90));
+    assert!(attentions(&c).is_empty(), "{c}");
+}
+
+#[test]
+fn head_dims_the_template_cannot_hold_stay_written_out() {
+    // 24 is not a multiple of 16; 144 is past the register budget.
+    for d in [24, 144] {
+        let g = capture(&att_specs(16, 16, d, 16), variants).unwrap();
+        let c = compile_graph(&g, &Target::cuda(90)).unwrap();
+        assert!(attentions(&c).is_empty(), "d {d}: {c}");
+    }
+    let c = checked(&att_specs(16, 16, 128, 128), variants, &Target::cuda(90));
+    assert!(attentions(&c).iter().all(|a| a.tile.keys == 32 && a.tile.shared_bytes(128, 128) <= 48 * 1024), "{c}");
+}

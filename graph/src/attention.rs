@@ -155,6 +155,31 @@ pub fn find(g: &Graph, out: NodeId, readers: &[usize], target: &Target) -> Optio
     fits(target, dtype, d, dv).then_some(Found { q, k, v, scale: scale.unwrap_or(1.0), causal })
 }
 
+/// The permute the attention node `node` is stored as, when its one reader (`readers` from [`readers`];
+/// a graph output counts as one) is a permute that keeps the last axis: heads put back into rows. The
+/// kernel writes each output row where the permuted tensor keeps it, so the permute costs no copy and a
+/// reshape after it stays a view a GEMM reads in place.
+pub fn stored_as(g: &Graph, node: NodeId, readers: &[usize]) -> Option<NodeId> {
+    if readers[node.index()] != 1 {
+        return None;
+    }
+    let r = g.node(node).shape.rank();
+    let (i, p) = g.nodes.iter().enumerate().find(|(_, n)| n.inputs.contains(&node))?;
+    match &p.op {
+        Op::Permute { perm } if perm.len() == r && perm[r - 1] == r - 1 => Some(NodeId(i as u32)),
+        _ => None,
+    }
+}
+
+/// Every permute an attention of `g` is stored as ([`stored_as`]): the pipeline materialises them from
+/// the first scheduling round, so the attention's kernel writes them and their readers load them.
+pub fn stored_permutes(g: &Graph) -> impl Iterator<Item = NodeId> + '_ {
+    let readers = readers(g);
+    (0..g.nodes.len())
+        .filter(|&i| matches!(g.nodes[i].op, Op::Attention { .. }))
+        .filter_map(move |i| stored_as(g, NodeId(i as u32), &readers))
+}
+
 /// What [`Op::Attention`] computes, in f64 (the reference): `q` `[batch, tq, d]`, `k` `[batch, tk, d]`,
 /// `v` `[batch, tk, dv]`, row-major, batch flattened. A row with no key (`tk = 0`) is zeros, as the
 /// written-out form's empty product gives.

@@ -354,10 +354,17 @@ impl<'g> Scheduler<'g> {
         }
     }
 
+    /// Each attention alone, or with the permute it is stored as (`attention::stored_as`; materialised
+    /// from the first round, see `pipeline`).
     fn attention_regions(&mut self) {
+        let readers = crate::attention::readers(self.f.graph);
         for i in 0..self.f.graph.nodes.len() {
-            if self.f.role[i] == Role::Attention && self.free(NodeId(i as u32)) {
-                self.commit(RegionKind::Attention { node: NodeId(i as u32) }, BTreeSet::from([NodeId(i as u32)]));
+            let node = NodeId(i as u32);
+            if self.f.role[i] == Role::Attention && self.free(node) {
+                let mut members = BTreeSet::from([node]);
+                let permute = crate::attention::stored_as(self.f.graph, node, &readers);
+                members.extend(permute.filter(|&p| self.free(p) && self.f.role[p.index()] == Role::Pointwise));
+                self.commit(RegionKind::Attention { node }, members);
             }
         }
     }

@@ -1107,26 +1107,44 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lo
             _ => return Err(LowerFailure::Refuse(node)),
         }
     }
-    let out = l.buffer(node, Access::Write);
-    let mut out_stride = q_len.clone() * Expr::from(dv as usize);
-    let mut batch = Vec::with_capacity(r - 2);
-    for a in (0..r - 2).rev() {
-        let [q, k, v] = [0, 1, 2].map(|i| views[i].1[a].clone());
-        batch.push(AttentionBatch { extent: dims[a].clone(), q, k, v, out: out_stride.clone() });
-        out_stride = out_stride * dims[a].clone();
+    // The output, or the permute the region stores it as (`attention::stored_as`): axis `a` of the
+    // attention is axis `inv[a]` of the stored tensor, whose buffer is contiguous.
+    let (stored, inv) = match region.stored.as_slice() {
+        [p] if *p != node => match &l.g.node(*p).op {
+            Op::Permute { perm } => {
+                let mut inv = vec![0; r];
+                for (k, &a) in perm.iter().enumerate() {
+                    inv[a] = k;
+                }
+                (*p, inv)
+            }
+            _ => return Err(LowerFailure::Refuse(node)),
+        },
+        _ => (node, (0..r).collect()),
+    };
+    let stored_dims = l.g.node(stored).shape.dims().to_vec();
+    let mut contiguous = vec![Expr::from(1usize); r];
+    for k in (0..r - 1).rev() {
+        contiguous[k] = contiguous[k + 1].clone() * stored_dims[k + 1].clone();
     }
-    batch.reverse();
+    let out_strides: Vec<Expr> = (0..r).map(|a| contiguous[inv[a]].clone()).collect();
+    let out = l.buffer(stored, Access::Write);
+    let batch: Vec<AttentionBatch> = (0..r - 2)
+        .map(|a| {
+            let [q, k, v] = [0, 1, 2].map(|i| views[i].1[a].clone());
+            AttentionBatch { extent: dims[a].clone(), q, k, v, out: out_strides[a].clone() }
+        })
+        .collect();
     // 16-byte loads where every row of every operand starts on a multiple of 8 elements.
     let eighths = |e: &Expr| e.as_const().is_some_and(|c| c % 8 == 0);
     let aligned = views.iter().all(|(o, strides)| eighths(&o.offset) && eighths(&o.ld) && strides.iter().all(eighths));
     let Some(tile) = crate::attention::tile(l.target, d, dv, aligned) else { return Err(LowerFailure::Refuse(node)) };
     let groups = batch.iter().fold(ceil_div(&q_len, tile.rows()), |g, b| g * b.extent.clone());
     let [q, k, v] = [0, 1, 2].map(|i| views[i].0.clone());
-    let out = RowsOperand { buffer: out, offset: Expr::from(0usize), ld: Expr::from(dv as usize) };
+    let out = RowsOperand { buffer: out, offset: Expr::from(0usize), ld: out_strides[r - 2].clone() };
     let threads = 32 * tile.warps;
     let a = Attention { batch, q_len, kv_len, head_dim: d, value_dim: dv, q, k, v, out, scale, causal, dtype, tile };
     l.blocks[0].push(Stmt::Attention(Box::new(a)));
-    let _ = region;
     Ok(l.finish(&region.name, Launch { groups, threads }))
 }
 

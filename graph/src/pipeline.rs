@@ -122,6 +122,7 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
         .collect();
     timings.decompose_ms = ms(clock);
     let mut feedback = Feedback { materialized: inner, ..Feedback::default() };
+    feedback.materialized.extend(crate::attention::stored_permutes(&primitive.graph));
     loop {
         let per_op = (mode == FusionMode::PerOp).then_some(primitive.origin.as_slice());
         let clock = Instant::now();

@@ -70,8 +70,15 @@ fn gpts_attention_is_one_kernel_reading_the_projection_in_place() {
     assert_eq!(a.batch.len(), 2);
     assert_eq!((a.batch[1].q.as_const(), a.batch[0].q.as_const()), (Some(32), Some(40 * 192)));
     assert_eq!(a.tile.vector, 8);
-    // Nothing 40 × 40 is stored: the attention kernel and the copy putting heads back into rows.
+    // Heads go back into rows as the kernel writes them: the permute after the attention is its stored
+    // value (row stride heads × hd = 64, heads 32 apart, batches 40 rows), and the reshape of it is the
+    // only other kernel (it writes the graph's output). Nothing 40 × 40 is stored.
+    assert_eq!(
+        (a.out.ld.as_const(), a.batch[1].out.as_const(), a.batch[0].out.as_const()),
+        (Some(64), Some(32), Some(40 * 64))
+    );
     assert_eq!(c.kernels.len(), 2, "{c}");
+    assert!(c.fusion.regions[0].name.contains("attention_permute"), "{c}");
     assert!(c.kernels.iter().all(|k| k.buffers.iter().all(|b| b.len.as_const() != Some(2 * 2 * 40 * 40))), "{c}");
     assert!(c.kernels[0].name.contains("attention"), "{}", c.kernels[0].name);
 }

@@ -376,13 +376,16 @@ pub fn attention(b: &Arc<dyn Backend>) {
         };
         let (d, packed_at, causal) = (c.d, c.packed_at, c.causal);
         let f = move |(q, k, v): (&Tensor, &Tensor, &Tensor)| match packed_at {
+            // Returned with its batch axis moved inside its rows, as heads go back into rows: the kernel
+            // writes the permuted layout (row stride 2 d, batch stride d).
             Some(at) => attention_of(
                 &q.narrow(-1, at, d)?,
                 &k.narrow(-1, at + d, d)?,
                 &v.narrow(-1, at + 2 * d, d)?,
                 causal,
                 scale,
-            ),
+            )?
+            .permute(&[1, 0, 2]),
             None => attention_of(q, k, v, causal, scale),
         };
         let want = compile(f).backend(kiln::graph::CpuReference).call((&q, &k, &v)).unwrap();

@@ -131,8 +131,7 @@ fn a_sum_over_more_than_two_to_the_32_elements() {
 #[ignore = needs_gpu!()]
 fn tensors_of_three_times_two_to_the_30_elements() {
     let _one_at_a_time = BIG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let b: std::sync::Arc<dyn kiln::graph::Backend> =
-        kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
+    let b = cuda().expect("a CUDA backend");
     conformance::user_cases::three_times_two_to_the_30(&b).unwrap_or_else(|e| panic!("{e}"));
 }
 
@@ -142,8 +141,7 @@ fn tensors_of_three_times_two_to_the_30_elements() {
 #[ignore = needs_gpu!()]
 fn a_dynamic_dim_past_the_32_bit_bound() {
     let _one_at_a_time = BIG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let b: std::sync::Arc<dyn kiln::graph::Backend> =
-        kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
+    let b = cuda().expect("a CUDA backend");
     conformance::user_cases::dynamic_dims_past_the_32_bit_bound(&b).unwrap_or_else(|e| panic!("{e}"));
 }
 
@@ -153,7 +151,6 @@ fn a_dynamic_dim_past_the_32_bit_bound() {
 #[ignore = needs_gpu!()]
 fn tensors_of_five_times_two_to_the_30_elements() {
     let _one_at_a_time = BIG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let b: std::sync::Arc<dyn kiln::graph::Backend> =
-        kiln::Backend::Cuda.runtime().unwrap_or_else(|e| panic!("{e}")).expect("CUDA has a runtime");
+    let b = cuda().expect("a CUDA backend");
     conformance::user_cases::big_tensors(&b, 5 << 30).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -351,7 +351,6 @@ fn attention_of(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) ->
 /// attention kernel (asserted through the compile report), so this is that template's check on every such
 /// backend.
 pub fn attention(b: &Arc<dyn Backend>) {
-    use kiln::graph::tolerance::{compare, Expected, Tolerance};
     let cases = [
         AttentionCase { dtype: DType::BF16, tq: 130, tk: 130, d: 64, dv: 64, causal: true, packed_at: None },
         AttentionCase { dtype: DType::F16, tq: 70, tk: 33, d: 16, dv: 48, causal: false, packed_at: None },
@@ -396,11 +395,38 @@ pub fn attention(b: &Arc<dyn Backend>) {
             report.entries.iter().flat_map(|e| &e.graphs).flat_map(|g| &g.kernels).map(|k| k.kind.clone()).collect();
         let fused_here = b.target().is_some_and(|t| kiln::graph::attention::fits(t, c.dtype, c.d as i64, c.dv as i64));
         assert_eq!(kinds.iter().any(|k| k == "attention"), fused_here, "case {n}: kernels {kinds:?}");
-        // The reference rounds after every op as the written-out form does; the rule's depth covers it.
-        let graph = &report.entries[0].graphs[0].captured;
-        let tol = Tolerance::rule(c.dtype, kiln::graph::tolerance::depth(graph).unwrap());
-        let (got, want) = (got.to_data().unwrap(), want.to_data().unwrap());
-        let outcome = compare(&got, &Expected::of(&want, "reference"), tol);
-        assert!(outcome.correct, "case {n} ({:?} tq {} tk {} d {} dv {}): {outcome:?}", c.dtype, c.tq, c.tk, c.d, c.dv);
+        let what = format!("case {n} ({:?} tq {} tk {} d {} dv {})", c.dtype, c.tq, c.tk, c.d, c.dv);
+        assert_within_rule(&got, &want, &report, &what);
     }
+    // One entry with a symbolic sequence length serving two lengths: strides and the key count are
+    // expressions of the symbol, read at launch (2-byte loads: the strides are not known multiples of 8).
+    let f = |(q, k, v): (&Tensor, &Tensor, &Tensor)| attention_of(q, k, v, true, 0.125);
+    let mut dynamic = compile(f).backend(b.clone());
+    for arg in 0..3 {
+        dynamic = dynamic.mark_dynamic(arg, 1, 2..=4096);
+    }
+    for (i, t) in [40u32, 97].into_iter().enumerate() {
+        let [q, k, v] = [0, 1, 2].map(|j| seeded_in(DType::BF16, &[2, t as usize, 64], 100 + 3 * i as u32 + j));
+        let want = compile(f).backend(kiln::graph::CpuReference).call((&q, &k, &v)).unwrap();
+        let got: Tensor = dynamic.call((&q, &k, &v)).unwrap();
+        assert_within_rule(&got, &want, &dynamic.report(), &format!("symbolic length {t}"));
+    }
+    let report = dynamic.report();
+    assert_eq!(report.entries.len(), 1, "one symbolic entry: {:?}", dynamic.guards());
+    let fused_here = b.target().is_some_and(|t| kiln::graph::attention::fits(t, DType::BF16, 64, 64));
+    let fused = report.entries[0].graphs[0].kernels.iter().any(|k| k.kind == "attention");
+    assert_eq!(fused, fused_here, "symbolic length: {:?}", dynamic.guards());
+}
+
+/// `got` against the reference's `want` under kiln's tolerance rule for the first captured graph of
+/// `report` (the reference rounds after every op as the written-out form does; the rule's depth covers it).
+#[track_caller]
+fn assert_within_rule(got: &Tensor, want: &Tensor, report: &kiln::graph::CompileReport, what: &str) {
+    use kiln::graph::tolerance::{compare, Expected, Tolerance};
+    let graph = &report.entries[0].graphs[0].captured;
+    let dtype = graph.node(graph.outputs[0]).dtype;
+    let tol = Tolerance::rule(dtype, kiln::graph::tolerance::depth(graph).unwrap());
+    let (got, want) = (got.to_data().unwrap(), want.to_data().unwrap());
+    let outcome = compare(&got, &Expected::of(&want, "reference"), tol);
+    assert!(outcome.correct, "{what}: {outcome:?}");
 }

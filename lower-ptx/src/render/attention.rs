@@ -163,6 +163,11 @@ impl Writer<'_> {
                 self.emit(&format!("mad.lo.s64 {acc}, {i}, {s}, {acc};"));
             }
         }
+        // Groups past the last entry (a grid folded into more dimensions rounds up) have nothing to do;
+        // the whole workgroup leaves together, before any barrier.
+        let past = self.reg("pred");
+        self.emit(&format!("setp.ne.s64 {past}, {rest}, 0;"));
+        self.emit(&format!("@{past} ret;"));
         // Byte pointers to each operand's entry.
         let mut ptr = Vec::with_capacity(4);
         let mut lds = Vec::with_capacity(4);
@@ -379,15 +384,17 @@ impl Writer<'_> {
         self.emit(&format!("bra {top};"));
         self.place(&done);
 
-        // Finish each row: the sum over its four lanes, divide (a row with no keys is zeros), store pairs.
+        // Finish each row: the sum over its four lanes, divide, store pairs. With no keys at all the row is
+        // zeros (the written-out form's empty product); a row whose every score is -inf sums to 0 and
+        // divides into NaN, as the written-out softmax's 0/0 does.
+        let no_keys = self.reg("pred");
+        self.emit(&format!("setp.eq.s64 {no_keys}, {tk}, 0;"));
         let mut inv = Vec::with_capacity(2);
         for lr in &l {
             self.quad("add", lr);
             let r = self.reg("f32");
-            let zero = self.reg("pred");
-            self.emit(&format!("setp.gt.f32 {zero}, {lr}, 0f00000000;"));
             self.emit(&format!("rcp.rn.f32 {r}, {lr};"));
-            self.emit(&format!("selp.f32 {r}, {r}, 0f00000000, {zero};"));
+            self.emit(&format!("selp.f32 {r}, 0f00000000, {r}, {no_keys};"));
             inv.push(r);
         }
         let col = self.reg("s64");

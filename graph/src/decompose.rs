@@ -330,8 +330,8 @@ impl Builder {
         let xs: Vec<NodeId> = inputs.iter().map(|&i| self.cast(i, ct)).collect();
         let x = xs[0];
         let y = match &node.op {
-            Op::Softmax { axis } => self.softmax(x, *axis, false),
-            Op::LogSoftmax { axis } => self.softmax(x, *axis, true),
+            Op::Softmax { axis } => self.softmax(x, *axis, false, node.dtype),
+            Op::LogSoftmax { axis } => self.softmax(x, *axis, true, node.dtype),
             Op::LayerNorm { dims, eps, .. } => self.layer_norm(x, *dims, *eps, xs.get(1..).filter(|a| a.len() == 2))?,
             Op::Mean { axes, keepdim } => self.mean(x, axes, *keepdim)?,
             Op::Var { axes, correction, keepdim } => self.var(x, axes, *correction, *keepdim)?,
@@ -348,7 +348,11 @@ impl Builder {
 
     /// `exp(x - m) / sum(exp(x - m))`, or its log `(x - m) - log(sum(exp(x - m)))`, with `m` the max
     /// along `axis`: the shift keeps `exp` finite for large inputs and cancels out of the result.
-    pub(crate) fn softmax(&mut self, x: NodeId, axis: usize, log: bool) -> NodeId {
+    /// `stored` is the dtype the result is rounded to: when it is a half type, the division becomes a
+    /// product with each row's reciprocal (taken once a row), since `e · (1/s)` is within 1.5 ulp of
+    /// the f32 quotient and rounding to 8 or 11 significant bits hides that (a correctly rounded f32
+    /// quotient costs a persistent-row kernel about a third of its time in bf16).
+    pub(crate) fn softmax(&mut self, x: NodeId, axis: usize, log: bool, stored: DType) -> NodeId {
         let shape = self.shape(x);
         let m = self.reduce(ReduceOp::Max, x, &[axis], true);
         let m = self.broadcast(m, &shape);
@@ -360,6 +364,10 @@ impl Builder {
             let ls = self.unary(UnaryOp::Log, s);
             let ls = self.broadcast(ls, &shape);
             self.sub(shifted, ls)
+        } else if stored.is_half() {
+            let r = self.unary(UnaryOp::Reciprocal, s);
+            let r = self.broadcast(r, &shape);
+            self.mul(e, r)
         } else {
             let s = self.broadcast(s, &shape);
             self.div(e, s)

@@ -32,6 +32,11 @@ impl DType {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
     }
 
+    /// True for f16 and bf16 (two-byte floats, computed in f32 where kernels can).
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
+    }
+
     /// True for i32 and i64.
     pub fn is_int(self) -> bool {
         matches!(self, DType::I32 | DType::I64)

@@ -205,7 +205,8 @@ struct Scheduler<'g> {
     target: &'g Target,
     assigned: Vec<Option<usize>>,
     regions: Vec<(RegionKind, BTreeSet<NodeId>)>,
-    /// Consumers that must not join a row region (lowering found they read a reduction at another row).
+    /// Consumers that must not join a row region (lowering found they read a reduction at another row) or
+    /// a library GEMM's epilogue (an addend the library cannot read in place).
     refused: BTreeSet<NodeId>,
     /// When set, only nodes of one group (the user-level op they came from) share a region: eager mode.
     groups: Option<&'g [NodeId]>,
@@ -378,8 +379,13 @@ impl<'g> Scheduler<'g> {
             // The epilogue: pointwise consumers over the output's elements, grown forward.
             let shape = self.f.shape(m).clone();
             let mut members = BTreeSet::from([m]);
-            // A library GEMM is one call with nothing fused into it: its epilogue starts the next region.
-            let mut grow = !crate::gemm::wants_library(self.target, self.f.graph, m);
+            // A library GEMM is one call: only what the library adds inside it (a bias, a residual) joins;
+            // the rest of its epilogue starts the next region.
+            let library = crate::gemm::wants_library(self.target, self.f.graph, m);
+            if library && self.target.library_epilogue {
+                self.library_epilogue(&mut members, m);
+            }
+            let mut grow = !library;
             while grow {
                 let mut changed = false;
                 let snapshot: Vec<NodeId> = members.iter().copied().collect();
@@ -401,6 +407,28 @@ impl<'g> Scheduler<'g> {
                 grow = changed;
             }
             self.commit(RegionKind::MatMul { node: m }, members);
+        }
+    }
+
+    /// Grows a library GEMM's region by the adds the library performs inside the call: a chain from the
+    /// product, each link the only reader of the one before, at most one bias and one residual.
+    fn library_epilogue(&self, members: &mut BTreeSet<NodeId>, m: NodeId) {
+        let (mut tip, mut kinds) = (m, Vec::new());
+        while !self.f.output_reach[tip.index()] {
+            let [c] = self.f.consumers[tip.index()][..] else { break };
+            let Some((kind, _)) = crate::gemm::addend(self.f.graph, c, tip) else { break };
+            let ok = !kinds.contains(&kind)
+                && self.free(c)
+                && !self.refused.contains(&c)
+                && self.f.role[c.index()] == Role::Pointwise
+                && !self.closes_cycle(members, c)
+                && self.fits(members, c);
+            if !ok {
+                break;
+            }
+            kinds.push(kind);
+            members.insert(c);
+            tip = c;
         }
     }
 

@@ -5,7 +5,7 @@
 //! translate the description into calls.
 
 use crate::dtype::DType;
-use crate::ir::{Graph, NodeId};
+use crate::ir::{BinaryOp, Graph, NodeId, Op};
 use crate::kernel::{GemmLayout, GemmOperand};
 use crate::sym::{Expr, SymId, SymTable};
 use crate::target::Target;
@@ -27,6 +27,45 @@ pub fn wants_library(target: &Target, graph: &Graph, node: NodeId) -> bool {
     let k = graph.node(*a).shape.dims().last().cloned().unwrap_or_else(|| Expr::from(1usize));
     let macs = n.shape.numel() * k;
     macs.as_const().is_none_or(|c| c >= LIBRARY_MIN_MACS)
+}
+
+/// What an add after a library GEMM brings to the call's epilogue ([`crate::kernel::GemmEpilogue`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Addend {
+    /// A vector along the output's last axis, broadcast over its rows (a linear layer's bias).
+    Bias,
+    /// A tensor shaped like the output (a residual connection).
+    Residual,
+}
+
+/// Whether `add` adds something to `tip` (the GEMM's value so far) that the library can add inside the
+/// call, and what: the other operand has the output's dtype and shape, and is either an `expand` of a
+/// vector along the last axis (a bias) or anything else (a residual, read in place when laid out as the
+/// output, else stored first). Returns the kind and the other operand.
+pub fn addend(graph: &Graph, add: NodeId, tip: NodeId) -> Option<(Addend, NodeId)> {
+    let n = graph.node(add);
+    if n.op != (Op::Binary { op: BinaryOp::Add }) {
+        return None;
+    }
+    let other = match n.inputs[..] {
+        [a, b] if a == tip && b != tip => b,
+        [a, b] if b == tip && a != tip => a,
+        _ => return None,
+    };
+    let (t, o) = (graph.node(tip), graph.node(other));
+    if o.dtype != t.dtype || n.dtype != t.dtype || o.shape != t.shape || n.shape != t.shape {
+        return None;
+    }
+    let dims = t.shape.dims();
+    let vector = |s: &crate::shape::Shape| {
+        let d = s.dims();
+        d.len() == dims.len()
+            && d.split_last().is_some_and(|(last, rows)| {
+                *last == dims[dims.len() - 1] && rows.iter().all(|e| e.as_const() == Some(1))
+            })
+    };
+    let bias = o.op == Op::Expand && vector(&graph.node(o.inputs[0]).shape);
+    Some((if bias { Addend::Bias } else { Addend::Residual }, other))
 }
 
 /// `e` as `offset + sum(coef_s * s)` over `syms` when it is exactly that (no floor-division or modulo

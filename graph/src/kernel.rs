@@ -430,6 +430,37 @@ pub struct Gemm {
     pub out: usize,
     /// Dtype of both operands and the output.
     pub dtype: DType,
+    /// What the call adds to the product before its one rounding (empty: nothing).
+    #[serde(default)]
+    pub epilogue: GemmEpilogue,
+}
+
+/// The additions a GEMM library applies to `a·b` inside the call (cuBLASLt's epilogue): the f32 sum
+/// `a·b + residual + bias[j]` is rounded once to the output dtype, where the written-out graph would
+/// round the product, then each sum. `graph` fuses them (`gemm::addend`) only where the batch folded
+/// into the rows or is one strided level, so a library takes them as they are.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GemmEpilogue {
+    /// `bias[j]` added to every row: `n` consecutive elements, 16-byte aligned within their buffer.
+    pub bias: Option<GemmAddend>,
+    /// A tensor laid out as the output (row-major, `ld = n`, the output's batch strides) added to it.
+    pub residual: Option<GemmAddend>,
+}
+
+impl GemmEpilogue {
+    /// True when the call adds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.bias.is_none() && self.residual.is_none()
+    }
+}
+
+/// Where a GEMM epilogue's operand starts: kernel buffer and element offset (batch entry 0).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GemmAddend {
+    /// Kernel buffer number.
+    pub buffer: usize,
+    /// Element offset.
+    pub offset: Expr,
 }
 
 /// Rows of a matrix in a kernel buffer: element `(r, c)` of batch entry 0 at `offset + r * ld + c`.
@@ -897,10 +928,21 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                     .collect();
                 writeln!(
                     f,
-                    "{pad}gemm library b{} = {} @ {} ({}: m {}, n {}, k {}; batch [{}])",
+                    "{pad}gemm library b{} = {} @ {}{}{} ({}: m {}, n {}, k {}; batch [{}])",
                     g.out,
                     operand(&g.a),
                     operand(&g.b),
+                    g.epilogue.residual.as_ref().map_or(String::new(), |r| format!(
+                        " + b{}[{} + RowMajor ld {}]",
+                        r.buffer,
+                        show_expr(&r.offset),
+                        show_expr(&g.n)
+                    )),
+                    g.epilogue.bias.as_ref().map_or(String::new(), |b| format!(
+                        " + bias b{}[{} + j]",
+                        b.buffer,
+                        show_expr(&b.offset)
+                    )),
                     g.dtype,
                     show_expr(&g.m),
                     show_expr(&g.n),

@@ -262,6 +262,9 @@ impl<M: Memory> Env<'_, M> {
             batch.push([self.index(&b.extent)?, self.index(&b.a)?, self.index(&b.b)?, self.index(&b.out)?]);
         }
         let entries: i64 = batch.iter().map(|b| b[0]).product();
+        let bias = g.epilogue.bias.as_ref().map(|b| Ok::<_, Error>((b.buffer, self.index(&b.offset)?))).transpose()?;
+        let residual =
+            g.epilogue.residual.as_ref().map(|r| Ok::<_, Error>((r.buffer, self.index(&r.offset)?))).transpose()?;
         let name = self.kernel.name.clone();
         let read = |mem: &mut M, buffer: usize, i: i64| -> Result<f64> {
             let slot = mem.slot(buffer);
@@ -286,6 +289,13 @@ impl<M: Memory> Env<'_, M> {
                         let x = read(self.mem, g.a.buffer, g.a.element(base[0], a_ld, i, p))?;
                         let y = read(self.mem, g.b.buffer, g.b.element(base[1], b_ld, p, j))?;
                         acc = DType::F32.round(acc + x * y);
+                    }
+                    // The epilogue as cuBLASLt computes it: `a·b + residual + bias`, in f32, rounded once.
+                    if let Some((buffer, offset)) = residual {
+                        acc = DType::F32.round(acc + read(self.mem, buffer, offset + base[2] + i * n + j)?);
+                    }
+                    if let Some((buffer, offset)) = bias {
+                        acc = DType::F32.round(acc + read(self.mem, buffer, offset + j)?);
                     }
                     let o = usize::try_from(base[2] + i * n + j).unwrap_or(usize::MAX);
                     let slot = self.mem.slot(g.out);

@@ -20,8 +20,8 @@ use std::collections::{BTreeSet, HashMap};
 /// Why a region could not be lowered as scheduled.
 #[derive(Debug)]
 pub enum LowerFailure {
-    /// This member reads a reduction at another row than the one being computed: the scheduler must keep
-    /// it out of the row region.
+    /// This member reads a reduction at another row than the one being computed, or adds what a library
+    /// GEMM's epilogue cannot read: the scheduler must keep it out of the region.
     Refuse(NodeId),
     /// This layout node is a view a GEMM library cannot read in place: the scheduler must store it.
     Materialize(NodeId),
@@ -707,6 +707,9 @@ impl<'a> Lowerer<'a> {
                         for e in [&g.m, &g.n, &g.k, &g.a.offset, &g.a.ld, &g.b.offset, &g.b.ld] {
                             add(out, e);
                         }
+                        for addend in [&g.epilogue.bias, &g.epilogue.residual].into_iter().flatten() {
+                            add(out, &addend.offset);
+                        }
                         for b in &g.batch {
                             for e in [&b.extent, &b.a, &b.b, &b.out] {
                                 add(out, e);
@@ -1026,19 +1029,34 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
     Ok(l.finish(&region.name, Launch { groups, threads }))
 }
 
-/// The region of matmul `node` as one library GEMM call, when `gemm` chose the library for it. Each
-/// operand must be a strided view of a buffer the library reads in place; a view that is not (heads
-/// permuted back into rows) is sent back to the scheduler to be stored first, as `.contiguous()` would.
+/// The region of matmul `node` as one library GEMM call, when `gemm` chose the library for it, with the
+/// adds its region took (`fuse`: a bias, a residual) as the call's epilogue. Each operand must be a
+/// strided view of a buffer the library reads in place; a view that is not (heads permuted back into
+/// rows) is sent back to the scheduler to be stored first, as `.contiguous()` would. Batch levels that
+/// continue the rows (a linear layer's `[batch, tokens, features]` input) fold into `m`: one larger call.
 /// `None` leaves the region to the template.
 fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Option<Kernel>, LowerFailure> {
-    if region.stored != [node] || region.members.len() != 1 || !crate::gemm::wants_library(l.target, l.g, node) {
+    if !crate::gemm::wants_library(l.target, l.g, node) {
+        return Ok(None);
+    }
+    // The epilogue chain, product first: each member adds one thing to the one before.
+    let mut chain = vec![node];
+    let mut addends = Vec::new();
+    while chain.len() < region.members.len() {
+        let tip = chain[chain.len() - 1];
+        let next = region.members.iter().find_map(|&c| crate::gemm::addend(l.g, c, tip).map(|a| (c, a)));
+        let Some((c, addend)) = next.filter(|(c, _)| !chain.contains(c)) else { return Ok(None) };
+        chain.push(c);
+        addends.push(addend);
+    }
+    if region.stored != [chain[chain.len() - 1]] {
         return Ok(None);
     }
     let mm = l.g.node(node);
     let (a_node, b_node, dtype) = (mm.inputs[0], mm.inputs[1], mm.dtype);
     let dims = mm.shape.dims().to_vec();
     let r = dims.len();
-    let (m, n) = (dims[r - 2].clone(), dims[r - 1].clone());
+    let (mut m, n) = (dims[r - 2].clone(), dims[r - 1].clone());
     let k = l.g.node(a_node).shape.dims()[r - 1].clone();
     let batch_syms: Vec<SymId> = dims[..r - 2].iter().map(|d| l.new_sym(d)).collect();
     let [is, js, ps] = [&m, &n, &k].map(|e| l.new_sym(e));
@@ -1050,17 +1068,17 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Optio
         let op = crate::gemm::operand(buffer, offset, extents, (rs, cs), &l.ranges)?;
         Some((op, strides[..strides.len() - 2].to_vec()))
     };
-    let view = |n: NodeId| crate::fuse::role(&l.g.node(n).op) == crate::fuse::Role::Transparent;
-    let (a_view, b_view) = (view(a_node), view(b_node));
+    let view = |l: &Lowerer, n: NodeId| {
+        crate::fuse::role(&l.g.node(n).op) == crate::fuse::Role::Transparent && !l.materialized.contains(&n)
+    };
     let a = operand(&mut l, a_node, is, ps, (&m, &k));
     let b = operand(&mut l, b_node, ps, js, (&k, &n));
     let ((a, a_batch), (b, b_batch)) = match (a, b) {
         (Some(a), Some(b)) => (a, b),
-        (None, _) if a_view && !l.materialized.contains(&a_node) => return Err(LowerFailure::Materialize(a_node)),
-        (_, None) if b_view && !l.materialized.contains(&b_node) => return Err(LowerFailure::Materialize(b_node)),
+        (None, _) if view(&l, a_node) => return Err(LowerFailure::Materialize(a_node)),
+        (_, None) if view(&l, b_node) => return Err(LowerFailure::Materialize(b_node)),
         _ => return Ok(None),
     };
-    let out = l.buffer(node, Access::Write);
     let mut out_stride = m.clone() * n.clone();
     let mut batch = Vec::with_capacity(r - 2);
     for d in (0..r - 2).rev() {
@@ -1073,7 +1091,80 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Optio
         out_stride = out_stride * dims[d].clone();
     }
     batch.reverse();
-    l.blocks[0].push(Stmt::Gemm(Box::new(Gemm { m, n, k, batch, a, b, out, dtype })));
+    // Innermost batch levels that continue `a`'s rows while `b` stays put are more rows.
+    while let Some(last) = batch.last() {
+        let rows = m.clone() * a.ld.clone();
+        let continues = a.layout == crate::kernel::GemmLayout::RowMajor
+            && last.b.as_const() == Some(0)
+            && l.ranges.known_eq(&last.a, &rows) == Some(true);
+        if !continues {
+            break;
+        }
+        m = m * last.extent.clone();
+        batch.pop();
+    }
+    let mut syms = batch_syms.clone();
+    syms.extend([is, js]);
+    // cuBLASLt picks its algorithm for the operands' alignment; kiln hands it only 16-byte aligned
+    // matrices (buffer starts are), so every call with an epilogue finds the vectorised kernels.
+    let per_16 = 16 / dtype.size_bytes() as i64;
+    let aligned = |l: &Lowerer, offset: &Expr, ld: &Expr| {
+        l.ranges.known_divisible(offset, per_16) && l.ranges.known_divisible(ld, per_16)
+    };
+    let operands_aligned = aligned(&l, &a.offset, &a.ld)
+        && aligned(&l, &b.offset, &b.ld)
+        && l.ranges.known_divisible(&n, per_16)
+        && batch.iter().all(|d| [&d.a, &d.b, &d.out].iter().all(|s| l.ranges.known_divisible(s, per_16)));
+    if !addends.is_empty() && !operands_aligned {
+        return Err(LowerFailure::Refuse(chain[1]));
+    }
+    let mut epilogue = crate::kernel::GemmEpilogue::default();
+    // An addend the library cannot take as it is goes back to the scheduler: a residual view is stored
+    // first, anything else leaves the chain from that add on (it becomes the next kernel's).
+    for (&(kind, other), &add) in addends.iter().zip(&chain[1..]) {
+        let Some((buffer, offset, strides)) = l.strided_view(other, &syms) else {
+            return if view(&l, other) && kind == crate::gemm::Addend::Residual {
+                Err(LowerFailure::Materialize(other))
+            } else {
+                Err(LowerFailure::Refuse(add))
+            };
+        };
+        let (row, col) = (&strides[strides.len() - 2], &strides[strides.len() - 1]);
+        let zero = |e: &Expr| e.as_const() == Some(0);
+        let addend = crate::kernel::GemmAddend { buffer, offset: offset.clone() };
+        match kind {
+            crate::gemm::Addend::Bias => {
+                let vector = strides[..strides.len() - 1].iter().all(zero) && col.as_const() == Some(1);
+                if !(vector && l.ranges.known_divisible(&offset, per_16)) {
+                    return Err(LowerFailure::Refuse(add));
+                }
+                epilogue.bias = Some(addend);
+            }
+            crate::gemm::Addend::Residual => {
+                // Laid out as the output: row-major rows of `n`, the output's batch strides.
+                let as_out = |s: &Expr, want: &Expr| l.ranges.known_eq(s, want) == Some(true);
+                let rows_ok = as_out(row, &n) && col.as_const() == Some(1) && l.ranges.known_divisible(&offset, per_16);
+                let plain = (0..r - 2).all(|d| {
+                    let want = dims[d + 1..r - 2].iter().fold(dims[r - 2].clone() * n.clone(), |s, e| s * e.clone());
+                    as_out(&strides[d], &want)
+                });
+                if !(rows_ok && plain) {
+                    return Err(if view(&l, other) {
+                        LowerFailure::Materialize(other)
+                    } else {
+                        LowerFailure::Refuse(add)
+                    });
+                }
+                epilogue.residual = Some(addend);
+            }
+        }
+    }
+    if !epilogue.is_empty() && batch.len() > 1 {
+        // The library's epilogue takes one strided batch level.
+        return Err(if view(&l, a_node) { LowerFailure::Materialize(a_node) } else { LowerFailure::Refuse(chain[1]) });
+    }
+    let out = l.buffer(chain[chain.len() - 1], Access::Write);
+    l.blocks[0].push(Stmt::Gemm(Box::new(Gemm { m, n, k, batch, a, b, out, dtype, epilogue })));
     Ok(Some(l.finish(&region.name, Launch { groups: Expr::from(1usize), threads: 1 })))
 }
 

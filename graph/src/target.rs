@@ -44,6 +44,10 @@ pub struct Target {
     /// Has a GEMM library (cuBLAS) that large float matmuls go to (see `gemm`).
     #[serde(default)]
     pub library_gemm: bool,
+    /// The GEMM library adds a bias and a residual inside the call (cuBLASLt's epilogue), so those adds
+    /// after a library GEMM join its region (see `gemm::addend`) instead of starting the next kernel.
+    #[serde(default)]
+    pub library_epilogue: bool,
     /// Threads per row workgroup unless a row needs more to fit in registers (a measured preference:
     /// see `benches/NOTES.md`).
     #[serde(default = "default_row_threads")]
@@ -105,6 +109,7 @@ impl Target {
             packed_half_storage: true,
             max_row_cache: 32,
             library_gemm: false,
+            library_epilogue: false,
             row_threads: 256,
             max_buffer_bytes: 256 << 20,
             max_binding_bytes: 128 << 20,
@@ -142,6 +147,7 @@ impl Target {
             packed_half_storage: false,
             max_row_cache: 32,
             library_gemm: true,
+            library_epilogue: true,
             row_threads: 256,
             max_buffer_bytes: unlimited(),
             max_binding_bytes: unlimited(),
@@ -182,7 +188,8 @@ impl Target {
 
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
     /// `KILN_<BACKEND>_ROW_THREADS`, `KILN_<BACKEND>_ROW_CACHE` (persistent rows; 0: off) and
-    /// `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
+    /// `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
+    /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
     /// attention: matrix units unused) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
     /// (`benches/NOTES.md`).
@@ -194,6 +201,12 @@ impl Target {
         self.row_threads = knob("ROW_THREADS").unwrap_or(self.row_threads);
         self.max_row_cache = knob("ROW_CACHE").unwrap_or(self.max_row_cache);
         self.library_gemm &= std::env::var(format!("KILN_{backend}_GEMM")).as_deref() != Ok("kiln");
+        self.library_epilogue &= self.library_gemm;
+        if self.library_epilogue && std::env::var(format!("KILN_{backend}_GEMM_EPILOGUE")).as_deref() == Ok("separate")
+        {
+            self.name = format!("{}-epilogue-separate", self.name);
+            self.library_epilogue = false;
+        }
         if self.matrix_units && std::env::var(format!("KILN_{backend}_ATTENTION")).as_deref() == Ok("written-out") {
             self.name = format!("{}-attention-written-out", self.name);
             self.matrix_units = false;

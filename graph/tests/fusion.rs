@@ -3,7 +3,7 @@
 
 use kiln_graph::fuse::RegionKind;
 use kiln_graph::kernel::{Access, RowLoad, Stmt};
-use kiln_graph::{capture, compile_graph, CompiledGraph, Result, Target, Tensor, TensorSpec};
+use kiln_graph::{capture, compile_graph, CompiledGraph, DType, Result, Target, Tensor, TensorSpec};
 
 use kiln_graph::workloads::{block_params, f32s, gpt_block, w4, w4_inputs};
 
@@ -87,6 +87,14 @@ fn a_row_invariant_divisor_is_inverted_once() {
     let c = compiled(&[f32s(&[1024]), f32s(&[1024])], |t| Ok(vec![t[0].div(&t[1])?]));
     let text = c.kernels[0].to_string();
     assert!(text.contains("div(") && !text.contains("1/b ="), "{text}");
+    // A softmax stored in bf16 or f16 multiplies by the row's reciprocal: the refinement would be lost
+    // to the rounding and costs W2-bf16 a third of its time.
+    for dtype in [DType::BF16, DType::F16] {
+        let c = compiled(&[TensorSpec::new(dtype, &[64, 8192])], |t| Ok(vec![t[0].softmax(-1)?]));
+        let text = c.kernels[0].to_string();
+        assert_eq!(text.matches("reciprocal(").count(), 1, "{text}");
+        assert!(!text.contains("div(") && text.contains("mul("), "{text}");
+    }
 }
 
 #[test]

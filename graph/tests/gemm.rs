@@ -3,6 +3,7 @@
 //! library GEMM as the library computes it.
 
 use kiln_graph::kernel::{Gemm, GemmLayout};
+use kiln_graph::tolerance::{compare, Expected, Tolerance};
 use kiln_graph::workloads::data;
 use kiln_graph::{capture, compile_graph, interp, DType, Result, Target, Tensor, TensorSpec};
 
@@ -41,15 +42,87 @@ fn a_large_linear_is_one_library_call_and_its_epilogue_one_kernel() {
     let c = close(&specs, linear, &Target::cuda(90));
     let g = gemms(&c);
     assert_eq!((g.len(), c.kernels.len()), (1, 2), "{c}");
-    // x is row-major (ld 128); w^T is w read column-major (ld 128), broadcast over the batch (stride 0).
+    // x is row-major (ld 128); w^T is w read column-major (ld 128). The batch continues x's rows while
+    // w^T stays put (stride 0), so it folds into m: one 128-row call.
     assert_eq!((g[0].a.layout, g[0].a.ld.as_const()), (GemmLayout::RowMajor, Some(128)));
     assert_eq!((g[0].b.layout, g[0].b.ld.as_const()), (GemmLayout::ColMajor, Some(128)));
-    assert_eq!(g[0].batch.len(), 1);
-    assert_eq!((g[0].batch[0].a.as_const(), g[0].batch[0].b.as_const()), (Some(64 * 128), Some(0)));
+    assert!(g[0].batch.is_empty(), "{c}");
+    assert_eq!(g[0].m.as_const(), Some(128));
+    // The bias is added inside the call (cuBLASLt's epilogue); the GELU is the next kernel.
+    let bias = g[0].epilogue.bias.as_ref().expect("the bias in the call");
+    assert_eq!((bias.buffer, bias.offset.as_const()), (2, Some(0)));
+    assert!(g[0].epilogue.residual.is_none());
+    // With the epilogue off, the bias joins the GELU's kernel: still two kernels, nothing added in the call.
+    let separate = Target { library_epilogue: false, ..Target::cuda(90) };
+    let s = close(&specs, linear, &separate);
+    assert_eq!(s.kernels.len(), 2, "{s}");
+    assert!(gemms(&s)[0].epilogue.is_empty());
     // Without a library (WebGPU) the same graph is one template kernel with the epilogue fused.
     let w = close(&specs, linear, &Target::webgpu_default());
     assert!(gemms(&w).is_empty());
     assert_eq!(w.kernels.len(), 1, "{w}");
+}
+
+fn residual_block(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].add(&t[0].linear(&t[1], Some(&t[2]))?)?])
+}
+
+fn residual_specs(dtype: DType) -> [TensorSpec; 3] {
+    [TensorSpec::new(dtype, &[2, 64, 128]), TensorSpec::new(dtype, &[128, 128]), TensorSpec::new(dtype, &[128])]
+}
+
+/// `x + linear(x)`, a transformer block's residual connection, is one call: the product, the residual
+/// and the bias summed in f32 and rounded once. In bf16 the written-out graph rounds three times, so the
+/// call is held to the bf16 tolerance rule against the f64 reference rather than to the rounded graph.
+#[test]
+fn a_residual_and_a_bias_are_added_inside_the_call() {
+    let c = close(&residual_specs(DType::F32), residual_block, &Target::cuda(90));
+    let g = gemms(&c);
+    assert_eq!((g.len(), c.kernels.len()), (1, 1), "{c}");
+    let (bias, residual) = (g[0].epilogue.bias.as_ref().unwrap(), g[0].epilogue.residual.as_ref().unwrap());
+    assert_eq!((residual.buffer, bias.buffer), (0, 2), "x read twice in place: as a and as the residual");
+    assert!(c.to_string().contains("+ b0[0 + RowMajor ld 128] + bias b2[0 + j]"), "{c}");
+
+    let specs = residual_specs(DType::BF16);
+    let g = capture(&specs, residual_block).unwrap();
+    let c = compile_graph(&g, &Target::cuda(90)).unwrap();
+    assert_eq!(c.kernels.len(), 1, "{c}");
+    let inputs: Vec<_> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
+    let refs: Vec<_> = inputs.iter().collect();
+    let got = c.run_interpreted(&refs).unwrap();
+    let want = interp::run(&g, &refs).unwrap();
+    let tol = Tolerance::of(&g).unwrap();
+    let outcome = compare(&got[0], &Expected::of(&want[0], "reference"), tol);
+    assert!(outcome.correct, "{outcome:?}");
+}
+
+fn transposed_residual(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[3].transpose(1, 2)?.add(&t[0].linear(&t[1], Some(&t[2]))?)?])
+}
+
+/// A residual the library cannot read as laid out like the output (a transposed view) is stored first,
+/// then added inside the call; a bias narrowed at an offset that is not 16-byte aligned leaves the adds
+/// to the next kernel.
+#[test]
+fn addends_the_library_cannot_read_in_place() {
+    let mut specs = residual_specs(DType::F32).to_vec();
+    specs.push(TensorSpec::new(DType::F32, &[2, 128, 64]));
+    let c = close(&specs, transposed_residual, &Target::cuda(90));
+    let g = gemms(&c);
+    assert_eq!((g.len(), c.kernels.len()), (1, 2), "one copy, then the call: {c}");
+    assert!(g[0].epilogue.residual.is_some() && g[0].epilogue.bias.is_some(), "{c}");
+
+    fn narrowed_bias(t: &[Tensor]) -> Result<Vec<Tensor>> {
+        Ok(vec![t[0].linear(&t[1], Some(&t[2].narrow(0, 1, 128)?))?])
+    }
+    let specs = [
+        TensorSpec::new(DType::F32, &[2, 64, 128]),
+        TensorSpec::new(DType::F32, &[128, 128]),
+        TensorSpec::new(DType::F32, &[129]),
+    ];
+    let c = close(&specs, narrowed_bias, &Target::cuda(90));
+    assert_eq!(c.kernels.len(), 2, "{c}");
+    assert!(gemms(&c).iter().all(|g| g.epilogue.is_empty()), "{c}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! alike merge; one remaining stride is a strided batched call, two or more levels (attention: batch ×
 //! heads over views of one projection) one batched call over device arrays of pointers.
 
+use crate::lt::{Addends, Lt};
 use crate::runtime::err;
 use cudarc::cublas::result as blas;
 use cudarc::cublas::sys::{
@@ -27,6 +28,11 @@ fn blas_err(what: &str, e: blas::CublasError) -> kiln_graph::Error {
 pub(crate) struct Blas {
     handle: cublasHandle_t,
     _workspace: CudaSlice<u8>,
+    /// The workspace's device address, taken once (cuBLASLt gets it with every call).
+    workspace_ptr: u64,
+    stream: Arc<CudaStream>,
+    /// cuBLASLt, for calls with an epilogue (opened with cuBLAS, so never inside a graph capture).
+    lt: Lt,
 }
 
 impl Blas {
@@ -34,22 +40,29 @@ impl Blas {
     pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Blas> {
         stream.context().bind_to_thread().map_err(|e| crate::runtime::driver("binding the context", e))?;
         let handle = blas::create_handle().map_err(|e| blas_err("opening a handle", e))?;
-        let open = || -> Result<CudaSlice<u8>> {
+        let open = || -> Result<(CudaSlice<u8>, u64)> {
             // SAFETY: the handle was just created; the stream outlives it (both live in `Cuda`).
             unsafe { blas::set_stream(handle, stream.cu_stream() as cudaStream_t) }
                 .map_err(|e| blas_err("setting the stream", e))?;
             // SAFETY: cuBLAS only uses the workspace as scratch; it is never read uninitialised.
             let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
                 .map_err(|e| crate::runtime::driver("allocating the cuBLAS workspace", e))?;
-            let (ptr, _) = workspace.device_ptr(stream);
+            let ptr = workspace.device_ptr(stream).0;
             // SAFETY: the workspace lives as long as the handle (same struct).
             unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(handle, ptr as *mut _, WORKSPACE_BYTES) }
                 .result()
                 .map_err(|e| blas_err("setting the workspace", e))?;
-            Ok(workspace)
+            Ok((workspace, ptr))
         };
         match open() {
-            Ok(w) => Ok(Blas { handle, _workspace: w }),
+            Ok((w, workspace_ptr)) => match Lt::new() {
+                Ok(lt) => Ok(Blas { handle, _workspace: w, workspace_ptr, stream: stream.clone(), lt }),
+                Err(e) => {
+                    // SAFETY: created above, used by nothing else.
+                    let _ = unsafe { blas::destroy_handle(handle) };
+                    Err(e)
+                }
+            },
             Err(e) => {
                 // SAFETY: created above, used by nothing else.
                 let _ = unsafe { blas::destroy_handle(handle) };
@@ -60,6 +73,10 @@ impl Blas {
 
     /// Enqueues one call.
     pub(crate) fn run(&self, c: &GemmCall) -> Result<()> {
+        if let Some(add) = &c.addends {
+            let stream = self.stream.cu_stream() as cudarc::cublaslt::sys::cudaStream_t;
+            return self.lt.run(c, add, stream, (self.workspace_ptr, WORKSPACE_BYTES));
+        }
         let (alpha, beta) = (1.0f32, 0.0f32);
         if let Some(p) = &c.arrays {
             // SAFETY: as below; the pointer arrays live in device memory owned by the call.
@@ -146,25 +163,29 @@ pub(crate) struct PointerArrays {
 /// One cuBLAS call with everything resolved (column-major terms: `C = op(A)·op(B)`).
 #[derive(Debug)]
 pub(crate) struct GemmCall {
-    op_a: cublasOperation_t,
-    op_b: cublasOperation_t,
-    m: i32,
-    n: i32,
-    k: i32,
-    a: u64,
-    lda: i32,
-    stride_a: i64,
-    b: u64,
-    ldb: i32,
-    stride_b: i64,
-    c: u64,
-    ldc: i32,
-    stride_c: i64,
-    batch: i32,
+    pub(crate) op_a: cublasOperation_t,
+    pub(crate) op_b: cublasOperation_t,
+    pub(crate) m: i32,
+    pub(crate) n: i32,
+    pub(crate) k: i32,
+    pub(crate) a: u64,
+    pub(crate) lda: i32,
+    pub(crate) stride_a: i64,
+    pub(crate) b: u64,
+    pub(crate) ldb: i32,
+    pub(crate) stride_b: i64,
+    pub(crate) c: u64,
+    pub(crate) ldc: i32,
+    pub(crate) stride_c: i64,
+    pub(crate) batch: i32,
     dtype: cudaDataType,
+    /// The element type behind `dtype`.
+    pub(crate) element: DType,
     /// Set when the batch has two levels (attention's batch × heads over views): one pointer-array
     /// call instead of one strided call per outer entry.
     arrays: Option<PointerArrays>,
+    /// What the call adds to the product (a bias, a residual): a cuBLASLt call.
+    addends: Option<Addends>,
 }
 
 fn int(name: &str, v: i64) -> Result<i32> {
@@ -216,6 +237,11 @@ impl GemmCall {
         let (b_ptr, op_a, lda) = operand(&g.b)?;
         let (a_ptr, op_b, ldb) = operand(&g.a)?;
         let c_ptr = pointers[g.out];
+        let addend = |a: &Option<kiln_graph::kernel::GemmAddend>| -> Result<Option<u64>> {
+            a.as_ref().map(|a| Ok((pointers[a.buffer] as i64 + ev(&a.offset)? * size) as u64)).transpose()
+        };
+        let (bias, residual) = (addend(&g.epilogue.bias)?, addend(&g.epilogue.residual)?);
+        let addends = (bias.is_some() || residual.is_some()).then_some(Addends { bias, residual });
         let call = GemmCall {
             op_a,
             op_b,
@@ -233,11 +259,19 @@ impl GemmCall {
             stride_c: inner[3],
             batch: int("batch", inner[0])?,
             dtype: data_type(g.dtype)?,
+            element: g.dtype,
             arrays: None,
+            addends,
         };
         let outer: i64 = merged.iter().map(|d| d[0]).product();
         if outer == 1 {
             return Ok(call);
+        }
+        if call.addends.is_some() {
+            return Err(err(format!(
+                "a GEMM epilogue over {} batch levels: graph fuses one only where the batch is one strided level",
+                merged.len() + 1
+            )));
         }
         let mut lists: [Vec<u64>; 3] = Default::default();
         for e in 0..outer * inner[0] {

@@ -5,6 +5,7 @@
 
 pub mod check;
 mod gemm;
+mod lt;
 pub mod ptxas;
 pub mod render;
 pub mod runtime;

@@ -86,6 +86,13 @@ macro_rules! conformance_suite {
 
         #[test]
         $(#[$attr])*
+        fn linear_epilogues_match_the_reference() {
+            let Some(b) = backend() else { return };
+            conformance::user_cases::linear_epilogues(&b);
+        }
+
+        #[test]
+        $(#[$attr])*
         fn attention_matches_the_reference() {
             let Some(b) = backend() else { return };
             conformance::user_cases::attention(&b);

@@ -418,6 +418,61 @@ pub fn attention(b: &Arc<dyn Backend>) {
     assert_eq!(fused, fused_here, "symbolic length: {:?}", dynamic.guards());
 }
 
+/// Linear layers with what a GEMM library adds inside its call (a bias, a residual: cuBLASLt's
+/// epilogue on CUDA, where `graph` fuses them), in f32, bf16 and f16: both adds, the bias alone before
+/// a GELU, a residual read through a transposed view (stored first), a bias narrowed off a 16-byte
+/// boundary (left to the next kernel), and one symbolic-batch entry serving two batch sizes. Sizes are
+/// past `gemm::LIBRARY_MIN_MACS`, so CUDA calls the library; other backends run the template.
+pub fn linear_epilogues(b: &Arc<dyn Backend>) {
+    type Case = fn(&[&Tensor]) -> kiln::Result<Tensor>;
+    let both: Case = |t| t[3].add(&t[0].linear(t[1], Some(t[2]))?);
+    let bias_gelu: Case = |t| t[0].linear(t[1], Some(t[2]))?.gelu();
+    let transposed: Case = |t| t[0].linear(t[1], None)?.add(&t[4].transpose(1, 2)?);
+    let narrowed: Case = |t| t[3].add(&t[0].linear(t[1], Some(&t[5].narrow(0, 1, 64)?))?);
+    let cases: [(&str, DType, Case, usize); 4] = [
+        ("residual and bias", DType::F32, both, 1),
+        ("bias, then gelu", DType::BF16, bias_gelu, 2),
+        ("transposed residual", DType::F16, transposed, 2),
+        ("unaligned bias", DType::BF16, narrowed, 2),
+    ];
+    let fused_here = b.target().is_some_and(|t| t.library_gemm && t.library_epilogue);
+    for (n, (what, dtype, f, kernels)) in cases.into_iter().enumerate() {
+        let salt = 10 * n as u32;
+        let inputs = [
+            seeded_in(dtype, &[3, 40, 96], salt),
+            seeded_in(dtype, &[64, 96], salt + 1).mul(0.1).unwrap(),
+            seeded_in(dtype, &[64], salt + 2),
+            seeded_in(dtype, &[3, 40, 64], salt + 3),
+            seeded_in(dtype, &[3, 64, 40], salt + 4),
+            seeded_in(dtype, &[65], salt + 5),
+        ];
+        let g = move |t: Vec<Tensor>| f(&t.iter().collect::<Vec<_>>());
+        let want: Tensor = compile(g).backend(kiln::graph::CpuReference).call(inputs.to_vec()).unwrap();
+        let compiled = compile(g).backend(b.clone());
+        let got: Tensor = compiled.call(inputs.to_vec()).unwrap();
+        let report = compiled.report();
+        if fused_here {
+            let count = report.entries[0].graphs[0].kernels.len();
+            assert_eq!(count, kernels, "{what}: kernels {:?}", report.entries[0].graphs[0].kernels);
+        }
+        assert_within_rule(&got, &want, &report, &format!("{what} ({dtype:?})"));
+    }
+    let f = |t: Vec<Tensor>| both(&t.iter().collect::<Vec<_>>());
+    let dynamic = compile(f).backend(b.clone()).mark_dynamic(0, 0, 1..=64).mark_dynamic(3, 0, 1..=64);
+    for batch in [2usize, 5] {
+        let inputs = vec![
+            seeded_in(DType::BF16, &[batch, 40, 96], 70),
+            seeded_in(DType::BF16, &[64, 96], 71).mul(0.1).unwrap(),
+            seeded_in(DType::BF16, &[64], 72),
+            seeded_in(DType::BF16, &[batch, 40, 64], 73),
+        ];
+        let want: Tensor = compile(f).backend(kiln::graph::CpuReference).call(inputs.clone()).unwrap();
+        let got: Tensor = dynamic.call(inputs).unwrap();
+        assert_within_rule(&got, &want, &dynamic.report(), &format!("symbolic batch {batch}"));
+    }
+    assert_eq!(dynamic.report().entries.len(), 1, "one symbolic entry: {:?}", dynamic.guards());
+}
+
 /// `got` against the reference's `want` under kiln's tolerance rule for the first captured graph of
 /// `report` (the reference rounds after every op as the written-out form does; the rule's depth covers it).
 #[track_caller]

@@ -198,7 +198,15 @@ fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
             let (from, to) = (b.shape(x(0)), b.shape(y));
             let one = Expr::from(1usize);
             let axes: Vec<usize> = (0..from.rank()).filter(|&a| from.dims()[a] == one && to.dims()[a] != one).collect();
-            vec![(0, if axes.is_empty() { g } else { b.reduce(ReduceOp::Sum, g, &axes, true) })]
+            let summed = if axes.is_empty() {
+                g
+            } else {
+                match summed_product(b, g, &axes, &from) {
+                    Some(folded) => folded,
+                    None => b.reduce(ReduceOp::Sum, g, &axes, true),
+                }
+            };
+            vec![(0, summed)]
         }
         Op::Permute { perm } => {
             let mut inverse = vec![0; perm.len()];
@@ -426,6 +434,39 @@ fn index_select_grad(
         inverse[p] = i;
     }
     Ok(b.push(Op::Permute { perm: inverse }, &[summed], dtype, xs))
+}
+
+/// A batched product summed over all its batch axes, `sum_b p_b @ q_b`, as one product over the batch
+/// folded into the reduction: `[K, B·M] @ [B·M, N]`. A linear layer's weight gradient is this (the weight
+/// is broadcast over the batch, so its gradient sums one product per batch entry): one GEMM with a deep
+/// reduction instead of `B` products written out and summed by another kernel, as torch computes it.
+/// The batched product `g` is left unread (the pipeline drops dead nodes). `None` unless `g` is such a
+/// product and `axes` are exactly its batch axes.
+fn summed_product(b: &mut Builder, g: NodeId, axes: &[usize], to: &Shape) -> Option<NodeId> {
+    let node = b.graph.node(g).clone();
+    let r = node.shape.rank();
+    if node.op != Op::MatMul || r < 3 || axes != (0..r - 2).collect::<Vec<_>>().as_slice() {
+        return None;
+    }
+    let (p, q) = (node.inputs[0], node.inputs[1]);
+    let (ps, qs) = (b.shape(p), b.shape(q));
+    if ps.rank() != r || qs.rank() != r || ps.dims()[..r - 2] != qs.dims()[..r - 2] {
+        return None;
+    }
+    let (k, m, n) = (ps.dims()[r - 2].clone(), ps.dims()[r - 1].clone(), qs.dims()[r - 1].clone());
+    let rows = ps.dims()[..r - 2].iter().fold(m.clone(), |acc, d| acc * d.clone());
+    // p's rows (K) first, then its batch and columns in order: `(b, m)` runs as q's rows do.
+    let mut perm = vec![r - 2];
+    perm.extend(0..r - 2);
+    perm.push(r - 1);
+    let mut dims: Vec<Expr> = vec![k.clone()];
+    dims.extend(ps.dims()[..r - 2].iter().cloned());
+    dims.push(m);
+    let pt = b.push(Op::Permute { perm }, &[p], b.dtype(p), Shape(dims));
+    let pf = b.reshape(pt, Shape(vec![k, rows.clone()]));
+    let qf = b.reshape(q, Shape(vec![rows, n]));
+    let product = matmul(b, pf, qf);
+    Some(b.reshape(product, to.clone()))
 }
 
 /// The last two axes swapped.

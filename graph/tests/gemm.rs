@@ -191,3 +191,35 @@ fn symbolic_sizes_give_a_symbolic_description() {
     }
     assert_eq!(f.stats().traces, 1, "{:?}", f.stats());
 }
+
+fn linear_gradients(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let (loss, grads) = kiln_graph::autodiff::value_and_grad(
+        |a| a[0].linear(&a[1], Some(&a[2]))?.mul(&a[3])?.sum(&[0, 1, 2], false),
+        t,
+        &[1, 2],
+    )?;
+    Ok(vec![loss, grads[0].clone(), grads[1].clone()])
+}
+
+/// A linear layer's weight gradient sums one product per batch entry (the weight is broadcast over the
+/// batch): it is computed as one product over the batch folded into the reduction, `[in, b·s] @ [b·s,
+/// out]`, with no batched product written out and no separate sum (as torch's linear backward does).
+#[test]
+fn a_weight_gradient_is_one_product_over_the_folded_batch() {
+    let specs = [
+        TensorSpec::new(DType::F32, &[2, 64, 96]),
+        TensorSpec::new(DType::F32, &[256, 96]),
+        TensorSpec::new(DType::F32, &[256]),
+        TensorSpec::new(DType::F32, &[2, 64, 256]),
+    ];
+    let c = close(&specs, linear_gradients, &Target::cuda(90));
+    let g = gemms(&c);
+    assert_eq!(g.len(), 2, "{c}");
+    assert!(g.iter().all(|g| g.batch.is_empty()), "{c}");
+    let shapes: Vec<_> = g.iter().map(|g| [&g.m, &g.n, &g.k].map(|e| e.as_const())).collect();
+    // Forward: 128 rows (the folded batch) of 96 inputs; weight gradient: 96 x 256 over 128 rows.
+    assert!(shapes.contains(&[Some(128), Some(256), Some(96)]), "{c}");
+    assert!(shapes.contains(&[Some(96), Some(256), Some(128)]), "{c}");
+    // The same gradients without the library (the template) agree too.
+    close(&specs, linear_gradients, &Target::webgpu_default());
+}

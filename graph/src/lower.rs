@@ -1091,6 +1091,8 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Optio
         out_stride = out_stride * dims[d].clone();
     }
     batch.reverse();
+    // The output's batch strides before folding: a residual must have exactly these.
+    let out_strides: Vec<Expr> = batch.iter().map(|d| d.out.clone()).collect();
     // Innermost batch levels that continue `a`'s rows while `b` stays put are more rows.
     while let Some(last) = batch.last() {
         let rows = m.clone() * a.ld.clone();
@@ -1115,7 +1117,10 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Optio
         && aligned(&l, &b.offset, &b.ld)
         && l.ranges.known_divisible(&n, per_16)
         && batch.iter().all(|d| [&d.a, &d.b, &d.out].iter().all(|s| l.ranges.known_divisible(s, per_16)));
-    if !addends.is_empty() && !operands_aligned {
+    // An empty reduction would leave the library's epilogue without a product to add to.
+    let deep = l.ranges.known_ge(&k, &Expr::from(1i64)) == Some(true);
+    let library_adds = operands_aligned && deep;
+    if !addends.is_empty() && !library_adds {
         return Err(LowerFailure::Refuse(chain[1]));
     }
     let mut epilogue = crate::kernel::GemmEpilogue::default();
@@ -1144,10 +1149,7 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Optio
                 // Laid out as the output: row-major rows of `n`, the output's batch strides.
                 let as_out = |s: &Expr, want: &Expr| l.ranges.known_eq(s, want) == Some(true);
                 let rows_ok = as_out(row, &n) && col.as_const() == Some(1) && l.ranges.known_divisible(&offset, per_16);
-                let plain = (0..r - 2).all(|d| {
-                    let want = dims[d + 1..r - 2].iter().fold(dims[r - 2].clone() * n.clone(), |s, e| s * e.clone());
-                    as_out(&strides[d], &want)
-                });
+                let plain = out_strides.iter().zip(&strides).all(|(want, s)| as_out(s, want));
                 if !(rows_ok && plain) {
                     return Err(if view(&l, other) {
                         LowerFailure::Materialize(other)

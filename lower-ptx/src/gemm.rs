@@ -78,6 +78,7 @@ impl Blas {
             return self.lt.run(c, add, stream, (self.workspace_ptr, WORKSPACE_BYTES));
         }
         let (alpha, beta) = (1.0f32, 0.0f32);
+        let dtype = data_type(c.element)?;
         if let Some(p) = &c.arrays {
             // SAFETY: as below; the pointer arrays live in device memory owned by the call.
             return unsafe {
@@ -90,14 +91,14 @@ impl Blas {
                     c.k,
                     &alpha as *const f32 as *const _,
                     p.a as *const *const _,
-                    c.dtype,
+                    dtype,
                     c.lda,
                     p.b as *const *const _,
-                    c.dtype,
+                    dtype,
                     c.ldb,
                     &beta as *const f32 as *const _,
                     p.c as *const *mut _,
-                    c.dtype,
+                    dtype,
                     c.ldc,
                     c.batch,
                     cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -119,16 +120,16 @@ impl Blas {
                 c.k,
                 &alpha as *const f32 as *const _,
                 c.a as *const _,
-                c.dtype,
+                dtype,
                 c.lda,
                 c.stride_a,
                 c.b as *const _,
-                c.dtype,
+                dtype,
                 c.ldb,
                 c.stride_b,
                 &beta as *const f32 as *const _,
                 c.c as *mut _,
-                c.dtype,
+                dtype,
                 c.ldc,
                 c.stride_c,
                 c.batch,
@@ -178,8 +179,7 @@ pub(crate) struct GemmCall {
     pub(crate) ldc: i32,
     pub(crate) stride_c: i64,
     pub(crate) batch: i32,
-    dtype: cudaDataType,
-    /// The element type behind `dtype`.
+    /// The element type of every operand.
     pub(crate) element: DType,
     /// Set when the batch has two levels (attention's batch × heads over views): one pointer-array
     /// call instead of one strided call per outer entry.
@@ -258,7 +258,6 @@ impl GemmCall {
             ldc: int("n", n)?,
             stride_c: inner[3],
             batch: int("batch", inner[0])?,
-            dtype: data_type(g.dtype)?,
             element: g.dtype,
             arrays: None,
             addends,

@@ -59,7 +59,8 @@ impl Drop for Plan {
         // SAFETY: created in `Plan::new`, owned here, destroyed once.
         unsafe {
             let _ = lt::destroy_matmul_desc(self.desc);
-            for l in self.layouts {
+            // A plan that failed half-way holds null layouts it never created.
+            for l in self.layouts.into_iter().filter(|l| !l.is_null()) {
                 let _ = lt::destroy_matrix_layout(l);
             }
         }
@@ -206,6 +207,10 @@ impl Lt {
             residual: add.residual.is_some(),
             align: [c.a, c.b, add.residual.unwrap_or(c.c), c.c].map(alignment),
         };
+        if c.m == 0 || c.n == 0 || c.batch == 0 {
+            // An empty output: nothing to write (cuBLASLt rejects empty layouts).
+            return Ok(());
+        }
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         if !plans.contains_key(&key) {
             let plan = Plan::new(self.handle, &key, c, workspace_bytes)?;

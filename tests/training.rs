@@ -46,6 +46,26 @@ fn adamw_matches_its_definition() {
     }
 }
 
+/// A compiled AdamW step reads each parameter's gradient, value and moments once and writes the three
+/// updates from the same kernel (bf16 state, f32 arithmetic): one kernel per parameter, not one per
+/// stored value with the f32 moments written out between them.
+#[test]
+fn a_compiled_adamw_update_is_one_kernel_per_parameter() {
+    use kiln::graph::workloads::{f32s, with_dtype};
+    use kiln::graph::{capture, compile_graph, Target};
+    let specs = with_dtype((0..4).map(|_| f32s(&[64, 48])).collect(), kiln::DType::BF16);
+    let step = |t: &[Tensor]| {
+        let opt = AdamW::default();
+        let scalars = Tensor::from_slice(&[1e-3f32, 1.5, 100.0], &[3])?;
+        let (p, m, v) = opt.update(&t[..1], &t[1..2], &t[2..3], &t[3..4], &scalars)?;
+        Ok([p, m, v].concat())
+    };
+    let c = compile_graph(&capture(&specs, step).unwrap(), &Target::cuda(90)).unwrap();
+    assert_eq!(c.kernels.len(), 1, "{c}");
+    let writes = c.kernels[0].buffers.iter().filter(|b| b.access == kiln::graph::kernel::Access::Write).count();
+    assert_eq!(writes, 3, "{}", c.kernels[0]);
+}
+
 /// SGD with momentum, plain and Nesterov, with weight decay, against torch's formulas.
 #[test]
 fn sgd_matches_its_definition() {

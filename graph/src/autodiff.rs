@@ -60,6 +60,8 @@ pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph> {
         graph: forward.clone(),
         from: out,
         loc: SourceLoc::internal(),
+        // Reductions split when the backward graph is compiled (decomposition), not here.
+        split_reductions: false,
     };
     let mut grads: Vec<Option<NodeId>> = vec![None; n];
     grads[out.index()] = Some(b.constant_like(1.0, out));

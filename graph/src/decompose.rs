@@ -35,19 +35,25 @@ pub struct Decomposed {
 /// Fails only on a graph the public API cannot record (a composite of a non-float dtype, an axis out of
 /// range, a malformed node), naming the node's source location.
 pub fn decompose(graph: &Graph) -> Result<Decomposed> {
-    decompose_for(graph, None)
+    decompose_for(graph, None, false)
 }
 
 /// [`decompose`], writing each attention that `target` runs fused (see `attention`) as one
 /// [`Op::Attention`] node in place of its final product (the written-out chain before it is left
-/// without readers, and pruned with the other dead nodes); `None` writes every attention out.
-pub fn decompose_for(graph: &Graph, target: Option<&crate::target::Target>) -> Result<Decomposed> {
+/// without readers, and pruned with the other dead nodes); `None` writes every attention out. With
+/// `split_reductions`, a reduction too long for one pass becomes a chain of passes (`split_reduce`).
+pub fn decompose_for(
+    graph: &Graph,
+    target: Option<&crate::target::Target>,
+    split_reductions: bool,
+) -> Result<Decomposed> {
     let readers = target.map(|_| crate::attention::readers(graph));
     let mut b = Builder {
         graph: Graph { symbols: graph.symbols.clone(), ..Graph::default() },
         origin: Vec::with_capacity(graph.nodes.len()),
         from: NodeId(0),
         loc: SourceLoc::internal(),
+        split_reductions,
     };
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
     let lookup = |map: &[NodeId], id: NodeId, loc: &SourceLoc| {
@@ -66,6 +72,13 @@ pub fn decompose_for(graph: &Graph, target: Option<&crate::target::Target>) -> R
         let new = if let Some(a) = fused {
             let qkv = [a.q, a.k, a.v].iter().map(|&n| lookup(&map, n, &node.loc)).collect::<Result<Vec<_>>>()?;
             b.push(Op::Attention { scale: a.scale, causal: a.causal }, &qkv, node.dtype, node.shape.clone())
+        } else if let Some(split) = match (&node.op, inputs.first()) {
+            (Op::Reduce { op, axes, keepdim }, Some(&x)) if split_reductions => {
+                crate::split_reduce::split(&mut b, *op, x, axes, *keepdim)
+            }
+            _ => None,
+        } {
+            split
         } else if node.op.family() == OpFamily::Composite {
             let out = b.composite(node, &inputs)?;
             let got = b.graph.node(out);
@@ -126,6 +139,8 @@ pub(crate) struct Builder {
     pub(crate) origin: Vec<NodeId>,
     pub(crate) from: NodeId,
     pub(crate) loc: SourceLoc,
+    /// Whether [`Builder::reduce`] splits reductions too long for one pass (compiling for a device).
+    pub(crate) split_reductions: bool,
 }
 
 impl Builder {
@@ -204,7 +219,15 @@ impl Builder {
         self.push(Op::Reshape, &[x], self.dtype(x), shape)
     }
 
+    /// `op` over `axes` of `x`: split into passes the device can spread (`split_reduce`) when the
+    /// builder splits reductions, else one pass.
     pub(crate) fn reduce(&mut self, op: ReduceOp, x: NodeId, axes: &[usize], keepdim: bool) -> NodeId {
+        let split = self.split_reductions.then(|| crate::split_reduce::split(self, op, x, axes, keepdim)).flatten();
+        split.unwrap_or_else(|| self.reduce_whole(op, x, axes, keepdim))
+    }
+
+    /// `op` over `axes` of `x` in one pass.
+    pub(crate) fn reduce_whole(&mut self, op: ReduceOp, x: NodeId, axes: &[usize], keepdim: bool) -> NodeId {
         let shape = reduced_shape(&self.shape(x), axes, keepdim);
         let dtype = reduce_dtype(op, self.dtype(x));
         self.push(Op::Reduce { op, axes: axes.to_vec(), keepdim }, &[x], dtype, shape)

@@ -439,9 +439,51 @@ impl<'g> Scheduler<'g> {
                 continue;
             }
             let mut members = BTreeSet::from([seed]);
-            while self.absorb_producers(&mut members) {}
+            loop {
+                while self.absorb_producers(&mut members) {}
+                if !self.absorb_siblings(&mut members, seed) {
+                    break;
+                }
+            }
             self.commit(RegionKind::Pointwise, members);
         }
+    }
+
+    /// Grows a pointwise region over the free pointwise nodes of the seed's shape that it shares values
+    /// with: a member's other readers (forward), and a producer whose readers are all members or such
+    /// nodes. The region then writes several outputs in one pass over the elements (AdamW's parameter
+    /// and both moments from one read of the gradient), where absorbing producers alone would split
+    /// at every value that is both stored and read again. Every node added would otherwise be in a
+    /// pointwise region of its own (row and matmul regions are already formed), so the kernels this
+    /// makes are unions of those: nothing is computed twice and nothing is written that was not before.
+    /// True if any joined.
+    fn absorb_siblings(&self, members: &mut BTreeSet<NodeId>, seed: NodeId) -> bool {
+        let shape = self.f.shape(seed).clone();
+        let joins = |x: NodeId| {
+            self.free(x)
+                && !members.contains(&x)
+                && self.f.role[x.index()] == Role::Pointwise
+                && *self.f.shape(x) == shape
+                && !self.refused.contains(&x)
+        };
+        let mut candidates: Vec<NodeId> = Vec::new();
+        for &m in members.iter() {
+            candidates.extend(self.f.consumers[m.index()].iter().copied().filter(|&c| joins(c)));
+            for &p in &self.f.producers[m.index()] {
+                let readers_join = self.f.consumers[p.index()].iter().all(|&c| members.contains(&c) || joins(c));
+                if joins(p) && readers_join {
+                    candidates.push(p);
+                }
+            }
+        }
+        let mut changed = false;
+        for c in candidates {
+            if !members.contains(&c) && !self.closes_cycle(members, c) && self.fits(members, c) {
+                members.insert(c);
+                changed = true;
+            }
+        }
+        changed
     }
 
     /// Graph outputs that are layout or source nodes get a pointwise region that writes them. (No output

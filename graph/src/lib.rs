@@ -42,6 +42,7 @@ pub mod rng;
 pub mod runtime;
 pub mod shape;
 mod size_class;
+pub mod split_reduce;
 pub mod sym;
 pub mod tape;
 pub mod target;

@@ -51,8 +51,9 @@ fn w2_softmax_is_one_row_kernel() {
     assert_eq!(c.kernels[0].name, "k0_softmax");
     // A row of 8192 fits in registers: 256 threads keep 32 elements each, one pass over memory.
     assert_eq!((c.kernels[0].launch.threads, c.kernels[0].row_cache), (256, Some(32)));
-    // Rows too long for registers even at the target's largest group are read once per pass instead.
-    let g = capture(&[f32s(&[64, 1 << 16])], |t| Ok(vec![t[0].softmax(-1)?])).unwrap();
+    // Rows too long for registers even at the target's largest group are read once per pass instead
+    // (enough of them that none is split into pieces for the device: `split_reduce`).
+    let g = capture(&[f32s(&[1024, 1 << 16])], |t| Ok(vec![t[0].softmax(-1)?])).unwrap();
     let webgpu = compile_graph(&g, &Target::webgpu_default()).unwrap();
     assert_eq!((webgpu.kernels[0].launch.threads, webgpu.kernels[0].row_cache), (256, None));
 }
@@ -230,9 +231,10 @@ fn w5_block_on_a_gemm_library() {
     assert!(c.kernels.len() <= 14, "{} kernels:\n{c}", c.kernels.len());
 }
 
-/// A full reduction of 2^32 elements or more (and of 2^31..2^32) lowers with 64-bit extents: one row
-/// whose reduction loop covers every element, a thread count within the target, and no panic (the row
-/// length once went through a `u32` and wrapped, so the kernel summed a fraction of the input).
+/// A full reduction of 2^32 elements or more (and of 2^31..2^32) lowers with 64-bit extents: a chain of
+/// rows (split for the device where the length has divisors) whose reduction loops together cover every
+/// element, a thread count within the target, and no panic (the row length once went through a `u32`
+/// and wrapped, so the kernel summed a fraction of the input).
 #[test]
 fn reductions_past_two_to_the_32_cover_every_element() {
     use kiln_graph::kernel::Stmt;
@@ -252,12 +254,12 @@ fn reductions_past_two_to_the_32_cover_every_element() {
         for target in [Target::cuda(90), Target::interpreter()] {
             let g = capture(&[f32s(&[n])], |t| Ok(vec![t[0].sum(&[0], false)?])).unwrap();
             let c = compile_graph(&g, &target).expect("compiles");
+            let mut e = Vec::new();
             for k in &c.kernels {
-                let mut e = Vec::new();
                 extents(&k.body, &mut e);
-                assert!(e.contains(&(n as i64)), "{n}: reduction extents {e:?} in\n{k}");
                 assert!(k.launch.threads >= 1 && k.launch.threads <= target.max_threads_per_group, "{k}");
             }
+            assert_eq!(e.iter().product::<i64>(), n as i64, "{n}: reduction extents {e:?} in\n{c}");
             let c = compile_graph(&capture(&[f32s(&[n])], |t| Ok(vec![t[0].max(&[0], false)?])).unwrap(), &target)
                 .expect("compiles");
             assert!(c.kernels.iter().all(|k| k.launch.threads <= target.max_threads_per_group));

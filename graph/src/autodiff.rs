@@ -87,7 +87,7 @@ pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph> {
     }
     let mut joint = b.graph;
     joint.outputs = outputs;
-    Ok(joint)
+    Ok(crate::remat::recompute_in_backward(joint, n))
 }
 
 /// `f`'s value at `args` and its gradients with respect to `args[i]` for each `i` in `wrt` (the

@@ -36,6 +36,7 @@ pub mod opdocs;
 pub mod ops;
 pub mod pipeline;
 pub mod plan;
+mod remat;
 pub mod report;
 pub mod resize;
 pub mod rng;

@@ -1,0 +1,110 @@
+//! Recomputation in the backward pass: which forward values the backward reads again from memory and
+//! which it computes again from narrower ones.
+//!
+//! A vector-Jacobian rule reads the forward values its op was built from. After decomposition those are
+//! often wide intermediates of a composite: a bf16 model's GELU, `x·½·(1 + erf(x/√2))` computed in f32,
+//! leaves `1 + erf(x/√2)`, `x·½` and `x/√2` for the backward, three f32 tensors the forward kernel must
+//! write and the backward kernel read, where `x` itself (bf16, stored anyway) is a quarter of their bytes.
+//! Here each forward value the backward reads is replaced, for the backward's readers, by a copy of the
+//! pointwise arithmetic that makes it from narrower values, when those are fewer bytes per element than
+//! the value (as PyTorch's partitioner recomputes cheap pointwise ops rather than saving them). Fusion
+//! then computes the copy inside the backward's kernel. A graph whose values are all one width (f32
+//! throughout) is unchanged.
+
+use crate::ir::{Graph, Node, NodeId, OpFamily};
+use std::collections::{BTreeSet, HashMap};
+
+/// Nodes one recomputation may copy: a short chain of pointwise arithmetic.
+const MOST: usize = 12;
+
+/// `joint` (forward nodes `0..forward_len`, then the backward's) with the backward reading recomputed
+/// copies of the forward values that are cheaper to compute again than to read.
+pub(crate) fn recompute_in_backward(joint: Graph, forward_len: usize) -> Graph {
+    let Graph { nodes, inputs, outputs, symbols } = joint;
+    let mut g = Graph { nodes: nodes[..forward_len].to_vec(), inputs, outputs: Vec::new(), symbols };
+    let mut map: Vec<NodeId> = (0..forward_len as u32).map(NodeId).collect();
+    let mut copies: HashMap<NodeId, Option<NodeId>> = HashMap::new();
+    for node in &nodes[forward_len..] {
+        let mut node = node.clone();
+        for x in &mut node.inputs {
+            *x = if x.index() < forward_len {
+                recomputed(&mut g, *x, &mut copies).unwrap_or(*x)
+            } else {
+                map[x.index()]
+            };
+        }
+        map.push(g.push(node));
+    }
+    g.outputs = outputs.iter().map(|o| map[o.index()]).collect();
+    g
+}
+
+/// A copy of forward value `p` computed from narrower values (pushed onto `g`), or `None` when reading
+/// `p` is as cheap. `copies` remembers each forward node's copy, so backward readers share one.
+fn recomputed(g: &mut Graph, p: NodeId, copies: &mut HashMap<NodeId, Option<NodeId>>) -> Option<NodeId> {
+    if let Some(&known) = copies.get(&p) {
+        return known;
+    }
+    let cone = cone(g, p);
+    if let Some(cone) = &cone {
+        // In id order: each copy's producers are copied (or forward values) before it.
+        for &q in cone {
+            let mut node: Node = g.node(q).clone();
+            for x in &mut node.inputs {
+                if let Some(Some(c)) = copies.get(x) {
+                    *x = *c;
+                }
+            }
+            let c = g.push(node);
+            copies.insert(q, Some(c));
+        }
+    }
+    let copy = cone.and_then(|_| copies.get(&p).copied().flatten());
+    copies.insert(p, copy);
+    copy
+}
+
+/// The pointwise nodes that compute `p` from values narrower than it (`p` included), when those values
+/// are fewer bytes per element than `p`; `None` otherwise.
+fn cone(g: &Graph, p: NodeId) -> Option<BTreeSet<NodeId>> {
+    let target = g.node(p);
+    let (width, numel) = (target.dtype.size_bytes(), target.shape.numel());
+    let wide = |n: &Node| n.op.family() == OpFamily::Pointwise && n.dtype.is_float() && n.dtype.size_bytes() >= width;
+    if !wide(target) {
+        return None;
+    }
+    let (mut cone, mut leaves) = (BTreeSet::new(), BTreeSet::new());
+    let mut stack = vec![p];
+    while let Some(q) = stack.pop() {
+        if cone.contains(&q) || leaves.contains(&q) {
+            continue;
+        }
+        if wide(g.node(q)) {
+            cone.insert(q);
+            if cone.len() > MOST {
+                return None;
+            }
+            stack.extend(g.node(q).inputs.iter().copied());
+        } else {
+            leaves.insert(q);
+        }
+    }
+    // What the copy reads per element: a leaf's bytes when it is (a view of) a tensor as large as `p`;
+    // constants and broadcast vectors cost nothing per element.
+    let bytes: usize = leaves
+        .iter()
+        .map(|&l| {
+            let mut base = g.node(l);
+            while base.op.family() == OpFamily::Layout && !base.inputs.is_empty() {
+                base = g.node(base.inputs[0]);
+            }
+            let full = base.op.family() != OpFamily::Source || matches!(base.op, crate::ir::Op::Input { .. });
+            if full && base.shape.numel().as_const() >= numel.as_const() {
+                base.dtype.size_bytes()
+            } else {
+                0
+            }
+        })
+        .sum();
+    (bytes < width).then_some(cone)
+}

@@ -73,8 +73,11 @@ pub fn decompose_for(
             let qkv = [a.q, a.k, a.v].iter().map(|&n| lookup(&map, n, &node.loc)).collect::<Result<Vec<_>>>()?;
             b.push(Op::Attention { scale: a.scale, causal: a.causal }, &qkv, node.dtype, node.shape.clone())
         } else if let Some(split) = match (&node.op, inputs.first()) {
+            // A saved graph may record a reduction's dtype or shape other than the one its op yields:
+            // such a node is copied as it is (the split's nodes are left without readers and pruned).
             (Op::Reduce { op, axes, keepdim }, Some(&x)) if split_reductions => {
                 crate::split_reduce::split(&mut b, *op, x, axes, *keepdim)
+                    .filter(|&v| b.dtype(v) == node.dtype && b.shape(v) == node.shape)
             }
             _ => None,
         } {

@@ -24,19 +24,42 @@ pub(crate) fn recompute_in_backward(joint: Graph, forward_len: usize) -> Graph {
     let mut g = Graph { nodes: nodes[..forward_len].to_vec(), inputs, outputs: Vec::new(), symbols };
     let mut map: Vec<NodeId> = (0..forward_len as u32).map(NodeId).collect();
     let mut copies: HashMap<NodeId, Option<NodeId>> = HashMap::new();
-    for node in &nodes[forward_len..] {
+    let exact = compared(&nodes, forward_len);
+    for (i, node) in nodes.iter().enumerate().skip(forward_len) {
         let mut node = node.clone();
         for x in &mut node.inputs {
-            *x = if x.index() < forward_len {
-                recomputed(&mut g, *x, &mut copies).unwrap_or(*x)
-            } else {
+            *x = if x.index() >= forward_len {
                 map[x.index()]
+            } else if exact[i] {
+                *x
+            } else {
+                recomputed(&mut g, *x, &mut copies).unwrap_or(*x)
             };
         }
         map.push(g.push(node));
     }
     g.outputs = outputs.iter().map(|o| map[o.index()]).collect();
     g
+}
+
+/// For each node, whether a backward comparison reads its inputs' exact forward values, directly or
+/// through layout nodes: a max's gradient tests `x == max(x)`, and a copy of `x` computed in another
+/// kernel may round differently (a multiply-add contracted in one kernel and not the other), which would
+/// silently zero the gradient of a whole row.
+fn compared(nodes: &[Node], forward_len: usize) -> Vec<bool> {
+    let mut exact = vec![false; nodes.len()];
+    for i in (forward_len..nodes.len()).rev() {
+        let comparison = matches!(&nodes[i].op, crate::ir::Op::Binary { op } if op.is_comparison());
+        if comparison || (exact[i] && nodes[i].op.family() == OpFamily::Layout) {
+            exact[i] = true;
+            for x in &nodes[i].inputs {
+                if x.index() >= forward_len && nodes[x.index()].op.family() == OpFamily::Layout {
+                    exact[x.index()] = true;
+                }
+            }
+        }
+    }
+    exact
 }
 
 /// A copy of forward value `p` computed from narrower values (pushed onto `g`), or `None` when reading
@@ -49,6 +72,10 @@ fn recomputed(g: &mut Graph, p: NodeId, copies: &mut HashMap<NodeId, Option<Node
     if let Some(cone) = &cone {
         // In id order: each copy's producers are copied (or forward values) before it.
         for &q in cone {
+            // Part of an earlier copy already (cones overlap: one cast feeding several values).
+            if let Some(Some(_)) = copies.get(&q) {
+                continue;
+            }
             let mut node: Node = g.node(q).clone();
             for x in &mut node.inputs {
                 if let Some(Some(c)) = copies.get(x) {

@@ -29,3 +29,23 @@ fn a_bf16_gelu_backward_recomputes_its_f32_intermediates() {
         }
     }
 }
+
+/// A max's gradient compares `x` with `max(x)`: that comparison must read the forward's own `x`, not a
+/// copy computed again in another kernel (which may round differently and zero a row's gradient), even
+/// where `x` (here f32 from bf16) would otherwise be recomputed.
+#[test]
+fn a_max_gradient_compares_the_forward_values_themselves() {
+    use kiln_graph::ir::{BinaryOp, Op, OpFamily};
+    let specs = with_dtype(vec![f32s(&[64, 256])], DType::BF16);
+    let g = capture(&specs, |t| Ok(vec![t[0].cast(DType::F32)?.mul(2.0)?.max(&[0, 1], false)?])).unwrap();
+    let forward_len = kiln_graph::decompose::decompose(&g).unwrap().graph.nodes.len();
+    let joint = grad_graph(&g, &[0]).unwrap();
+    let eq = joint.nodes.iter().find(|n| matches!(n.op, Op::Binary { op: BinaryOp::Eq })).expect("a comparison");
+    for &x in &eq.inputs {
+        let mut x = x;
+        while x.index() >= forward_len && joint.node(x).op.family() == OpFamily::Layout {
+            x = joint.node(x).inputs[0];
+        }
+        assert!(x.index() < forward_len, "the comparison reads {:?}, a backward copy", joint.node(x).op);
+    }
+}

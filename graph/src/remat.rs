@@ -126,7 +126,9 @@ fn cone(g: &Graph, p: NodeId) -> Option<BTreeSet<NodeId>> {
                 base = g.node(base.inputs[0]);
             }
             let full = base.op.family() != OpFamily::Source || matches!(base.op, crate::ir::Op::Input { .. });
-            if full && base.shape.numel().as_const() >= numel.as_const() {
+            // Free only when known smaller (a symbolic size counts as large as `p`).
+            let smaller = matches!((base.shape.numel().as_const(), numel.as_const()), (Some(a), Some(b)) if a < b);
+            if full && !smaller {
                 base.dtype.size_bytes()
             } else {
                 0

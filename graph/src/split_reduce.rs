@@ -63,7 +63,7 @@ pub(crate) fn split(b: &mut Builder, op: ReduceOp, x: NodeId, axes: &[usize], ke
     }
     let (dtype, shape) = (reduce_dtype(op, b.dtype(x)), reduced_shape(&input, &axes, keepdim));
     // Partial sums of half-precision values stay in f32 (as one pass's accumulator does).
-    let half = matches!(b.dtype(x), DType::F16 | DType::BF16) && op == ReduceOp::Sum;
+    let half = b.dtype(x).is_half() && op == ReduceOp::Sum;
     let mut v = if half { b.cast(x, DType::F32) } else { x };
     // The kept axes stay as they are, so the last pass can be the reduction's own shape.
     let around = |mid: &[u64]| {
@@ -102,14 +102,16 @@ fn row_pieces(rows: u64, len: u64) -> Option<u64> {
     (2..=most).rev().find(|c| len % c == 0)
 }
 
-/// Pieces to cut columns of `len` into, for `outputs` columns read side by side.
+/// Pieces to cut columns of `len` into, for `outputs` columns read side by side: pieces of at most
+/// `COLUMN_SERIAL.1` elements (longer ones are not short columns; and the search stays a few steps
+/// however long the axis).
 fn column_pieces(outputs: u64, len: u64) -> Option<u64> {
     let (fewest, most) = COLUMN_SERIAL;
     if len <= 2 * fewest {
         return None;
     }
     let serial = (outputs * len).div_ceil(COLUMN_THREADS).clamp(fewest, most);
-    let piece = (serial..len).find(|d| len % d == 0)?;
+    let piece = (serial..=most.min(len - 1)).find(|d| len % d == 0)?;
     Some(len / piece)
 }
 
@@ -141,5 +143,7 @@ mod tests {
     fn a_column_too_short_or_without_divisors_stays_whole() {
         assert!(plan(1, 32, 768).is_empty());
         assert!(plan(1, 4099, 768).is_empty(), "4,099 is prime");
+        // Twice a large prime: no piece of 16–128 divides it (and finding that takes a few steps).
+        assert!(plan(1, 2 * 1_000_000_007, 4).is_empty());
     }
 }

@@ -192,13 +192,22 @@ fn int(name: &str, v: i64) -> Result<i32> {
     i32::try_from(v).map_err(|_| err(format!("GEMM {name} = {v} does not fit cuBLAS's 32-bit sizes")))
 }
 
+/// kiln's GEMM element types as a CUDA library's `cudaDataType`, one mapping for both libraries:
+/// cuBLAS and cuBLASLt each bind their own copy of the enum. `$library` names the library in the error.
+macro_rules! cuda_data_type {
+    ($enum:ident, $dtype:expr, $library:literal) => {
+        match $dtype {
+            DType::F32 => Ok($enum::CUDA_R_32F),
+            DType::F16 => Ok($enum::CUDA_R_16F),
+            DType::BF16 => Ok($enum::CUDA_R_16BF),
+            other => Err(err(format!("{} GEMM of {other}", $library))),
+        }
+    };
+}
+pub(crate) use cuda_data_type;
+
 fn data_type(d: DType) -> Result<cudaDataType> {
-    Ok(match d {
-        DType::F32 => cudaDataType::CUDA_R_32F,
-        DType::F16 => cudaDataType::CUDA_R_16F,
-        DType::BF16 => cudaDataType::CUDA_R_16BF,
-        other => return Err(err(format!("cuBLAS GEMM of {other}"))),
-    })
+    cuda_data_type!(cudaDataType, d, "cuBLAS")
 }
 
 impl GemmCall {

@@ -68,12 +68,7 @@ impl Drop for Plan {
 }
 
 fn data_type(d: DType) -> Result<cudaDataType> {
-    Ok(match d {
-        DType::F32 => cudaDataType::CUDA_R_32F,
-        DType::F16 => cudaDataType::CUDA_R_16F,
-        DType::BF16 => cudaDataType::CUDA_R_16BF,
-        other => return Err(err(format!("cuBLASLt GEMM of {other}"))),
-    })
+    crate::gemm::cuda_data_type!(cudaDataType, d, "cuBLASLt")
 }
 
 fn alignment(ptr: u64) -> u32 {

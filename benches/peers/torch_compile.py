@@ -905,7 +905,9 @@ def main():
         "CUDA graph is recorded on a later call than the first, so its first-call time leaves the capture out.",
         "regional (W4): each of the 64 layers (a user-defined block class: torch 2.11 does not compile "
         "torch.nn's own Sequential) compiled with .compile(), default mode.",
-        "f32 matmuls at torch's default precision (float32_matmul_precision 'highest', no TF32).",
+        f"f32 matmuls at torch's default precision (float32_matmul_precision '{torch.get_float32_matmul_precision()}'); "
+        f"f32 convolutions at cuDNN's default (torch.backends.cudnn.allow_tf32 = {torch.backends.cudnn.allow_tf32}: "
+        "TF32 when True).",
         "peak_bytes: torch.cuda.max_memory_allocated() from after the first call (compile-time buffers such as "
         "Triton's L2 flush buffer left out) to after the timing; live tensors (inputs included), CUDA-graph "
         "pools and cuBLAS's workspace, not the allocator's cache.",

@@ -67,7 +67,14 @@ pub fn peer_rows(results: &mut [crate::report::ResultRow], dir: &std::path::Path
         if !reference.contains_key(&base) {
             let inputs: Vec<TensorData> = kiln_graph::workloads::inputs(&w.check);
             let want = self::reference(w.f, &inputs, "kiln's f64 reference (check size)")?;
-            reference.insert(base.clone(), (want, Tolerance::of(&kiln_graph::capture(&w.check, w.f)?)?));
+            // torch runs f32 convolutions in TF32 on CUDA by default (the peer reports the flag), as kiln's
+            // CUDA target does: its rows get the rule kiln's CUDA rows get.
+            let graph = kiln_graph::capture(&w.check, w.f)?;
+            let tol = match r.backend.as_str() {
+                "torch-cuda" => Tolerance::of_on(&graph, &kiln_graph::Target::cuda(90))?,
+                _ => Tolerance::of(&graph)?,
+            };
+            reference.insert(base.clone(), (want, tol));
         }
         let (want, tol) = &reference[&base];
         // Every output kiln's reference has must be in torch's file (a train step writes its whole state).

@@ -229,6 +229,7 @@ fn run(cli: &Cli, cold: bool) -> kiln::Result<Report> {
     }
     for note in [
         "W5-train is one training step (forward, mean-square loss, backward, AdamW at step 10; f32; the loss, parameters and both moments all checked); torch's side (torch_compile.py: the module compiled, F.mse_loss, backward, fused AdamW) checks the same 151 outputs. W5-train-bf16 is the same step with everything bf16 (inputs, parameters, moments; the update computed in f32), torch's side the same in bf16 (fused AdamW on bf16 parameters).",
+        "cuda: f32 convolutions round their operands to TF32 on the matrix units and sum in f32, as torch's cuDNN convolutions do by default (kiln's Target::tf32_convolutions; KILN_CUDA_CONV_TF32=0 turns it off); f32 matmuls keep full f32 precision on both sides.",
         "cuda: reduce-overhead replays the compiled graph as one CUDA graph. Compile times are the first compile of the workload in its process (trace, compile, load, first run); cold in a process that started with kiln's compile cache and the CUDA driver's JIT cache (CUDA_CACHE_PATH) empty, warm in a later one with both kept.",
     ] {
         report.notes.push(note.into());

@@ -102,7 +102,7 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
     let specs = if cli.quick { &w.quick } else { &w.full };
     let host: Vec<TensorData> = kiln_graph::workloads::inputs(specs);
     let g = capture(specs, w.f)?;
-    let tol = Tolerance::of(&g)?;
+    let tol = Tolerance::of_on(&g, dev.target())?;
     let want = expected(w, &host, cli)?;
     phase("expected output ready");
     let source = want.first().map_or("nothing", |w| w.source.as_str());

@@ -131,11 +131,16 @@ pub fn check_graph(graph: &Graph, inputs: &[TensorData], targets: &[Arc<dyn Back
     let depth = depth(graph)?;
     let tolerance = Tolerance::rule(graph.outputs.first().map_or(crate::DType::F32, |o| graph.node(*o).dtype), depth);
     let mut report = CheckReport { tolerance, outputs: Vec::new(), kernels: Vec::new() };
-    let tol_of = |i: usize| Tolerance::rule(graph.node(graph.outputs[i]).dtype, depth);
-    let mut push = |backend: &str, mode: &'static str, got: Result<Vec<TensorData>>| match got {
+    // A target running the graph's f32 convolutions in TF32 is held to f16's base (see `tolerance`).
+    let tol_of = |i: usize, tf32: bool| match graph.node(graph.outputs[i]).dtype {
+        crate::DType::F32 if tf32 => Tolerance::rule(crate::DType::F16, depth),
+        d => Tolerance::rule(d, depth),
+    };
+    let tf32_on = |t: &Arc<dyn Backend>| t.target().is_some_and(|tg| crate::gemm::rounds_to_tf32(graph, tg));
+    let mut push = |backend: &str, mode: &'static str, tf32: bool, got: Result<Vec<TensorData>>| match got {
         Ok(got) => {
             for (i, w) in want.iter().enumerate() {
-                let outcome = got.get(i).map_or(Outcome::MISSING, |g| compare(g, w, tol_of(i)));
+                let outcome = got.get(i).map_or(Outcome::MISSING, |g| compare(g, w, tol_of(i, tf32)));
                 report.outputs.push(OutputCheck { backend: backend.into(), mode, output: i, outcome: Ok(outcome) });
             }
         }
@@ -145,18 +150,19 @@ pub fn check_graph(graph: &Graph, inputs: &[TensorData], targets: &[Arc<dyn Back
     };
     let mut plans: Vec<Arc<CompiledGraph>> = Vec::new();
     for t in targets {
+        let tf32 = tf32_on(t);
         let Some(rt) = t.runtime() else {
-            push(t.name(), "default", t.run(graph, &refs));
+            push(t.name(), "default", tf32, t.run(graph, &refs));
             continue;
         };
         let compiled = match compile_graph(graph, rt.target()) {
             Ok(c) => Arc::new(c),
             Err(e) => {
-                push(t.name(), "default", Err(e));
+                push(t.name(), "default", tf32, Err(e));
                 continue;
             }
         };
-        push(t.name(), "default", rt.run_host(&compiled, &refs));
+        push(t.name(), "default", tf32, rt.run_host(&compiled, &refs));
         let replayed = (|| {
             let devs = inputs.iter().map(|d| rt.upload(d)).collect::<Result<Vec<_>>>()?;
             // The first call records, the second replays: the replay is what reduce-overhead serves.
@@ -164,13 +170,15 @@ pub fn check_graph(graph: &Graph, inputs: &[TensorData], targets: &[Arc<dyn Back
             let outs = rt.run_recorded(&compiled, &devs)?;
             outs.iter().map(|o| rt.download(o)).collect::<Result<Vec<_>>>()
         })();
-        push(t.name(), "reduce-overhead", replayed);
+        push(t.name(), "reduce-overhead", tf32, replayed);
         if !plans.iter().any(|p| p.target == compiled.target) {
             plans.push(compiled);
         }
     }
     for c in &plans {
-        report.kernels.extend(check_kernels(c, inputs, tolerance)?);
+        let tf32 = !graph.outputs.is_empty() && crate::gemm::rounds_to_tf32(graph, &c.target);
+        let tol = if tf32 { tol_of(0, true) } else { tolerance };
+        report.kernels.extend(check_kernels(c, inputs, tol)?);
     }
     Ok(report)
 }

@@ -9,7 +9,7 @@ use crate::ir::{BinaryOp, Graph, NodeId, Op};
 use crate::kernel::{GemmLayout, GemmOperand};
 use crate::sym::{Expr, SymId, SymTable};
 use crate::target::Target;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Multiply-adds below which kiln's own template (with its fused epilogue) beats a library call plus a
 /// separate epilogue kernel: W4's 10 x 10 layers are ~1000 each, and one library launch costs more than
@@ -27,6 +27,36 @@ pub fn wants_library(target: &Target, graph: &Graph, node: NodeId) -> bool {
     let k = graph.node(*a).shape.dims().last().cloned().unwrap_or_else(|| Expr::from(1usize));
     let macs = n.shape.numel() * k;
     macs.as_const().is_none_or(|c| c >= LIBRARY_MIN_MACS)
+}
+
+/// The matmuls of a decomposed graph whose library call rounds its operands to TF32
+/// ([`Target::tf32_convolutions`]): the f32 products that convolutions of the traced graph became.
+/// `origin[i]` is the traced node that decomposed node `i` came from.
+pub fn tf32_products(decomposed: &Graph, origin: &[NodeId], traced: &Graph, target: &Target) -> BTreeSet<NodeId> {
+    if !target.tf32_convolutions {
+        return BTreeSet::new();
+    }
+    let from_conv = |i: usize| origin.get(i).is_some_and(|o| matches!(traced.node(*o).op, Op::Conv { .. }));
+    (decomposed.nodes.iter().enumerate())
+        .filter(|(i, n)| n.op == Op::MatMul && n.dtype == DType::F32 && from_conv(*i))
+        .map(|(i, _)| NodeId(i as u32))
+        .collect()
+}
+
+/// Whether `traced` has an f32 convolution that `target` runs in TF32 (what the tolerance rule widens
+/// for: see `tolerance::Tolerance::of_on`).
+pub fn rounds_to_tf32(traced: &Graph, target: &Target) -> bool {
+    target.tf32_convolutions && traced.nodes.iter().any(|n| matches!(n.op, Op::Conv { .. }) && n.dtype == DType::F32)
+}
+
+/// `x` rounded to TF32 as the matrix units read it: an f32 with its 13 lowest mantissa bits rounded
+/// away, to nearest with ties away from zero (PTX's `cvt.rna.tf32.f32`).
+pub fn tf32(x: f64) -> f64 {
+    let f = x as f32;
+    if !f.is_finite() {
+        return f as f64;
+    }
+    f32::from_bits((f.to_bits() + 0x1000) & !0x1fff) as f64
 }
 
 /// What an add after a library GEMM brings to the call's epilogue ([`crate::kernel::GemmEpilogue`]).

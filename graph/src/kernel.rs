@@ -433,6 +433,10 @@ pub struct Gemm {
     /// What the call adds to the product before its one rounding (empty: nothing).
     #[serde(default)]
     pub epilogue: GemmEpilogue,
+    /// f32 operands are rounded to TF32 (`gemm::tf32`) and multiplied on matrix units, the products
+    /// summed in f32 (`gemm::tf32_products` says which matmuls).
+    #[serde(default)]
+    pub tf32: bool,
 }
 
 /// The additions a GEMM library applies to `a·b` inside the call (cuBLASLt's epilogue): the f32 sum
@@ -943,7 +947,7 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                         b.buffer,
                         show_expr(&b.offset)
                     )),
-                    g.dtype,
+                    if g.tf32 { "f32 as tf32" } else { g.dtype.name() },
                     show_expr(&g.m),
                     show_expr(&g.n),
                     show_expr(&g.k),

@@ -189,7 +189,6 @@ impl<M: Memory> Env<'_, M> {
 }
 
 impl<M: Memory> Env<'_, M> {
-    /// A library GEMM, as the library computes it: f32 accumulation, one rounding to the dtype.
     /// The attention template: each batch entry's operands gathered through their strides and computed
     /// by the reference's formula (in f64; the template's f32 and half-precision probabilities stay
     /// within the dtype's tolerance of it), rounded once to the dtype.
@@ -252,6 +251,8 @@ impl<M: Memory> Env<'_, M> {
         Ok(())
     }
 
+    /// A library GEMM, as the library computes it: operands rounded to TF32 where the call says so, f32
+    /// accumulation, one rounding to the dtype.
     fn gemm(&mut self, g: &Gemm) -> Result<()> {
         let [m, n, k] = [&g.m, &g.n, &g.k].map(|e| self.index(e));
         let (m, n, k) = (m?, n?, k?);
@@ -286,8 +287,11 @@ impl<M: Memory> Env<'_, M> {
                 for j in 0..n {
                     let mut acc = 0.0;
                     for p in 0..k {
-                        let x = read(self.mem, g.a.buffer, g.a.element(base[0], a_ld, i, p))?;
-                        let y = read(self.mem, g.b.buffer, g.b.element(base[1], b_ld, p, j))?;
+                        let mut x = read(self.mem, g.a.buffer, g.a.element(base[0], a_ld, i, p))?;
+                        let mut y = read(self.mem, g.b.buffer, g.b.element(base[1], b_ld, p, j))?;
+                        if g.tf32 {
+                            (x, y) = (crate::gemm::tf32(x), crate::gemm::tf32(y));
+                        }
                         acc = DType::F32.round(acc + x * y);
                     }
                     // The epilogue as cuBLASLt computes it: `a·b + residual + bias`, in f32, rounded once.

@@ -1041,7 +1041,7 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
 /// rows) is sent back to the scheduler to be stored first, as `.contiguous()` would. Batch levels that
 /// continue the rows (a linear layer's `[batch, tokens, features]` input) fold into `m`: one larger call.
 /// `None` leaves the region to the template.
-fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Option<Kernel>, LowerFailure> {
+fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId, tf32: bool) -> Result<Option<Kernel>, LowerFailure> {
     if !crate::gemm::wants_library(l.target, l.g, node) {
         return Ok(None);
     }
@@ -1172,7 +1172,7 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Optio
         return Err(if view(&l, a_node) { LowerFailure::Materialize(a_node) } else { LowerFailure::Refuse(chain[1]) });
     }
     let out = l.buffer(chain[chain.len() - 1], Access::Write);
-    l.blocks[0].push(Stmt::Gemm(Box::new(Gemm { m, n, k, batch, a, b, out, dtype, epilogue })));
+    l.blocks[0].push(Stmt::Gemm(Box::new(Gemm { m, n, k, batch, a, b, out, dtype, epilogue, tf32 })));
     Ok(Some(l.finish(&region.name, Launch { groups: Expr::from(1usize), threads: 1 })))
 }
 
@@ -1254,6 +1254,7 @@ pub fn lower(
     region: &Region,
     target: &Target,
     materialized: &BTreeSet<NodeId>,
+    tf32: &BTreeSet<NodeId>,
 ) -> Result<Kernel, LowerFailure> {
     let mut l = Lowerer::new(graph, target, region, materialized);
     // Nothing to compute when every output is empty: the kernel binds its outputs and does no work.
@@ -1268,7 +1269,8 @@ pub fn lower(
         RegionKind::Rows { input_shape, axes } => rows(l, region, input_shape, axes),
         RegionKind::Attention { node } => attention(l, region, *node),
         RegionKind::MatMul { node } => {
-            match library_matmul(Lowerer::new(graph, target, region, materialized), region, *node)? {
+            let tf32 = tf32.contains(node);
+            match library_matmul(Lowerer::new(graph, target, region, materialized), region, *node, tf32)? {
                 Some(k) => Ok(k),
                 None => matmul(l, region, *node),
             }

@@ -123,6 +123,7 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
         })
         .collect();
     timings.decompose_ms = ms(clock);
+    let tf32 = crate::gemm::tf32_products(&primitive.graph, &primitive.origin, graph, target);
     let mut feedback = Feedback { materialized: inner, ..Feedback::default() };
     feedback.materialized.extend(crate::attention::stored_permutes(&primitive.graph));
     loop {
@@ -136,7 +137,7 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
         let mut kernels = Vec::with_capacity(fusion.regions.len());
         let mut failures = Vec::new();
         for r in &fusion.regions {
-            match lower(&primitive.graph, r, target, &feedback.materialized) {
+            match lower(&primitive.graph, r, target, &feedback.materialized, &tf32) {
                 Ok(k) => kernels.push(k),
                 Err(f) => failures.push(f),
             }

@@ -48,6 +48,12 @@ pub struct Target {
     /// after a library GEMM join its region (see `gemm::addend`) instead of starting the next kernel.
     #[serde(default)]
     pub library_epilogue: bool,
+    /// f32 convolutions that go to the GEMM library round their operands to TF32 (10 mantissa bits) and
+    /// multiply on matrix units, summing in f32: PyTorch's default for convolutions
+    /// (`torch.backends.cudnn.allow_tf32 = True`). f32 matmuls keep full precision (PyTorch's default
+    /// `float32_matmul_precision("highest")`). See `gemm::tf32_products`.
+    #[serde(default)]
+    pub tf32_convolutions: bool,
     /// Threads per row workgroup unless a row needs more to fit in registers (a measured preference:
     /// see `benches/NOTES.md`).
     #[serde(default = "default_row_threads")]
@@ -110,6 +116,7 @@ impl Target {
             max_row_cache: 32,
             library_gemm: false,
             library_epilogue: false,
+            tf32_convolutions: false,
             row_threads: 256,
             max_buffer_bytes: 256 << 20,
             max_binding_bytes: 128 << 20,
@@ -148,6 +155,8 @@ impl Target {
             max_row_cache: 32,
             library_gemm: true,
             library_epilogue: true,
+            // TF32 matrix units arrived with sm_80 (kiln renders for sm_80 or newer).
+            tf32_convolutions: sm >= 80,
             row_threads: 256,
             max_buffer_bytes: unlimited(),
             max_binding_bytes: unlimited(),
@@ -188,7 +197,8 @@ impl Target {
 
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
     /// `KILN_<BACKEND>_ROW_THREADS`, `KILN_<BACKEND>_ROW_CACHE` (persistent rows; 0: off) and
-    /// `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
+    /// `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full
+    /// precision, as `torch.backends.cudnn.allow_tf32 = False`), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
     /// attention: matrix units unused) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
@@ -202,6 +212,11 @@ impl Target {
         self.max_row_cache = knob("ROW_CACHE").unwrap_or(self.max_row_cache);
         self.library_gemm &= std::env::var(format!("KILN_{backend}_GEMM")).as_deref() != Ok("kiln");
         self.library_epilogue &= self.library_gemm;
+        if self.tf32_convolutions && std::env::var(format!("KILN_{backend}_CONV_TF32")).as_deref() == Ok("0") {
+            self.name = format!("{}-conv-f32", self.name);
+            self.tf32_convolutions = false;
+        }
+        self.tf32_convolutions &= self.library_gemm;
         if self.library_epilogue && std::env::var(format!("KILN_{backend}_GEMM_EPILOGUE")).as_deref() == Ok("separate")
         {
             self.name = format!("{}-epilogue-separate", self.name);

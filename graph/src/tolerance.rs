@@ -7,7 +7,9 @@
 //! an elementwise op weighs 1 and a sum of `n` terms (a reduction, a contraction) weighs `√n` (rounding
 //! errors of a sum grow like the square root of its length). `max(|want|, rms)`: rounding errors scale
 //! with the magnitudes that were summed, so an element that happens to be near zero inherits the error of
-//! its tensor's scale, not its own.
+//! its tensor's scale, not its own. An f32 output of a graph whose f32 convolutions run in TF32 (a
+//! target's `tf32_convolutions`, PyTorch's default for convolutions) gets f16's base instead: TF32 keeps
+//! f16's 10 mantissa bits.
 
 use crate::data::TensorData;
 use crate::dtype::DType;
@@ -24,7 +26,7 @@ pub fn base(dtype: DType) -> (f64, f64) {
 }
 
 /// The rule in one line, for reports.
-pub const RULE: &str = "|got − want| ≤ √D·(atol + rtol·max(|want|, rms(want))) per element; (rtol, atol) = torch.testing's defaults for the dtype (f32 1.3e-6/1e-5, bf16 1.6e-2/1e-5); D = the heaviest path through the decomposed graph, an elementwise op weighing 1 and a sum of n terms √n";
+pub const RULE: &str = "|got − want| ≤ √D·(atol + rtol·max(|want|, rms(want))) per element; (rtol, atol) = torch.testing's defaults for the dtype (f32 1.3e-6/1e-5, bf16 1.6e-2/1e-5; f16's 1e-3/1e-5 for f32 outputs of convolutions run in TF32, which keeps f16's mantissa); D = the heaviest path through the decomposed graph, an elementwise op weighing 1 and a sum of n terms √n";
 
 /// A tolerance for one output.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -40,6 +42,14 @@ impl Tolerance {
     pub fn of(g: &Graph) -> Result<Tolerance> {
         let dtype = g.outputs.first().map_or(DType::F32, |o| g.node(*o).dtype);
         Ok(Tolerance::rule(dtype, depth(g)?))
+    }
+
+    /// [`Tolerance::of`] for `g` run on `target`: an f32 output gets f16's base when `target` runs `g`'s
+    /// f32 convolutions in TF32 (`gemm::rounds_to_tf32`).
+    pub fn of_on(g: &Graph, target: &crate::Target) -> Result<Tolerance> {
+        let dtype = g.outputs.first().map_or(DType::F32, |o| g.node(*o).dtype);
+        let tf32 = dtype == DType::F32 && crate::gemm::rounds_to_tf32(g, target);
+        Ok(Tolerance::rule(if tf32 { DType::F16 } else { dtype }, depth(g)?))
     }
 
     /// The rule for an output of `dtype` from a graph of depth `depth`.

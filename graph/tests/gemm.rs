@@ -224,3 +224,66 @@ fn a_weight_gradient_is_one_product_over_the_folded_batch() {
     // The same gradients without the library (the template) agree too.
     close(&specs, linear_gradients, &Target::webgpu_default());
 }
+
+fn conv_and_matmul(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let window = kiln_graph::conv::Window::uniform(2, 1, 1, 1);
+    let y = t[0].conv(&t[1], None, &window, 1)?;
+    Ok(vec![y.clone(), y.reshape(&[2, 64 * 256])?.reshape(&[2, 64, 256])?.matmul(&t[2])?])
+}
+
+/// The f32 convolutions a GEMM library runs round their operands to TF32, as PyTorch's convolutions do
+/// by default; an f32 matmul keeps full precision, and a target without the policy rounds nothing. The
+/// kernel interpreter rounds as the matrix units do, so its values are the f64 reference's for
+/// TF32-rounded inputs, not the f32 ones.
+#[test]
+fn f32_convolutions_round_to_tf32_and_matmuls_do_not() {
+    let specs = [
+        TensorSpec::new(DType::F32, &[2, 32, 16, 16]),
+        TensorSpec::new(DType::F32, &[64, 32, 3, 3]),
+        TensorSpec::new(DType::F32, &[256, 256]),
+    ];
+    let g = capture(&specs, conv_and_matmul).unwrap();
+    let c = compile_graph(&g, &Target::cuda(90)).unwrap();
+    let tf32: Vec<bool> = gemms(&c).iter().map(|g| g.tf32).collect();
+    assert_eq!(tf32, [true, false], "the convolution's call, then the matmul's: {c}");
+    assert!(c.to_string().contains("f32 as tf32"), "{c}");
+    let ieee = compile_graph(&g, &Target { tf32_convolutions: false, ..Target::cuda(90) }).unwrap();
+    assert!(gemms(&ieee).iter().all(|g| !g.tf32), "{ieee}");
+
+    let inputs: Vec<_> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
+    let refs: Vec<_> = inputs.iter().collect();
+    let got = &c.run_interpreted(&refs).unwrap()[0];
+    let rounded: Vec<_> = inputs[..2]
+        .iter()
+        .map(|t| {
+            let values = t.values().iter().map(|&v| kiln_graph::gemm::tf32(v)).collect();
+            kiln_graph::TensorData::from_f64(values, t.dims(), DType::F32).unwrap()
+        })
+        .collect();
+    let conv_only = capture(&specs[..2], |t| {
+        Ok(vec![t[0].conv(&t[1], None, &kiln_graph::conv::Window::uniform(2, 1, 1, 1), 1)?])
+    })
+    .unwrap();
+    let exact = &interp::run(&conv_only, &refs[..2]).unwrap()[0];
+    let as_tf32 = &interp::run(&conv_only, &rounded.iter().collect::<Vec<_>>()).unwrap()[0];
+    let worst = |want: &kiln_graph::TensorData| {
+        got.values().iter().zip(want.values()).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0.0, f64::max)
+    };
+    assert!(worst(as_tf32) < 1e-5, "against TF32-rounded inputs: {}", worst(as_tf32));
+    assert!(worst(exact) > 1e-4, "the rounding shows against the f32 inputs: {}", worst(exact));
+    // Within the f32 tolerance of the rounded inputs' result, not of the exact one's.
+    let tol = Tolerance::of(&conv_only).unwrap();
+    assert!(compare(got, &Expected::of(as_tf32, "tf32 reference"), tol).correct);
+}
+
+#[test]
+fn tf32_rounds_to_nearest_with_ties_away_from_zero() {
+    use kiln_graph::gemm::tf32;
+    let ulp = 2f64.powi(-10);
+    assert_eq!(tf32(1.0 + ulp), 1.0 + ulp, "representable: unchanged");
+    assert_eq!(tf32(1.0 + ulp / 2.0), 1.0 + ulp, "a tie rounds away from zero");
+    assert_eq!(tf32(-(1.0 + ulp / 2.0)), -(1.0 + ulp));
+    assert_eq!(tf32(1.0 + ulp * 0.49), 1.0);
+    assert_eq!(tf32(f64::from(f32::MAX)), f64::INFINITY, "the largest f32 rounds up past TF32's range");
+    assert!(tf32(f64::NAN).is_nan());
+}

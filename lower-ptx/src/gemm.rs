@@ -79,6 +79,11 @@ impl Blas {
         }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let dtype = data_type(c.element)?;
+        let compute = if c.tf32 {
+            cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
         if let Some(p) = &c.arrays {
             // SAFETY: as below; the pointer arrays live in device memory owned by the call.
             return unsafe {
@@ -101,7 +106,7 @@ impl Blas {
                     dtype,
                     c.ldc,
                     c.batch,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    compute,
                     cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                 )
             }
@@ -133,7 +138,7 @@ impl Blas {
                 c.ldc,
                 c.stride_c,
                 c.batch,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
@@ -181,6 +186,8 @@ pub(crate) struct GemmCall {
     pub(crate) batch: i32,
     /// The element type of every operand.
     pub(crate) element: DType,
+    /// f32 operands rounded to TF32 on the matrix units (`kiln_graph::kernel::Gemm::tf32`).
+    pub(crate) tf32: bool,
     /// Set when the batch has two levels (attention's batch × heads over views): one pointer-array
     /// call instead of one strided call per outer entry.
     arrays: Option<PointerArrays>,
@@ -268,6 +275,7 @@ impl GemmCall {
             stride_c: inner[3],
             batch: int("batch", inner[0])?,
             element: g.dtype,
+            tf32: g.tf32 && g.dtype == DType::F32,
             arrays: None,
             addends,
         };

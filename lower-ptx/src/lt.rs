@@ -40,6 +40,7 @@ struct Key {
     strides: (i64, i64, i64),
     batch: i32,
     dtype: DType,
+    tf32: bool,
     bias: bool,
     residual: bool,
     /// Largest power of two (up to 256) dividing each of A, B, C and D's addresses: the heuristic only
@@ -84,7 +85,12 @@ unsafe fn set_desc<T>(desc: cublasLtMatmulDesc_t, attr: Desc, value: &T) -> Resu
 
 impl Plan {
     fn new(handle: cublasLtHandle_t, key: &Key, c: &GemmCall, workspace_bytes: usize) -> Result<Plan> {
-        let desc = lt::create_matmul_desc(cublasComputeType_t::CUBLAS_COMPUTE_32F, cudaDataType::CUDA_R_32F)
+        let compute = if key.tf32 {
+            cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        let desc = lt::create_matmul_desc(compute, cudaDataType::CUDA_R_32F)
             .map_err(|e| lt_err("creating a matmul descriptor", e))?;
         let mut plan = Plan { desc, layouts: [std::ptr::null_mut(); 3], algo: cublasLtMatmulAlgo_t { data: [0; 8] } };
         let dtype = data_type(c.element)?;
@@ -198,6 +204,7 @@ impl Lt {
             strides: (c.stride_a, c.stride_b, c.stride_c),
             batch: c.batch,
             dtype: c.element,
+            tf32: c.tf32,
             bias: add.bias.is_some(),
             residual: add.residual.is_some(),
             align: [c.a, c.b, add.residual.unwrap_or(c.c), c.c].map(alignment),

@@ -216,6 +216,11 @@ impl Model {
         Ok(t)
     }
 
+    /// Whether some node of the graph has op type `op_type` (`"Conv"`).
+    pub fn has_op(&self, op_type: &str) -> bool {
+        self.nodes.iter().any(|n| n.op_type.as_deref() == Some(op_type))
+    }
+
     /// Runs the model on `inputs` (in [`Model::inputs`] order) with kiln ops: eagerly on concrete
     /// tensors, or recorded into one graph when called inside `compile`.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {

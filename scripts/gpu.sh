@@ -24,6 +24,11 @@ for line in sys.stdin:
   # Stripped and compressed: with .gl they must fit a device call's 64 MiB.
   strip .gpu/kiln-bench .gpu/tests/*
   xz -9f -T2 .gpu/kiln-bench .gpu/tests/*
+  # ptxas (scripts/deps.sh installs it): CUDA assembles a cold compile's kernels with it, side by side.
+  rm -f .gpu/ptxas.xz
+  if [ -x .tools/nvcc/nvidia/cuda_nvcc/bin/ptxas ]; then
+    xz -9 -T2 -c .tools/nvcc/nvidia/cuda_nvcc/bin/ptxas >.gpu/ptxas.xz
+  fi
   du -sh .gpu
   ;;
 stage-fps)
@@ -72,6 +77,10 @@ fps)
   ;;
 tests|bench|peer|parts)
   for f in .gpu/*.xz .gpu/tests/*.xz; do [ -e "$f" ] && xz -df "$f"; done
+  if [ -e .gpu/ptxas ]; then
+    chmod +x .gpu/ptxas
+    export KILN_PTXAS="$PWD/.gpu/ptxas"
+  fi
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json

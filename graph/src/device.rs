@@ -95,6 +95,11 @@ pub trait Driver: Send + Sync + 'static {
     fn copy(&self, src: &Raw, dst: &Raw, bytes: u64) -> Result<()>;
     /// Renders and loads a kernel (a library GEMM loads nothing).
     fn load(&self, kernel: &Kernel) -> Result<Module>;
+    /// Renders and loads several kernels, one result each: the batch a graph's first run needs. A driver
+    /// whose compiler runs faster side by side (CUDA: ptxas processes on every core) overrides it.
+    fn load_many(&self, kernels: &[&Kernel]) -> Vec<Result<Module>> {
+        kernels.iter().map(|k| self.load(k)).collect()
+    }
     /// Enqueues one launch of a loaded kernel.
     fn launch(&self, kernel: &Kernel, launch: &Launch) -> Result<()>;
     /// Hands the work enqueued since the last call to the device (wgpu submits one command buffer per

@@ -858,6 +858,37 @@ impl Runtime {
         Ok(modules.entry(id).or_insert(m).clone())
     }
 
+    /// Loads the kernels of `c` not loaded yet as one batch ([`Driver::load_many`]); the first failure
+    /// in launch order is the one reported.
+    fn load_missing(&self, c: &CompiledGraph, ids: &[u64]) -> Result<()> {
+        let missing: Vec<usize> = {
+            let loaded = lock(&self.modules);
+            let mut seen = std::collections::HashSet::new();
+            c.plan.launches.iter().copied().filter(|&k| !loaded.contains_key(&ids[k]) && seen.insert(ids[k])).collect()
+        };
+        if missing.len() < 2 {
+            return Ok(()); // `module` loads it on first use
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        let kernels: Vec<&crate::kernel::Kernel> = missing.iter().map(|&k| &c.kernels[k]).collect();
+        let loaded = self.driver().load_many(&kernels);
+        let mut modules = lock(&self.modules);
+        let mut first_failure = None;
+        for (&k, m) in missing.iter().zip(loaded) {
+            match self.seen(m) {
+                Ok(m) if generation == self.generation.load(Ordering::Acquire) => {
+                    lock(&self.stats).modules_loaded += 1;
+                    modules.entry(ids[k]).or_insert(m);
+                }
+                Ok(_) => {} // loaded on a device lost since
+                Err(e) => {
+                    first_failure.get_or_insert(e);
+                }
+            }
+        }
+        first_failure.map_or(Ok(()), Err)
+    }
+
     /// Binds a compiled graph to device memory: `inputs` (in graph-input order) bound in place, fresh
     /// buffers for outputs, pooled ones for intermediates, every kernel loaded.
     pub fn prepare<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<Prepared> {
@@ -923,6 +954,7 @@ impl Runtime {
         }
         let checked: Vec<usize> = c.checked_launches().into_iter().map(|(_, k)| k).collect();
         let ids = c.kernel_ids();
+        self.load_missing(c, ids)?;
         let mut steps = Vec::new();
         for &k in &c.plan.launches {
             let kernel = &c.kernels[k];

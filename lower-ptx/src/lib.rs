@@ -3,6 +3,7 @@
 //! time, so building needs no CUDA) with cuBLAS for the matmuls `graph` gives to a library and CUDA
 //! graphs for the reduce-overhead mode.
 
+mod assemble;
 pub mod check;
 mod gemm;
 mod lt;

@@ -25,7 +25,30 @@ pub fn find() -> Option<PathBuf> {
 
 /// Assembles `ptx` for `sm_<sm>`; on failure, ptxas's message followed by the numbered source.
 pub fn assemble(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Result<(), String> {
-    run(ptxas, name, ptx, sm, false).map(|_| ())
+    run(ptxas, name, ptx, sm, false, None).map(|_| ())
+}
+
+/// Assembles `ptx` for `sm_<sm>` into a cubin (the image the driver loads without its JIT).
+pub fn cubin(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Result<Vec<u8>, String> {
+    let out = scratch(name, sm, "cubin");
+    let made = run(ptxas, name, ptx, sm, false, Some(&out));
+    let image = made.and_then(|_| std::fs::read(&out).map_err(|e| format!("reading {}: {e}", out.display())));
+    let _ = std::fs::remove_file(&out);
+    image
+}
+
+/// ptxas's version line (part of what a cached cubin is keyed by).
+pub fn version(ptxas: &std::path::Path) -> Option<String> {
+    let out = Command::new(ptxas).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    out.status.success().then(|| text.lines().last().unwrap_or_default().to_string())
+}
+
+/// A scratch file name unique per call: tests assemble the same kernel from several threads at once.
+fn scratch(name: &str, sm: u32, ext: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("kiln-{}-{n}-{name}-{sm}.{ext}", std::process::id()))
 }
 
 /// What one assembled kernel uses per thread, as `ptxas -v` reports it.
@@ -41,7 +64,7 @@ pub struct Resources {
 
 /// Assembles `ptx` for `sm_<sm>` with `-v` and reads its per-thread resources.
 pub fn resources(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Result<Resources, String> {
-    let report = run(ptxas, name, ptx, sm, true)?;
+    let report = run(ptxas, name, ptx, sm, true, None)?;
     // "N bytes stack frame, N bytes spill stores, N bytes spill loads" and "Used N registers".
     let number_before = |text: &str, word: &str| -> u32 {
         text.split(word)
@@ -63,15 +86,20 @@ pub fn resources(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Res
     Ok(r)
 }
 
-/// Runs ptxas (with `-v` when `verbose`) and returns what it printed to stderr.
-fn run(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32, verbose: bool) -> Result<String, String> {
-    // Unique per call: tests assemble the same kernel from several threads at once.
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let file = std::env::temp_dir().join(format!("kiln-{}-{n}-{name}-{sm}.ptx", std::process::id()));
+/// Runs ptxas (with `-v` when `verbose`), writing the cubin to `out` (else discarding it), and returns
+/// what it printed to stderr.
+fn run(
+    ptxas: &std::path::Path,
+    name: &str,
+    ptx: &str,
+    sm: u32,
+    verbose: bool,
+    out: Option<&std::path::Path>,
+) -> Result<String, String> {
+    let file = scratch(name, sm, "ptx");
     std::fs::write(&file, ptx).map_err(|e| format!("writing {}: {e}", file.display()))?;
     let mut cmd = Command::new(ptxas);
-    cmd.arg(format!("-arch=sm_{sm}")).arg(&file).arg("-o").arg("/dev/null");
+    cmd.arg(format!("-arch=sm_{sm}")).arg(&file).arg("-o").arg(out.unwrap_or(std::path::Path::new("/dev/null")));
     if verbose {
         cmd.arg("-v");
     }

@@ -73,6 +73,10 @@ pub struct Cuda {
     /// A CUDA graph is being captured: a stream cannot be waited for then (the capture would fail), so
     /// `sync_launches` waits only outside captures (a replay is waited for as a whole by its caller).
     capturing: std::sync::atomic::AtomicBool,
+    /// ptxas and its version, when one is found and the device runs the PTX's own architecture (a cubin
+    /// runs on its architecture only): a batch of kernels is then assembled by ptxas processes side by
+    /// side (`assemble`). `KILN_CUDA_PTXAS=0` leaves every kernel to the driver's JIT.
+    ptxas: Option<(std::path::PathBuf, String)>,
 }
 
 /// A loaded kernel: its function, or nothing for a library GEMM (its calls are planned per binding).
@@ -123,6 +127,11 @@ impl Cuda {
         // SAFETY: writes one int; the library was found above.
         unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) };
         let stream = ctx.new_stream().map_err(|e| driver("creating a stream", e))?;
+        let rendered_sm = if sm >= NEWEST_SM { NEWEST_SM } else { 80 };
+        let ptxas = (rendered_sm == sm && std::env::var("KILN_CUDA_PTXAS").as_deref() != Ok("0"))
+            .then(crate::ptxas::find)
+            .flatten()
+            .and_then(|p| crate::ptxas::version(&p).map(|v| (p, v)));
         let mut target = Target::cuda(sm.min(NEWEST_SM)).tuned_by_env("CUDA");
         target.name = format!("cuda-sm_{sm}");
         tracing::info!(target: "kiln::graph", device = %name, sm, "cuda device");
@@ -130,13 +139,14 @@ impl Cuda {
             ctx,
             stream,
             // The PTX's `.target`: sm_90 for Hopper and newer, sm_80 PTX JIT-compiled forward otherwise.
-            sm: if sm >= NEWEST_SM { NEWEST_SM } else { 80 },
+            sm: rendered_sm,
             name,
             driver_version,
             target,
             blas: Mutex::new(None),
             sync_launches: std::env::var("KILN_CUDA_SYNC_LAUNCHES").is_ok_and(|v| v == "1"),
             capturing: Default::default(),
+            ptxas,
         })
     }
 
@@ -164,6 +174,20 @@ impl Cuda {
     /// calls do it themselves).
     fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| driver("binding the CUDA context", e))
+    }
+
+    /// Loads `kernel` from its PTX: the `cubin` ptxas made of it when there is one and the driver takes
+    /// it (a cubin from a ptxas newer than the driver is refused), else through the driver's JIT, whose
+    /// rejection names the kernel and shows its source.
+    fn load_rendered(&self, kernel: &Kernel, ptx: &str, cubin: Option<Vec<u8>>) -> Result<Module> {
+        tracing::debug!(target: "kiln::output_code", kernel = %kernel.name, "\n{ptx}");
+        let function = |image| self.ctx.load_module(image).and_then(|m| m.load_function(&kernel.name));
+        if let Some(Ok(f)) = cubin.map(|c| function(cudarc::nvrtc::Ptx::from_binary(c))) {
+            return Ok(Arc::new(Loaded::Function(f)));
+        }
+        let f = function(cudarc::nvrtc::Ptx::from_src(ptx.to_string()))
+            .map_err(|e| err(rejected_source(&kernel.name, "the driver", &e, ptx)))?;
+        Ok(Arc::new(Loaded::Function(f)))
     }
 
     fn event(&self) -> Result<cudarc::driver::CudaEvent> {
@@ -249,13 +273,29 @@ impl Driver for Cuda {
             return Ok(Arc::new(Loaded::Gemm));
         }
         let ptx = render(kernel, self.sm).map_err(|e| err(e.to_string()))?;
-        tracing::debug!(target: "kiln::output_code", kernel = %kernel.name, "\n{}", ptx.source);
-        let loaded = self
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx.source.clone()))
-            .and_then(|m| m.load_function(&kernel.name));
-        let f = loaded.map_err(|e| err(rejected_source(&kernel.name, "the driver", &e, &ptx.source)))?;
-        Ok(Arc::new(Loaded::Function(f)))
+        self.load_rendered(kernel, &ptx.source, None)
+    }
+
+    fn load_many(&self, kernels: &[&Kernel]) -> Vec<Result<Module>> {
+        let Some((ptxas, version)) = &self.ptxas else { return kernels.iter().map(|k| self.load(k)).collect() };
+        let rendered: Vec<Option<Result<String>>> = kernels
+            .iter()
+            .map(|k| k.gemm().is_none().then(|| render(k, self.sm).map(|p| p.source).map_err(|e| err(e.to_string()))))
+            .collect();
+        let sources: Vec<crate::assemble::Source> = (kernels.iter().zip(&rendered))
+            .filter_map(|(k, r)| match r {
+                Some(Ok(ptx)) => Some(crate::assemble::Source { name: &k.name, ptx }),
+                _ => None,
+            })
+            .collect();
+        let mut cubins = crate::assemble::cubins(ptxas, version, &sources, self.sm).into_iter();
+        (kernels.iter().zip(rendered))
+            .map(|(k, r)| match r {
+                None => Ok(Arc::new(Loaded::Gemm) as Module),
+                Some(Err(e)) => Err(e),
+                Some(Ok(ptx)) => self.load_rendered(k, &ptx, cubins.next().flatten()),
+            })
+            .collect()
     }
 
     fn launch(&self, kernel: &Kernel, l: &Launch) -> Result<()> {

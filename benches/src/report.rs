@@ -202,8 +202,40 @@ impl Report {
     pub fn markdown(&self) -> String {
         let mut s =
             format!("# kiln-bench ({}{})\n\n", self.kiln_version, if self.quick { ", quick sizes" } else { "" });
+        // Every process measures the copy rate once: a merged run lists one range per backend, where
+        // its first measurement stood.
+        let mut copies: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        let mut lines: Vec<Result<&str, usize>> = Vec::new();
         for d in &self.devices {
-            s.push_str(&format!("- {d}\n"));
+            match copy_line(d) {
+                Some((b, rates)) => match copies.iter().position(|(c, _)| *c == b) {
+                    Some(i) => copies[i].1.push(rates),
+                    None => {
+                        lines.push(Err(copies.len()));
+                        copies.push((b, vec![rates]));
+                    }
+                },
+                None => lines.push(Ok(d)),
+            }
+        }
+        for line in lines {
+            let text = match line {
+                Ok(d) => d.to_string(),
+                Err(i) => {
+                    let (b, all) = &copies[i];
+                    let range = |f: fn(&(f64, f64)) -> f64| {
+                        let (lo, hi) = all.iter().map(f).fold((f64::MAX, f64::MIN), |(l, h), v| (l.min(v), h.max(v)));
+                        if lo == hi {
+                            format!("{lo:.0}")
+                        } else {
+                            format!("{lo:.0}–{hi:.0}")
+                        }
+                    };
+                    let (k, n) = (range(|r| r.0), range(|r| r.1));
+                    format!("{b}: copy bandwidth in {} process(es): kiln's copy kernel {k} GB/s, the device's own copy {n} GB/s", all.len())
+                }
+            };
+            s.push_str(&format!("- {text}\n"));
         }
         for (b, g) in &self.copy_gbps {
             s.push_str(&format!("- copy bandwidth on {b}: {g:.1} GB/s (bytes read + written)\n"));
@@ -331,6 +363,14 @@ pub fn spread(median: f64, min: Option<f64>, max: Option<f64>) -> String {
     }
 }
 
+/// A device line one process wrote about its copy rate (`main`'s format): its backend and the two rates.
+fn copy_line(d: &str) -> Option<(String, (f64, f64))> {
+    let (backend, rest) = d.split_once(": copy bandwidth: kiln's copy kernel ")?;
+    let (kernel, rest) = rest.split_once(" GB/s, the device's own copy ")?;
+    let device = rest.strip_suffix(" GB/s")?;
+    Some((backend.to_string(), (kernel.parse().ok()?, device.parse().ok()?)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,5 +386,25 @@ mod tests {
         // Trials of one configuration are all kept (folded later), not superseded.
         merged.absorb(part(vec![row("W1", 0.25)]));
         assert_eq!(merged.results.iter().filter(|r| r.workload == "W1").count(), 2);
+    }
+
+    #[test]
+    fn each_process_copy_rate_is_folded_into_one_range_per_backend() {
+        let copy = |k: u32, n: u32| {
+            format!("cuda: copy bandwidth: kiln's copy kernel {k} GB/s, the device's own copy {n} GB/s")
+        };
+        let mut r = Report::new(false);
+        r.devices = vec!["cuda: an H200".into(), copy(4150, 3996), "peer torch: an H200".into(), copy(4202, 4010)];
+        r.devices.push(copy(4171, 4116));
+        let md = r.markdown();
+        let header: Vec<&str> = md.lines().filter(|l| l.starts_with("- ")).collect();
+        assert_eq!(
+            header,
+            [
+                "- cuda: an H200",
+                "- cuda: copy bandwidth in 3 process(es): kiln's copy kernel 4150–4202 GB/s, the device's own copy 3996–4116 GB/s",
+                "- peer torch: an H200",
+            ]
+        );
     }
 }

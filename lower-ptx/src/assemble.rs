@@ -66,8 +66,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kiln-assemble-test-{}", std::process::id()));
         // This test binary's only user of the cache directory.
         std::env::set_var("KILN_CACHE_DIR", &dir);
-        let g = capture(&[TensorSpec::new(DType::F32, &[64, 300])], |t| Ok(vec![t[0].softmax(-1)?.exp()?.sum(&[0], false)?]))
-            .unwrap();
+        let g = capture(&[TensorSpec::new(DType::F32, &[64, 300])], |t| {
+            Ok(vec![t[0].softmax(-1)?.exp()?.sum(&[0], false)?])
+        })
+        .unwrap();
         let c = compile_graph(&g, &Target::cuda(90)).unwrap();
         let ptx: Vec<(String, String)> =
             c.kernels.iter().map(|k| (k.name.clone(), crate::render(k, 90).unwrap().source)).collect();

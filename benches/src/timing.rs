@@ -120,11 +120,19 @@ pub fn measure(dev: &Device, w: &Workload, cli: &Cli, copy_gbps: f64, cold: bool
     kiln_graph::cache::clear_memory();
     dev.clear();
     let t = Instant::now();
+    let loading_before = dev.rt.stats().load_us;
     let c = compile_cached(&capture(specs, w.f)?, dev.target(), FusionMode::Fused)?;
+    let compiled_ms = t.elapsed().as_secs_f64() * 1e3;
     let mut run = dev.rt.prepare(&c, &bound)?;
     dev.launch(&run)?;
     dev.wait()?;
     let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+    let loading_ms = (dev.rt.stats().load_us - loading_before) as f64 / 1e3;
+    phase(&format!(
+        "first compile {compile_ms:.1} ms: trace and compile {compiled_ms:.1}, rendering and loading {} kernels {loading_ms:.1}, binding and the first run {:.1}",
+        c.kernels.len(),
+        compile_ms - compiled_ms - loading_ms
+    ));
     // The peak from after the first run (as the peer does): the plan's buffers and the inputs count.
     dev.rt.reset_peak();
     let device_s = time(dev, &run, cli)?;

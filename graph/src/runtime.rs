@@ -125,6 +125,10 @@ pub struct RuntimeStats {
     /// Times the device was lost and opened again.
     #[serde(default)]
     pub reopens: u64,
+    /// Microseconds spent rendering and loading kernels (the driver's JIT, or ptxas, included): the
+    /// part of a cold compile the device's compiler takes.
+    #[serde(default)]
+    pub load_us: u64,
 }
 
 /// A device allocation owned by kiln; dropping the last handle returns it to its runtime's pool.
@@ -847,8 +851,13 @@ impl Runtime {
             return Ok(m);
         }
         let generation = self.generation.load(Ordering::Acquire);
+        let clock = web_time::Instant::now();
         let m = self.seen(self.driver().load(kernel))?;
-        lock(&self.stats).modules_loaded += 1;
+        {
+            let mut stats = lock(&self.stats);
+            stats.modules_loaded += 1;
+            stats.load_us += clock.elapsed().as_micros() as u64;
+        }
         let mut modules = lock(&self.modules);
         if generation != self.generation.load(Ordering::Acquire) {
             // Loaded on a device lost since: not kept (its layout is made again too).
@@ -871,7 +880,9 @@ impl Runtime {
         }
         let generation = self.generation.load(Ordering::Acquire);
         let kernels: Vec<&crate::kernel::Kernel> = missing.iter().map(|&k| &c.kernels[k]).collect();
+        let clock = web_time::Instant::now();
         let loaded = self.driver().load_many(&kernels);
+        lock(&self.stats).load_us += clock.elapsed().as_micros() as u64;
         let mut modules = lock(&self.modules);
         let mut first_failure = None;
         for (&k, m) in missing.iter().zip(loaded) {

@@ -30,7 +30,10 @@ fn key(ptx: &str, sm: u32, version: &str) -> String {
 pub(crate) fn cubins(ptxas: &Path, version: &str, sources: &[Source], sm: u32) -> Vec<Option<Vec<u8>>> {
     let keys: Vec<String> = sources.iter().map(|s| key(s.ptx, sm, version)).collect();
     let out: Vec<Mutex<Option<Vec<u8>>>> = keys.iter().map(|k| Mutex::new(kiln_graph::cache::load_blob(k))).collect();
-    let todo: Vec<usize> = (0..sources.len()).filter(|&i| out[i].lock().is_ok_and(|c| c.is_none())).collect();
+    let mut todo: Vec<usize> = (0..sources.len()).filter(|&i| out[i].lock().is_ok_and(|c| c.is_none())).collect();
+    // Longest first (ptxas's time grows with the PTX's length), so no core is left with a long kernel
+    // at the end while the others idle.
+    todo.sort_by_key(|&i| std::cmp::Reverse(sources[i].ptx.len()));
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(todo.len());
     let next = AtomicUsize::new(0);
     std::thread::scope(|scope| {

@@ -58,25 +58,27 @@ fn tensor(file: &safetensors::SafeTensors, name: &str, source: &str) -> Result<E
 /// f64 reference, under the same rule. Rows without a file stay unchecked.
 pub fn peer_rows(results: &mut [crate::report::ResultRow], dir: &std::path::Path) -> kiln::Result<()> {
     let all: Vec<_> = kiln_graph::workloads::all().into_iter().chain(crate::train_step::all()).collect();
-    let mut reference: std::collections::BTreeMap<String, (Vec<Expected>, Tolerance)> = Default::default();
+    let mut reference: std::collections::BTreeMap<(String, bool), (Vec<Expected>, Tolerance)> = Default::default();
     for r in results.iter_mut().filter(|r| r.backend.starts_with("torch") && r.correct.is_none()) {
         let path = dir.join(format!("{}.check.{}.safetensors", r.workload, r.mode));
         let Some(got) = load(&path, "torch")? else { continue };
         let base = crate::timing::base_id(&r.workload).to_string();
         let Some(w) = all.iter().find(|w| w.id == base) else { continue };
-        if !reference.contains_key(&base) {
+        // torch runs f32 convolutions in TF32 on CUDA by default (the peer reports the flag), as kiln's
+        // CUDA target does: its rows get the rule kiln's CUDA rows get, other backends the plain one.
+        let on_cuda = r.backend == "torch-cuda";
+        let key = (base.clone(), on_cuda);
+        if !reference.contains_key(&key) {
             let inputs: Vec<TensorData> = kiln_graph::workloads::inputs(&w.check);
             let want = self::reference(w.f, &inputs, "kiln's f64 reference (check size)")?;
-            // torch runs f32 convolutions in TF32 on CUDA by default (the peer reports the flag), as kiln's
-            // CUDA target does: its rows get the rule kiln's CUDA rows get.
             let graph = kiln_graph::capture(&w.check, w.f)?;
-            let tol = match r.backend.as_str() {
-                "torch-cuda" => Tolerance::of_on(&graph, &kiln_graph::Target::cuda(90))?,
-                _ => Tolerance::of(&graph)?,
+            let tol = match on_cuda {
+                true => Tolerance::of_on(&graph, &kiln_graph::Target::cuda(90))?,
+                false => Tolerance::of(&graph)?,
             };
-            reference.insert(base.clone(), (want, tol));
+            reference.insert(key.clone(), (want, tol));
         }
-        let (want, tol) = &reference[&base];
+        let (want, tol) = &reference[&key];
         // Every output kiln's reference has must be in torch's file (a train step writes its whole state).
         let o = Outcome::of_each(want, &got, |g, w| compare_values(&g.dims, &g.values, w, *tol));
         r.max_rel_err = Some(o.max_rel_err);

@@ -43,14 +43,16 @@ pub fn tf32_products(decomposed: &Graph, origin: &[NodeId], traced: &Graph, targ
         .collect()
 }
 
-/// Whether `traced` has an f32 convolution that `target` runs in TF32 (what the tolerance rule widens
-/// for: see `tolerance::Tolerance::of_on`).
+/// Whether `target` runs f32 convolutions in TF32 and `traced` has one (conservatively: a small one may
+/// stay on kiln's full-precision template). The tolerance rule widens for such graphs
+/// (`tolerance::Tolerance::of_on`).
 pub fn rounds_to_tf32(traced: &Graph, target: &Target) -> bool {
     target.tf32_convolutions && traced.nodes.iter().any(|n| matches!(n.op, Op::Conv { .. }) && n.dtype == DType::F32)
 }
 
-/// `x` rounded to TF32 as the matrix units read it: an f32 with its 13 lowest mantissa bits rounded
-/// away, to nearest with ties away from zero (PTX's `cvt.rna.tf32.f32`).
+/// `x` rounded to TF32, kiln's model of what the matrix units read: an f32 with its 13 lowest mantissa
+/// bits rounded away, to nearest with ties away from zero (PTX's `cvt.rna.tf32.f32`). cuBLAS does not
+/// document its conversion (it may truncate); the tolerance rule covers either.
 pub fn tf32(x: f64) -> f64 {
     let f = x as f32;
     if !f.is_finite() {

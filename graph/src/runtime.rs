@@ -867,13 +867,17 @@ impl Runtime {
         Ok(modules.entry(id).or_insert(m).clone())
     }
 
-    /// Loads the kernels of `c` not loaded yet as one batch ([`Driver::load_many`]); the first failure
-    /// in launch order is the one reported.
-    fn load_missing(&self, c: &CompiledGraph, ids: &[u64]) -> Result<()> {
+    /// Loads the kernels of `c` not loaded yet that launch under `bindings` (a kernel of no groups is
+    /// skipped, as the launch is) as one batch ([`Driver::load_many`]); the first failure in launch order
+    /// is the one reported.
+    fn load_missing(&self, c: &CompiledGraph, ids: &[u64], bindings: &Bindings) -> Result<()> {
+        let launches = |k: usize| c.kernels[k].launch.groups.eval(bindings).map_or(true, |g| g > 0);
         let missing: Vec<usize> = {
             let loaded = lock(&self.modules);
             let mut seen = std::collections::HashSet::new();
-            c.plan.launches.iter().copied().filter(|&k| !loaded.contains_key(&ids[k]) && seen.insert(ids[k])).collect()
+            (c.plan.launches.iter().copied())
+                .filter(|&k| launches(k) && !loaded.contains_key(&ids[k]) && seen.insert(ids[k]))
+                .collect()
         };
         if missing.len() < 2 {
             return Ok(()); // `module` loads it on first use
@@ -965,7 +969,7 @@ impl Runtime {
         }
         let checked: Vec<usize> = c.checked_launches().into_iter().map(|(_, k)| k).collect();
         let ids = c.kernel_ids();
-        self.load_missing(c, ids)?;
+        self.load_missing(c, ids, &bindings)?;
         let mut steps = Vec::new();
         for &k in &c.plan.launches {
             let kernel = &c.kernels[k];

@@ -7,9 +7,9 @@
 //! an elementwise op weighs 1 and a sum of `n` terms (a reduction, a contraction) weighs `√n` (rounding
 //! errors of a sum grow like the square root of its length). `max(|want|, rms)`: rounding errors scale
 //! with the magnitudes that were summed, so an element that happens to be near zero inherits the error of
-//! its tensor's scale, not its own. An f32 output of a graph whose f32 convolutions run in TF32 (a
-//! target's `tf32_convolutions`, PyTorch's default for convolutions) gets f16's base instead: TF32 keeps
-//! f16's 10 mantissa bits.
+//! its tensor's scale, not its own. An f32 output of a graph with f32 convolutions, on a target that runs
+//! them in TF32 (`tf32_convolutions`, PyTorch's default for convolutions), gets f16's base instead: TF32
+//! keeps f16's 10 mantissa bits.
 
 use crate::data::TensorData;
 use crate::dtype::DType;
@@ -26,7 +26,7 @@ pub fn base(dtype: DType) -> (f64, f64) {
 }
 
 /// The rule in one line, for reports.
-pub const RULE: &str = "|got − want| ≤ √D·(atol + rtol·max(|want|, rms(want))) per element; (rtol, atol) = torch.testing's defaults for the dtype (f32 1.3e-6/1e-5, bf16 1.6e-2/1e-5; f16's 1e-3/1e-5 for f32 outputs of convolutions run in TF32, which keeps f16's mantissa); D = the heaviest path through the decomposed graph, an elementwise op weighing 1 and a sum of n terms √n";
+pub const RULE: &str = "|got − want| ≤ √D·(atol + rtol·max(|want|, rms(want))) per element; (rtol, atol) = torch.testing's defaults for the dtype (f32 1.3e-6/1e-5, bf16 1.6e-2/1e-5; f16's 1e-3/1e-5 for f32 outputs of a graph with f32 convolutions on a target that runs them in TF32, which keeps f16's mantissa); D = the heaviest path through the decomposed graph, an elementwise op weighing 1 and a sum of n terms √n";
 
 /// A tolerance for one output.
 #[derive(Clone, Copy, Debug, PartialEq)]

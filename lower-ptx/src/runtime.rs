@@ -182,8 +182,12 @@ impl Cuda {
     fn load_rendered(&self, kernel: &Kernel, ptx: &str, cubin: Option<Vec<u8>>) -> Result<Module> {
         tracing::debug!(target: "kiln::output_code", kernel = %kernel.name, "\n{ptx}");
         let function = |image| self.ctx.load_module(image).and_then(|m| m.load_function(&kernel.name));
-        if let Some(Ok(f)) = cubin.map(|c| function(cudarc::nvrtc::Ptx::from_binary(c))) {
-            return Ok(Arc::new(Loaded::Function(f)));
+        match cubin.map(|c| function(cudarc::nvrtc::Ptx::from_binary(c))) {
+            Some(Ok(f)) => return Ok(Arc::new(Loaded::Function(f))),
+            Some(Err(e)) => {
+                tracing::debug!(target: "kiln::graph", kernel = %kernel.name, "the driver refused ptxas's cubin ({e}); its JIT compiles the PTX")
+            }
+            None => {}
         }
         let f = function(cudarc::nvrtc::Ptx::from_src(ptx.to_string()))
             .map_err(|e| err(rejected_source(&kernel.name, "the driver", &e, ptx)))?;

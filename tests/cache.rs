@@ -115,6 +115,13 @@ fn structure_keyed_persistent_and_checked() {
     assert!(usage.bytes <= usage.max_bytes, "{usage:?}");
     std::env::remove_var("KILN_CACHE_MAX_BYTES");
 
+    // A driver's blob (compiled machine code) is an entry too: counted, checked, and cleared with the rest.
+    let before = cache::disk_usage();
+    cache::store_blob("cubin-test", b"machine code");
+    assert_eq!(cache::load_blob("cubin-test").as_deref(), Some(&b"machine code"[..]));
+    let usage = cache::disk_usage();
+    assert_eq!(usage.entries, before.entries + 1, "{usage:?}");
+
     // `kiln cache stats` and `kiln cache clear`, as a user runs them.
     let kiln = |args: &[&str]| {
         let out =

@@ -329,10 +329,7 @@ fn run_device(
     // Fractions are quoted against the better of kiln's copy kernel and the device's own copy.
     let copy = native.map_or(kernel, |n| n.max(kernel));
     if let Some(n) = native {
-        report.devices.push(format!(
-            "{}: copy bandwidth: kiln's copy kernel {kernel:.0} GB/s, the device's own copy {n:.0} GB/s",
-            dev.name()
-        ));
+        report.devices.push(report::copy_line_text(dev.name(), kernel, n));
     }
     report.copy_gbps.insert(dev.name().into(), copy);
     let bar = indicatif::ProgressBar::new(chosen.len() as u64).with_style(

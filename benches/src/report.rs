@@ -363,7 +363,12 @@ pub fn spread(median: f64, min: Option<f64>, max: Option<f64>) -> String {
     }
 }
 
-/// A device line one process wrote about its copy rate (`main`'s format): its backend and the two rates.
+/// The device line a process writes about its copy rate (read back by [`copy_line`]).
+pub fn copy_line_text(backend: &str, kernel: f64, device: f64) -> String {
+    format!("{backend}: copy bandwidth: kiln's copy kernel {kernel:.0} GB/s, the device's own copy {device:.0} GB/s")
+}
+
+/// A device line [`copy_line_text`] wrote: its backend and the two rates.
 fn copy_line(d: &str) -> Option<(String, (f64, f64))> {
     let (backend, rest) = d.split_once(": copy bandwidth: kiln's copy kernel ")?;
     let (kernel, rest) = rest.split_once(" GB/s, the device's own copy ")?;
@@ -390,9 +395,7 @@ mod tests {
 
     #[test]
     fn each_process_copy_rate_is_folded_into_one_range_per_backend() {
-        let copy = |k: u32, n: u32| {
-            format!("cuda: copy bandwidth: kiln's copy kernel {k} GB/s, the device's own copy {n} GB/s")
-        };
+        let copy = |k: u32, n: u32| copy_line_text("cuda", k.into(), n.into());
         let mut r = Report::new(false);
         r.devices = vec!["cuda: an H200".into(), copy(4150, 3996), "peer torch: an H200".into(), copy(4202, 4010)];
         r.devices.push(copy(4171, 4116));

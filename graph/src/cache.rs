@@ -205,7 +205,7 @@ fn write_whole(dir: &std::path::Path, name: &str, bytes: &[u8]) -> bool {
 /// Bytes a driver kept under `name` in the cache directory with [`store_blob`] (its compiled shaders),
 /// if the file is whole: a checksum turns a torn or foreign file into a miss.
 pub fn load_blob(name: &str) -> Option<Vec<u8>> {
-    let bytes = std::fs::read(directory()?.join(name)).ok()?;
+    let bytes = std::fs::read(directory()?.join(format!("{name}{BLOB}"))).ok()?;
     let (sum, data) = bytes.split_at_checked(32)?;
     (blake3::hash(data).as_bytes() == sum).then(|| data.to_vec())
 }
@@ -215,8 +215,16 @@ pub fn store_blob(name: &str, data: &[u8]) {
     let Some(dir) = directory() else { return };
     let mut bytes = blake3::hash(data).as_bytes().to_vec();
     bytes.extend_from_slice(data);
-    write_whole(&dir, name, &bytes);
+    let file = format!("{name}{BLOB}");
+    // A blob stored again (a driver's pipeline cache grows in place) adds only what it grew by.
+    let before = std::fs::metadata(dir.join(&file)).map_or(0, |m| m.len());
+    if write_whole(&dir, &file, &bytes) {
+        note_stored(&dir, (bytes.len() as u64).saturating_sub(before), max_bytes());
+    }
 }
+
+/// The suffix of a blob's file: blobs count toward the cap, are evicted and cleared like entries.
+const BLOB: &str = ".blob";
 
 /// The directory's size as this process last scanned it plus what it stored since. Scanning the
 /// directory on every store made `n` compiles cost `n²` file stats (10,000 random graphs in a test took
@@ -261,7 +269,10 @@ fn entries(dir: &std::path::Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> 
     let Ok(read) = std::fs::read_dir(dir) else { return Vec::new() };
     let mut v: Vec<_> = read
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.ends_with(".json") || name.ends_with(BLOB)
+        })
         .filter_map(|e| {
             let m = e.metadata().ok()?;
             Some((e.path(), m.len(), m.modified().unwrap_or(std::time::UNIX_EPOCH)))

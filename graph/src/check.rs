@@ -132,10 +132,7 @@ pub fn check_graph(graph: &Graph, inputs: &[TensorData], targets: &[Arc<dyn Back
     let tolerance = Tolerance::rule(graph.outputs.first().map_or(crate::DType::F32, |o| graph.node(*o).dtype), depth);
     let mut report = CheckReport { tolerance, outputs: Vec::new(), kernels: Vec::new() };
     // A target running the graph's f32 convolutions in TF32 is held to f16's base (see `tolerance`).
-    let tol_of = |i: usize, tf32: bool| match graph.node(graph.outputs[i]).dtype {
-        crate::DType::F32 if tf32 => Tolerance::rule(crate::DType::F16, depth),
-        d => Tolerance::rule(d, depth),
-    };
+    let tol_of = |i: usize, tf32: bool| Tolerance::rule_for(graph.node(graph.outputs[i]).dtype, depth, tf32);
     let tf32_on = |t: &Arc<dyn Backend>| t.target().is_some_and(|tg| crate::gemm::rounds_to_tf32(graph, tg));
     let mut push = |backend: &str, mode: &'static str, tf32: bool, got: Result<Vec<TensorData>>| match got {
         Ok(got) => {
@@ -176,14 +173,21 @@ pub fn check_graph(graph: &Graph, inputs: &[TensorData], targets: &[Arc<dyn Back
         }
     }
     for c in &plans {
-        report.kernels.extend(check_kernels(c, inputs, tolerance)?);
+        let tf32 = Tolerance::rule_for(crate::DType::F32, depth, true);
+        report.kernels.extend(check_kernels(c, inputs, tolerance, tf32)?);
     }
     Ok(report)
 }
 
 /// Each kernel of `c` run alone by the kernel interpreter, its buffers read from the reference's values
-/// of the nodes they hold, its stores compared with the reference's under `tol`.
-pub fn check_kernels(c: &CompiledGraph, inputs: &[TensorData], tol: Tolerance) -> Result<Vec<KernelCheck>> {
+/// of the nodes they hold, its stores compared with the reference's under `tol` (`tf32_tol` for a library
+/// GEMM whose f32 operands are rounded to TF32).
+pub fn check_kernels(
+    c: &CompiledGraph,
+    inputs: &[TensorData],
+    tol: Tolerance,
+    tf32_tol: Tolerance,
+) -> Result<Vec<KernelCheck>> {
     let prim = &c.primitive.graph;
     let refs: Vec<&TensorData> = inputs.iter().collect();
     // The reference's value of every node a kernel touches.
@@ -196,14 +200,7 @@ pub fn check_kernels(c: &CompiledGraph, inputs: &[TensorData], tol: Tolerance) -
     let bindings = crate::interp::bind_symbols(prim, &refs)?;
     let mut out = Vec::with_capacity(c.kernels.len());
     for kernel in &c.kernels {
-        // A TF32 library GEMM rounds its f32 operands to f16's mantissa: held to f16's base (`tolerance`).
-        let tol = match kernel.gemm() {
-            Some(g) if g.tf32 => {
-                let ratio = crate::tolerance::base(crate::DType::F16).0 / crate::tolerance::base(crate::DType::F32).0;
-                Tolerance { rtol: tol.rtol * ratio, ..tol }
-            }
-            _ => tol,
-        };
+        let tol = if kernel.gemm().is_some_and(|g| g.tf32) { tf32_tol } else { tol };
         let mut arrays: Vec<Vec<f64>> = kernel
             .buffers
             .iter()

@@ -876,8 +876,11 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
     // `split_reduce` cuts long columns into short ones before fusion wherever the shape allows.
     let column = dims.len().checked_sub(1).is_some_and(|last| !axes.contains(&last))
         && row_len.as_const().is_some_and(|c| c as u64 <= crate::split_reduce::SERIAL_COLUMN);
-    let (grouped, threads, row_cache) =
-        if column { (false, 256.min(l.target.max_threads_per_group), None) } else { row_strategy(l.target, &row_len) };
+    let (grouped, threads, row_cache) = if column {
+        (false, l.target.row_threads.min(l.target.max_threads_per_group), None)
+    } else {
+        row_strategy(l.target, &row_len)
+    };
     let strategy =
         if grouped { ReduceStrategy::Group { subgroup: l.target.subgroup_size } } else { ReduceStrategy::Serial };
     let row = l.new_sym(&row_count);

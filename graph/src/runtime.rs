@@ -868,9 +868,9 @@ impl Runtime {
     }
 
     /// Loads the kernels of `c` not loaded yet that launch under `bindings` (a kernel of no groups is
-    /// skipped, as the launch is) as one batch ([`Driver::load_many`]); the first failure in launch order
-    /// is the one reported.
-    fn load_missing(&self, c: &CompiledGraph, ids: &[u64], bindings: &Bindings) -> Result<()> {
+    /// skipped, as the launch is) as one batch ([`Driver::load_many`]), returning them by structural id
+    /// (so they are not counted as reused); the first failure in launch order is the one reported.
+    fn load_missing(&self, c: &CompiledGraph, ids: &[u64], bindings: &Bindings) -> Result<HashMap<u64, Module>> {
         let launches = |k: usize| c.kernels[k].launch.groups.eval(bindings).map_or(true, |g| g > 0);
         let missing: Vec<usize> = {
             let loaded = lock(&self.modules);
@@ -880,7 +880,7 @@ impl Runtime {
                 .collect()
         };
         if missing.len() < 2 {
-            return Ok(()); // `module` loads it on first use
+            return Ok(HashMap::new()); // `module` loads it on first use
         }
         let generation = self.generation.load(Ordering::Acquire);
         let kernels: Vec<&crate::kernel::Kernel> = missing.iter().map(|&k| &c.kernels[k]).collect();
@@ -888,20 +888,23 @@ impl Runtime {
         let loaded = self.driver().load_many(&kernels);
         lock(&self.stats).load_us += clock.elapsed().as_micros() as u64;
         let mut modules = lock(&self.modules);
-        let mut first_failure = None;
+        let (mut fresh, mut first_failure) = (HashMap::new(), None);
         for (&k, m) in missing.iter().zip(loaded) {
             match self.seen(m) {
-                Ok(m) if generation == self.generation.load(Ordering::Acquire) => {
+                Ok(m) => {
                     lock(&self.stats).modules_loaded += 1;
-                    modules.entry(ids[k]).or_insert(m);
+                    // Not kept past a device lost since (its layout is made again too).
+                    if generation == self.generation.load(Ordering::Acquire) {
+                        modules.entry(ids[k]).or_insert(m.clone());
+                    }
+                    fresh.insert(ids[k], m);
                 }
-                Ok(_) => {} // loaded on a device lost since
                 Err(e) => {
                     first_failure.get_or_insert(e);
                 }
             }
         }
-        first_failure.map_or(Ok(()), Err)
+        first_failure.map_or(Ok(fresh), Err)
     }
 
     /// Binds a compiled graph to device memory: `inputs` (in graph-input order) bound in place, fresh
@@ -969,7 +972,7 @@ impl Runtime {
         }
         let checked: Vec<usize> = c.checked_launches().into_iter().map(|(_, k)| k).collect();
         let ids = c.kernel_ids();
-        self.load_missing(c, ids, &bindings)?;
+        let fresh = self.load_missing(c, ids, &bindings)?;
         let mut steps = Vec::new();
         for &k in &c.plan.launches {
             let kernel = &c.kernels[k];
@@ -987,7 +990,10 @@ impl Runtime {
                     })
                 })
                 .collect::<Result<Vec<i64>>>()?;
-            let module = self.module(ids[k], kernel)?;
+            let module = match fresh.get(&ids[k]) {
+                Some(m) => m.clone(),
+                None => self.module(ids[k], kernel)?,
+            };
             steps.push(Step { kernel: k, module, symbols, groups, fault_slot: checked.iter().position(|&x| x == k) });
         }
         let layout = Arc::new(Layout {

@@ -48,8 +48,13 @@ impl Tolerance {
     /// f32 convolutions in TF32 (`gemm::rounds_to_tf32`).
     pub fn of_on(g: &Graph, target: &crate::Target) -> Result<Tolerance> {
         let dtype = g.outputs.first().map_or(DType::F32, |o| g.node(*o).dtype);
-        let tf32 = dtype == DType::F32 && crate::gemm::rounds_to_tf32(g, target);
-        Ok(Tolerance::rule(if tf32 { DType::F16 } else { dtype }, depth(g)?))
+        Ok(Tolerance::rule_for(dtype, depth(g)?, crate::gemm::rounds_to_tf32(g, target)))
+    }
+
+    /// [`Tolerance::rule`], with f16's base for an f32 output when `tf32` (its graph's convolutions ran
+    /// in TF32, which keeps f16's 10 mantissa bits).
+    pub fn rule_for(dtype: DType, depth: f64, tf32: bool) -> Tolerance {
+        Tolerance::rule(if tf32 && dtype == DType::F32 { DType::F16 } else { dtype }, depth)
     }
 
     /// The rule for an output of `dtype` from a graph of depth `depth`.

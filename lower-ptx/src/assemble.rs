@@ -65,10 +65,11 @@ mod tests {
     #[test]
     fn kernels_assemble_side_by_side_and_come_back_from_the_cache() {
         let Some(ptxas) = crate::ptxas::find() else { panic!("{}", crate::ptxas::INSTALL_HINT) };
-        let version = crate::ptxas::version(&ptxas).expect("ptxas --version");
-        let dir = std::env::temp_dir().join(format!("kiln-assemble-test-{}", std::process::id()));
-        // This test binary's only user of the cache directory.
-        std::env::set_var("KILN_CACHE_DIR", &dir);
+        // The version is part of each cubin's key: one of this run's own makes every entry a miss at
+        // first, whatever an earlier run left in the cache directory (no environment is changed).
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let found = crate::ptxas::version(&ptxas).expect("ptxas --version");
+        let version = format!("{found} (test {} {stamp})", std::process::id());
         let g = capture(&[TensorSpec::new(DType::F32, &[64, 300])], |t| {
             Ok(vec![t[0].softmax(-1)?.exp()?.sum(&[0], false)?])
         })
@@ -90,6 +91,5 @@ mod tests {
         assert_eq!(again, made[..ptx.len()].to_vec(), "served from the cache");
         let other = cubins(Path::new("/nonexistent/ptxas"), "another ptxas", &sources[..1], 90);
         assert_eq!(other, vec![None], "keyed by ptxas's version");
-        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -79,11 +79,7 @@ impl Blas {
         }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let dtype = data_type(c.element)?;
-        let compute = if c.tf32 {
-            cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
-        } else {
-            cublasComputeType_t::CUBLAS_COMPUTE_32F
-        };
+        let compute = compute_type!(cublasComputeType_t, c.tf32);
         if let Some(p) = &c.arrays {
             // SAFETY: as below; the pointer arrays live in device memory owned by the call.
             return unsafe {
@@ -213,6 +209,19 @@ macro_rules! cuda_data_type {
 }
 pub(crate) use cuda_data_type;
 
+/// The call's compute type in a CUDA library's own copy of `cublasComputeType_t`: f32 accumulation, with
+/// operands rounded to TF32 where `graph` marked the GEMM so.
+macro_rules! compute_type {
+    ($enum:ident, $tf32:expr) => {
+        if $tf32 {
+            $enum::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            $enum::CUBLAS_COMPUTE_32F
+        }
+    };
+}
+pub(crate) use compute_type;
+
 fn data_type(d: DType) -> Result<cudaDataType> {
     cuda_data_type!(cudaDataType, d, "cuBLAS")
 }
@@ -275,7 +284,7 @@ impl GemmCall {
             stride_c: inner[3],
             batch: int("batch", inner[0])?,
             element: g.dtype,
-            tf32: g.tf32 && g.dtype == DType::F32,
+            tf32: g.tf32,
             arrays: None,
             addends,
         };

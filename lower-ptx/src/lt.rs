@@ -85,11 +85,7 @@ unsafe fn set_desc<T>(desc: cublasLtMatmulDesc_t, attr: Desc, value: &T) -> Resu
 
 impl Plan {
     fn new(handle: cublasLtHandle_t, key: &Key, c: &GemmCall, workspace_bytes: usize) -> Result<Plan> {
-        let compute = if key.tf32 {
-            cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
-        } else {
-            cublasComputeType_t::CUBLAS_COMPUTE_32F
-        };
+        let compute = crate::gemm::compute_type!(cublasComputeType_t, key.tf32);
         let desc = lt::create_matmul_desc(compute, cudaDataType::CUDA_R_32F)
             .map_err(|e| lt_err("creating a matmul descriptor", e))?;
         let mut plan = Plan { desc, layouts: [std::ptr::null_mut(); 3], algo: cublasLtMatmulAlgo_t { data: [0; 8] } };

@@ -176,6 +176,11 @@ impl Cuda {
         self.ctx.bind_to_thread().map_err(|e| driver("binding the CUDA context", e))
     }
 
+    /// `kernel`'s PTX, or `None` for a library GEMM (nothing to load).
+    fn ptx(&self, kernel: &Kernel) -> Option<Result<String>> {
+        kernel.gemm().is_none().then(|| render(kernel, self.sm).map(|p| p.source).map_err(|e| err(e.to_string())))
+    }
+
     /// Loads `kernel` from its PTX: the `cubin` ptxas made of it when there is one and the driver takes
     /// it (a cubin from a ptxas newer than the driver is refused), else through the driver's JIT, whose
     /// rejection names the kernel and shows its source.
@@ -273,19 +278,15 @@ impl Driver for Cuda {
     }
 
     fn load(&self, kernel: &Kernel) -> Result<Module> {
-        if kernel.gemm().is_some() {
-            return Ok(Arc::new(Loaded::Gemm));
+        match self.ptx(kernel) {
+            None => Ok(Arc::new(Loaded::Gemm)),
+            Some(ptx) => self.load_rendered(kernel, &ptx?, None),
         }
-        let ptx = render(kernel, self.sm).map_err(|e| err(e.to_string()))?;
-        self.load_rendered(kernel, &ptx.source, None)
     }
 
     fn load_many(&self, kernels: &[&Kernel]) -> Vec<Result<Module>> {
         let Some((ptxas, version)) = &self.ptxas else { return kernels.iter().map(|k| self.load(k)).collect() };
-        let rendered: Vec<Option<Result<String>>> = kernels
-            .iter()
-            .map(|k| k.gemm().is_none().then(|| render(k, self.sm).map(|p| p.source).map_err(|e| err(e.to_string()))))
-            .collect();
+        let rendered: Vec<Option<Result<String>>> = kernels.iter().map(|k| self.ptx(k)).collect();
         let sources: Vec<crate::assemble::Source> = (kernels.iter().zip(&rendered))
             .filter_map(|(k, r)| match r {
                 Some(Ok(ptx)) => Some(crate::assemble::Source { name: &k.name, ptx }),

@@ -4,9 +4,10 @@
 //!
 //! They are composites: traced whole (so explain and the explorer say `conv`), computed directly by the
 //! reference, and decomposed into an `unfold` (the im2col view: every window as a new axis) and one
-//! batched matmul per group; a pool is a reduction over the unfolded axis. The unfold folds into the index
-//! expressions of the kernel that reads it (the im2col matrix's, with the activation before the
-//! convolution fused in), so a convolution is two kernels.
+//! matmul per group with the batch folded into its columns; a pool is a reduction over the unfolded axis.
+//! The unfold folds into the index expressions of the kernel that writes the im2col matrix (with the
+//! activation before the convolution fused in), so a convolution is two kernels. A large stride-1
+//! convolution on a target that asks for it is one product per kernel row instead (`conv_by_rows`).
 
 use crate::data::TensorData;
 use crate::decompose::Builder;
@@ -433,8 +434,17 @@ impl Builder {
         self.push(op, &[x], self.dtype(x), Shape(dims))
     }
 
-    /// A convolution as im2col plus one batched matmul per group:
-    /// `[N, g, O/g, C/g*taps] @ [N, g, C/g*taps, P] -> [N, O, *out]`.
+    /// A convolution as im2col plus one matmul per group, the batch folded into the product's columns:
+    /// `[g, O/g, C/g*taps] @ [g, C/g*taps, N*P] -> [g, O/g, N*P]`, read back as `[N, O, *out]` through a
+    /// permutation.
+    ///
+    /// Why the batch is folded: as `N` products of `P` columns each, a late layer of a CNN (DenseNet's
+    /// fourth block: `P = 16`, `O = 32`) is a batch of products too small to fill a GPU, where one
+    /// product of `N*P` columns is not. The im2col kernel writes its matrix in the folded order at no
+    /// extra cost (the unfold is index arithmetic in that kernel anyway), a 1x1 convolution's input is
+    /// written so by whichever kernel produces it, and every reader of the output reads the
+    /// `[O, N, P]` product through the permutation's index expressions. The bias is added in the
+    /// product's own shape, so it fuses into the product's epilogue.
     pub(crate) fn conv(
         &mut self,
         x: NodeId,
@@ -443,6 +453,9 @@ impl Builder {
         window: &Window,
         groups: usize,
     ) -> NodeId {
+        if let Some(y) = self.conv_by_rows(x, w, bias, window, groups) {
+            return y;
+        }
         let (xs, ws) = (self.shape(x), self.shape(w));
         let kernel = dims_of(&ws, 2);
         let r = kernel.len();
@@ -454,25 +467,148 @@ impl Builder {
         let g = Expr::from(groups);
         let og = o.clone().floor_div(&g);
         let positions = out.iter().fold(Expr::from(1usize), |p, d| p * d.clone());
+        let columns = n.clone() * positions.clone();
         let depth = cg.clone() * taps as i64;
         let cols = self.unfold(x, &kernel, window, &out, 0.0);
         let cols = self.reshape(cols, Shape(vec![n.clone(), g.clone(), depth.clone(), positions.clone()]));
-        let wm = self.reshape(w, Shape(vec![Expr::from(1usize), g.clone(), og.clone(), depth.clone()]));
-        let wm = self.broadcast(wm, &Shape(vec![n.clone(), g.clone(), og.clone(), depth]));
-        let y = self.push(Op::MatMul, &[wm, cols], dtype, Shape(vec![n.clone(), g, og, positions]));
-        let mut dims = vec![n, o.clone()];
+        let folded = Shape(vec![g.clone(), depth.clone(), n.clone(), positions.clone()]);
+        let cols = self.push(Op::Permute { perm: vec![1, 2, 0, 3] }, &[cols], dtype, folded);
+        let cols = self.reshape(cols, Shape(vec![g.clone(), depth.clone(), columns.clone()]));
+        let wm = self.reshape(w, Shape(vec![g.clone(), og.clone(), depth]));
+        let y = self.push(Op::MatMul, &[wm, cols], dtype, Shape(vec![g.clone(), og.clone(), columns]));
+        let y = self.reshape(y, Shape(vec![g.clone(), og.clone(), n.clone(), positions.clone()]));
+        let y =
+            self.push(Op::Permute { perm: vec![2, 0, 1, 3] }, &[y], dtype, Shape(vec![n.clone(), g, og, positions]));
+        let mut dims = vec![n, o];
         dims.extend(out);
-        let y = self.reshape(y, Shape(dims.clone()));
-        match bias {
-            Some(b) => {
-                let mut bd = vec![Expr::from(1usize); dims.len()];
-                bd[1] = o;
-                let b = self.reshape(b, Shape(bd));
-                let b = self.broadcast(b, &Shape(dims));
-                self.add(y, b)
-            }
-            None => y,
+        let y = self.reshape(y, Shape(dims));
+        self.add_channel_bias(y, bias)
+    }
+
+    /// `y` `[N, O, *out]` plus `bias` `[O]` per channel, when there is one. Added to the convolution's
+    /// result in its user-facing shape, the add fuses into whichever kernel reads the result (the
+    /// library's epilogue adds only vectors along the product's rows, and the channels are its columns).
+    fn add_channel_bias(&mut self, y: NodeId, bias: Option<NodeId>) -> NodeId {
+        let Some(b) = bias else { return y };
+        let dims = self.shape(y);
+        let mut bd = vec![Expr::from(1usize); dims.rank()];
+        bd[1] = dims.dims()[1].clone();
+        let b = self.reshape(b, Shape(bd));
+        let b = self.broadcast(b, &dims);
+        self.add(y, b)
+    }
+
+    /// A stride-1 convolution as one product per kernel row, when the target asks for it
+    /// (`Target::conv_row_products_bytes`) and the input is that large: only the last spatial axis is
+    /// unfolded (with every axis's padding: `[C, k_last, N, *padded]`, written once by the kernel that
+    /// produces the input), and the product of kernel row `t` reads that matrix from a shifted column
+    /// offset, `t`'s rows down the padded grid. The products add up through the library's epilogue (each
+    /// adds the previous sum as its residual); output positions on the padded grid's margins are computed
+    /// and never read. A 3x3 kernel's matrix is then 3x the input, not 9x: DenseNet's first block spent
+    /// most of its time writing and reading 9x im2col matrices.
+    ///
+    /// `None` (the full im2col) for groups, strides, 1-D windows, symbolic dims, inputs below the
+    /// threshold, and rows whose offsets would not start 16-byte aligned (the library's epilogue needs that
+    /// to add the residual inside its call).
+    fn conv_by_rows(
+        &mut self,
+        x: NodeId,
+        w: NodeId,
+        bias: Option<NodeId>,
+        window: &Window,
+        groups: usize,
+    ) -> Option<NodeId> {
+        let (xs, ws) = (self.shape(x), self.shape(w));
+        let (xd, wd) = (xs.as_concrete()?, ws.as_concrete()?);
+        let kernel = wd[2..].to_vec();
+        let r = kernel.len();
+        let last = r.checked_sub(1)?;
+        let rows: usize = kernel[..last].iter().product();
+        let dtype = self.dtype(x);
+        let bytes = xd.iter().product::<usize>() * dtype.size_bytes();
+        if self.conv_row_products_bytes == 0
+            || (bytes as u64) < self.conv_row_products_bytes
+            || groups != 1
+            || rows < 2
+            || window.stride.iter().any(|&s| s != 1)
+        {
+            return None;
         }
+        // Leading axes: kernel 1 over their padding (the padded grid); the last: its own window.
+        let mut unfold_kernel = vec![1; r];
+        unfold_kernel[last] = kernel[last];
+        let mut dilation = vec![1; r];
+        dilation[last] = window.dilation[last];
+        let unfold_window = Window { stride: vec![1; r], padding: window.padding.clone(), dilation };
+        let grid: Vec<usize> = (0..r)
+            .map(|a| unfold_window.out_len(a, &xs.dims()[a + 2], unfold_kernel[a]).as_const().map(|d| d as usize))
+            .collect::<Option<_>>()?;
+        let out: Vec<usize> = (0..r)
+            .map(|a| window.out_len(a, &xs.dims()[a + 2], kernel[a]).as_const().map(|d| d as usize))
+            .collect::<Option<_>>()?;
+        if (grid[last] * dtype.size_bytes()) % 16 != 0 {
+            return None;
+        }
+        let (n, c, o, kl) = (xd[0], xd[1], wd[0], kernel[last]);
+        let (depth, columns) = (c * kl, n * grid.iter().product::<usize>());
+        // Column offset of one step down leading axis `a` of the padded grid.
+        let step: Vec<usize> = (0..last).map(|a| grid[a + 1..].iter().product()).collect();
+        let span: usize = (0..last).map(|a| window.dilation[a] * (kernel[a] - 1) * step[a]).sum();
+        let kept = columns - span;
+        let dims = |v: &[usize]| Shape::from_dims(v);
+        let unfold_dims: Vec<Expr> = grid.iter().map(|&d| Expr::from(d)).collect();
+        let u = self.unfold(x, &unfold_kernel, &unfold_window, &unfold_dims, 0.0);
+        let mut perm = vec![1, 2, 0];
+        perm.extend(3..3 + r);
+        let mut u_dims = vec![c, kl, n];
+        u_dims.extend(&grid);
+        let u = self.push(Op::Permute { perm }, &[u], dtype, dims(&u_dims));
+        let u = self.reshape(u, dims(&[depth, columns]));
+        // Weights row-major by kernel row: `[rows, O, C*k_last]`.
+        let mut perm: Vec<usize> = (2..2 + last).collect();
+        perm.extend([0, 1, 2 + last]);
+        let mut wt_dims = kernel[..last].to_vec();
+        wt_dims.extend([o, c, kl]);
+        let wt = self.push(Op::Permute { perm }, &[w], self.dtype(w), dims(&wt_dims));
+        let wt = self.reshape(wt, dims(&[rows, o, depth]));
+        let slice = |b: &mut Builder, v: NodeId, axis: usize, start: usize, len: usize, to: Vec<usize>| {
+            let op = Op::Slice { axis, start: Expr::from(start), end: Expr::from(start + len), step: 1 };
+            b.push(op, &[v], b.dtype(v), dims(&to))
+        };
+        let mut sum: Option<NodeId> = None;
+        for t in 0..rows {
+            // `t` row-major over the leading kernel axes.
+            let (mut rest, mut offset) = (t, 0);
+            for a in (0..last).rev() {
+                offset += (rest % kernel[a]) * window.dilation[a] * step[a];
+                rest /= kernel[a];
+            }
+            let b_t = slice(self, u, 1, offset, kept, vec![depth, kept]);
+            let a_t = slice(self, wt, 0, t, 1, vec![1, o, depth]);
+            let a_t = self.reshape(a_t, dims(&[o, depth]));
+            let p = self.push(Op::MatMul, &[a_t, b_t], dtype, dims(&[o, kept]));
+            sum = Some(match sum {
+                Some(prev) => self.add(p, prev),
+                None => p,
+            });
+        }
+        // Read back: the padded grid's columns, its margins dropped, `[N, O, *out]`.
+        let y = self.push(Op::Pad { pads: vec![(0, 0), (0, span)], value: 0.0 }, &[sum?], dtype, dims(&[o, columns]));
+        let mut y_dims = vec![o, n];
+        y_dims.extend(&grid);
+        let mut y = self.reshape(y, dims(&y_dims));
+        for a in 0..last {
+            if out[a] != grid[a] {
+                y_dims[2 + a] = out[a];
+                y = slice(self, y, 2 + a, 0, out[a], y_dims.clone());
+            }
+        }
+        let mut perm = vec![1, 0];
+        perm.extend(2..2 + r);
+        let mut out_dims = vec![n, o];
+        out_dims.extend(&out);
+        let y = self.push(Op::Permute { perm }, &[y], dtype, dims(&out_dims));
+        Some(self.add_channel_bias(y, bias))
     }
 
     /// Pooling as the elementwise max (or sum) of one strided slice per kernel tap; an average divides by

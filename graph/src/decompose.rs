@@ -54,6 +54,7 @@ pub fn decompose_for(
         from: NodeId(0),
         loc: SourceLoc::internal(),
         split_reductions,
+        conv_row_products_bytes: target.map_or(0, |t| t.conv_row_products_bytes),
     };
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
     let lookup = |map: &[NodeId], id: NodeId, loc: &SourceLoc| {
@@ -144,6 +145,8 @@ pub(crate) struct Builder {
     pub(crate) loc: SourceLoc,
     /// Whether [`Builder::reduce`] splits reductions too long for one pass (compiling for a device).
     pub(crate) split_reductions: bool,
+    /// The target's `conv_row_products_bytes` (0: every convolution over a full im2col matrix).
+    pub(crate) conv_row_products_bytes: u64,
 }
 
 impl Builder {

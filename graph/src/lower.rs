@@ -15,6 +15,7 @@ use crate::kernel::{Attention, AttentionBatch, FaultSite, Gemm, GemmBatch, RowLo
 use crate::shape::Shape;
 use crate::sym::{Expr, SymId, SymTable};
 use crate::target::Target;
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 
 /// Why a region could not be lowered as scheduled.
@@ -66,11 +67,26 @@ impl Point {
     }
 }
 
+/// The layout nodes another region stores (read from their buffers, not recomputed as views), and every
+/// node a lowering asked about: a kernel depends on the set only through those (see [`lower_tracked`]).
+#[derive(Clone, Copy)]
+struct Materialized<'a> {
+    set: &'a BTreeSet<NodeId>,
+    asked: &'a RefCell<BTreeSet<NodeId>>,
+}
+
+impl Materialized<'_> {
+    fn contains(&self, n: &NodeId) -> bool {
+        self.asked.borrow_mut().insert(*n);
+        self.set.contains(n)
+    }
+}
+
 struct Lowerer<'a> {
     g: &'a Graph,
     target: &'a Target,
     /// Layout nodes another region stores: read from their buffers, not recomputed as views.
-    materialized: &'a BTreeSet<NodeId>,
+    materialized: Materialized<'a>,
     members: BTreeSet<NodeId>,
     buffers: Vec<BufferParam>,
     buffer_index: HashMap<(NodeId, Access), usize>,
@@ -100,7 +116,7 @@ struct Lowerer<'a> {
 }
 
 impl<'a> Lowerer<'a> {
-    fn new(g: &'a Graph, target: &'a Target, region: &Region, materialized: &'a BTreeSet<NodeId>) -> Self {
+    fn new(g: &'a Graph, target: &'a Target, region: &Region, materialized: Materialized<'a>) -> Self {
         Lowerer {
             g,
             target,
@@ -1038,6 +1054,34 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
     Ok(l.finish(&region.name, Launch { groups, threads }))
 }
 
+/// The view to store so that GEMM operand `node` becomes a strided view: `node` itself, unless it is a
+/// slice (under reshapes) of a view that other nodes slice too, as a convolution's row products slice
+/// one shared matrix (`conv::Builder::conv_by_rows`). Then that view is stored once, whole, and every
+/// slice of it is read in place, instead of each slice being copied on its own. The walk continues
+/// through the sliced view's own reshapes to the layout node beneath them, so the kernel that produces
+/// the values writes them in that layout.
+fn shared_source(l: &Lowerer, node: NodeId) -> NodeId {
+    let view = |n: NodeId| {
+        crate::fuse::role(&l.g.node(n).op) == crate::fuse::Role::Transparent && !l.materialized.contains(&n)
+    };
+    let readers = |n: NodeId| l.g.nodes.iter().filter(|x| x.inputs.contains(&n)).count();
+    let mut n = node;
+    while matches!(l.g.node(n).op, Op::Reshape) && view(l.g.node(n).inputs[0]) {
+        n = l.g.node(n).inputs[0];
+    }
+    if !matches!(l.g.node(n).op, Op::Slice { .. }) {
+        return node;
+    }
+    let mut source = l.g.node(n).inputs[0];
+    if !view(source) || readers(source) < 2 {
+        return node;
+    }
+    while matches!(l.g.node(source).op, Op::Reshape) && view(l.g.node(source).inputs[0]) {
+        source = l.g.node(source).inputs[0];
+    }
+    source
+}
+
 /// The region of matmul `node` as one library GEMM call, when `gemm` chose the library for it, with the
 /// adds its region took (`fuse`: a bias, a residual) as the call's epilogue. Each operand must be a
 /// strided view of a buffer the library reads in place; a view that is not (heads permuted back into
@@ -1084,8 +1128,8 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId, tf32: bool) -> 
     let b = operand(&mut l, b_node, ps, js, (&k, &n));
     let ((a, a_batch), (b, b_batch)) = match (a, b) {
         (Some(a), Some(b)) => (a, b),
-        (None, _) if view(&l, a_node) => return Err(LowerFailure::Materialize(a_node)),
-        (_, None) if view(&l, b_node) => return Err(LowerFailure::Materialize(b_node)),
+        (None, _) if view(&l, a_node) => return Err(LowerFailure::Materialize(shared_source(&l, a_node))),
+        (_, None) if view(&l, b_node) => return Err(LowerFailure::Materialize(shared_source(&l, b_node))),
         _ => return Ok(None),
     };
     let mut out_stride = m.clone() * n.clone();
@@ -1259,6 +1303,32 @@ pub fn lower(
     materialized: &BTreeSet<NodeId>,
     tf32: &BTreeSet<NodeId>,
 ) -> Result<Kernel, LowerFailure> {
+    lower_tracked(graph, region, target, materialized, tf32).0
+}
+
+/// [`lower`], and the nodes it asked `materialized` about: the same region lowers to the same kernel
+/// under any set that agrees with this one on those nodes, so a scheduling round that only stores more
+/// views elsewhere keeps the kernels it already has (`pipeline`).
+pub fn lower_tracked(
+    graph: &Graph,
+    region: &Region,
+    target: &Target,
+    materialized: &BTreeSet<NodeId>,
+    tf32: &BTreeSet<NodeId>,
+) -> (Result<Kernel, LowerFailure>, BTreeSet<NodeId>) {
+    let asked = RefCell::new(BTreeSet::new());
+    let m = Materialized { set: materialized, asked: &asked };
+    let kernel = lower_with(graph, region, target, m, tf32);
+    (kernel, asked.into_inner())
+}
+
+fn lower_with(
+    graph: &Graph,
+    region: &Region,
+    target: &Target,
+    materialized: Materialized,
+    tf32: &BTreeSet<NodeId>,
+) -> Result<Kernel, LowerFailure> {
     let mut l = Lowerer::new(graph, target, region, materialized);
     // Nothing to compute when every output is empty: the kernel binds its outputs and does no work.
     if region.stored.iter().all(|&s| graph.node(s).shape.numel().as_const() == Some(0)) {
@@ -1279,6 +1349,33 @@ pub fn lower(
             }
         }
     }
+}
+
+/// The views that library GEMMs of `graph` cannot read in place, found before scheduling: each matmul
+/// the library takes is tried alone, as its region would be, and what it sends back to be stored is
+/// stored from the first round on. Scheduling finds the same views by failing (every region is lowered,
+/// the failures stored, and the round repeated), but a CNN's convolutions each send one back, and the
+/// round they cost lowered every kernel of the graph again.
+pub fn library_views_to_store(graph: &Graph, target: &Target, materialized: &BTreeSet<NodeId>) -> BTreeSet<NodeId> {
+    let mut store = materialized.clone();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let n = NodeId(i as u32);
+        if node.op != Op::MatMul || !crate::gemm::wants_library(target, graph, n) {
+            continue;
+        }
+        let region =
+            Region { name: String::new(), kind: RegionKind::MatMul { node: n }, members: vec![n], stored: vec![n] };
+        // An operand may need two views stored (one beneath the other): at most as many tries as operands.
+        for _ in 0..2 {
+            let asked = RefCell::new(BTreeSet::new());
+            let m = Materialized { set: &store, asked: &asked };
+            match library_matmul(Lowerer::new(graph, target, &region, m), &region, n, false) {
+                Err(LowerFailure::Materialize(v)) if store.insert(v) => {}
+                _ => break,
+            }
+        }
+    }
+    store
 }
 
 /// The test-only knob `KILN_TEST_WRONG_KERNEL` that seeds a wrong lowering, so the checks can be shown to

@@ -5,14 +5,15 @@
 use crate::data::TensorData;
 use crate::decompose::Decomposed;
 use crate::error::{Error, Result};
-use crate::fuse::{fuse, Feedback, Fusion, FusionMode, RegionKind};
+use crate::fuse::{fuse, Feedback, Fusion, FusionMode, Region, RegionKind};
 use crate::interp::bind_symbols;
 use crate::ir::{Graph, NodeId};
 use crate::kernel::{Access, Kernel};
 use crate::loc::SourceLoc;
-use crate::lower::{lower, LowerFailure};
+use crate::lower::{lower_tracked, LowerFailure};
 use crate::plan::{plan, Plan};
 use crate::target::Target;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use web_time::Instant;
 
@@ -125,6 +126,8 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     timings.decompose_ms = ms(clock);
     let tf32 = crate::gemm::tf32_products(&primitive.graph, &primitive.origin, graph, target);
     let mut feedback = Feedback { materialized: inner, ..Feedback::default() };
+    feedback.materialized = crate::lower::library_views_to_store(&primitive.graph, target, &feedback.materialized);
+    let mut lowered = Lowered::default();
     feedback.materialized.extend(crate::attention::stored_permutes(&primitive.graph));
     loop {
         let per_op = (mode == FusionMode::PerOp).then_some(primitive.origin.as_slice());
@@ -137,9 +140,15 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
         let mut kernels = Vec::with_capacity(fusion.regions.len());
         let mut failures = Vec::new();
         for r in &fusion.regions {
-            match lower(&primitive.graph, r, target, &feedback.materialized, &tf32) {
-                Ok(k) => kernels.push(k),
-                Err(f) => failures.push(f),
+            match lowered.reuse(r, &feedback.materialized) {
+                Some(k) => kernels.push(k),
+                None => match lower_tracked(&primitive.graph, r, target, &feedback.materialized, &tf32) {
+                    (Ok(k), asked) => {
+                        lowered.keep(r, &k, asked, &feedback.materialized);
+                        kernels.push(k);
+                    }
+                    (Err(f), _) => failures.push(f),
+                },
             }
         }
         timings.lower_ms += ms(clock);
@@ -364,5 +373,37 @@ impl fmt::Display for CompiledGraph {
             write!(f, "{k}")?;
         }
         Ok(())
+    }
+}
+
+/// The kernels of earlier scheduling rounds, for the regions the next round schedules again unchanged.
+/// A round that only stores a few more views (the usual failure: a GEMM operand the library cannot read
+/// in place) leaves most regions as they were, and lowering every one of them again made a DenseNet's
+/// compile three times as long as one round.
+#[derive(Default)]
+struct Lowered {
+    /// Per region's members: its region (less the name, which numbering changes), the kernel, and which
+    /// of the nodes the lowering asked about were stored.
+    by_members: HashMap<Vec<NodeId>, Vec<LoweredRegion>>,
+}
+
+/// One lowered region: the region, its kernel, and whether each node its lowering asked about was stored.
+type LoweredRegion = (Region, Kernel, BTreeMap<NodeId, bool>);
+
+impl Lowered {
+    /// The kernel lowered before for a region equal to `r` (but for its name), when every node its
+    /// lowering asked about is stored now exactly as it was then; renamed as `r`.
+    fn reuse(&self, r: &Region, materialized: &BTreeSet<NodeId>) -> Option<Kernel> {
+        let (_, k, _) = self.by_members.get(&r.members)?.iter().find(|(old, _, asked)| {
+            old.kind == r.kind
+                && old.stored == r.stored
+                && asked.iter().all(|(n, was)| materialized.contains(n) == *was)
+        })?;
+        Some(Kernel { name: r.name.clone(), ..k.clone() })
+    }
+
+    fn keep(&mut self, r: &Region, k: &Kernel, asked: BTreeSet<NodeId>, materialized: &BTreeSet<NodeId>) {
+        let asked = asked.into_iter().map(|n| (n, materialized.contains(&n))).collect();
+        self.by_members.entry(r.members.clone()).or_default().push((r.clone(), k.clone(), asked));
     }
 }

@@ -54,6 +54,12 @@ pub struct Target {
     /// `float32_matmul_precision("highest")`). See `gemm::tf32_products`.
     #[serde(default)]
     pub tf32_convolutions: bool,
+    /// A stride-1 convolution whose input holds at least this many bytes is computed as one product per
+    /// kernel row over a matrix that unfolds only the last spatial axis, each row's product reading it at
+    /// a shifted offset, instead of one product over the full im2col matrix (`conv::Builder::conv_by_rows`):
+    /// a 3x3 kernel's matrix is 3x the input, not 9x, for two more GEMM calls. 0 keeps the full im2col.
+    #[serde(default)]
+    pub conv_row_products_bytes: u64,
     /// Threads per row workgroup unless a row needs more to fit in registers (a measured preference:
     /// see `benches/NOTES.md`).
     #[serde(default = "default_row_threads")]
@@ -117,6 +123,7 @@ impl Target {
             library_gemm: false,
             library_epilogue: false,
             tf32_convolutions: false,
+            conv_row_products_bytes: 0,
             row_threads: 256,
             max_buffer_bytes: 256 << 20,
             max_binding_bytes: 128 << 20,
@@ -157,6 +164,10 @@ impl Target {
             library_epilogue: true,
             // TF32 matrix units arrived with sm_80 (kiln renders for sm_80 or newer).
             tf32_convolutions: sm >= 80,
+            // Where writing and reading a 9x im2col matrix costs more than two more library calls: at
+            // ~3 TB/s, the 8x-the-input bytes it saves over a 4 MiB input take ~20 µs, the calls ~5 µs
+            // in a CUDA graph (DenseNet's first block, at 8 MiB, spent 84 µs writing its im2col matrix).
+            conv_row_products_bytes: 4 << 20,
             row_threads: 256,
             max_buffer_bytes: unlimited(),
             max_binding_bytes: unlimited(),
@@ -202,7 +213,7 @@ impl Target {
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
     /// attention: matrix units unused) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
-    /// (`benches/NOTES.md`).
+    /// (`benches/NOTES.md`), and `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix).
     pub fn tuned_by_env(mut self, backend: &str) -> Target {
         let knob = |k: &str| std::env::var(format!("KILN_{backend}_{k}")).ok().and_then(|v| v.parse::<u32>().ok());
         if let Some(n) = knob("MAX_THREADS") {
@@ -217,6 +228,10 @@ impl Target {
             self.tf32_convolutions = false;
         }
         self.tf32_convolutions &= self.library_gemm;
+        if self.conv_row_products_bytes > 0 && knob("CONV_ROWS") == Some(0) {
+            self.name = format!("{}-conv-im2col", self.name);
+            self.conv_row_products_bytes = 0;
+        }
         if self.library_epilogue && std::env::var(format!("KILN_{backend}_GEMM_EPILOGUE")).as_deref() == Ok("separate")
         {
             self.name = format!("{}-epilogue-separate", self.name);

@@ -383,21 +383,6 @@ impl<'a> Lowerer<'a> {
         self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a, b })
     }
 
-    /// Index `e` as a new symbol clamped into `[0, bound)`, for a position that a guard already keeps in
-    /// range wherever it is read (a pad's or a window's source position). The simplifier knows the symbol's
-    /// range, which it cannot know of `e` itself (`-1` to `bound` across the padding): what reads through
-    /// the position then simplifies as for an unpadded one. Without it, a convolution's input read back
-    /// through a permutation kept a dozen divisions and remainders per element, and its im2col kernel ran
-    /// at a fifth of the copy rate.
-    fn clamped(&mut self, e: &Expr, bound: &Expr) -> Expr {
-        let v = self.let_(DType::I64, Scalar::Index { expr: e.clone() });
-        let sym = self.new_sym(bound);
-        let depth = self.var_depth.get(&v).copied().unwrap_or(0);
-        self.sym_depth.insert(sym, depth);
-        self.blocks[depth].push(Stmt::BindIndex { sym, var: v, bound: bound.clone() });
-        Expr::sym(sym)
-    }
-
     /// Evaluates `inner` with `cond` added to the current load guard.
     fn guarded<T>(&mut self, cond: VarId, inner: impl FnOnce(&mut Self) -> T) -> T {
         let saved = self.guard;
@@ -573,7 +558,7 @@ impl<'a> Lowerer<'a> {
                     let b = Expr::from(before);
                     let c = self.in_range(&m[i], &b, &(b.clone() + dims[i].clone()));
                     cond = Some(self.and(cond, c));
-                    src[i] = if before > 0 { self.clamped(&(m[i].clone() - b), &dims[i]) } else { m[i].clone() };
+                    src[i] = m[i].clone() - b;
                 }
                 let at = Point::from_multi(&dims, &src, &self.ranges);
                 self.read_or(input(0), &at, cond, *value, cd)?
@@ -597,10 +582,8 @@ impl<'a> Lowerer<'a> {
                     if before + after > 0 {
                         let c = self.in_range(&pos, &Expr::from(0usize), &dims[2 + a]);
                         cond = Some(self.and(cond, c));
-                        src.push(self.clamped(&pos, &dims[2 + a]));
-                    } else {
-                        src.push(pos);
                     }
+                    src.push(pos);
                 }
                 let at = Point::from_multi(&dims, &src, &self.ranges);
                 self.read_or(input(0), &at, cond, *value, cd)?

@@ -443,8 +443,8 @@ impl Builder {
     /// product of `N*P` columns is not. The im2col kernel writes its matrix in the folded order at no
     /// extra cost (the unfold is index arithmetic in that kernel anyway), a 1x1 convolution's input is
     /// written so by whichever kernel produces it, and every reader of the output reads the
-    /// `[O, N, P]` product through the permutation's index expressions. The bias is added in the
-    /// product's own shape, so it fuses into the product's epilogue.
+    /// `[O, N, P]` product through the permutation's index expressions. The bias is added after the
+    /// permutation (`add_channel_bias`), so it fuses into the result's readers.
     pub(crate) fn conv(
         &mut self,
         x: NodeId,

@@ -546,7 +546,7 @@ impl Builder {
         let out: Vec<usize> = (0..r)
             .map(|a| window.out_len(a, &xs.dims()[a + 2], kernel[a]).as_const().map(|d| d as usize))
             .collect::<Option<_>>()?;
-        if (grid[last] * dtype.size_bytes()) % 16 != 0 {
+        if (grid[last] * dtype.size_bytes()) as i64 % crate::gemm::EPILOGUE_ALIGN_BYTES != 0 {
             return None;
         }
         let (n, c, o, kl) = (xd[0], xd[1], wd[0], kernel[last]);

@@ -29,6 +29,11 @@ pub fn wants_library(target: &Target, graph: &Graph, node: NodeId) -> bool {
     macs.as_const().is_none_or(|c| c >= LIBRARY_MIN_MACS)
 }
 
+/// Byte alignment the library's epilogue needs of every matrix it reads or writes (cuBLASLt picks its
+/// vectorised kernels for 16-byte aligned operands); `lower` hands it nothing less, and a decomposition
+/// that counts on the epilogue (`conv::Builder::conv_by_rows`) lays its slices out to keep it.
+pub const EPILOGUE_ALIGN_BYTES: i64 = 16;
+
 /// The matmuls of a decomposed graph whose library call rounds its operands to TF32
 /// ([`Target::tf32_convolutions`]): the f32 products that convolutions of the traced graph became.
 /// `origin[i]` is the traced node that decomposed node `i` came from.

@@ -68,7 +68,7 @@ impl Point {
 }
 
 /// The layout nodes another region stores (read from their buffers, not recomputed as views), and every
-/// node a lowering asked about: a kernel depends on the set only through those (see [`lower_tracked`]).
+/// node a lowering asked about: a kernel depends on the set only through those (see [`lower`]).
 #[derive(Clone, Copy)]
 struct Materialized<'a> {
     set: &'a BTreeSet<NodeId>,
@@ -1162,7 +1162,7 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId, tf32: bool) -> 
     syms.extend([is, js]);
     // cuBLASLt picks its algorithm for the operands' alignment; kiln hands it only 16-byte aligned
     // matrices (buffer starts are), so every call with an epilogue finds the vectorised kernels.
-    let per_16 = 16 / dtype.size_bytes() as i64;
+    let per_16 = crate::gemm::EPILOGUE_ALIGN_BYTES / dtype.size_bytes() as i64;
     let aligned = |l: &Lowerer, offset: &Expr, ld: &Expr| {
         l.ranges.known_divisible(offset, per_16) && l.ranges.known_divisible(ld, per_16)
     };
@@ -1295,21 +1295,10 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lo
 }
 
 /// Lowers one region of `graph` to a kernel for `target`; `materialized` lists the layout nodes other
-/// regions store (see `fuse::Feedback`).
+/// regions store (see `fuse::Feedback`). Also returns the nodes the lowering asked `materialized` about:
+/// the same region lowers to the same kernel under any set that agrees with this one on those nodes, so a
+/// scheduling round that only stores more views elsewhere keeps the kernels it already has (`pipeline`).
 pub fn lower(
-    graph: &Graph,
-    region: &Region,
-    target: &Target,
-    materialized: &BTreeSet<NodeId>,
-    tf32: &BTreeSet<NodeId>,
-) -> Result<Kernel, LowerFailure> {
-    lower_tracked(graph, region, target, materialized, tf32).0
-}
-
-/// [`lower`], and the nodes it asked `materialized` about: the same region lowers to the same kernel
-/// under any set that agrees with this one on those nodes, so a scheduling round that only stores more
-/// views elsewhere keeps the kernels it already has (`pipeline`).
-pub fn lower_tracked(
     graph: &Graph,
     region: &Region,
     target: &Target,
@@ -1318,11 +1307,11 @@ pub fn lower_tracked(
 ) -> (Result<Kernel, LowerFailure>, BTreeSet<NodeId>) {
     let asked = RefCell::new(BTreeSet::new());
     let m = Materialized { set: materialized, asked: &asked };
-    let kernel = lower_with(graph, region, target, m, tf32);
+    let kernel = lower_region(graph, region, target, m, tf32);
     (kernel, asked.into_inner())
 }
 
-fn lower_with(
+fn lower_region(
     graph: &Graph,
     region: &Region,
     target: &Target,

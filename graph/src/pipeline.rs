@@ -10,7 +10,7 @@ use crate::interp::bind_symbols;
 use crate::ir::{Graph, NodeId};
 use crate::kernel::{Access, Kernel};
 use crate::loc::SourceLoc;
-use crate::lower::{lower_tracked, LowerFailure};
+use crate::lower::{lower, LowerFailure};
 use crate::plan::{plan, Plan};
 use crate::target::Target;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -126,9 +126,9 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     timings.decompose_ms = ms(clock);
     let tf32 = crate::gemm::tf32_products(&primitive.graph, &primitive.origin, graph, target);
     let mut feedback = Feedback { materialized: inner, ..Feedback::default() };
+    feedback.materialized.extend(crate::attention::stored_permutes(&primitive.graph));
     feedback.materialized = crate::lower::library_views_to_store(&primitive.graph, target, &feedback.materialized);
     let mut lowered = Lowered::default();
-    feedback.materialized.extend(crate::attention::stored_permutes(&primitive.graph));
     loop {
         let per_op = (mode == FusionMode::PerOp).then_some(primitive.origin.as_slice());
         let clock = Instant::now();
@@ -142,7 +142,7 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
         for r in &fusion.regions {
             match lowered.reuse(r, &feedback.materialized) {
                 Some(k) => kernels.push(k),
-                None => match lower_tracked(&primitive.graph, r, target, &feedback.materialized, &tf32) {
+                None => match lower(&primitive.graph, r, target, &feedback.materialized, &tf32) {
                     (Ok(k), asked) => {
                         lowered.keep(r, &k, asked, &feedback.materialized);
                         kernels.push(k);

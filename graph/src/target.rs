@@ -57,7 +57,8 @@ pub struct Target {
     /// A stride-1 convolution whose input holds at least this many bytes is computed as one product per
     /// kernel row over a matrix that unfolds only the last spatial axis, each row's product reading it at
     /// a shifted offset, instead of one product over the full im2col matrix (`conv::Builder::conv_by_rows`):
-    /// a 3x3 kernel's matrix is 3x the input, not 9x, for two more GEMM calls. 0 keeps the full im2col.
+    /// a 3x3 kernel's matrix is 3x the input, not 9x, for two more GEMM calls whose sums the library's
+    /// epilogue adds (`library_epilogue`; without it, `tuned_by_env` turns this off). 0 keeps the full im2col.
     #[serde(default)]
     pub conv_row_products_bytes: u64,
     /// Threads per row workgroup unless a row needs more to fit in registers (a measured preference:
@@ -236,6 +237,10 @@ impl Target {
         {
             self.name = format!("{}-epilogue-separate", self.name);
             self.library_epilogue = false;
+        }
+        // Row products add up inside the library's calls; without its epilogue each sum is a kernel.
+        if !self.library_epilogue {
+            self.conv_row_products_bytes = 0;
         }
         if self.matrix_units && std::env::var(format!("KILN_{backend}_ATTENTION")).as_deref() == Ok("written-out") {
             self.name = format!("{}-attention-written-out", self.name);

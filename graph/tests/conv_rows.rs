@@ -27,11 +27,23 @@ fn products(c: &CompiledGraph) -> usize {
 /// Compiles `conv(x, w, bias?)` for `target` and checks the interpreted kernels against the reference;
 /// returns the compiled graph.
 fn check(x: &[usize], w: &[usize], bias: bool, window: &Window, target: &Target) -> CompiledGraph {
+    check_groups(x, w, bias, window, 1, target)
+}
+
+/// [`check`] with `groups` groups (`w` is `[O, C/groups, *kernel]`).
+fn check_groups(
+    x: &[usize],
+    w: &[usize],
+    bias: bool,
+    window: &Window,
+    groups: usize,
+    target: &Target,
+) -> CompiledGraph {
     let mut specs = vec![TensorSpec::new(DType::F32, x), TensorSpec::new(DType::F32, w)];
     if bias {
         specs.push(TensorSpec::new(DType::F32, &[w[0]]));
     }
-    let g = capture(&specs, |t| Ok(vec![t[0].conv(&t[1], t.get(2), window, 1)?])).unwrap();
+    let g = capture(&specs, |t| Ok(vec![t[0].conv(&t[1], t.get(2), window, groups)?])).unwrap();
     let c = compile_graph(&g, target).unwrap();
     let inputs: Vec<_> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
     let refs: Vec<_> = inputs.iter().collect();
@@ -106,6 +118,13 @@ fn small_inputs_strides_and_groups_keep_the_full_im2col() {
     assert_eq!(products(&small), 1, "{small}");
     let strided = check(&[2, 3, 9, 9], &[4, 3, 3, 3], false, &Window::uniform(2, 2, 1, 1), &by_rows());
     assert_eq!(products(&strided), 1, "{strided}");
+    let grouped = check_groups(&[2, 4, 16, 16], &[4, 2, 3, 3], true, &Window::uniform(2, 1, 1, 1), 2, &by_rows());
+    assert_eq!(products(&grouped), 1, "{grouped}");
+    // Without the library's epilogue the row sums would be kernels of their own: a tuned target without
+    // it keeps the full im2col (no `KILN_CONVROWSTEST_*` variable is set, so only that rule applies).
+    let separate = Target { library_epilogue: false, ..by_rows() };
+    assert_eq!(separate.tuned_by_env("CONVROWSTEST").conv_row_products_bytes, 0);
+    assert_eq!(by_rows().tuned_by_env("CONVROWSTEST").conv_row_products_bytes, 1);
     // Output rows 5 floats wide start 20 bytes apart: not 16-byte aligned, so no epilogue could add them.
     let narrow = check(&[1, 2, 7, 7], &[2, 2, 3, 3], false, &Window::uniform(2, 1, 0, 1), &by_rows());
     assert_eq!(products(&narrow), 1, "{narrow}");

@@ -16,7 +16,7 @@ use crate::shape::Shape;
 use crate::sym::{Expr, SymId, SymTable};
 use crate::target::Target;
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Why a region could not be lowered as scheduled.
 #[derive(Debug)]
@@ -99,6 +99,11 @@ struct Lowerer<'a> {
     /// (a half cast after a half load computed in f32) is a no-op and is skipped.
     loaded: HashMap<VarId, DType>,
     sym_depth: HashMap<SymId, usize>,
+    /// Stand-ins for source positions of padded views ([`Lowerer::position`]): each symbol and the
+    /// clamped expression it stands for, substituted back when a statement is emitted.
+    positions: BTreeMap<SymId, Expr>,
+    /// The stand-in already made for a (position, lower end, extent), so equal reads share memo entries.
+    position_of: HashMap<(Expr, Expr, Expr), SymId>,
     memo: HashMap<(NodeId, Expr, Option<VarId>), VarId>,
     guard: Option<VarId>,
     /// Each computed reduction's value and the coordinates (kept axes only) of the row it belongs to.
@@ -131,6 +136,8 @@ impl<'a> Lowerer<'a> {
             var_dtype: HashMap::new(),
             loaded: HashMap::new(),
             sym_depth: HashMap::new(),
+            positions: BTreeMap::new(),
+            position_of: HashMap::new(),
             memo: HashMap::new(),
             guard: None,
             reduce_results: HashMap::new(),
@@ -281,7 +288,7 @@ impl<'a> Lowerer<'a> {
     fn let_inner(&mut self, dtype: DType, value: Scalar) -> VarId {
         let value = match value {
             Scalar::Load { buffer, index, guard } => {
-                let index = index.simplify_in(&self.ranges);
+                let index = self.resolve(&index.simplify_in(&self.ranges));
                 // A guarded load whose index folds to a negative constant is one the guard always turns
                 // off (a pad's or concat's other side): load element 0 instead, so no renderer sees an
                 // address before the buffer (naga rejects the constant; PTX would read out of bounds).
@@ -291,7 +298,7 @@ impl<'a> Lowerer<'a> {
                 };
                 Scalar::Load { buffer, index, guard }
             }
-            Scalar::Index { expr } => Scalar::Index { expr: expr.simplify_in(&self.ranges) },
+            Scalar::Index { expr } => Scalar::Index { expr: self.resolve(&expr.simplify_in(&self.ranges)) },
             v => v,
         };
         let mut depth = 0;
@@ -353,7 +360,7 @@ impl<'a> Lowerer<'a> {
     }
 
     fn store(&mut self, n: NodeId, index: Expr, value: VarId) {
-        let index = index.simplify_in(&self.ranges);
+        let index = self.resolve(&index.simplify_in(&self.ranges));
         let value =
             if self.wrong_outputs && self.g.outputs.contains(&n) { self.miscompute(n, &index, value) } else { value };
         let buffer = self.buffer(n, Access::Write);
@@ -383,6 +390,48 @@ impl<'a> Lowerer<'a> {
         self.let_(DType::Bool, Scalar::Binary { op: BinaryOp::And, a, b })
     }
 
+    /// The source position `at - lo` of a padded view (a pad, a convolution window, a concatenation's
+    /// part) that a guard keeps inside `[0, extent)` wherever its value is used. It is returned as a
+    /// stand-in symbol ranging over `[0, extent)`, so what reads through it simplifies as an unpadded read
+    /// would: a convolution's input read back through a permutation otherwise kept a dozen divisions per
+    /// element, its position ranging one past either end. Each statement gets the symbol replaced by
+    /// `min(max(at, lo), lo + extent - 1) - lo` ([`Lowerer::resolve`]), which equals `at - lo` inside the
+    /// range and stays inside it outside, so every rewrite made under the symbol's range holds for the
+    /// clamped value, and no address outside the input is ever formed (the guard turns the read off
+    /// there). `at` must be non-negative (an output coordinate), so the clamp is 32-bit arithmetic.
+    fn position(&mut self, at: &Expr, lo: &Expr, extent: &Expr) -> Expr {
+        let direct = (at.clone() - lo.clone()).simplify_in(&self.ranges);
+        let b = self.ranges.bounds(&direct);
+        let inside = match extent.simplify_in(&self.ranges).as_const() {
+            Some(e) => b.lo.is_some_and(|l| l >= 0) && b.hi.is_some_and(|h| h < e),
+            None => false,
+        };
+        if inside {
+            return direct;
+        }
+        let key = (at.clone(), lo.clone(), extent.clone());
+        if let Some(&s) = self.position_of.get(&key) {
+            return Expr::sym(s);
+        }
+        let last = lo.clone() + extent.clone() - Expr::from(1usize);
+        let clamped = (at.max(lo).min(&last) - lo.clone()).simplify_in(&self.ranges);
+        let clamped = self.resolve(&clamped);
+        let depth = self.expr_depth(&clamped);
+        let s = self.new_sym(extent);
+        self.sym_depth.insert(s, depth);
+        self.positions.insert(s, clamped);
+        self.position_of.insert(key, s);
+        Expr::sym(s)
+    }
+
+    /// `e` with every position stand-in ([`Lowerer::position`]) replaced by what it stands for.
+    fn resolve(&self, e: &Expr) -> Expr {
+        if self.positions.is_empty() || !e.symbols().iter().any(|s| self.positions.contains_key(s)) {
+            return e.clone();
+        }
+        e.substitute(&self.positions).simplify_in(&self.ranges)
+    }
+
     /// Evaluates `inner` with `cond` added to the current load guard.
     fn guarded<T>(&mut self, cond: VarId, inner: impl FnOnce(&mut Self) -> T) -> T {
         let saved = self.guard;
@@ -399,7 +448,11 @@ impl<'a> Lowerer<'a> {
         let node = self.g.node(n);
         let dtype = self.compute_dtype(node.dtype);
         let buffer = self.buffer(n, Access::Read);
-        let v = self.let_(dtype, Scalar::Load { buffer, index, guard: self.guard });
+        // A guard only keeps a padded view's reads inside its input: a load whose index no guarded
+        // position reaches (a channel's scale read inside a padded window) is inside its buffer
+        // wherever it runs, and unguarded it is one load per vector, not one per lane.
+        let guard = self.guard.filter(|_| index.symbols().iter().any(|s| self.positions.contains_key(s)));
+        let v = self.let_(dtype, Scalar::Load { buffer, index, guard });
         self.loaded.insert(v, node.dtype);
         v
     }
@@ -558,7 +611,7 @@ impl<'a> Lowerer<'a> {
                     let b = Expr::from(before);
                     let c = self.in_range(&m[i], &b, &(b.clone() + dims[i].clone()));
                     cond = Some(self.and(cond, c));
-                    src[i] = m[i].clone() - b;
+                    src[i] = self.position(&m[i], &b, &dims[i]);
                 }
                 let at = Point::from_multi(&dims, &src, &self.ranges);
                 self.read_or(input(0), &at, cond, *value, cd)?
@@ -577,13 +630,15 @@ impl<'a> Lowerer<'a> {
                 }
                 for (a, off) in offsets.into_iter().enumerate() {
                     let (before, after) = window.padding[a];
-                    let pos = m[3 + a].clone() * Expr::from(window.stride[a]) + off * Expr::from(window.dilation[a])
-                        - Expr::from(before);
-                    if before + after > 0 {
-                        let c = self.in_range(&pos, &Expr::from(0usize), &dims[2 + a]);
+                    let at = m[3 + a].clone() * Expr::from(window.stride[a]) + off * Expr::from(window.dilation[a]);
+                    let before = Expr::from(before);
+                    if window.padding[a].0 + after > 0 {
+                        let c = self.in_range(&at, &before, &(before.clone() + dims[2 + a].clone()));
                         cond = Some(self.and(cond, c));
+                        src.push(self.position(&at, &before, &dims[2 + a]));
+                    } else {
+                        src.push(at - before);
                     }
-                    src.push(pos);
                 }
                 let at = Point::from_multi(&dims, &src, &self.ranges);
                 self.read_or(input(0), &at, cond, *value, cd)?
@@ -597,7 +652,7 @@ impl<'a> Lowerer<'a> {
                     let end = offset.clone() + dims[*axis].clone();
                     let c = self.in_range(&m[*axis], &offset, &end);
                     let mut src = m.clone();
-                    src[*axis] = m[*axis].clone() - offset.clone();
+                    src[*axis] = self.position(&m[*axis], &offset, &dims[*axis]);
                     let at = Point::from_multi(&dims, &src, &self.ranges);
                     let v = self.guarded(c, |s| s.value(inp, &at))?;
                     parts.push((c, self.coerce(v, cd)));

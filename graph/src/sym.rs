@@ -172,6 +172,15 @@ struct Term {
     coeff: i64,
 }
 
+/// The greatest common divisor of `|a|` and `|b|` (a positive `a` and any `b`: positive).
+fn gcd(a: i64, b: i64) -> i64 {
+    let (mut a, mut b) = (a.unsigned_abs(), b.unsigned_abs());
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    i64::try_from(a).unwrap_or(1)
+}
+
 /// Total order on canonical expressions, constants last so that
 /// `min(s0, 8)` reads naturally. `Expr` itself does not implement `Ord`:
 /// `Ord::min`/`Ord::max` would shadow the symbolic `min`/`max` on owned values
@@ -739,6 +748,76 @@ impl Expr {
         (!q.is_zero()).then_some((q, r))
     }
 
+    /// `self / g` where `g` divides every coefficient and the constant.
+    fn exact_div(&self, g: i64) -> Option<Expr> {
+        if g == 0 || self.constant % g != 0 || self.terms.iter().any(|t| t.coeff % g != 0) {
+            return None;
+        }
+        let terms = self.terms.iter().map(|t| Term { atoms: t.atoms.clone(), coeff: t.coeff / g }).collect();
+        Some(Expr { terms, constant: self.constant / g })
+    }
+
+    /// `self` as `k*q + r` with `0 <= r < k` proved by `table`'s ranges, for a constant `k > 0`: the
+    /// multiples of `k` go to `q`, and a constant part of `r` whose range lies within one multiple of `k`
+    /// moves over too. A term `c*(a // d)` where `c` divides `k` is first split at `k` as
+    /// `k*(a // (d*k/c)) + c*((a // d) % (k/c))`: an index whose coordinates were merged into one
+    /// quotient (`4096*(i // 1024)` from `262144*(i // 65536) + 4096*((i // 1024) % 64)`) and offset
+    /// (a padded window's `-65`) is divided at the coordinate boundary again, so the division and the
+    /// remainder both go.
+    fn split_by_range(&self, k: &Expr, table: &SymTable) -> Option<(Expr, Expr)> {
+        let k = k.as_const().filter(|&k| k > 1)?;
+        let within = |x: &Expr| -> Option<(Expr, Expr)> {
+            let (q, r) = x.split_by(k);
+            let b = table.bounds(&r);
+            let z = b.lo?.div_euclid(k);
+            if b.hi?.div_euclid(k) != z {
+                return None;
+            }
+            Some((q.checked_add(&Expr::constant(z)).ok()?, r.checked_sub(&Expr::constant(z.checked_mul(k)?)).ok()?))
+        };
+        if let Some(found) = within(self) {
+            return Some(found);
+        }
+        // `g*y + r` with `g` dividing `k` and `0 <= r < g` (a vector lane's offset): `(y // (k/g), ...)`.
+        let g = self.terms.iter().fold(k, |g, t| gcd(g, t.coeff));
+        if g > 1 && !self.terms.is_empty() {
+            let r = self.constant.rem_euclid(g);
+            let y = self.checked_sub(&Expr::constant(r)).ok()?.exact_div(g)?;
+            let m = Expr::constant(k / g);
+            let q = y.checked_floor_div(&m).ok()?;
+            let rem = y
+                .checked_modulo(&m)
+                .ok()?
+                .checked_mul(&Expr::constant(g))
+                .ok()?
+                .checked_add(&Expr::constant(r))
+                .ok()?;
+            return Some((q, rem));
+        }
+        let mut unfolded = Expr::constant(self.constant);
+        let mut changed = false;
+        for t in &self.terms {
+            let term = Expr { terms: vec![t.clone()], constant: 0 };
+            let parts = match t.atoms.as_slice() {
+                [Atom::FloorDiv(a, d)] if t.coeff % k != 0 && k % t.coeff == 0 => {
+                    let f = Expr::constant(k / t.coeff.abs());
+                    let quotient = Expr::binary_atom(Atom::FloorDiv, a, d);
+                    let high = quotient.checked_floor_div(&f).ok()?.checked_mul(&f).ok()?;
+                    let low = quotient.checked_modulo(&f).ok()?;
+                    changed = true;
+                    high.checked_add(&low).ok()?.checked_mul(&Expr::constant(t.coeff)).ok()?
+                }
+                _ => term,
+            };
+            unfolded = unfolded.checked_add(&parts).ok()?;
+        }
+        if changed {
+            within(&unfolded)
+        } else {
+            None
+        }
+    }
+
     /// Rewrites `self` using the ranges in `table`: `a // k` becomes 0 and `a % k` becomes `a` when
     /// `0 <= a < k`, and `min`/`max` whose order the ranges decide collapse to one side. Index
     /// expressions built from loop variables lose their redundant divisions this way.
@@ -781,6 +860,8 @@ impl Expr {
                             Expr::ZERO
                         } else if let Some((q, _)) = split(&x, &y) {
                             q
+                        } else if let Some((q, _)) = x.split_by_range(&y, table) {
+                            q
                         } else {
                             x.try_floor_div(&y)?
                         }
@@ -790,6 +871,8 @@ impl Expr {
                         if below(&x, &y) {
                             x
                         } else if let Some((_, r)) = split(&x, &y) {
+                            r
+                        } else if let Some((_, r)) = x.split_by_range(&y, table) {
                             r
                         } else {
                             x.try_modulo(&y)?
@@ -824,7 +907,7 @@ impl Expr {
     /// strides (`393216*(i // 512) + 768*(i % 512)` is `768*i`) collapses back, so kernels do not
     /// divide at all.
     fn fold_div_mod(self) -> Expr {
-        let mut e = self;
+        let mut e = self.fold_nested_mod();
         'again: loop {
             for t in &e.terms {
                 let [Atom::Mod(y, k)] = t.atoms.as_slice() else { continue };
@@ -842,6 +925,42 @@ impl Expr {
                     .and_then(|x| x.checked_sub(&remainder))
                     .and_then(|x| x.checked_add(&y.checked_mul(&Expr::constant(t.coeff))?));
                 if let Ok(f) = folded {
+                    e = f;
+                    continue 'again;
+                }
+            }
+            return e;
+        }
+    }
+
+    /// Folds `c*k*((y % m) // k) + c*(y % k)` into `c*(y % m)` where `k` divides `m` (then
+    /// `(y % m) % k` is `y % k`): a coordinate split out of a remainder and recombined, as in
+    /// `32*((i % 1024) // 32) + i % 32`.
+    fn fold_nested_mod(self) -> Expr {
+        let mut e = self;
+        'again: loop {
+            for t in &e.terms {
+                let [Atom::Mod(y, k)] = t.atoms.as_slice() else { continue };
+                let Some(kc) = k.as_const().filter(|&k| k > 0) else { continue };
+                let Some(want) = t.coeff.checked_mul(kc) else { continue };
+                let partner = e.terms.iter().find_map(|p| {
+                    let [Atom::FloorDiv(inner, d)] = p.atoms.as_slice() else { return None };
+                    let [Atom::Mod(y2, m)] = inner.as_single_atom().map(std::slice::from_ref)? else { return None };
+                    let m = m.as_const()?;
+                    (p.coeff == want && **d == **k && y2 == y && m > 0 && m % kc == 0).then(|| (p.clone(), m))
+                });
+                let Some((p, m)) = partner else { continue };
+                let pair = Expr { terms: vec![t.clone()], constant: 0 }
+                    .checked_add(&Expr { terms: vec![p], constant: 0 })
+                    .ok()
+                    .and_then(|x| {
+                        Some((
+                            x,
+                            y.checked_modulo(&Expr::constant(m)).ok()?.checked_mul(&Expr::constant(t.coeff)).ok()?,
+                        ))
+                    });
+                let Some((pair, folded)) = pair else { continue };
+                if let Ok(f) = e.checked_sub(&pair).and_then(|x| x.checked_add(&folded)) {
                     e = f;
                     continue 'again;
                 }
@@ -1771,6 +1890,36 @@ mod tests {
             if let Ok(v) = e.eval(&bindings(&[x, y, z])) {
                 let simple = e.simplify_in(&table);
                 prop_assert_eq!(simple.eval(&bindings(&[x, y, z])), Ok(v), "{} became {}", e, simple);
+            }
+        }
+
+        /// Index expressions as lowering builds them (coordinates merged into quotients, padded
+        /// positions clamped, offsets), divided and reduced by powers of two: the range-based split and
+        /// the nested-remainder fold keep every value.
+        #[test]
+        fn index_divisions_keep_values(
+            coeffs in prop::array::uniform4(prop::sample::select(vec![1i64, 2, 4, 16, 32, 64, 1024, 4096, -4])),
+            shifts in prop::array::uniform3(0u32..8),
+            offset in -300i64..300,
+            k in prop::sample::select(vec![2i64, 4, 32, 64, 256, 4096]),
+        ) {
+            let mut table = SymTable::new();
+            let x = table.new_symbol("x", 0, Some(4095));
+            let i = Expr::sym(x);
+            let d = |sh: u32| Expr::constant(1 << sh);
+            let clamped = (i.modulo(&d(shifts[2])) + c(offset % 3)).max(&c(1)).min(&d(shifts[2]));
+            let e = i.floor_div(&d(shifts[0])) * coeffs[0]
+                + i.floor_div(&d(shifts[1])).modulo(&d(shifts[2])) * coeffs[1]
+                + clamped * coeffs[2]
+                + i.modulo(&d(shifts[0])) * coeffs[3]
+                + c(offset);
+            let k = c(k);
+            for q in [e.floor_div(&k), e.modulo(&k), e.modulo(&c(4096)).floor_div(&k) * k.clone() + e.modulo(&k)] {
+                let simple = q.simplify_in(&table);
+                for v in (0..4096).step_by(7).chain([4095]) {
+                    let b = Bindings::new().with(x, v);
+                    prop_assert_eq!(simple.eval(&b), q.eval(&b), "{} became {} at x = {}", q, simple, v);
+                }
             }
         }
 

@@ -21,10 +21,6 @@ pub use kiln_graph::kernel::RenderError;
 
 mod attention;
 
-/// The loop variable of a vectorised loop: which vector a thread moves (the IR's own variable is the
-/// element, one per lane).
-const VECTOR_INDEX: SymId = SymId(u32::MAX - 2);
-
 /// A rendered kernel.
 #[derive(Clone, Debug)]
 pub struct PtxKernel {
@@ -880,7 +876,8 @@ impl<'k> Writer<'k> {
                 .collect()
         };
         let (loads, stores) = (accessed(false), accessed(true));
-        let v = VECTOR_INDEX;
+        let lanes: Vec<Vec<Stmt>> = (0..w as u32).map(|l| self.k.lane_body(s, extent, body, l, &self.ranges)).collect();
+        let v = kiln_graph::kernel::builtin::VECTOR_INDEX;
         self.counted_loop(v, "%gstart", "%gstride", &vectors, |w_| {
             let base = w_.reg("s64");
             let vv = w_.sym(v);
@@ -894,12 +891,12 @@ impl<'k> Writer<'k> {
             for &b in &stores {
                 w_.vector_stores.insert(b, Vec::new());
             }
-            for lane in 0..w {
+            for (lane, lane_body) in lanes.iter().enumerate() {
                 let i = w_.reg("s64");
                 w_.emit(&format!("add.s64 {i}, {base}, {lane};"));
                 w_.syms.insert(s, i);
                 w_.lane = Some((s, lane));
-                w_.block(body);
+                w_.block(lane_body);
             }
             w_.lane = None;
             for &b in &stores {

@@ -521,7 +521,8 @@ impl<'k> Writer<'k> {
         let w = self.k.vector_width;
         let t = self.k.launch.threads;
         let n = self.expr(extent);
-        let iv = format!("{}_v", sym(s));
+        // The vector's number: what lane bodies ([`Kernel::lane_body`]) index by.
+        let iv = sym(builtin::VECTOR_INDEX);
         self.line(
             depth,
             &format!(
@@ -553,9 +554,11 @@ impl<'k> Writer<'k> {
         for b in &loaded {
             self.line(d, &format!("let q{b} = b{b}[{iv}];"));
         }
+        let ranges = self.k.index_ranges();
         for l in 0..w {
+            let lane = self.k.lane_body(s, extent, body, l, &ranges);
             self.lane = Some((l, s));
-            self.block(d, body);
+            self.block(d, &lane);
         }
         self.lane = None;
         for b in &stored {
@@ -773,6 +776,8 @@ impl<'k> Writer<'k> {
 fn sym(s: SymId) -> String {
     if s == ROW_ELEMENT {
         "rowj".into()
+    } else if s == builtin::VECTOR_INDEX {
+        "vector".into()
     } else if s.0 >= builtin::FIRST_LOCAL {
         format!("i{}", s.0 - builtin::FIRST_LOCAL)
     } else {

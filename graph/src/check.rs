@@ -23,6 +23,9 @@ pub struct OutputCheck {
     pub mode: &'static str,
     /// Which output of the graph.
     pub output: usize,
+    /// The tolerance this output was held to: the report's, or f16's base where the backend runs the
+    /// graph's f32 convolutions in TF32.
+    pub tolerance: Tolerance,
     /// The comparison, or why the run failed.
     pub outcome: std::result::Result<Outcome, String>,
 }
@@ -88,10 +91,16 @@ impl fmt::Display for CheckReport {
         writeln!(f, "tolerance: rtol {:.2e}, atol {:.2e}", self.tolerance.rtol, self.tolerance.atol)?;
         writeln!(f, "rule: {}", crate::tolerance::RULE)?;
         for o in &self.outputs {
+            // An output held to another tolerance (TF32 convolutions) says which.
+            let own = if o.tolerance == self.tolerance {
+                String::new()
+            } else {
+                format!(" (held to rtol {:.2e}, atol {:.2e}: TF32 convolutions)", o.tolerance.rtol, o.tolerance.atol)
+            };
             match &o.outcome {
                 Ok(x) => writeln!(
                     f,
-                    "{} {:<12} {:<16} output {}: worst relative error {:.3e}, {} mismatch(es)",
+                    "{} {:<12} {:<16} output {}: worst relative error {:.3e}, {} mismatch(es){own}",
                     mark(o.passed()),
                     o.backend,
                     o.mode,
@@ -137,12 +146,21 @@ pub fn check_graph(graph: &Graph, inputs: &[TensorData], targets: &[Arc<dyn Back
     let mut push = |backend: &str, mode: &'static str, tf32: bool, got: Result<Vec<TensorData>>| match got {
         Ok(got) => {
             for (i, w) in want.iter().enumerate() {
-                let outcome = got.get(i).map_or(Outcome::MISSING, |g| compare(g, w, tol_of(i, tf32)));
-                report.outputs.push(OutputCheck { backend: backend.into(), mode, output: i, outcome: Ok(outcome) });
+                let tolerance = tol_of(i, tf32);
+                let outcome = got.get(i).map_or(Outcome::MISSING, |g| compare(g, w, tolerance));
+                report.outputs.push(OutputCheck {
+                    backend: backend.into(),
+                    mode,
+                    output: i,
+                    tolerance,
+                    outcome: Ok(outcome),
+                });
             }
         }
         Err(e) => {
-            report.outputs.push(OutputCheck { backend: backend.into(), mode, output: 0, outcome: Err(e.to_string()) })
+            let tolerance = if graph.outputs.is_empty() { tolerance } else { tol_of(0, tf32) };
+            let (output, outcome) = (0, Err(e.to_string()));
+            report.outputs.push(OutputCheck { backend: backend.into(), mode, output, tolerance, outcome })
         }
     };
     let mut plans: Vec<Arc<CompiledGraph>> = Vec::new();
@@ -254,4 +272,36 @@ pub fn seeded_inputs(graph: &Graph) -> Result<Vec<TensorData>> {
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(crate::workloads::inputs(&specs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    /// The report's header states the rule; an output a backend ran with TF32 convolutions, held to the
+    /// wider tolerance, says so on its own line (it used to be printed under the f32 rule alone).
+    #[test]
+    fn an_output_held_to_the_tf32_rule_says_so() {
+        let f32_rule = Tolerance::rule_for(DType::F32, 4.0, false);
+        let tf32_rule = Tolerance::rule_for(DType::F32, 4.0, true);
+        assert_ne!(f32_rule, tf32_rule);
+        let ok = Outcome { max_rel_err: 1e-4, mismatches: 0, correct: true };
+        let output = |backend: &str, tolerance| OutputCheck {
+            backend: backend.into(),
+            mode: "default",
+            output: 0,
+            tolerance,
+            outcome: Ok(ok),
+        };
+        let report = CheckReport {
+            tolerance: f32_rule,
+            outputs: vec![output("wgpu", f32_rule), output("cuda", tf32_rule)],
+            kernels: Vec::new(),
+        };
+        let text = report.to_string();
+        let line = |b: &str| text.lines().find(|l| l.contains(b)).unwrap_or_default().to_string();
+        assert!(!line("wgpu").contains("TF32"), "{text}");
+        assert!(line("cuda").contains("TF32") && line("cuda").contains(&format!("{:.2e}", tf32_rule.rtol)), "{text}");
+    }
 }

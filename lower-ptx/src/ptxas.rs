@@ -96,19 +96,114 @@ fn run(
     verbose: bool,
     out: Option<&std::path::Path>,
 ) -> Result<String, String> {
+    run_within(ptxas, name, ptx, sm, verbose, out, time_limit())
+}
+
+/// How long one ptxas run may take before it is stopped: `KILN_PTXAS_TIMEOUT_S` seconds, 120 by default.
+/// A kernel takes well under a second; a ptxas that hangs (a wedged license check, a full disk, a kernel
+/// that sends its optimiser into a loop) must not hang the compile that waits for it, so a cubin that
+/// does not come in time is left to the driver's JIT, as one ptxas rejects is.
+fn time_limit() -> std::time::Duration {
+    let seconds = std::env::var("KILN_PTXAS_TIMEOUT_S").ok().and_then(|s| s.parse::<f64>().ok()).filter(|s| *s > 0.0);
+    std::time::Duration::from_secs_f64(seconds.unwrap_or(120.0))
+}
+
+/// [`run`] stopping ptxas after `limit`. Its messages go to a scratch file, not a pipe, so a long error
+/// report cannot block it while nobody reads.
+fn run_within(
+    ptxas: &std::path::Path,
+    name: &str,
+    ptx: &str,
+    sm: u32,
+    verbose: bool,
+    out: Option<&std::path::Path>,
+    limit: std::time::Duration,
+) -> Result<String, String> {
+    use wait_timeout::ChildExt;
     let file = scratch(name, sm, "ptx");
+    let log = scratch(name, sm, "log");
+    let cleanup = || {
+        let _ = std::fs::remove_file(&file);
+        let _ = std::fs::remove_file(&log);
+    };
     std::fs::write(&file, ptx).map_err(|e| format!("writing {}: {e}", file.display()))?;
+    let stderr = std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()));
+    let stderr = match stderr {
+        Ok(f) => f,
+        Err(e) => {
+            cleanup();
+            return Err(e);
+        }
+    };
     let mut cmd = Command::new(ptxas);
     cmd.arg(format!("-arch=sm_{sm}")).arg(&file).arg("-o").arg(out.unwrap_or(std::path::Path::new("/dev/null")));
     if verbose {
         cmd.arg("-v");
     }
-    let out = cmd.output().map_err(|e| format!("running {}: {e}", ptxas.display()));
-    let _ = std::fs::remove_file(&file);
-    let out = out?;
-    let words = String::from_utf8_lossy(&out.stderr).to_string();
-    if out.status.success() {
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(stderr);
+    let status = cmd.spawn().map_err(|e| format!("running {}: {e}", ptxas.display())).and_then(|mut child| match child
+        .wait_timeout(limit)
+    {
+        Ok(Some(status)) => Ok(status),
+        Ok(None) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(format!(
+                "kernel {name}: ptxas (sm_{sm}) did not finish within {:.0} s and was stopped",
+                limit.as_secs_f64()
+            ))
+        }
+        Err(e) => Err(format!("waiting for {}: {e}", ptxas.display())),
+    });
+    let words = std::fs::read_to_string(&log).unwrap_or_default();
+    cleanup();
+    if status?.success() {
         return Ok(words);
     }
     Err(kiln_graph::error::rejected_source(name, &format!("ptxas (sm_{sm})"), &words, ptx))
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Runs the fake ptxas script `body`, retrying while another test thread's fork still holds the
+    /// script open for writing (`ETXTBSY`, "Text file busy").
+    fn run_fake(label: &str, body: &str, kernel: &str, limit: std::time::Duration) -> Result<String, String> {
+        let fake = scratch(label, 90, "sh");
+        std::fs::write(&fake, body).unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut result = run_within(&fake, kernel, ".version 7.8", 90, false, None, limit);
+        for _ in 0..50 {
+            match &result {
+                Err(e) if e.contains("busy") => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    result = run_within(&fake, kernel, ".version 7.8", 90, false, None, limit);
+                }
+                _ => break,
+            }
+        }
+        let _ = std::fs::remove_file(&fake);
+        result
+    }
+
+    /// A ptxas that never finishes is stopped at the limit, and the error names the kernel: a compile
+    /// waiting on it goes on (the driver's JIT gets the kernel) instead of hanging.
+    #[test]
+    fn a_ptxas_that_hangs_is_stopped_at_the_limit() {
+        let started = std::time::Instant::now();
+        let limit = std::time::Duration::from_millis(300);
+        let err = run_fake("hanging", "#!/bin/sh\nsleep 60\n", "k0_slow", limit).unwrap_err();
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "waited {:?}", started.elapsed());
+        assert!(err.contains("k0_slow") && err.contains("did not finish"), "{err}");
+    }
+
+    /// A ptxas that fails within the limit reports its own words, read from the scratch file.
+    #[test]
+    fn a_failing_ptxas_reports_its_message() {
+        let body = "#!/bin/sh\necho 'ptxas fatal: bad input' >&2\nexit 1\n";
+        let err = run_fake("failing", body, "k1_bad", std::time::Duration::from_secs(30)).unwrap_err();
+        assert!(err.contains("ptxas fatal: bad input") && err.contains("k1_bad"), "{err}");
+    }
 }

@@ -80,7 +80,9 @@ pub fn run_case(dir: &Path, backend: &Arc<dyn Backend>) -> Outcome {
         Ok(m) => m.backend(backend.clone()),
         Err(e) => return unsupported_reason(&e).map_or_else(|| Outcome::Fail(e.to_string()), Outcome::Unsupported),
     };
-    let tf32 = backend.target().is_some_and(|t| t.tf32_convolutions) && model.model().has_op("Conv");
+    // A transposed convolution is traced as a convolution over its dilated input: TF32 on such targets too.
+    let convolves = ["Conv", "ConvTranspose"].iter().any(|op| model.model().has_op(op));
+    let tf32 = backend.target().is_some_and(|t| t.tf32_convolutions) && convolves;
     let mut sets: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|r| r.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
         .unwrap_or_default();

@@ -25,13 +25,13 @@ pub fn find() -> Option<PathBuf> {
 
 /// Assembles `ptx` for `sm_<sm>`; on failure, ptxas's message followed by the numbered source.
 pub fn assemble(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Result<(), String> {
-    run(ptxas, name, ptx, sm, false, None).map(|_| ())
+    run(ptxas, name, ptx, sm, false, None, time_limit()).map(|_| ())
 }
 
 /// Assembles `ptx` for `sm_<sm>` into a cubin (the image the driver loads without its JIT).
 pub fn cubin(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Result<Vec<u8>, String> {
     let out = scratch(name, sm, "cubin");
-    let made = run(ptxas, name, ptx, sm, false, Some(&out));
+    let made = run(ptxas, name, ptx, sm, false, Some(&out), time_limit());
     let image = made.and_then(|_| std::fs::read(&out).map_err(|e| format!("reading {}: {e}", out.display())));
     let _ = std::fs::remove_file(&out);
     image
@@ -64,7 +64,7 @@ pub struct Resources {
 
 /// Assembles `ptx` for `sm_<sm>` with `-v` and reads its per-thread resources.
 pub fn resources(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Result<Resources, String> {
-    let report = run(ptxas, name, ptx, sm, true, None)?;
+    let report = run(ptxas, name, ptx, sm, true, None, time_limit())?;
     // "N bytes stack frame, N bytes spill stores, N bytes spill loads" and "Used N registers".
     let number_before = |text: &str, word: &str| -> u32 {
         text.split(word)
@@ -86,19 +86,6 @@ pub fn resources(ptxas: &std::path::Path, name: &str, ptx: &str, sm: u32) -> Res
     Ok(r)
 }
 
-/// Runs ptxas (with `-v` when `verbose`), writing the cubin to `out` (else discarding it), and returns
-/// what it printed to stderr.
-fn run(
-    ptxas: &std::path::Path,
-    name: &str,
-    ptx: &str,
-    sm: u32,
-    verbose: bool,
-    out: Option<&std::path::Path>,
-) -> Result<String, String> {
-    run_within(ptxas, name, ptx, sm, verbose, out, time_limit())
-}
-
 /// How long one ptxas run may take before it is stopped: `KILN_PTXAS_TIMEOUT_S` seconds, 120 by default.
 /// A kernel takes well under a second; a ptxas that hangs (a wedged license check, a full disk, a kernel
 /// that sends its optimiser into a loop) must not hang the compile that waits for it, so a cubin that
@@ -108,9 +95,10 @@ fn time_limit() -> std::time::Duration {
     std::time::Duration::from_secs_f64(seconds.unwrap_or(120.0))
 }
 
-/// [`run`] stopping ptxas after `limit`. Its messages go to a scratch file, not a pipe, so a long error
-/// report cannot block it while nobody reads.
-fn run_within(
+/// Runs ptxas on `ptx` (`-v` when `verbose`, the cubin to `out`), stopping it after `limit`; on failure,
+/// its message followed by the numbered source. Its messages go to a scratch file, not a pipe, so a long
+/// error report cannot block it while nobody reads.
+fn run(
     ptxas: &std::path::Path,
     name: &str,
     ptx: &str,
@@ -174,12 +162,12 @@ mod tests {
         let fake = scratch(label, 90, "sh");
         std::fs::write(&fake, body).unwrap();
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let mut result = run_within(&fake, kernel, ".version 7.8", 90, false, None, limit);
+        let mut result = run(&fake, kernel, ".version 7.8", 90, false, None, limit);
         for _ in 0..50 {
             match &result {
                 Err(e) if e.contains("busy") => {
                     std::thread::sleep(std::time::Duration::from_millis(20));
-                    result = run_within(&fake, kernel, ".version 7.8", 90, false, None, limit);
+                    result = run(&fake, kernel, ".version 7.8", 90, false, None, limit);
                 }
                 _ => break,
             }

@@ -453,7 +453,7 @@ impl Builder {
         window: &Window,
         groups: usize,
     ) -> NodeId {
-        if let Some(y) = self.conv_by_rows(x, w, bias, window, groups) {
+        if let Some(y) = (groups == 1).then(|| self.conv_by_rows(x, w, bias, window)).flatten() {
             return y;
         }
         let (xs, ws) = (self.shape(x), self.shape(w));
@@ -507,17 +507,10 @@ impl Builder {
     /// and never read. A 3x3 kernel's matrix is then 3x the input, not 9x: DenseNet's first block spent
     /// most of its time writing and reading 9x im2col matrices.
     ///
-    /// `None` (the full im2col) for groups, strides, 1-D windows, symbolic dims, inputs below the
+    /// Only for one group (the caller's test). `None` (the full im2col) for strides, 1-D windows, symbolic dims, inputs below the
     /// threshold, and rows whose offsets would not start 16-byte aligned (the library's epilogue needs that
     /// to add the residual inside its call).
-    fn conv_by_rows(
-        &mut self,
-        x: NodeId,
-        w: NodeId,
-        bias: Option<NodeId>,
-        window: &Window,
-        groups: usize,
-    ) -> Option<NodeId> {
+    fn conv_by_rows(&mut self, x: NodeId, w: NodeId, bias: Option<NodeId>, window: &Window) -> Option<NodeId> {
         let (xs, ws) = (self.shape(x), self.shape(w));
         let (xd, wd) = (xs.as_concrete()?, ws.as_concrete()?);
         let kernel = wd[2..].to_vec();
@@ -528,7 +521,6 @@ impl Builder {
         let bytes = xd.iter().product::<usize>() * dtype.size_bytes();
         if self.conv_row_products_bytes == 0
             || (bytes as u64) < self.conv_row_products_bytes
-            || groups != 1
             || rows < 2
             || window.stride.iter().any(|&s| s != 1)
         {

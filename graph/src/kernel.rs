@@ -760,25 +760,17 @@ impl Kernel {
         t
     }
 
-    /// The body of the vectorised `Global` loop over `i` (extent `extent`) as lane `lane` runs it: every
-    /// index expression but `i` itself (the accesses that move as vectors) rewritten with `i` as
-    /// `width * VECTOR_INDEX + lane` and simplified. What does not depend on the lane (a row's number, a
-    /// channel, a padded position's row) then reads the same in every lane and is computed once per
-    /// vector instead of once per element: DenseNet's im2col writers spent most of their instructions
-    /// dividing each lane's index anew. Both renderers print these bodies.
-    pub fn lane_body(
-        &self,
-        i: SymId,
-        extent: &Expr,
-        body: &[Stmt],
-        lane: u32,
-        ranges: &crate::sym::SymTable,
-    ) -> Vec<Stmt> {
+    /// The body of the vectorised `Global` loop over `i` as lane `lane` runs it: every index expression
+    /// but `i` itself (the accesses that move as vectors) rewritten with `i` as `width * VECTOR_INDEX +
+    /// lane` and simplified under `ranges` (the kernel's [`Kernel::index_ranges`], which bound the vector's
+    /// number). What does not depend on the lane (a row's number, a channel, a padded position's row) then
+    /// reads the same in every lane and is computed once per vector instead of once per element:
+    /// DenseNet's im2col writers spent most of their instructions dividing each lane's index anew. An
+    /// expression the rewriting would make divide more (a symbolic extent the vector's number cannot
+    /// prove a bound against) is kept over `i`, which a renderer binds to the lane's element. Both
+    /// renderers print these bodies.
+    pub fn lane_body(&self, i: SymId, body: &[Stmt], lane: u32, ranges: &crate::sym::SymTable) -> Vec<Stmt> {
         let width = i64::from(self.vector_width.max(1));
-        let mut table = ranges.clone();
-        if let Some(n) = table.bounds(extent).hi.filter(|&n| n > 0) {
-            table.set_range(builtin::VECTOR_INDEX, 0, Some((n - 1) / width));
-        }
         let at =
             BTreeMap::from([(i, Expr::sym(builtin::VECTOR_INDEX) * Expr::from(width) + Expr::from(i64::from(lane)))]);
         let unit = Expr::sym(i);
@@ -786,9 +778,9 @@ impl Kernel {
             if *e == unit || !e.symbols().contains(&i) {
                 return e.clone();
             }
-            match e.checked_substitute(&at) {
-                Ok(x) => x.simplify_in(&table),
-                Err(_) => e.clone(),
+            match e.checked_substitute(&at).map(|x| x.simplify_in(ranges)) {
+                Ok(x) if x.divisions() <= e.divisions() => x,
+                _ => e.clone(),
             }
         };
         body.iter()

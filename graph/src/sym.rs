@@ -303,6 +303,17 @@ impl Expr {
         out
     }
 
+    /// How many divisions and remainders the expression computes, nested ones included.
+    pub fn divisions(&self) -> usize {
+        let atoms = self.terms.iter().flat_map(|t| &t.atoms);
+        atoms
+            .map(|atom| {
+                let own = usize::from(matches!(atom, Atom::FloorDiv(..) | Atom::Mod(..)));
+                own + atom.operands().map_or(0, |(a, b)| a.divisions() + b.divisions())
+            })
+            .sum()
+    }
+
     fn collect_symbols(&self, out: &mut BTreeSet<SymId>) {
         for atom in self.terms.iter().flat_map(|t| &t.atoms) {
             if let Atom::Sym(s) = atom {
@@ -902,67 +913,44 @@ impl Expr {
         Some(acc.fold_div_mod())
     }
 
-    /// Folds `c*k*(y // k) + c*(y % k)` into `c*y` (true for every integer `y` and non-zero `k` under
-    /// floor semantics), repeatedly: a flat index split into coordinates and recombined with the same
-    /// strides (`393216*(i // 512) + 768*(i % 512)` is `768*i`) collapses back, so kernels do not
-    /// divide at all.
+    /// Folds `c*k*(d // k) + c*(y % k)` into `c*d`, repeatedly, where `d` is `y` (true for every integer
+    /// `y` and non-zero `k` under floor semantics) or `y % m` with `k` dividing `m` (then `(y % m) % k` is
+    /// `y % k`): a flat index split into coordinates and recombined with the same strides
+    /// (`393216*(i // 512) + 768*(i % 512)` is `768*i`, `32*((i % 1024) // 32) + i % 32` is `i % 1024`)
+    /// collapses back, so kernels do not divide at all.
     fn fold_div_mod(self) -> Expr {
-        let mut e = self.fold_nested_mod();
-        'again: loop {
-            for t in &e.terms {
-                let [Atom::Mod(y, k)] = t.atoms.as_slice() else { continue };
-                let Some(quotient) = y.checked_floor_div(k).ok().and_then(|q| q.checked_mul(k).ok()) else {
-                    continue;
-                };
-                let Ok(whole) = quotient.checked_mul(&Expr::constant(t.coeff)) else { continue };
-                let [partner] = whole.terms.as_slice() else { continue };
-                if whole.constant != 0 || !e.terms.contains(partner) {
-                    continue;
-                }
-                let remainder = Expr { terms: vec![t.clone()], constant: 0 };
-                let folded = e
-                    .checked_sub(&whole)
-                    .and_then(|x| x.checked_sub(&remainder))
-                    .and_then(|x| x.checked_add(&y.checked_mul(&Expr::constant(t.coeff))?));
-                if let Ok(f) = folded {
-                    e = f;
-                    continue 'again;
-                }
-            }
-            return e;
-        }
-    }
-
-    /// Folds `c*k*((y % m) // k) + c*(y % k)` into `c*(y % m)` where `k` divides `m` (then
-    /// `(y % m) % k` is `y % k`): a coordinate split out of a remainder and recombined, as in
-    /// `32*((i % 1024) // 32) + i % 32`.
-    fn fold_nested_mod(self) -> Expr {
         let mut e = self;
         'again: loop {
             for t in &e.terms {
                 let [Atom::Mod(y, k)] = t.atoms.as_slice() else { continue };
-                let Some(kc) = k.as_const().filter(|&k| k > 0) else { continue };
-                let Some(want) = t.coeff.checked_mul(kc) else { continue };
-                let partner = e.terms.iter().find_map(|p| {
-                    let [Atom::FloorDiv(inner, d)] = p.atoms.as_slice() else { return None };
-                    let [Atom::Mod(y2, m)] = inner.as_single_atom().map(std::slice::from_ref)? else { return None };
-                    let m = m.as_const()?;
-                    (p.coeff == want && **d == **k && y2 == y && m > 0 && m % kc == 0).then(|| (p.clone(), m))
-                });
-                let Some((p, m)) = partner else { continue };
-                let pair = Expr { terms: vec![t.clone()], constant: 0 }
-                    .checked_add(&Expr { terms: vec![p], constant: 0 })
-                    .ok()
-                    .and_then(|x| {
-                        Some((
-                            x,
-                            y.checked_modulo(&Expr::constant(m)).ok()?.checked_mul(&Expr::constant(t.coeff)).ok()?,
-                        ))
-                    });
-                let Some((pair, folded)) = pair else { continue };
-                if let Ok(f) = e.checked_sub(&pair).and_then(|x| x.checked_add(&folded)) {
-                    e = f;
-                    continue 'again;
+                // `y` itself, and each `y % m` (`k | m`) that some term divides by `k`.
+                let mut dividends = vec![(**y).clone()];
+                if let Some(kc) = k.as_const().filter(|&k| k > 0) {
+                    for p in &e.terms {
+                        let [Atom::FloorDiv(inner, d)] = p.atoms.as_slice() else { continue };
+                        let Some(Atom::Mod(y2, m)) = inner.as_single_atom() else { continue };
+                        if **d == **k && y2 == y && m.as_const().is_some_and(|m| m > 0 && m % kc == 0) {
+                            dividends.push((**inner).clone());
+                        }
+                    }
+                }
+                let c = Expr::constant(t.coeff);
+                let remainder = Expr { terms: vec![t.clone()], constant: 0 };
+                for d in dividends {
+                    let whole = d.checked_floor_div(k).and_then(|q| q.checked_mul(k)).and_then(|q| q.checked_mul(&c));
+                    let Ok(whole) = whole else { continue };
+                    let [partner] = whole.terms.as_slice() else { continue };
+                    if whole.constant != 0 || !e.terms.contains(partner) {
+                        continue;
+                    }
+                    let folded = e
+                        .checked_sub(&whole)
+                        .and_then(|x| x.checked_sub(&remainder))
+                        .and_then(|x| x.checked_add(&d.checked_mul(&c)?));
+                    if let Ok(f) = folded {
+                        e = f;
+                        continue 'again;
+                    }
                 }
             }
             return e;

@@ -66,7 +66,7 @@ fn check(id: &str, target: &Target) -> (usize, usize) {
         before += own.len() * k.vector_width as usize;
         let mut shared = HashSet::new();
         for lane in 0..k.vector_width {
-            let rewritten = k.lane_body(i, extent, body, lane, &ranges);
+            let rewritten = k.lane_body(i, body, lane, &ranges);
             let rewritten = exprs(&rewritten);
             assert_eq!(rewritten.len(), original.len(), "{}", k.name);
             rewritten.iter().for_each(|e| divisions(&e.tree(), &mut shared));

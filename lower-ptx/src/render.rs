@@ -876,7 +876,7 @@ impl<'k> Writer<'k> {
                 .collect()
         };
         let (loads, stores) = (accessed(false), accessed(true));
-        let lanes: Vec<Vec<Stmt>> = (0..w as u32).map(|l| self.k.lane_body(s, extent, body, l, &self.ranges)).collect();
+        let lanes: Vec<Vec<Stmt>> = (0..w as u32).map(|l| self.k.lane_body(s, body, l, &self.ranges)).collect();
         let v = kiln_graph::kernel::builtin::VECTOR_INDEX;
         self.counted_loop(v, "%gstart", "%gstride", &vectors, |w_| {
             let base = w_.reg("s64");

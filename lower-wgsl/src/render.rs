@@ -556,7 +556,7 @@ impl<'k> Writer<'k> {
         }
         let ranges = self.k.index_ranges();
         for l in 0..w {
-            let lane = self.k.lane_body(s, extent, body, l, &ranges);
+            let lane = self.k.lane_body(s, body, l, &ranges);
             self.lane = Some((l, s));
             self.block(d, &lane);
         }

@@ -125,7 +125,7 @@ pub fn checks_at_run_time(g: &Graph, n: &crate::ir::Node) -> bool {
 }
 
 impl<'g> Facts<'g> {
-    fn new(graph: &'g Graph, materialized: &BTreeSet<NodeId>) -> Self {
+    fn new(graph: &'g Graph, materialized: &BTreeSet<NodeId>, kept: &BTreeSet<NodeId>) -> Self {
         let n = graph.nodes.len();
         // A materialised layout node is computed (copied) like a pointwise op and stored.
         let role: Vec<Role> = graph
@@ -165,6 +165,9 @@ impl<'g> Facts<'g> {
             }
         }
         let mut output_reach = vec![false; n];
+        for k in kept {
+            output_reach[k.index()] = true;
+        }
         for &o in &graph.outputs {
             output_reach[o.index()] = true;
             // A layout output is written by its own kernel, which reads the compute nodes under it.
@@ -587,6 +590,9 @@ pub struct Feedback {
     /// Layout nodes computed as copies rather than folded as views: a GEMM library cannot read the view
     /// in place, or (from the start) a wide concatenation split to fit the binding limit (`fan_in`).
     pub materialized: BTreeSet<NodeId>,
+    /// Nodes stored whatever reads them, as outputs are: the copies a concatenation assembled in place
+    /// is made of (`in_place`), which no reader may compute for itself.
+    pub kept: BTreeSet<NodeId>,
 }
 
 /// Schedules a primitive graph into regions for `target`. `op_names[i]` names the user-level op that
@@ -600,7 +606,7 @@ pub fn fuse(
     per_op: Option<&[NodeId]>,
 ) -> Result<Fusion> {
     let mut s = Scheduler {
-        f: Facts::new(graph, &feedback.materialized),
+        f: Facts::new(graph, &feedback.materialized, &feedback.kept),
         target,
         assigned: vec![None; graph.nodes.len()],
         regions: Vec::new(),

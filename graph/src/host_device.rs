@@ -81,10 +81,13 @@ impl Driver for KernelInterpreter {
         // Decode every bound buffer (each lock taken alone: one allocation may be bound twice), run, then
         // write back what the kernel stores.
         let mut arrays = Vec::with_capacity(kernel.buffers.len());
+        // A binding is a window of its allocation: from its offset (an assembled concatenation's part
+        // starts inside a shared buffer) to the allocation's end.
         for (b, bound) in kernel.buffers.iter().zip(launch.buffers) {
-            let bytes = lock(bytes_of(bound.raw)).clone();
+            let bytes = lock(bytes_of(bound.raw))[bound.offset as usize..].to_vec();
             let n = bytes.len() / b.dtype.size_bytes();
-            arrays.push(TensorData::from_le_bytes(&bytes, &[n], b.dtype)?.values().to_vec());
+            arrays
+                .push(TensorData::from_le_bytes(&bytes[..n * b.dtype.size_bytes()], &[n], b.dtype)?.values().to_vec());
         }
         let mut mem = Decoded(arrays);
         let fault = run_kernel(kernel, &mut mem, launch.bindings)?;
@@ -93,7 +96,8 @@ impl Driver for KernelInterpreter {
                 let n = values.len();
                 let data = TensorData::from_f64(values, &[n], b.dtype)?;
                 let bytes = data.to_le_bytes();
-                lock(bytes_of(bound.raw))[..bytes.len()].copy_from_slice(&bytes);
+                let at = bound.offset as usize;
+                lock(bytes_of(bound.raw))[at..at + bytes.len()].copy_from_slice(&bytes);
             }
         }
         if let (Some(f), true) = (launch.fault, fault > 0) {

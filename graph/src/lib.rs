@@ -23,6 +23,7 @@ pub mod fuse;
 pub mod gemm;
 pub mod guard;
 pub mod host_device;
+pub mod in_place;
 pub mod interp;
 pub mod ir;
 pub mod kernel;

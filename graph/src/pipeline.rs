@@ -114,6 +114,11 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     // A device that binds few buffers cannot read a wide concatenation's sources in one kernel.
     let (live, origin, inner) =
         crate::fan_in::split_wide_concats(&live, &origin, crate::fan_in::concat_fan_in(target.max_bindings));
+    // Concatenations of products along an inner axis become outermost ones their parts can be written into.
+    let (live, origin, inner, copies) = match mode {
+        FusionMode::Fused => crate::in_place::outermost(&live, &origin, &inner, target),
+        FusionMode::PerOp => (live, origin, inner, BTreeSet::new()),
+    };
     let primitive = Decomposed { graph: live, origin };
     // Kernels are named for the user's ops; a fused attention is named for itself (its origin is the
     // final matmul of the written-out form).
@@ -126,13 +131,26 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     timings.decompose_ms = ms(clock);
     let tf32 = crate::gemm::tf32_products(&primitive.graph, &primitive.origin, graph, target);
     let mut feedback = Feedback { materialized: inner, ..Feedback::default() };
+    feedback.materialized.extend(copies.iter().copied());
+    feedback.kept = copies;
     feedback.materialized.extend(crate::attention::stored_permutes(&primitive.graph));
     feedback.materialized = crate::lower::library_views_to_store(&primitive.graph, target, &feedback.materialized);
     let mut lowered = Lowered::default();
+    // Families of assembled concatenations some kernel binds in conflict (see `Assembly::conflict`).
+    let mut unassembled = BTreeSet::new();
     loop {
         let per_op = (mode == FusionMode::PerOp).then_some(primitive.origin.as_slice());
         let clock = Instant::now();
         let fusion = fuse(&primitive.graph, &names, target, &feedback, per_op)?;
+        let assembly = match mode {
+            FusionMode::Fused => {
+                crate::in_place::assemble(&primitive.graph, &fusion, &feedback.materialized, &unassembled, target)
+            }
+            FusionMode::PerOp => Default::default(),
+        };
+        // Kernels read an assembled concatenation from its buffer, as they read a stored copy.
+        let mut stored_views = feedback.materialized.clone();
+        stored_views.extend(assembly.concats(&primitive.graph));
         timings.fuse_ms += ms(clock);
         let clock = Instant::now();
         // Every region is lowered even after one fails, so one more round schedules around all the
@@ -140,11 +158,11 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
         let mut kernels = Vec::with_capacity(fusion.regions.len());
         let mut failures = Vec::new();
         for r in &fusion.regions {
-            match lowered.reuse(r, &feedback.materialized) {
+            match lowered.reuse(r, &stored_views) {
                 Some(k) => kernels.push(k),
-                None => match lower(&primitive.graph, r, target, &feedback.materialized, &tf32) {
+                None => match lower(&primitive.graph, r, target, &stored_views, &tf32) {
                     (Ok(k), asked) => {
-                        lowered.keep(r, &k, asked, &feedback.materialized);
+                        lowered.keep(r, &k, asked, &stored_views);
                         kernels.push(k);
                     }
                     (Err(f), _) => failures.push(f),
@@ -152,9 +170,19 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
             }
         }
         timings.lower_ms += ms(clock);
+        if let Some(root) = failures.is_empty().then(|| assembly.conflict(&kernels)).flatten() {
+            // Each round keeps one more family apart, so the rounds end.
+            if unassembled.insert(root) {
+                continue;
+            }
+            return Err(Error::Unsupported {
+                what: format!("assembling {root} in place: a kernel binds its buffer twice after it was kept apart"),
+                loc: SourceLoc::internal(),
+            });
+        }
         if failures.is_empty() {
             let clock = Instant::now();
-            let plan = plan(&primitive.graph, &kernels);
+            let plan = plan(&primitive.graph, &kernels, &assembly);
             timings.plan_ms = ms(clock);
             tracing::debug!(target: "kiln::fusion", kernels = kernels.len(), ?timings, "compiled graph");
             for k in &kernels {
@@ -228,7 +256,8 @@ impl CompiledGraph {
                 what: format!("{node} has no buffer"),
                 loc: SourceLoc::internal(),
             })?;
-            sizes[b] = sizes[b].max(bytes(dtype, len).div_ceil(16) * 16);
+            let offset = self.plan.value_offset.get(&node).map_or(Ok(0), |o| o.eval(bindings))?.max(0) as usize;
+            sizes[b] = sizes[b].max(bytes(dtype, offset + len).div_ceil(16) * 16);
             Ok(())
         };
         for gi in &g.inputs {

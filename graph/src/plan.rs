@@ -1,8 +1,11 @@
 //! The memory plan: which buffer each value lives in, and the launch order. Inputs and outputs get their
 //! own buffers; an intermediate is allocated when its kernel writes it and freed after the last kernel
 //! that reads it, and a freed buffer of the same (possibly symbolic) size serves the next intermediate.
+//! The values of an assembled concatenation ([`crate::in_place`]) share one buffer, each at its offset,
+//! alive from the first write of any of them to the last read of any.
 
 use crate::dtype::DType;
+use crate::in_place::Assembly;
 use crate::ir::{Graph, NodeId};
 use crate::kernel::{Access, Kernel};
 use crate::sym::{Bindings, Expr, SymError};
@@ -43,14 +46,19 @@ pub struct Plan {
     pub launches: Vec<usize>,
     /// Intermediates placed in a buffer freed by an earlier one.
     pub reused: usize,
+    /// Values stored inside a buffer from an element offset other than 0 (the parts of an assembled
+    /// concatenation): the offset, in elements of the value's dtype.
+    #[serde(default)]
+    pub value_offset: BTreeMap<NodeId, Expr>,
 }
 
 fn bytes(dtype: DType, len: &Expr) -> Expr {
     len.clone() * Expr::from(dtype.size_bytes())
 }
 
-/// Plans `kernels`, which run in the given order, over `graph`.
-pub fn plan(graph: &Graph, kernels: &[Kernel]) -> Plan {
+/// Plans `kernels`, which run in the given order, over `graph`, with the values `assembly` places in
+/// a shared buffer.
+pub fn plan(graph: &Graph, kernels: &[Kernel], assembly: &Assembly) -> Plan {
     let mut buffers = Vec::new();
     let mut live = Vec::new();
     let mut value_buffer = BTreeMap::new();
@@ -68,15 +76,30 @@ pub fn plan(graph: &Graph, kernels: &[Kernel]) -> Plan {
             last_read.insert(b.node, k);
         }
     }
+    // A family lives until the last kernel touching any of its values.
+    let mut family_until: BTreeMap<NodeId, usize> = BTreeMap::new();
+    for (k, kernel) in kernels.iter().enumerate() {
+        for (root, _) in kernel.buffers.iter().filter_map(|b| assembly.home.get(&b.node)) {
+            family_until.insert(*root, k);
+        }
+    }
     let mut free: Vec<usize> = Vec::new();
     let mut reused = 0;
     let mut frees_after: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    let mut value_offset = BTreeMap::new();
     for (k, kernel) in kernels.iter().enumerate() {
         for b in kernel.buffers.iter().filter(|b| b.access == Access::Write) {
             if value_buffer.contains_key(&b.node) {
                 continue;
             }
-            let size = bytes(b.dtype, &b.len);
+            // A part of an assembled concatenation: its family's buffer, allocated at the first write.
+            let (node, size) = match assembly.home.get(&b.node) {
+                Some((root, _)) => {
+                    let r = graph.node(*root);
+                    (*root, bytes(r.dtype, &r.shape.numel()))
+                }
+                None => (b.node, bytes(b.dtype, &b.len)),
+            };
             if let Some(o) = graph.outputs.iter().position(|&o| o == b.node) {
                 value_buffer.insert(b.node, buffers.len());
                 buffers.push(PlanBuffer { bytes: size, role: ValueRole::Output(o) });
@@ -95,8 +118,20 @@ pub fn plan(graph: &Graph, kernels: &[Kernel]) -> Plan {
                     buffers.len() - 1
                 }
             };
-            value_buffer.insert(b.node, buf);
-            let until = last_read.get(&b.node).copied().unwrap_or(k);
+            let until = match node == b.node {
+                true => last_read.get(&b.node).copied().unwrap_or(k),
+                false => family_until.get(&node).copied().unwrap_or(k),
+            };
+            if node == b.node {
+                value_buffer.insert(b.node, buf);
+            } else {
+                for (n, (_, off)) in assembly.home.iter().filter(|(_, (root, _))| *root == node) {
+                    value_buffer.insert(*n, buf);
+                    if off.as_const() != Some(0) {
+                        value_offset.insert(*n, off.clone());
+                    }
+                }
+            }
             live[buf].1 = live[buf].1.max(until);
             frees_after.entry(until).or_default().push(buf);
         }
@@ -104,7 +139,7 @@ pub fn plan(graph: &Graph, kernels: &[Kernel]) -> Plan {
             free.extend(done);
         }
     }
-    Plan { buffers, value_buffer, live, launches: (0..kernels.len()).collect(), reused }
+    Plan { buffers, value_buffer, live, launches: (0..kernels.len()).collect(), reused, value_offset }
 }
 
 impl Plan {

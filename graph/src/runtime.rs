@@ -179,8 +179,8 @@ impl DeviceBuffer {
         self.generation == self.runtime.generation.load(Ordering::Relaxed)
     }
 
-    fn bound(&self, bytes: u64) -> Bound<'_> {
-        Bound { raw: self.raw(), id: self.id, bytes, offset: 0 }
+    fn bound_at(&self, offset: u64, bytes: u64) -> Bound<'_> {
+        Bound { raw: self.raw(), id: self.id, bytes, offset }
     }
 }
 
@@ -312,6 +312,8 @@ struct Layout {
     stride: u64,
     io_bytes: u64,
     bytes_moved: u64,
+    /// Values bound from inside a buffer (an assembled concatenation's parts): byte offset and length.
+    placed: HashMap<crate::ir::NodeId, (u64, u64)>,
 }
 
 /// Cached layouts by the compiled graph's address; under it, one per set of input dims (each input's
@@ -996,7 +998,17 @@ impl Runtime {
             };
             steps.push(Step { kernel: k, module, symbols, groups, fault_slot: checked.iter().position(|&x| x == k) });
         }
+        let mut placed = HashMap::new();
+        for b in c.kernels.iter().flat_map(|k| &k.buffers) {
+            if let Some(off) = c.plan.value_offset.get(&b.node) {
+                let slot = c.plan.value_buffer[&b.node];
+                let offset = self.target().storage_bytes(b.dtype, off.eval(&bindings)?.max(0) as usize);
+                let len = self.target().storage_bytes(b.dtype, b.len.eval(&bindings)?.max(0) as usize);
+                placed.insert(b.node, (offset, (len.div_ceil(16) * 16).min(sizes[slot].saturating_sub(offset))));
+            }
+        }
         let layout = Arc::new(Layout {
+            placed,
             generation,
             input_slots: c.input_buffers(),
             outputs: c.output_slots(&bindings)?.into_iter().map(|(b, d, t)| (b, d.into(), t)).collect(),
@@ -1071,7 +1083,10 @@ impl Runtime {
                 .iter()
                 .map(|b| {
                     let slot = c.plan.value_buffer[&b.node];
-                    p.buffers[slot].bound(p.layout.sizes[slot])
+                    match p.layout.placed.get(&b.node) {
+                        Some(&(offset, bytes)) => p.buffers[slot].bound_at(offset, bytes),
+                        None => p.buffers[slot].bound_at(0, p.layout.sizes[slot]),
+                    }
                 })
                 .collect();
             let fault = match (&p.faults, step.fault_slot) {

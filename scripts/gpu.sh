@@ -141,12 +141,14 @@ tests|bench|peer|parts)
     # part: the torch peer in TORCH_TRIALS fresh processes (default 3; trial 1 cold, its outputs kept on this
     # machine), then kiln's bench in KILN_TRIALS fresh processes (default 5) checking every output against
     # torch's float64 outputs; report $out/<part>.{json,md}. Parts: A W1-W3 and dynamic shapes, B LG and
-    # W4, C W5 f32 (explicit and SDPA), D W5 bf16, H W1–W3 in bf16, T W5's training step (f32), E W6 (DenseNet-121).
+    # W4, C W5 f32 (explicit and SDPA), D W5 bf16, H W1–W3 in bf16, T W5's training step (f32), E W6 (DenseNet-121),
+    # Ew W6 on wgpu (the GPU's Vulkan driver).
     shift
     budget="$1"
     shift
     start=$SECONDS
     for part in "$@"; do
+      backend=cuda
       case "$part" in
       A) kiln=W1,W2,W3,W3-dynamic torch=W1,W2,W3,W3-dynamic modes=all ;;
       B) kiln=LG,W4 torch=LG,W4 modes=all ;;
@@ -163,6 +165,8 @@ tests|bench|peer|parts)
       Tb) kiln=W5-train-bf16 torch=W5-train-bf16,W5-train-bf16-sdpa modes=default,reduce-overhead,eager ;;
       # DenseNet-121 (convolutions, batch norm, pooling, concatenation) against torchvision's layers.
       E) kiln=W6 torch=W6 modes=default,reduce-overhead,eager ;;
+      # The same on wgpu (the GPU's Vulkan driver; no CUDA graphs there, so kiln's compiled mode).
+      Ew) kiln=W6 torch=W6 modes=default,reduce-overhead backend=wgpu ;;
       *) echo "unknown part $part" >&2; exit 2 ;;
       esac
       if [ $((SECONDS - start)) -ge "$budget" ]; then
@@ -178,7 +182,7 @@ tests|bench|peer|parts)
       for f in "$out"/torch-*.json; do mv "$f" "$out/$part-$(basename "$f")"; done
       peers=()
       for f in "$out"/"$part"-torch-*.json; do peers+=(--peer "$f"); done
-      ./.gpu/kiln-bench --backend cuda --trials "${KILN_TRIALS:-5}" --workload "$kiln" \
+      ./.gpu/kiln-bench --backend "${backend:-cuda}" --trials "${KILN_TRIALS:-5}" --workload "$kiln" \
         ${peers[@]+"${peers[@]}"} --expect "$KILN_EXPECT_DIR" \
         --json "$out/$part.json" --md "$out/$part.md" 2>&1 | tee "$out/$part.log" | grep -E "^\| (W|LG)|kiln-bench" | tail -40
       echo "== part $part done at $((SECONDS - start))s"

@@ -399,6 +399,11 @@ impl fmt::Display for CompiledGraph {
             writeln!(f, "  fuses:  {}", node_list(g, &r.members))?;
             writeln!(f, "  reads:  {}", node_list(g, &reads))?;
             writeln!(f, "  writes: {}", node_list(g, &r.stored))?;
+            // Parts of a concatenation assembled in place: where in the shared buffer each lands.
+            for n in r.stored.iter().filter(|n| self.plan.value_offset.contains_key(n)) {
+                let (buffer, at) = (self.plan.value_buffer[n], &self.plan.value_offset[n]);
+                writeln!(f, "  places: {n} at element {at} of buffer {buffer}, with the concatenation it is part of")?;
+            }
             write!(f, "{k}")?;
         }
         Ok(())

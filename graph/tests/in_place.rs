@@ -78,6 +78,8 @@ fn every_concatenation_of_a_dense_block_is_assembled_in_place() {
         // One buffer for the family, never the parts' own.
         let family: BTreeSet<usize> = bound.iter().map(|n| c.plan.value_buffer[n]).collect();
         assert_eq!(family.len(), 1, "{name}");
+        // The printed plan says where each part lands.
+        assert_eq!(c.to_string().matches("  places: ").count(), 3, "{name}\n{c}");
     }
 }
 

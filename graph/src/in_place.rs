@@ -95,8 +95,12 @@ fn part_offsets(g: &Graph, concat: NodeId, target: &Target) -> (Vec<Expr>, bool)
 /// first other node, when the composed index map is the identity (a convolution's `[N, O, H, W]` result
 /// permuted to `[O, N, H, W]` is its `[O, N*P]` product as it lies).
 pub fn identity_source(g: &Graph, n: NodeId) -> Option<NodeId> {
-    let mut table = g.symbols.clone();
     let numel = g.node(n).shape.numel();
+    // Nothing to read in an empty view (and no index symbol ranges over nothing).
+    if numel.as_const().is_some_and(|c| c <= 0) {
+        return None;
+    }
+    let mut table = g.symbols.clone();
     let i = table.new_symbol("i", 0, numel.as_const().map(|c| c - 1));
     if numel.as_const().is_none() {
         table.set_extent(i, numel.clone());

@@ -256,7 +256,12 @@ impl CompiledGraph {
                 what: format!("{node} has no buffer"),
                 loc: SourceLoc::internal(),
             })?;
-            let offset = self.plan.value_offset.get(&node).map_or(Ok(0), |o| o.eval(bindings))?.max(0) as usize;
+            // A value placed at an offset keeps at least one element of room past it, so even an empty
+            // part binds a window inside its buffer.
+            let (offset, len) = match self.plan.value_offset.get(&node) {
+                Some(o) => (o.eval(bindings)?.max(0) as usize, len.max(1)),
+                None => (0, len),
+            };
             sizes[b] = sizes[b].max(bytes(dtype, offset + len).div_ceil(16) * 16);
             Ok(())
         };

@@ -1003,7 +1003,8 @@ impl Runtime {
             if let Some(off) = c.plan.value_offset.get(&b.node) {
                 let slot = c.plan.value_buffer[&b.node];
                 let offset = self.target().storage_bytes(b.dtype, off.eval(&bindings)?.max(0) as usize);
-                let len = self.target().storage_bytes(b.dtype, b.len.eval(&bindings)?.max(0) as usize);
+                // Never an empty window (`buffer_bytes` keeps an element of room past every offset).
+                let len = self.target().storage_bytes(b.dtype, b.len.eval(&bindings)?.max(1) as usize);
                 placed.insert(b.node, (offset, (len.div_ceil(16) * 16).min(sizes[slot].saturating_sub(offset))));
             }
         }

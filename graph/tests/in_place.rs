@@ -102,3 +102,27 @@ fn a_family_a_kernel_would_bind_written_and_read_reads_its_parts() {
         assert!(read.into_iter().all(|b| !written.contains(&b)), "kernel {} reads what it writes\n{c}", k.name);
     }
 }
+
+#[test]
+fn an_empty_part_is_placed_with_the_others() {
+    // Two products joined along their last axis, the second with no columns.
+    let specs = [
+        TensorSpec::new(DType::F32, &[2, 3, 4]),
+        TensorSpec::new(DType::F32, &[4, 8]),
+        TensorSpec::new(DType::F32, &[4, 0]),
+    ];
+    let g = capture(&specs, |t| {
+        let (a, b) = (t[0].matmul(&t[1])?, t[0].matmul(&t[2])?);
+        Ok(vec![Tensor::concat(&[&a, &b], 2)?.exp()?])
+    })
+    .unwrap();
+    let c = check(&g, &specs, &Target { tf32_convolutions: false, ..Target::cuda(90) });
+    let (all, bound) = concats(&c);
+    assert_eq!(bound, all, "{c}");
+    assert_eq!(c.plan.value_offset.len(), 1, "{c}");
+    // The empty part still has room for a window past its offset.
+    let sizes = c.buffer_bytes(&Default::default(), |d, n| (n * d.size_bytes()) as u64).unwrap();
+    let (n, at) = c.plan.value_offset.iter().next().unwrap();
+    let slot = c.plan.value_buffer[n];
+    assert!(sizes[slot] > at.as_const().unwrap() as u64 * 4, "{sizes:?} {at}");
+}

@@ -1,7 +1,12 @@
 //! Prints a workload's compiled graph (regions and kernel IR) for a target, and the PTX or WGSL of one
-//! kernel: `cargo run --example dump_kernels -- W5 cuda [kernel-substring]`.
+//! kernel: `cargo run --example dump_kernels -- W5 cuda [kernel-substring]`. The training steps (`W5-train`,
+//! `W5-train-bf16`) are the bench's own.
 
 use kiln::graph::{capture, compile_graph, workloads, Target};
+
+#[path = "../benches/src/train_step.rs"]
+#[allow(dead_code)]
+mod train_step;
 
 fn main() -> kiln::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -10,7 +15,11 @@ fn main() -> kiln::Result<()> {
         Some("webgpu") => Target::webgpu_default(),
         _ => Target::cuda(90).tuned_by_env("CUDA"),
     };
-    let w = workloads::all().into_iter().find(|w| w.id.eq_ignore_ascii_case(id)).expect("a workload id");
+    let w = workloads::all()
+        .into_iter()
+        .chain(train_step::all())
+        .find(|w| w.id.eq_ignore_ascii_case(id))
+        .expect("a workload id");
     let g = capture(&w.full, w.f)?;
     let c = compile_graph(&g, &target)?;
     match args.get(3) {

@@ -216,6 +216,30 @@ fn composites_through_their_decompositions() {
     );
 }
 
+/// `softmax(q kᵀ / 2 [causal]) v`, weighted: the attention stays whole in the forward graph and its
+/// gradient is flash attention's backward (log-sum-exp, probabilities rebuilt), written out again
+/// where the device does not fuse it.
+fn weighted_attention(t: &[Tensor], causal: bool) -> kiln::Result<Vec<Tensor>> {
+    let s = t[0].matmul(&t[1].transpose(-1, -2)?)?.mul(0.5)?;
+    let s = if causal { s.causal_mask()? } else { s };
+    total(s.softmax(-1)?.matmul(&t[2])?.mul(&t[3])?)
+}
+
+#[test]
+fn attention_through_its_backward_ops() {
+    let specs = [spec(&[2, 5, 4]), spec(&[2, 6, 4]), spec(&[2, 6, 3]), spec(&[2, 5, 3])];
+    let cases: [(&str, F); 2] =
+        [("attention", |t| weighted_attention(t, false)), ("causal attention", |t| weighted_attention(t, true))];
+    for (name, f) in cases {
+        let joint = grad_graph(&capture(&specs, f).expect("captures"), &[0, 1, 2]).expect("differentiates");
+        let names: Vec<&str> = joint.nodes.iter().map(|n| n.op.name()).collect();
+        for op in ["attention", "attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v"] {
+            assert!(names.contains(&op), "{name}: the joint graph has no {op}: {names:?}");
+        }
+        check(name, &specs, f, &[0, 1, 2], same);
+    }
+}
+
 #[test]
 fn convolutions_and_pools_through_their_decompositions() {
     use kiln::graph::Window;

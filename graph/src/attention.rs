@@ -10,8 +10,9 @@
 //!
 //! The pattern is matched on the traced graph (composites whole), at the final matmul: its left operand is
 //! a last-axis softmax of, in either order, at most one scalar scale and at most one causal mask over
-//! `q @ kᵀ`, and each of those intermediate values is read only by the next (a training step that keeps the
-//! probabilities for its backward pass does not match, and stays written out).
+//! `q @ kᵀ`, and each of those intermediate values is read only by the next. A gradient is taken of the
+//! forward graph with its attentions whole (`attention_grad`), so a training step's backward pass never
+//! reads the probabilities.
 
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, Graph, NodeId, Op};
@@ -88,9 +89,9 @@ fn constant(g: &Graph, mut n: NodeId) -> Option<f64> {
     }
 }
 
-/// The attention whose final product is node `out` of `g`, if it is one that `target` fuses (`readers`
-/// from [`readers`]).
-pub fn find(g: &Graph, out: NodeId, readers: &[usize], target: &Target) -> Option<Found> {
+/// The attention whose final product is node `out` of `g`, if it is one that `target` fuses, or any
+/// attention with no target (`readers` from [`readers`]).
+pub fn find(g: &Graph, out: NodeId, readers: &[usize], target: Option<&Target>) -> Option<Found> {
     let node = g.node(out);
     if node.op != Op::MatMul || node.inputs.len() != 2 {
         return None;
@@ -152,7 +153,7 @@ pub fn find(g: &Graph, out: NodeId, readers: &[usize], target: &Target) -> Optio
         return None;
     }
     let (d, dv) = (qs[rank - 1].as_const()?, vs[rank - 1].as_const()?);
-    fits(target, dtype, d, dv).then_some(Found { q, k, v, scale: scale.unwrap_or(1.0), causal })
+    target.is_none_or(|t| fits(t, dtype, d, dv)).then_some(Found { q, k, v, scale: scale.unwrap_or(1.0), causal })
 }
 
 /// The permute the attention node `node` is stored as, when its one reader (`readers` from [`readers`];

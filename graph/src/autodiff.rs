@@ -9,7 +9,7 @@
 //! constant, a gather index smaller than its input) answers `Error::Unsupported` naming the op and the
 //! user's line.
 
-use crate::decompose::{decompose, Builder};
+use crate::decompose::Builder;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Graph, InputKind, NodeId, Op, ReduceOp, UnaryOp};
 use crate::loc::SourceLoc;
@@ -22,7 +22,8 @@ use crate::DType;
 /// are the value, then d value / d input for each input index in `wrt`, in that order (zeros for an input
 /// the value does not depend on).
 pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph> {
-    let forward = decompose(graph)?.graph;
+    // Attentions stay whole, so their rule is flash attention's backward (see `attention_grad`).
+    let forward = crate::decompose::decompose_keeping_attention(graph)?.graph;
     let [out] = forward.outputs[..] else {
         return Err(unsupported("a gradient of a graph with other than one output", &SourceLoc::internal()));
     };
@@ -261,6 +262,7 @@ fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
         Op::Unfold { kernel, window, .. } => vec![(0, unfold_grad(b, x(0), g, kernel, window, &node.loc)?)],
         Op::IndexSelect { axis } => vec![(0, index_select_grad(b, x(0), x(1), *axis, g, &node.loc)?)],
         Op::Gather { axis } => vec![(0, gather_grad(b, x(0), x(1), *axis, g, &node.loc)?)],
+        Op::Attention { .. } => crate::attention_grad::vjp(b, y, g),
         other => return Err(unsupported(&format!("the gradient of {} (no rule yet)", other.name()), &node.loc)),
     })
 }
@@ -473,7 +475,7 @@ fn summed_product(b: &mut Builder, g: NodeId, axes: &[usize], to: &Shape) -> Opt
 }
 
 /// The last two axes swapped.
-fn transpose(b: &mut Builder, x: NodeId) -> NodeId {
+pub(crate) fn transpose(b: &mut Builder, x: NodeId) -> NodeId {
     let s = b.shape(x);
     let r = s.rank();
     let mut perm: Vec<usize> = (0..r).collect();
@@ -484,7 +486,7 @@ fn transpose(b: &mut Builder, x: NodeId) -> NodeId {
 }
 
 /// `[.., m, k] @ [.., k, n]` with equal batch dims.
-fn matmul(b: &mut Builder, a: NodeId, c: NodeId) -> NodeId {
+pub(crate) fn matmul(b: &mut Builder, a: NodeId, c: NodeId) -> NodeId {
     let (sa, sc) = (b.shape(a), b.shape(c));
     let mut dims = sa.dims()[..sa.rank() - 1].to_vec();
     dims.push(sc.dims()[sc.rank() - 1].clone());

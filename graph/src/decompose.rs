@@ -35,27 +35,55 @@ pub struct Decomposed {
 /// Fails only on a graph the public API cannot record (a composite of a non-float dtype, an axis out of
 /// range, a malformed node), naming the node's source location.
 pub fn decompose(graph: &Graph) -> Result<Decomposed> {
-    decompose_for(graph, None, false)
+    decompose_for(graph, Attentions::AsTheyAre, false)
 }
 
-/// [`decompose`], writing each attention that `target` runs fused (see `attention`) as one
-/// [`Op::Attention`] node in place of its final product (the written-out chain before it is left
-/// without readers, and pruned with the other dead nodes); `None` writes every attention out. With
-/// `split_reductions`, a reduction too long for one pass becomes a chain of passes (`split_reduce`).
-pub fn decompose_for(
-    graph: &Graph,
-    target: Option<&crate::target::Target>,
-    split_reductions: bool,
-) -> Result<Decomposed> {
-    let readers = target.map(|_| crate::attention::readers(graph));
+/// [`decompose`], every attention written as one [`Op::Attention`] node whatever the target: the forward
+/// graph a gradient is taken of, so the attention's rule is flash attention's backward
+/// (`attention_grad`). Compiling the joint graph writes out what its target does not fuse.
+pub(crate) fn decompose_keeping_attention(graph: &Graph) -> Result<Decomposed> {
+    decompose_for(graph, Attentions::Whole, false)
+}
+
+/// What decomposition does with attentions, written out or as attention nodes.
+#[derive(Clone, Copy)]
+pub enum Attentions<'a> {
+    /// Nodes and written-out chains copied as they are (the reference computes every op).
+    AsTheyAre,
+    /// Every written-out attention becomes one [`Op::Attention`] node, whatever the target.
+    Whole,
+    /// For `target`: with `fuse`, each written-out attention that `target` runs fused (see `attention`)
+    /// becomes one [`Op::Attention`] node in place of its final product (the chain before it is left
+    /// without readers, and pruned with the other dead nodes); every attention node it does not run
+    /// fused — the backward pass's always, for now — is written out.
+    For {
+        /// The device compiled for.
+        target: &'a crate::target::Target,
+        /// Whether attentions may be fused (the fused compile mode).
+        fuse: bool,
+    },
+}
+
+/// [`decompose`] with a choice for attentions (see [`Attentions`]). With `split_reductions`, a reduction
+/// too long for one pass becomes a chain of passes (`split_reduce`).
+pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions: bool) -> Result<Decomposed> {
+    let (finder, fusing) = match attentions {
+        Attentions::AsTheyAre => (None, None),
+        Attentions::Whole => (Some(None), None),
+        Attentions::For { target, fuse: true } => (Some(Some(target)), Some(target)),
+        Attentions::For { fuse: false, .. } => (None, None),
+    };
+    let writes_out = matches!(attentions, Attentions::For { .. });
+    let readers = finder.map(|_| crate::attention::readers(graph));
     let mut b = Builder {
         graph: Graph { symbols: graph.symbols.clone(), ..Graph::default() },
         origin: Vec::with_capacity(graph.nodes.len()),
         from: NodeId(0),
         loc: SourceLoc::internal(),
         split_reductions,
-        conv_row_products_bytes: target.map_or(0, |t| t.conv_row_products_bytes),
+        conv_row_products_bytes: fusing.map_or(0, |t| t.conv_row_products_bytes),
     };
+    let mut written = crate::attention_grad::WrittenAttentions::default();
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
     let lookup = |map: &[NodeId], id: NodeId, loc: &SourceLoc| {
         map.get(id.index()).copied().ok_or_else(|| Error::InvalidArgument {
@@ -69,10 +97,12 @@ pub fn decompose_for(
         b.from = NodeId(i as u32);
         b.loc = node.loc.clone();
         let fused =
-            target.zip(readers.as_deref()).and_then(|(t, r)| crate::attention::find(graph, NodeId(i as u32), r, t));
+            finder.zip(readers.as_deref()).and_then(|(t, r)| crate::attention::find(graph, NodeId(i as u32), r, t));
         let new = if let Some(a) = fused {
             let qkv = [a.q, a.k, a.v].iter().map(|&n| lookup(&map, n, &node.loc)).collect::<Result<Vec<_>>>()?;
             b.push(Op::Attention { scale: a.scale, causal: a.causal }, &qkv, node.dtype, node.shape.clone())
+        } else if let Some(out) = writes_out.then(|| write_out(&mut b, &mut written, node, &inputs, fusing)).flatten() {
+            out
         } else if let Some(split) = match (&node.op, inputs.first()) {
             // A saved graph may record a reduction's dtype or shape other than the one its op yields:
             // such a node is copied as it is (the split's nodes are left without readers and pruned).
@@ -125,6 +155,33 @@ pub fn decompose_for(
         .collect::<Result<_>>()?;
     b.graph.outputs = graph.outputs.iter().map(|&o| lookup(&map, o, &internal)).collect::<Result<_>>()?;
     Ok(Decomposed { graph: b.graph, origin: b.origin })
+}
+
+/// `node`, an attention node (or one of its backward pass) that `fusing` (the target, when attentions
+/// may be fused) does not run fused, as explicit ops; `None` for any other node.
+fn write_out(
+    b: &mut Builder,
+    written: &mut crate::attention_grad::WrittenAttentions,
+    node: &Node,
+    inputs: &[NodeId],
+    fusing: Option<&crate::target::Target>,
+) -> Option<NodeId> {
+    let head = |x: NodeId, b: &Builder| b.shape(x).dims().last().and_then(|e| e.as_const());
+    let out = match node.op {
+        Op::Attention { scale, causal } => {
+            let (d, dv) = (head(inputs[0], b)?, head(inputs[2], b)?);
+            if fusing.is_some_and(|t| crate::attention::fits(t, node.dtype, d, dv)) {
+                return None;
+            }
+            written.attention(b, inputs[0], inputs[1], inputs[2], scale, causal)
+        }
+        Op::AttentionLse { scale, causal } => written.lse(b, inputs[0], inputs[1], scale, causal),
+        Op::AttentionGrad { scale, causal, part } => written.grad(b, inputs, scale, causal, part),
+        _ => return None,
+    };
+    // What a saved graph recorded for the node is what its written-out form must give.
+    let got = b.graph.node(out);
+    (got.dtype == node.dtype && got.shape == node.shape).then_some(out)
 }
 
 /// The dtype a composite of dtype `d` computes in: PyTorch's "opmath" type, so rounding to half precision

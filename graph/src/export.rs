@@ -73,7 +73,10 @@ pub fn op_attrs(op: &Op) -> String {
         Op::Pool { mode, kernel, window } => format!("{mode:?}, kernel={kernel:?}, {}", window_attrs(window)),
         Op::Unfold { kernel, window, value } => format!("kernel={kernel:?}, {}, value={value}", window_attrs(window)),
         Op::Rand { stream } => format!("stream={stream}"),
-        Op::Attention { scale, causal } => format!("scale={scale}, causal={causal}"),
+        Op::Attention { scale, causal } | Op::AttentionLse { scale, causal } => {
+            format!("scale={scale}, causal={causal}")
+        }
+        Op::AttentionGrad { scale, causal, part } => format!("scale={scale}, causal={causal}, part={part:?}"),
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Where

@@ -324,7 +324,7 @@ mod tests {
             Ok(vec![y.permute(&[1, 0, 2, 3])?])
         })
         .unwrap();
-        let d = crate::decompose::decompose_for(&g, None, true).unwrap().graph;
+        let d = crate::decompose::decompose_for(&g, crate::decompose::Attentions::AsTheyAre, true).unwrap().graph;
         let out = d.outputs[0];
         let s = identity_source(&d, out).expect("the permuted result reads the product as it lies");
         assert!(matches!(d.node(s).op, Op::MatMul), "{:?}", d.node(s).op);

@@ -253,6 +253,28 @@ fn eval_node(
             let sizes = [batch, qd[r - 2], kd[r - 2], qd[r - 1], dims[r - 1]];
             crate::attention::reference(args[0].values(), args[1].values(), args[2].values(), sizes, *scale, *causal)
         }
+        Op::AttentionLse { scale, causal } => {
+            let (qd, kd) = (args[0].dims(), args[1].dims());
+            let r = qd.len();
+            let batch: usize = qd[..r - 2].iter().product();
+            let sizes = [batch, qd[r - 2], kd[r - 2], qd[r - 1]];
+            crate::attention_grad::lse_reference(args[0].values(), args[1].values(), sizes, *scale, *causal)
+        }
+        Op::AttentionGrad { scale, causal, part } => {
+            let (qd, kd, vd) = (args[0].dims(), args[1].dims(), args[2].dims());
+            let r = qd.len();
+            let batch: usize = qd[..r - 2].iter().product();
+            let sizes = [batch, qd[r - 2], kd[r - 2], qd[r - 1], vd[r - 1]];
+            let x = crate::attention_grad::GradOperands {
+                q: args[0].values(),
+                k: args[1].values(),
+                v: args[2].values(),
+                dout: args[3].values(),
+                lse: args[4].values(),
+                delta: args[5].values(),
+            };
+            crate::attention_grad::grad_reference(&x, sizes, *scale, *causal, *part)
+        }
         Op::Softmax { axis } => lanes(args[0], *axis, |lane| {
             let m = lane.iter().cloned().fold(f64::NEG_INFINITY, nan_max);
             let e: Vec<f64> = lane.iter().map(|x| (x - m).exp()).collect();

@@ -305,6 +305,18 @@ pub enum GeluApprox {
     Tanh,
 }
 
+/// Which operand of an attention an [`Op::AttentionGrad`] differentiates by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionPart {
+    /// `q`.
+    Queries,
+    /// `k`.
+    Keys,
+    /// `v`.
+    Values,
+}
+
 /// The op family, for docs, explain and (next) fusion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -455,6 +467,30 @@ pub enum Op {
         /// Whether key `j` is masked out of query `i`'s row when `j > i`.
         causal: bool,
     },
+    /// The log-sum-exp of each query's row of [`Op::Attention`]'s scaled, masked scores,
+    /// `log sum_j exp(q_i · k_j * scale)` over the keys the row sees (`-inf` for a row with none); inputs
+    /// `[q, k]`, output `[.., tq]` in f32. What the attention's backward pass rebuilds the probabilities
+    /// from, so the training step stores one number per query instead of a `tq × tk` matrix.
+    AttentionLse {
+        /// Multiplies the scores.
+        #[serde(with = "crate::numbers")]
+        scale: f64,
+        /// Whether key `j` is masked out of query `i`'s row when `j > i`.
+        causal: bool,
+    },
+    /// The gradient of [`Op::Attention`]'s output with respect to one of its operands; inputs
+    /// `[q, k, v, dout, lse, delta]` (`lse` from [`Op::AttentionLse`], `delta = sum(dout * out, -1)` in
+    /// f32, both `[.., tq]`), output shaped like that operand. Flash-attention's backward: the
+    /// probabilities are rebuilt from `lse`, never read from memory.
+    AttentionGrad {
+        /// Multiplies the scores.
+        #[serde(with = "crate::numbers")]
+        scale: f64,
+        /// Whether key `j` is masked out of query `i`'s row when `j > i`.
+        causal: bool,
+        /// Which operand's gradient.
+        part: AttentionPart,
+    },
     /// Softmax along `axis`.
     Softmax {
         /// The axis.
@@ -565,6 +601,10 @@ impl Op {
             Op::Unfold { .. } => "unfold",
             Op::MatMul => "matmul",
             Op::Attention { .. } => "attention",
+            Op::AttentionLse { .. } => "attention_lse",
+            Op::AttentionGrad { part: AttentionPart::Queries, .. } => "attention_grad_q",
+            Op::AttentionGrad { part: AttentionPart::Keys, .. } => "attention_grad_k",
+            Op::AttentionGrad { part: AttentionPart::Values, .. } => "attention_grad_v",
             Op::Softmax { .. } => "softmax",
             Op::LogSoftmax { .. } => "log_softmax",
             Op::LayerNorm { .. } => "layer_norm",
@@ -595,7 +635,7 @@ impl Op {
             | Op::IndexSelect { .. }
             | Op::Gather { .. }
             | Op::Unfold { .. } => OpFamily::Layout,
-            Op::MatMul | Op::Attention { .. } => OpFamily::Matmul,
+            Op::MatMul | Op::Attention { .. } | Op::AttentionLse { .. } | Op::AttentionGrad { .. } => OpFamily::Matmul,
             Op::Softmax { .. }
             | Op::LogSoftmax { .. }
             | Op::LayerNorm { .. }

@@ -4,6 +4,7 @@
 //! Start reading at [`compile`]: it is the pipeline as one short function.
 
 pub mod attention;
+pub mod attention_grad;
 pub mod autodiff;
 pub mod backend;
 mod binding;

@@ -699,7 +699,7 @@ impl<'a> Lowerer<'a> {
                 }
             },
             // The accumulator is bound at the output point; reading it anywhere else cannot be fused.
-            Op::MatMul | Op::Attention { .. } => {
+            Op::MatMul | Op::Attention { .. } | Op::AttentionLse { .. } | Op::AttentionGrad { .. } => {
                 let culprit = self.evaluating.iter().rev().find(|&&m| m != n).copied().unwrap_or(n);
                 return Err(LowerFailure::Refuse(culprit));
             }

@@ -2,7 +2,7 @@
 //! and compares it with the committed file.
 
 use crate::conv::Window;
-use crate::ir::{ArgReduceOp, BinaryOp, GeluApprox, Op, OpFamily, PoolKind, ReduceOp, UnaryOp};
+use crate::ir::{ArgReduceOp, AttentionPart, BinaryOp, GeluApprox, Op, OpFamily, PoolKind, ReduceOp, UnaryOp};
 use crate::sym::Expr;
 
 /// One representative of every op kind, in the order the reference lists them.
@@ -27,6 +27,10 @@ pub fn catalog() -> Vec<Op> {
         Op::Unfold { kernel: vec![], window: Window::default(), value: 0.0 },
         Op::MatMul,
         Op::Attention { scale: 1.0, causal: false },
+        Op::AttentionLse { scale: 1.0, causal: false },
+        Op::AttentionGrad { scale: 1.0, causal: false, part: AttentionPart::Queries },
+        Op::AttentionGrad { scale: 1.0, causal: false, part: AttentionPart::Keys },
+        Op::AttentionGrad { scale: 1.0, causal: false, part: AttentionPart::Values },
         Op::Softmax { axis: 0 },
         Op::LogSoftmax { axis: 0 },
         Op::LayerNorm { dims: 1, eps: 0.0, affine: false },
@@ -130,6 +134,18 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
         Op::Attention { .. } => (
             "(recognised in `q.matmul(k.transpose) * s → causal_mask → softmax → matmul(v)`)",
             "`softmax(q @ kᵀ * scale, -1) @ v`, causal or not, as one flash-attention kernel where the target has matrix units (f16/bf16, head dims multiples of 16 up to 128)",
+        ),
+        Op::AttentionLse { .. } => (
+            "(the gradient of an attention)",
+            "each query's log-sum-exp of the attention's scaled, masked scores, f32: what the backward pass rebuilds the probabilities from",
+        ),
+        Op::AttentionGrad { part, .. } => (
+            "(the gradient of an attention)",
+            match part {
+                AttentionPart::Queries => "the attention's gradient by `q`, probabilities rebuilt from the log-sum-exp",
+                AttentionPart::Keys => "the attention's gradient by `k`, probabilities rebuilt from the log-sum-exp",
+                AttentionPart::Values => "the attention's gradient by `v`, probabilities rebuilt from the log-sum-exp",
+            },
         ),
         Op::Softmax { .. } => ("softmax", "composite: `exp(x - max) / sum(exp(x - max))` along an axis"),
         Op::LogSoftmax { .. } => ("log_softmax", "composite: `x - logsumexp(x)` along an axis"),

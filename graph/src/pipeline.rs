@@ -94,7 +94,8 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     // The eager baseline runs each op as the user wrote it, attention included.
     // Reductions split for the device in both modes: an eager sum is one user op however many passes
     // it takes, as PyTorch's eager kernels are.
-    let decomposed = crate::decompose::decompose_for(graph, (mode == FusionMode::Fused).then_some(target), true)?;
+    let attentions = crate::decompose::Attentions::For { target, fuse: mode == FusionMode::Fused };
+    let decomposed = crate::decompose::decompose_for(graph, attentions, true)?;
     // Tracing records every op the user ran; only what an output needs is compiled.
     let (mut live, kept) = decomposed.graph.without_dead_nodes();
     let mut origin: Vec<NodeId> = kept.iter().map(|k| decomposed.origin[k.index()]).collect();

@@ -99,8 +99,10 @@ fn replay(op: &Op, xs: &[Tensor], old_in: &[Vec<usize>], target: &[usize], node:
         Op::Concat { axis } => Tensor::concat(&xs.iter().collect::<Vec<_>>(), *axis as isize)?,
         Op::Pad { pads, value } => x.pad(pads, *value)?,
         Op::MatMul => x.matmul(&xs[1])?,
-        // Only decomposition writes it; a traced graph holds the written-out form.
-        Op::Attention { .. } => return Err(unsupported("a fused attention node", &node.loc)),
+        // Decomposition and gradients write these; a graph holding one is minimized at its own sizes.
+        Op::Attention { .. } | Op::AttentionLse { .. } | Op::AttentionGrad { .. } => {
+            return Err(unsupported("a fused attention node", &node.loc))
+        }
         Op::Softmax { axis } => x.softmax(*axis as isize)?,
         Op::LogSoftmax { axis } => x.log_softmax(*axis as isize)?,
         Op::LayerNorm { dims, eps, affine } => {

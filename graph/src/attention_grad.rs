@@ -1,0 +1,282 @@
+//! The attention in a training step: its gradient rule, what the backward ops compute, and their
+//! written-out form for targets that do not fuse them.
+//!
+//! Written out, a training step keeps the `tq × tk` probabilities of every attention for its backward
+//! pass and runs the softmax's gradient over them: at GPT-2 sizes that is hundreds of megabytes a layer.
+//! Flash attention's backward keeps one number per query instead, the log-sum-exp of its scores
+//! ([`Op::AttentionLse`]), and rebuilds the probabilities tile by tile where they are needed
+//! ([`Op::AttentionGrad`]). The gradient rule is written once, here, in those ops; `decompose` either
+//! keeps them (the target fuses them) or writes them out ([`WrittenAttentions`]), sharing the forward's
+//! own scores and probabilities, so an unfused step does no more work than before.
+
+use std::collections::HashMap;
+
+use crate::autodiff::{matmul, transpose};
+use crate::decompose::Builder;
+use crate::ir::{AttentionPart, NodeId, Op, ReduceOp, UnaryOp};
+use crate::shape::Shape;
+use crate::DType;
+
+/// The vector-Jacobian products of `out = attention(q, k, v)` for output gradient `g`: one
+/// [`Op::AttentionGrad`] per operand, fed by the rows' log-sum-exp and `delta = sum(g * out, -1)`.
+pub(crate) fn vjp(b: &mut Builder, out: NodeId, g: NodeId) -> Vec<(usize, NodeId)> {
+    let node = b.graph.node(out).clone();
+    let Op::Attention { scale, causal } = node.op else { return vec![] };
+    let [q, k, v] = [node.inputs[0], node.inputs[1], node.inputs[2]];
+    let rows = |b: &Builder| {
+        let d = b.shape(q);
+        Shape(d.dims()[..d.rank() - 1].to_vec())
+    };
+    let lse = b.push(Op::AttentionLse { scale, causal }, &[q, k], DType::F32, rows(b));
+    let delta = row_dot(b, g, out);
+    let inputs = [q, k, v, g, lse, delta];
+    [AttentionPart::Queries, AttentionPart::Keys, AttentionPart::Values]
+        .into_iter()
+        .enumerate()
+        .map(|(i, part)| {
+            let x = inputs[i];
+            (i, b.push(Op::AttentionGrad { scale, causal, part }, &inputs, b.dtype(x), b.shape(x)))
+        })
+        .collect()
+}
+
+/// `sum(a * c, -1)` in f32: each query's `delta`.
+fn row_dot(b: &mut Builder, a: NodeId, c: NodeId) -> NodeId {
+    let (a, c) = (b.cast(a, DType::F32), b.cast(c, DType::F32));
+    let p = b.mul(a, c);
+    let r = b.shape(p).rank();
+    b.reduce(ReduceOp::Sum, p, &[r - 1], false)
+}
+
+/// One attention's operands and attributes, the key its written-out values are shared under.
+type Key = (NodeId, NodeId, u64, bool);
+
+/// The written-out scores and probabilities of each attention `decompose` has written out, so its
+/// log-sum-exp and gradients read the forward's own values instead of computing them again.
+#[derive(Default)]
+pub(crate) struct WrittenAttentions {
+    /// `(q, k, scale, causal)` → the scaled, masked scores.
+    scores: HashMap<Key, NodeId>,
+    /// `(q, k, scale, causal)` → the probabilities, in the operands' dtype.
+    probs: HashMap<Key, NodeId>,
+    /// `(q, k, scale, causal)`, `v`, the output gradient, `lse`, `delta` → the scores' gradient, scaled.
+    score_grads: HashMap<(Key, [NodeId; 4]), NodeId>,
+}
+
+impl WrittenAttentions {
+    /// `softmax(q @ kᵀ * scale [causal]) @ v` as explicit ops, as a model writes it.
+    pub(crate) fn attention(
+        &mut self,
+        b: &mut Builder,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        scale: f64,
+        causal: bool,
+    ) -> NodeId {
+        let p = self.probs(b, q, k, scale, causal, None);
+        matmul(b, p, v)
+    }
+
+    /// [`Op::AttentionLse`] as explicit ops: max, then the log of the shifted sum.
+    pub(crate) fn lse(&mut self, b: &mut Builder, q: NodeId, k: NodeId, scale: f64, causal: bool) -> NodeId {
+        let s = self.scores(b, q, k, scale, causal);
+        let s = b.cast(s, DType::F32);
+        let r = b.shape(s).rank();
+        let m = b.reduce(ReduceOp::Max, s, &[r - 1], true);
+        let mb = b.broadcast(m, &b.shape(s));
+        let shifted = b.sub(s, mb);
+        let e = b.unary(UnaryOp::Exp, shifted);
+        let sum = b.reduce(ReduceOp::Sum, e, &[r - 1], true);
+        let log = b.unary(UnaryOp::Log, sum);
+        let lse = b.add(log, m);
+        let rows = Shape(b.shape(lse).dims()[..r - 1].to_vec());
+        b.reshape(lse, rows)
+    }
+
+    /// [`Op::AttentionGrad`] as explicit ops (`inputs` as the op takes them).
+    pub(crate) fn grad(
+        &mut self,
+        b: &mut Builder,
+        inputs: &[NodeId],
+        scale: f64,
+        causal: bool,
+        part: AttentionPart,
+    ) -> NodeId {
+        let [q, k, v, g, lse, delta] = [0, 1, 2, 3, 4, 5].map(|i| inputs[i]);
+        let p = self.probs(b, q, k, scale, causal, Some(lse));
+        if part == AttentionPart::Values {
+            let pt = transpose(b, p);
+            return matmul(b, pt, g);
+        }
+        let key = ((q, k, scale.to_bits(), causal), [v, g, lse, delta]);
+        let ds = match self.score_grads.get(&key) {
+            Some(&ds) => ds,
+            None => {
+                let dtype = b.dtype(q);
+                let vt = transpose(b, v);
+                let dp = matmul(b, g, vt);
+                let shape = b.shape(dp);
+                let dp = b.cast(dp, DType::F32);
+                let r = shape.rank();
+                let mut kept = shape.dims().to_vec();
+                kept[r - 1] = 1usize.into();
+                let d = b.reshape(delta, Shape(kept));
+                let d = b.broadcast(d, &shape);
+                let centred = b.sub(dp, d);
+                let pf = b.cast(p, DType::F32);
+                let ds = b.mul(pf, centred);
+                let ds = b.scale(ds, scale);
+                let ds = b.cast(ds, dtype);
+                self.score_grads.insert(key, ds);
+                ds
+            }
+        };
+        match part {
+            AttentionPart::Queries => matmul(b, ds, k),
+            _ => {
+                let dst = transpose(b, ds);
+                matmul(b, dst, q)
+            }
+        }
+    }
+
+    /// `q @ kᵀ * scale`, masked when `causal`, in the operands' dtype (the written-out form's).
+    fn scores(&mut self, b: &mut Builder, q: NodeId, k: NodeId, scale: f64, causal: bool) -> NodeId {
+        let key = (q, k, scale.to_bits(), causal);
+        if let Some(&s) = self.scores.get(&key) {
+            return s;
+        }
+        let kt = transpose(b, k);
+        let s = matmul(b, q, kt);
+        let s = b.scale(s, scale);
+        let s = if causal { b.causal_mask(s) } else { s };
+        self.scores.insert(key, s);
+        s
+    }
+
+    /// The probabilities in the operands' dtype: the forward's softmax, or (for a gradient whose forward
+    /// was not written out) `exp(scores - lse)`.
+    fn probs(
+        &mut self,
+        b: &mut Builder,
+        q: NodeId,
+        k: NodeId,
+        scale: f64,
+        causal: bool,
+        lse: Option<NodeId>,
+    ) -> NodeId {
+        let key = (q, k, scale.to_bits(), causal);
+        if let Some(&p) = self.probs.get(&key) {
+            return p;
+        }
+        let dtype = b.dtype(q);
+        let s = self.scores(b, q, k, scale, causal);
+        let sf = b.cast(s, DType::F32);
+        let r = b.shape(sf).rank();
+        let p = match lse {
+            None => b.softmax(sf, r - 1, false, dtype),
+            Some(lse) => {
+                let shape = b.shape(sf);
+                let mut kept = shape.dims().to_vec();
+                kept[r - 1] = 1usize.into();
+                let l = b.reshape(lse, Shape(kept));
+                let l = b.broadcast(l, &shape);
+                let shifted = b.sub(sf, l);
+                b.unary(UnaryOp::Exp, shifted)
+            }
+        };
+        let p = b.cast(p, dtype);
+        self.probs.insert(key, p);
+        p
+    }
+}
+
+/// Row `i` of batch entry `e`'s probabilities, rebuilt from its log-sum-exp (zeros past the row's last
+/// key): `p_ij = exp(q_i · k_j * scale - lse_i)`.
+fn probs_row(q: &[f64], k: &[f64], lse: f64, keys: usize, d: usize, scale: f64, tk: usize) -> Vec<f64> {
+    let mut p = vec![0.0; tk];
+    for (j, pj) in p.iter_mut().enumerate().take(keys) {
+        let kj = &k[j * d..][..d];
+        *pj = (q.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>() * scale - lse).exp();
+    }
+    p
+}
+
+/// What [`Op::AttentionLse`] computes, in f64: `q` `[batch, tq, d]`, `k` `[batch, tk, d]`, row-major.
+pub fn lse_reference(q: &[f64], k: &[f64], [batch, tq, tk, d]: [usize; 4], scale: f64, causal: bool) -> Vec<f64> {
+    let mut out = Vec::with_capacity(batch * tq);
+    for b in 0..batch {
+        for i in 0..tq {
+            let keys = if causal { tk.min(i + 1) } else { tk };
+            let qi = &q[(b * tq + i) * d..][..d];
+            let s: Vec<f64> = (0..keys)
+                .map(|j| qi.iter().zip(&k[(b * tk + j) * d..][..d]).map(|(x, y)| x * y).sum::<f64>() * scale)
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            out.push(if keys == 0 { f64::NEG_INFINITY } else { m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln() });
+        }
+    }
+    out
+}
+
+/// The operands of [`grad_reference`], each row-major with the batch flattened.
+pub struct GradOperands<'a> {
+    /// `[batch, tq, d]`.
+    pub q: &'a [f64],
+    /// `[batch, tk, d]`.
+    pub k: &'a [f64],
+    /// `[batch, tk, dv]`.
+    pub v: &'a [f64],
+    /// The output's gradient, `[batch, tq, dv]`.
+    pub dout: &'a [f64],
+    /// `[batch, tq]`.
+    pub lse: &'a [f64],
+    /// `[batch, tq]`.
+    pub delta: &'a [f64],
+}
+
+/// What [`Op::AttentionGrad`] computes, in f64, for sizes `[batch, tq, tk, d, dv]`.
+pub fn grad_reference(
+    x: &GradOperands<'_>,
+    [batch, tq, tk, d, dv]: [usize; 5],
+    scale: f64,
+    causal: bool,
+    part: AttentionPart,
+) -> Vec<f64> {
+    let width = match part {
+        AttentionPart::Queries => tq * d,
+        AttentionPart::Keys => tk * d,
+        AttentionPart::Values => tk * dv,
+    };
+    let mut out = vec![0.0; batch * width];
+    for b in 0..batch {
+        let (q, k) = (&x.q[b * tq * d..][..tq * d], &x.k[b * tk * d..][..tk * d]);
+        let v = &x.v[b * tk * dv..][..tk * dv];
+        let o = &mut out[b * width..][..width];
+        for i in 0..tq {
+            let keys = if causal { tk.min(i + 1) } else { tk };
+            let row = b * tq + i;
+            let p = probs_row(&q[i * d..][..d], k, x.lse[row], keys, d, scale, tk);
+            let gi = &x.dout[row * dv..][..dv];
+            for j in 0..keys {
+                if part == AttentionPart::Values {
+                    for (c, g) in gi.iter().enumerate() {
+                        o[j * dv + c] += p[j] * g;
+                    }
+                    continue;
+                }
+                let dp: f64 = gi.iter().zip(&v[j * dv..][..dv]).map(|(a, c)| a * c).sum();
+                let ds = p[j] * (dp - x.delta[row]) * scale;
+                let (dst, src) = match part {
+                    AttentionPart::Queries => (i, &k[j * d..][..d]),
+                    _ => (j, &q[i * d..][..d]),
+                };
+                for (c, s) in src.iter().enumerate() {
+                    o[dst * d + c] += ds * s;
+                }
+            }
+        }
+    }
+    out
+}

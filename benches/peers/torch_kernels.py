@@ -5,12 +5,10 @@ Why: kiln's per-kernel profile says where kiln's time goes; this says where torc
 workload, inputs and modes (`torch_compile.py` builds both), so the two can be compared kernel by kernel
 under Nsight Compute:
 
-  ncu --clock-control none --nvtx --nvtx-include 'kiln-profile]' --metrics gpu__time_duration.sum --csv \
+  ncu --clock-control none --nvtx --nvtx-include 'kiln-profile/' --metrics gpu__time_duration.sum --csv \
       python3 benches/peers/torch_kernels.py W6 default
 
 The call inside the range comes after the peer's own warm-up, so compilation and autotuning stay outside.
-The range is a start/end range (`]` in the filter), not push/pop: those are per thread, and a train step's
-backward kernels are launched from autograd's own thread.
 """
 import os
 import sys
@@ -30,10 +28,10 @@ def main():
     with torch.no_grad():
         fn, args = peer.make_fn(mode, wid, t)
         peer.warm_up(dev, fn, args)
-        rid = torch.cuda.nvtx.range_start("kiln-profile")
+        torch.cuda.nvtx.range_push("kiln-profile")
         fn(*args)
+        torch.cuda.nvtx.range_pop()
         dev.sync()
-        torch.cuda.nvtx.range_end(rid)
     print(f"{wid} {mode}: one call profiled", file=sys.stderr)
 
 

@@ -181,6 +181,11 @@ pub fn stored_permutes(g: &Graph) -> impl Iterator<Item = NodeId> + '_ {
         .filter_map(move |i| stored_as(g, NodeId(i as u32), &readers))
 }
 
+/// One query's scores against the first `keys` keys (rows of `d` in `k`), in f64: `q · k_j * scale`.
+pub(crate) fn scores_row(q: &[f64], k: &[f64], keys: usize, d: usize, scale: f64) -> Vec<f64> {
+    (0..keys).map(|j| q.iter().zip(&k[j * d..][..d]).map(|(x, y)| x * y).sum::<f64>() * scale).collect()
+}
+
 /// What [`Op::Attention`] computes, in f64 (the reference): `q` `[batch, tq, d]`, `k` `[batch, tk, d]`,
 /// `v` `[batch, tk, dv]`, row-major, batch flattened. A row with no key (`tk = 0`) is zeros, as the
 /// written-out form's empty product gives.
@@ -197,11 +202,8 @@ pub fn reference(
     for b in 0..batch {
         for i in 0..tq {
             let keys = if causal { tk.min(i + 1) } else { tk };
-            let qi = &q[(b * tq + i) * d..][..d];
-            for (j, sj) in s.iter_mut().enumerate().take(keys) {
-                let kj = &k[(b * tk + j) * d..][..d];
-                *sj = qi.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>() * scale;
-            }
+            let row = scores_row(&q[(b * tq + i) * d..][..d], &k[b * tk * d..], keys, d, scale);
+            s[..keys].copy_from_slice(&row);
             let m = s[..keys].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let mut total = 0.0;
             for sj in &mut s[..keys] {

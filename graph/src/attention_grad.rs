@@ -23,11 +23,7 @@ pub(crate) fn vjp(b: &mut Builder, out: NodeId, g: NodeId) -> Vec<(usize, NodeId
     let node = b.graph.node(out).clone();
     let Op::Attention { scale, causal } = node.op else { return vec![] };
     let [q, k, v] = [node.inputs[0], node.inputs[1], node.inputs[2]];
-    let rows = |b: &Builder| {
-        let d = b.shape(q);
-        Shape(d.dims()[..d.rank() - 1].to_vec())
-    };
-    let lse = b.push(Op::AttentionLse { scale, causal }, &[q, k], DType::F32, rows(b));
+    let lse = b.push(Op::AttentionLse { scale, causal }, &[q, k], DType::F32, without_last(&b.shape(q)));
     let delta = row_dot(b, g, out);
     let inputs = [q, k, v, g, lse, delta];
     [AttentionPart::Queries, AttentionPart::Keys, AttentionPart::Values]
@@ -46,6 +42,19 @@ fn row_dot(b: &mut Builder, a: NodeId, c: NodeId) -> NodeId {
     let p = b.mul(a, c);
     let r = b.shape(p).rank();
     b.reduce(ReduceOp::Sum, p, &[r - 1], false)
+}
+
+/// `shape` without its last axis: one value per row.
+fn without_last(shape: &Shape) -> Shape {
+    Shape(shape.dims()[..shape.rank() - 1].to_vec())
+}
+
+/// A per-row value (`[.., tq]`) broadcast along the rows of `shape` (`[.., tq, tk]`).
+fn along_rows(b: &mut Builder, x: NodeId, shape: &Shape) -> NodeId {
+    let mut kept = shape.dims().to_vec();
+    kept[shape.rank() - 1] = 1usize.into();
+    let x = b.reshape(x, Shape(kept));
+    b.broadcast(x, shape)
 }
 
 /// One attention's operands and attributes, the key its written-out values are shared under.
@@ -90,7 +99,7 @@ impl WrittenAttentions {
         let sum = b.reduce(ReduceOp::Sum, e, &[r - 1], true);
         let log = b.unary(UnaryOp::Log, sum);
         let lse = b.add(log, m);
-        let rows = Shape(b.shape(lse).dims()[..r - 1].to_vec());
+        let rows = without_last(&b.shape(lse));
         b.reshape(lse, rows)
     }
 
@@ -118,11 +127,7 @@ impl WrittenAttentions {
                 let dp = matmul(b, g, vt);
                 let shape = b.shape(dp);
                 let dp = b.cast(dp, DType::F32);
-                let r = shape.rank();
-                let mut kept = shape.dims().to_vec();
-                kept[r - 1] = 1usize.into();
-                let d = b.reshape(delta, Shape(kept));
-                let d = b.broadcast(d, &shape);
+                let d = along_rows(b, delta, &shape);
                 let centred = b.sub(dp, d);
                 let pf = b.cast(p, DType::F32);
                 let ds = b.mul(pf, centred);
@@ -178,10 +183,7 @@ impl WrittenAttentions {
             None => b.softmax(sf, r - 1, false, dtype),
             Some(lse) => {
                 let shape = b.shape(sf);
-                let mut kept = shape.dims().to_vec();
-                kept[r - 1] = 1usize.into();
-                let l = b.reshape(lse, Shape(kept));
-                let l = b.broadcast(l, &shape);
+                let l = along_rows(b, lse, &shape);
                 let shifted = b.sub(sf, l);
                 b.unary(UnaryOp::Exp, shifted)
             }
@@ -192,14 +194,14 @@ impl WrittenAttentions {
     }
 }
 
-/// Row `i` of batch entry `e`'s probabilities, rebuilt from its log-sum-exp (zeros past the row's last
-/// key): `p_ij = exp(q_i · k_j * scale - lse_i)`.
+/// A query's probabilities, rebuilt from its log-sum-exp (zeros past the row's last key):
+/// `p_ij = exp(q_i · k_j * scale - lse_i)`.
 fn probs_row(q: &[f64], k: &[f64], lse: f64, keys: usize, d: usize, scale: f64, tk: usize) -> Vec<f64> {
-    let mut p = vec![0.0; tk];
-    for (j, pj) in p.iter_mut().enumerate().take(keys) {
-        let kj = &k[j * d..][..d];
-        *pj = (q.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>() * scale - lse).exp();
+    let mut p = crate::attention::scores_row(q, k, keys, d, scale);
+    for x in &mut p {
+        *x = (*x - lse).exp();
     }
+    p.resize(tk, 0.0);
     p
 }
 
@@ -209,10 +211,7 @@ pub fn lse_reference(q: &[f64], k: &[f64], [batch, tq, tk, d]: [usize; 4], scale
     for b in 0..batch {
         for i in 0..tq {
             let keys = if causal { tk.min(i + 1) } else { tk };
-            let qi = &q[(b * tq + i) * d..][..d];
-            let s: Vec<f64> = (0..keys)
-                .map(|j| qi.iter().zip(&k[(b * tk + j) * d..][..d]).map(|(x, y)| x * y).sum::<f64>() * scale)
-                .collect();
+            let s = crate::attention::scores_row(&q[(b * tq + i) * d..][..d], &k[b * tk * d..], keys, d, scale);
             let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             out.push(if keys == 0 { f64::NEG_INFINITY } else { m + s.iter().map(|x| (x - m).exp()).sum::<f64>().ln() });
         }

@@ -101,7 +101,9 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
         let new = if let Some(a) = fused {
             let qkv = [a.q, a.k, a.v].iter().map(|&n| lookup(&map, n, &node.loc)).collect::<Result<Vec<_>>>()?;
             b.push(Op::Attention { scale: a.scale, causal: a.causal }, &qkv, node.dtype, node.shape.clone())
-        } else if let Some(out) = writes_out.then(|| write_out(&mut b, &mut written, node, &inputs, fusing)).flatten() {
+        } else if let Some(out) =
+            if writes_out { write_out(&mut b, &mut written, node, &inputs, fusing)? } else { None }
+        {
             out
         } else if let Some(split) = match (&node.op, inputs.first()) {
             // A saved graph may record a reduction's dtype or shape other than the one its op yields:
@@ -158,30 +160,41 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
 }
 
 /// `node`, an attention node (or one of its backward pass) that `fusing` (the target, when attentions
-/// may be fused) does not run fused, as explicit ops; `None` for any other node.
+/// may be fused) does not run fused, as explicit ops; `None` for any other node, or one it runs fused.
+/// Head dims that are not constants are never fused. An error when the written-out form disagrees with
+/// the dtype or shape the graph recorded for the node (a malformed saved graph).
 fn write_out(
     b: &mut Builder,
     written: &mut crate::attention_grad::WrittenAttentions,
     node: &Node,
     inputs: &[NodeId],
     fusing: Option<&crate::target::Target>,
-) -> Option<NodeId> {
+) -> Result<Option<NodeId>> {
     let head = |x: NodeId, b: &Builder| b.shape(x).dims().last().and_then(|e| e.as_const());
+    let fused = |d: Option<i64>, dv: Option<i64>| match (fusing, d, dv) {
+        (Some(t), Some(d), Some(dv)) => crate::attention::fits(t, node.dtype, d, dv),
+        _ => false,
+    };
     let out = match node.op {
         Op::Attention { scale, causal } => {
-            let (d, dv) = (head(inputs[0], b)?, head(inputs[2], b)?);
-            if fusing.is_some_and(|t| crate::attention::fits(t, node.dtype, d, dv)) {
-                return None;
+            if fused(head(inputs[0], b), head(inputs[2], b)) {
+                return Ok(None);
             }
             written.attention(b, inputs[0], inputs[1], inputs[2], scale, causal)
         }
         Op::AttentionLse { scale, causal } => written.lse(b, inputs[0], inputs[1], scale, causal),
         Op::AttentionGrad { scale, causal, part } => written.grad(b, inputs, scale, causal, part),
-        _ => return None,
+        _ => return Ok(None),
     };
-    // What a saved graph recorded for the node is what its written-out form must give.
     let got = b.graph.node(out);
-    (got.dtype == node.dtype && got.shape == node.shape).then_some(out)
+    if got.dtype != node.dtype || got.shape != node.shape {
+        return Err(Error::Shape {
+            op: node.op.name().into(),
+            msg: format!("written out as {} {}, the node records {} {}", got.dtype, got.shape, node.dtype, node.shape),
+            loc: node.loc.clone(),
+        });
+    }
+    Ok(Some(out))
 }
 
 /// The dtype a composite of dtype `d` computes in: PyTorch's "opmath" type, so rounding to half precision

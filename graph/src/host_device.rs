@@ -84,7 +84,14 @@ impl Driver for KernelInterpreter {
         // A binding is a window of its allocation: from its offset (an assembled concatenation's part
         // starts inside a shared buffer) to the allocation's end.
         for (b, bound) in kernel.buffers.iter().zip(launch.buffers) {
-            let bytes = lock(bytes_of(bound.raw))[bound.offset as usize..].to_vec();
+            let bytes =
+                lock(bytes_of(bound.raw)).get(bound.offset as usize..).map(<[u8]>::to_vec).ok_or_else(|| {
+                    Error::Runtime {
+                        op: kernel.name.clone(),
+                        msg: format!("a binding at byte {} past its allocation's end", bound.offset),
+                        loc: crate::loc::SourceLoc::internal(),
+                    }
+                })?;
             let n = bytes.len() / b.dtype.size_bytes();
             arrays
                 .push(TensorData::from_le_bytes(&bytes[..n * b.dtype.size_bytes()], &[n], b.dtype)?.values().to_vec());

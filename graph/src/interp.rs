@@ -247,24 +247,21 @@ fn eval_node(
         }
         Op::MatMul => matmul(args[0], args[1], &dims, false),
         Op::Attention { scale, causal } => {
-            let (qd, kd) = (args[0].dims(), args[1].dims());
-            let r = qd.len();
-            let batch: usize = qd[..r - 2].iter().product();
-            let sizes = [batch, qd[r - 2], kd[r - 2], qd[r - 1], dims[r - 1]];
+            let sizes = attention_sizes(args[0], args[1], args[2]);
             crate::attention::reference(args[0].values(), args[1].values(), args[2].values(), sizes, *scale, *causal)
         }
         Op::AttentionLse { scale, causal } => {
-            let (qd, kd) = (args[0].dims(), args[1].dims());
-            let r = qd.len();
-            let batch: usize = qd[..r - 2].iter().product();
-            let sizes = [batch, qd[r - 2], kd[r - 2], qd[r - 1]];
-            crate::attention_grad::lse_reference(args[0].values(), args[1].values(), sizes, *scale, *causal)
+            let [batch, tq, tk, d, _] = attention_sizes(args[0], args[1], args[1]);
+            crate::attention_grad::lse_reference(
+                args[0].values(),
+                args[1].values(),
+                [batch, tq, tk, d],
+                *scale,
+                *causal,
+            )
         }
         Op::AttentionGrad { scale, causal, part } => {
-            let (qd, kd, vd) = (args[0].dims(), args[1].dims(), args[2].dims());
-            let r = qd.len();
-            let batch: usize = qd[..r - 2].iter().product();
-            let sizes = [batch, qd[r - 2], kd[r - 2], qd[r - 1], vd[r - 1]];
+            let sizes = attention_sizes(args[0], args[1], args[2]);
             let x = crate::attention_grad::GradOperands {
                 q: args[0].values(),
                 k: args[1].values(),
@@ -605,4 +602,12 @@ pub fn reduce_dtype(op: ReduceOp, input: DType) -> DType {
         (ReduceOp::Sum, d) if !d.is_float() => DType::I64,
         (_, d) => d,
     }
+}
+
+/// `[batch, tq, tk, d, dv]` of an attention over `q` `[.., tq, d]`, `k` `[.., tk, d]` and `v` `[.., tk, dv]`
+/// (batch dims flattened).
+fn attention_sizes(q: &TensorData, k: &TensorData, v: &TensorData) -> [usize; 5] {
+    let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+    let r = qd.len();
+    [qd[..r - 2].iter().product(), qd[r - 2], kd[r - 2], qd[r - 1], vd[r - 1]]
 }

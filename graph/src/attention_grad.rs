@@ -279,3 +279,30 @@ pub fn grad_reference(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::decompose::{decompose_for, Attentions};
+    use crate::ir::Op;
+    use crate::trace::{capture, TensorSpec};
+    use crate::{DType, Target};
+
+    /// A joint graph whose gradient op records a shape its written-out form does not give (a malformed
+    /// saved graph) is a typed error naming the op, not a node copied through to lowering.
+    #[test]
+    fn a_gradient_op_recorded_with_the_wrong_shape_is_an_error() {
+        let specs = [TensorSpec::new(DType::F32, &[2, 5, 4]), TensorSpec::new(DType::F32, &[2, 6, 4])];
+        let g = capture(&specs, |t| {
+            let s = t[0].matmul(&t[1].transpose(-1, -2)?)?.softmax(-1)?.matmul(&t[1])?;
+            Ok(vec![s.sum(&[0, 1, 2], false)?])
+        })
+        .unwrap();
+        let mut joint = crate::autodiff::grad_graph(&g, &[0]).unwrap();
+        let target = Target::cuda(90);
+        assert!(decompose_for(&joint, Attentions::For { target: &target, fuse: true }, true).is_ok());
+        let grad = joint.nodes.iter_mut().find(|n| matches!(n.op, Op::AttentionGrad { .. })).unwrap();
+        grad.shape = crate::shape::Shape(vec![7usize.into()]);
+        let err = decompose_for(&joint, Attentions::For { target: &target, fuse: true }, true).unwrap_err();
+        assert!(err.to_string().contains("attention_grad"), "{err}");
+    }
+}

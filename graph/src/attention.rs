@@ -63,6 +63,32 @@ pub fn tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<Attention
         .find(|t| t.shared_bytes(d, dv) <= budget)
 }
 
+/// The largest head dim the backward kernels take: a warp keeps two operands' fragments and two
+/// accumulators of its 16 rows, and a score tile and its gradient, in registers.
+pub const MAX_GRAD_HEAD_DIM: i64 = 64;
+
+/// Whether `target` runs an attention's backward pass (its log-sum-exps and gradients) over `dtype` with
+/// head dims `d` and `dv` as fused kernels: as [`fits`], with both head dims at most
+/// [`MAX_GRAD_HEAD_DIM`] and a [`grad_tile`].
+pub fn grad_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
+    fits(target, dtype, d, dv)
+        && d <= MAX_GRAD_HEAD_DIM
+        && dv <= MAX_GRAD_HEAD_DIM
+        && grad_tile(target, d as u32, dv as u32, false).is_some()
+}
+
+/// The backward kernels' work division: four warps owning 64 rows (queries, or keys), and the most rows
+/// a streamed tile (64, 32 or 16) for which both blocks, both tiles and the tile's log-sum-exps and
+/// deltas fit the target's shared memory within 48 KiB.
+pub fn grad_tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<AttentionTile> {
+    let budget = target.shared_memory_bytes.min(48 * 1024);
+    let row = AttentionTile::smem_row(d) + AttentionTile::smem_row(dv);
+    [64, 32, 16]
+        .into_iter()
+        .map(|keys| AttentionTile { warps: 4, keys, vector: if aligned { 8 } else { 1 } })
+        .find(|t| 2 * (t.rows() + t.keys) * row + 8 * t.keys <= budget)
+}
+
 /// How many nodes read each node, graph outputs counted as readers.
 pub fn readers(g: &Graph) -> Vec<usize> {
     let mut n = vec![0usize; g.nodes.len()];
@@ -177,7 +203,7 @@ pub fn stored_as(g: &Graph, node: NodeId, readers: &[usize]) -> Option<NodeId> {
 pub fn stored_permutes(g: &Graph) -> impl Iterator<Item = NodeId> + '_ {
     let readers = readers(g);
     (0..g.nodes.len())
-        .filter(|&i| matches!(g.nodes[i].op, Op::Attention { .. }))
+        .filter(|&i| matches!(g.nodes[i].op, Op::Attention { .. } | Op::AttentionGrad { .. }))
         .filter_map(move |i| stored_as(g, NodeId(i as u32), &readers))
 }
 

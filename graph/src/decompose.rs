@@ -55,7 +55,7 @@ pub enum Attentions<'a> {
     /// For `target`: with `fuse`, each written-out attention that `target` runs fused (see `attention`)
     /// becomes one [`Op::Attention`] node in place of its final product (the chain before it is left
     /// without readers, and pruned with the other dead nodes); every attention node it does not run
-    /// fused — the backward pass's always, for now — is written out.
+    /// fused is written out.
     For {
         /// The device compiled for.
         target: &'a crate::target::Target,
@@ -175,6 +175,10 @@ fn write_out(
         (Some(t), Some(d), Some(dv)) => crate::attention::fits(t, node.dtype, d, dv),
         _ => false,
     };
+    let grad_fused = |dtype, d: Option<i64>, dv: Option<i64>| match (fusing, d, dv) {
+        (Some(t), Some(d), Some(dv)) => crate::attention::grad_fits(t, dtype, d, dv),
+        _ => false,
+    };
     let out = match node.op {
         Op::Attention { scale, causal } => {
             if fused(head(inputs[0], b), head(inputs[2], b)) {
@@ -182,8 +186,19 @@ fn write_out(
             }
             written.attention(b, inputs[0], inputs[1], inputs[2], scale, causal)
         }
-        Op::AttentionLse { scale, causal } => written.lse(b, inputs[0], inputs[1], scale, causal),
-        Op::AttentionGrad { scale, causal, part } => written.grad(b, inputs, scale, causal, part),
+        Op::AttentionLse { scale, causal } => {
+            let d = head(inputs[0], b);
+            if grad_fused(b.dtype(inputs[0]), d, d) {
+                return Ok(None);
+            }
+            written.lse(b, inputs[0], inputs[1], scale, causal)
+        }
+        Op::AttentionGrad { scale, causal, part } => {
+            if grad_fused(node.dtype, head(inputs[0], b), head(inputs[2], b)) {
+                return Ok(None);
+            }
+            written.grad(b, inputs, scale, causal, part)
+        }
         _ => return Ok(None),
     };
     let got = b.graph.node(out);

@@ -95,7 +95,7 @@ pub fn role(op: &Op) -> Role {
         Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast => Role::Pointwise,
         Op::Reduce { .. } | Op::ArgReduce { .. } => Role::Reduce,
         Op::MatMul => Role::MatMul,
-        Op::Attention { .. } => Role::Attention,
+        Op::Attention { .. } | Op::AttentionLse { .. } | Op::AttentionGrad { .. } => Role::Attention,
         _ => Role::Transparent,
     }
 }

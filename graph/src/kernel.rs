@@ -479,6 +479,11 @@ pub struct RowsOperand {
     pub ld: Expr,
 }
 
+/// No stride: an operand the pass does not read.
+fn no_stride() -> Expr {
+    Expr::from(0usize)
+}
+
 /// One batch dimension of an attention, with each operand's stride along it, in elements.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionBatch {
@@ -492,6 +497,27 @@ pub struct AttentionBatch {
     pub v: Expr,
     /// Stride in the output.
     pub out: Expr,
+    /// Stride in the output's gradient (gradient passes).
+    #[serde(default = "no_stride")]
+    pub dout: Expr,
+    /// Stride in the log-sum-exps (gradient passes).
+    #[serde(default = "no_stride")]
+    pub lse: Expr,
+    /// Stride in the deltas (gradient passes).
+    #[serde(default = "no_stride")]
+    pub delta: Expr,
+}
+
+/// What an [`Attention`] kernel computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AttentionPass {
+    /// The attention's output.
+    #[default]
+    Forward,
+    /// Each query's log-sum-exp of its scaled, masked scores (`out` holds one f32 a row).
+    Lse,
+    /// One operand's gradient (`dout`, `lse` and `delta` given), the probabilities rebuilt from `lse`.
+    Grad(crate::ir::AttentionPart),
 }
 
 /// How the attention template divides its work, chosen by `graph` from the target and head dims.
@@ -549,8 +575,21 @@ pub struct Attention {
     pub k: RowsOperand,
     /// Values, `kv_len × value_dim`.
     pub v: RowsOperand,
-    /// Output, `q_len × value_dim`.
+    /// Output: `q_len × value_dim` (forward), `q_len × 1` in f32 (log-sum-exps), or shaped like the
+    /// operand a gradient is of.
     pub out: RowsOperand,
+    /// The output's gradient, `q_len × value_dim` (gradient passes).
+    #[serde(default)]
+    pub dout: Option<RowsOperand>,
+    /// Each query's log-sum-exp, `q_len × 1` in f32 (gradient passes).
+    #[serde(default)]
+    pub lse: Option<RowsOperand>,
+    /// Each query's `sum(dout * out)`, `q_len × 1` in f32 (gradient passes).
+    #[serde(default)]
+    pub delta: Option<RowsOperand>,
+    /// What the kernel computes.
+    #[serde(default)]
+    pub pass: AttentionPass,
     /// Multiplies the scores.
     #[serde(with = "crate::numbers")]
     pub scale: f64,
@@ -952,10 +991,18 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                         format!("{e} (strides {q}, {k}, {v}, {o})")
                     })
                     .collect();
+                let head = match a.pass {
+                    AttentionPass::Forward => String::new(),
+                    AttentionPass::Lse => "log-sum-exp of ".to_string(),
+                    AttentionPass::Grad(part) => {
+                        let extra = [&a.dout, &a.lse, &a.delta].map(|o| o.as_ref().map_or("?".into(), rows));
+                        format!("{part:?} gradient (dout {}, lse {}, delta {}) of ", extra[0], extra[1], extra[2])
+                    }
+                };
                 writeln!(
                     f,
-                    "{pad}attention {} = softmax({} · {}ᵀ * {}{}) @ {} ({}: tq {}, tk {}, d {}, dv {}; batch [{}]; \
-                     {} warps, {} keys a step, loads of {})",
+                    "{pad}attention {} = {head}softmax({} · {}ᵀ * {}{}) @ {} ({}: tq {}, tk {}, d {}, dv {}; batch [{}]; \
+                     {} warps, {} rows a step, loads of {})",
                     rows(&a.out),
                     rows(&a.q),
                     rows(&a.k),

@@ -5,7 +5,8 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::interp::{binary, nan_max, nan_min, unary};
-use crate::kernel::{Attention, Gemm, KReduceOp, Kernel, Scalar, Stmt, VarId};
+use crate::ir::AttentionPart;
+use crate::kernel::{Attention, AttentionPass, Gemm, KReduceOp, Kernel, RowsOperand, Scalar, Stmt, VarId};
 use crate::loc::SourceLoc;
 use crate::sym::{Bindings, Expr};
 use std::collections::HashMap;
@@ -190,25 +191,28 @@ impl<M: Memory> Env<'_, M> {
 
 impl<M: Memory> Env<'_, M> {
     /// The attention template: each batch entry's operands gathered through their strides and computed
-    /// by the reference's formula (in f64; the template's f32 and half-precision probabilities stay
-    /// within the dtype's tolerance of it), rounded once to the dtype.
+    /// by the reference's formula for the kernel's pass (in f64; the template's f32 and half-precision
+    /// probabilities stay within the dtype's tolerance of it), rounded once to the output's dtype.
     fn attention(&mut self, a: &Attention) -> Result<()> {
         let [tq, tk] = [&a.q_len, &a.kv_len].map(|e| self.index(e));
         let (tq, tk) = (tq?.max(0) as usize, tk?.max(0) as usize);
         let (d, dv) = (a.head_dim as usize, a.value_dim as usize);
-        let (mut offs, mut lds) = ([0i64; 4], [0i64; 4]);
-        for (i, o) in [&a.q, &a.k, &a.v, &a.out].into_iter().enumerate() {
-            (offs[i], lds[i]) = (self.index(&o.offset)?, self.index(&o.ld)?);
+        // Operands in the batch's stride order: q, k, v, out, dout, lse, delta.
+        let ops: [Option<&RowsOperand>; 7] =
+            [Some(&a.q), Some(&a.k), Some(&a.v), Some(&a.out), a.dout.as_ref(), a.lse.as_ref(), a.delta.as_ref()];
+        let (mut offs, mut lds) = ([0i64; 7], [0i64; 7]);
+        for (i, o) in ops.iter().enumerate() {
+            if let Some(o) = o {
+                (offs[i], lds[i]) = (self.index(&o.offset)?, self.index(&o.ld)?);
+            }
         }
         let mut batch = Vec::with_capacity(a.batch.len());
         for b in &a.batch {
-            batch.push([
-                self.index(&b.extent)?,
-                self.index(&b.q)?,
-                self.index(&b.k)?,
-                self.index(&b.v)?,
-                self.index(&b.out)?,
-            ]);
+            let mut row = [0i64; 8];
+            for (x, e) in row.iter_mut().zip([&b.extent, &b.q, &b.k, &b.v, &b.out, &b.dout, &b.lse, &b.delta]) {
+                *x = self.index(e)?;
+            }
+            batch.push(row);
         }
         let entries: i64 = batch.iter().map(|b| b[0]).product();
         let kernel = self.kernel;
@@ -224,6 +228,14 @@ impl<M: Memory> Env<'_, M> {
             }
             Ok(v)
         };
+        let missing = || fail(kernel, "an attention gradient without its output gradient, log-sum-exp or delta".into());
+        let (out_rows, out_cols, out_dtype) = match a.pass {
+            AttentionPass::Forward => (tq, dv, a.dtype),
+            AttentionPass::Lse => (tq, 1, DType::F32),
+            AttentionPass::Grad(AttentionPart::Queries) => (tq, d, a.dtype),
+            AttentionPass::Grad(AttentionPart::Keys) => (tk, d, a.dtype),
+            AttentionPass::Grad(AttentionPart::Values) => (tk, dv, a.dtype),
+        };
         for e in 0..entries {
             let (mut rest, mut at) = (e, offs);
             for b in batch.iter().rev() {
@@ -235,16 +247,31 @@ impl<M: Memory> Env<'_, M> {
             }
             let q = read(self.mem, a.q.buffer, at[0], lds[0], tq, d)?;
             let k = read(self.mem, a.k.buffer, at[1], lds[1], tk, d)?;
-            let v = read(self.mem, a.v.buffer, at[2], lds[2], tk, dv)?;
-            let o = crate::attention::reference(&q, &k, &v, [1, tq, tk, d, dv], a.scale, a.causal);
+            let o = match a.pass {
+                AttentionPass::Forward => {
+                    let v = read(self.mem, a.v.buffer, at[2], lds[2], tk, dv)?;
+                    crate::attention::reference(&q, &k, &v, [1, tq, tk, d, dv], a.scale, a.causal)
+                }
+                AttentionPass::Lse => crate::attention_grad::lse_reference(&q, &k, [1, tq, tk, d], a.scale, a.causal),
+                AttentionPass::Grad(part) => {
+                    let v = read(self.mem, a.v.buffer, at[2], lds[2], tk, dv)?;
+                    let [dout, lse, delta] = [&a.dout, &a.lse, &a.delta].map(|o| o.as_ref().map(|o| o.buffer));
+                    let (Some(dout), Some(lse), Some(delta)) = (dout, lse, delta) else { return Err(missing()) };
+                    let g = read(self.mem, dout, at[4], lds[4], tq, dv)?;
+                    let l = read(self.mem, lse, at[5], lds[5], tq, 1)?;
+                    let dl = read(self.mem, delta, at[6], lds[6], tq, 1)?;
+                    let x = crate::attention_grad::GradOperands { q: &q, k: &k, v: &v, dout: &g, lse: &l, delta: &dl };
+                    crate::attention_grad::grad_reference(&x, [1, tq, tk, d, dv], a.scale, a.causal, part)
+                }
+            };
             let slot = self.mem.slot(a.out.buffer);
             let len = slot.len();
-            for (r, row) in o.chunks(dv.max(1)).enumerate() {
-                for (c, x) in row.iter().enumerate() {
+            for r in 0..out_rows {
+                for c in 0..out_cols {
                     let i = at[3] + r as i64 * lds[3] + c as i64;
                     let dst = usize::try_from(i).ok().and_then(|i| slot.get_mut(i));
                     *dst.ok_or_else(|| fail(kernel, format!("attention write b{}[{i}] of {len}", a.out.buffer)))? =
-                        a.dtype.round(*x);
+                        out_dtype.round(o[r * out_cols + c]);
                 }
             }
         }

@@ -6,12 +6,12 @@
 
 use crate::dtype::DType;
 use crate::fuse::{Region, RegionKind};
-use crate::ir::{ArgReduceOp, BinaryOp, Graph, NodeId, Op, ReduceOp, UnaryOp};
+use crate::ir::{ArgReduceOp, AttentionPart, BinaryOp, Graph, NodeId, Op, ReduceOp, UnaryOp};
 use crate::kernel::{
     builtin, Access, BufferParam, KReduceOp, Kernel, Launch, LoopMode, MatMul, MatOperand, ReduceStrategy, Scalar,
     Stmt, Tile, VarId,
 };
-use crate::kernel::{Attention, AttentionBatch, FaultSite, Gemm, GemmBatch, RowLoad, RowsOperand};
+use crate::kernel::{Attention, AttentionBatch, AttentionPass, FaultSite, Gemm, GemmBatch, RowLoad, RowsOperand};
 use crate::shape::Shape;
 use crate::sym::{Expr, SymId, SymTable};
 use crate::target::Target;
@@ -1278,23 +1278,39 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId, tf32: bool) -> 
     Ok(Some(l.finish(&region.name, Launch { groups: Expr::from(1usize), threads: 1 })))
 }
 
-/// The region of attention `node` as the fused attention template. Each operand is read in place as rows
-/// (unit column stride); a view that is not (a transposed key) is sent back to the scheduler to be stored
-/// first, as `.contiguous()` would.
+/// The region of attention `node` (the forward pass, its log-sum-exps or a gradient) as the fused
+/// attention template. Each operand is read in place as rows (unit column stride); a view that is not (a
+/// transposed key) is sent back to the scheduler to be stored first, as `.contiguous()` would.
 fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, LowerFailure> {
     let n = l.g.node(node);
-    let Op::Attention { scale, causal } = n.op else { return Err(LowerFailure::Refuse(node)) };
-    let (dtype, dims) = (n.dtype, n.shape.dims().to_vec());
-    let [qn, kn, vn] = [n.inputs[0], n.inputs[1], n.inputs[2]];
-    let r = dims.len();
-    let (q_len, kv_len) = (dims[r - 2].clone(), l.g.node(kn).shape.dims()[r - 2].clone());
+    let (scale, causal, pass) = match n.op {
+        Op::Attention { scale, causal } => (scale, causal, AttentionPass::Forward),
+        Op::AttentionLse { scale, causal } => (scale, causal, AttentionPass::Lse),
+        Op::AttentionGrad { scale, causal, part } => (scale, causal, AttentionPass::Grad(part)),
+        _ => return Err(LowerFailure::Refuse(node)),
+    };
+    let inputs = n.inputs.clone();
+    let (qn, kn) = (inputs[0], inputs[1]);
+    // The log-sum-exps read no values: the keys stand in (nothing is loaded through them).
+    let vn = inputs.get(2).copied().unwrap_or(kn);
+    let dtype = l.g.node(qn).dtype;
+    let qdims = l.g.node(qn).shape.dims().to_vec();
+    let r = qdims.len();
+    let (q_len, kv_len) = (qdims[r - 2].clone(), l.g.node(kn).shape.dims()[r - 2].clone());
     let head = |x: NodeId| l.g.node(x).shape.dims()[r - 1].as_const().and_then(|c| u32::try_from(c).ok());
     let (Some(d), Some(dv)) = (head(qn), head(vn)) else { return Err(LowerFailure::Refuse(node)) };
-    let batch_syms: Vec<SymId> = dims[..r - 2].iter().map(|e| l.new_sym(e)).collect();
-    let mut views = Vec::with_capacity(3);
-    for (x, rows, cols) in [(qn, &q_len, d), (kn, &kv_len, d), (vn, &kv_len, dv)] {
+    let batch_syms: Vec<SymId> = qdims[..r - 2].iter().map(|e| l.new_sym(e)).collect();
+    // Row operands: q, k, v, then (gradients) the output's gradient; per-query vectors: lse and delta.
+    let mut row_operands = vec![(qn, q_len.clone(), d), (kn, kv_len.clone(), d), (vn, kv_len.clone(), dv)];
+    let mut vectors = Vec::new();
+    if let AttentionPass::Grad(_) = pass {
+        row_operands.push((inputs[3], q_len.clone(), dv));
+        vectors = vec![inputs[4], inputs[5]];
+    }
+    let mut views = Vec::with_capacity(row_operands.len());
+    for (x, rows, cols) in row_operands {
         let mut syms = batch_syms.clone();
-        syms.extend([l.new_sym(rows), l.new_sym(&Expr::from(cols as usize))]);
+        syms.extend([l.new_sym(&rows), l.new_sym(&Expr::from(cols as usize))]);
         match l.strided_view(x, &syms) {
             Some((buffer, offset, strides)) if strides[r - 1].as_const() == Some(1) => {
                 let ld = strides[r - 2].clone();
@@ -1308,12 +1324,20 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lo
             _ => return Err(LowerFailure::Refuse(node)),
         }
     }
+    let mut stats = Vec::with_capacity(2);
+    for x in vectors {
+        let mut syms = batch_syms.clone();
+        syms.push(l.new_sym(&q_len));
+        let Some((buffer, offset, strides)) = l.strided_view(x, &syms) else { return Err(LowerFailure::Refuse(node)) };
+        stats.push((RowsOperand { buffer, offset, ld: strides[r - 2].clone() }, strides[..r - 2].to_vec()));
+    }
     // The output, or the permute the region stores it as (`attention::stored_as`): axis `a` of the
-    // attention is axis `inv[a]` of the stored tensor, whose buffer is contiguous.
+    // node is axis `inv[a]` of the stored tensor, whose buffer is contiguous.
+    let rank = n.shape.rank();
     let (stored, inv) = match region.stored.as_slice() {
         [p] if *p != node => match &l.g.node(*p).op {
             Op::Permute { perm } => {
-                let mut inv = vec![0; r];
+                let mut inv = vec![0; rank];
                 for (k, &a) in perm.iter().enumerate() {
                     inv[a] = k;
                 }
@@ -1321,30 +1345,62 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lo
             }
             _ => return Err(LowerFailure::Refuse(node)),
         },
-        _ => (node, (0..r).collect()),
+        _ => (node, (0..rank).collect()),
     };
     let stored_dims = l.g.node(stored).shape.dims().to_vec();
-    let mut contiguous = vec![Expr::from(1usize); r];
-    for k in (0..r - 1).rev() {
+    let mut contiguous = vec![Expr::from(1usize); rank];
+    for k in (0..rank.saturating_sub(1)).rev() {
         contiguous[k] = contiguous[k + 1].clone() * stored_dims[k + 1].clone();
     }
-    let out_strides: Vec<Expr> = (0..r).map(|a| contiguous[inv[a]].clone()).collect();
+    let out_strides: Vec<Expr> = (0..rank).map(|a| contiguous[inv[a]].clone()).collect();
     let out = l.buffer(stored, Access::Write);
+    let zero = || Expr::from(0usize);
     let batch: Vec<AttentionBatch> = (0..r - 2)
         .map(|a| {
             let [q, k, v] = [0, 1, 2].map(|i| views[i].1[a].clone());
-            AttentionBatch { extent: dims[a].clone(), q, k, v, out: out_strides[a].clone() }
+            let dout = views.get(3).map_or_else(zero, |x| x.1[a].clone());
+            let [lse, delta] = [0, 1].map(|i| stats.get(i).map_or_else(zero, |x| x.1[a].clone()));
+            AttentionBatch { extent: qdims[a].clone(), q, k, v, out: out_strides[a].clone(), dout, lse, delta }
         })
         .collect();
     // 16-byte loads where every row of every operand starts on a multiple of 8 elements.
     let eighths = |e: &Expr| e.as_const().is_some_and(|c| c % 8 == 0);
     let aligned = views.iter().all(|(o, strides)| eighths(&o.offset) && eighths(&o.ld) && strides.iter().all(eighths));
-    let Some(tile) = crate::attention::tile(l.target, d, dv, aligned) else { return Err(LowerFailure::Refuse(node)) };
-    let groups = batch.iter().fold(ceil_div(&q_len, tile.rows()), |g, b| g * b.extent.clone());
+    let tile = match pass {
+        AttentionPass::Grad(_) => crate::attention::grad_tile(l.target, d, dv, aligned),
+        _ => crate::attention::tile(l.target, d, dv, aligned),
+    };
+    let Some(tile) = tile else { return Err(LowerFailure::Refuse(node)) };
+    // A workgroup owns a block of queries, or (the keys' and values' gradients) of keys.
+    let owned = match pass {
+        AttentionPass::Grad(AttentionPart::Keys | AttentionPart::Values) => &kv_len,
+        _ => &q_len,
+    };
+    let groups = batch.iter().fold(ceil_div(owned, tile.rows()), |g, b| g * b.extent.clone());
     let [q, k, v] = [0, 1, 2].map(|i| views[i].0.clone());
     let out = RowsOperand { buffer: out, offset: Expr::from(0usize), ld: out_strides[r - 2].clone() };
     let threads = 32 * tile.warps;
-    let a = Attention { batch, q_len, kv_len, head_dim: d, value_dim: dv, q, k, v, out, scale, causal, dtype, tile };
+    let dout = views.get(3).map(|x| x.0.clone());
+    let [lse, delta] = [0, 1].map(|i| stats.get(i).map(|x| x.0.clone()));
+    let a = Attention {
+        batch,
+        q_len,
+        kv_len,
+        head_dim: d,
+        value_dim: dv,
+        q,
+        k,
+        v,
+        out,
+        dout,
+        lse,
+        delta,
+        pass,
+        scale,
+        causal,
+        dtype,
+        tile,
+    };
     l.blocks[0].push(Stmt::Attention(Box::new(a)));
     Ok(l.finish(&region.name, Launch { groups, threads }))
 }

@@ -125,7 +125,9 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     // final matmul of the written-out form).
     let names: Vec<String> = (primitive.origin.iter().zip(&primitive.graph.nodes))
         .map(|(&o, n)| match n.op {
-            crate::ir::Op::Attention { .. } => "attention".to_string(),
+            ref op @ (crate::ir::Op::Attention { .. }
+            | crate::ir::Op::AttentionLse { .. }
+            | crate::ir::Op::AttentionGrad { .. }) => op.name().to_string(),
             _ => graph.node(o).op.name().to_string(),
         })
         .collect();

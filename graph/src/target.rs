@@ -190,8 +190,10 @@ impl Target {
             binding_alignment: default_binding_alignment(),
             bool_words: false,
             index_bits: 64,
-            // It runs the fused attention template too, so every CI run checks that kernel IR.
+            // It runs the fused attention templates too (forward and backward, whose tiles need 48 KiB),
+            // so every CI run checks that kernel IR.
             matrix_units: true,
+            shared_memory_bytes: 48 * 1024,
             ..Target::webgpu_default()
         }
     }

@@ -20,6 +20,7 @@ use std::fmt::Write;
 pub use kiln_graph::kernel::RenderError;
 
 mod attention;
+mod attention_grad;
 
 /// A rendered kernel.
 #[derive(Clone, Debug)]

@@ -100,6 +100,13 @@ macro_rules! conformance_suite {
 
         #[test]
         $(#[$attr])*
+        fn attention_gradients_match_the_reference() {
+            let Some(b) = backend() else { return };
+            conformance::user_cases::attention_gradients(&b);
+        }
+
+        #[test]
+        $(#[$attr])*
         fn regressions_match_the_reference() {
             let Some(b) = backend() else { return };
             conformance::regressions(&b);

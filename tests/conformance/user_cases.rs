@@ -473,6 +473,60 @@ pub fn linear_epilogues(b: &Arc<dyn Backend>) {
     assert_eq!(dynamic.report().entries.len(), 1, "one symbolic entry: {:?}", dynamic.guards());
 }
 
+/// A weighted attention's value and its gradients with respect to q, k and v (one compiled step: forward,
+/// the log-sum-exps, the three gradients), in f32, bf16 and f16, causal or not, against the f64 reference under
+/// kiln's tolerance rule. Where `attention::grad_fits` says the target runs the backward kernels, the
+/// forward, the log-sum-exps and each gradient are fused attention kernels (asserted through the compile
+/// report), so this is those kernels' check on every such backend.
+pub fn attention_gradients(b: &Arc<dyn Backend>) {
+    let cases = [
+        AttentionCase { dtype: DType::F32, tq: 130, tk: 130, d: 64, dv: 64, causal: true, packed_at: None },
+        AttentionCase { dtype: DType::BF16, tq: 130, tk: 130, d: 64, dv: 64, causal: false, packed_at: None },
+        AttentionCase { dtype: DType::BF16, tq: 130, tk: 130, d: 64, dv: 64, causal: true, packed_at: None },
+        AttentionCase { dtype: DType::F16, tq: 70, tk: 33, d: 32, dv: 64, causal: false, packed_at: None },
+        AttentionCase { dtype: DType::BF16, tq: 33, tk: 70, d: 16, dv: 16, causal: true, packed_at: None },
+        AttentionCase { dtype: DType::BF16, tq: 1, tk: 1, d: 16, dv: 32, causal: true, packed_at: None },
+    ];
+    for (n, c) in cases.iter().enumerate() {
+        let scale = 1.0 / (c.d as f64).sqrt();
+        let args = vec![
+            seeded_in(c.dtype, &[2, c.tq, c.d], 40 + 4 * n as u32),
+            seeded_in(c.dtype, &[2, c.tk, c.d], 41 + 4 * n as u32),
+            seeded_in(c.dtype, &[2, c.tk, c.dv], 42 + 4 * n as u32),
+            seeded_in(c.dtype, &[2, c.tq, c.dv], 43 + 4 * n as u32),
+        ];
+        let causal = c.causal;
+        let f = move |t: Vec<Tensor>| -> kiln::Result<Vec<Tensor>> {
+            let (value, grads) = kiln::value_and_grad(
+                |a| attention_of(&a[0], &a[1], &a[2], causal, scale)?.mul(&a[3])?.sum(&[0, 1, 2], false),
+                &t,
+                &[0, 1, 2],
+            )?;
+            Ok([vec![value], grads].concat())
+        };
+        let want: Vec<Tensor> = compile(f).backend(kiln::graph::CpuReference).call(args.clone()).unwrap();
+        let compiled = compile(f).backend(b.clone());
+        let got: Vec<Tensor> = compiled.call(args.clone()).unwrap();
+        let report = compiled.report();
+        let kinds: Vec<String> =
+            report.entries.iter().flat_map(|e| &e.graphs).flat_map(|g| &g.kernels).map(|k| k.kind.clone()).collect();
+        // The forward, the log-sum-exps (which read no values: head dim `d` twice) and the three gradients,
+        // each a fused kernel where the target runs it.
+        let fused = |f: fn(&kiln::graph::Target, DType, i64, i64) -> bool, d: usize, dv: usize| {
+            usize::from(b.target().is_some_and(|t| f(t, c.dtype, d as i64, dv as i64)))
+        };
+        let expected = fused(kiln::graph::attention::fits, c.d, c.dv)
+            + fused(kiln::graph::attention::grad_fits, c.d, c.d)
+            + 3 * fused(kiln::graph::attention::grad_fits, c.d, c.dv);
+        let attentions = kinds.iter().filter(|k| *k == "attention").count();
+        assert_eq!(attentions, expected, "case {n}: kernels {kinds:?}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let what = format!("case {n} ({:?} tq {} tk {} d {} dv {}), output {i}", c.dtype, c.tq, c.tk, c.d, c.dv);
+            assert_within_rule(g, w, &report, &what);
+        }
+    }
+}
+
 /// `got` against the reference's `want` under kiln's tolerance rule for the first captured graph of
 /// `report` (the reference rounds after every op as the written-out form does; the rule's depth covers it).
 #[track_caller]

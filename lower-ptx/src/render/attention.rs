@@ -12,18 +12,38 @@
 //! `ldmatrix` reads start in different banks.
 
 use super::Writer;
+
+/// The registers naming a thread's place in the template: its thread, warp and lane, its row in an `mma`
+/// fragment (`g`) and its column pair (`t4`), and its role in an `ldmatrix` (matrix `mi`, row `mr`).
+pub(super) struct Lanes {
+    pub(super) tid: String,
+    warp: String,
+    pub(super) t4: String,
+    g: String,
+    mr: String,
+    mi_lo: String,
+    mi_hi: String,
+}
+
+/// Where a workgroup's block starts and each operand's entry: byte pointers and row strides of `q, k,
+/// v, out, dout, lse, delta` (`0` for an operand the pass does not have).
+pub(super) struct Entry {
+    pub(super) start: String,
+    pub(super) ptr: [String; 7],
+    pub(super) ld: [String; 7],
+}
 use kiln_graph::dtype::DType;
-use kiln_graph::kernel::{Attention, AttentionTile, RowsOperand};
+use kiln_graph::kernel::{Attention, AttentionPass, AttentionTile, RowsOperand};
 
 /// `log2(e)`: scores are scaled into base 2 once, so each exponential is one `ex2`.
-const LOG2_E: f64 = std::f64::consts::LOG2_E;
+pub(super) const LOG2_E: f64 = std::f64::consts::LOG2_E;
 
 impl Writer<'_> {
     /// Copies `rows × cols` elements of `src` (rows from `row0`, at most `limit` of them valid; the rest
     /// are zeros) into the shared array at `smem` (a u32 address, rows of `pitch` elements), every thread
     /// of the workgroup taking its share of `vector`-element pieces.
     #[allow(clippy::too_many_arguments)]
-    fn stage_tile(
+    pub(super) fn stage_tile(
         &mut self,
         (src, ld): (&str, &str),
         row0: &str,
@@ -107,47 +127,46 @@ impl Writer<'_> {
         }
     }
 
-    /// The whole kernel body for `a`.
-    pub(super) fn attention(&mut self, a: &Attention) {
-        let ty = match a.dtype {
-            DType::BF16 => "bf16",
-            DType::F16 => "f16",
-            d => return self.fail(format!("attention over {d}: the template takes f16 or bf16")),
-        };
-        let AttentionTile { warps, keys, vector } = a.tile;
-        let (d, dv) = (a.head_dim, a.value_dim);
-        let rows = a.tile.rows();
-        if d % 16 != 0 || dv % 16 != 0 || keys % 16 != 0 || self.k.launch.threads != 32 * warps {
-            return self.fail(format!("attention tile {:?} does not fit head dims {d}, {dv}", a.tile));
+    /// The operands' PTX type, or a failure for a dtype the template does not take.
+    pub(super) fn attention_type(&mut self, a: &Attention) -> Option<&'static str> {
+        match a.dtype {
+            DType::BF16 => Some("bf16"),
+            DType::F16 => Some("f16"),
+            d => {
+                self.fail(format!("attention over {d}: the template takes f16 or bf16"));
+                None
+            }
         }
-        let (dp, dvp) = (AttentionTile::smem_row(d), AttentionTile::smem_row(dv));
-        let name = &self.k.name;
-        let [sq, sk, sv] = ["q", "k", "v"].map(|x| format!("{name}_{x}"));
-        self.extra_shared.push(format!(".shared .align 16 .b8 {sq}[{}];", 2 * rows * dp));
-        self.extra_shared.push(format!(".shared .align 16 .b8 {sk}[{}];", 2 * keys * dp));
-        self.extra_shared.push(format!(".shared .align 16 .b8 {sv}[{}];", 2 * keys * dvp));
-        let (smq, smk, smv) = (self.reg("u32"), self.reg("u32"), self.reg("u32"));
-        self.emit(&format!("mov.u32 {smq}, {sq};"));
-        self.emit(&format!("mov.u32 {smk}, {sk};"));
-        self.emit(&format!("mov.u32 {smv}, {sv};"));
+    }
 
-        // Which batch entry and which block of queries: the last blocks of a causal attention have the
-        // most keys, so they are handed out first.
-        let (tq, tk) = (self.expr(&a.q_len), self.expr(&a.kv_len));
+    /// Which batch entry and which block of `rows` rows (of `len`) this workgroup owns, and each
+    /// operand's pointer at that entry; `reversed` hands the last blocks out first (a causal attention's
+    /// last queries have the most keys). Groups past the last entry return at once, before any barrier.
+    pub(super) fn attention_entry(&mut self, a: &Attention, len: &str, rows: u32, reversed: bool) -> Entry {
         let blocks = self.reg("s64");
-        self.emit(&format!("add.s64 {blocks}, {tq}, {};", rows - 1));
+        self.emit(&format!("add.s64 {blocks}, {len}, {};", rows - 1));
         self.emit(&format!("div.s64 {blocks}, {blocks}, {rows};"));
-        let (entry, q0) = (self.reg("s64"), self.reg("s64"));
+        let (entry, start) = (self.reg("s64"), self.reg("s64"));
         self.emit(&format!("div.s64 {entry}, %group, {blocks};"));
-        self.emit(&format!("rem.s64 {q0}, %group, {blocks};"));
-        self.emit(&format!("sub.s64 {q0}, {blocks}, {q0};"));
-        self.emit(&format!("sub.s64 {q0}, {q0}, 1;"));
-        self.emit(&format!("mul.lo.s64 {q0}, {q0}, {rows};"));
-        let operands: [&RowsOperand; 4] = [&a.q, &a.k, &a.v, &a.out];
-        let mut base: Vec<String> = Vec::with_capacity(4);
-        for o in operands {
-            let off = self.expr(&o.offset);
+        self.emit(&format!("rem.s64 {start}, %group, {blocks};"));
+        if reversed {
+            self.emit(&format!("sub.s64 {start}, {blocks}, {start};"));
+            self.emit(&format!("sub.s64 {start}, {start}, 1;"));
+        }
+        self.emit(&format!("mul.lo.s64 {start}, {start}, {rows};"));
+        let operands: [(Option<&RowsOperand>, u32); 7] = [
+            (Some(&a.q), 2),
+            (Some(&a.k), 2),
+            (Some(&a.v), 2),
+            (Some(&a.out), if a.pass == AttentionPass::Lse { 4 } else { 2 }),
+            (a.dout.as_ref(), 2),
+            (a.lse.as_ref(), 4),
+            (a.delta.as_ref(), 4),
+        ];
+        let mut base: Vec<String> = Vec::with_capacity(7);
+        for (o, _) in &operands {
             let r = self.reg("s64");
+            let off = o.map_or_else(|| "0".to_string(), |o| self.expr(&o.offset));
             self.emit(&format!("mov.s64 {r}, {off};"));
             base.push(r);
         }
@@ -158,26 +177,35 @@ impl Writer<'_> {
             let i = self.reg("s64");
             self.emit(&format!("rem.s64 {i}, {rest}, {ext};"));
             self.emit(&format!("div.s64 {rest}, {rest}, {ext};"));
-            for (acc, stride) in base.iter().zip([&b.q, &b.k, &b.v, &b.out]) {
+            for (acc, stride) in base.iter().zip([&b.q, &b.k, &b.v, &b.out, &b.dout, &b.lse, &b.delta]) {
                 let s = self.expr(stride);
                 self.emit(&format!("mad.lo.s64 {acc}, {i}, {s}, {acc};"));
             }
         }
-        // Groups past the last entry (a grid folded into more dimensions rounds up) have nothing to do;
-        // the whole workgroup leaves together, before any barrier.
         let past = self.reg("pred");
         self.emit(&format!("setp.ne.s64 {past}, {rest}, 0;"));
         self.emit(&format!("@{past} ret;"));
-        // Byte pointers to each operand's entry.
-        let mut ptr = Vec::with_capacity(4);
-        let mut lds = Vec::with_capacity(4);
-        for (o, b) in operands.iter().zip(&base) {
+        let (mut ptr, mut ld) = (Vec::with_capacity(7), Vec::with_capacity(7));
+        for ((o, bytes), b) in operands.iter().zip(&base) {
             let p = self.reg("s64");
-            self.emit(&format!("mad.lo.s64 {p}, {b}, 2, %b{};", o.buffer));
+            match o {
+                Some(o) => {
+                    self.emit(&format!("mad.lo.s64 {p}, {b}, {bytes}, %b{};", o.buffer));
+                    ld.push(self.expr(&o.ld));
+                }
+                None => {
+                    self.emit(&format!("mov.s64 {p}, 0;"));
+                    ld.push("0".to_string());
+                }
+            }
             ptr.push(p);
-            lds.push(self.expr(&o.ld));
         }
+        let arr = |v: Vec<String>| -> [String; 7] { v.try_into().unwrap_or_else(|_| unreachable!("seven operands")) };
+        Entry { start, ptr: arr(ptr), ld: arr(ld) }
+    }
 
+    /// This thread's [`Lanes`].
+    pub(super) fn attention_lanes(&mut self) -> Lanes {
         let tid = self.reg("u32");
         self.emit(&format!("mov.u32 {tid}, %tid.x;"));
         let (warp, lane, g, t4) = (self.reg("u32"), self.reg("u32"), self.reg("u32"), self.reg("u32"));
@@ -192,46 +220,209 @@ impl Writer<'_> {
         let (mi_lo, mi_hi) = (self.reg("u32"), self.reg("u32"));
         self.emit(&format!("and.b32 {mi_lo}, {mi}, 1;"));
         self.emit(&format!("shr.u32 {mi_hi}, {mi}, 1;"));
+        Lanes { tid, warp, t4, g, mr, mi_lo, mi_hi }
+    }
 
-        // The query block into shared memory, then into A fragments.
-        self.stage_tile((&ptr[0], &lds[0]), &q0, &tq, (rows, d, dp), &smq, &tid, vector);
-        self.emit("bar.sync 0;");
-        // Lane address for A fragments: row warp*16 + 8*(mi%2) + mr, column 8*(mi/2) (+16 per step).
-        let qa = self.reg("u32");
-        self.emit(&format!("shl.b32 {qa}, {warp}, 4;"));
-        self.emit(&format!("mad.lo.u32 {qa}, {mi_lo}, 8, {qa};"));
-        self.emit(&format!("add.u32 {qa}, {qa}, {mr};"));
-        self.emit(&format!("mul.lo.u32 {qa}, {qa}, {dp};"));
-        self.emit(&format!("mad.lo.u32 {qa}, {mi_hi}, 8, {qa};"));
-        self.emit(&format!("mad.lo.u32 {qa}, {qa}, 2, {smq};"));
-        let mut qf: Vec<[String; 4]> = Vec::new();
-        for kk in 0..d / 16 {
-            let at = self.reg("u32");
-            self.emit(&format!("add.u32 {at}, {qa}, {};", kk * 32));
-            qf.push(self.ldmatrix4(&at, false));
+    /// The warp's 16 rows of a shared block (rows of `pitch` elements, `depth` of them used) as A
+    /// fragments, one per 16 columns.
+    pub(super) fn a_fragments(&mut self, l: &Lanes, smem: &str, pitch: u32, depth: u32) -> Vec<[String; 4]> {
+        // Lane address: row warp*16 + 8*(mi%2) + mr, column 8*(mi/2) (+16 per step).
+        let at0 = self.reg("u32");
+        self.emit(&format!("shl.b32 {at0}, {}, 4;", l.warp));
+        self.emit(&format!("mad.lo.u32 {at0}, {}, 8, {at0};", l.mi_lo));
+        self.emit(&format!("add.u32 {at0}, {at0}, {};", l.mr));
+        self.emit(&format!("mul.lo.u32 {at0}, {at0}, {pitch};"));
+        self.emit(&format!("mad.lo.u32 {at0}, {}, 8, {at0};", l.mi_hi));
+        self.emit(&format!("mad.lo.u32 {at0}, {at0}, 2, {smem};"));
+        (0..depth / 16)
+            .map(|kk| {
+                let at = self.reg("u32");
+                self.emit(&format!("add.u32 {at}, {at0}, {};", kk * 32));
+                self.ldmatrix4(&at, false)
+            })
+            .collect()
+    }
+
+    /// This thread's two rows of the warp's block, absolute: `start + warp*16 + g` and 8 more.
+    pub(super) fn attention_rows(&mut self, l: &Lanes, start: &str) -> [String; 2] {
+        let rows: [String; 2] = std::array::from_fn(|_| self.reg("s64"));
+        let wr = self.reg("u32");
+        self.emit(&format!("shl.b32 {wr}, {}, 4;", l.warp));
+        self.emit(&format!("add.u32 {wr}, {wr}, {};", l.g));
+        self.emit(&format!("cvt.u64.u32 {}, {wr};", rows[0]));
+        self.emit(&format!("add.s64 {}, {}, {start};", rows[0], rows[0]));
+        self.emit(&format!("add.s64 {}, {}, 8;", rows[1], rows[0]));
+        rows
+    }
+
+    /// The lane address of B fragments from a shared tile of rows of `pitch` elements: read as they lie
+    /// (the tile's rows are the product's columns: row 8*(mi/2) + mr, column 8*(mi%2)) or transposed
+    /// (the tile's rows are the product's depth: row 8*(mi%2) + mr, column 8*(mi/2)).
+    pub(super) fn b_lane_address(&mut self, l: &Lanes, smem: &str, pitch: u32, trans: bool) -> String {
+        let (row_m, col_m) = if trans { (&l.mi_lo, &l.mi_hi) } else { (&l.mi_hi, &l.mi_lo) };
+        let at = self.reg("u32");
+        self.emit(&format!("mad.lo.u32 {at}, {row_m}, 8, {};", l.mr));
+        self.emit(&format!("mul.lo.u32 {at}, {at}, {pitch};"));
+        self.emit(&format!("mad.lo.u32 {at}, {col_m}, 8, {at};"));
+        self.emit(&format!("mad.lo.u32 {at}, {at}, 2, {smem};"));
+        at
+    }
+
+    /// `a · tileᵀ` for the warp's 16 rows: `n / 8` f32 tiles of 16 × 8 (`a` the rows' fragments over
+    /// `depth`, the tile's rows read through `b` from [`Writer::b_lane_address`], not transposed).
+    pub(super) fn score_tiles(
+        &mut self,
+        ty: &str,
+        a: &[[String; 4]],
+        b: &str,
+        pitch: u32,
+        n: u32,
+        depth: u32,
+    ) -> Vec<Vec<String>> {
+        let s: Vec<Vec<String>> = (0..n / 8).map(|_| (0..4).map(|_| self.reg("f32")).collect()).collect();
+        for x in s.iter().flatten() {
+            self.emit(&format!("mov.f32 {x}, 0f00000000;"));
         }
+        for pair in 0..n / 16 {
+            for kk in 0..depth / 16 {
+                let at = self.reg("u32");
+                self.emit(&format!("add.u32 {at}, {b}, {};", 2 * (pair * 16 * pitch + kk * 16)));
+                let f = self.ldmatrix4(&at, false);
+                self.mma(ty, &s[2 * pair as usize], &a[kk as usize], &f[0..2]);
+                self.mma(ty, &s[2 * pair as usize + 1], &a[kk as usize], &f[2..4]);
+            }
+        }
+        s
+    }
+
+    /// Score tiles rounded to the dtype as A fragments: step `kk` takes tiles `2kk` and `2kk + 1`, since
+    /// an `mma` result's layout for two adjacent 8-column tiles is an A fragment's for one 16-deep step.
+    pub(super) fn probability_fragments(&mut self, ty: &str, s: &[Vec<String>]) -> Vec<Vec<String>> {
+        (0..s.len() / 2)
+            .map(|kk| {
+                let (lo, hi) = (&s[2 * kk], &s[2 * kk + 1]);
+                [(lo, 0), (lo, 2), (hi, 0), (hi, 2)]
+                    .iter()
+                    .map(|(tile, e)| {
+                        let r = self.reg("b32");
+                        // The lower column goes in the low half.
+                        self.emit(&format!("cvt.rn.{ty}x2.f32 {r}, {}, {};", tile[e + 1], tile[*e]));
+                        r
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// `acc += frags · tile` (`acc` `width / 8` tiles; the tile's rows, the product's depth, read
+    /// transposed through `b`).
+    pub(super) fn accumulate(
+        &mut self,
+        ty: &str,
+        acc: &[Vec<String>],
+        frags: &[Vec<String>],
+        b: &str,
+        pitch: u32,
+        width: u32,
+    ) {
+        for (kk, frag) in frags.iter().enumerate() {
+            for pair in 0..(width / 16) as usize {
+                let at = self.reg("u32");
+                self.emit(&format!("add.u32 {at}, {b}, {};", 2 * (kk as u32 * 16 * pitch + pair as u32 * 16)));
+                let f = self.ldmatrix4(&at, true);
+                self.mma(ty, &acc[2 * pair], frag, &f[0..2]);
+                self.mma(ty, &acc[2 * pair + 1], frag, &f[2..4]);
+            }
+        }
+    }
+
+    /// Stores the warp's rows of `acc` (this thread's two `rows`, those below `len`), each multiplied by
+    /// its `mul`, rounded in pairs to the dtype, at `ptr + (row * ld + column) * 2`.
+    pub(super) fn store_rows(
+        &mut self,
+        ty: &str,
+        acc: &[Vec<String>],
+        (rows, len): (&[String; 2], &str),
+        (ptr, ld): (&str, &str),
+        mul: &[String; 2],
+        l: &Lanes,
+    ) {
+        let col = self.reg("s64");
+        self.emit(&format!("cvt.u64.u32 {col}, {};", l.t4));
+        self.emit(&format!("shl.b64 {col}, {col}, 1;"));
+        for (r, row) in rows.iter().enumerate() {
+            let skip = self.label();
+            let out = self.reg("pred");
+            self.emit(&format!("setp.ge.s64 {out}, {row}, {len};"));
+            self.emit(&format!("@{out} bra {skip};"));
+            let addr = self.reg("s64");
+            self.emit(&format!("mad.lo.s64 {addr}, {row}, {ld}, {col};"));
+            self.emit(&format!("mad.lo.s64 {addr}, {addr}, 2, {ptr};"));
+            for (nt, tile) in acc.iter().enumerate() {
+                let (x, y) = (self.reg("f32"), self.reg("f32"));
+                self.emit(&format!("mul.f32 {x}, {}, {};", tile[2 * r], mul[r]));
+                self.emit(&format!("mul.f32 {y}, {}, {};", tile[2 * r + 1], mul[r]));
+                let pk = self.reg("b32");
+                self.emit(&format!("cvt.rn.{ty}x2.f32 {pk}, {y}, {x};"));
+                self.emit(&format!("st.global.b32 [{addr}+{}], {pk};", 16 * nt));
+            }
+            self.place(&skip);
+        }
+    }
+
+    /// The whole kernel body for `a`: the forward pass, its log-sum-exps alone, or a gradient.
+    pub(super) fn attention(&mut self, a: &Attention) {
+        if let AttentionPass::Grad(part) = a.pass {
+            return self.attention_grad(a, part);
+        }
+        let Some(ty) = self.attention_type(a) else { return };
+        let lse_only = a.pass == AttentionPass::Lse;
+        let AttentionTile { warps, keys, vector } = a.tile;
+        let (d, dv) = (a.head_dim, a.value_dim);
+        let rows = a.tile.rows();
+        if d % 16 != 0 || dv % 16 != 0 || keys % 16 != 0 || self.k.launch.threads != 32 * warps {
+            return self.fail(format!("attention tile {:?} does not fit head dims {d}, {dv}", a.tile));
+        }
+        let (dp, dvp) = (AttentionTile::smem_row(d), AttentionTile::smem_row(dv));
+        let name = &self.k.name;
+        let [sq, sk, sv] = ["q", "k", "v"].map(|x| format!("{name}_{x}"));
+        self.extra_shared.push(format!(".shared .align 16 .b8 {sq}[{}];", 2 * rows * dp));
+        self.extra_shared.push(format!(".shared .align 16 .b8 {sk}[{}];", 2 * keys * dp));
+        if !lse_only {
+            self.extra_shared.push(format!(".shared .align 16 .b8 {sv}[{}];", 2 * keys * dvp));
+        }
+        let (smq, smk, smv) = (self.reg("u32"), self.reg("u32"), self.reg("u32"));
+        self.emit(&format!("mov.u32 {smq}, {sq};"));
+        self.emit(&format!("mov.u32 {smk}, {sk};"));
+        if !lse_only {
+            self.emit(&format!("mov.u32 {smv}, {sv};"));
+        }
+        let (tq, tk) = (self.expr(&a.q_len), self.expr(&a.kv_len));
+        let e = self.attention_entry(a, &tq, rows, a.causal);
+        let q0 = e.start.clone();
+        let l = self.attention_lanes();
+        let tid = l.tid.clone();
+        // The query block into shared memory, then into A fragments.
+        self.stage_tile((&e.ptr[0], &e.ld[0]), &q0, &tq, (rows, d, dp), &smq, &tid, vector);
+        self.emit("bar.sync 0;");
+        let qf = self.a_fragments(&l, &smq, dp, d);
 
         // Running state: max (base 2) and partial sum of this thread's two rows, and the output tiles.
         let m: [String; 2] = std::array::from_fn(|_| self.reg("f32"));
-        let l: [String; 2] = std::array::from_fn(|_| self.reg("f32"));
+        let lsum: [String; 2] = std::array::from_fn(|_| self.reg("f32"));
         for x in &m {
             self.emit(&format!("mov.f32 {x}, 0fFF800000;"));
         }
-        for x in &l {
+        for x in &lsum {
             self.emit(&format!("mov.f32 {x}, 0f00000000;"));
         }
-        let o: Vec<Vec<String>> = (0..dv / 8).map(|_| (0..4).map(|_| self.reg("f32")).collect()).collect();
+        let width = if lse_only { 0 } else { dv };
+        let o: Vec<Vec<String>> = (0..width / 8).map(|_| (0..4).map(|_| self.reg("f32")).collect()).collect();
         for x in o.iter().flatten() {
             self.emit(&format!("mov.f32 {x}, 0f00000000;"));
         }
         // This thread's query rows (absolute), for the causal mask.
-        let qrow: [String; 2] = std::array::from_fn(|_| self.reg("s64"));
-        let wr = self.reg("u32");
-        self.emit(&format!("shl.b32 {wr}, {warp}, 4;"));
-        self.emit(&format!("add.u32 {wr}, {wr}, {g};"));
-        self.emit(&format!("cvt.u64.u32 {}, {wr};", qrow[0]));
-        self.emit(&format!("add.s64 {}, {}, {q0};", qrow[0], qrow[0]));
-        self.emit(&format!("add.s64 {}, {}, 8;", qrow[1], qrow[0]));
+        let qrow = self.attention_rows(&l, &q0);
 
         // Key tiles to visit: all of them, or (causal) those with a key at or before the block's last query.
         let steps = self.reg("s64");
@@ -243,17 +434,8 @@ impl Writer<'_> {
             self.emit(&format!("div.s64 {c}, {c}, {keys};"));
             self.emit(&format!("min.s64 {steps}, {steps}, {c};"));
         }
-        // Lane addresses for the key B fragments (row 8*(mi/2) + mr, column 8*(mi%2)) and the value
-        // B fragments (row 8*(mi%2) + mr, column 8*(mi/2)), relative to the tile and step.
-        let (ka, va) = (self.reg("u32"), self.reg("u32"));
-        self.emit(&format!("mad.lo.u32 {ka}, {mi_hi}, 8, {mr};"));
-        self.emit(&format!("mul.lo.u32 {ka}, {ka}, {dp};"));
-        self.emit(&format!("mad.lo.u32 {ka}, {mi_lo}, 8, {ka};"));
-        self.emit(&format!("mad.lo.u32 {ka}, {ka}, 2, {smk};"));
-        self.emit(&format!("mad.lo.u32 {va}, {mi_lo}, 8, {mr};"));
-        self.emit(&format!("mul.lo.u32 {va}, {va}, {dvp};"));
-        self.emit(&format!("mad.lo.u32 {va}, {mi_hi}, 8, {va};"));
-        self.emit(&format!("mad.lo.u32 {va}, {va}, 2, {smv};"));
+        let ka = self.b_lane_address(&l, &smk, dp, false);
+        let va = if lse_only { String::new() } else { self.b_lane_address(&l, &smv, dvp, true) };
         let scale = super::f32_imm(a.scale * LOG2_E);
 
         let (j, k0) = (self.reg("s64"), self.reg("s64"));
@@ -266,24 +448,14 @@ impl Writer<'_> {
         self.emit(&format!("mul.lo.s64 {k0}, {j}, {keys};"));
         // Every warp is done with the previous tiles before they are overwritten.
         self.emit("bar.sync 0;");
-        self.stage_tile((&ptr[1], &lds[1]), &k0, &tk, (keys, d, dp), &smk, &tid, vector);
-        self.stage_tile((&ptr[2], &lds[2]), &k0, &tk, (keys, dv, dvp), &smv, &tid, vector);
+        self.stage_tile((&e.ptr[1], &e.ld[1]), &k0, &tk, (keys, d, dp), &smk, &tid, vector);
+        if !lse_only {
+            self.stage_tile((&e.ptr[2], &e.ld[2]), &k0, &tk, (keys, dv, dvp), &smv, &tid, vector);
+        }
         self.emit("bar.sync 0;");
 
         // Scores: 16 × keys per warp, `keys / 8` tiles of 16 × 8.
-        let s: Vec<Vec<String>> = (0..keys / 8).map(|_| (0..4).map(|_| self.reg("f32")).collect()).collect();
-        for x in s.iter().flatten() {
-            self.emit(&format!("mov.f32 {x}, 0f00000000;"));
-        }
-        for pair in 0..keys / 16 {
-            for kk in 0..d / 16 {
-                let at = self.reg("u32");
-                self.emit(&format!("add.u32 {at}, {ka}, {};", 2 * (pair * 16 * dp + kk * 16)));
-                let b = self.ldmatrix4(&at, false);
-                self.mma(ty, &s[2 * pair as usize], &qf[kk as usize], &b[0..2]);
-                self.mma(ty, &s[2 * pair as usize + 1], &qf[kk as usize], &b[2..4]);
-            }
-        }
+        let s = self.score_tiles(ty, &qf, &ka, dp, keys, d);
         for x in s.iter().flatten() {
             self.emit(&format!("mul.f32 {x}, {x}, {scale};"));
         }
@@ -301,7 +473,7 @@ impl Writer<'_> {
         self.emit(&format!("@!{needs} bra {unmasked};"));
         let key = self.reg("s64");
         let t2 = self.reg("s64");
-        self.emit(&format!("cvt.u64.u32 {t2}, {t4};"));
+        self.emit(&format!("cvt.u64.u32 {t2}, {};", l.t4));
         self.emit(&format!("shl.b64 {t2}, {t2}, 1;"));
         self.emit(&format!("add.s64 {t2}, {t2}, {k0};"));
         for (nt, tile) in s.iter().enumerate() {
@@ -320,9 +492,8 @@ impl Writer<'_> {
         }
         self.place(&unmasked);
         // Online softmax, per row: new max, rescale what was summed, exponentials.
-        let mut probs: Vec<Vec<String>> = Vec::new();
         let mut alpha = Vec::with_capacity(2);
-        for (r, (mr_, lr)) in m.iter().zip(&l).enumerate() {
+        for (r, (mr_, lr)) in m.iter().zip(&lsum).enumerate() {
             let mx = self.reg("f32");
             self.emit(&format!("mov.f32 {mx}, {};", s[0][2 * r]));
             for tile in &s {
@@ -351,72 +522,135 @@ impl Writer<'_> {
             }
             alpha.push(al);
         }
-        for tile in &o {
-            for (e, x) in tile.iter().enumerate() {
-                self.emit(&format!("mul.f32 {x}, {x}, {};", alpha[e / 2]));
+        if !lse_only {
+            for tile in &o {
+                for (e, x) in tile.iter().enumerate() {
+                    self.emit(&format!("mul.f32 {x}, {x}, {};", alpha[e / 2]));
+                }
             }
-        }
-        // Probabilities as A fragments: step kk takes score tiles 2kk and 2kk + 1.
-        for kk in 0..(keys / 16) as usize {
-            let (lo, hi) = (&s[2 * kk], &s[2 * kk + 1]);
-            let frag: Vec<String> = [(lo, 0), (lo, 2), (hi, 0), (hi, 2)]
-                .iter()
-                .map(|(tile, e)| {
-                    let r = self.reg("b32");
-                    // The lower column goes in the low half.
-                    self.emit(&format!("cvt.rn.{ty}x2.f32 {r}, {}, {};", tile[e + 1], tile[*e]));
-                    r
-                })
-                .collect();
-            probs.push(frag);
-        }
-        // Output += probabilities · values.
-        for (kk, frag) in probs.iter().enumerate() {
-            for pair in 0..(dv / 16) as usize {
-                let at = self.reg("u32");
-                self.emit(&format!("add.u32 {at}, {va}, {};", 2 * (kk as u32 * 16 * dvp + pair as u32 * 16)));
-                let b = self.ldmatrix4(&at, true);
-                self.mma(ty, &o[2 * pair], frag, &b[0..2]);
-                self.mma(ty, &o[2 * pair + 1], frag, &b[2..4]);
-            }
+            // Output += probabilities · values.
+            let probs = self.probability_fragments(ty, &s);
+            self.accumulate(ty, &o, &probs, &va, dvp, dv);
         }
         self.emit(&format!("add.s64 {j}, {j}, 1;"));
         self.emit(&format!("bra {top};"));
         self.place(&done);
 
-        // Finish each row: the sum over its four lanes, divide, store pairs. With no keys at all the row is
-        // zeros (the written-out form's empty product); a row whose every score is -inf sums to 0 and
-        // divides into NaN, as the written-out softmax's 0/0 does.
+        for lr in &lsum {
+            self.quad("add", lr);
+        }
+        if lse_only {
+            return self.store_lse(&m, &lsum, &qrow, &tq, (&e.ptr[3], &e.ld[3]), &l);
+        }
+        // Finish each row: divide by the sum, store pairs. With no keys at all the row is zeros (the
+        // written-out form's empty product); a row whose every score is -inf sums to 0 and divides into
+        // NaN, as the written-out softmax's 0/0 does.
         let no_keys = self.reg("pred");
         self.emit(&format!("setp.eq.s64 {no_keys}, {tk}, 0;"));
-        let mut inv = Vec::with_capacity(2);
-        for lr in &l {
-            self.quad("add", lr);
-            let r = self.reg("f32");
-            self.emit(&format!("rcp.rn.f32 {r}, {lr};"));
-            self.emit(&format!("selp.f32 {r}, 0f00000000, {r}, {no_keys};"));
-            inv.push(r);
-        }
-        let col = self.reg("s64");
-        self.emit(&format!("cvt.u64.u32 {col}, {t4};"));
-        self.emit(&format!("shl.b64 {col}, {col}, 1;"));
-        for (r, row) in qrow.iter().enumerate() {
+        let inv: [String; 2] = std::array::from_fn(|r| {
+            let x = self.reg("f32");
+            self.emit(&format!("rcp.rn.f32 {x}, {};", lsum[r]));
+            self.emit(&format!("selp.f32 {x}, 0f00000000, {x}, {no_keys};"));
+            x
+        });
+        self.store_rows(ty, &o, (&qrow, &tq), (&e.ptr[3], &e.ld[3]), &inv, &l);
+    }
+
+    /// Each row's log-sum-exp, `(m + log2 l) · ln 2` from its base-2 running max and sum (`-inf` for a
+    /// row without keys), stored in f32 by the row's first lane.
+    #[allow(clippy::too_many_arguments)]
+    fn store_lse(
+        &mut self,
+        m: &[String; 2],
+        lsum: &[String; 2],
+        rows: &[String; 2],
+        len: &str,
+        (ptr, ld): (&str, &str),
+        l: &Lanes,
+    ) {
+        let first = self.reg("pred");
+        self.emit(&format!("setp.eq.u32 {first}, {}, 0;", l.t4));
+        for r in 0..2 {
             let skip = self.label();
             let out = self.reg("pred");
-            self.emit(&format!("setp.ge.s64 {out}, {row}, {tq};"));
+            self.emit(&format!("setp.ge.s64 {out}, {}, {len};", rows[r]));
+            self.emit(&format!("or.pred {out}, {out}, !{first};"));
             self.emit(&format!("@{out} bra {skip};"));
+            let x = self.reg("f32");
+            self.emit(&format!("lg2.approx.ftz.f32 {x}, {};", lsum[r]));
+            self.emit(&format!("add.f32 {x}, {x}, {};", m[r]));
+            self.emit(&format!("mul.f32 {x}, {x}, {};", super::f32_imm(std::f64::consts::LN_2)));
             let addr = self.reg("s64");
-            self.emit(&format!("mad.lo.s64 {addr}, {row}, {}, {col};", lds[3]));
-            self.emit(&format!("mad.lo.s64 {addr}, {addr}, 2, {};", ptr[3]));
-            for (nt, tile) in o.iter().enumerate() {
-                let (x, y) = (self.reg("f32"), self.reg("f32"));
-                self.emit(&format!("mul.f32 {x}, {}, {};", tile[2 * r], inv[r]));
-                self.emit(&format!("mul.f32 {y}, {}, {};", tile[2 * r + 1], inv[r]));
-                let pk = self.reg("b32");
-                self.emit(&format!("cvt.rn.{ty}x2.f32 {pk}, {y}, {x};"));
-                self.emit(&format!("st.global.b32 [{addr}+{}], {pk};", 16 * nt));
-            }
+            self.emit(&format!("mul.lo.s64 {addr}, {}, {ld};", rows[r]));
+            self.emit(&format!("mad.lo.s64 {addr}, {addr}, 4, {ptr};"));
+            self.emit(&format!("st.global.f32 [{addr}], {x};"));
             self.place(&skip);
         }
+    }
+
+    /// `dst = ptr[row * ld]` (f32) times `mul`, or 0 past `len`.
+    pub(super) fn load_row_stat(&mut self, ptr: &str, ld: &str, row: &str, len: &str, dst: &str, mul: Option<f64>) {
+        let out = self.reg("pred");
+        self.emit(&format!("mov.f32 {dst}, 0f00000000;"));
+        self.emit(&format!("setp.ge.s64 {out}, {row}, {len};"));
+        let addr = self.reg("s64");
+        self.emit(&format!("mul.lo.s64 {addr}, {row}, {ld};"));
+        self.emit(&format!("mad.lo.s64 {addr}, {addr}, 4, {ptr};"));
+        self.emit(&format!("@!{out} ld.global.nc.f32 {dst}, [{addr}];"));
+        if let Some(c) = mul {
+            self.emit(&format!("mul.f32 {dst}, {dst}, {};", super::f32_imm(c)));
+        }
+    }
+
+    /// A streamed tile's log-sum-exps (base 2) and deltas into shared memory: `n` f32 of each, rows from
+    /// `row0` (0 past `len`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stage_stats(
+        &mut self,
+        smem: &str,
+        n: u32,
+        row0: &str,
+        len: &str,
+        lse: (&str, &str),
+        delta: (&str, &str),
+        tid: &str,
+    ) {
+        let threads = self.k.launch.threads;
+        for i in 0..(2 * n).div_ceil(threads) {
+            let (piece, skip) = (self.reg("u32"), self.label());
+            self.emit(&format!("add.u32 {piece}, {tid}, {};", i * threads));
+            let p = self.reg("pred");
+            self.emit(&format!("setp.ge.u32 {p}, {piece}, {};", 2 * n));
+            self.emit(&format!("@{p} bra {skip};"));
+            let (which, r) = (self.reg("pred"), self.reg("u32"));
+            self.emit(&format!("setp.ge.u32 {which}, {piece}, {n};"));
+            self.emit(&format!("rem.u32 {r}, {piece}, {n};"));
+            let row = self.reg("s64");
+            self.emit(&format!("cvt.u64.u32 {row}, {r};"));
+            self.emit(&format!("add.s64 {row}, {row}, {row0};"));
+            let (a, b) = (self.reg("f32"), self.reg("f32"));
+            self.load_row_stat(lse.0, lse.1, &row, len, &a, Some(LOG2_E));
+            self.load_row_stat(delta.0, delta.1, &row, len, &b, None);
+            self.emit(&format!("selp.f32 {a}, {b}, {a}, {which};"));
+            let sa = self.reg("u32");
+            self.emit(&format!("mad.lo.u32 {sa}, {piece}, 4, {smem};"));
+            self.emit(&format!("st.shared.f32 [{sa}], {a};"));
+            self.place(&skip);
+        }
+    }
+
+    /// This thread's columns' staged log-sum-exps and deltas, per score tile: columns `8 nt + 2 t4` and
+    /// the next.
+    pub(super) fn tile_stats(&mut self, l: &Lanes, smem: &str, n: u32) -> Vec<[(String, String); 2]> {
+        let at = self.reg("u32");
+        self.emit(&format!("mad.lo.u32 {at}, {}, 8, {smem};", l.t4));
+        (0..n / 8)
+            .map(|nt| {
+                let (l0, l1, d0, d1) = (self.reg("f32"), self.reg("f32"), self.reg("f32"), self.reg("f32"));
+                self.emit(&format!("ld.shared.v2.f32 {{{l0}, {l1}}}, [{at}+{}];", 32 * nt));
+                self.emit(&format!("ld.shared.v2.f32 {{{d0}, {d1}}}, [{at}+{}];", 4 * n + 32 * nt));
+                [(l0, d0), (l1, d1)]
+            })
+            .collect()
     }
 }

@@ -1,0 +1,277 @@
+//! Flash attention's backward pass in PTX (`kernel::Attention` with a gradient pass): the probabilities
+//! rebuilt from each query's log-sum-exp, tile by tile, on tensor cores. What it prints was decided in
+//! `graph`; the pieces (fragments, score tiles, products) are the forward template's.
+//!
+//! The queries' gradient: each warp owns 16 queries and streams key and value tiles, as the forward
+//! does: `s = q kᵀ`, `p = exp(s - lse)`, `dp = dout vᵀ`, `ds = p (dp - delta)`, `dq += ds k`. The keys'
+//! and values' gradients: each warp owns 16 keys and streams query tiles (with their output gradients,
+//! log-sum-exps and deltas): `sᵀ = k qᵀ`, `pᵀ = exp(sᵀ - lse)`, `dv += pᵀ dout`, and for the keys
+//! `dpᵀ = v doutᵀ`, `dsᵀ = pᵀ (dpᵀ - delta)`, `dk += dsᵀ q`. The scale multiplies `dq` and `dk` once, at
+//! the end.
+
+use super::attention::LOG2_E;
+use super::Writer;
+use kiln_graph::ir::AttentionPart;
+use kiln_graph::kernel::{Attention, AttentionTile};
+
+impl Writer<'_> {
+    /// The body of a gradient pass of `a` for `part`.
+    pub(super) fn attention_grad(&mut self, a: &Attention, part: AttentionPart) {
+        let Some(ty) = self.attention_type(a) else { return };
+        let AttentionTile { warps, keys: stream, vector } = a.tile;
+        let (d, dv) = (a.head_dim, a.value_dim);
+        let rows = a.tile.rows();
+        if a.dout.is_none() || a.lse.is_none() || a.delta.is_none() {
+            return self.fail("an attention gradient without its output gradient, log-sum-exp or delta".into());
+        }
+        if d % 16 != 0 || dv % 16 != 0 || stream % 16 != 0 || self.k.launch.threads != 32 * warps {
+            return self.fail(format!("attention tile {:?} does not fit head dims {d}, {dv}", a.tile));
+        }
+        let by_queries = part == AttentionPart::Queries;
+        // The block this workgroup owns (queries, or keys) and the tiles it streams (keys, or queries).
+        let (own_len, stream_len) = if by_queries { (&a.q_len, &a.kv_len) } else { (&a.kv_len, &a.q_len) };
+        let (own_len, stream_len) = (self.expr(own_len), self.expr(stream_len));
+        let e = self.attention_entry(a, &own_len, rows, by_queries && a.causal);
+        let [pq, pk, pv, _, pdo, plse, pdelta] = e.ptr.clone();
+        let [lq, lk, lv, lout, ldo, llse, ldelta] = e.ld.clone();
+        let lanes = self.attention_lanes();
+        let name = self.k.name.clone();
+        // Shared arrays: the owned block's two operands, the streamed tile's two, and (streaming queries)
+        // the tile's log-sum-exps and deltas.
+        let (own_a, own_b, str_a, str_b) = if by_queries {
+            (
+                (pq.clone(), lq.clone(), d),
+                (pdo.clone(), ldo.clone(), dv),
+                (pk.clone(), lk.clone(), d),
+                (pv.clone(), lv.clone(), dv),
+            )
+        } else {
+            (
+                (pk.clone(), lk.clone(), d),
+                (pv.clone(), lv.clone(), dv),
+                (pq.clone(), lq.clone(), d),
+                (pdo.clone(), ldo.clone(), dv),
+            )
+        };
+        let pitch = |w: u32| AttentionTile::smem_row(w);
+        let mut smem = Vec::new();
+        for (x, n, w) in
+            [("oa", rows, own_a.2), ("ob", rows, own_b.2), ("sa", stream, str_a.2), ("sb", stream, str_b.2)]
+        {
+            let arr = format!("{name}_{x}");
+            self.extra_shared.push(format!(".shared .align 16 .b8 {arr}[{}];", 2 * n * pitch(w)));
+            let r = self.reg("u32");
+            self.emit(&format!("mov.u32 {r}, {arr};"));
+            smem.push(r);
+        }
+        let stats = if by_queries {
+            None
+        } else {
+            let arr = format!("{name}_stats");
+            self.extra_shared.push(format!(".shared .align 16 .b8 {arr}[{}];", 8 * stream));
+            let r = self.reg("u32");
+            self.emit(&format!("mov.u32 {r}, {arr};"));
+            Some(r)
+        };
+        let tid = lanes.tid.clone();
+        // The owned block into A fragments: the first operand always (q, or k), the second where the
+        // pass needs it (the output gradient for dq, the values for dk).
+        let needs_b = by_queries || part == AttentionPart::Keys;
+        self.stage_tile(
+            (&own_a.0, &own_a.1),
+            &e.start,
+            &own_len,
+            (rows, own_a.2, pitch(own_a.2)),
+            &smem[0],
+            &tid,
+            vector,
+        );
+        if needs_b {
+            self.stage_tile(
+                (&own_b.0, &own_b.1),
+                &e.start,
+                &own_len,
+                (rows, own_b.2, pitch(own_b.2)),
+                &smem[1],
+                &tid,
+                vector,
+            );
+        }
+        self.emit("bar.sync 0;");
+        let fa = self.a_fragments(&lanes, &smem[0], pitch(own_a.2), own_a.2);
+        let fb = if needs_b { self.a_fragments(&lanes, &smem[1], pitch(own_b.2), own_b.2) } else { Vec::new() };
+        // This thread's two owned rows (absolute).
+        let own_row = self.attention_rows(&lanes, &e.start);
+        // Per owned query row (dq): its log-sum-exp in base 2 and its delta.
+        let row_stats: Vec<(String, String)> = if by_queries {
+            own_row
+                .iter()
+                .map(|r| {
+                    let (l, dl) = (self.reg("f32"), self.reg("f32"));
+                    self.load_row_stat(&plse, &llse, r, &own_len, &l, Some(LOG2_E));
+                    self.load_row_stat(&pdelta, &ldelta, r, &own_len, &dl, None);
+                    (l, dl)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let width = match part {
+            AttentionPart::Queries | AttentionPart::Keys => d,
+            AttentionPart::Values => dv,
+        };
+        let acc: Vec<Vec<String>> = (0..width / 8).map(|_| (0..4).map(|_| self.reg("f32")).collect()).collect();
+        for x in acc.iter().flatten() {
+            self.emit(&format!("mov.f32 {x}, 0f00000000;"));
+        }
+        // Streamed tiles: all, or (causal) for queries those with a key at or before the block's last
+        // query, for keys those with a query at or after the block's first key.
+        let (first, steps) = (self.reg("s64"), self.reg("s64"));
+        self.emit(&format!("mov.s64 {first}, 0;"));
+        self.emit(&format!("add.s64 {steps}, {stream_len}, {};", stream - 1));
+        self.emit(&format!("div.s64 {steps}, {steps}, {stream};"));
+        if a.causal {
+            if by_queries {
+                let c = self.reg("s64");
+                self.emit(&format!("add.s64 {c}, {}, {};", e.start, rows + stream - 1));
+                self.emit(&format!("div.s64 {c}, {c}, {stream};"));
+                self.emit(&format!("min.s64 {steps}, {steps}, {c};"));
+            } else {
+                self.emit(&format!("div.s64 {first}, {}, {stream};", e.start));
+            }
+        }
+        let (ba, bb) = (
+            self.b_lane_address(&lanes, &smem[2], pitch(str_a.2), false),
+            self.b_lane_address(&lanes, &smem[3], pitch(str_b.2), false),
+        );
+        let ba_t = self.b_lane_address(&lanes, &smem[2], pitch(str_a.2), true);
+        let bb_t = self.b_lane_address(&lanes, &smem[3], pitch(str_b.2), true);
+        let c = super::f32_imm(a.scale * LOG2_E);
+
+        let (j, s0) = (self.reg("s64"), self.reg("s64"));
+        let (top, done) = (self.label(), self.label());
+        self.emit(&format!("mov.s64 {j}, {first};"));
+        self.place(&top);
+        let p = self.reg("pred");
+        self.emit(&format!("setp.ge.s64 {p}, {j}, {steps};"));
+        self.emit(&format!("@{p} bra {done};"));
+        self.emit(&format!("mul.lo.s64 {s0}, {j}, {stream};"));
+        self.emit("bar.sync 0;");
+        self.stage_tile(
+            (&str_a.0, &str_a.1),
+            &s0,
+            &stream_len,
+            (stream, str_a.2, pitch(str_a.2)),
+            &smem[2],
+            &tid,
+            vector,
+        );
+        if needs_b || by_queries || part == AttentionPart::Values {
+            self.stage_tile(
+                (&str_b.0, &str_b.1),
+                &s0,
+                &stream_len,
+                (stream, str_b.2, pitch(str_b.2)),
+                &smem[3],
+                &tid,
+                vector,
+            );
+        }
+        if let Some(st) = &stats {
+            self.stage_stats(st, stream, &s0, &stream_len, (&plse, &llse), (&pdelta, &ldelta), &tid);
+        }
+        self.emit("bar.sync 0;");
+        // Scores of the owned rows against the tile, in base 2.
+        let s = self.score_tiles(ty, &fa, &ba, pitch(str_a.2), stream, own_a.2);
+        for x in s.iter().flatten() {
+            self.emit(&format!("mul.f32 {x}, {x}, {c};"));
+        }
+        // Masks: streamed rows past the end, and (causal) keys after their query.
+        let needs = self.reg("pred");
+        let end = self.reg("s64");
+        self.emit(&format!("add.s64 {end}, {s0}, {stream};"));
+        self.emit(&format!("setp.gt.s64 {needs}, {end}, {stream_len};"));
+        if a.causal {
+            let cp = self.reg("pred");
+            if by_queries {
+                self.emit(&format!("setp.gt.s64 {cp}, {end}, {};", e.start));
+            } else {
+                let last = self.reg("s64");
+                self.emit(&format!("add.s64 {last}, {}, {rows};", e.start));
+                self.emit(&format!("setp.lt.s64 {cp}, {s0}, {last};"));
+            }
+            self.emit(&format!("or.pred {needs}, {needs}, {cp};"));
+        }
+        let unmasked = self.label();
+        self.emit(&format!("@!{needs} bra {unmasked};"));
+        let col0 = self.reg("s64");
+        self.emit(&format!("cvt.u64.u32 {col0}, {};", lanes.t4));
+        self.emit(&format!("shl.b64 {col0}, {col0}, 1;"));
+        self.emit(&format!("add.s64 {col0}, {col0}, {s0};"));
+        let col = self.reg("s64");
+        for (nt, tile) in s.iter().enumerate() {
+            for (el, x) in tile.iter().enumerate() {
+                self.emit(&format!("add.s64 {col}, {col0}, {};", 8 * nt + el % 2));
+                let out = self.reg("pred");
+                self.emit(&format!("setp.ge.s64 {out}, {col}, {stream_len};"));
+                if a.causal {
+                    let after = self.reg("pred");
+                    // Queries own rows: the key (column) after the query (row); keys own rows: the key
+                    // (row) after the query (column).
+                    let (key, query) = if by_queries {
+                        (col.as_str(), own_row[el / 2].as_str())
+                    } else {
+                        (own_row[el / 2].as_str(), col.as_str())
+                    };
+                    self.emit(&format!("setp.gt.s64 {after}, {key}, {query};"));
+                    self.emit(&format!("or.pred {out}, {out}, {after};"));
+                }
+                self.emit(&format!("@{out} mov.f32 {x}, 0fFF800000;"));
+            }
+        }
+        self.place(&unmasked);
+        // Probabilities: exp2(s - lse2) with the row's (dq) or the column's (dk, dv) log-sum-exp.
+        let col_stats = stats.as_ref().map(|st| self.tile_stats(&lanes, st, stream));
+        for (nt, tile) in s.iter().enumerate() {
+            for (el, x) in tile.iter().enumerate() {
+                let l = match &col_stats {
+                    None => &row_stats[el / 2].0,
+                    Some(cs) => &cs[nt][el % 2].0,
+                };
+                self.emit(&format!("sub.f32 {x}, {x}, {l};"));
+                self.emit(&format!("ex2.approx.ftz.f32 {x}, {x};"));
+            }
+        }
+        if part == AttentionPart::Values {
+            // dv += pᵀ · dout.
+            let frags = self.probability_fragments(ty, &s);
+            self.accumulate(ty, &acc, &frags, &bb_t, pitch(str_b.2), width);
+        } else {
+            // dp = dout · vᵀ (queries own rows) or dpᵀ = v · doutᵀ (keys own rows): the owned second
+            // operand's fragments against the tile's second operand.
+            let dpt = self.score_tiles(ty, &fb, &bb, pitch(str_b.2), stream, own_b.2);
+            for (nt, (pt, dt)) in s.iter().zip(&dpt).enumerate() {
+                for (el, (x, y)) in pt.iter().zip(dt).enumerate() {
+                    let dl = match &col_stats {
+                        None => &row_stats[el / 2].1,
+                        Some(cs) => &cs[nt][el % 2].1,
+                    };
+                    self.emit(&format!("sub.f32 {y}, {y}, {dl};"));
+                    self.emit(&format!("mul.f32 {x}, {x}, {y};"));
+                }
+            }
+            // dq += ds · k, or dk += dsᵀ · q: the tile's first operand, read transposed.
+            let frags = self.probability_fragments(ty, &s);
+            self.accumulate(ty, &acc, &frags, &ba_t, pitch(str_a.2), width);
+        }
+        self.emit(&format!("add.s64 {j}, {j}, 1;"));
+        self.emit(&format!("bra {top};"));
+        self.place(&done);
+        let out_scale = super::f32_imm(if part == AttentionPart::Values { 1.0 } else { a.scale });
+        let mul: [String; 2] = std::array::from_fn(|_| self.reg("f32"));
+        for m in &mul {
+            self.emit(&format!("mov.f32 {m}, {out_scale};"));
+        }
+        self.store_rows(ty, &acc, (&own_row, &own_len), (&e.ptr[3], &lout), &mul, &lanes);
+    }
+}

@@ -15,7 +15,7 @@ const WAITING: [(&str, &str, &str); 3] = [
     (
         "W5-train-bf16",
         "W5 training step in bf16",
-        "kiln's row exists (`--workload W5-train-bf16`: parameters and moments bf16, the update in f32, every output checked; `scripts/gpu.sh parts Tb`) and torch's (the peer's W5-train-bf16, fused AdamW on bf16 parameters); no GPU run has measured them yet",
+        "kiln's row exists (`--workload W5-train-bf16`: parameters and moments bf16, the update in f32, every output checked; `scripts/gpu.sh parts Tb`) and torch's (the peer's W5-train-bf16, fused AdamW on bf16 parameters); this run did not measure them",
     ),
     (
         "W5-train",

@@ -13,6 +13,15 @@
 
 use super::Writer;
 
+/// A loop over streamed tiles: its counter, the current tile's first row, and its two labels.
+pub(super) struct TileLoop {
+    j: String,
+    /// The current tile's first row.
+    pub(super) start: String,
+    top: String,
+    done: String,
+}
+
 /// The registers naming a thread's place in the template: its thread, warp and lane, its row in an `mma`
 /// fragment (`g`) and its column pair (`t4`), and its role in an `ldmatrix` (matrix `mi`, row `mr`).
 pub(super) struct Lanes {
@@ -336,6 +345,28 @@ impl Writer<'_> {
         }
     }
 
+    /// Opens the loop over streamed tiles `j` in `first..steps`: the tile's first row (`j * stride`) in
+    /// `start`, after a barrier (every warp is done with the previous tiles before they are overwritten).
+    pub(super) fn begin_tiles(&mut self, first: &str, steps: &str, stride: u32) -> TileLoop {
+        let (j, start) = (self.reg("s64"), self.reg("s64"));
+        let (top, done) = (self.label(), self.label());
+        self.emit(&format!("mov.s64 {j}, {first};"));
+        self.place(&top);
+        let p = self.reg("pred");
+        self.emit(&format!("setp.ge.s64 {p}, {j}, {steps};"));
+        self.emit(&format!("@{p} bra {done};"));
+        self.emit(&format!("mul.lo.s64 {start}, {j}, {stride};"));
+        self.emit("bar.sync 0;");
+        TileLoop { j, start, top, done }
+    }
+
+    /// Closes the loop [`Writer::begin_tiles`] opened.
+    pub(super) fn end_tiles(&mut self, t: &TileLoop) {
+        self.emit(&format!("add.s64 {}, {}, 1;", t.j, t.j));
+        self.emit(&format!("bra {};", t.top));
+        self.place(&t.done);
+    }
+
     /// Stores the warp's rows of `acc` (this thread's two `rows`, those below `len`), each multiplied by
     /// its `mul`, rounded in pairs to the dtype, at `ptr + (row * ld + column) * 2`.
     pub(super) fn store_rows(
@@ -438,16 +469,8 @@ impl Writer<'_> {
         let va = if lse_only { String::new() } else { self.b_lane_address(&l, &smv, dvp, true) };
         let scale = super::f32_imm(a.scale * LOG2_E);
 
-        let (j, k0) = (self.reg("s64"), self.reg("s64"));
-        let (top, done) = (self.label(), self.label());
-        self.emit(&format!("mov.s64 {j}, 0;"));
-        self.place(&top);
-        let p = self.reg("pred");
-        self.emit(&format!("setp.ge.s64 {p}, {j}, {steps};"));
-        self.emit(&format!("@{p} bra {done};"));
-        self.emit(&format!("mul.lo.s64 {k0}, {j}, {keys};"));
-        // Every warp is done with the previous tiles before they are overwritten.
-        self.emit("bar.sync 0;");
+        let tiles = self.begin_tiles("0", &steps, keys);
+        let k0 = tiles.start.clone();
         self.stage_tile((&e.ptr[1], &e.ld[1]), &k0, &tk, (keys, d, dp), &smk, &tid, vector);
         if !lse_only {
             self.stage_tile((&e.ptr[2], &e.ld[2]), &k0, &tk, (keys, dv, dvp), &smv, &tid, vector);
@@ -532,9 +555,7 @@ impl Writer<'_> {
             let probs = self.probability_fragments(ty, &s);
             self.accumulate(ty, &o, &probs, &va, dvp, dv);
         }
-        self.emit(&format!("add.s64 {j}, {j}, 1;"));
-        self.emit(&format!("bra {top};"));
-        self.place(&done);
+        self.end_tiles(&tiles);
 
         for lr in &lsum {
             self.quad("add", lr);

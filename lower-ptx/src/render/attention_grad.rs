@@ -148,15 +148,8 @@ impl Writer<'_> {
         let bb_t = self.b_lane_address(&lanes, &smem[3], pitch(str_b.2), true);
         let c = super::f32_imm(a.scale * LOG2_E);
 
-        let (j, s0) = (self.reg("s64"), self.reg("s64"));
-        let (top, done) = (self.label(), self.label());
-        self.emit(&format!("mov.s64 {j}, {first};"));
-        self.place(&top);
-        let p = self.reg("pred");
-        self.emit(&format!("setp.ge.s64 {p}, {j}, {steps};"));
-        self.emit(&format!("@{p} bra {done};"));
-        self.emit(&format!("mul.lo.s64 {s0}, {j}, {stream};"));
-        self.emit("bar.sync 0;");
+        let tiles = self.begin_tiles(&first, &steps, stream);
+        let s0 = tiles.start.clone();
         self.stage_tile(
             (&str_a.0, &str_a.1),
             &s0,
@@ -264,9 +257,7 @@ impl Writer<'_> {
             let frags = self.probability_fragments(ty, &s);
             self.accumulate(ty, &acc, &frags, &ba_t, pitch(str_a.2), width);
         }
-        self.emit(&format!("add.s64 {j}, {j}, 1;"));
-        self.emit(&format!("bra {top};"));
-        self.place(&done);
+        self.end_tiles(&tiles);
         let out_scale = super::f32_imm(if part == AttentionPart::Values { 1.0 } else { a.scale });
         let mul: [String; 2] = std::array::from_fn(|_| self.reg("f32"));
         for m in &mul {

@@ -7,7 +7,9 @@
 //! ([`Op::AttentionLse`]), and rebuilds the probabilities tile by tile where they are needed
 //! ([`Op::AttentionGrad`]). The gradient rule is written once, here, in those ops; `decompose` either
 //! keeps them (the target fuses them) or writes them out ([`WrittenAttentions`]), sharing the forward's
-//! own scores and probabilities, so an unfused step does no more work than before.
+//! own scores and probabilities, so an unfused step computes the scores once. Written out, the scores and
+//! `dp` are f32 products and `delta` is recomputed from them (see [`WrittenAttentions`]): more bytes than
+//! half-precision products, for gradients within the tolerance rule.
 
 use std::collections::HashMap;
 

@@ -171,17 +171,16 @@ fn write_out(
     fusing: Option<&crate::target::Target>,
 ) -> Result<Option<NodeId>> {
     let head = |x: NodeId, b: &Builder| b.shape(x).dims().last().and_then(|e| e.as_const());
-    let fused = |d: Option<i64>, dv: Option<i64>| match (fusing, d, dv) {
-        (Some(t), Some(d), Some(dv)) => crate::attention::fits(t, node.dtype, d, dv),
+    // Whether `fits` (the forward's or the backward's) holds on the target for constant head dims.
+    type Fits = fn(&crate::target::Target, DType, i64, i64) -> bool;
+    let fused = |fits: Fits, dtype, d: Option<i64>, dv: Option<i64>| match (fusing, d, dv) {
+        (Some(t), Some(d), Some(dv)) => fits(t, dtype, d, dv),
         _ => false,
     };
-    let grad_fused = |dtype, d: Option<i64>, dv: Option<i64>| match (fusing, d, dv) {
-        (Some(t), Some(d), Some(dv)) => crate::attention::grad_fits(t, dtype, d, dv),
-        _ => false,
-    };
+    let grad_fused = |dtype, d, dv| fused(crate::attention::grad_fits, dtype, d, dv);
     let out = match node.op {
         Op::Attention { scale, causal } => {
-            if fused(head(inputs[0], b), head(inputs[2], b)) {
+            if fused(crate::attention::fits, node.dtype, head(inputs[0], b), head(inputs[2], b)) {
                 return Ok(None);
             }
             written.attention(b, inputs[0], inputs[1], inputs[2], scale, causal)

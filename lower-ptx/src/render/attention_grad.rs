@@ -77,25 +77,9 @@ impl Writer<'_> {
         // The owned block into A fragments: the first operand always (q, or k), the second where the
         // pass needs it (the output gradient for dq, the values for dk).
         let needs_b = by_queries || part == AttentionPart::Keys;
-        self.stage_tile(
-            (&own_a.0, &own_a.1),
-            &e.start,
-            &own_len,
-            (rows, own_a.2, pitch(own_a.2)),
-            &smem[0],
-            &tid,
-            vector,
-        );
-        if needs_b {
-            self.stage_tile(
-                (&own_b.0, &own_b.1),
-                &e.start,
-                &own_len,
-                (rows, own_b.2, pitch(own_b.2)),
-                &smem[1],
-                &tid,
-                vector,
-            );
+        for (operand, sm) in [(&own_a, &smem[0]), (&own_b, &smem[1])].into_iter().take(1 + usize::from(needs_b)) {
+            let (ptr, ld, width) = operand;
+            self.stage_tile((ptr, ld), &e.start, &own_len, (rows, *width, pitch(*width)), sm, &tid, vector);
         }
         self.emit("bar.sync 0;");
         let fa = self.a_fragments(&lanes, &smem[0], pitch(own_a.2), own_a.2);

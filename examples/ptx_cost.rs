@@ -1,17 +1,26 @@
 //! What a workload's cold compile costs on CUDA before any GPU is involved: each kernel's PTX size, the
 //! time `ptxas -arch=sm_90` takes to assemble it (the CUDA driver's JIT does the same work on a cold
-//! first call) and the registers it uses and spills, slowest first. `cargo run --release --example ptx_cost -- W6 [count]`.
+//! first call) and the registers it uses and spills, slowest first. `cargo run --release --example ptx_cost -- W6 [count]`
+//! (the bench's training steps too: `W5-train-bf16`).
 //! With `KILN_PTX_DUMP=dir`, each distinct kernel's PTX is also written there (`<name>.ptx`), for SASS
 //! counts with NVIDIA's `cuobjdump -sass`.
 
 use kiln::graph::{capture, compile_graph, workloads, Target};
 use std::time::Instant;
 
+#[path = "../benches/src/train_step.rs"]
+#[allow(dead_code)]
+mod train_step;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let id = args.get(1).map_or("W6", String::as_str);
     let show: usize = args.get(2).map_or(Ok(10), |s| s.parse())?;
-    let w = workloads::all().into_iter().find(|w| w.id.eq_ignore_ascii_case(id)).ok_or("no such workload")?;
+    let w = workloads::all()
+        .into_iter()
+        .chain(train_step::all())
+        .find(|w| w.id.eq_ignore_ascii_case(id))
+        .ok_or("no such workload")?;
     let started = Instant::now();
     let c = compile_graph(&capture(&w.full, w.f)?, &Target::cuda(90))?;
     let compile_s = started.elapsed().as_secs_f64();

@@ -10,7 +10,7 @@ mkdir -p "$out"
 case "${1:-}" in
 stage)
   set -e
-  rm -rf .gpu/tests .gpu/kiln-bench .gpu/kiln-bench.xz
+  rm -rf .gpu/tests .gpu/kiln-bench .gpu/kiln-bench.xz .gpu/profile_workload .gpu/profile_workload.xz
   mkdir -p .gpu/tests
   cargo test --release --locked -p kiln --test conformance_cuda --test device_runtime --test guards --test onnx_models \
     --test conformance_wgpu --test conformance_wgpu_limits --test device_faults --test torch_parity --no-run --message-format=json 2>/dev/null |
@@ -21,9 +21,12 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".gpu/tests/" + m["target"]["name"])'
   cargo build --release --locked -p kiln-bench
   cp target/release/kiln-bench .gpu/
+  # One workload's public call, once, for `profile` (Nsight Compute).
+  cargo build --release --locked --example profile_workload
+  cp target/release/examples/profile_workload .gpu/
   # Stripped and compressed: with .gl they must fit a device call's 64 MiB.
-  strip .gpu/kiln-bench .gpu/tests/*
-  xz -9f -T2 .gpu/kiln-bench .gpu/tests/*
+  strip .gpu/kiln-bench .gpu/profile_workload .gpu/tests/*
+  xz -9f -T2 .gpu/kiln-bench .gpu/profile_workload .gpu/tests/*
   # ptxas (scripts/deps.sh installs it): CUDA assembles a cold compile's kernels with it, side by side.
   rm -f .gpu/ptxas.xz
   if [ -x .tools/nvcc/nvidia/cuda_nvcc/bin/ptxas ]; then
@@ -75,7 +78,7 @@ fps)
   timeout 120 ./.gpu/kiln-explorer --fps "${2:-10}" 2>&1 | tee -a "$out/fps.log" | grep -E "frames in|rror" | tail -3
   kill %1 2>/dev/null
   ;;
-tests|bench|peer|parts)
+tests|bench|peer|parts|profile)
   for f in .gpu/*.xz .gpu/tests/*.xz; do [ -e "$f" ] && xz -df "$f"; done
   if [ -e .gpu/ptxas ]; then
     chmod +x .gpu/ptxas
@@ -134,6 +137,28 @@ tests|bench|peer|parts)
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
     exit $status
+    ;;
+  profile)
+    # `profile KILN_WORKLOAD [TORCH_WORKLOAD TORCH_MODE]`: each kernel of one call timed by Nsight Compute
+    # (its own duration, no launch overhead; caches flushed between kernels), kiln's public call and,
+    # when named, torch's (benches/peers/torch_kernels.py, after its warm-up), each summed by kernel name
+    # (benches/peers/ncu_summary.py). CSVs: $out/ncu-<side>-<workload>.csv.
+    shift
+    ncu="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+    if [ -z "$ncu" ]; then
+      echo "no ncu (Nsight Compute) on this machine" >&2
+      exit 2
+    fi
+    metrics=(--clock-control none --metrics gpu__time_duration.sum --csv)
+    # application-only: ncu would otherwise follow the ptxas processes a cold compile starts.
+    timeout 400 "$ncu" --target-processes application-only "${metrics[@]}" ./.gpu/profile_workload "$1" cuda full --once \
+      >"$out/ncu-kiln-$1.csv" 2>"$out/ncu-kiln-$1.log"
+    python3 benches/peers/ncu_summary.py "$out/ncu-kiln-$1.csv" 30
+    if [ $# -ge 3 ]; then
+      timeout 400 "$ncu" --profile-from-start off "${metrics[@]}" python3 benches/peers/torch_kernels.py "$2" "$3" \
+        >"$out/ncu-torch-$2.csv" 2>"$out/ncu-torch-$2.log"
+      python3 benches/peers/ncu_summary.py "$out/ncu-torch-$2.csv" 30
+    fi
     ;;
   parts)
     # `parts SECONDS PART...`: whole comparison runs, one part (a group of workloads) after another, while
@@ -194,7 +219,7 @@ tests|bench|peer|parts)
   esac
   ;;
 *)
-  echo "usage: scripts/gpu.sh stage|stage-fps|fps|tests [test arguments]|bench|peer|parts [bench arguments | --trials N and peer arguments]" >&2
+  echo "usage: scripts/gpu.sh stage|stage-fps|fps|tests [test arguments]|bench|peer|parts [bench arguments | --trials N and peer arguments]|profile KILN [TORCH MODE]" >&2
   exit 2
   ;;
 esac

@@ -5,10 +5,13 @@ Why: kiln's per-kernel profile says where kiln's time goes; this says where torc
 workload, inputs and modes (`torch_compile.py` builds both), so the two can be compared kernel by kernel
 under Nsight Compute:
 
-  ncu --clock-control none --nvtx --nvtx-include 'kiln-profile/' --metrics gpu__time_duration.sum --csv \
+  ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
       python3 benches/peers/torch_kernels.py W6 default
 
-The call inside the range comes after the peer's own warm-up, so compilation and autotuning stay outside.
+The call comes after the peer's own warm-up, so compilation and autotuning stay outside. It is marked two
+ways: the CUDA profiler's start and stop around it (`--profile-from-start off`), which hold for every
+thread of the process, so a train step's backward (launched from autograd's own thread) is profiled too;
+and an NVTX range (`--nvtx --nvtx-include 'kiln-profile/'`), which holds for the calling thread only.
 """
 import os
 import sys
@@ -28,10 +31,13 @@ def main():
     with torch.no_grad():
         fn, args = peer.make_fn(mode, wid, t)
         peer.warm_up(dev, fn, args)
+        dev.sync()
+        torch.cuda.cudart().cudaProfilerStart()
         torch.cuda.nvtx.range_push("kiln-profile")
         fn(*args)
         torch.cuda.nvtx.range_pop()
         dev.sync()
+        torch.cuda.cudart().cudaProfilerStop()
     print(f"{wid} {mode}: one call profiled", file=sys.stderr)
 
 

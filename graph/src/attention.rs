@@ -15,7 +15,7 @@
 //! reads the probabilities.
 
 use crate::dtype::DType;
-use crate::ir::{BinaryOp, Graph, NodeId, Op};
+use crate::ir::{AttentionPart, BinaryOp, Graph, NodeId, Op};
 use crate::kernel::AttentionTile;
 use crate::target::Target;
 
@@ -196,6 +196,28 @@ pub fn stored_as(g: &Graph, node: NodeId, readers: &[usize]) -> Option<NodeId> {
         Op::Permute { perm } if perm.len() == r && perm[r - 1] == r - 1 => Some(NodeId(i as u32)),
         _ => None,
     }
+}
+
+/// The attention node of `g` whose output one kernel computes beside `node`'s, when there is one: the
+/// log-sum-exps of a forward attention (the online softmax ends with each query's running max and sum,
+/// so storing them costs one f32 a query where a pass of their own recomputes every score), or the
+/// values' gradient beside the keys' (both walk the same query tiles with the same probabilities, so one
+/// kernel computes them once). Partners have the same operands, scale and mask.
+pub fn partner(g: &Graph, node: NodeId) -> Option<NodeId> {
+    let n = g.node(node);
+    let wanted = match n.op {
+        Op::Attention { scale, causal } => Op::AttentionLse { scale, causal },
+        Op::AttentionGrad { scale, causal, part: AttentionPart::Keys } => {
+            Op::AttentionGrad { scale, causal, part: AttentionPart::Values }
+        }
+        _ => return None,
+    };
+    let inputs: &[NodeId] = match wanted {
+        Op::AttentionLse { .. } => n.inputs.get(..2)?,
+        _ => &n.inputs,
+    };
+    let found = g.nodes.iter().position(|x| x.op == wanted && x.inputs == inputs)?;
+    Some(NodeId(found as u32))
 }
 
 /// Every permute an attention of `g` is stored as ([`stored_as`]): the pipeline materialises them from

@@ -44,10 +44,14 @@ pub enum RegionKind {
         /// The matmul node.
         node: NodeId,
     },
-    /// The fused attention template (`kernel::Attention`), one node.
+    /// The fused attention template (`kernel::Attention`): one node, and the partner whose output the
+    /// same kernel writes beside it (`attention::partner`).
     Attention {
         /// The attention node.
         node: NodeId,
+        /// The node whose output the kernel writes as its second.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        partner: Option<NodeId>,
     },
 }
 
@@ -358,18 +362,30 @@ impl<'g> Scheduler<'g> {
         }
     }
 
-    /// Each attention alone, or with the permute it is stored as (`attention::stored_as`; materialised
-    /// from the first round, see `pipeline`).
+    /// Each attention with its partner (`attention::partner`: the log-sum-exps beside the forward pass,
+    /// the values' gradient beside the keys'), each with the permute it is stored as
+    /// (`attention::stored_as`; materialised from the first round, see `pipeline`).
     fn attention_regions(&mut self) {
         let readers = crate::attention::readers(self.f.graph);
-        for i in 0..self.f.graph.nodes.len() {
+        let partners: Vec<Option<NodeId>> =
+            (0..self.f.graph.nodes.len()).map(|i| crate::attention::partner(self.f.graph, NodeId(i as u32))).collect();
+        // Nodes with a partner first, so a partner that comes earlier in the graph is not taken alone.
+        let order = (0..partners.len()).filter(|&i| partners[i].is_some()).chain(0..partners.len());
+        for i in order {
             let node = NodeId(i as u32);
-            if self.f.role[i] == Role::Attention && self.free(node) {
-                let mut members = BTreeSet::from([node]);
-                let permute = crate::attention::stored_as(self.f.graph, node, &readers);
-                members.extend(permute.filter(|&p| self.free(p) && self.f.role[p.index()] == Role::Pointwise));
-                self.commit(RegionKind::Attention { node }, members);
+            if self.f.role[i] != Role::Attention || !self.free(node) {
+                continue;
             }
+            let mut members = BTreeSet::from([node]);
+            let partner = partners[i]
+                .filter(|&p| self.free(p) && self.f.role[p.index()] == Role::Attention && !self.refused.contains(&p))
+                .filter(|&p| self.fits(&members, p));
+            members.extend(partner);
+            for x in [Some(node), partner].into_iter().flatten() {
+                let permute = crate::attention::stored_as(self.f.graph, x, &readers);
+                members.extend(permute.filter(|&p| self.free(p) && self.f.role[p.index()] == Role::Pointwise));
+            }
+            self.commit(RegionKind::Attention { node, partner }, members);
         }
     }
 

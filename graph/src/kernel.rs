@@ -506,6 +506,9 @@ pub struct AttentionBatch {
     /// Stride in the deltas (gradient passes).
     #[serde(default = "no_stride")]
     pub delta: Expr,
+    /// Stride in the second output (see [`Attention::second`]).
+    #[serde(default = "no_stride")]
+    pub second: Expr,
 }
 
 /// What an [`Attention`] kernel computes.
@@ -587,6 +590,12 @@ pub struct Attention {
     /// Each query's `sum(dout * out)`, `q_len × 1` in f32 (gradient passes).
     #[serde(default)]
     pub delta: Option<RowsOperand>,
+    /// A second output the same pass writes, where `graph` gave one kernel two attention nodes of the same
+    /// operands (`attention::partner`): each query's log-sum-exp (`q_len × 1`, f32) beside the forward's
+    /// output, which the online softmax has at its end; or the values' gradient (`kv_len × value_dim`)
+    /// beside the keys', which shares its probabilities.
+    #[serde(default)]
+    pub second: Option<RowsOperand>,
     /// What the kernel computes.
     #[serde(default)]
     pub pass: AttentionPass,
@@ -991,6 +1000,11 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                         format!("{e} (strides {q}, {k}, {v}, {o})")
                     })
                     .collect();
+                let second = match (&a.second, a.pass) {
+                    (None, _) => String::new(),
+                    (Some(o), AttentionPass::Forward) => format!(", log-sum-exps {}", rows(o)),
+                    (Some(o), _) => format!(", values' gradient {}", rows(o)),
+                };
                 let head = match a.pass {
                     AttentionPass::Forward => String::new(),
                     AttentionPass::Lse => "log-sum-exp of ".to_string(),
@@ -1001,7 +1015,7 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                 };
                 writeln!(
                     f,
-                    "{pad}attention {} = {head}softmax({} · {}ᵀ * {}{}) @ {} ({}: tq {}, tk {}, d {}, dv {}; batch [{}]; \
+                    "{pad}attention {}{second} = {head}softmax({} · {}ᵀ * {}{}) @ {} ({}: tq {}, tk {}, d {}, dv {}; batch [{}]; \
                      {} warps, {} rows a step, loads of {})",
                     rows(&a.out),
                     rows(&a.q),

@@ -197,10 +197,18 @@ impl<M: Memory> Env<'_, M> {
         let [tq, tk] = [&a.q_len, &a.kv_len].map(|e| self.index(e));
         let (tq, tk) = (tq?.max(0) as usize, tk?.max(0) as usize);
         let (d, dv) = (a.head_dim as usize, a.value_dim as usize);
-        // Operands in the batch's stride order: q, k, v, out, dout, lse, delta.
-        let ops: [Option<&RowsOperand>; 7] =
-            [Some(&a.q), Some(&a.k), Some(&a.v), Some(&a.out), a.dout.as_ref(), a.lse.as_ref(), a.delta.as_ref()];
-        let (mut offs, mut lds) = ([0i64; 7], [0i64; 7]);
+        // Operands in the batch's stride order: q, k, v, out, dout, lse, delta, second.
+        let ops: [Option<&RowsOperand>; 8] = [
+            Some(&a.q),
+            Some(&a.k),
+            Some(&a.v),
+            Some(&a.out),
+            a.dout.as_ref(),
+            a.lse.as_ref(),
+            a.delta.as_ref(),
+            a.second.as_ref(),
+        ];
+        let (mut offs, mut lds) = ([0i64; 8], [0i64; 8]);
         for (i, o) in ops.iter().enumerate() {
             if let Some(o) = o {
                 (offs[i], lds[i]) = (self.index(&o.offset)?, self.index(&o.ld)?);
@@ -208,8 +216,9 @@ impl<M: Memory> Env<'_, M> {
         }
         let mut batch = Vec::with_capacity(a.batch.len());
         for b in &a.batch {
-            let mut row = [0i64; 8];
-            for (x, e) in row.iter_mut().zip([&b.extent, &b.q, &b.k, &b.v, &b.out, &b.dout, &b.lse, &b.delta]) {
+            let mut row = [0i64; 9];
+            let strides = [&b.extent, &b.q, &b.k, &b.v, &b.out, &b.dout, &b.lse, &b.delta, &b.second];
+            for (x, e) in row.iter_mut().zip(strides) {
                 *x = self.index(e)?;
             }
             batch.push(row);
@@ -229,12 +238,21 @@ impl<M: Memory> Env<'_, M> {
             Ok(v)
         };
         let missing = || fail(kernel, "an attention gradient without its output gradient, log-sum-exp or delta".into());
-        let (out_rows, out_cols, out_dtype) = match a.pass {
+        // Each output's rows, columns and dtype: the pass's own, then the second (`Attention::second`).
+        let shape_of = |pass: AttentionPass| match pass {
             AttentionPass::Forward => (tq, dv, a.dtype),
             AttentionPass::Lse => (tq, 1, DType::F32),
             AttentionPass::Grad(AttentionPart::Queries) => (tq, d, a.dtype),
             AttentionPass::Grad(AttentionPart::Keys) => (tk, d, a.dtype),
             AttentionPass::Grad(AttentionPart::Values) => (tk, dv, a.dtype),
+        };
+        let second_pass = match (a.pass, &a.second) {
+            (_, None) => None,
+            (AttentionPass::Forward, Some(o)) => Some((AttentionPass::Lse, o)),
+            (AttentionPass::Grad(AttentionPart::Keys), Some(o)) => {
+                Some((AttentionPass::Grad(AttentionPart::Values), o))
+            }
+            (pass, Some(_)) => return Err(fail(kernel, format!("an attention {pass:?} pass with a second output"))),
         };
         for e in 0..entries {
             let (mut rest, mut at) = (e, offs);
@@ -247,31 +265,46 @@ impl<M: Memory> Env<'_, M> {
             }
             let q = read(self.mem, a.q.buffer, at[0], lds[0], tq, d)?;
             let k = read(self.mem, a.k.buffer, at[1], lds[1], tk, d)?;
-            let o = match a.pass {
-                AttentionPass::Forward => {
-                    let v = read(self.mem, a.v.buffer, at[2], lds[2], tk, dv)?;
-                    crate::attention::reference(&q, &k, &v, [1, tq, tk, d, dv], a.scale, a.causal)
-                }
-                AttentionPass::Lse => crate::attention_grad::lse_reference(&q, &k, [1, tq, tk, d], a.scale, a.causal),
-                AttentionPass::Grad(part) => {
-                    let v = read(self.mem, a.v.buffer, at[2], lds[2], tk, dv)?;
+            let needs_v = a.pass != AttentionPass::Lse;
+            let v = if needs_v { read(self.mem, a.v.buffer, at[2], lds[2], tk, dv)? } else { Vec::new() };
+            let grads = match a.pass {
+                AttentionPass::Grad(_) => {
                     let [dout, lse, delta] = [&a.dout, &a.lse, &a.delta].map(|o| o.as_ref().map(|o| o.buffer));
                     let (Some(dout), Some(lse), Some(delta)) = (dout, lse, delta) else { return Err(missing()) };
                     let g = read(self.mem, dout, at[4], lds[4], tq, dv)?;
                     let l = read(self.mem, lse, at[5], lds[5], tq, 1)?;
                     let dl = read(self.mem, delta, at[6], lds[6], tq, 1)?;
-                    let x = crate::attention_grad::GradOperands { q: &q, k: &k, v: &v, dout: &g, lse: &l, delta: &dl };
-                    crate::attention_grad::grad_reference(&x, [1, tq, tk, d, dv], a.scale, a.causal, part)
+                    Some((g, l, dl))
                 }
+                _ => None,
             };
-            let slot = self.mem.slot(a.out.buffer);
-            let len = slot.len();
-            for r in 0..out_rows {
-                for c in 0..out_cols {
-                    let i = at[3] + r as i64 * lds[3] + c as i64;
-                    let dst = usize::try_from(i).ok().and_then(|i| slot.get_mut(i));
-                    *dst.ok_or_else(|| fail(kernel, format!("attention write b{}[{i}] of {len}", a.out.buffer)))? =
-                        out_dtype.round(o[r * out_cols + c]);
+            let compute = |pass: AttentionPass| match (pass, &grads) {
+                (AttentionPass::Forward, _) => {
+                    Ok(crate::attention::reference(&q, &k, &v, [1, tq, tk, d, dv], a.scale, a.causal))
+                }
+                (AttentionPass::Lse, _) => {
+                    Ok(crate::attention_grad::lse_reference(&q, &k, [1, tq, tk, d], a.scale, a.causal))
+                }
+                (AttentionPass::Grad(part), Some((g, l, dl))) => {
+                    let x = crate::attention_grad::GradOperands { q: &q, k: &k, v: &v, dout: g, lse: l, delta: dl };
+                    Ok(crate::attention_grad::grad_reference(&x, [1, tq, tk, d, dv], a.scale, a.causal, part))
+                }
+                (AttentionPass::Grad(_), None) => Err(missing()),
+            };
+            let outputs =
+                std::iter::once((a.pass, &a.out, at[3], lds[3])).chain(second_pass.map(|(p, o)| (p, o, at[7], lds[7])));
+            for (pass, o, at, ld) in outputs {
+                let values = compute(pass)?;
+                let (rows, cols, dtype) = shape_of(pass);
+                let slot = self.mem.slot(o.buffer);
+                let len = slot.len();
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let i = at + r as i64 * ld + c as i64;
+                        let dst = usize::try_from(i).ok().and_then(|i| slot.get_mut(i));
+                        *dst.ok_or_else(|| fail(kernel, format!("attention write b{}[{i}] of {len}", o.buffer)))? =
+                            dtype.round(values[r * cols + c]);
+                    }
                 }
             }
         }

@@ -1281,7 +1281,7 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId, tf32: bool) -> 
 /// The region of attention `node` (the forward pass, its log-sum-exps or a gradient) as the fused
 /// attention template. Each operand is read in place as rows (unit column stride); a view that is not (a
 /// transposed key) is sent back to the scheduler to be stored first, as `.contiguous()` would.
-fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, LowerFailure> {
+fn attention(mut l: Lowerer, region: &Region, node: NodeId, partner: Option<NodeId>) -> Result<Kernel, LowerFailure> {
     let n = l.g.node(node);
     let (scale, causal, pass) = match n.op {
         Op::Attention { scale, causal } => (scale, causal, AttentionPass::Forward),
@@ -1289,6 +1289,12 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lo
         Op::AttentionGrad { scale, causal, part } => (scale, causal, AttentionPass::Grad(part)),
         _ => return Err(LowerFailure::Refuse(node)),
     };
+    // The template writes a second output for these passes only (`attention::partner`).
+    let pairs = matches!(pass, AttentionPass::Forward | AttentionPass::Grad(AttentionPart::Keys));
+    // A refused partner is scheduled alone in the next round.
+    if let Some(p) = partner.filter(|&p| !pairs || crate::attention::partner(l.g, node) != Some(p)) {
+        return Err(LowerFailure::Refuse(p));
+    }
     let inputs = n.inputs.clone();
     let (qn, kn) = (inputs[0], inputs[1]);
     // The log-sum-exps read no values: the keys stand in (nothing is loaded through them).
@@ -1331,36 +1337,19 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lo
         let Some((buffer, offset, strides)) = l.strided_view(x, &syms) else { return Err(LowerFailure::Refuse(node)) };
         stats.push((RowsOperand { buffer, offset, ld: strides[r - 2].clone() }, strides[..r - 2].to_vec()));
     }
-    // The output, or the permute the region stores it as (`attention::stored_as`): axis `a` of the
-    // node is axis `inv[a]` of the stored tensor, whose buffer is contiguous.
-    let rank = n.shape.rank();
-    let (stored, inv) = match region.stored.as_slice() {
-        [p] if *p != node => match &l.g.node(*p).op {
-            Op::Permute { perm } => {
-                let mut inv = vec![0; rank];
-                for (k, &a) in perm.iter().enumerate() {
-                    inv[a] = k;
-                }
-                (*p, inv)
-            }
-            _ => return Err(LowerFailure::Refuse(node)),
-        },
-        _ => (node, (0..rank).collect()),
+    let (out, out_strides) = attention_output(&mut l, region, node)?;
+    let second = match partner {
+        Some(p) => Some(attention_output(&mut l, region, p)?),
+        None => None,
     };
-    let stored_dims = l.g.node(stored).shape.dims().to_vec();
-    let mut contiguous = vec![Expr::from(1usize); rank];
-    for k in (0..rank.saturating_sub(1)).rev() {
-        contiguous[k] = contiguous[k + 1].clone() * stored_dims[k + 1].clone();
-    }
-    let out_strides: Vec<Expr> = (0..rank).map(|a| contiguous[inv[a]].clone()).collect();
-    let out = l.buffer(stored, Access::Write);
     let zero = || Expr::from(0usize);
     let batch: Vec<AttentionBatch> = (0..r - 2)
         .map(|a| {
             let [q, k, v] = [0, 1, 2].map(|i| views[i].1[a].clone());
             let dout = views.get(3).map_or_else(zero, |x| x.1[a].clone());
             let [lse, delta] = [0, 1].map(|i| stats.get(i).map_or_else(zero, |x| x.1[a].clone()));
-            AttentionBatch { extent: qdims[a].clone(), q, k, v, out: out_strides[a].clone(), dout, lse, delta }
+            let second = second.as_ref().map_or_else(zero, |x| x.1[a].clone());
+            AttentionBatch { extent: qdims[a].clone(), q, k, v, out: out_strides[a].clone(), dout, lse, delta, second }
         })
         .collect();
     // 16-byte loads where every row of every operand starts on a multiple of 8 elements.
@@ -1378,7 +1367,13 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lo
     };
     let groups = batch.iter().fold(ceil_div(owned, tile.rows()), |g, b| g * b.extent.clone());
     let [q, k, v] = [0, 1, 2].map(|i| views[i].0.clone());
-    let out = RowsOperand { buffer: out, offset: Expr::from(0usize), ld: out_strides[r - 2].clone() };
+    let rows_of = |(buffer, strides): &(usize, Vec<Expr>)| RowsOperand {
+        buffer: *buffer,
+        offset: Expr::from(0usize),
+        ld: strides[r - 2].clone(),
+    };
+    let out = rows_of(&(out, out_strides));
+    let second = second.as_ref().map(rows_of);
     let threads = 32 * tile.warps;
     let dout = views.get(3).map(|x| x.0.clone());
     let [lse, delta] = [0, 1].map(|i| stats.get(i).map(|x| x.0.clone()));
@@ -1395,6 +1390,7 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lo
         dout,
         lse,
         delta,
+        second,
         pass,
         scale,
         causal,
@@ -1403,6 +1399,35 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lo
     };
     l.blocks[0].push(Stmt::Attention(Box::new(a)));
     Ok(l.finish(&region.name, Launch { groups, threads }))
+}
+
+/// Where attention node `x` of an attention region writes its rows: the buffer of the value the region
+/// stores for it (the node, or the permute it is stored as, `attention::stored_as`, whose buffer is
+/// contiguous) and, per axis of `x`, the stride there.
+fn attention_output(l: &mut Lowerer, region: &Region, x: NodeId) -> Result<(usize, Vec<Expr>), LowerFailure> {
+    let rank = l.g.node(x).shape.rank();
+    let permute = region.stored.iter().copied().find(|&p| p != x && l.g.node(p).inputs.first() == Some(&x));
+    let (stored, inv) = match permute {
+        None if region.stored.contains(&x) => (x, (0..rank).collect()),
+        Some(p) => match &l.g.node(p).op {
+            Op::Permute { perm } => {
+                let mut inv = vec![0; rank];
+                for (k, &a) in perm.iter().enumerate() {
+                    inv[a] = k;
+                }
+                (p, inv)
+            }
+            _ => return Err(LowerFailure::Refuse(x)),
+        },
+        None => return Err(LowerFailure::Refuse(x)),
+    };
+    let stored_dims = l.g.node(stored).shape.dims().to_vec();
+    let mut contiguous = vec![Expr::from(1usize); rank];
+    for k in (0..rank.saturating_sub(1)).rev() {
+        contiguous[k] = contiguous[k + 1].clone() * stored_dims[k + 1].clone();
+    }
+    let strides = (0..rank).map(|a| contiguous[inv[a]].clone()).collect();
+    Ok((l.buffer(stored, Access::Write), strides))
 }
 
 /// Lowers one region of `graph` to a kernel for `target`; `materialized` lists the layout nodes other
@@ -1440,7 +1465,7 @@ fn lower_region(
     match &region.kind {
         RegionKind::Pointwise => pointwise(l, region),
         RegionKind::Rows { input_shape, axes } => rows(l, region, input_shape, axes),
-        RegionKind::Attention { node } => attention(l, region, *node),
+        RegionKind::Attention { node, partner } => attention(l, region, *node, *partner),
         RegionKind::MatMul { node } => {
             let tf32 = tf32.contains(node);
             match library_matmul(Lowerer::new(graph, target, region, materialized), region, *node, tf32)? {

@@ -5,7 +5,7 @@
 use kiln_graph::kernel::{Attention, Stmt};
 use kiln_graph::tolerance::{compare, Expected, Tolerance};
 use kiln_graph::workloads::data;
-use kiln_graph::{capture, compile_graph, interp, CompiledGraph, DType, Result, Target, Tensor, TensorSpec};
+use kiln_graph::{capture, compile_graph, interp, CompiledGraph, DType, Graph, Result, Target, Tensor, TensorSpec};
 
 fn attentions(c: &CompiledGraph) -> Vec<&Attention> {
     c.kernels
@@ -20,13 +20,17 @@ fn attentions(c: &CompiledGraph) -> Vec<&Attention> {
 /// Compiles `f` for `target`, runs it through the kernel interpreter and checks it against the f64
 /// reference of the traced (written-out) graph under kiln's tolerance rule (`tolerance`).
 fn checked(specs: &[TensorSpec], f: fn(&[Tensor]) -> Result<Vec<Tensor>>, target: &Target) -> CompiledGraph {
-    let g = capture(specs, f).unwrap();
-    let c = compile_graph(&g, target).unwrap();
+    checked_graph(&capture(specs, f).unwrap(), specs, target)
+}
+
+/// [`checked`] for a graph already built (a joint forward and backward graph).
+fn checked_graph(g: &Graph, specs: &[TensorSpec], target: &Target) -> CompiledGraph {
+    let c = compile_graph(g, target).unwrap();
     let inputs: Vec<_> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
     let refs: Vec<_> = inputs.iter().collect();
     let got = c.run_interpreted(&refs).unwrap();
-    let want = interp::run_unrounded(&g, &refs).unwrap();
-    let tol = Tolerance::of(&g).unwrap();
+    let want = interp::run_unrounded(g, &refs).unwrap();
+    let tol = Tolerance::of(g).unwrap();
     for (g, w) in got.iter().zip(&want) {
         let outcome = compare(g, &Expected::of(w, "reference"), tol);
         assert!(outcome.correct, "{outcome:?}\n{c}");
@@ -81,6 +85,36 @@ fn gpts_attention_is_one_kernel_reading_the_projection_in_place() {
     assert!(c.fusion.regions[0].name.contains("attention_permute"), "{c}");
     assert!(c.kernels.iter().all(|k| k.buffers.iter().all(|b| b.len.as_const() != Some(2 * 2 * 40 * 40))), "{c}");
     assert!(c.kernels[0].name.contains("attention"), "{}", c.kernels[0].name);
+}
+
+/// [`gpt_attention`]'s output weighted by a second input and summed: a loss to differentiate.
+fn gpt_attention_loss(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let out = gpt_attention(&t[..1])?.remove(0);
+    Ok(vec![out.mul(&t[1])?.sum(&[0, 1, 2], false)?])
+}
+
+#[test]
+fn a_training_steps_attention_is_three_kernels_each_writing_what_it_shares() {
+    use kiln_graph::ir::AttentionPart;
+    use kiln_graph::kernel::AttentionPass;
+    let specs = [qkv_spec(DType::BF16)[0].clone(), TensorSpec::new(DType::BF16, &[2, 40, 2 * 32])];
+    let joint = kiln_graph::autodiff::grad_graph(&capture(&specs, gpt_attention_loss).unwrap(), &[0]).unwrap();
+    let c = checked_graph(&joint, &specs, &Target::cuda(90));
+    let a = attentions(&c);
+    let pass = |p: AttentionPass| a.iter().copied().find(|a| a.pass == p).unwrap_or_else(|| panic!("no {p:?}: {c}"));
+    // The forward writes each query's log-sum-exp beside its output; the queries' gradient is a kernel of
+    // its own; the keys' and values' gradients come out of one kernel.
+    assert_eq!(a.len(), 3, "{c}");
+    let [fwd, dq, dk] =
+        [AttentionPass::Forward, AttentionPass::Grad(AttentionPart::Queries), AttentionPass::Grad(AttentionPart::Keys)]
+            .map(pass);
+    assert_eq!([&fwd.second, &dq.second, &dk.second].map(Option::is_some), [true, false, true], "{c}");
+    // Both outputs of the keys' kernel are stored as the permutes that put heads back into rows, as the
+    // queries' gradient is (row stride heads × hd = 64).
+    assert!([dq, dk].iter().all(|a| a.out.ld.as_const() == Some(64)), "{c}");
+    assert_eq!(dk.second.as_ref().and_then(|o| o.ld.as_const()), Some(64), "{c}");
+    // The log-sum-exps are one f32 a query, in rows of one.
+    assert_eq!(fwd.second.as_ref().and_then(|o| o.ld.as_const()), Some(1), "{c}");
 }
 
 #[test]

@@ -511,13 +511,14 @@ pub fn attention_gradients(b: &Arc<dyn Backend>) {
         let kinds: Vec<String> =
             report.entries.iter().flat_map(|e| &e.graphs).flat_map(|g| &g.kernels).map(|k| k.kind.clone()).collect();
         // The forward, the log-sum-exps (which read no values: head dim `d` twice) and the three gradients,
-        // each a fused kernel where the target runs it.
+        // each fused where the target runs it: the log-sum-exps come out of the forward's kernel where
+        // both are fused, and the keys' and values' gradients out of one kernel.
         let fused = |f: fn(&kiln::graph::Target, DType, i64, i64) -> bool, d: usize, dv: usize| {
             usize::from(b.target().is_some_and(|t| f(t, c.dtype, d as i64, dv as i64)))
         };
-        let expected = fused(kiln::graph::attention::fits, c.d, c.dv)
-            + fused(kiln::graph::attention::grad_fits, c.d, c.d)
-            + 3 * fused(kiln::graph::attention::grad_fits, c.d, c.dv);
+        let expected =
+            fused(kiln::graph::attention::fits, c.d, c.dv).max(fused(kiln::graph::attention::grad_fits, c.d, c.d))
+                + 2 * fused(kiln::graph::attention::grad_fits, c.d, c.dv);
         let attentions = kinds.iter().filter(|k| *k == "attention").count();
         assert_eq!(attentions, expected, "case {n}: kernels {kinds:?}");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {

@@ -35,12 +35,15 @@ pub(super) struct Lanes {
 }
 
 /// Where a workgroup's block starts and each operand's entry: byte pointers and row strides of `q, k,
-/// v, out, dout, lse, delta` (`0` for an operand the pass does not have).
+/// v, out, dout, lse, delta, second` (`0` for an operand the pass does not have).
 pub(super) struct Entry {
     pub(super) start: String,
-    pub(super) ptr: [String; 7],
-    pub(super) ld: [String; 7],
+    pub(super) ptr: [String; OPERANDS],
+    pub(super) ld: [String; OPERANDS],
 }
+
+/// Operands an attention kernel may bind, in [`Entry`]'s order.
+pub(super) const OPERANDS: usize = 8;
 use kiln_graph::dtype::DType;
 use kiln_graph::kernel::{Attention, AttentionPass, AttentionTile, RowsOperand};
 
@@ -163,7 +166,9 @@ impl Writer<'_> {
             self.emit(&format!("sub.s64 {start}, {start}, 1;"));
         }
         self.emit(&format!("mul.lo.s64 {start}, {start}, {rows};"));
-        let operands: [(Option<&RowsOperand>, u32); 7] = [
+        // Element bytes: half-precision rows, f32 log-sum-exps and deltas (the forward's second output is
+        // its log-sum-exps; the keys' gradient's, the values' gradient).
+        let operands: [(Option<&RowsOperand>, u32); OPERANDS] = [
             (Some(&a.q), 2),
             (Some(&a.k), 2),
             (Some(&a.v), 2),
@@ -171,8 +176,9 @@ impl Writer<'_> {
             (a.dout.as_ref(), 2),
             (a.lse.as_ref(), 4),
             (a.delta.as_ref(), 4),
+            (a.second.as_ref(), if a.pass == AttentionPass::Forward { 4 } else { 2 }),
         ];
-        let mut base: Vec<String> = Vec::with_capacity(7);
+        let mut base: Vec<String> = Vec::with_capacity(OPERANDS);
         for (o, _) in &operands {
             let r = self.reg("s64");
             let off = o.map_or_else(|| "0".to_string(), |o| self.expr(&o.offset));
@@ -186,7 +192,7 @@ impl Writer<'_> {
             let i = self.reg("s64");
             self.emit(&format!("rem.s64 {i}, {rest}, {ext};"));
             self.emit(&format!("div.s64 {rest}, {rest}, {ext};"));
-            for (acc, stride) in base.iter().zip([&b.q, &b.k, &b.v, &b.out, &b.dout, &b.lse, &b.delta]) {
+            for (acc, stride) in base.iter().zip([&b.q, &b.k, &b.v, &b.out, &b.dout, &b.lse, &b.delta, &b.second]) {
                 let s = self.expr(stride);
                 self.emit(&format!("mad.lo.s64 {acc}, {i}, {s}, {acc};"));
             }
@@ -194,7 +200,7 @@ impl Writer<'_> {
         let past = self.reg("pred");
         self.emit(&format!("setp.ne.s64 {past}, {rest}, 0;"));
         self.emit(&format!("@{past} ret;"));
-        let (mut ptr, mut ld) = (Vec::with_capacity(7), Vec::with_capacity(7));
+        let (mut ptr, mut ld) = (Vec::with_capacity(OPERANDS), Vec::with_capacity(OPERANDS));
         for ((o, bytes), b) in operands.iter().zip(&base) {
             let p = self.reg("s64");
             match o {
@@ -209,7 +215,9 @@ impl Writer<'_> {
             }
             ptr.push(p);
         }
-        let arr = |v: Vec<String>| -> [String; 7] { v.try_into().unwrap_or_else(|_| unreachable!("seven operands")) };
+        let arr = |v: Vec<String>| -> [String; OPERANDS] {
+            v.try_into().unwrap_or_else(|_| unreachable!("one pointer and stride per operand"))
+        };
         Entry { start, ptr: arr(ptr), ld: arr(ld) }
     }
 
@@ -575,6 +583,10 @@ impl Writer<'_> {
             x
         });
         self.store_rows(ty, &o, (&qrow, &tq), (&e.ptr[3], &e.ld[3]), &inv, &l);
+        if a.second.is_some() {
+            // The log-sum-exps beside the output (`Attention::second`).
+            self.store_lse(&m, &lsum, &qrow, &tq, (&e.ptr[7], &e.ld[7]), &l);
+        }
     }
 
     /// Each row's log-sum-exp, `(m + log2 l) · ln 2` from its base-2 running max and sum (`-inf` for a

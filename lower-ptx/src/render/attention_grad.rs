@@ -6,8 +6,8 @@
 //! does: `s = q kᵀ`, `p = exp(s - lse)`, `dp = dout vᵀ`, `ds = p (dp - delta)`, `dq += ds k`. The keys'
 //! and values' gradients: each warp owns 16 keys and streams query tiles (with their output gradients,
 //! log-sum-exps and deltas): `sᵀ = k qᵀ`, `pᵀ = exp(sᵀ - lse)`, `dv += pᵀ dout`, and for the keys
-//! `dpᵀ = v doutᵀ`, `dsᵀ = pᵀ (dpᵀ - delta)`, `dk += dsᵀ q`. The scale multiplies `dq` and `dk` once, at
-//! the end.
+//! `dpᵀ = v doutᵀ`, `dsᵀ = pᵀ (dpᵀ - delta)`, `dk += dsᵀ q`; one kernel computes both from one `pᵀ`
+//! where `graph` paired them (`Attention::second`). The scale multiplies `dq` and `dk` once, at the end.
 
 use super::attention::LOG2_E;
 use super::Writer;
@@ -28,12 +28,18 @@ impl Writer<'_> {
             return self.fail(format!("attention tile {:?} does not fit head dims {d}, {dv}", a.tile));
         }
         let by_queries = part == AttentionPart::Queries;
+        // The keys' gradient with the values' beside it (`Attention::second`): one walk over the query
+        // tiles, the probabilities computed once for both.
+        let with_values = part == AttentionPart::Keys && a.second.is_some();
+        if a.second.is_some() && !with_values {
+            return self.fail(format!("a second output beside the {part:?} gradient"));
+        }
         // The block this workgroup owns (queries, or keys) and the tiles it streams (keys, or queries).
         let (own_len, stream_len) = if by_queries { (&a.q_len, &a.kv_len) } else { (&a.kv_len, &a.q_len) };
         let (own_len, stream_len) = (self.expr(own_len), self.expr(stream_len));
         let e = self.attention_entry(a, &own_len, rows, by_queries && a.causal);
-        let [pq, pk, pv, _, pdo, plse, pdelta] = e.ptr.clone();
-        let [lq, lk, lv, lout, ldo, llse, ldelta] = e.ld.clone();
+        let [pq, pk, pv, _, pdo, plse, pdelta, _] = e.ptr.clone();
+        let [lq, lk, lv, lout, ldo, llse, ldelta, _] = e.ld.clone();
         let lanes = self.attention_lanes();
         let name = self.k.name.clone();
         // Shared arrays: the owned block's two operands, the streamed tile's two, and (streaming queries)
@@ -105,7 +111,9 @@ impl Writer<'_> {
             AttentionPart::Values => dv,
         };
         let acc: Vec<Vec<String>> = (0..width / 8).map(|_| (0..4).map(|_| self.reg("f32")).collect()).collect();
-        for x in acc.iter().flatten() {
+        let acc_v: Vec<Vec<String>> =
+            (0..if with_values { dv / 8 } else { 0 }).map(|_| (0..4).map(|_| self.reg("f32")).collect()).collect();
+        for x in acc.iter().chain(&acc_v).flatten() {
             self.emit(&format!("mov.f32 {x}, 0f00000000;"));
         }
         // Streamed tiles: all, or (causal) for queries those with a key at or before the block's last
@@ -224,6 +232,11 @@ impl Writer<'_> {
             let frags = self.probability_fragments(ty, &s);
             self.accumulate(ty, &acc, &frags, &bb_t, pitch(str_b.2), width);
         } else {
+            if with_values {
+                // dv += pᵀ · dout, before the probabilities become the scores' gradient.
+                let frags = self.probability_fragments(ty, &s);
+                self.accumulate(ty, &acc_v, &frags, &bb_t, pitch(str_b.2), dv);
+            }
             // dp = dout · vᵀ (queries own rows) or dpᵀ = v · doutᵀ (keys own rows): the owned second
             // operand's fragments against the tile's second operand.
             let dpt = self.score_tiles(ty, &fb, &bb, pitch(str_b.2), stream, own_b.2);
@@ -248,5 +261,11 @@ impl Writer<'_> {
             self.emit(&format!("mov.f32 {m}, {out_scale};"));
         }
         self.store_rows(ty, &acc, (&own_row, &own_len), (&e.ptr[3], &lout), &mul, &lanes);
+        if with_values {
+            for m in &mul {
+                self.emit(&format!("mov.f32 {m}, {};", super::f32_imm(1.0)));
+            }
+            self.store_rows(ty, &acc_v, (&own_row, &own_len), (&e.ptr[7], &e.ld[7]), &mul, &lanes);
+        }
     }
 }

@@ -306,6 +306,11 @@ impl Builder {
     }
 
     pub(crate) fn reshape(&mut self, x: NodeId, shape: Shape) -> NodeId {
+        // A reshape to the shape `x` has is `x`: as a node it would be a view, and a graph output that
+        // is a view is copied into a buffer of its own.
+        if self.shape(x) == shape {
+            return x;
+        }
         self.push(Op::Reshape, &[x], self.dtype(x), shape)
     }
 

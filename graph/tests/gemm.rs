@@ -203,8 +203,9 @@ fn linear_gradients(t: &[Tensor]) -> Result<Vec<Tensor>> {
 }
 
 /// A linear layer's weight gradient sums one product per batch entry (the weight is broadcast over the
-/// batch): it is computed as one product over the batch folded into the reduction, `[in, b·s] @ [b·s,
-/// out]`, with no batched product written out and no separate sum (as torch's linear backward does).
+/// batch): it is computed as one product over the batch folded into the reduction, with no batched product
+/// written out and no separate sum (as torch's linear backward does), and in the weight's own layout,
+/// `[out, b·s] @ [b·s, in]`, so nothing reads it at a stride or copies it into place.
 #[test]
 fn a_weight_gradient_is_one_product_over_the_folded_batch() {
     let specs = [
@@ -218,9 +219,12 @@ fn a_weight_gradient_is_one_product_over_the_folded_batch() {
     assert_eq!(g.len(), 2, "{c}");
     assert!(g.iter().all(|g| g.batch.is_empty()), "{c}");
     let shapes: Vec<_> = g.iter().map(|g| [&g.m, &g.n, &g.k].map(|e| e.as_const())).collect();
-    // Forward: 128 rows (the folded batch) of 96 inputs; weight gradient: 96 x 256 over 128 rows.
+    // Forward: 128 rows (the folded batch) of 96 inputs; weight gradient: 256 x 96 over 128 rows.
     assert!(shapes.contains(&[Some(128), Some(256), Some(96)]), "{c}");
-    assert!(shapes.contains(&[Some(96), Some(256), Some(128)]), "{c}");
+    assert!(shapes.contains(&[Some(256), Some(96), Some(128)]), "{c}");
+    // The weight gradient the graph returns is the product itself: written by the GEMM, copied by nothing.
+    let g = &c.primitive.graph;
+    assert!(g.outputs.iter().any(|&o| g.node(o).op == kiln_graph::Op::MatMul), "{c}");
     // The same gradients without the library (the template) agree too.
     close(&specs, linear_gradients, &Target::webgpu_default());
 }

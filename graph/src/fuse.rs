@@ -92,8 +92,31 @@ pub enum Role {
     Attention,
 }
 
-/// How the scheduler treats an op.
-pub fn role(op: &Op) -> Role {
+/// How the scheduler treats node `n` of `g`: as its op says ([`op_role`]), except that a conversion of a
+/// half-precision value to f32 is transparent ([`widens`]).
+pub fn role(g: &Graph, n: NodeId) -> Role {
+    let node = g.node(n);
+    if widens(g, node) {
+        Role::Transparent
+    } else {
+        op_role(&node.op)
+    }
+}
+
+/// Whether `node` converts a half-precision value to f32: computed where it is read, as a view is, each
+/// reader loading the narrow value and converting it. Stored, the conversion would write twice the bytes
+/// of the value it converts and every reader would read them back (a bf16 training step's gradients,
+/// read by a bias sum, a weight sum and the layer norm's backward, were each copied to f32 first). The
+/// conversion is exact, so computing it in every reader changes no value. The eager baseline stores it
+/// as the user's own op (the pipeline marks it materialised there).
+pub fn widens(g: &Graph, node: &crate::ir::Node) -> bool {
+    node.op == Op::Cast
+        && node.dtype == crate::dtype::DType::F32
+        && matches!(g.node(node.inputs[0]).dtype, crate::dtype::DType::BF16 | crate::dtype::DType::F16)
+}
+
+/// How the scheduler treats an op, whatever its operands.
+pub fn op_role(op: &Op) -> Role {
     match op {
         Op::Input { .. } => Role::Input,
         Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast => Role::Pointwise,
@@ -136,7 +159,14 @@ impl<'g> Facts<'g> {
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, x)| if materialized.contains(&NodeId(i as u32)) { Role::Pointwise } else { role(&x.op) })
+            .map(|(i, _)| {
+                let n = NodeId(i as u32);
+                if materialized.contains(&n) {
+                    Role::Pointwise
+                } else {
+                    role(graph, n)
+                }
+            })
             .collect();
         let producers: Vec<Vec<NodeId>> = graph
             .nodes

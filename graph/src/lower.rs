@@ -463,10 +463,9 @@ impl<'a> Lowerer<'a> {
         if let Some(&v) = self.memo.get(&key) {
             return Ok(v);
         }
-        let node = self.g.node(n);
         let is_member = self.members.contains(&n);
         let computed_elsewhere = !is_member
-            && (crate::fuse::role(&node.op) != crate::fuse::Role::Transparent || self.materialized.contains(&n));
+            && (crate::fuse::role(self.g, n) != crate::fuse::Role::Transparent || self.materialized.contains(&n));
         let v = if computed_elsewhere {
             self.load(n, p.flat.clone())
         } else {
@@ -1116,9 +1115,7 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
 /// through the sliced view's own reshapes to the layout node beneath them, so the kernel that produces
 /// the values writes them in that layout.
 fn shared_source(l: &Lowerer, node: NodeId) -> NodeId {
-    let view = |n: NodeId| {
-        crate::fuse::role(&l.g.node(n).op) == crate::fuse::Role::Transparent && !l.materialized.contains(&n)
-    };
+    let view = |n: NodeId| crate::fuse::role(l.g, n) == crate::fuse::Role::Transparent && !l.materialized.contains(&n);
     let readers = |n: NodeId| l.g.nodes.iter().filter(|x| x.inputs.contains(&n)).count();
     let mut n = node;
     while matches!(l.g.node(n).op, Op::Reshape) && view(l.g.node(n).inputs[0]) {
@@ -1177,7 +1174,7 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId, tf32: bool) -> 
         Some((op, strides[..strides.len() - 2].to_vec()))
     };
     let view = |l: &Lowerer, n: NodeId| {
-        crate::fuse::role(&l.g.node(n).op) == crate::fuse::Role::Transparent && !l.materialized.contains(&n)
+        crate::fuse::role(l.g, n) == crate::fuse::Role::Transparent && !l.materialized.contains(&n)
     };
     let a = operand(&mut l, a_node, is, ps, (&m, &k));
     let b = operand(&mut l, b_node, ps, js, (&k, &n));
@@ -1322,9 +1319,7 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId, partner: Option<Node
                 let ld = strides[r - 2].clone();
                 views.push((RowsOperand { buffer, offset, ld }, strides[..r - 2].to_vec()));
             }
-            _ if crate::fuse::role(&l.g.node(x).op) == crate::fuse::Role::Transparent
-                && !l.materialized.contains(&x) =>
-            {
+            _ if crate::fuse::role(l.g, x) == crate::fuse::Role::Transparent && !l.materialized.contains(&x) => {
                 return Err(LowerFailure::Materialize(x));
             }
             _ => return Err(LowerFailure::Refuse(node)),

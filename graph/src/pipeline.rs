@@ -137,6 +137,14 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     feedback.materialized.extend(copies.iter().copied());
     feedback.kept = copies;
     feedback.materialized.extend(crate::attention::stored_permutes(&primitive.graph));
+    if mode == FusionMode::PerOp {
+        // The eager baseline runs a conversion the user wrote as its own kernel, as PyTorch's eager mode
+        // does; compiled code computes it in its readers (`fuse::widens`).
+        let g = &primitive.graph;
+        feedback
+            .materialized
+            .extend((0..g.nodes.len() as u32).map(NodeId).filter(|&n| crate::fuse::widens(g, g.node(n))));
+    }
     feedback.materialized = crate::lower::library_views_to_store(&primitive.graph, target, &feedback.materialized);
     let mut lowered = Lowered::default();
     // Families of assembled concatenations some kernel binds in conflict (see `Assembly::conflict`).

@@ -266,3 +266,45 @@ fn reductions_past_two_to_the_32_cover_every_element() {
         }
     }
 }
+
+/// A bf16 value converted to f32 and read by three kernels (a bias gradient's column sum, a row sum and
+/// a pointwise product, as a bf16 training step's gradient is): each kernel loads the bf16 value and
+/// converts it, and no kernel writes an f32 copy; the eager baseline runs the conversion as its own
+/// kernel, as the user wrote it. Both compute the reference's values (through the kernel interpreter).
+#[test]
+fn a_widening_conversion_is_computed_where_it_is_read() {
+    use kiln_graph::tolerance::{compare, Expected, Tolerance};
+    let specs = [TensorSpec::new(DType::BF16, &[64, 48])];
+    let f = |t: &[Tensor]| -> Result<Vec<Tensor>> {
+        let g = t[0].cast(DType::F32)?;
+        Ok(vec![g.sum(&[0], false)?, g.sum(&[1], false)?, g.mul(&g)?.cast(DType::BF16)?])
+    };
+    let g = capture(&specs, f).unwrap();
+    let inputs: Vec<_> = specs.iter().enumerate().map(|(i, s)| kiln_graph::workloads::data(s, i)).collect();
+    let refs: Vec<_> = inputs.iter().collect();
+    let want = kiln_graph::interp::run_unrounded(&g, &refs).unwrap();
+    // f32 copies of the whole value (64 × 48 elements) written by any kernel.
+    let f32_copies = |c: &CompiledGraph| {
+        let copy = |b: &&kiln_graph::kernel::BufferParam| {
+            b.access == Access::Write && b.dtype == DType::F32 && b.len.as_const() == Some(64 * 48)
+        };
+        c.kernels.iter().flat_map(|k| &k.buffers).filter(copy).count()
+    };
+    for mode in [kiln_graph::FusionMode::Fused, kiln_graph::FusionMode::PerOp] {
+        let c = kiln_graph::compile_graph_with(&g, &Target::cuda(90), mode).unwrap();
+        let got = c.run_interpreted(&refs).unwrap();
+        for (got, want) in got.iter().zip(&want) {
+            let outcome = compare(got, &Expected::of(want, "reference"), Tolerance::of(&g).unwrap());
+            assert!(outcome.correct, "{mode:?}: {outcome:?}\n{c}");
+        }
+        // Eager: the conversion's f32 copy, read by the three ops, and the product before its conversion
+        // back. Fused: none.
+        let copies = if mode == kiln_graph::FusionMode::PerOp { 2 } else { 0 };
+        assert_eq!(f32_copies(&c), copies, "{mode:?}\n{c}");
+        let reads_bf16 =
+            c.kernels.iter().filter(|k| k.buffers.iter().any(|b| b.access == Access::Read && b.dtype == DType::BF16));
+        if mode == kiln_graph::FusionMode::Fused {
+            assert_eq!(reads_bf16.count(), 3, "each reader loads the bf16 value\n{c}");
+        }
+    }
+}

@@ -307,13 +307,18 @@ impl<'g> Scheduler<'g> {
     }
 
     /// Adds the pointwise producers of `members` whose every consumer is a member (so nothing is computed
-    /// twice or written that was not before); true if any joined.
-    fn absorb_producers(&self, members: &mut BTreeSet<NodeId>) -> bool {
+    /// twice or written that was not before); true if any joined. A row region (`rows`) takes no producer
+    /// lowering refused it (one reading a reduction at another row).
+    fn absorb_producers(&self, members: &mut BTreeSet<NodeId>, rows: bool) -> bool {
         let mut changed = false;
         let snapshot: Vec<NodeId> = members.iter().copied().collect();
         for m in snapshot {
             for &p in &self.f.producers[m.index()] {
-                if members.contains(&p) || !self.free(p) || self.f.role[p.index()] != Role::Pointwise {
+                if members.contains(&p)
+                    || !self.free(p)
+                    || self.f.role[p.index()] != Role::Pointwise
+                    || (rows && self.refused.contains(&p))
+                {
                     continue;
                 }
                 let all_inside =
@@ -383,12 +388,39 @@ impl<'g> Scheduler<'g> {
                     }
                 }
                 // Backward: pointwise producers all of whose consumers are here.
-                changed |= self.absorb_producers(&mut members);
+                changed |= self.absorb_producers(&mut members, true);
                 if !changed {
                     break;
                 }
             }
+            self.release_tips(&mut members);
             self.commit(RegionKind::Rows { input_shape, axes }, members);
+        }
+    }
+
+    /// Takes out of a grown row region each pointwise member that it would store for one reader
+    /// elsewhere, when that reader computes elementwise or reduces and so can compute the member itself:
+    /// the member then joins the reader's kernel as a producer (from the region's inputs and the per-row
+    /// values the region stores), instead of being written here and read back there. A training step's
+    /// layer norm is the case: growing forward over the same elements, the forward's kernel took the
+    /// backward's `x - mean` and `(x - mean) · rstd` (computed again in the backward, `remat`) and wrote
+    /// both in f32 for the backward, two f32 tensors kept across the whole step where the bf16 input and
+    /// two numbers a row were kept anyway. Repeated, so a chain leaves whole.
+    fn release_tips(&self, members: &mut BTreeSet<NodeId>) {
+        let tip = |members: &BTreeSet<NodeId>| {
+            let takes_producers = |c: NodeId| {
+                !members.contains(&c)
+                    && self.free(c)
+                    && matches!(self.f.role[c.index()], Role::Pointwise | Role::Reduce)
+            };
+            members.iter().copied().find(|&m| {
+                self.f.role[m.index()] == Role::Pointwise
+                    && !self.f.output_reach[m.index()]
+                    && matches!(self.f.consumers[m.index()][..], [c] if takes_producers(c))
+            })
+        };
+        while let Some(t) = tip(members) {
+            members.remove(&t);
         }
     }
 
@@ -489,7 +521,7 @@ impl<'g> Scheduler<'g> {
             }
             let mut members = BTreeSet::from([seed]);
             loop {
-                while self.absorb_producers(&mut members) {}
+                while self.absorb_producers(&mut members, false) {}
                 if !self.absorb_siblings(&mut members, seed) {
                     break;
                 }

@@ -23,17 +23,25 @@ pub(crate) fn recompute_in_backward(joint: Graph, forward_len: usize) -> Graph {
     let Graph { nodes, inputs, outputs, symbols } = joint;
     let mut g = Graph { nodes: nodes[..forward_len].to_vec(), inputs, outputs: Vec::new(), symbols };
     let mut map: Vec<NodeId> = (0..forward_len as u32).map(NodeId).collect();
-    let mut copies: HashMap<NodeId, Option<NodeId>> = HashMap::new();
+    // Readers that compute elementwise or reduce (and views, which their readers compute through) each
+    // get copies of their own: every such reader then holds the only reader of its copy, and fusion
+    // computes the copy inside that reader's kernel, whichever kernel that is. One copy shared by a layer
+    // norm's weight gradient and its input gradient, two kernels, was stored by the forward's kernel
+    // instead. A product or an attention reads its operands from memory: one copy is stored for all.
+    let mut shared: HashMap<NodeId, Option<NodeId>> = HashMap::new();
     let exact = compared(&nodes, forward_len);
     for (i, node) in nodes.iter().enumerate().skip(forward_len) {
         let mut node = node.clone();
+        let own = node.op.family() != OpFamily::Matmul;
+        let mut mine: HashMap<NodeId, Option<NodeId>> = HashMap::new();
         for x in &mut node.inputs {
             *x = if x.index() >= forward_len {
                 map[x.index()]
             } else if exact[i] {
                 *x
             } else {
-                recomputed(&mut g, *x, &mut copies).unwrap_or(*x)
+                let copies = if own { &mut mine } else { &mut shared };
+                recomputed(&mut g, *x, copies).unwrap_or(*x)
             };
         }
         map.push(g.push(node));

@@ -308,3 +308,34 @@ fn a_widening_conversion_is_computed_where_it_is_read() {
         }
     }
 }
+
+/// A value a row region computes over its elements for one reader elsewhere that reduces otherwise (here
+/// `exp(x - max)` of each row, summed down the columns) is computed by that reader, from the input and
+/// the row's max, not written by the row region and read back: as a training step's layer norm leaves
+/// `(x - mean) · rstd` to its weight gradient's column sum instead of storing it in f32 across the step.
+#[test]
+fn a_row_regions_value_read_once_elsewhere_is_computed_there() {
+    use kiln_graph::tolerance::{compare, Expected, Tolerance};
+    let specs = [TensorSpec::new(DType::BF16, &[64, 96])];
+    let f = |t: &[Tensor]| -> Result<Vec<Tensor>> {
+        let x = t[0].cast(DType::F32)?;
+        let shifted = x.sub(&x.max(&[1], true)?)?.exp()?;
+        Ok(vec![x.softmax(-1)?.cast(DType::BF16)?, shifted.sum(&[0], false)?])
+    };
+    let g = capture(&specs, f).unwrap();
+    let c = compile_graph(&g, &Target::cuda(90)).unwrap();
+    let f32_copies = c
+        .kernels
+        .iter()
+        .flat_map(|k| &k.buffers)
+        .filter(|b| b.access == Access::Write && b.dtype == DType::F32 && b.len.as_const() == Some(64 * 96))
+        .count();
+    assert_eq!(f32_copies, 0, "{c}");
+    let inputs: Vec<_> = specs.iter().enumerate().map(|(i, s)| kiln_graph::workloads::data(s, i)).collect();
+    let refs: Vec<_> = inputs.iter().collect();
+    let want = kiln_graph::interp::run_unrounded(&g, &refs).unwrap();
+    for (got, want) in c.run_interpreted(&refs).unwrap().iter().zip(&want) {
+        let outcome = compare(got, &Expected::of(want, "reference"), Tolerance::of(&g).unwrap());
+        assert!(outcome.correct, "{outcome:?}\n{c}");
+    }
+}

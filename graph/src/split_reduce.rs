@@ -23,9 +23,10 @@ use crate::ir::{NodeId, ReduceOp};
 use crate::shape::{reduced_shape, Shape};
 use crate::sym::Expr;
 
-/// Outputs a column stage aims for: an H200 keeps 132 × 2,048 threads resident; half of that, each with
-/// its own stream of loads, keeps its memory busy.
-const COLUMN_THREADS: u64 = 1 << 17;
+/// Outputs a column stage aims for unless the target says otherwise (`Target::column_threads`): an H200
+/// keeps 132 × 2,048 threads resident; half of that, each with its own stream of loads, keeps its memory
+/// busy.
+pub const COLUMN_THREADS: u64 = 1 << 17;
 /// Elements one thread of a column stage sums in sequence: fewer wastes the thread, more makes the pass
 /// a chain of dependent loads.
 const COLUMN_SERIAL: (u64, u64) = (16, 128);
@@ -57,7 +58,7 @@ pub(crate) fn split(b: &mut Builder, op: ReduceOp, x: NodeId, axes: &[usize], ke
     let outer: u64 = dims[..lo].iter().product();
     let reduced: u64 = dims[lo..=last].iter().product();
     let inner: u64 = dims[last + 1..].iter().product();
-    let pieces = plan(outer, reduced, inner);
+    let pieces = plan(outer, reduced, inner, b.column_threads);
     if pieces.is_empty() {
         return None;
     }
@@ -84,9 +85,11 @@ pub(crate) fn split(b: &mut Builder, op: ReduceOp, x: NodeId, axes: &[usize], ke
 }
 
 /// The piece counts of each split stage (outermost last), for `outer × reduced × inner` elements.
-fn plan(outer: u64, mut reduced: u64, inner: u64) -> Vec<u64> {
+fn plan(outer: u64, mut reduced: u64, inner: u64, column_threads: u64) -> Vec<u64> {
     let mut pieces = Vec::new();
-    while let Some(c) = if inner == 1 { row_pieces(outer, reduced) } else { column_pieces(outer * inner, reduced) } {
+    while let Some(c) =
+        if inner == 1 { row_pieces(outer, reduced) } else { column_pieces(outer * inner, reduced, column_threads) }
+    {
         pieces.push(c);
         reduced = c;
     }
@@ -105,45 +108,47 @@ fn row_pieces(rows: u64, len: u64) -> Option<u64> {
 /// Pieces to cut columns of `len` into, for `outputs` columns read side by side: pieces of at most
 /// `COLUMN_SERIAL.1` elements (longer ones are not short columns; and the search stays a few steps
 /// however long the axis).
-fn column_pieces(outputs: u64, len: u64) -> Option<u64> {
+fn column_pieces(outputs: u64, len: u64, column_threads: u64) -> Option<u64> {
     let (fewest, most) = COLUMN_SERIAL;
     if len <= 2 * fewest {
         return None;
     }
-    let serial = (outputs * len).div_ceil(COLUMN_THREADS).clamp(fewest, most);
+    let serial = (outputs * len).div_ceil(column_threads.max(1)).clamp(fewest, most);
     let piece = (serial..=most.min(len - 1)).find(|d| len % d == 0)?;
     Some(len / piece)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::plan;
+    use super::{plan, COLUMN_THREADS};
 
     #[test]
     fn a_whole_tensor_mean_is_cut_into_a_thousand_rows_then_one() {
         // W5's loss: one row of 8·512·768.
-        assert_eq!(plan(1, 3 << 20, 1), vec![768]);
+        assert_eq!(plan(1, 3 << 20, 1, COLUMN_THREADS), vec![768]);
     }
 
     #[test]
     fn many_rows_or_short_rows_stay_whole() {
-        assert!(plan(8192, 8192, 1).is_empty());
-        assert!(plan(4, 1000, 1).is_empty());
+        assert!(plan(8192, 8192, 1, COLUMN_THREADS).is_empty());
+        assert!(plan(4, 1000, 1, COLUMN_THREADS).is_empty());
     }
 
     #[test]
     fn a_bias_gradient_sums_columns_in_short_serial_pieces() {
         // 3,072 features over 4,096 tokens: 32 pieces of 128, then 32 partials each.
-        assert_eq!(plan(1, 4096, 3072), vec![32]);
+        assert_eq!(plan(1, 4096, 3072, COLUMN_THREADS), vec![32]);
         // 768 features: 128 pieces of 32, then 8 of 16, then 8 partials.
-        assert_eq!(plan(1, 4096, 768), vec![128, 8]);
+        assert_eq!(plan(1, 4096, 768, COLUMN_THREADS), vec![128, 8]);
+        // Aiming for twice the threads: pieces of 16 (256 of them), then 16 of 16, then 16 partials.
+        assert_eq!(plan(1, 4096, 768, 2 * COLUMN_THREADS), vec![256, 16]);
     }
 
     #[test]
     fn a_column_too_short_or_without_divisors_stays_whole() {
-        assert!(plan(1, 32, 768).is_empty());
-        assert!(plan(1, 4099, 768).is_empty(), "4,099 is prime");
+        assert!(plan(1, 32, 768, COLUMN_THREADS).is_empty());
+        assert!(plan(1, 4099, 768, COLUMN_THREADS).is_empty(), "4,099 is prime");
         // Twice a large prime: no piece of 16–128 divides it (and finding that takes a few steps).
-        assert!(plan(1, 2 * 1_000_000_007, 4).is_empty());
+        assert!(plan(1, 2 * 1_000_000_007, 4, COLUMN_THREADS).is_empty());
     }
 }

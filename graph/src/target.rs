@@ -65,6 +65,11 @@ pub struct Target {
     /// see `benches/NOTES.md`).
     #[serde(default = "default_row_threads")]
     pub row_threads: u32,
+    /// Outputs a column reduction's first pass aims for (a bias gradient's sum over tokens is cut into
+    /// pieces summed side by side, `split_reduce`): enough threads, each summing a short piece, to keep
+    /// the device's memory busy.
+    #[serde(default = "default_column_threads")]
+    pub column_threads: u64,
     /// Bytes one buffer may hold.
     #[serde(default = "unlimited")]
     pub max_buffer_bytes: u64,
@@ -104,6 +109,10 @@ fn default_row_cache() -> u32 {
     32
 }
 
+fn default_column_threads() -> u64 {
+    crate::split_reduce::COLUMN_THREADS
+}
+
 impl Target {
     /// WebGPU's guaranteed defaults: what any adapter, in any browser, can run.
     pub fn webgpu_default() -> Target {
@@ -126,6 +135,7 @@ impl Target {
             tf32_convolutions: false,
             conv_row_products_bytes: 0,
             row_threads: 256,
+            column_threads: default_column_threads(),
             max_buffer_bytes: 256 << 20,
             max_binding_bytes: 128 << 20,
             binding_alignment: 256,
@@ -170,6 +180,11 @@ impl Target {
             // in a CUDA graph (DenseNet's first block, at 8 MiB, spent 84 µs writing its im2col matrix).
             conv_row_products_bytes: 4 << 20,
             row_threads: 256,
+            // About the threads an H200 keeps resident (132 × 2,048): a column's first pass is a chain of
+            // dependent loads a thread, and twice the default's threads summing half as far took a bf16
+            // training step's layer-norm weight gradients from 159 to 68 µs (W5-train-bf16 under Nsight
+            // Compute; 1 << 19 measured the same: `benches/NOTES.md`, session 26).
+            column_threads: 1 << 18,
             max_buffer_bytes: unlimited(),
             max_binding_bytes: unlimited(),
             binding_alignment: default_binding_alignment(),
@@ -211,7 +226,7 @@ impl Target {
 
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
     /// `KILN_<BACKEND>_ROW_THREADS`, `KILN_<BACKEND>_ROW_CACHE` (persistent rows; 0: off) and
-    /// `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full
+    /// `KILN_<BACKEND>_COLUMN_THREADS` (`column_threads`), `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full
     /// precision, as `torch.backends.cudnn.allow_tf32 = False`), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
     /// attention: matrix units unused) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
@@ -224,6 +239,7 @@ impl Target {
         }
         self.row_threads = knob("ROW_THREADS").unwrap_or(self.row_threads);
         self.max_row_cache = knob("ROW_CACHE").unwrap_or(self.max_row_cache);
+        self.column_threads = knob("COLUMN_THREADS").map_or(self.column_threads, u64::from);
         self.library_gemm &= std::env::var(format!("KILN_{backend}_GEMM")).as_deref() != Ok("kiln");
         self.library_epilogue &= self.library_gemm;
         if self.tf32_convolutions && std::env::var(format!("KILN_{backend}_CONV_TF32")).as_deref() == Ok("0") {

@@ -218,8 +218,13 @@ tests|bench|peer|parts|profile)
     ;;
   esac
   ;;
+pack)
+  # The device tool returns at most a few files from $OUT: end a call with `scripts/gpu.sh pack`, which
+  # leaves one archive of everything written there ($OUT/all.tgz; unpack with `tar xzf`).
+  tar czf /tmp/kiln-gpu-all.tgz -C "$out" . && find "$out" -type f -delete && mv /tmp/kiln-gpu-all.tgz "$out/all.tgz"
+  ;;
 *)
-  echo "usage: scripts/gpu.sh stage|stage-fps|fps|tests [test arguments]|bench|peer|parts [bench arguments | --trials N and peer arguments]|profile KILN [TORCH MODE]" >&2
+  echo "usage: scripts/gpu.sh stage|stage-fps|fps|pack|tests [test arguments]|bench|peer|parts [bench arguments | --trials N and peer arguments]|profile KILN [TORCH MODE]" >&2
   exit 2
   ;;
 esac

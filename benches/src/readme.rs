@@ -41,7 +41,7 @@ pub fn render(report: &Report, path: &Path) -> String {
         trials("cuda").or(trials("wgpu")).unwrap_or(0),
         trials("torch-cuda").unwrap_or(0),
     ));
-    s.push_str("| id | kiln device ms | torch best device ms | ratio | verdict | kiln call + sync ms | torch best call + sync ms | verdict | peak MiB kiln / torch | compile s kiln / torch, cold (warm) | outputs |\n");
+    s.push_str("| id | kiln device ms | torch best device ms | ratio | verdict | kiln call + sync ms | torch best call + sync ms | verdict | peak MiB kiln / torch (compiled / default) | compile s kiln / torch, cold (warm) | outputs |\n");
     s.push_str("|---|---:|---:|---:|---|---:|---:|---|---:|---:|---|\n");
     let backend = if report.results.iter().any(|r| r.backend == "cuda") { "cuda" } else { "wgpu" };
     let kiln = best_rows(report, &|r| r.backend == backend, &|r| Some(r.median_ms));
@@ -106,8 +106,10 @@ pub fn render(report: &Report, path: &Path) -> String {
                 (Some(a), Some(b)) => call_verdict(a, b),
                 _ => "—",
             },
+            // Peak memory of the same kind of run on both sides: kiln's compiled mode and torch's default
+            // mode (neither holds a CUDA graph's pool), as the compile column compares them.
             mib(find(backend, &k.workload, "compiled")),
-            mib(t),
+            mib(t.and_then(|t| find(&t.backend, &t.workload, "default"))),
             compile(find(backend, &k.workload, "compiled")),
             compile(find("torch-cuda", id, "default")),
             ok(find(backend, &k.workload, "compiled")),

@@ -15,8 +15,8 @@
 //! reads the probabilities.
 
 use crate::dtype::DType;
-use crate::ir::{AttentionPart, BinaryOp, Graph, NodeId, Op};
-use crate::kernel::AttentionTile;
+use crate::ir::{BinaryOp, Graph, NodeId, Op};
+use crate::kernel::{AttentionPass, AttentionTile};
 use crate::target::Target;
 
 /// The largest head dim the fused kernel keeps in registers (one row of `q` and of the output per group
@@ -205,17 +205,11 @@ pub fn stored_as(g: &Graph, node: NodeId, readers: &[usize]) -> Option<NodeId> {
 /// kernel computes them once). Partners have the same operands, scale and mask.
 pub fn partner(g: &Graph, node: NodeId) -> Option<NodeId> {
     let n = g.node(node);
-    let wanted = match n.op {
-        Op::Attention { scale, causal } => Op::AttentionLse { scale, causal },
-        Op::AttentionGrad { scale, causal, part: AttentionPart::Keys } => {
-            Op::AttentionGrad { scale, causal, part: AttentionPart::Values }
-        }
-        _ => return None,
-    };
-    let inputs: &[NodeId] = match wanted {
-        Op::AttentionLse { .. } => n.inputs.get(..2)?,
-        _ => &n.inputs,
-    };
+    let (pass, scale, causal) = AttentionPass::of(&n.op)?;
+    let second = pass.second()?;
+    let wanted = second.op(scale, causal);
+    // The log-sum-exps read `q` and `k` only.
+    let inputs: &[NodeId] = if second == AttentionPass::Lse { n.inputs.get(..2)? } else { &n.inputs };
     let found = g.nodes.iter().position(|x| x.op == wanted && x.inputs == inputs)?;
     Some(NodeId(found as u32))
 }

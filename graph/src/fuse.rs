@@ -112,7 +112,10 @@ pub fn role(g: &Graph, n: NodeId) -> Role {
 pub fn widens(g: &Graph, node: &crate::ir::Node) -> bool {
     node.op == Op::Cast
         && node.dtype == crate::dtype::DType::F32
-        && matches!(g.node(node.inputs[0]).dtype, crate::dtype::DType::BF16 | crate::dtype::DType::F16)
+        && node
+            .inputs
+            .first()
+            .is_some_and(|&x| matches!(g.node(x).dtype, crate::dtype::DType::BF16 | crate::dtype::DType::F16))
 }
 
 /// How the scheduler treats an op, whatever its operands.

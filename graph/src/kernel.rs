@@ -523,6 +523,47 @@ pub enum AttentionPass {
     Grad(crate::ir::AttentionPart),
 }
 
+impl AttentionPass {
+    /// The pass an attention node's op asks for, with the op's scale and mask; `None` for other ops.
+    pub fn of(op: &crate::ir::Op) -> Option<(AttentionPass, f64, bool)> {
+        use crate::ir::Op;
+        match *op {
+            Op::Attention { scale, causal } => Some((AttentionPass::Forward, scale, causal)),
+            Op::AttentionLse { scale, causal } => Some((AttentionPass::Lse, scale, causal)),
+            Op::AttentionGrad { scale, causal, part } => Some((AttentionPass::Grad(part), scale, causal)),
+            _ => None,
+        }
+    }
+
+    /// The op of this pass (the inverse of [`AttentionPass::of`]).
+    pub fn op(self, scale: f64, causal: bool) -> crate::ir::Op {
+        use crate::ir::Op;
+        match self {
+            AttentionPass::Forward => Op::Attention { scale, causal },
+            AttentionPass::Lse => Op::AttentionLse { scale, causal },
+            AttentionPass::Grad(part) => Op::AttentionGrad { scale, causal, part },
+        }
+    }
+
+    /// The pass whose output a kernel of this pass writes as its second ([`Attention::second`]), where one
+    /// can: the log-sum-exps beside the forward (the online softmax ends holding each row's max and sum),
+    /// the values' gradient beside the keys' (both from the same probabilities).
+    pub fn second(self) -> Option<AttentionPass> {
+        match self {
+            AttentionPass::Forward => Some(AttentionPass::Lse),
+            AttentionPass::Grad(crate::ir::AttentionPart::Keys) => {
+                Some(AttentionPass::Grad(crate::ir::AttentionPart::Values))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether this pass's output is f32 (the log-sum-exps) rather than the operands' dtype.
+    pub fn f32_output(self) -> bool {
+        self == AttentionPass::Lse
+    }
+}
+
 /// How the attention template divides its work, chosen by `graph` from the target and head dims.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttentionTile {
@@ -1000,10 +1041,11 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                         format!("{e} (strides {q}, {k}, {v}, {o})")
                     })
                     .collect();
-                let second = match (&a.second, a.pass) {
+                let second = match (&a.second, a.pass.second()) {
+                    (Some(o), Some(AttentionPass::Lse)) => format!(", log-sum-exps {}", rows(o)),
+                    (Some(o), Some(pass)) => format!(", {pass:?} {}", rows(o)),
+                    (Some(o), None) => format!(", second output {} (no pass writes one)", rows(o)),
                     (None, _) => String::new(),
-                    (Some(o), AttentionPass::Forward) => format!(", log-sum-exps {}", rows(o)),
-                    (Some(o), _) => format!(", values' gradient {}", rows(o)),
                 };
                 let head = match a.pass {
                     AttentionPass::Forward => String::new(),

@@ -239,20 +239,23 @@ impl<M: Memory> Env<'_, M> {
         };
         let missing = || fail(kernel, "an attention gradient without its output gradient, log-sum-exp or delta".into());
         // Each output's rows, columns and dtype: the pass's own, then the second (`Attention::second`).
-        let shape_of = |pass: AttentionPass| match pass {
-            AttentionPass::Forward => (tq, dv, a.dtype),
-            AttentionPass::Lse => (tq, 1, DType::F32),
-            AttentionPass::Grad(AttentionPart::Queries) => (tq, d, a.dtype),
-            AttentionPass::Grad(AttentionPart::Keys) => (tk, d, a.dtype),
-            AttentionPass::Grad(AttentionPart::Values) => (tk, dv, a.dtype),
+        let shape_of = |pass: AttentionPass| {
+            let dtype = if pass.f32_output() { DType::F32 } else { a.dtype };
+            let (rows, cols) = match pass {
+                AttentionPass::Forward => (tq, dv),
+                AttentionPass::Lse => (tq, 1),
+                AttentionPass::Grad(AttentionPart::Queries) => (tq, d),
+                AttentionPass::Grad(AttentionPart::Keys) => (tk, d),
+                AttentionPass::Grad(AttentionPart::Values) => (tk, dv),
+            };
+            (rows, cols, dtype)
         };
-        let second_pass = match (a.pass, &a.second) {
+        let second_pass = match (a.pass.second(), &a.second) {
             (_, None) => None,
-            (AttentionPass::Forward, Some(o)) => Some((AttentionPass::Lse, o)),
-            (AttentionPass::Grad(AttentionPart::Keys), Some(o)) => {
-                Some((AttentionPass::Grad(AttentionPart::Values), o))
+            (Some(pass), Some(o)) => Some((pass, o)),
+            (None, Some(_)) => {
+                return Err(fail(kernel, format!("an attention {:?} pass with a second output", a.pass)))
             }
-            (pass, Some(_)) => return Err(fail(kernel, format!("an attention {pass:?} pass with a second output"))),
         };
         for e in 0..entries {
             let (mut rest, mut at) = (e, offs);

@@ -1280,16 +1280,10 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId, tf32: bool) -> 
 /// transposed key) is sent back to the scheduler to be stored first, as `.contiguous()` would.
 fn attention(mut l: Lowerer, region: &Region, node: NodeId, partner: Option<NodeId>) -> Result<Kernel, LowerFailure> {
     let n = l.g.node(node);
-    let (scale, causal, pass) = match n.op {
-        Op::Attention { scale, causal } => (scale, causal, AttentionPass::Forward),
-        Op::AttentionLse { scale, causal } => (scale, causal, AttentionPass::Lse),
-        Op::AttentionGrad { scale, causal, part } => (scale, causal, AttentionPass::Grad(part)),
-        _ => return Err(LowerFailure::Refuse(node)),
-    };
-    // The template writes a second output for these passes only (`attention::partner`).
-    let pairs = matches!(pass, AttentionPass::Forward | AttentionPass::Grad(AttentionPart::Keys));
-    // A refused partner is scheduled alone in the next round.
-    if let Some(p) = partner.filter(|&p| !pairs || crate::attention::partner(l.g, node) != Some(p)) {
+    let Some((pass, scale, causal)) = AttentionPass::of(&n.op) else { return Err(LowerFailure::Refuse(node)) };
+    // Only the node's own partner (`attention::partner`) may share its kernel; any other is refused and
+    // scheduled alone in the next round.
+    if let Some(p) = partner.filter(|&p| crate::attention::partner(l.g, node) != Some(p)) {
         return Err(LowerFailure::Refuse(p));
     }
     let inputs = n.inputs.clone();
@@ -1362,13 +1356,13 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId, partner: Option<Node
     };
     let groups = batch.iter().fold(ceil_div(owned, tile.rows()), |g, b| g * b.extent.clone());
     let [q, k, v] = [0, 1, 2].map(|i| views[i].0.clone());
-    let rows_of = |(buffer, strides): &(usize, Vec<Expr>)| RowsOperand {
-        buffer: *buffer,
+    let rows_of = |buffer: usize, strides: &[Expr]| RowsOperand {
+        buffer,
         offset: Expr::from(0usize),
         ld: strides[r - 2].clone(),
     };
-    let out = rows_of(&(out, out_strides));
-    let second = second.as_ref().map(rows_of);
+    let out = rows_of(out, &out_strides);
+    let second = second.as_ref().map(|(b, s)| rows_of(*b, s));
     let threads = 32 * tile.warps;
     let dout = views.get(3).map(|x| x.0.clone());
     let [lse, delta] = [0, 1].map(|i| stats.get(i).map(|x| x.0.clone()));

@@ -166,17 +166,17 @@ impl Writer<'_> {
             self.emit(&format!("sub.s64 {start}, {start}, 1;"));
         }
         self.emit(&format!("mul.lo.s64 {start}, {start}, {rows};"));
-        // Element bytes: half-precision rows, f32 log-sum-exps and deltas (the forward's second output is
-        // its log-sum-exps; the keys' gradient's, the values' gradient).
+        // Element bytes: half-precision rows, f32 log-sum-exps and deltas; each output as its pass writes it.
+        let bytes = |pass: AttentionPass| if pass.f32_output() { 4 } else { 2 };
         let operands: [(Option<&RowsOperand>, u32); OPERANDS] = [
             (Some(&a.q), 2),
             (Some(&a.k), 2),
             (Some(&a.v), 2),
-            (Some(&a.out), if a.pass == AttentionPass::Lse { 4 } else { 2 }),
+            (Some(&a.out), bytes(a.pass)),
             (a.dout.as_ref(), 2),
             (a.lse.as_ref(), 4),
             (a.delta.as_ref(), 4),
-            (a.second.as_ref(), if a.pass == AttentionPass::Forward { 4 } else { 2 }),
+            (a.second.as_ref(), a.pass.second().map_or(2, bytes)),
         ];
         let mut base: Vec<String> = Vec::with_capacity(OPERANDS);
         for (o, _) in &operands {
@@ -416,6 +416,9 @@ impl Writer<'_> {
         }
         let Some(ty) = self.attention_type(a) else { return };
         let lse_only = a.pass == AttentionPass::Lse;
+        if a.second.is_some() && a.pass.second() != Some(AttentionPass::Lse) {
+            return self.fail(format!("a second output beside the {:?} pass", a.pass));
+        }
         let AttentionTile { warps, keys, vector } = a.tile;
         let (d, dv) = (a.head_dim, a.value_dim);
         let rows = a.tile.rows();

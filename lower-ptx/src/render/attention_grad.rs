@@ -12,7 +12,7 @@
 use super::attention::LOG2_E;
 use super::Writer;
 use kiln_graph::ir::AttentionPart;
-use kiln_graph::kernel::{Attention, AttentionTile};
+use kiln_graph::kernel::{Attention, AttentionPass, AttentionTile};
 
 impl Writer<'_> {
     /// The body of a gradient pass of `a` for `part`.
@@ -30,8 +30,8 @@ impl Writer<'_> {
         let by_queries = part == AttentionPart::Queries;
         // The keys' gradient with the values' beside it (`Attention::second`): one walk over the query
         // tiles, the probabilities computed once for both.
-        let with_values = part == AttentionPart::Keys && a.second.is_some();
-        if a.second.is_some() && !with_values {
+        let with_values = a.second.is_some();
+        if with_values && a.pass.second() != Some(AttentionPass::Grad(AttentionPart::Values)) {
             return self.fail(format!("a second output beside the {part:?} gradient"));
         }
         // The block this workgroup owns (queries, or keys) and the tiles it streams (keys, or queries).

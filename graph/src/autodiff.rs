@@ -64,7 +64,7 @@ pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph> {
         // Reductions split when the backward graph is compiled (decomposition), not here.
         split_reductions: false,
         conv_row_products_bytes: 0,
-        column_threads: crate::split_reduce::COLUMN_THREADS,
+        columns: crate::split_reduce::Columns::DEFAULT,
     };
     let mut grads: Vec<Option<NodeId>> = vec![None; n];
     grads[out.index()] = Some(b.constant_like(1.0, out));

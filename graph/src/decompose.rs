@@ -82,9 +82,9 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
         loc: SourceLoc::internal(),
         split_reductions,
         conv_row_products_bytes: fusing.map_or(0, |t| t.conv_row_products_bytes),
-        column_threads: match attentions {
-            Attentions::For { target, .. } => target.column_threads,
-            _ => crate::split_reduce::COLUMN_THREADS,
+        columns: match attentions {
+            Attentions::For { target, .. } => crate::split_reduce::Columns::of(target),
+            _ => crate::split_reduce::Columns::DEFAULT,
         },
     };
     let mut written = crate::attention_grad::WrittenAttentions::default();
@@ -235,8 +235,8 @@ pub(crate) struct Builder {
     pub(crate) split_reductions: bool,
     /// The target's `conv_row_products_bytes` (0: every convolution over a full im2col matrix).
     pub(crate) conv_row_products_bytes: u64,
-    /// The target's `column_threads` (`split_reduce`).
-    pub(crate) column_threads: u64,
+    /// What the target offers column reductions (`split_reduce`).
+    pub(crate) columns: crate::split_reduce::Columns,
 }
 
 impl Builder {

@@ -48,7 +48,8 @@ pub struct Launch<'a> {
     pub bindings: &'a Bindings,
     /// The fault word, for kernels with run-time checks.
     pub fault: Option<Bound<'a>>,
-    /// Workgroups to launch (the driver folds them into a grid with [`Target::fold_grid`]).
+    /// Device workgroups to launch ([`crate::kernel::Launch::device_groups`]; the driver folds them into
+    /// a grid with [`Target::fold_grid`]), each of [`crate::kernel::Launch::device_threads`] threads.
     pub groups: u64,
     /// The loaded kernel.
     pub module: &'a Module,

@@ -723,12 +723,44 @@ impl RowLoad {
 }
 
 /// How a kernel is launched.
+///
+/// `groups` and `threads` are the kernel IR's own: a `Group` loop's iterations and the threads that share
+/// one. A device may run several such groups side by side in one of its workgroups (`packed`), each on
+/// its own subgroup: a row of 64 elements keeps one warp busy, and a workgroup of one warp per row
+/// leaves most of an SM's workgroup slots empty.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Launch {
-    /// Workgroups (the runtime folds this into a 2-D or 3-D grid past the per-dimension limit).
+    /// Workgroups of the kernel IR (the runtime folds the device's count into a 2-D or 3-D grid past the
+    /// per-dimension limit).
     pub groups: Expr,
-    /// Threads per workgroup.
+    /// Threads per workgroup of the kernel IR.
     pub threads: u32,
+    /// Groups one device workgroup runs, each on its own `threads` consecutive lanes. Above 1 only when
+    /// `threads` is the target's subgroup size and every combine of the kernel is a subgroup one: groups
+    /// packed together may run different numbers of rows, so nothing may wait at a workgroup barrier.
+    #[serde(default = "one_group")]
+    pub packed: u32,
+}
+
+fn one_group() -> u32 {
+    1
+}
+
+impl Launch {
+    /// A launch of `groups` workgroups of `threads` threads, one to a device workgroup.
+    pub fn new(groups: Expr, threads: u32) -> Launch {
+        Launch { groups, threads, packed: 1 }
+    }
+
+    /// Threads of one device workgroup.
+    pub fn device_threads(&self) -> u32 {
+        self.threads * self.packed.max(1)
+    }
+
+    /// Device workgroups for `groups` workgroups of the kernel IR.
+    pub fn device_groups(&self, groups: u64) -> u64 {
+        groups.div_ceil(self.packed.max(1) as u64)
+    }
 }
 
 /// Special symbols every kernel may read; their ids sit above any shape symbol.
@@ -1126,6 +1158,9 @@ impl fmt::Display for Kernel {
             show_expr(&self.launch.groups),
             self.launch.threads
         )?;
+        if self.launch.packed > 1 {
+            writeln!(f, "  packed: {} workgroups to a device workgroup, one a subgroup", self.launch.packed)?;
+        }
         for (i, b) in self.buffers.iter().enumerate() {
             writeln!(f, "  b{i}: {:?} {}[{}] (value {})", b.access, b.dtype, show_expr(&b.len), b.node)?;
         }

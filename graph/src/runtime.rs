@@ -978,7 +978,7 @@ impl Runtime {
         let mut steps = Vec::new();
         for &k in &c.plan.launches {
             let kernel = &c.kernels[k];
-            let groups = kernel.launch.groups.eval(&bindings)?.max(0) as u64;
+            let groups = kernel.launch.device_groups(kernel.launch.groups.eval(&bindings)?.max(0) as u64);
             if groups == 0 {
                 continue;
             }

@@ -39,6 +39,30 @@ const MIN_PIECE: u64 = 4096;
 
 /// The longest column a single pass sums serially (lowering's column strategy reads this bound).
 pub const SERIAL_COLUMN: u64 = COLUMN_SERIAL.1;
+/// Partials one lane of a subgroup sums in a last pass that gives each output a subgroup.
+const TAIL_PER_LANE: u64 = 16;
+
+/// What a target offers column reductions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Columns {
+    /// Outputs a column stage aims for (`Target::column_threads`).
+    pub threads: u64,
+    /// The target's subgroup size, when it has subgroup operations (0 otherwise): a last pass over more
+    /// than `SERIAL_COLUMN` partials is a row reduction per output that lowering gives a subgroup of its
+    /// own (`Launch::packed`), so the first pass can leave a few hundred partials instead of needing a
+    /// middle pass (a launch of its own) to bring them under the serial bound.
+    pub subgroup: u64,
+}
+
+impl Columns {
+    /// What `target` offers.
+    pub(crate) fn of(target: &crate::target::Target) -> Columns {
+        Columns { threads: target.column_threads, subgroup: target.subgroup_size.unwrap_or(0) as u64 }
+    }
+
+    /// Without a target: the default aim, no subgroup passes.
+    pub(crate) const DEFAULT: Columns = Columns { threads: COLUMN_THREADS, subgroup: 0 };
+}
 
 /// `op` over `axes` of `x` (a node of `b`'s graph) as a chain of split reductions, or `None` when one
 /// pass is as good: a reduction other than a sum, max or min, symbolic dims, reduced axes that are not
@@ -58,7 +82,7 @@ pub(crate) fn split(b: &mut Builder, op: ReduceOp, x: NodeId, axes: &[usize], ke
     let outer: u64 = dims[..lo].iter().product();
     let reduced: u64 = dims[lo..=last].iter().product();
     let inner: u64 = dims[last + 1..].iter().product();
-    let pieces = plan(outer, reduced, inner, b.column_threads);
+    let pieces = plan(outer, reduced, inner, b.columns);
     if pieces.is_empty() {
         return None;
     }
@@ -85,10 +109,15 @@ pub(crate) fn split(b: &mut Builder, op: ReduceOp, x: NodeId, axes: &[usize], ke
 }
 
 /// The piece counts of each split stage (outermost last), for `outer × reduced × inner` elements.
-fn plan(outer: u64, mut reduced: u64, inner: u64, column_threads: u64) -> Vec<u64> {
+fn plan(outer: u64, mut reduced: u64, inner: u64, columns: Columns) -> Vec<u64> {
+    if inner > 1 {
+        if let Some(c) = subgroup_tail(outer * inner, reduced, columns) {
+            return vec![c];
+        }
+    }
     let mut pieces = Vec::new();
     while let Some(c) =
-        if inner == 1 { row_pieces(outer, reduced) } else { column_pieces(outer * inner, reduced, column_threads) }
+        if inner == 1 { row_pieces(outer, reduced) } else { column_pieces(outer * inner, reduced, columns.threads) }
     {
         pieces.push(c);
         reduced = c;
@@ -118,37 +147,65 @@ fn column_pieces(outputs: u64, len: u64, column_threads: u64) -> Option<u64> {
     Some(len / piece)
 }
 
+/// With subgroups, two passes: serial pieces of at least `COLUMN_SERIAL.0` elements leaving more
+/// partials than one thread sums serially and at most what a subgroup sums in its last pass (the piece
+/// count nearest the target's aim). `None` where no such count divides the column.
+fn subgroup_tail(outputs: u64, len: u64, columns: Columns) -> Option<u64> {
+    let most = columns.subgroup * TAIL_PER_LANE;
+    let aim = (columns.threads / outputs.max(1)).max(1);
+    (SERIAL_COLUMN + 1..=most.min(len / COLUMN_SERIAL.0)).filter(|c| len % c == 0).min_by_key(|&c| c.abs_diff(aim))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{plan, COLUMN_THREADS};
+    use super::{plan, Columns, COLUMN_THREADS};
+
+    const NO_SUBGROUPS: Columns = Columns::DEFAULT;
+
+    fn aiming(threads: u64) -> Columns {
+        Columns { threads, subgroup: 0 }
+    }
 
     #[test]
     fn a_whole_tensor_mean_is_cut_into_a_thousand_rows_then_one() {
         // W5's loss: one row of 8·512·768.
-        assert_eq!(plan(1, 3 << 20, 1, COLUMN_THREADS), vec![768]);
+        assert_eq!(plan(1, 3 << 20, 1, NO_SUBGROUPS), vec![768]);
     }
 
     #[test]
     fn many_rows_or_short_rows_stay_whole() {
-        assert!(plan(8192, 8192, 1, COLUMN_THREADS).is_empty());
-        assert!(plan(4, 1000, 1, COLUMN_THREADS).is_empty());
+        assert!(plan(8192, 8192, 1, NO_SUBGROUPS).is_empty());
+        assert!(plan(4, 1000, 1, NO_SUBGROUPS).is_empty());
     }
 
     #[test]
     fn a_bias_gradient_sums_columns_in_short_serial_pieces() {
         // 3,072 features over 4,096 tokens: 32 pieces of 128, then 32 partials each.
-        assert_eq!(plan(1, 4096, 3072, COLUMN_THREADS), vec![32]);
+        assert_eq!(plan(1, 4096, 3072, NO_SUBGROUPS), vec![32]);
         // 768 features: 128 pieces of 32, then 8 of 16, then 8 partials.
-        assert_eq!(plan(1, 4096, 768, COLUMN_THREADS), vec![128, 8]);
+        assert_eq!(plan(1, 4096, 768, NO_SUBGROUPS), vec![128, 8]);
         // Aiming for twice the threads: pieces of 16 (256 of them), then 16 of 16, then 16 partials.
-        assert_eq!(plan(1, 4096, 768, 2 * COLUMN_THREADS), vec![256, 16]);
+        assert_eq!(plan(1, 4096, 768, aiming(2 * COLUMN_THREADS)), vec![256, 16]);
+    }
+
+    #[test]
+    fn with_subgroups_a_column_is_summed_in_two_passes() {
+        let cuda = Columns { threads: 1 << 18, subgroup: 32 };
+        // 768 features over 4,096 tokens: 256 pieces of 16, then a subgroup sums each feature's 256.
+        assert_eq!(plan(1, 4096, 768, cuda), vec![256]);
+        // The QKV projection's 2,304: the same 256 pieces (the aim, 113, would leave too few partials).
+        assert_eq!(plan(1, 4096, 2304, cuda), vec![256]);
+        // No count of partials between 129 and 512 divides 4,099 · 2: the serial plan.
+        assert_eq!(plan(1, 4099 * 2, 768, cuda), plan(1, 4099 * 2, 768, Columns { subgroup: 0, ..cuda }));
+        // Rows along the innermost axis are not columns.
+        assert_eq!(plan(1, 3 << 20, 1, cuda), vec![768]);
     }
 
     #[test]
     fn a_column_too_short_or_without_divisors_stays_whole() {
-        assert!(plan(1, 32, 768, COLUMN_THREADS).is_empty());
-        assert!(plan(1, 4099, 768, COLUMN_THREADS).is_empty(), "4,099 is prime");
+        assert!(plan(1, 32, 768, NO_SUBGROUPS).is_empty());
+        assert!(plan(1, 4099, 768, NO_SUBGROUPS).is_empty(), "4,099 is prime");
         // Twice a large prime: no piece of 16–128 divides it (and finding that takes a few steps).
-        assert!(plan(1, 2 * 1_000_000_007, 4, COLUMN_THREADS).is_empty());
+        assert!(plan(1, 2 * 1_000_000_007, 4, NO_SUBGROUPS).is_empty());
     }
 }

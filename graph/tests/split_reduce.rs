@@ -90,3 +90,48 @@ fn a_column_without_divisors_stays_one_pass() {
     assert_eq!(c.kernels.len(), 1, "{c}");
     assert!(matches!(strategies(&c.kernels[0]).0[..], [ReduceStrategy::Group { .. }]), "{}", c.kernels[0]);
 }
+
+fn long_column_sum(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].sum(&[0], false)?])
+}
+
+/// With subgroups (CUDA), a bias gradient over 4,096 tokens is two passes: 256 serial pieces of 16
+/// tokens, then a subgroup per feature over its 256 partials, eight features to a workgroup. Without
+/// them (WebGPU) the partials are summed serially, which needs a middle pass to keep each short.
+#[test]
+fn a_long_column_ends_with_a_subgroup_per_column_where_the_target_has_subgroups() {
+    let c = checked(&[f32s(&[4096, 768])], long_column_sum, 1e-5);
+    assert_eq!(c.kernels.len(), 2, "{c}");
+    assert_eq!(strategies(&c.kernels[0]), (vec![ReduceStrategy::Serial], true), "{}", c.kernels[0]);
+    let last = &c.kernels[1];
+    assert!(matches!(strategies(last).0[..], [ReduceStrategy::Group { .. }]), "{last}");
+    assert_eq!((last.launch.threads, last.launch.packed), (32, 8), "{last}");
+    let g = capture(&[f32s(&[4096, 768])], long_column_sum).unwrap();
+    let web = compile_graph(&g, &Target::webgpu_default()).unwrap();
+    assert_eq!(web.kernels.len(), 3, "{web}");
+    assert!(web.kernels.iter().all(|k| k.launch.packed == 1), "{web}");
+}
+
+fn short_rows(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].sum(&[1], false)?])
+}
+
+fn short_row_argmax(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].argmax(1, false)?])
+}
+
+/// Rows of 64 take a subgroup each, eight to a workgroup, where the target has subgroups and every
+/// combine is a subgroup one; an arg reduction combines pairs through shared memory, so it is not packed.
+#[test]
+fn short_rows_share_a_workgroup_a_subgroup_each() {
+    let c = checked(&[f32s(&[300, 64])], short_rows, 1e-5);
+    assert_eq!(c.kernels.len(), 1, "{c}");
+    let k = &c.kernels[0];
+    assert_eq!((k.launch.threads, k.launch.packed, k.launch.device_threads()), (32, 8, 256), "{k}");
+    assert_eq!(k.launch.device_groups(300), 38);
+    let c = checked(&[f32s(&[300, 64])], short_row_argmax, 0.0);
+    assert_eq!(c.kernels[0].launch.packed, 1, "{}", c.kernels[0]);
+    let g = capture(&[f32s(&[300, 64])], short_rows).unwrap();
+    let web = compile_graph(&g, &Target::webgpu_default()).unwrap();
+    assert_eq!(web.kernels[0].launch.packed, 1, "{web}");
+}

@@ -1192,6 +1192,8 @@ impl<'k> Writer<'k> {
         let warps = matches!(strategy, ReduceStrategy::Group { subgroup: Some(32) }) && t % 32 == 0;
         if warps && !arg && (ty == "f32" || ty == "s32") {
             self.warp_reduce(op, ty, &acc, t);
+        } else if grouped && self.k.launch.packed > 1 {
+            self.fail(format!("a {ty} reduction of packed groups: they combine by warp shuffles only"));
         } else if grouped {
             let elem = if ty == "f32" || ty == "s32" { 4 } else { 8 };
             let shared = match ty {
@@ -1260,6 +1262,10 @@ impl<'k> Writer<'k> {
             let y = self.reg(ty);
             self.emit(&format!("shfl.sync.bfly.b32 {y}, {acc}, {offset}, 31, -1;"));
             self.combine(op, ty, acc, &y);
+        }
+        if threads == 32 {
+            // One warp: every lane holds the total already (and packed groups must not meet at a barrier).
+            return;
         }
         let shared = if ty == "f32" { "red_f32" } else { "red_s32" };
         self.shared.insert(shared);
@@ -1401,7 +1407,13 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
         // The fault word (kernel IR `Fault`): one u32 the runtime reads after the launch.
         params.push("    .param .u64 p_fault".into());
     }
-    let _ = writeln!(src, ".visible .entry {}(\n{}\n)\n.maxntid {t}, 1, 1\n{{", kernel.name, params.join(",\n"));
+    let _ = writeln!(
+        src,
+        ".visible .entry {}(\n{}\n)\n.maxntid {}, 1, 1\n{{",
+        kernel.name,
+        params.join(",\n"),
+        kernel.launch.device_threads()
+    );
     for i in 0..kernel.buffers.len() {
         let _ = writeln!(src, "    .reg .s64 %b{i};");
     }
@@ -1429,8 +1441,19 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
         "    mov.u32 %u0, %ctaid.x;\n    mov.u32 %u1, %ctaid.y;\n    mov.u32 %u2, %ctaid.z;\n\
          \x20   mov.u32 %u3, %nctaid.x;\n    mov.u32 %u4, %nctaid.y;\n    mov.u32 %u5, %nctaid.z;\n\
          \x20   mov.u32 %u6, %tid.x;\n\
-         \x20   mad.lo.u32 %u2, %u2, %u4, %u1;\n    mad.lo.u32 %u0, %u2, %u3, %u0;\n\
-         \x20   cvt.u64.u32 %group, %u0;\n    mul.lo.u32 %u3, %u3, %u4;\n    mul.lo.u32 %u3, %u3, %u5;\n\
+         \x20   mad.lo.u32 %u2, %u2, %u4, %u1;\n    mad.lo.u32 %u0, %u2, %u3, %u0;\n",
+    );
+    let packed = kernel.launch.packed.max(1);
+    if packed > 1 {
+        // Packed groups (`Launch::packed`): the kernel IR's group is a subgroup of the device workgroup.
+        let _ = writeln!(
+            src,
+            "    div.u32 %u7, %u6, {t};\n    rem.u32 %u6, %u6, {t};\n    mad.lo.u32 %u0, %u0, {packed}, %u7;\n\
+             \x20   mul.lo.u32 %u3, %u3, {packed};"
+        );
+    }
+    src.push_str(
+        "    cvt.u64.u32 %group, %u0;\n    mul.lo.u32 %u3, %u3, %u4;\n    mul.lo.u32 %u3, %u3, %u5;\n\
          \x20   cvt.u64.u32 %ngroups, %u3;\n    cvt.u64.u32 %local, %u6;\n",
     );
     let _ = writeln!(src, "    mov.s64 %threads, {t};");

@@ -325,7 +325,8 @@ impl Driver for Cuda {
             .target
             .fold_grid(l.groups)
             .ok_or_else(|| err(format!("kernel {}: {} blocks exceed a 3-D grid", kernel.name, l.groups)))?;
-        let config = LaunchConfig { grid_dim: grid, block_dim: (kernel.launch.threads, 1, 1), shared_mem_bytes: 0 };
+        let config =
+            LaunchConfig { grid_dim: grid, block_dim: (kernel.launch.device_threads(), 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(f);
         for v in &params {
             b.arg(v);

@@ -58,3 +58,16 @@ fn densenet_kernels_do_not_spill_registers() {
     assert!(seen.len() > 50, "W6 has its kernels: {}", seen.len());
     assert!(worst.0 <= 64, "{} spills {} bytes a thread", worst.1, worst.0);
 }
+
+/// Packed groups (`Launch::packed`): eight rows of 64 to a 256-thread block, each row a warp that
+/// combines by shuffles alone; nothing waits at a barrier (rows packed together may run different
+/// numbers of iterations) and the block's thread count is declared.
+#[test]
+fn packed_rows_are_warps_of_one_block_without_barriers() {
+    let p = ptx(&[300, 64], |t| Ok(vec![t[0].sum(&[1], false)?]));
+    assert!(p.contains(".maxntid 256, 1, 1"), "{p}");
+    assert!(p.contains("mad.lo.u32 %u0, %u0, 8, %u7;") && p.contains("rem.u32 %u6, %u6, 32;"), "{p}");
+    assert!(p.contains("shfl.sync.bfly.b32") && !p.contains("bar.sync"), "{p}");
+    let ptxas = kiln_ptx::ptxas::find().unwrap_or_else(|| panic!("{}", kiln_ptx::ptxas::INSTALL_HINT));
+    kiln_ptx::ptxas::assemble(&ptxas, "packed_rows", &p, 90).unwrap();
+}

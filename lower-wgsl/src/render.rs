@@ -810,6 +810,10 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         pass_sym: None,
         vector_buffers: kernel.vector_buffers().into_iter().collect(),
     };
+    if kernel.launch.packed > 1 {
+        // `graph` packs groups only for targets with subgroup operations, which this renderer does not use.
+        w.fail(format!("{} workgroups packed into one need subgroup operations", kernel.launch.packed));
+    }
     w.block(1, &kernel.body);
     if let Some(msg) = w.error {
         return Err(RenderError { kernel: kernel.name.clone(), msg });

@@ -186,6 +186,29 @@ pub fn every_op(b: &Arc<dyn Backend>) {
         );
     }
     for d in FLOATS {
+        // Rows of 33–256 elements get a subgroup each, several to a workgroup, where the target has
+        // subgroups (`Launch::packed`): 37 rows leave the last workgroup part-filled, and rows of 100
+        // leave lanes past the row's end. Columns of 4,096 are summed in two passes, the last a
+        // subgroup per column (`split_reduce`).
+        let x = t(&[37, 100], d, wave);
+        let tall = t(&[4096, 40], d, |i| wave(i % 997));
+        let s = if d == DType::F32 { 10.0 } else { 2.0 };
+        case(b, &format!("short rows and tall columns {d}"), &[x, tall], tol(d, s), |v| {
+            let x = &v[0];
+            Ok(vec![
+                x.sum(&[1], false)?,
+                x.max(&[1], true)?,
+                x.min(&[-1], false)?,
+                x.var(&[1], 1, false)?,
+                x.softmax(-1)?,
+                x.layer_norm(1, None, None, 1e-5)?,
+                x.mul(x)?.sum(&[1], false)?.add(&x.sum(&[1], false)?)?,
+                v[1].sum(&[0], false)?,
+                v[1].mul(&v[1])?.sum(&[0], true)?,
+            ])
+        });
+    }
+    for d in FLOATS {
         convolutions(b, d);
     }
     let x = t(&[2, 3, 4], DType::F32, wave);

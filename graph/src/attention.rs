@@ -54,12 +54,21 @@ pub fn fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
 /// The template's work division for head dims `d` and `dv` on `target`: four warps (64 queries) a
 /// workgroup, and the most keys a step (64, 32 or 16) whose tiles fit the target's shared memory within
 /// the 48 KiB a kernel may declare statically; 16-byte loads when every operand row is `aligned` to 8
-/// elements. `None` when not even 16 keys fit.
+/// elements, and then two copies of the key and value tiles where they fit, so the next tile is copied
+/// while the current one is computed on. `None` when not even 16 keys fit.
 pub fn tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<AttentionTile> {
-    let budget = target.shared_memory_bytes.min(48 * 1024);
+    let budget = AttentionTile::shared_budget(target);
+    let stages: &[u32] = if aligned { &[2, 1] } else { &[1] };
     [64, 32, 16]
         .into_iter()
-        .map(|keys| AttentionTile { warps: 4, keys, vector: if aligned { 8 } else { 1 } })
+        .flat_map(|keys| {
+            stages.iter().map(move |&stages| AttentionTile {
+                warps: 4,
+                keys,
+                vector: if aligned { 8 } else { 1 },
+                stages,
+            })
+        })
         .find(|t| t.shared_bytes(d, dv) <= budget)
 }
 
@@ -81,12 +90,11 @@ pub fn grad_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
 /// a streamed tile (64, 32 or 16) for which both blocks, both tiles and the tile's log-sum-exps and
 /// deltas fit the target's shared memory within 48 KiB.
 pub fn grad_tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<AttentionTile> {
-    let budget = target.shared_memory_bytes.min(48 * 1024);
-    let row = AttentionTile::smem_row(d) + AttentionTile::smem_row(dv);
+    let budget = AttentionTile::shared_budget(target);
     [64, 32, 16]
         .into_iter()
-        .map(|keys| AttentionTile { warps: 4, keys, vector: if aligned { 8 } else { 1 } })
-        .find(|t| 2 * (t.rows() + t.keys) * row + 8 * t.keys <= budget)
+        .map(|keys| AttentionTile { warps: 4, keys, vector: if aligned { 8 } else { 1 }, stages: 1 })
+        .find(|t| t.grad_shared_bytes(d, dv) <= budget)
 }
 
 /// How many nodes read each node, graph outputs counted as readers.

@@ -574,6 +574,14 @@ pub struct AttentionTile {
     /// Elements one global load moves: 8 (16 bytes) when every row of every operand starts 16-byte
     /// aligned, else 1.
     pub vector: u32,
+    /// Copies of the streamed tiles in shared memory: 2 when the next tile is copied (asynchronously,
+    /// 16 bytes a piece, so only with `vector` 8) while the current one is computed on, else 1.
+    #[serde(default = "one_stage")]
+    pub stages: u32,
+}
+
+fn one_stage() -> u32 {
+    1
 }
 
 impl AttentionTile {
@@ -588,10 +596,21 @@ impl AttentionTile {
         d + 8
     }
 
-    /// Shared memory the template uses for head dims `d` and `dv`, 2-byte elements: the query block,
-    /// one key tile and one value tile.
+    /// Shared memory the forward template uses for head dims `d` and `dv`, 2-byte elements: the query
+    /// block and `stages` key and value tiles.
     pub fn shared_bytes(&self, d: u32, dv: u32) -> u32 {
-        2 * (self.rows() * Self::smem_row(d) + self.keys * (Self::smem_row(d) + Self::smem_row(dv)))
+        2 * (self.rows() * Self::smem_row(d) + self.stages * self.keys * (Self::smem_row(d) + Self::smem_row(dv)))
+    }
+
+    /// Shared memory the backward templates use: both blocks of the rows a workgroup owns and both
+    /// streamed tiles, and the tile's f32 log-sum-exps and deltas.
+    pub fn grad_shared_bytes(&self, d: u32, dv: u32) -> u32 {
+        2 * (self.rows() + self.keys) * (Self::smem_row(d) + Self::smem_row(dv)) + 8 * self.keys
+    }
+
+    /// Shared memory a template may take on `target`: what a kernel declares statically (48 KiB) at most.
+    pub fn shared_budget(target: &crate::target::Target) -> u32 {
+        target.shared_memory_bytes.min(48 * 1024)
     }
 }
 
@@ -806,6 +825,25 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// Whether every combine of the kernel is a subgroup one (sums, maxima and minima in f32 or i32,
+    /// no arg reduction, no template): what packed groups (`Launch::packed`) need, since they must never
+    /// meet at a workgroup barrier.
+    pub fn subgroup_combines(&self) -> bool {
+        fn visit(body: &[Stmt]) -> bool {
+            body.iter().all(|st| match st {
+                Stmt::Reduce { op, dtype, body, .. } => {
+                    matches!(op, KReduceOp::Sum | KReduceOp::Max | KReduceOp::Min)
+                        && matches!(dtype, DType::F32 | DType::I32)
+                        && visit(body)
+                }
+                Stmt::Loop { body, .. } => visit(body),
+                Stmt::MatMul(_) | Stmt::Gemm(_) | Stmt::Attention(_) => false,
+                _ => true,
+            })
+        }
+        visit(&self.body)
+    }
+
     /// The buffers a vectorised kernel (`vector_width > 1`) moves as vectors: every access to them in its
     /// `Global` loop is at the loop index itself. A buffer also read elsewhere (a bias at `i % n`) is read
     /// per lane. Both renderers vectorise exactly these.

@@ -51,6 +51,7 @@ pub mod tape;
 pub mod target;
 pub mod tolerance;
 pub mod trace;
+pub mod validate;
 pub mod value;
 pub mod workloads;
 

@@ -1069,20 +1069,8 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
 /// A workgroup per 32-thread row of 64 elements left an H200's SMs at a quarter of their resident
 /// threads (32 workgroups an SM): the attention's `delta` moved 0.4 TB/s.
 fn packed_rows(target: &Target, k: &Kernel) -> u32 {
-    fn subgroup_combines(body: &[Stmt]) -> bool {
-        body.iter().all(|st| match st {
-            Stmt::Reduce { op, dtype, body, .. } => {
-                matches!(op, KReduceOp::Sum | KReduceOp::Max | KReduceOp::Min)
-                    && matches!(dtype, DType::F32 | DType::I32)
-                    && subgroup_combines(body)
-            }
-            Stmt::Loop { body, .. } => subgroup_combines(body),
-            Stmt::MatMul(_) | Stmt::Gemm(_) | Stmt::Attention(_) => false,
-            _ => true,
-        })
-    }
     match target.subgroup_size {
-        Some(s) if s == k.launch.threads && subgroup_combines(&k.body) => (target.row_threads / s).max(1),
+        Some(s) if s == k.launch.threads && k.subgroup_combines() => (target.row_threads / s).max(1),
         _ => 1,
     }
 }

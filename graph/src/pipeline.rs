@@ -192,6 +192,12 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
             });
         }
         if failures.is_empty() {
+            for k in &kernels {
+                crate::validate::validate(k, target).map_err(|e| Error::Unsupported {
+                    what: crate::error::rejected_source(&k.name, "the kernel-IR validator", &e.rule, &k.to_string()),
+                    loc: SourceLoc::internal(),
+                })?;
+            }
             let clock = Instant::now();
             let plan = plan(&primitive.graph, &kernels, &assembly);
             timings.plan_ms = ms(clock);

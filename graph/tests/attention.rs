@@ -73,7 +73,8 @@ fn gpts_attention_is_one_kernel_reading_the_projection_in_place() {
     // Heads stride 32 elements and batches 40 rows, both multiples of 8: 16-byte loads.
     assert_eq!(a.batch.len(), 2);
     assert_eq!((a.batch[1].q.as_const(), a.batch[0].q.as_const()), (Some(32), Some(40 * 192)));
-    assert_eq!(a.tile.vector, 8);
+    // ... and two stages of key and value tiles, the next copied while the current one is used.
+    assert_eq!((a.tile.vector, a.tile.stages), (8, 2));
     // Heads go back into rows as the kernel writes them: the permute after the attention is its stored
     // value (row stride heads × hd = 64, heads 32 apart, batches 40 rows), and the reshape of it is the
     // only other kernel (it writes the graph's output). Nothing 40 × 40 is stored.

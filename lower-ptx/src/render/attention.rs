@@ -15,7 +15,8 @@ use super::Writer;
 
 /// A loop over streamed tiles: its counter, the current tile's first row, and its two labels.
 pub(super) struct TileLoop {
-    j: String,
+    /// The tile's number.
+    pub(super) j: String,
     /// The current tile's first row.
     pub(super) start: String,
     top: String,
@@ -57,6 +58,35 @@ impl Writer<'_> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn stage_tile(
         &mut self,
+        src: (&str, &str),
+        row0: &str,
+        limit: &str,
+        shape: (u32, u32, u32),
+        smem: &str,
+        tid: &str,
+        vector: u32,
+    ) {
+        self.copy_tile(src, row0, limit, shape, smem, tid, vector, false)
+    }
+
+    /// [`Writer::stage_tile`] issued as `cp.async` copies of 16 bytes (`vector` 8): they land by the
+    /// `cp.async.wait_group` that covers the group they are committed in, while the threads compute.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stage_tile_async(
+        &mut self,
+        src: (&str, &str),
+        row0: &str,
+        limit: &str,
+        shape: (u32, u32, u32),
+        smem: &str,
+        tid: &str,
+    ) {
+        self.copy_tile(src, row0, limit, shape, smem, tid, 8, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_tile(
+        &mut self,
         (src, ld): (&str, &str),
         row0: &str,
         limit: &str,
@@ -64,6 +94,7 @@ impl Writer<'_> {
         smem: &str,
         tid: &str,
         vector: u32,
+        asynchronous: bool,
     ) {
         let threads = self.k.launch.threads;
         let per_row = cols / vector;
@@ -94,7 +125,13 @@ impl Writer<'_> {
             let addr = self.reg("s64");
             self.emit(&format!("mad.lo.s64 {addr}, {row}, {ld}, {c64};"));
             self.emit(&format!("mad.lo.s64 {addr}, {addr}, 2, {src};"));
-            if vector == 8 {
+            if asynchronous {
+                // A row past the end copies no bytes and zero-fills; its address stays one that exists.
+                let n = self.reg("u32");
+                self.emit(&format!("selp.u32 {n}, 0, 16, {outside};"));
+                self.emit(&format!("@{outside} mov.s64 {addr}, {src};"));
+                self.emit(&format!("cp.async.cg.shared.global [{sa}], [{addr}], 16, {n};"));
+            } else if vector == 8 {
                 let v: Vec<String> = (0..4).map(|_| self.reg("b32")).collect();
                 for x in &v {
                     self.emit(&format!("mov.b32 {x}, 0;"));
@@ -419,19 +456,26 @@ impl Writer<'_> {
         if a.second.is_some() && a.pass.second() != Some(AttentionPass::Lse) {
             return self.fail(format!("a second output beside the {:?} pass", a.pass));
         }
-        let AttentionTile { warps, keys, vector } = a.tile;
+        let AttentionTile { warps, keys, vector, stages } = a.tile;
         let (d, dv) = (a.head_dim, a.value_dim);
         let rows = a.tile.rows();
+        let staged = match stages {
+            1 => false,
+            2 if vector == 8 => true,
+            _ => return self.fail(format!("attention tile {:?}: two stages copy 16-byte pieces only", a.tile)),
+        };
         if d % 16 != 0 || dv % 16 != 0 || keys % 16 != 0 || self.k.launch.threads != 32 * warps {
             return self.fail(format!("attention tile {:?} does not fit head dims {d}, {dv}", a.tile));
         }
         let (dp, dvp) = (AttentionTile::smem_row(d), AttentionTile::smem_row(dv));
+        // One stage's key and value tiles, in bytes.
+        let (kbytes, vbytes) = (2 * keys * dp, 2 * keys * dvp);
         let name = &self.k.name;
         let [sq, sk, sv] = ["q", "k", "v"].map(|x| format!("{name}_{x}"));
         self.extra_shared.push(format!(".shared .align 16 .b8 {sq}[{}];", 2 * rows * dp));
-        self.extra_shared.push(format!(".shared .align 16 .b8 {sk}[{}];", 2 * keys * dp));
+        self.extra_shared.push(format!(".shared .align 16 .b8 {sk}[{}];", stages * kbytes));
         if !lse_only {
-            self.extra_shared.push(format!(".shared .align 16 .b8 {sv}[{}];", 2 * keys * dvp));
+            self.extra_shared.push(format!(".shared .align 16 .b8 {sv}[{}];", stages * vbytes));
         }
         let (smq, smk, smv) = (self.reg("u32"), self.reg("u32"), self.reg("u32"));
         self.emit(&format!("mov.u32 {smq}, {sq};"));
@@ -480,12 +524,58 @@ impl Writer<'_> {
         let va = if lse_only { String::new() } else { self.b_lane_address(&l, &smv, dvp, true) };
         let scale = super::f32_imm(a.scale * LOG2_E);
 
+        if staged {
+            // Two stages: tile 0 is copied before the loop, tile j + 1 while tile j is computed on.
+            let none = self.label();
+            let p = self.reg("pred");
+            self.emit(&format!("setp.le.s64 {p}, {steps}, 0;"));
+            self.emit(&format!("@{p} bra {none};"));
+            self.stage_tile_async((&e.ptr[1], &e.ld[1]), "0", &tk, (keys, d, dp), &smk, &tid);
+            if !lse_only {
+                self.stage_tile_async((&e.ptr[2], &e.ld[2]), "0", &tk, (keys, dv, dvp), &smv, &tid);
+            }
+            self.place(&none);
+            self.emit("cp.async.commit_group;");
+        }
         let tiles = self.begin_tiles("0", &steps, keys);
         let k0 = tiles.start.clone();
-        self.stage_tile((&e.ptr[1], &e.ld[1]), &k0, &tk, (keys, d, dp), &smk, &tid, vector);
-        if !lse_only {
-            self.stage_tile((&e.ptr[2], &e.ld[2]), &k0, &tk, (keys, dv, dvp), &smv, &tid, vector);
-        }
+        let (ka, va) = if staged {
+            // This tile's stage (j % 2) and the next one's.
+            let (odd, even) = (self.reg("u32"), self.reg("u32"));
+            self.emit(&format!("cvt.u32.u64 {odd}, {};", tiles.j));
+            self.emit(&format!("and.b32 {odd}, {odd}, 1;"));
+            self.emit(&format!("xor.b32 {even}, {odd}, 1;"));
+            let at = |w: &mut Self, base: &str, stage: &str, bytes: u32| {
+                let r = w.reg("u32");
+                w.emit(&format!("mad.lo.u32 {r}, {stage}, {bytes}, {base};"));
+                r
+            };
+            let last = self.label();
+            let (next, p) = (self.reg("s64"), self.reg("pred"));
+            self.emit(&format!("add.s64 {next}, {}, 1;", tiles.j));
+            self.emit(&format!("setp.ge.s64 {p}, {next}, {steps};"));
+            self.emit(&format!("@{p} bra {last};"));
+            self.emit(&format!("add.s64 {next}, {k0}, {keys};"));
+            let nk = at(self, &smk, &even, kbytes);
+            self.stage_tile_async((&e.ptr[1], &e.ld[1]), &next, &tk, (keys, d, dp), &nk, &tid);
+            if !lse_only {
+                let nv = at(self, &smv, &even, vbytes);
+                self.stage_tile_async((&e.ptr[2], &e.ld[2]), &next, &tk, (keys, dv, dvp), &nv, &tid);
+            }
+            self.place(&last);
+            // Every group but the newest (tile j + 1's, or an empty one) has landed: tile j has.
+            self.emit("cp.async.commit_group;");
+            self.emit("cp.async.wait_group 1;");
+            let ka = at(self, &ka, &odd, kbytes);
+            let va = if lse_only { String::new() } else { at(self, &va, &odd, vbytes) };
+            (ka, va)
+        } else {
+            self.stage_tile((&e.ptr[1], &e.ld[1]), &k0, &tk, (keys, d, dp), &smk, &tid, vector);
+            if !lse_only {
+                self.stage_tile((&e.ptr[2], &e.ld[2]), &k0, &tk, (keys, dv, dvp), &smv, &tid, vector);
+            }
+            (ka, va)
+        };
         self.emit("bar.sync 0;");
 
         // Scores: 16 × keys per warp, `keys / 8` tiles of 16 × 8.

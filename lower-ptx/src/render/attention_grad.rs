@@ -18,11 +18,14 @@ impl Writer<'_> {
     /// The body of a gradient pass of `a` for `part`.
     pub(super) fn attention_grad(&mut self, a: &Attention, part: AttentionPart) {
         let Some(ty) = self.attention_type(a) else { return };
-        let AttentionTile { warps, keys: stream, vector } = a.tile;
+        let AttentionTile { warps, keys: stream, vector, stages } = a.tile;
         let (d, dv) = (a.head_dim, a.value_dim);
         let rows = a.tile.rows();
         if a.dout.is_none() || a.lse.is_none() || a.delta.is_none() {
             return self.fail("an attention gradient without its output gradient, log-sum-exp or delta".into());
+        }
+        if stages != 1 {
+            return self.fail(format!("attention tile {:?}: the gradient templates copy one stage", a.tile));
         }
         if d % 16 != 0 || dv % 16 != 0 || stream % 16 != 0 || self.k.launch.threads != 32 * warps {
             return self.fail(format!("attention tile {:?} does not fit head dims {d}, {dv}", a.tile));

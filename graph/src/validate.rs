@@ -1,0 +1,99 @@
+//! The kernel-IR validator: every kernel `graph` lowers is checked against its target before any
+//! renderer sees it, so a schedule the device cannot run is a compile error naming the kernel and the
+//! rule, not a wrong answer, a hang at a barrier or a driver's refusal.
+//!
+//! The rules are the assumptions the renderers make without checking: how many threads a workgroup
+//! has and which combines they use, what packed groups (`Launch::packed`) may do, how many buffers a
+//! kernel binds, and how much shared memory a template declares. Index bounds are not checked here:
+//! lowering clamps or guards every index it emits, and the kernel interpreter runs each one in CI.
+
+use crate::kernel::{AttentionPass, AttentionTile, Kernel, ReduceStrategy, Stmt};
+use crate::target::Target;
+
+/// A rule a kernel breaks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    /// The kernel.
+    pub kernel: String,
+    /// The rule and how it is broken.
+    pub rule: String,
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "kernel {}: {}", self.kernel, self.rule)
+    }
+}
+
+/// Checks `kernel` against `target`: the first rule it breaks, if any.
+pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
+    let broken = |rule: String| Err(Invalid { kernel: kernel.name.clone(), rule });
+    let launch = &kernel.launch;
+    if launch.threads == 0 || launch.packed == 0 {
+        return broken(format!("{} threads in {} groups a workgroup", launch.threads, launch.packed));
+    }
+    if launch.device_threads() > target.max_threads_per_group {
+        return broken(format!(
+            "{} threads a workgroup ({} × {} packed) past the target's {}",
+            launch.device_threads(),
+            launch.threads,
+            launch.packed,
+            target.max_threads_per_group
+        ));
+    }
+    // The fault word is one more storage binding (symbols travel as parameters or a uniform block).
+    let bindings = kernel.buffers.len() + usize::from(!kernel.faults.is_empty());
+    if bindings > target.max_bindings as usize {
+        return broken(format!("{bindings} buffers bound past the target's {}", target.max_bindings));
+    }
+    if kernel.body.iter().any(group_combine) && !launch.threads.is_power_of_two() {
+        // Shared-memory trees halve the thread count, and subgroup shuffles take whole subgroups.
+        return broken(format!("a workgroup combine over {} threads, not a power of two", launch.threads));
+    }
+    if launch.packed > 1 {
+        if target.subgroup_size != Some(launch.threads) {
+            return broken(format!(
+                "{} groups packed a workgroup need groups of one subgroup ({} threads; the target's subgroup: {:?})",
+                launch.packed, launch.threads, target.subgroup_size
+            ));
+        }
+        if !kernel.subgroup_combines() {
+            return broken(format!(
+                "{} groups packed a workgroup combine through shared memory (an arg reduction, a 64-bit one, \
+                 or a template): packed groups may run different numbers of rows and must not meet at a barrier",
+                launch.packed
+            ));
+        }
+    }
+    for st in &kernel.body {
+        if let Stmt::Attention(a) = st {
+            let shared = match a.pass {
+                AttentionPass::Forward | AttentionPass::Lse => a.tile.shared_bytes(a.head_dim, a.value_dim),
+                AttentionPass::Grad(_) => a.tile.grad_shared_bytes(a.head_dim, a.value_dim),
+            };
+            if a.tile.stages > 1 && (a.tile.vector != 8 || matches!(a.pass, AttentionPass::Grad(_))) {
+                return broken(format!(
+                    "{} stages of attention tiles copy 16-byte pieces of a forward pass only (a {:?} pass, {}-element loads)",
+                    a.tile.stages, a.pass, a.tile.vector
+                ));
+            }
+            let budget = AttentionTile::shared_budget(target);
+            if shared > budget {
+                return broken(format!("its attention tiles take {shared} bytes of shared memory past {budget}"));
+            }
+            if launch.threads != 32 * a.tile.warps {
+                return broken(format!("{} threads for an attention tile of {} warps", launch.threads, a.tile.warps));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `st` (or a statement inside it) combines across a workgroup's threads.
+fn group_combine(st: &Stmt) -> bool {
+    match st {
+        Stmt::Reduce { strategy: ReduceStrategy::Group { .. }, .. } => true,
+        Stmt::Reduce { body, .. } | Stmt::Loop { body, .. } => body.iter().any(group_combine),
+        _ => false,
+    }
+}

@@ -1,0 +1,89 @@
+//! The kernel-IR validator (`validate`): every kernel of every workload passes it for every target, and
+//! a schedule a device cannot run is rejected with the rule it breaks.
+
+use kiln_graph::kernel::{Kernel, Stmt};
+use kiln_graph::validate::validate;
+use kiln_graph::workloads::{self, f32s};
+use kiln_graph::{capture, compile_graph, Result, Target, Tensor, TensorSpec};
+
+fn kernel(spec: TensorSpec, f: fn(&[Tensor]) -> Result<Vec<Tensor>>, target: &Target) -> Kernel {
+    let c = compile_graph(&capture(&[spec], f).unwrap(), target).unwrap();
+    assert_eq!(c.kernels.len(), 1, "{c}");
+    c.kernels[0].clone()
+}
+
+fn row_sums(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].sum(&[1], false)?])
+}
+
+fn row_argmax(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].argmax(1, false)?])
+}
+
+fn rejected(k: &Kernel, target: &Target, words: &str) {
+    let e = validate(k, target).expect_err("a bad schedule");
+    assert!(e.to_string().contains(words), "{e}");
+    assert!(e.to_string().contains(&k.name), "{e}");
+}
+
+#[test]
+fn every_workloads_kernels_pass() {
+    for target in [Target::cuda(90), Target::webgpu_default(), Target::interpreter()] {
+        for w in workloads::all().into_iter().filter(|w| w.id != "W6") {
+            let c = compile_graph(&capture(&w.quick, w.f).unwrap(), &target).unwrap();
+            for k in &c.kernels {
+                assert_eq!(validate(k, &target), Ok(()), "{} on {}", w.id, target.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_groups_without_subgroups_are_rejected() {
+    let mut k = kernel(f32s(&[300, 64]), row_sums, &Target::cuda(90));
+    assert_eq!(k.launch.packed, 8, "{k}");
+    rejected(&k, &Target::webgpu_default(), "subgroup");
+    k.launch.threads = 64;
+    rejected(&k, &Target::cuda(90), "subgroup");
+}
+
+#[test]
+fn packed_groups_that_would_meet_at_a_barrier_are_rejected() {
+    let mut k = kernel(f32s(&[300, 64]), row_argmax, &Target::cuda(90));
+    assert_eq!(k.launch.packed, 1, "{k}");
+    k.launch.packed = 8;
+    rejected(&k, &Target::cuda(90), "barrier");
+}
+
+#[test]
+fn thread_counts_a_combine_or_the_device_cannot_take_are_rejected() {
+    let mut k = kernel(f32s(&[300, 1000]), row_sums, &Target::webgpu_default());
+    assert!(k.body.iter().any(|s| matches!(s, Stmt::Loop { .. })), "{k}");
+    k.launch.threads = 48;
+    rejected(&k, &Target::webgpu_default(), "power of two");
+    k.launch.threads = 512;
+    rejected(&k, &Target::webgpu_default(), "past the target's 256");
+}
+
+fn attention(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    let q = t[0].narrow(-1, 0, 64)?;
+    let k = t[0].narrow(-1, 64, 64)?;
+    let v = t[0].narrow(-1, 128, 64)?;
+    let w = q.matmul(&k.transpose(-1, -2)?)?.mul(0.125)?.causal_mask()?.softmax(-1)?;
+    Ok(vec![w.matmul(&v)?])
+}
+
+#[test]
+fn attention_tiles_past_the_shared_memory_budget_are_rejected() {
+    let spec = TensorSpec::new(kiln_graph::DType::BF16, &[2, 128, 192]);
+    let c = compile_graph(&capture(&[spec], attention).unwrap(), &Target::cuda(90)).unwrap();
+    let mut k = c.kernels.iter().find(|k| matches!(k.body.as_slice(), [Stmt::Attention(_)])).expect("fused").clone();
+    assert_eq!(validate(&k, &Target::cuda(90)), Ok(()));
+    let Stmt::Attention(a) = &mut k.body[0] else { unreachable!() };
+    assert_eq!((a.tile.keys, a.tile.stages), (64, 2));
+    a.tile.vector = 1;
+    rejected(&k, &Target::cuda(90), "16-byte pieces");
+    let Stmt::Attention(a) = &mut k.body[0] else { unreachable!() };
+    (a.tile.vector, a.tile.keys) = (8, 128);
+    rejected(&k, &Target::cuda(90), "shared memory");
+}

@@ -866,8 +866,8 @@ fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymI
         return 1;
     }
     let narrowest = buffers.iter().map(|b| b.dtype.size_bytes() as u32).min().unwrap_or(4).max(1);
-    // Four lanes: the widest vector WGSL has, and PTX's widest for 32-bit elements.
-    let mut width = (target.max_vector_bytes / narrowest).clamp(1, 4);
+    // As wide as the narrowest buffer fills the widest access, within the target's lanes.
+    let mut width = (target.max_vector_bytes / narrowest).clamp(1, target.max_vector_lanes.max(1));
     let unit = Expr::sym(i);
     let mut fits = true;
     let (mut at_index, mut per_lane) = (0usize, 0usize);

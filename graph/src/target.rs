@@ -33,6 +33,10 @@ pub struct Target {
     pub matrix_units: bool,
     /// Widest vector load or store, in bytes.
     pub max_vector_bytes: u32,
+    /// Most lanes a vectorised loop may have: WGSL's widest vector has four; PTX moves eight 2-byte
+    /// elements as one 16-byte access.
+    #[serde(default = "default_vector_lanes")]
+    pub max_vector_lanes: u32,
     /// 2-byte floats are stored two per 32-bit word that threads share (WGSL without native f16, and bf16
     /// there): kernels touching them are not vectorised.
     #[serde(default)]
@@ -101,6 +105,10 @@ fn default_binding_alignment() -> u64 {
     4
 }
 
+fn default_vector_lanes() -> u32 {
+    4
+}
+
 fn default_row_threads() -> u32 {
     256
 }
@@ -128,6 +136,7 @@ impl Target {
             bf16_compute: false,
             matrix_units: false,
             max_vector_bytes: 16,
+            max_vector_lanes: default_vector_lanes(),
             packed_half_storage: true,
             max_row_cache: 32,
             library_gemm: false,
@@ -169,6 +178,9 @@ impl Target {
             // The template's `mma.m16n8k16` over bf16 needs sm_80 (kiln renders for sm_80 or newer).
             matrix_units: sm >= 80,
             max_vector_bytes: 16,
+            // Eight bf16 lanes are one 16-byte access, as four f32 lanes are (four took W5-train-bf16's
+            // pointwise kernels 8 bytes an access).
+            max_vector_lanes: 8,
             packed_half_storage: false,
             max_row_cache: 32,
             library_gemm: true,

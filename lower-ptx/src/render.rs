@@ -885,8 +885,7 @@ impl<'k> Writer<'k> {
             w_.emit(&format!("mul.lo.s64 {base}, {vv}, {w};"));
             for &b in &loads {
                 let a = w_.address_of(b, &base);
-                let (ty, regs) = w_.lane_regs(b, w);
-                w_.emit(&format!("ld.global.v{w}.{ty} {{{}}}, [{a}];", regs.join(", ")));
+                let regs = w_.vector_load(b, w, &a);
                 w_.vector_loads.insert(b, regs);
             }
             for &b in &stores {
@@ -903,17 +902,61 @@ impl<'k> Writer<'k> {
             for &b in &stores {
                 let a = w_.address_of(b, &base);
                 let vals = w_.vector_stores.remove(&b).unwrap_or_default();
-                let ty = if w_.k.buffers[b].dtype.size_bytes() == 2 { "b16" } else { "b32" };
-                w_.emit(&format!("st.global.v{w}.{ty} [{a}], {{{}}};", vals.join(", ")));
+                w_.vector_store(b, &a, &vals);
             }
             w_.vector_loads.clear();
         });
     }
 
-    /// Registers for the `w` lanes of buffer `b`'s vector, and the PTX type they are moved as.
-    fn lane_regs(&mut self, b: usize, w: usize) -> (&'static str, Vec<String>) {
-        let ty = if self.k.buffers[b].dtype.size_bytes() == 2 { "b16" } else { "b32" };
-        (ty, (0..w).map(|_| self.reg(ty)).collect())
+    /// Loads the `w` lanes of buffer `b` at address `a` into fresh registers (`b16` or `b32`, as its
+    /// elements): one access of up to four elements, else 16-byte accesses (`v4.b32`) whose words split
+    /// into 2-byte lanes.
+    fn vector_load(&mut self, b: usize, w: usize, a: &str) -> Vec<String> {
+        let half = self.k.buffers[b].dtype.size_bytes() == 2;
+        let ty = if half { "b16" } else { "b32" };
+        let lanes: Vec<String> = (0..w).map(|_| self.reg(ty)).collect();
+        if w <= 4 {
+            self.emit(&format!("ld.global.v{w}.{ty} {{{}}}, [{a}];", lanes.join(", ")));
+            return lanes;
+        }
+        let per_word = if half { 2 } else { 1 };
+        let words: Vec<String> = (0..w / per_word).map(|_| self.reg("b32")).collect();
+        for (i, chunk) in words.chunks(4).enumerate() {
+            self.emit(&format!("ld.global.v4.b32 {{{}}}, [{a}+{}];", chunk.join(", "), 16 * i));
+        }
+        for (i, word) in words.iter().enumerate() {
+            if half {
+                self.emit(&format!("mov.b32 {{{}, {}}}, {word};", lanes[2 * i], lanes[2 * i + 1]));
+            } else {
+                self.emit(&format!("mov.b32 {}, {word};", lanes[i]));
+            }
+        }
+        lanes
+    }
+
+    /// Stores lanes `vals` of buffer `b` at address `a`, as [`Writer::vector_load`] loads them.
+    fn vector_store(&mut self, b: usize, a: &str, vals: &[String]) {
+        let half = self.k.buffers[b].dtype.size_bytes() == 2;
+        let w = vals.len();
+        if w <= 4 {
+            let ty = if half { "b16" } else { "b32" };
+            self.emit(&format!("st.global.v{w}.{ty} [{a}], {{{}}};", vals.join(", ")));
+            return;
+        }
+        let words: Vec<String> = if half {
+            vals.chunks(2)
+                .map(|pair| {
+                    let word = self.reg("b32");
+                    self.emit(&format!("mov.b32 {word}, {{{}}};", pair.join(", ")));
+                    word
+                })
+                .collect()
+        } else {
+            vals.to_vec()
+        };
+        for (i, chunk) in words.chunks(4).enumerate() {
+            self.emit(&format!("st.global.v4.b32 [{a}+{}], {{{}}};", 16 * i, chunk.join(", ")));
+        }
     }
 
     /// The address of element `index` (a register) of buffer `b`.

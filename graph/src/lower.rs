@@ -865,9 +865,12 @@ fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymI
     if buffers.iter().any(|b| b.dtype == DType::I64 || packed(b.dtype)) {
         return 1;
     }
-    let narrowest = buffers.iter().map(|b| b.dtype.size_bytes() as u32).min().unwrap_or(4).max(1);
-    // As wide as the narrowest buffer fills the widest access, within the target's lanes.
-    let mut width = (target.max_vector_bytes / narrowest).clamp(1, target.max_vector_lanes.max(1));
+    // As wide as the widest element fills one access (2- and 4-byte ones; others move per lane), within
+    // the target's lanes: eight bf16 lanes are one 16-byte access, but beside an f32 buffer they would
+    // take that buffer two accesses and twice the registers (W5-train-bf16's AdamW kernels gained
+    // nothing from eight lanes; its GELU kernels, all bf16, 10-14%).
+    let widest = buffers.iter().map(|b| b.dtype.size_bytes() as u32).filter(|s| (2..=4).contains(s)).max().unwrap_or(4);
+    let mut width = (target.max_vector_bytes / widest).clamp(1, target.max_vector_lanes.max(1));
     let unit = Expr::sym(i);
     let mut fits = true;
     let (mut at_index, mut per_lane) = (0usize, 0usize);
@@ -889,6 +892,11 @@ fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymI
     // them: four times the code, the registers and the driver's compile time.
     if !fits || at_index == 0 || per_lane > 4 * at_index.max(2) {
         return 1;
+    }
+    if per_lane > at_index {
+        // Mostly per-lane loads (a concatenation's parts): more lanes are only more of them a thread
+        // (W5-train-bf16's QKV-gradient concatenation was 8% slower at eight lanes than at four).
+        width = width.min(4);
     }
     while width > 1 && !n.is_divisible_by(width as i64) {
         width /= 2;

@@ -109,21 +109,28 @@ fn every_lane_of_a_transformer_reads_what_its_element_reads() {
 }
 
 fn scaled(t: &[kiln_graph::Tensor]) -> kiln_graph::Result<Vec<kiln_graph::Tensor>> {
-    Ok(vec![t[0].mul(2.0)?.add(1.0)?, t[0].cast(kiln_graph::DType::F32)?.mul(3.0)?])
+    Ok(vec![t[0].mul(2.0)?.add(1.0)?])
 }
 
-/// A vector fills the target's widest access with its narrowest buffer: eight bf16 lanes on CUDA (one
-/// 16-byte access; an f32 buffer beside them takes two), four on WebGPU, whose vectors stop at four.
+fn widened(t: &[kiln_graph::Tensor]) -> kiln_graph::Result<Vec<kiln_graph::Tensor>> {
+    Ok(vec![t[0].cast(kiln_graph::DType::F32)?.mul(3.0)?])
+}
+
+/// A vector fills one access with its widest element: eight bf16 lanes on CUDA (16 bytes), four on
+/// WebGPU, whose vectors stop at four; four where an f32 buffer is beside the bf16 one (eight would take
+/// it two accesses and twice the registers).
 #[test]
 fn half_precision_vectors_fill_sixteen_bytes_where_the_target_allows_eight_lanes() {
     use kiln_graph::{DType, TensorSpec};
-    let spec = [TensorSpec::new(DType::BF16, &[64, 96])];
-    let g = capture(&spec, scaled).unwrap();
-    let widths =
-        |t: &Target| -> Vec<u32> { compile_graph(&g, t).unwrap().kernels.iter().map(|k| k.vector_width).collect() };
-    assert!(widths(&Target::cuda(90)).iter().all(|&w| w == 8));
-    let f32s = capture(&[TensorSpec::new(DType::F32, &[64, 96])], scaled).unwrap();
-    assert_eq!(compile_graph(&f32s, &Target::cuda(90)).unwrap().kernels[0].vector_width, 4);
+    let width = |f: fn(&[kiln_graph::Tensor]) -> kiln_graph::Result<Vec<kiln_graph::Tensor>>, dtype, t: &Target| {
+        let g = capture(&[TensorSpec::new(dtype, &[64, 96])], f).unwrap();
+        let c = compile_graph(&g, t).unwrap();
+        assert_eq!(c.kernels.len(), 1, "{c}");
+        c.kernels[0].vector_width
+    };
     let web = Target { packed_half_storage: false, ..Target::webgpu_default() };
-    assert!(widths(&web).iter().all(|&w| w == 4));
+    assert_eq!(width(scaled, DType::BF16, &Target::cuda(90)), 8);
+    assert_eq!(width(scaled, DType::BF16, &web), 4);
+    assert_eq!(width(scaled, DType::F32, &Target::cuda(90)), 4);
+    assert_eq!(width(widened, DType::BF16, &Target::cuda(90)), 4);
 }

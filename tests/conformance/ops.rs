@@ -205,8 +205,8 @@ pub fn every_op(b: &Arc<dyn Backend>) {
                 x.mul(x)?.sum(&[1], false)?.add(&x.sum(&[1], false)?)?,
                 v[1].sum(&[0], false)?,
                 v[1].mul(&v[1])?.sum(&[0], true)?,
-                // Pointwise over a multiple of 8 elements: 16-byte vectors of 2-byte lanes on CUDA, and
-                // an f32 output beside them two accesses a vector.
+                // Pointwise over a multiple of 8 elements: 16-byte vectors of eight 2-byte lanes on
+                // CUDA; with an f32 output, four lanes.
                 v[1].mul(&v[1])?.add(1.0)?,
                 v[1].cast(DType::F32)?.mul(3.0)?.add(&v[1].cast(DType::F32)?)?,
             ])

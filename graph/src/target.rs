@@ -211,7 +211,10 @@ impl Target {
         Target {
             name: "kernel-interpreter".into(),
             max_bindings: 64,
-            subgroup_size: Some(32),
+            // No subgroups: its plans are ones every renderer spells (a compile report shows each kernel
+            // in WGSL and PTX, and WGSL has no packed groups). CUDA's subgroup plans run through the
+            // interpreter anyway, with the CUDA target (`conformance_ptx`).
+            subgroup_size: None,
             max_buffer_bytes: unlimited(),
             max_binding_bytes: unlimited(),
             binding_alignment: default_binding_alignment(),

@@ -43,6 +43,15 @@ pub(super) struct Entry {
     pub(super) ld: [String; OPERANDS],
 }
 
+/// How [`Writer::stage_tile`] moves a tile into shared memory.
+#[derive(Clone, Copy)]
+pub(super) enum TileCopy {
+    /// Global loads of this many elements into registers, then shared stores.
+    Loads(u32),
+    /// `cp.async` copies of 16 bytes (8 elements).
+    Async,
+}
+
 /// Operands an attention kernel may bind, in [`Entry`]'s order.
 pub(super) const OPERANDS: usize = 8;
 use kiln_graph::dtype::DType;
@@ -54,38 +63,11 @@ pub(super) const LOG2_E: f64 = std::f64::consts::LOG2_E;
 impl Writer<'_> {
     /// Copies `rows × cols` elements of `src` (rows from `row0`, at most `limit` of them valid; the rest
     /// are zeros) into the shared array at `smem` (a u32 address, rows of `pitch` elements), every thread
-    /// of the workgroup taking its share of `vector`-element pieces.
+    /// of the workgroup taking its share of pieces: through registers (`TileCopy::Loads`), or as
+    /// `cp.async` copies of 16 bytes that land by the `cp.async.wait_group` covering the group they are
+    /// committed in, while the threads compute (`TileCopy::Async`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn stage_tile(
-        &mut self,
-        src: (&str, &str),
-        row0: &str,
-        limit: &str,
-        shape: (u32, u32, u32),
-        smem: &str,
-        tid: &str,
-        vector: u32,
-    ) {
-        self.copy_tile(src, row0, limit, shape, smem, tid, vector, false)
-    }
-
-    /// [`Writer::stage_tile`] issued as `cp.async` copies of 16 bytes (`vector` 8): they land by the
-    /// `cp.async.wait_group` that covers the group they are committed in, while the threads compute.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn stage_tile_async(
-        &mut self,
-        src: (&str, &str),
-        row0: &str,
-        limit: &str,
-        shape: (u32, u32, u32),
-        smem: &str,
-        tid: &str,
-    ) {
-        self.copy_tile(src, row0, limit, shape, smem, tid, 8, true)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn copy_tile(
         &mut self,
         (src, ld): (&str, &str),
         row0: &str,
@@ -93,9 +75,12 @@ impl Writer<'_> {
         (rows, cols, pitch): (u32, u32, u32),
         smem: &str,
         tid: &str,
-        vector: u32,
-        asynchronous: bool,
+        copy: TileCopy,
     ) {
+        let (vector, asynchronous) = match copy {
+            TileCopy::Loads(vector) => (vector, false),
+            TileCopy::Async => (8, true),
+        };
         let threads = self.k.launch.threads;
         let per_row = cols / vector;
         let pieces = rows * per_row;
@@ -489,7 +474,7 @@ impl Writer<'_> {
         let l = self.attention_lanes();
         let tid = l.tid.clone();
         // The query block into shared memory, then into A fragments.
-        self.stage_tile((&e.ptr[0], &e.ld[0]), &q0, &tq, (rows, d, dp), &smq, &tid, vector);
+        self.stage_tile((&e.ptr[0], &e.ld[0]), &q0, &tq, (rows, d, dp), &smq, &tid, TileCopy::Loads(vector));
         self.emit("bar.sync 0;");
         let qf = self.a_fragments(&l, &smq, dp, d);
 
@@ -530,9 +515,9 @@ impl Writer<'_> {
             let p = self.reg("pred");
             self.emit(&format!("setp.le.s64 {p}, {steps}, 0;"));
             self.emit(&format!("@{p} bra {none};"));
-            self.stage_tile_async((&e.ptr[1], &e.ld[1]), "0", &tk, (keys, d, dp), &smk, &tid);
+            self.stage_tile((&e.ptr[1], &e.ld[1]), "0", &tk, (keys, d, dp), &smk, &tid, TileCopy::Async);
             if !lse_only {
-                self.stage_tile_async((&e.ptr[2], &e.ld[2]), "0", &tk, (keys, dv, dvp), &smv, &tid);
+                self.stage_tile((&e.ptr[2], &e.ld[2]), "0", &tk, (keys, dv, dvp), &smv, &tid, TileCopy::Async);
             }
             self.place(&none);
             self.emit("cp.async.commit_group;");
@@ -557,10 +542,10 @@ impl Writer<'_> {
             self.emit(&format!("@{p} bra {last};"));
             self.emit(&format!("add.s64 {next}, {k0}, {keys};"));
             let nk = at(self, &smk, &even, kbytes);
-            self.stage_tile_async((&e.ptr[1], &e.ld[1]), &next, &tk, (keys, d, dp), &nk, &tid);
+            self.stage_tile((&e.ptr[1], &e.ld[1]), &next, &tk, (keys, d, dp), &nk, &tid, TileCopy::Async);
             if !lse_only {
                 let nv = at(self, &smv, &even, vbytes);
-                self.stage_tile_async((&e.ptr[2], &e.ld[2]), &next, &tk, (keys, dv, dvp), &nv, &tid);
+                self.stage_tile((&e.ptr[2], &e.ld[2]), &next, &tk, (keys, dv, dvp), &nv, &tid, TileCopy::Async);
             }
             self.place(&last);
             // Every group but the newest (tile j + 1's, or an empty one) has landed: tile j has.
@@ -570,9 +555,9 @@ impl Writer<'_> {
             let va = if lse_only { String::new() } else { at(self, &va, &odd, vbytes) };
             (ka, va)
         } else {
-            self.stage_tile((&e.ptr[1], &e.ld[1]), &k0, &tk, (keys, d, dp), &smk, &tid, vector);
+            self.stage_tile((&e.ptr[1], &e.ld[1]), &k0, &tk, (keys, d, dp), &smk, &tid, TileCopy::Loads(vector));
             if !lse_only {
-                self.stage_tile((&e.ptr[2], &e.ld[2]), &k0, &tk, (keys, dv, dvp), &smv, &tid, vector);
+                self.stage_tile((&e.ptr[2], &e.ld[2]), &k0, &tk, (keys, dv, dvp), &smv, &tid, TileCopy::Loads(vector));
             }
             (ka, va)
         };

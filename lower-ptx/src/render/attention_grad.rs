@@ -9,7 +9,7 @@
 //! `dpᵀ = v doutᵀ`, `dsᵀ = pᵀ (dpᵀ - delta)`, `dk += dsᵀ q`; one kernel computes both from one `pᵀ`
 //! where `graph` paired them (`Attention::second`). The scale multiplies `dq` and `dk` once, at the end.
 
-use super::attention::LOG2_E;
+use super::attention::{TileCopy, LOG2_E};
 use super::Writer;
 use kiln_graph::ir::AttentionPart;
 use kiln_graph::kernel::{Attention, AttentionPass, AttentionTile};
@@ -88,7 +88,15 @@ impl Writer<'_> {
         let needs_b = by_queries || part == AttentionPart::Keys;
         for (operand, sm) in [(&own_a, &smem[0]), (&own_b, &smem[1])].into_iter().take(1 + usize::from(needs_b)) {
             let (ptr, ld, width) = operand;
-            self.stage_tile((ptr, ld), &e.start, &own_len, (rows, *width, pitch(*width)), sm, &tid, vector);
+            self.stage_tile(
+                (ptr, ld),
+                &e.start,
+                &own_len,
+                (rows, *width, pitch(*width)),
+                sm,
+                &tid,
+                TileCopy::Loads(vector),
+            );
         }
         self.emit("bar.sync 0;");
         let fa = self.a_fragments(&lanes, &smem[0], pitch(own_a.2), own_a.2);
@@ -152,7 +160,7 @@ impl Writer<'_> {
             (stream, str_a.2, pitch(str_a.2)),
             &smem[2],
             &tid,
-            vector,
+            TileCopy::Loads(vector),
         );
         if needs_b || by_queries || part == AttentionPart::Values {
             self.stage_tile(
@@ -162,7 +170,7 @@ impl Writer<'_> {
                 (stream, str_b.2, pitch(str_b.2)),
                 &smem[3],
                 &tid,
-                vector,
+                TileCopy::Loads(vector),
             );
         }
         if let Some(st) = &stats {

@@ -904,6 +904,10 @@ fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymI
     width
 }
 
+/// Elements a thread of a short row's workgroup takes: rows of up to 32 × this many get 32 threads, one
+/// subgroup on CUDA (and `split_reduce` sizes a column's last pass by it).
+pub(crate) const ROW_ELEMENTS_PER_THREAD: u64 = 8;
+
 /// Decides how a row reduction maps to threads: a workgroup per row when rows are long enough to keep
 /// its threads busy (256 threads, more only when a row would not otherwise fit in registers), otherwise
 /// one thread per row. Returns (grouped, threads, row cache).
@@ -918,7 +922,10 @@ fn row_strategy(target: &Target, row_len: &Expr) -> (bool, u32, Option<u32>) {
             let (max64, cache) = (max as u64, target.max_row_cache.max(1) as u64);
             // Short rows get smaller groups, about 8 elements a thread: a 512-wide attention row on 256
             // threads spends its time starting groups, not moving data.
-            let fewest = (target.row_threads as u64).min(c.div_ceil(8).next_power_of_two().max(32)).min(max64).max(1);
+            let fewest = (target.row_threads as u64)
+                .min(c.div_ceil(ROW_ELEMENTS_PER_THREAD).next_power_of_two().max(32))
+                .min(max64)
+                .max(1);
             let whole = c.checked_next_power_of_two().unwrap_or(u64::MAX).max(32);
             let per_cache = c.div_ceil(cache).checked_next_power_of_two().unwrap_or(u64::MAX);
             let threads = per_cache.clamp(fewest, max64.max(fewest)).min(whole);

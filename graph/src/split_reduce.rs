@@ -39,8 +39,6 @@ const MIN_PIECE: u64 = 4096;
 
 /// The longest column a single pass sums serially (lowering's column strategy reads this bound).
 pub const SERIAL_COLUMN: u64 = COLUMN_SERIAL.1;
-/// Partials one lane of a subgroup sums in a last pass that gives each output a subgroup.
-const TAIL_PER_LANE: u64 = 16;
 
 /// What a target offers column reductions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,10 +146,11 @@ fn column_pieces(outputs: u64, len: u64, column_threads: u64) -> Option<u64> {
 }
 
 /// With subgroups, two passes: serial pieces of at least `COLUMN_SERIAL.0` elements leaving more
-/// partials than one thread sums serially and at most what a subgroup sums in its last pass (the piece
+/// partials than one thread sums serially and at most what one subgroup takes in its last pass (the piece
 /// count nearest the target's aim). `None` where no such count divides the column.
 fn subgroup_tail(outputs: u64, len: u64, columns: Columns) -> Option<u64> {
-    let most = columns.subgroup * TAIL_PER_LANE;
+    // As many as lowering gives one subgroup's threads (more get a workgroup of several subgroups).
+    let most = columns.subgroup * crate::lower::ROW_ELEMENTS_PER_THREAD;
     let aim = (columns.threads / outputs.max(1)).max(1);
     (SERIAL_COLUMN + 1..=most.min(len / COLUMN_SERIAL.0)).filter(|c| len % c == 0).min_by_key(|&c| c.abs_diff(aim))
 }
@@ -195,7 +194,7 @@ mod tests {
         assert_eq!(plan(1, 4096, 768, cuda), vec![256]);
         // The QKV projection's 2,304: the same 256 pieces (the aim, 113, would leave too few partials).
         assert_eq!(plan(1, 4096, 2304, cuda), vec![256]);
-        // No count of partials between 129 and 512 divides 4,099 · 2: the serial plan.
+        // No count of partials between 129 and 256 divides 4,099 · 2: the serial plan.
         assert_eq!(plan(1, 4099 * 2, 768, cuda), plan(1, 4099 * 2, 768, Columns { subgroup: 0, ..cuda }));
         // Rows along the innermost axis are not columns.
         assert_eq!(plan(1, 3 << 20, 1, cuda), vec![768]);

@@ -909,27 +909,22 @@ impl<'k> Writer<'k> {
     }
 
     /// Loads the `w` lanes of buffer `b` at address `a` into fresh registers (`b16` or `b32`, as its
-    /// elements): one access of up to four elements, else 16-byte accesses (`v4.b32`) whose words split
-    /// into 2-byte lanes.
+    /// elements): one access of up to four elements, or eight 2-byte lanes as one `v4.b32` access whose
+    /// words split into halves (`graph` gives eight lanes only where every buffer is 2-byte).
     fn vector_load(&mut self, b: usize, w: usize, a: &str) -> Vec<String> {
         let half = self.k.buffers[b].dtype.size_bytes() == 2;
         let ty = if half { "b16" } else { "b32" };
         let lanes: Vec<String> = (0..w).map(|_| self.reg(ty)).collect();
         if w <= 4 {
             self.emit(&format!("ld.global.v{w}.{ty} {{{}}}, [{a}];", lanes.join(", ")));
-            return lanes;
-        }
-        let per_word = if half { 2 } else { 1 };
-        let words: Vec<String> = (0..w / per_word).map(|_| self.reg("b32")).collect();
-        for (i, chunk) in words.chunks(4).enumerate() {
-            self.emit(&format!("ld.global.v4.b32 {{{}}}, [{a}+{}];", chunk.join(", "), 16 * i));
-        }
-        for (i, word) in words.iter().enumerate() {
-            if half {
-                self.emit(&format!("mov.b32 {{{}, {}}}, {word};", lanes[2 * i], lanes[2 * i + 1]));
-            } else {
-                self.emit(&format!("mov.b32 {}, {word};", lanes[i]));
+        } else if half && w == 8 {
+            let words: Vec<String> = (0..4).map(|_| self.reg("b32")).collect();
+            self.emit(&format!("ld.global.v4.b32 {{{}}}, [{a}];", words.join(", ")));
+            for (word, pair) in words.iter().zip(lanes.chunks(2)) {
+                self.emit(&format!("mov.b32 {{{}, {}}}, {word};", pair[0], pair[1]));
             }
+        } else {
+            self.fail(format!("{w} lanes of {}-byte elements: past one 16-byte access", if half { 2 } else { 4 }));
         }
         lanes
     }
@@ -941,21 +936,18 @@ impl<'k> Writer<'k> {
         if w <= 4 {
             let ty = if half { "b16" } else { "b32" };
             self.emit(&format!("st.global.v{w}.{ty} [{a}], {{{}}};", vals.join(", ")));
-            return;
-        }
-        let words: Vec<String> = if half {
-            vals.chunks(2)
+        } else if half && w == 8 {
+            let words: Vec<String> = vals
+                .chunks(2)
                 .map(|pair| {
                     let word = self.reg("b32");
                     self.emit(&format!("mov.b32 {word}, {{{}}};", pair.join(", ")));
                     word
                 })
-                .collect()
+                .collect();
+            self.emit(&format!("st.global.v4.b32 [{a}], {{{}}};", words.join(", ")));
         } else {
-            vals.to_vec()
-        };
-        for (i, chunk) in words.chunks(4).enumerate() {
-            self.emit(&format!("st.global.v4.b32 [{a}+{}], {{{}}};", 16 * i, chunk.join(", ")));
+            self.fail(format!("{w} lanes of {}-byte elements: past one 16-byte access", if half { 2 } else { 4 }));
         }
     }
 

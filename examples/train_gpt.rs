@@ -59,9 +59,19 @@ struct Args {
     /// Fail unless the mean loss of the last ten steps is below this.
     #[arg(long)]
     threshold: Option<f64>,
-    /// Where the loss curve, the checkpoint and the sample go.
+    /// Where the loss curve (`loss.csv`, `loss.png`, `loss.svg`), the checkpoint and the sample go.
     #[arg(long, default_value = "target/train_gpt")]
     out: PathBuf,
+    /// Another run's `loss.csv` (same settings, another backend): fail unless the two curves agree, each
+    /// window of `--window` steps' mean loss within `--curve-tolerance` nats; both are plotted.
+    #[arg(long)]
+    agree_with: Option<PathBuf>,
+    /// Steps per window of the curve comparison.
+    #[arg(long, default_value_t = 25)]
+    window: usize,
+    /// The most two runs' window means may differ by, in nats.
+    #[arg(long, default_value_t = 0.05)]
+    curve_tolerance: f64,
 }
 
 /// A SplitMix64 stream for batch offsets and sampling.
@@ -179,12 +189,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     std::fs::create_dir_all(&args.out)?;
-    plot(&curve, &args.out)?;
+    let csv: String = curve.iter().enumerate().map(|(i, l)| format!("{},{l}\n", i + 1)).collect();
+    std::fs::write(args.out.join("loss.csv"), format!("step,loss\n{csv}"))?;
+    let other = args.agree_with.as_deref().map(read_curve).transpose()?;
+    plot(&curve, other.as_deref(), &args.out)?;
     kiln::nn::save(trainer.model(), &args.out.join("gpt.safetensors"))?;
     let sample = sample(trainer.model(), &vocab, &ids[..t], args.sample_chars, &mut rng, chosen)?;
     std::fs::write(args.out.join("sample.txt"), &sample)?;
     println!("{sample}");
-    eprintln!("train_gpt: wrote loss.png, loss.svg, gpt.safetensors and sample.txt to {}", args.out.display());
+    eprintln!(
+        "train_gpt: wrote loss.csv, loss.png, loss.svg, gpt.safetensors and sample.txt to {}",
+        args.out.display()
+    );
+    if let (Some(other), Some(path)) = (&other, &args.agree_with) {
+        let worst = curve_gap(&curve, other, args.window)?;
+        eprintln!(
+            "train_gpt: against {}: window means ({} steps) differ by at most {:.4} nats (tolerance {})",
+            path.display(),
+            args.window,
+            worst.0,
+            args.curve_tolerance
+        );
+        if worst.0 > args.curve_tolerance {
+            return Err(format!(
+                "the loss curves disagree: steps {}–{} average {:.4} here, {:.4} in {}",
+                worst.1 + 1,
+                worst.1 + args.window,
+                worst.2,
+                worst.3,
+                path.display()
+            )
+            .into());
+        }
+    }
     if let Some(limit) = args.threshold {
         if final_loss >= limit {
             return Err(format!("final loss {final_loss:.3} is not below the threshold {limit}").into());
@@ -226,25 +263,49 @@ fn sample(
     Ok(out)
 }
 
-/// The loss curve, step by step, as PNG and SVG.
-fn plot(curve: &[f64], out: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+/// A `loss.csv` this example wrote: the losses in step order.
+fn read_curve(path: &std::path::Path) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let rows = text.lines().skip(1).filter(|l| !l.trim().is_empty());
+    let loss = |l: &str| l.split(',').nth(1).and_then(|v| v.trim().parse::<f64>().ok());
+    rows.enumerate()
+        .map(|(i, l)| loss(l).ok_or_else(|| format!("{}: line {} is not `step,loss`", path.display(), i + 2).into()))
+        .collect()
+}
+
+/// The widest gap between two curves' means over windows of `window` steps: (gap, first step of its
+/// window, this curve's mean there, the other's). Single steps differ by the batches' noise once rounding
+/// has moved the weights apart; windows show whether the two trained alike.
+fn curve_gap(curve: &[f64], other: &[f64], window: usize) -> Result<(f64, usize, f64, f64), String> {
+    if curve.len() != other.len() || window == 0 || curve.len() < window {
+        return Err(format!("curves of {} and {} steps, windows of {window}", curve.len(), other.len()));
+    }
+    let mean = |c: &[f64]| c.iter().sum::<f64>() / c.len() as f64;
+    let gaps = curve.chunks(window).zip(other.chunks(window)).enumerate();
+    let worst = gaps.map(|(i, (a, b))| ((mean(a) - mean(b)).abs(), i * window, mean(a), mean(b)));
+    Ok(worst.fold((0.0, 0, 0.0, 0.0), |w, g| if g.0 > w.0 { g } else { w }))
+}
+
+/// The loss curve, step by step, as PNG and SVG (with another run's, when compared).
+fn plot(curve: &[f64], other: Option<&[f64]>, out: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
     register_font()?;
-    draw(&BitMapBackend::new(&out.join("loss.png"), (800, 480)).into_drawing_area(), curve)?;
-    draw(&SVGBackend::new(&out.join("loss.svg"), (800, 480)).into_drawing_area(), curve)?;
+    draw(&BitMapBackend::new(&out.join("loss.png"), (800, 480)).into_drawing_area(), curve, other)?;
+    draw(&SVGBackend::new(&out.join("loss.svg"), (800, 480)).into_drawing_area(), curve, other)?;
     Ok(())
 }
 
 fn draw<DB: plotters::prelude::DrawingBackend>(
     area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
     curve: &[f64],
+    other: Option<&[f64]>,
 ) -> Result<(), String>
 where
     DB::ErrorType: 'static,
 {
     use plotters::prelude::*;
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let top = curve.iter().copied().fold(0.0f64, f64::max) * 1.05;
+    let top = curve.iter().chain(other.unwrap_or_default()).copied().fold(0.0f64, f64::max) * 1.05;
     area.fill(&WHITE).map_err(e)?;
     let mut chart = ChartBuilder::on(area)
         .caption("train_gpt: training loss (cross-entropy, nats per character)", ("sans-serif", 20))
@@ -254,7 +315,20 @@ where
         .build_cartesian_2d(1u64..curve.len().max(2) as u64, 0.0..top.max(1e-3))
         .map_err(e)?;
     chart.configure_mesh().x_desc("step").y_desc("loss").draw().map_err(e)?;
-    chart.draw_series(LineSeries::new(curve.iter().enumerate().map(|(i, &l)| (i as u64 + 1, l)), &BLUE)).map_err(e)?;
+    let line = |c: &[f64]| c.iter().enumerate().map(|(i, &l)| (i as u64 + 1, l)).collect::<Vec<_>>();
+    chart
+        .draw_series(LineSeries::new(line(curve), &BLUE))
+        .map_err(e)?
+        .label("this run")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    if let Some(other) = other {
+        chart
+            .draw_series(LineSeries::new(line(other), &RED))
+            .map_err(e)?
+            .label("compared run")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(e)?;
+    }
     area.present().map_err(e)
 }
 

@@ -10,7 +10,7 @@ mkdir -p "$out"
 case "${1:-}" in
 stage)
   set -e
-  rm -rf .gpu/tests .gpu/kiln-bench .gpu/kiln-bench.xz .gpu/profile_workload .gpu/profile_workload.xz
+  rm -rf .gpu/tests .gpu/kiln-bench .gpu/kiln-bench.xz .gpu/profile_workload .gpu/profile_workload.xz .gpu/train_gpt .gpu/train_gpt.xz
   mkdir -p .gpu/tests
   cargo test --release --locked -p kiln --test conformance_cuda --test device_runtime --test guards --test onnx_models \
     --test conformance_wgpu --test conformance_wgpu_limits --test device_faults --test torch_parity --no-run --message-format=json 2>/dev/null |
@@ -21,12 +21,14 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".gpu/tests/" + m["target"]["name"])'
   cargo build --release --locked -p kiln-bench
   cp target/release/kiln-bench .gpu/
-  # One workload's public call, once, for `profile` (Nsight Compute).
-  cargo build --release --locked --example profile_workload
-  cp target/release/examples/profile_workload .gpu/
+  # One workload's public call, once, for `profile` (Nsight Compute); the training example for `train`,
+  # with the font its loss plot needs (a GPU host may have none).
+  cargo build --release --locked --example profile_workload --example train_gpt
+  cp target/release/examples/profile_workload target/release/examples/train_gpt .gpu/
+  cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf .gpu/
   # Stripped and compressed: with .gl they must fit a device call's 64 MiB.
-  strip .gpu/kiln-bench .gpu/profile_workload .gpu/tests/*
-  xz -9f -T2 .gpu/kiln-bench .gpu/profile_workload .gpu/tests/*
+  strip .gpu/kiln-bench .gpu/profile_workload .gpu/train_gpt .gpu/tests/*
+  xz -9f -T2 .gpu/kiln-bench .gpu/profile_workload .gpu/train_gpt .gpu/tests/*
   # ptxas (scripts/deps.sh installs it): CUDA assembles a cold compile's kernels with it, side by side.
   rm -f .gpu/ptxas.xz
   if [ -x .tools/nvcc/nvidia/cuda_nvcc/bin/ptxas ]; then
@@ -78,7 +80,7 @@ fps)
   timeout 120 ./.gpu/kiln-explorer --fps "${2:-10}" 2>&1 | tee -a "$out/fps.log" | grep -E "frames in|rror" | tail -3
   kill %1 2>/dev/null
   ;;
-tests|bench|peer|parts|profile)
+tests|bench|peer|parts|profile|train|parity)
   for f in .gpu/*.xz .gpu/tests/*.xz; do [ -e "$f" ] && xz -df "$f"; done
   if [ -e .gpu/ptxas ]; then
     chmod +x .gpu/ptxas
@@ -102,6 +104,35 @@ tests|bench|peer|parts|profile)
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
     exit $status
+    ;;
+  train)
+    # `train [STEPS]`: examples/train_gpt on CUDA, then on wgpu (the GPU's Vulkan driver) from the same
+    # seed, which fails unless its loss curve agrees with CUDA's (window means within 0.05 nats) and
+    # both end below the threshold. Curves, plots, checkpoints and samples: $out/train-{cuda,wgpu}/.
+    steps="${2:-600}"
+    mkdir -p /usr/share/fonts/truetype/dejavu && cp .gpu/DejaVuSans.ttf /usr/share/fonts/truetype/dejavu/
+    status=0
+    for backend in cuda wgpu; do
+      agree=()
+      [ "$backend" = cuda ] || agree=(--agree-with "$out/train-cuda/loss.csv")
+      echo "== train_gpt on $backend, $steps steps"
+      ./.gpu/train_gpt --backend "$backend" --steps "$steps" --threshold "${KILN_TRAIN_THRESHOLD:-2.0}" \
+        --out "$out/train-$backend" ${agree[@]+"${agree[@]}"} 2>&1 | tr '\r' '\n' | grep -E "train_gpt|rror" | tail -8
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+    exit $status
+    ;;
+  parity)
+    # Torch parity at W5's size (issue 17): torch's ten AdamW steps of a 4-block, 768-wide GPT on this GPU
+    # (float32 and float64, benches/peers/torch_train_parity.py), then kiln's compiled and eager steps on
+    # CUDA from the same weights and batches (tests/torch_parity.rs with KILN_PARITY_DIR).
+    dir="$(mktemp -d)"
+    python3 benches/peers/torch_train_parity.py --out "$dir" --device cuda --vocab 256 --context 512 --dim 768 \
+      --heads 12 --layers 4 --batch 8 --lr 1e-3 >"$out/parity-torch.log" 2>&1 || { tail -20 "$out/parity-torch.log"; exit 1; }
+    tail -4 "$out/parity-torch.log"
+    KILN_PARITY_DIR="$dir" ./.gpu/tests/torch_parity --include-ignored --exact ten_adamw_steps_train_as_torch_does_on_cuda \
+      --nocapture 2>&1 | tee "$out/parity.log" | grep -E "compiled|eager|test result|panicked" | tail -12
+    exit "${PIPESTATUS[0]}"
     ;;
   bench)
     shift
@@ -224,7 +255,7 @@ pack)
   tar czf /tmp/kiln-gpu-all.tgz -C "$out" . && find "$out" -type f -delete && mv /tmp/kiln-gpu-all.tgz "$out/all.tgz"
   ;;
 *)
-  echo "usage: scripts/gpu.sh stage|stage-fps|fps|pack|tests [test arguments]|bench|peer|parts [bench arguments | --trials N and peer arguments]|profile KILN [TORCH MODE]" >&2
+  echo "usage: scripts/gpu.sh stage|stage-fps|fps|pack|tests [test arguments]|train [STEPS]|parity|bench|peer|parts [bench arguments | --trials N and peer arguments]|profile KILN [TORCH MODE]" >&2
   exit 2
   ;;
 esac

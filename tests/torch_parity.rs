@@ -18,8 +18,13 @@ use safetensors::SafeTensors;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// A fixture file: from `KILN_PARITY_DIR` where set (a larger run written on the GPU machine by
+/// `scripts/gpu.sh parity`), else the committed one.
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/parity").join(name)
+    match std::env::var_os("KILN_PARITY_DIR") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/parity").join(name),
+    }
 }
 
 /// torch's run: the model's sizes, AdamW's hyper-parameters, the batches and what torch computed.

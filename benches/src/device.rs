@@ -43,6 +43,13 @@ impl Device {
         self.rt.record(run)
     }
 
+    /// Device bytes at their most since the last reset: the runtime's buffers and the driver's scratch
+    /// (cuBLAS's workspace, which torch's allocator counts too).
+    pub fn peak(&self) -> u64 {
+        let m = self.rt.memory_stats();
+        m.peak + m.scratch
+    }
+
     /// Enqueues one run.
     pub fn launch(&self, run: &Prepared) -> Result<()> {
         self.rt.launch(run).map(drop)

@@ -136,6 +136,12 @@ pub trait Driver: Send + Sync + 'static {
     fn timing(&self) -> &'static str {
         "fenced wall time"
     }
+    /// Device bytes the driver holds outside the runtime's pool (a GEMM library's workspace), counted in
+    /// [`crate::runtime::MemoryStats::scratch`] so a peak compares with a framework whose allocator hands
+    /// out such scratch too.
+    fn scratch_bytes(&self) -> u64 {
+        0
+    }
     /// Whether the device told the driver it is lost (wgpu's lost callback), before any call failed.
     fn is_lost(&self) -> bool {
         false

@@ -90,6 +90,10 @@ pub struct MemoryStats {
     pub downloaded: u64,
     /// Allocations the driver made (pool misses).
     pub allocations: u64,
+    /// Bytes the driver holds outside the pool now ([`Driver::scratch_bytes`]: cuBLAS's workspace), not
+    /// in `in_use` or `peak`.
+    #[serde(default)]
+    pub scratch: u64,
     /// Bytes of buffers of a lost device that something still holds (a tensor, a weight's old copy):
     /// not counted in `in_use`, freed as they are dropped.
     #[serde(default)]
@@ -632,7 +636,8 @@ impl Runtime {
 
     /// Memory statistics now.
     pub fn memory_stats(&self) -> MemoryStats {
-        *lock(&self.mem)
+        let scratch = self.driver().scratch_bytes();
+        MemoryStats { scratch, ..*lock(&self.mem) }
     }
 
     /// Zeroes the upload/download counters.

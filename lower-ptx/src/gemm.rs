@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 /// Workspace handed to cuBLAS, so it never allocates while a CUDA graph is being captured (PyTorch gives
 /// Hopper the same 32 MiB).
-const WORKSPACE_BYTES: usize = 32 << 20;
+pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
 
 fn blas_err(what: &str, e: blas::CublasError) -> kiln_graph::Error {
     err(format!("cuBLAS {what}: {:?}", e.0))

@@ -174,15 +174,28 @@ impl Writer<'_> {
     }
 
     /// Which batch entry and which block of `rows` rows (of `len`) this workgroup owns, and each
-    /// operand's pointer at that entry; `reversed` hands the last blocks out first (a causal attention's
-    /// last queries have the most keys). Groups past the last entry return at once, before any barrier.
+    /// operand's pointer at that entry. Workgroups take blocks in order of their work: every entry's
+    /// first block, then every entry's second..., the last blocks first where `reversed` (a causal
+    /// attention's last queries have the most keys; its first keys the most queries). The device starts
+    /// workgroups roughly in order, so the longest run first and the shortest fill the last wave (a
+    /// causal W5 layer is 768 workgroups, under two waves of an H200). Groups past the last block return
+    /// at once, before any barrier.
     pub(super) fn attention_entry(&mut self, a: &Attention, len: &str, rows: u32, reversed: bool) -> Entry {
         let blocks = self.reg("s64");
         self.emit(&format!("add.s64 {blocks}, {len}, {};", rows - 1));
         self.emit(&format!("div.s64 {blocks}, {blocks}, {rows};"));
+        let entries = self.reg("s64");
+        self.emit(&format!("mov.s64 {entries}, 1;"));
+        for b in &a.batch {
+            let ext = self.expr(&b.extent);
+            self.emit(&format!("mul.lo.s64 {entries}, {entries}, {ext};"));
+        }
         let (entry, start) = (self.reg("s64"), self.reg("s64"));
-        self.emit(&format!("div.s64 {entry}, %group, {blocks};"));
-        self.emit(&format!("rem.s64 {start}, %group, {blocks};"));
+        self.emit(&format!("rem.s64 {entry}, %group, {entries};"));
+        self.emit(&format!("div.s64 {start}, %group, {entries};"));
+        let past = self.reg("pred");
+        self.emit(&format!("setp.ge.s64 {past}, {start}, {blocks};"));
+        self.emit(&format!("@{past} ret;"));
         if reversed {
             self.emit(&format!("sub.s64 {start}, {blocks}, {start};"));
             self.emit(&format!("sub.s64 {start}, {start}, 1;"));
@@ -219,9 +232,6 @@ impl Writer<'_> {
                 self.emit(&format!("mad.lo.s64 {acc}, {i}, {s}, {acc};"));
             }
         }
-        let past = self.reg("pred");
-        self.emit(&format!("setp.ne.s64 {past}, {rest}, 0;"));
-        self.emit(&format!("@{past} ret;"));
         let (mut ptr, mut ld) = (Vec::with_capacity(OPERANDS), Vec::with_capacity(OPERANDS));
         for ((o, bytes), b) in operands.iter().zip(&base) {
             let p = self.reg("s64");

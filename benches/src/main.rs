@@ -83,6 +83,8 @@ pub struct Cli {
 }
 
 fn main() {
+    // KILN_LOGS=graph shows, among others, how a cold compile's loading divides (render, ptxas, load).
+    kiln::init_logs();
     let cli = Cli::parse();
     let fail = |e: String| -> ! {
         eprintln!("kiln-bench: {e}");

@@ -14,6 +14,7 @@
 //! forward graph with its attentions whole (`attention_grad`), so a training step's backward pass never
 //! reads the probabilities.
 
+use crate::decompose::Builder;
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, Graph, NodeId, Op};
 use crate::kernel::{AttentionPass, AttentionTile};
@@ -203,6 +204,57 @@ pub fn stored_as(g: &Graph, node: NodeId, readers: &[usize]) -> Option<NodeId> {
     match &p.op {
         Op::Permute { perm } if perm.len() == r && perm[r - 1] == r - 1 => Some(NodeId(i as u32)),
         _ => None,
+    }
+}
+
+/// An attention's output read both as heads put back into rows (the permute its kernel can write,
+/// [`stored_as`]) and as it is (a training step's backward reads the forward's output for `delta`): each
+/// later reader of the attention reads the permute back instead, through the inverse permute (a view).
+/// The permute is then the attention's one reader, so the kernel writes rows where the permute keeps
+/// them and no copy kernel makes the layout the next GEMM reads (W5's training step had four, one a
+/// layer). Kept while decomposing, where nodes are made in order: the inverse permute is made after the
+/// permute and before the first reader that needs it.
+#[derive(Default)]
+pub(crate) struct PermutedOutputs {
+    /// Attention node → (the permute storing it, the inverse permute made for its other readers).
+    stored: std::collections::HashMap<NodeId, (NodeId, Option<NodeId>)>,
+}
+
+impl PermutedOutputs {
+    /// Records `new`, a node just made, when it is a last-axis-keeping permute of an attention that has
+    /// none yet.
+    pub(crate) fn note(&mut self, b: &Builder, new: NodeId) {
+        let node = b.graph.node(new);
+        let (Op::Permute { perm }, &[x]) = (&node.op, &node.inputs[..]) else { return };
+        let r = perm.len();
+        let attention = matches!(b.graph.node(x).op, Op::Attention { .. } | Op::AttentionGrad { .. });
+        if attention && r > 0 && perm[r - 1] == r - 1 && !self.stored.contains_key(&x) {
+            self.stored.insert(x, (new, None));
+        }
+    }
+
+    /// `inputs` of a node of op `op` about to be made, with every attention whose output is stored as a
+    /// permute replaced by that permute read back (the permute itself, or a second permute of the same
+    /// attention, reads the attention).
+    pub(crate) fn read_back(&mut self, b: &mut Builder, op: &Op, mut inputs: Vec<NodeId>) -> Vec<NodeId> {
+        if matches!(op, Op::Permute { .. }) || self.stored.is_empty() {
+            return inputs;
+        }
+        for x in &mut inputs {
+            let Some((permute, back)) = self.stored.get(x).copied() else { continue };
+            let back = back.unwrap_or_else(|| {
+                let Op::Permute { perm } = &b.graph.node(permute).op else { unreachable!("a permute was noted") };
+                let mut inverse = vec![0; perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    inverse[p] = i;
+                }
+                let (dtype, shape) = (b.dtype(*x), b.shape(*x));
+                b.push(Op::Permute { perm: inverse }, &[permute], dtype, shape)
+            });
+            self.stored.insert(*x, (permute, Some(back)));
+            *x = back;
+        }
+        inputs
     }
 }
 

@@ -96,10 +96,12 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
             loc: loc.clone(),
         })
     };
+    let mut permuted = crate::attention::PermutedOutputs::default();
     for (i, node) in graph.nodes.iter().enumerate() {
         let inputs = node.inputs.iter().map(|&a| lookup(&map, a, &node.loc)).collect::<Result<Vec<_>>>()?;
         b.from = NodeId(i as u32);
         b.loc = node.loc.clone();
+        let inputs = permuted.read_back(&mut b, &node.op, inputs);
         let fused =
             finder.zip(readers.as_deref()).and_then(|(t, r)| crate::attention::find(graph, NodeId(i as u32), r, t));
         let new = if let Some(a) = fused {
@@ -151,6 +153,7 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
             }
             b.push_node(Node { inputs, ..node.clone() })
         };
+        permuted.note(&b, new);
         map.push(new);
     }
     let internal = SourceLoc::internal();

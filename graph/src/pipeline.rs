@@ -349,14 +349,24 @@ impl CompiledGraph {
 
     /// Each kernel's structural id: a hash of the kernel IR (which already names its target's choices),
     /// computed once per compiled graph. Runtimes key loaded modules on it, so equal kernels render and
-    /// load once however many graphs hold them.
+    /// load once however many graphs hold them — and however many layers of one graph: a model's four
+    /// blocks are four copies of each kernel, one module each (W5's training step: 134 generated kernels,
+    /// 23 modules; a cold compile assembled all 134).
     pub fn kernel_ids(&self) -> &[u64] {
         self.ids.get_or_init(|| {
             self.kernels
                 .iter()
                 .map(|k| {
-                    // The name is for people; two kernels that differ only in it are one module.
-                    let anonymous = crate::kernel::Kernel { name: String::new(), ..k.clone() };
+                    // The name is for people, and the graph values a kernel's buffers hold and its checks
+                    // report are for the plan and the error message: none is in the module's code, so two
+                    // kernels that differ only in them are one module.
+                    let mut anonymous = crate::kernel::Kernel { name: String::new(), ..k.clone() };
+                    for b in &mut anonymous.buffers {
+                        b.node = crate::ir::NodeId(0);
+                    }
+                    for f in &mut anonymous.faults {
+                        f.node = crate::ir::NodeId(0);
+                    }
                     let text = serde_json::to_string(&anonymous).unwrap_or_default();
                     let h = blake3::hash(text.as_bytes());
                     u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default())

@@ -10,11 +10,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// One kernel to assemble: its name and PTX.
-pub(crate) struct Source<'a> {
-    pub(crate) name: &'a str,
-    pub(crate) ptx: &'a str,
-}
+/// What [`render_and_assemble`] makes of one item: its PTX (`None`: it has none) and its cubin (`None`:
+/// no PTX, or ptxas refused it).
+pub(crate) type Made<E> = (Option<Result<String, E>>, Option<Vec<u8>>);
 
 /// The cache entry of one kernel's cubin.
 fn key(ptx: &str, sm: u32, version: &str) -> String {
@@ -25,39 +23,79 @@ fn key(ptx: &str, sm: u32, version: &str) -> String {
     format!("cubin-sm{sm}-{}", &h.finalize().to_hex()[..32])
 }
 
-/// Each source's cubin for `sm_<sm>` (`None` where ptxas failed): from the cache, else assembled by up
-/// to one ptxas process per core.
-pub(crate) fn cubins(ptxas: &Path, version: &str, sources: &[Source], sm: u32) -> Vec<Option<Vec<u8>>> {
-    let keys: Vec<String> = sources.iter().map(|s| key(s.ptx, sm, version)).collect();
-    let out: Vec<Mutex<Option<Vec<u8>>>> = keys.iter().map(|k| Mutex::new(kiln_graph::cache::load_blob(k))).collect();
-    let mut todo: Vec<usize> = (0..sources.len()).filter(|&i| out[i].lock().is_ok_and(|c| c.is_none())).collect();
-    // Longest first (ptxas's time grows with the PTX's length), so no core is left with a long kernel
-    // at the end while the others idle.
-    todo.sort_by_key(|&i| std::cmp::Reverse(sources[i].ptx.len()));
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(todo.len());
+/// Each item's PTX (`render`: `None` for an item with none, such as a library GEMM) and its cubin for
+/// `sm_<sm>` (`None` where there is no PTX or ptxas failed). One worker per core takes items heaviest
+/// first (`weight`: ptxas's time grows with the PTX, so no core is left with a long kernel at the end
+/// while the others idle) and renders, then assembles, each: ptxas starts on the slowest kernel while
+/// the others still render (a training step's forward attention takes a quarter of a second of ptxas;
+/// rendering every kernel first put ~60 ms in front of it). Cubins come from kiln's cache when there.
+pub(crate) fn render_and_assemble<K: Sync, E: Send>(
+    items: &[K],
+    weight: impl Fn(&K) -> usize,
+    render: impl Fn(&K) -> Option<Result<String, E>> + Sync,
+    name: impl Fn(&K) -> &str + Sync,
+    (ptxas, version, sm): (&Path, &str, u32),
+) -> Vec<Made<E>> {
+    let out: Vec<Mutex<Option<Made<E>>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(weight(&items[i])));
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
     let next = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
-                let Some(&i) = todo.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
-                match crate::ptxas::cubin(ptxas, sources[i].name, sources[i].ptx, sm) {
-                    Ok(image) => {
-                        kiln_graph::cache::store_blob(&keys[i], &image);
-                        if let Ok(mut slot) = out[i].lock() {
-                            *slot = Some(image);
-                        }
+                let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
+                let rendered = render(&items[i]);
+                let cubin = match &rendered {
+                    Some(Ok(ptx)) => {
+                        let key = key(ptx, sm, version);
+                        kiln_graph::cache::load_blob(&key).or_else(|| {
+                            match crate::ptxas::cubin(ptxas, name(&items[i]), ptx, sm) {
+                                Ok(image) => {
+                                    kiln_graph::cache::store_blob(&key, &image);
+                                    Some(image)
+                                }
+                                Err(e) => {
+                                    tracing::debug!(target: "kiln::graph", kernel = name(&items[i]), "ptxas failed, the driver's JIT will try: {e}");
+                                    None
+                                }
+                            }
+                        })
                     }
-                    Err(e) => tracing::debug!(target: "kiln::graph", kernel = sources[i].name, "ptxas failed, the driver's JIT will try: {e}"),
+                    _ => None,
+                };
+                if let Ok(mut slot) = out[i].lock() {
+                    *slot = Some((rendered, cubin));
                 }
             });
         }
     });
-    out.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
+    out.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or((None, None))).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One kernel to assemble: its name and PTX.
+    struct Source<'a> {
+        name: &'a str,
+        ptx: &'a str,
+    }
+
+    /// Each source's cubin for `sm_<sm>` (`None` where ptxas failed): from the cache, else assembled by up
+    /// to one ptxas process per core.
+    fn cubins(ptxas: &Path, version: &str, sources: &[Source], sm: u32) -> Vec<Option<Vec<u8>>> {
+        let assembled = render_and_assemble(
+            sources,
+            |s| s.ptx.len(),
+            |s| Some(Ok::<_, ()>(s.ptx.to_string())),
+            |s| s.name,
+            (ptxas, version, sm),
+        );
+        assembled.into_iter().map(|(_, cubin)| cubin).collect()
+    }
+
     use kiln_graph::{capture, compile_graph, DType, Target, TensorSpec};
 
     /// Two kernels of a small graph assembled to cubins (ELF images), then served from the cache by a

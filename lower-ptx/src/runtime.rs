@@ -54,6 +54,23 @@ pub const NO_DRIVER_HINT: &str =
 /// The newest compute capability kiln's PTX targets (newer GPUs JIT it forward).
 pub const NEWEST_SM: u32 = 90;
 
+/// How long a kernel's PTX takes to make, for ordering the work (`assemble::render_and_assemble`):
+/// attention templates far longest (a quarter of a second of ptxas each), then by statements.
+fn kernel_weight(k: &Kernel) -> usize {
+    fn count(body: &[kiln_graph::kernel::Stmt]) -> usize {
+        use kiln_graph::kernel::Stmt;
+        body.iter()
+            .map(|st| match st {
+                Stmt::Attention(_) => 1 << 20,
+                Stmt::MatMul(_) => 1 << 16,
+                Stmt::Loop { body, .. } | Stmt::Reduce { body, .. } => 1 + count(body),
+                _ => 1,
+            })
+            .sum()
+    }
+    count(&k.body)
+}
+
 /// A CUDA device as a kiln [`Driver`]: one context, one stream (CUDA graph capture needs one that is not
 /// the legacy default stream). The runtime core holds the device alone while it records, so no other
 /// thread's work, allocation or free lands in a capture.
@@ -174,20 +191,6 @@ impl Cuda {
     }
 
     /// `kernel`'s PTX, or `None` for a library GEMM (nothing to load).
-    /// Each kernel's PTX ([`Cuda::ptx`]), rendered on every core: a training step's 180 kernels took a
-    /// tenth of a second on one.
-    fn render_all(&self, kernels: &[&Kernel]) -> Vec<Option<Result<String>>> {
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(kernels.len()).max(1);
-        let chunk = kernels.len().div_ceil(workers).max(1);
-        std::thread::scope(|scope| {
-            let parts: Vec<_> = kernels
-                .chunks(chunk)
-                .map(|part| scope.spawn(move || part.iter().map(|k| self.ptx(k)).collect::<Vec<_>>()))
-                .collect();
-            parts.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
-        })
-    }
-
     /// Opens cuBLAS now if it is not open yet.
     fn open_blas(&self) -> Result<()> {
         let mut b = lock(&self.blas);
@@ -307,34 +310,34 @@ impl Driver for Cuda {
     fn load_many(&self, kernels: &[&Kernel]) -> Vec<Result<Module>> {
         let Some((ptxas, version)) = &self.ptxas else { return kernels.iter().map(|k| self.load(k)).collect() };
         std::thread::scope(|scope| {
-            // cuBLAS opens (~0.1 s on an H200) while the kernels render and assemble, not at the first GEMM.
+            // cuBLAS opens while the kernels render and assemble, not at the first GEMM.
             let blas = kernels.iter().any(|k| k.gemm().is_some()).then(|| scope.spawn(|| self.open_blas()));
             let started = std::time::Instant::now();
-            let rendered = self.render_all(kernels);
-            let rendering = started.elapsed();
-            let sources: Vec<crate::assemble::Source> = (kernels.iter().zip(&rendered))
-                .filter_map(|(k, r)| match r {
-                    Some(Ok(ptx)) => Some(crate::assemble::Source { name: &k.name, ptx }),
-                    _ => None,
-                })
-                .collect();
-            let mut cubins = crate::assemble::cubins(ptxas, version, &sources, self.sm).into_iter();
-            let assembling = started.elapsed() - rendering;
-            let modules = (kernels.iter().zip(rendered))
-                .map(|(k, r)| match r {
+            fn name<'a>(k: &'a &Kernel) -> &'a str {
+                &k.name
+            }
+            let made = crate::assemble::render_and_assemble(
+                kernels,
+                |k| kernel_weight(k),
+                |k| self.ptx(k),
+                name,
+                (ptxas, version, self.sm),
+            );
+            let assembling = started.elapsed();
+            let modules = (kernels.iter().zip(made))
+                .map(|(k, (r, cubin))| match r {
                     None => Ok(Arc::new(Loaded::Gemm) as Module),
                     Some(Err(e)) => Err(e),
-                    Some(Ok(ptx)) => self.load_rendered(k, &ptx, cubins.next().flatten()),
+                    Some(Ok(ptx)) => self.load_rendered(k, &ptx, cubin),
                 })
                 .collect();
-            let loading = started.elapsed() - rendering - assembling;
+            let loading = started.elapsed() - assembling;
             // A failure to open is reported by the first GEMM, which opens cuBLAS again.
-            let blas = blas.map(|h| h.join().map_or(false, |r| r.is_ok()));
+            let blas = blas.map(|h| h.join().is_ok_and(|r| r.is_ok()));
             tracing::debug!(
                 target: "kiln::graph",
                 kernels = kernels.len(),
-                render_ms = rendering.as_secs_f64() * 1e3,
-                ptxas_ms = assembling.as_secs_f64() * 1e3,
+                render_and_ptxas_ms = assembling.as_secs_f64() * 1e3,
                 load_ms = loading.as_secs_f64() * 1e3,
                 cublas_opened = ?blas,
                 "modules loaded"

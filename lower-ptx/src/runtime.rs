@@ -190,7 +190,6 @@ impl Cuda {
         self.ctx.bind_to_thread().map_err(|e| driver("binding the CUDA context", e))
     }
 
-    /// `kernel`'s PTX, or `None` for a library GEMM (nothing to load).
     /// Opens cuBLAS now if it is not open yet.
     fn open_blas(&self) -> Result<()> {
         let mut b = lock(&self.blas);
@@ -200,6 +199,7 @@ impl Cuda {
         Ok(())
     }
 
+    /// `kernel`'s PTX, or `None` for a library GEMM (nothing to load).
     fn ptx(&self, kernel: &Kernel) -> Option<Result<String>> {
         kernel.gemm().is_none().then(|| render(kernel, self.sm).map(|p| p.source).map_err(|e| err(e.to_string())))
     }

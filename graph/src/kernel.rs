@@ -668,6 +668,13 @@ pub struct Attention {
     pub dtype: DType,
     /// Work division.
     pub tile: AttentionTile,
+    /// Workgroups take blocks in order of their work, every entry's first block before any entry's
+    /// second (workgroup `g` owns block `g / entries` of entry `g % entries`); this says the order counts
+    /// from the last block: a causal pass that owns queries (the forward, the queries' gradient) has the
+    /// most keys in its last blocks, and the device starts workgroups roughly in order, so the longest
+    /// run first and the shortest fill the last wave.
+    #[serde(default)]
+    pub last_blocks_first: bool,
 }
 
 /// The symbol persistent-row loads are keyed by: "the element of the row" that every pass shares.

@@ -1416,6 +1416,7 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId, partner: Option<Node
         causal,
         dtype,
         tile,
+        last_blocks_first: causal && !matches!(pass, AttentionPass::Grad(AttentionPart::Keys | AttentionPart::Values)),
     };
     l.blocks[0].push(Stmt::Attention(Box::new(a)));
     Ok(l.finish(&region.name, Launch::new(groups, threads)))

@@ -118,6 +118,9 @@ fn a_training_steps_attention_is_three_kernels_each_writing_what_it_shares() {
     let copies = c.fusion.regions.iter().filter(|r| r.members.iter().all(|&m| joint_op(&c, m) == "permute"));
     assert_eq!(copies.count(), 0, "{c}");
     assert_eq!(dk.second.as_ref().and_then(|o| o.ld.as_const()), Some(64), "{c}");
+    // Causal passes that own queries take their blocks last first (those have the most keys); the keys'
+    // pass, whose first blocks have the most queries, first first.
+    assert_eq!([fwd, dq, dk].map(|a| a.last_blocks_first), [true, true, false], "{c}");
     // The log-sum-exps are one f32 a query, in rows of one.
     assert_eq!(fwd.second.as_ref().and_then(|o| o.ld.as_const()), Some(1), "{c}");
 }

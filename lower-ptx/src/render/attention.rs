@@ -173,14 +173,10 @@ impl Writer<'_> {
         }
     }
 
-    /// Which batch entry and which block of `rows` rows (of `len`) this workgroup owns, and each
-    /// operand's pointer at that entry. Workgroups take blocks in order of their work: every entry's
-    /// first block, then every entry's second..., the last blocks first where `reversed` (a causal
-    /// attention's last queries have the most keys; its first keys the most queries). The device starts
-    /// workgroups roughly in order, so the longest run first and the shortest fill the last wave (a
-    /// causal W5 layer is 768 workgroups, under two waves of an H200). Groups past the last block return
-    /// at once, before any barrier.
-    pub(super) fn attention_entry(&mut self, a: &Attention, len: &str, rows: u32, reversed: bool) -> Entry {
+    /// Which batch entry and which block of `rows` rows (of `len`) this workgroup owns, in the order the
+    /// kernel IR states (`Attention::last_blocks_first`), and each operand's pointer at that entry.
+    /// Groups past the last block return at once, before any barrier.
+    pub(super) fn attention_entry(&mut self, a: &Attention, len: &str, rows: u32) -> Entry {
         let blocks = self.reg("s64");
         self.emit(&format!("add.s64 {blocks}, {len}, {};", rows - 1));
         self.emit(&format!("div.s64 {blocks}, {blocks}, {rows};"));
@@ -196,7 +192,7 @@ impl Writer<'_> {
         let past = self.reg("pred");
         self.emit(&format!("setp.ge.s64 {past}, {start}, {blocks};"));
         self.emit(&format!("@{past} ret;"));
-        if reversed {
+        if a.last_blocks_first {
             self.emit(&format!("sub.s64 {start}, {blocks}, {start};"));
             self.emit(&format!("sub.s64 {start}, {start}, 1;"));
         }
@@ -479,7 +475,7 @@ impl Writer<'_> {
             self.emit(&format!("mov.u32 {smv}, {sv};"));
         }
         let (tq, tk) = (self.expr(&a.q_len), self.expr(&a.kv_len));
-        let e = self.attention_entry(a, &tq, rows, a.causal);
+        let e = self.attention_entry(a, &tq, rows);
         let q0 = e.start.clone();
         let l = self.attention_lanes();
         let tid = l.tid.clone();

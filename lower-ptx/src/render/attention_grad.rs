@@ -40,7 +40,7 @@ impl Writer<'_> {
         // The block this workgroup owns (queries, or keys) and the tiles it streams (keys, or queries).
         let (own_len, stream_len) = if by_queries { (&a.q_len, &a.kv_len) } else { (&a.kv_len, &a.q_len) };
         let (own_len, stream_len) = (self.expr(own_len), self.expr(stream_len));
-        let e = self.attention_entry(a, &own_len, rows, by_queries && a.causal);
+        let e = self.attention_entry(a, &own_len, rows);
         let [pq, pk, pv, _, pdo, plse, pdelta, _] = e.ptr.clone();
         let [lq, lk, lv, lout, ldo, llse, ldelta, _] = e.ld.clone();
         let lanes = self.attention_lanes();

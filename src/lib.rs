@@ -21,6 +21,10 @@ pub use kiln_graph as graph;
 pub use kiln_onnx as onnx;
 
 pub mod check;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod data;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod fit;
 pub mod loss_scale;
 pub mod nn;
 pub mod optim;

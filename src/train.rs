@@ -9,6 +9,10 @@
 //! parameters. An f16 model's step also scales its loss dynamically ([`crate::loss_scale`]): its
 //! gradients would otherwise flush to zero below f16's range; a step that overflows is skipped on the
 //! device.
+//!
+//! Gradient accumulation ([`StepOptions::accumulate`]) splits the step in two compiled functions: one
+//! adds a micro-batch's weighted gradients to a running sum (its activations are freed before the next
+//! micro-batch runs), the other clips and applies the sum. Without accumulation the step stays one graph.
 
 use crate::loss_scale::{self, LossScale, LossScaleState};
 use crate::nn::Module;
@@ -30,6 +34,67 @@ fn precision<M: Module>(model: &M) -> (Vec<DType>, bool) {
 /// The loss scaling a model trains with by default: dynamic for an f16 model, none otherwise.
 fn default_scaling<M: Module>(model: &M) -> Option<LossScale> {
     model.tensors().iter().any(|t| t.dtype() == DType::F16).then(LossScale::default)
+}
+
+/// What a [`Trainer`]'s step does besides the optimizer's update.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepOptions {
+    /// Dynamic loss scaling (the default for f16 models, see [`LossScale`]); `None`: the loss unscaled.
+    pub loss_scale: Option<LossScale>,
+    /// Scale the gradients down to this global L2 norm before the update (torch's `clip_grad_norm_`).
+    pub clip_grad_norm: Option<f64>,
+    /// Micro-batches whose gradients are summed into each update (1: none); see [`Trainer::step_group`].
+    pub accumulate: usize,
+    /// Compile the steps with the batch dim symbolic from the first call (batches of several sizes).
+    pub dynamic_batch: Option<DynamicBatch>,
+}
+
+impl Default for StepOptions {
+    fn default() -> Self {
+        StepOptions { loss_scale: None, clip_grad_norm: None, accumulate: 1, dynamic_batch: None }
+    }
+}
+
+/// A batch whose first dim varies (a shorter last batch): the steps are compiled once with that dim
+/// symbolic, so every batch runs the same kernels — a run resumed mid-epoch then computes bit for bit
+/// what the uninterrupted run did, which a static entry for the first size and a symbolic one for the
+/// rest would not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DynamicBatch {
+    /// The batch's leading tensors that have the batch as their first dim (the rest, such as a dropout
+    /// key, are static).
+    pub columns: usize,
+    /// The largest batch.
+    pub max: usize,
+}
+
+impl DynamicBatch {
+    /// `compiled` with dim 0 of `columns` tensors from argument `first` on symbolic in `1..=max`.
+    pub fn mark<F>(self, compiled: Compiled<F>, first: usize) -> Compiled<F> {
+        (first..first + self.columns).fold(compiled, |c, arg| c.mark_dynamic(arg, 0, 1..=self.max.max(1)))
+    }
+}
+
+/// `grads` clipped to `max_norm` when one is given.
+fn clipped(grads: Vec<Tensor>, max_norm: Option<f64>) -> Result<Vec<Tensor>> {
+    match max_norm {
+        Some(c) => Ok(crate::optim::clip_grad_norm(&grads, c)?.0),
+        None => Ok(grads),
+    }
+}
+
+/// Rounds f32 master weights to the model's own dtypes.
+fn rounder(dtypes: Vec<DType>) -> impl Fn(&[Tensor]) -> Result<Vec<Tensor>> {
+    move |w: &[Tensor]| {
+        w.iter().zip(&dtypes).map(|(w, &d)| if w.dtype() == d { Ok(w.clone()) } else { w.cast(d) }).collect()
+    }
+}
+
+fn too_few(what: &str, want: usize, got: usize) -> crate::Error {
+    crate::Error::Unsupported {
+        what: format!("{what} takes at least {want} tensors, got {got}"),
+        loc: crate::SourceLoc::internal(),
+    }
 }
 
 /// The step function a [`Trainer`] compiles: over `[weights…, m…, v…, scalars, batch…]`, returns
@@ -56,23 +121,26 @@ pub fn adamw_step_scaled<M: Module + Clone>(
     scaling: Option<LossScale>,
     loss: impl Fn(&M, &[Tensor]) -> Result<Tensor>,
 ) -> impl StepFn {
+    adamw_step_with(model, opt, StepOptions { loss_scale: scaling, ..StepOptions::default() }, loss)
+}
+
+/// [`adamw_step_scaled`] with gradient clipping as `options` say (`options.accumulate` is the
+/// [`Trainer`]'s business: this is one whole step).
+pub fn adamw_step_with<M: Module + Clone>(
+    model: &M,
+    opt: AdamW,
+    options: StepOptions,
+    loss: impl Fn(&M, &[Tensor]) -> Result<Tensor>,
+) -> impl StepFn {
+    let (scaling, clip) = (options.loss_scale, options.clip_grad_norm);
     let n = model.tensors().len();
     let (dtypes, mixed) = precision(model);
     let shape = model.clone();
-    let rounded = move |w: &[Tensor]| -> Result<Vec<Tensor>> {
-        w.iter().zip(&dtypes).map(|(w, &d)| if w.dtype() == d { Ok(w.clone()) } else { w.cast(d) }).collect()
-    };
+    let rounded = rounder(dtypes);
     let extra = usize::from(scaling.is_some());
     move |t: Vec<Tensor>| {
         if t.len() < 3 * n + 1 + extra {
-            return Err(crate::Error::Unsupported {
-                what: format!(
-                    "a train step of {n} parameters takes at least {} tensors, got {}",
-                    3 * n + 1 + extra,
-                    t.len()
-                ),
-                loc: crate::SourceLoc::internal(),
-            });
+            return Err(too_few(&format!("a train step of {n} parameters"), 3 * n + 1 + extra, t.len()));
         }
         let (weights, rest) = t.split_at(n);
         let (m, rest) = rest.split_at(n);
@@ -96,13 +164,14 @@ pub fn adamw_step_scaled<M: Module + Clone>(
             &wrt,
         )?;
         let (Some(cfg), Some(state), Some(scale)) = (scaling, state.first(), scale) else {
-            let (w, m, v) = opt.update(weights, &grads, m, v, scalars)?;
+            let (w, m, v) = opt.update(weights, &clipped(grads, clip)?, m, v, scalars)?;
             let params = if mixed { rounded(&w)? } else { Vec::new() };
             return Ok([vec![value], w, m, v, params].concat());
         };
         let inverse = scale.reciprocal()?;
         let grads = grads.iter().map(|g| g.cast(DType::F32)?.mul(&inverse)).collect::<Result<Vec<_>>>()?;
         let overflow = loss_scale::found_overflow(&grads)?;
+        let grads = clipped(grads, clip)?;
         let [c1, c2] = loss_scale::bias_corrections(opt.betas, state)?;
         let lr = scalars.narrow(0, 0, 1)?;
         let own = Tensor::concat(&[&lr, &c1.reshape(&[1])?, &c2.reshape(&[1])?], 0)?;
@@ -119,6 +188,63 @@ pub fn adamw_step_scaled<M: Module + Clone>(
     }
 }
 
+/// The first half of an accumulated step: over `[weights…, sums…, weight, batch…]` returns
+/// `[loss, sums + weight · ∂loss/∂weights…]` (the loss itself unweighted; gradients in f32, with respect
+/// to the weights, which are a half-precision model's f32 masters).
+fn accumulate_step<M: Module + Clone>(model: &M, loss: impl Fn(&M, &[Tensor]) -> Result<Tensor>) -> impl StepFn {
+    let n = model.tensors().len();
+    let (dtypes, _) = precision(model);
+    let (shape, rounded) = (model.clone(), rounder(dtypes));
+    move |t: Vec<Tensor>| {
+        if t.len() < 2 * n + 1 {
+            return Err(too_few(&format!("an accumulation step of {n} parameters"), 2 * n + 1, t.len()));
+        }
+        let (weights, rest) = t.split_at(n);
+        let (sums, rest) = rest.split_at(n);
+        let (weight, batch) = (&rest[0], &rest[1..]);
+        let args: Vec<Tensor> = weights.iter().chain(batch).cloned().collect();
+        let wrt: Vec<usize> = (0..n).collect();
+        let (value, grads) = crate::value_and_grad(|a| loss(&shape.load(&rounded(&a[..n])?)?, &a[n..]), &args, &wrt)?;
+        let sums = sums
+            .iter()
+            .zip(&grads)
+            .map(|(s, g)| s.add(&g.cast(DType::F32)?.mul(weight)?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok([vec![value], sums].concat())
+    }
+}
+
+/// The second half: over `[weights…, m…, v…, scalars, grads…]` returns `[weights…, m…, v…, params…]`
+/// after clipping `grads` (when asked) and one AdamW update; `params` are a half-precision model's
+/// parameters rounded from the new masters (none for an f32 model).
+fn apply_step(dtypes: Vec<DType>, opt: AdamW, clip: Option<f64>) -> impl StepFn {
+    let n = dtypes.len();
+    let mixed = dtypes.iter().any(|d| matches!(d, DType::BF16 | DType::F16));
+    let rounded = rounder(dtypes);
+    move |t: Vec<Tensor>| {
+        if t.len() != 4 * n + 1 {
+            return Err(too_few(&format!("an update of {n} parameters"), 4 * n + 1, t.len()));
+        }
+        let (weights, rest) = t.split_at(n);
+        let (m, rest) = rest.split_at(n);
+        let (v, rest) = rest.split_at(n);
+        let (scalars, grads) = (&rest[0], &rest[1..]);
+        let (w, m, v) = opt.update(weights, &clipped(grads.to_vec(), clip)?, m, v, scalars)?;
+        let params = if mixed { rounded(&w)? } else { Vec::new() };
+        Ok([w, m, v, params].concat())
+    }
+}
+
+/// A compiled function over a tensor list, its closure type erased (the accumulation halves).
+type BoxedStep = Box<dyn Fn(Vec<Tensor>) -> Result<Vec<Tensor>>>;
+
+/// Gradient accumulation's two compiled halves and the zeros each update's sums start from.
+struct Accumulation {
+    add: Compiled<BoxedStep>,
+    apply: Compiled<BoxedStep>,
+    zeros: Vec<Tensor>,
+}
+
 /// A model, its AdamW state (and f32 master weights for a half-precision model), and its compiled step.
 pub struct Trainer<M, F> {
     model: M,
@@ -128,9 +254,11 @@ pub struct Trainer<M, F> {
     /// The loss scaler's device state, when the model trains with one.
     scaler: Option<Tensor>,
     step: Compiled<F>,
+    options: StepOptions,
+    accumulation: Option<Accumulation>,
 }
 
-impl<M: Module + Clone> Trainer<M, ()> {
+impl<M: Module + Clone + 'static> Trainer<M, ()> {
     /// A trainer of `model` (its parameters where they are: move the model to a device first) by `opt`
     /// against `loss(model, batch)`, compiled for `backend`. An f16 model's loss is scaled dynamically
     /// with [`LossScale::default`]; [`Trainer::with_loss_scale`] chooses otherwise.
@@ -142,7 +270,7 @@ impl<M: Module + Clone> Trainer<M, ()> {
         backend: impl crate::graph::IntoBackend,
     ) -> Result<Trainer<M, impl StepFn>>
     where
-        L: Fn(&M, &[Tensor]) -> Result<Tensor>,
+        L: Fn(&M, &[Tensor]) -> Result<Tensor> + 'static,
     {
         let scaling = default_scaling(&model);
         Trainer::with_loss_scale(model, opt, scaling, loss, backend)
@@ -157,9 +285,32 @@ impl<M: Module + Clone> Trainer<M, ()> {
         backend: impl crate::graph::IntoBackend,
     ) -> Result<Trainer<M, impl StepFn>>
     where
-        L: Fn(&M, &[Tensor]) -> Result<Tensor>,
+        L: Fn(&M, &[Tensor]) -> Result<Tensor> + 'static,
     {
-        let (_, mixed) = precision(&model);
+        Trainer::with_options(model, opt, StepOptions { loss_scale: scaling, ..StepOptions::default() }, loss, backend)
+    }
+
+    /// [`Trainer::new`] with every step option given. Accumulation with loss scaling is refused (an f16
+    /// model's skipped steps would need the sums discarded on the device).
+    pub fn with_options<L>(
+        model: M,
+        opt: AdamW,
+        options: StepOptions,
+        loss: L,
+        backend: impl crate::graph::IntoBackend,
+    ) -> Result<Trainer<M, impl StepFn>>
+    where
+        L: Fn(&M, &[Tensor]) -> Result<Tensor> + 'static,
+    {
+        if options.accumulate > 1 && options.loss_scale.is_some() {
+            return Err(crate::Error::Unsupported {
+                what: "gradient accumulation with loss scaling (train an f16 model without accumulation, or in bf16)"
+                    .into(),
+                loc: crate::SourceLoc::internal(),
+            });
+        }
+        let (dtypes, mixed) = precision(&model);
+        let dtypes_len = dtypes.len();
         let masters = if mixed {
             Some(model.tensors().iter().map(|p| p.cast(DType::F32)).collect::<Result<Vec<_>>>()?)
         } else {
@@ -167,12 +318,32 @@ impl<M: Module + Clone> Trainer<M, ()> {
         };
         let weights = masters.clone().unwrap_or_else(|| model.tensors());
         let state = AdamWState::new(&weights)?;
-        let scaler = match (scaling, weights.first()) {
+        let scaler = match (options.loss_scale, weights.first()) {
             (Some(cfg), Some(like)) => Some(cfg.initial_state(like)?),
             _ => None,
         };
-        let step = compile(adamw_step_scaled(&model, opt, scaling, loss)).backend(backend);
-        Ok(Trainer { model, masters, opt, state, scaler, step })
+        let loss = std::sync::Arc::new(loss);
+        let backend = backend.into_backend()?;
+        let accumulation = if options.accumulate > 1 {
+            let l = loss.clone();
+            let add: BoxedStep = Box::new(accumulate_step(&model, move |m: &M, b: &[Tensor]| l(m, b)));
+            let apply: BoxedStep = Box::new(apply_step(dtypes, opt, options.clip_grad_norm));
+            let zeros = state.m.iter().map(|m| m.cast(DType::F32)?.mul(0.0)).collect::<Result<Vec<_>>>()?;
+            let mut add = compile(add).backend(backend.clone());
+            if let Some(d) = options.dynamic_batch {
+                add = d.mark(add, 2 * dtypes_len + 1);
+            }
+            Some(Accumulation { add, apply: compile(apply).backend(backend.clone()), zeros })
+        } else {
+            None
+        };
+        let l = loss.clone();
+        let mut step =
+            compile(adamw_step_with(&model, opt, options, move |m: &M, b: &[Tensor]| l(m, b))).backend(backend);
+        if let Some(d) = options.dynamic_batch {
+            step = d.mark(step, 3 * dtypes_len + 1 + usize::from(scaler.is_some()));
+        }
+        Ok(Trainer { model, masters, opt, state, scaler, step, options, accumulation })
     }
 }
 
@@ -209,6 +380,93 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         self.state.m = m.to_vec();
         self.state.v = v.to_vec();
         Ok(loss.clone())
+    }
+
+    /// One optimizer step over several micro-batches (gradient accumulation): each micro-batch's
+    /// gradients, weighted by `weights` (usually its share of the samples, summing to one), are added
+    /// up one micro-batch at a time, then clipped and applied once. Returns each micro-batch's loss,
+    /// unweighted, on the device. Without [`StepOptions::accumulate`] > 1 a single micro-batch takes the
+    /// one-graph [`Trainer::step`].
+    pub fn step_group(&mut self, batches: &[Vec<Tensor>], weights: &[f64], lr_scale: f64) -> Result<Vec<Tensor>> {
+        if batches.len() != weights.len() || batches.is_empty() {
+            return Err(crate::Error::Unsupported {
+                what: format!("{} micro-batches with {} weights", batches.len(), weights.len()),
+                loc: crate::SourceLoc::internal(),
+            });
+        }
+        let Some(acc) = &self.accumulation else {
+            if batches.len() == 1 {
+                return Ok(vec![self.step(&batches[0], lr_scale)?]);
+            }
+            return Err(crate::Error::Unsupported {
+                what: format!("{} micro-batches for a trainer built without accumulation", batches.len()),
+                loc: crate::SourceLoc::internal(),
+            });
+        };
+        let weights_now = self.masters.clone().unwrap_or_else(|| self.model.tensors());
+        let n = weights_now.len();
+        let anchor = weights_now[0].clone();
+        let place = |t: Tensor| match anchor.value().and_then(|v| v.device()) {
+            Some(d) => t.to(d.buffer.runtime().clone()),
+            None => Ok(t),
+        };
+        let mut sums = acc.zeros.clone();
+        let mut losses = Vec::with_capacity(batches.len());
+        for (batch, &w) in batches.iter().zip(weights) {
+            let weight = place(Tensor::scalar(w, DType::F32)?)?;
+            let args = [weights_now.clone(), sums, vec![weight], batch.clone()].concat();
+            let mut out: Vec<Tensor> = acc.add.call(args)?;
+            sums = out.split_off(1);
+            losses.push(out.remove(0));
+        }
+        let scalars = self.state.scalars(&self.opt, lr_scale, &anchor)?;
+        let args = [weights_now, self.state.m.clone(), self.state.v.clone(), vec![scalars], sums].concat();
+        let out: Vec<Tensor> = acc.apply.call(args)?;
+        let (w, rest) = out.split_at(n);
+        let (m, rest) = rest.split_at(n);
+        let (v, params) = rest.split_at(n);
+        match &mut self.masters {
+            Some(masters) => {
+                *masters = w.to_vec();
+                self.model = self.model.load(params)?;
+            }
+            None => self.model = self.model.load(w)?,
+        }
+        self.state.m = m.to_vec();
+        self.state.v = v.to_vec();
+        Ok(losses)
+    }
+
+    /// The options the steps were built with.
+    pub fn options(&self) -> StepOptions {
+        self.options
+    }
+
+    /// The optimizer's state (moments and steps taken), on the device.
+    pub fn optimizer_state(&self) -> &AdamWState {
+        &self.state
+    }
+
+    /// Puts back a state saved earlier (a checkpoint): the model's parameters, the f32 masters of a
+    /// half-precision model and the optimizer's state. Shapes and dtypes must be those the steps were
+    /// compiled for (anything else recompiles or fails at the next step).
+    pub fn restore(&mut self, model: M, masters: Option<Vec<Tensor>>, state: AdamWState) -> Result<()> {
+        if masters.is_some() != self.masters.is_some() {
+            return Err(crate::Error::Unsupported {
+                what: "restoring a trainer: master weights given for a model that has none, or missing".into(),
+                loc: crate::SourceLoc::internal(),
+            });
+        }
+        self.model = model;
+        self.masters = masters;
+        self.state = state;
+        Ok(())
+    }
+
+    /// What the accumulation halves did (`None` without accumulation): the adding half's counters
+    /// and the applying half's.
+    pub fn accumulation_stats(&self) -> Option<(crate::CompileStats, crate::CompileStats)> {
+        self.accumulation.as_ref().map(|a| (a.add.stats(), a.apply.stats()))
     }
 
     /// The model as trained so far.

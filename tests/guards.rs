@@ -44,6 +44,23 @@ fn auto_compiles_once_recompiles_once_naming_the_dim_then_reuses() {
 }
 
 #[test]
+fn auto_makes_every_dim_that_changed_symbolic_at_once() {
+    // Inputs and targets share a batch dim: when it changes, both change, and one recompile serves
+    // every later size (before, only the first failing guard's dim became symbolic and the other
+    // recompiled again).
+    let c = compile(|(a, b): (&Tensor, &Tensor)| a.sum(&[1], false)?.add(b)).backend(Backend::Kernels);
+    for n in [8, 6, 5, 9] {
+        let (a, b) = (x(&[n, 4]), x(&[n]));
+        let got: Vec<f32> = c.call((&a, &b)).unwrap().to_vec().unwrap();
+        let want: Vec<f32> = a.sum(&[1], false).unwrap().add(&b).unwrap().to_vec().unwrap();
+        assert_close(&got, &want);
+    }
+    let s = c.stats();
+    assert_eq!((s.recompiles, s.entries), (1, 2), "{s:?}");
+    assert!(c.guards()[1].contains("s0"), "{:?}", c.guards());
+}
+
+#[test]
 fn never_recompiles_for_every_new_shape() {
     let c = compile(f).backend(Backend::Kernels).dynamic(Dynamic::Never);
     for dims in [[8, 16], [8, 16], [8, 32], [8, 48], [8, 16]] {

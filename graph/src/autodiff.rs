@@ -107,15 +107,9 @@ pub fn value_and_grad(
     wrt: &[usize],
 ) -> Result<(Tensor, Vec<Tensor>)> {
     let loc = SourceLoc::caller();
-    let specs = args
-        .iter()
-        .map(|t| {
-            let dims = t.shape().as_concrete().ok_or_else(|| {
-                unsupported("value_and_grad on a tensor of symbolic shape (compile the step with Dynamic::Never)", &loc)
-            })?;
-            Ok(TensorSpec::new(t.dtype(), &dims))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    // Inside a trace the arguments' dims may be symbolic (a step compiled for every batch size): the
+    // joint graph is built over the same symbols and spliced back into the trace that owns them.
+    let specs: Vec<TensorSpec> = args.iter().map(|t| TensorSpec { dtype: t.dtype(), shape: t.shape() }).collect();
     let graph = capture(&specs, |t| Ok(vec![f(t)?]))?;
     if graph.inputs.iter().any(|i| !matches!(i.kind, InputKind::Arg { .. })) {
         return Err(unsupported(

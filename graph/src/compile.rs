@@ -238,6 +238,10 @@ struct CacheState {
     entries: Vec<Arc<Entry>>,
     /// `(argument, dim)` pairs a recompile showed to vary (Dynamic::Auto).
     promoted: BTreeSet<(usize, usize)>,
+    /// Every argument's dims at the first trace: a recompile under Dynamic::Auto makes every dim that
+    /// differs from them symbolic at once (as torch's automatic dynamic shapes do), not only the dim
+    /// whose guard failed first — a batch dim shared by inputs and targets changes in both.
+    first_dims: Option<Vec<Vec<usize>>>,
     /// `(argument, dim)` pairs a call took past their 32-bit index bound: traced unbounded from then on
     /// (bounding them again would recompile at every larger size).
     unbounded: BTreeSet<(usize, usize)>,
@@ -568,6 +572,23 @@ impl<F> Compiled<F> {
             st.stats.guard_failures.push(f.reason.clone());
             if let (Dynamic::Auto, Some(a), Some(d)) = (self.dynamic, f.arg, f.dim) {
                 st.promoted.insert((a, d));
+                let varied: Vec<(usize, usize)> = match &st.first_dims {
+                    Some(first) => first
+                        .iter()
+                        .zip(&sig)
+                        .enumerate()
+                        .filter(|(_, (was, (_, now)))| was.len() == now.len())
+                        .flat_map(|(i, (was, (_, now)))| {
+                            was.iter()
+                                .zip(now.iter())
+                                .enumerate()
+                                .filter(|(_, (a, b))| a != b)
+                                .map(move |(d, _)| (i, d))
+                        })
+                        .collect(),
+                    None => Vec::new(),
+                };
+                st.promoted.extend(varied);
             }
             if let (true, Some(a), Some(d)) = (f.past_bound, f.arg, f.dim) {
                 st.unbounded.insert((a, d));
@@ -664,6 +685,7 @@ impl<F> Compiled<F> {
         let mut arg_guards = Vec::with_capacity(visitor.tensors.len());
         let all_dims: Vec<Vec<usize>> =
             visitor.tensors.iter().map(|t| t.shape().as_concrete().unwrap_or_default()).collect();
+        lock(&self.state).first_dims.get_or_insert_with(|| all_dims.clone());
         let all_dynamic = self.dynamic_dims(&all_dims);
         if let Some(((arg, dim), (lo, hi))) = self.marks.iter().find(|(_, (lo, hi))| hi.is_some_and(|h| h < *lo)) {
             return Err(Error::InvalidArgument {

@@ -10,7 +10,8 @@ fn format_error(path: &Path, msg: impl std::fmt::Display) -> Error {
     Error::Format { what: format!("checkpoint {}", path.display()), msg: msg.to_string() }
 }
 
-fn to_safetensors(d: DType) -> Dtype {
+/// The safetensors name of a kiln dtype.
+pub(crate) fn to_safetensors(d: DType) -> Dtype {
     match d {
         DType::F32 => Dtype::F32,
         DType::F16 => Dtype::F16,
@@ -21,7 +22,8 @@ fn to_safetensors(d: DType) -> Dtype {
     }
 }
 
-fn from_safetensors(d: Dtype) -> Option<DType> {
+/// The kiln dtype of a safetensors one, if kiln holds it.
+pub(crate) fn from_safetensors(d: Dtype) -> Option<DType> {
     Some(match d {
         Dtype::F32 => DType::F32,
         Dtype::F16 => DType::F16,

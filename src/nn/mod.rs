@@ -7,6 +7,7 @@ mod checkpoint;
 mod gpt;
 mod init;
 
+pub(crate) use checkpoint::{from_safetensors as kiln_dtype, to_safetensors as safetensors_dtype};
 pub use checkpoint::{load, save};
 pub use gpt::{Gpt, GptConfig};
 pub use init::Init;
@@ -204,17 +205,20 @@ impl Dropout {
 /// the compiler. Half-precision logits are read as f32 and the loss is f32 (torch's autocast runs it
 /// in f32 too): a log-sum-exp over a vocabulary in f16 loses the digits that separate the targets, and
 /// a scaled loss's gradient (2¹⁶ at first) does not fit f16 until the mean has divided it.
+/// The batch dim may be symbolic (a shorter last batch compiles once for every size).
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let dims = logits
-        .shape()
-        .as_concrete()
-        .filter(|d| d.len() == 2)
-        .ok_or_else(|| mismatch(format!("cross_entropy takes logits [n, classes], got {}", logits.shape())))?;
+    if logits.rank() != 2 || targets.rank() != 1 {
+        return Err(mismatch(format!(
+            "cross_entropy takes logits [n, classes] and targets [n], got {} and {}",
+            logits.shape(),
+            targets.shape()
+        )));
+    }
     let logits = &match logits.dtype() {
         DType::F16 | DType::BF16 => logits.cast(DType::F32)?,
         _ => logits.clone(),
     };
-    let picked = logits.log_softmax(-1)?.gather(1, &targets.reshape(&[dims[0] as isize, 1])?)?;
+    let picked = logits.log_softmax(-1)?.gather(1, &targets.unsqueeze(1)?)?;
     picked.mean(&[0, 1], false)?.neg()
 }
 

@@ -1,0 +1,227 @@
+//! The training loop as a user runs it: `fit` over a dataset whose size is not a multiple of the batch,
+//! validating every epoch — each step function compiled exactly once (the batch dim symbolic), the loss
+//! falling; stopped and resumed from its checkpoint, it continues bit for bit as if never stopped;
+//! accumulated micro-batches give the big batch's step. On the kernel interpreter and on wgpu.
+
+mod common;
+
+use kiln::data::{features, labels, Loader, Sampler, TensorDataset};
+use kiln::fit::{fit, FitConfig, Fitted, Monitor, Stop};
+use kiln::nn::{cross_entropy, Init, Linear, Module};
+use kiln::optim::AdamW;
+use kiln::{Backend, Result, Tensor};
+
+/// A two-layer classifier.
+#[derive(Clone, Debug)]
+struct Mlp {
+    hidden: Linear,
+    out: Linear,
+}
+
+impl Mlp {
+    fn new(inputs: usize, width: usize, classes: usize, seed: u64) -> Mlp {
+        let mut init = Init::new(seed);
+        init.std = 0.3;
+        Mlp {
+            hidden: Linear::new(inputs, width, true, &mut init).unwrap(),
+            out: Linear::new(width, classes, true, &mut init).unwrap(),
+        }
+    }
+
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        self.out.forward(&self.hidden.forward(x)?.gelu()?)
+    }
+
+    fn loss(&self, batch: &[Tensor]) -> Result<Tensor> {
+        cross_entropy(&self.logits(&batch[0])?, &batch[1])
+    }
+}
+
+impl Module for Mlp {
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> =
+            self.hidden.parameters().into_iter().map(|(n, t)| (format!("hidden.{n}"), t)).collect();
+        v.extend(self.out.parameters().into_iter().map(|(n, t)| (format!("out.{n}"), t)));
+        v
+    }
+
+    fn with_parameters(&self, next: &mut dyn Iterator<Item = Tensor>) -> Result<Self> {
+        Ok(Mlp { hidden: self.hidden.with_parameters(next)?, out: self.out.with_parameters(next)? })
+    }
+}
+
+/// `n` points of 4 features around three class centres (deterministic).
+fn blobs(n: usize, seed: u64) -> TensorDataset {
+    let mut s = seed;
+    let mut unit = || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((s >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
+    };
+    let centres = [[1.0, 0.0, -1.0, 0.5], [-1.0, 1.0, 0.0, -0.5], [0.0, -1.0, 1.0, 0.0]];
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let c = i % 3;
+        x.extend(centres[c].iter().map(|v| (v + 0.6 * unit()) as f32));
+        y.push(c as i64);
+    }
+    TensorDataset::new(vec![features(&x, 4).unwrap(), labels(&y).unwrap()]).unwrap()
+}
+
+fn config(out: Option<std::path::PathBuf>) -> FitConfig {
+    FitConfig { max_epochs: 4, seed: 7, out, checkpoint_every: Some(3), ..FitConfig::default() }
+}
+
+fn run(backend: Backend, cfg: &FitConfig, batch: usize) -> Fitted<Mlp> {
+    // 100 training samples in batches of 16: six full batches and one of 4. 30 validation samples: 16 + 14.
+    let train = Loader::new(blobs(100, 1), batch).shuffle(Some(11));
+    let val = Loader::new(blobs(30, 2), 16).shuffle(None);
+    let opt = AdamW { lr: 3e-2, ..AdamW::default() };
+    fit(Mlp::new(4, 16, 3, 5), opt, |m: &Mlp, b| m.loss(b), |m: &Mlp, b| m.loss(b), &train, Some(&val), backend, cfg)
+        .unwrap()
+}
+
+fn bits(h: &kiln::fit::History) -> Vec<(u64, u64, Option<u64>)> {
+    let steps = h.steps.iter().map(|s| (s.step, s.loss.to_bits(), None));
+    steps.chain(h.epochs.iter().map(|e| (e.step, e.train_loss.to_bits(), e.val_loss.map(f64::to_bits)))).collect()
+}
+
+fn params(m: &Mlp) -> Vec<Vec<u32>> {
+    m.tensors().iter().map(|t| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()).collect()
+}
+
+/// Compiles each step once (a symbolic batch dim serves the full and the short batches), whatever the
+/// epochs; learns;
+/// writes its metrics, curves and checkpoints.
+fn fit_compiles_once_and_learns(backend: Backend) {
+    let out = tempfile_dir("fit");
+    let f = run(backend, &config(Some(out.clone())), 16);
+    assert_eq!(f.stopped, Stop::MaxEpochs);
+    assert_eq!(f.history.steps.len(), 4 * 7, "seven steps an epoch");
+    assert_eq!(f.history.epochs.len(), 4);
+    let t = &f.train_stats;
+    assert_eq!((t.traces, t.entries, t.recompiles, t.eager_fallbacks), (1, 1, 0, 0), "train step: {t:?}");
+    assert_eq!(t.calls, 28);
+    let v = f.val_stats.as_ref().unwrap();
+    assert_eq!((v.traces, v.entries, v.recompiles, v.eager_fallbacks), (1, 1, 0, 0), "validation step: {v:?}");
+    assert_eq!(v.calls, 8);
+    let (first, last) = (&f.history.epochs[0], &f.history.epochs[3]);
+    assert!(last.train_loss < 0.5 * first.train_loss, "{:?}", f.history.epochs);
+    assert!(last.val_loss.unwrap() < 0.5 * first.val_loss.unwrap(), "{:?}", f.history.epochs);
+    for file in ["steps.csv", "epochs.csv", "metrics.json", "loss.png", "loss.svg"] {
+        assert!(out.join(file).is_file(), "{file} written");
+    }
+    for file in ["model.safetensors", "optimizer.safetensors", "state.json"] {
+        assert!(out.join("checkpoints/last").join(file).is_file(), "last/{file} written");
+    }
+    let csv = std::fs::read_to_string(out.join("steps.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 28);
+    let _ = std::fs::remove_dir_all(out);
+}
+
+/// Stopped after step 10 (inside the second epoch) and resumed from its checkpoint in a new `fit`, the
+/// run's losses, validation losses and final parameters are bit-identical to a run that never stopped.
+fn resume_is_bit_identical(backend: Backend) {
+    let whole = run(backend, &config(None), 16);
+    let out = tempfile_dir("resume");
+    let first = run(backend, &FitConfig { max_steps: Some(10), ..config(Some(out.clone())) }, 16);
+    assert_eq!(first.stopped, Stop::MaxSteps);
+    assert_eq!(first.history.steps.len(), 10);
+    let resumed = run(backend, &FitConfig { resume: Some(out.join("checkpoints/last")), ..config(None) }, 16);
+    assert_eq!(bits(&resumed.history), bits(&whole.history), "the resumed run's history is the uninterrupted one's");
+    assert_eq!(params(&resumed.model), params(&whole.model));
+    let _ = std::fs::remove_dir_all(out);
+}
+
+/// Batches of 8 accumulated two at a time make the same steps (same samples, same weighting) as
+/// batches of 16, up to rounding; early stopping and the best checkpoint follow the monitor.
+fn accumulation_matches_the_big_batch(backend: Backend) {
+    let big = run(backend, &config(None), 16);
+    let small = run(backend, &FitConfig { accumulate: 2, ..config(None) }, 8);
+    assert_eq!(small.history.steps.len(), big.history.steps.len());
+    for (a, b) in small.history.steps.iter().zip(&big.history.steps) {
+        assert!((a.loss - b.loss).abs() <= 1e-4 * b.loss.abs().max(1.0), "step {}: {} vs {}", a.step, a.loss, b.loss);
+    }
+    let (a, b) = (small.model.tensors(), big.model.tensors());
+    for (x, y) in a.iter().zip(&b) {
+        let (x, y) = (x.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+        assert!(x.iter().zip(&y).all(|(p, q)| (p - q).abs() <= 1e-3), "{x:?} vs {y:?}");
+    }
+}
+
+fn tempfile_dir(what: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("kiln-{what}-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn kernels_fit_compiles_once_and_learns() {
+    fit_compiles_once_and_learns(Backend::Kernels);
+}
+
+#[test]
+fn kernels_resume_is_bit_identical() {
+    resume_is_bit_identical(Backend::Kernels);
+}
+
+#[test]
+fn kernels_accumulation_matches_the_big_batch() {
+    accumulation_matches_the_big_batch(Backend::Kernels);
+}
+
+#[test]
+fn wgpu_fit_compiles_once_and_learns() {
+    if !common::wgpu_skipped() {
+        fit_compiles_once_and_learns(Backend::Wgpu);
+    }
+}
+
+#[test]
+fn wgpu_resume_is_bit_identical() {
+    if !common::wgpu_skipped() {
+        resume_is_bit_identical(Backend::Wgpu);
+    }
+}
+
+#[test]
+fn early_stopping_stops_and_keeps_the_best() {
+    // No later epoch improves on the first by the margin: two stale epochs, then the stop.
+    let out = tempfile_dir("early");
+    let monitor = Monitor { min_delta: 10.0, ..Monitor::val_loss().patience(2) };
+    let cfg = FitConfig { max_epochs: 30, monitor: Some(monitor), ..config(Some(out.clone())) };
+    let f = run(Backend::Kernels, &cfg, 16);
+    assert_eq!(f.stopped, Stop::EarlyStopping);
+    assert_eq!(f.history.epochs.len(), 3);
+    let first = f.history.epochs[0].val_loss.unwrap();
+    let state = std::fs::read_to_string(out.join("checkpoints/best/state.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(json["best"][0].as_f64(), Some(first), "{state}");
+    assert_eq!(json["epoch"].as_u64(), Some(1), "the best checkpoint is the first epoch's end: {state}");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn the_loader_shuffles_per_epoch_and_shards_by_rank() {
+    let s = |rank, world| Sampler { shuffle: true, seed: 3, rank, world };
+    let (e0, e1) = (s(0, 1).order(10, 0), s(0, 1).order(10, 1));
+    assert_ne!(e0, e1, "another order each epoch");
+    assert_eq!(e0, s(0, 1).order(10, 0), "the same order for the same epoch");
+    let mut sorted = e0.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+    // Three ranks of ten samples: four each, the order wrapped around for the last two.
+    let ranks: Vec<Vec<usize>> = (0..3).map(|r| s(r, 3).order(10, 0)).collect();
+    assert!(ranks.iter().all(|r| r.len() == 4), "{ranks:?}");
+    let mut all: Vec<usize> = ranks.concat();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), 10, "every sample on some rank");
+    let loader = Loader::new(blobs(10, 1), 4).shuffle(Some(3));
+    assert_eq!(loader.batch_sizes(), [4, 4, 2]);
+    let batches: Vec<_> = loader.epoch_from(0, 1).map(|b| b.unwrap()).collect();
+    assert_eq!(batches.iter().map(|b| (b.index, b.size)).collect::<Vec<_>>(), [(1, 4), (2, 2)]);
+    assert_eq!(batches[1].tensors[0].shape().as_concrete(), Some(vec![2, 4]));
+    let ids: Vec<i64> = batches[1].tensors[1].to_vec().unwrap();
+    let want: Vec<i64> = e0[8..].iter().map(|&i| (i % 3) as i64).collect();
+    assert_eq!(ids, want, "the batch holds the shuffled samples' labels");
+}

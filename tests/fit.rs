@@ -177,10 +177,35 @@ fn wgpu_fit_compiles_once_and_learns() {
 }
 
 #[test]
+fn wgpu_accumulation_matches_the_big_batch() {
+    if !common::wgpu_skipped() {
+        accumulation_matches_the_big_batch(Backend::Wgpu);
+    }
+}
+
+#[test]
 fn wgpu_resume_is_bit_identical() {
     if !common::wgpu_skipped() {
         resume_is_bit_identical(Backend::Wgpu);
     }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
+fn cuda_fit_compiles_once_and_learns() {
+    fit_compiles_once_and_learns(Backend::Cuda);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
+fn cuda_resume_is_bit_identical() {
+    resume_is_bit_identical(Backend::Cuda);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
+fn cuda_accumulation_matches_the_big_batch() {
+    accumulation_matches_the_big_batch(Backend::Cuda);
 }
 
 #[test]
@@ -224,4 +249,102 @@ fn the_loader_shuffles_per_epoch_and_shards_by_rank() {
     let ids: Vec<i64> = batches[1].tensors[1].to_vec().unwrap();
     let want: Vec<i64> = e0[8..].iter().map(|&i| (i % 3) as i64).collect();
     assert_eq!(ids, want, "the batch holds the shuffled samples' labels");
+}
+
+/// A run killed (SIGKILL, mid-epoch, possibly mid-checkpoint) and resumed from its last checkpoint in
+/// another process ends with the losses and parameters of a run that was never killed.
+#[test]
+fn a_killed_run_resumes_bit_identically() {
+    use std::process::{Command, Stdio};
+    if let Some(out) = std::env::var_os("KILN_FIT_CHILD_OUT") {
+        // This test binary started again as the child: train, checkpointing every step, until killed.
+        let cfg = FitConfig { max_epochs: 100_000, checkpoint_every: Some(1), ..config(Some(out.into())) };
+        run(Backend::Kernels, &cfg, 16);
+        panic!("the child finished 100000 epochs without being killed");
+    }
+    let whole = run(Backend::Kernels, &config(None), 16);
+    let out = tempfile_dir("killed");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_killed_run_resumes_bit_identically", "--test-threads", "1"])
+        .env("KILN_FIT_CHILD_OUT", &out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let state = out.join("checkpoints/last/state.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let step = loop {
+        let read = std::fs::read_to_string(&state).ok();
+        let step =
+            read.and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok()).and_then(|v| v["step"].as_u64());
+        if step.is_some_and(|s| s >= 9) {
+            break step.unwrap();
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the child ended before it was killed");
+        assert!(std::time::Instant::now() < deadline, "no checkpoint past step 9 within five minutes");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    eprintln!("killed the child after its checkpoint of step {step}");
+    assert!(step < 28, "killed at step {step}, past the compared run's end");
+    let resumed = run(Backend::Kernels, &FitConfig { resume: Some(out.join("checkpoints/last")), ..config(None) }, 16);
+    assert_eq!(bits(&resumed.history), bits(&whole.history), "killed near step {step}");
+    assert_eq!(params(&resumed.model), params(&whole.model));
+    let _ = std::fs::remove_dir_all(out);
+}
+
+/// A GPT's train step compiled with a symbolic batch (what `fit` does for a shorter last batch) gives the
+/// loss and updates of the step compiled for the batch's static size: embedding, attention and
+/// cross-entropy gradients over a batch of unknown size.
+fn a_symbolic_batch_step_matches_the_static_one(backend: Backend) {
+    use kiln::nn::{Gpt, GptConfig};
+    use kiln::train::{DynamicBatch, StepOptions, Trainer};
+    let config = GptConfig { vocab: 11, context: 8, dim: 16, heads: 2, layers: 1, dropout: 0.0 };
+    let rt = backend.runtime().unwrap();
+    let place = |t: Tensor| match &rt {
+        Some(rt) => t.to(rt.clone()).unwrap(),
+        None => t,
+    };
+    let ids: Vec<i64> = (0..24).map(|i| (i * 7 % 11) as i64).collect();
+    let targets: Vec<i64> = (0..24).map(|i| (i * 5 % 11) as i64).collect();
+    let batch =
+        vec![place(Tensor::from_slice(&ids, &[3, 8]).unwrap()), place(Tensor::from_slice(&targets, &[3, 8]).unwrap())];
+    let step = |dynamic: Option<DynamicBatch>| {
+        let mut model = Gpt::new(config, 3).unwrap();
+        if let Some(rt) = &rt {
+            model = model.to(rt).unwrap();
+        }
+        let options = StepOptions { dynamic_batch: dynamic, ..StepOptions::default() };
+        let loss = |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]);
+        let mut t = Trainer::with_options(model, AdamW::default(), options, loss, backend).unwrap();
+        let l: f32 = t.step(&batch, 1.0).unwrap().item().unwrap();
+        let guards = t.stats();
+        (l, t.model().tensors().iter().map(|p| p.to_vec::<f32>().unwrap()).collect::<Vec<_>>(), guards)
+    };
+    let (l_static, p_static, _) = step(None);
+    let (l_sym, p_sym, stats) = step(Some(DynamicBatch { columns: 2, max: 4 }));
+    assert_eq!(stats.traces, 1);
+    assert!((l_static - l_sym).abs() <= 1e-5 * l_static.abs(), "{l_static} vs {l_sym}");
+    for (a, b) in p_static.iter().zip(&p_sym) {
+        assert!(a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-5), "{a:?} vs {b:?}");
+    }
+}
+
+#[test]
+fn kernels_a_symbolic_batch_step_matches_the_static_one() {
+    a_symbolic_batch_step_matches_the_static_one(Backend::Kernels);
+}
+
+#[test]
+fn wgpu_a_symbolic_batch_step_matches_the_static_one() {
+    if !common::wgpu_skipped() {
+        a_symbolic_batch_step_matches_the_static_one(Backend::Wgpu);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
+fn cuda_a_symbolic_batch_step_matches_the_static_one() {
+    a_symbolic_batch_step_matches_the_static_one(Backend::Cuda);
 }

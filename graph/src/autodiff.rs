@@ -403,8 +403,10 @@ fn index_select_grad(
     let (len, n) = (xs.dims()[axis].clone(), gs.dims()[axis].clone());
     let idt = b.dtype(index);
     let dtype = b.dtype(g);
-    if len.as_const().is_none() || n.as_const().is_none() {
-        return Err(unsupported("the gradient of an index_select of symbolic sizes", loc));
+    // The rows selected may be symbolic (a batch of varying size: the contraction below runs over
+    // them); the table's own length must be static.
+    if len.as_const().is_none() {
+        return Err(unsupported("the gradient of an index_select from a table of symbolic length", loc));
     }
     // one_hot[i, j] = (index[i] == j), [n, len], in g's dtype.
     let grid = Shape(vec![n.clone(), len.clone()]);

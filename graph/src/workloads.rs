@@ -93,22 +93,23 @@ pub struct BlockDropout<'a> {
 
 /// [`gpt_block`] with dropout while training (`None`: evaluation, the same graph as `gpt_block`).
 pub fn gpt_block_train(x: &Tensor, p: &[Tensor], heads: usize, dropout: Option<BlockDropout>) -> Result<Tensor> {
-    let dims = x.shape().as_concrete().filter(|d| d.len() == 3 && heads > 0 && d[2] % heads == 0).ok_or_else(|| {
-        crate::Error::Unsupported {
+    // The batch may be symbolic (-1 in the views below); seq and d are static.
+    let dims = Some(x.shape().view_dims())
+        .filter(|d| d.len() == 3 && d[1] >= 0 && d[2] > 0 && heads > 0 && d[2] % heads as isize == 0)
+        .ok_or_else(|| crate::Error::Unsupported {
             what: format!(
-                "a GPT block on {} with {heads} heads: it needs static [batch, seq, d], d a multiple of heads",
+                "a GPT block on {} with {heads} heads: it needs [batch, seq, d] with static seq and d, d a multiple of heads",
                 x.shape()
             ),
             loc: crate::SourceLoc::caller(),
-        }
-    })?;
+        })?;
     if p.len() != 12 {
         return Err(crate::Error::Unsupported {
             what: format!("a GPT block takes 12 parameters, got {}", p.len()),
             loc: crate::SourceLoc::caller(),
         });
     }
-    let (b, s, d) = (dims[0] as isize, dims[1] as isize, dims[2] as isize);
+    let (b, s, d) = (dims[0], dims[1], dims[2]);
     let hd = d / heads as isize;
     let h = x.layer_norm(1, Some(&p[0]), Some(&p[1]), 1e-5)?;
     let qkv = h.linear(&p[2], Some(&p[3]))?;

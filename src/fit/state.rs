@@ -120,6 +120,9 @@ pub struct Restored<M> {
 /// dtypes; `mixed`: with f32 masters). A missing file or tensor, a layout of another version or a
 /// mismatched parameter is an [`Error::Format`] naming it.
 pub fn load<M: Module>(dir: &Path, like: &M, mixed: bool) -> Result<Restored<M>> {
+    // A run killed between [`save`]'s two renames left its previous checkpoint beside the directory.
+    let old = sibling(dir, "old");
+    let dir = if !dir.join("state.json").exists() && old.join("state.json").exists() { old.as_path() } else { dir };
     let state_path = dir.join("state.json");
     let text = std::fs::read_to_string(&state_path).map_err(|e| format_error(&state_path, e))?;
     let file: StateFile = serde_json::from_str(&text).map_err(|e| format_error(&state_path, e))?;

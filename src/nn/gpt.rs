@@ -99,7 +99,13 @@ impl Gpt {
 
     fn forward_with(&self, ids: &Tensor, key: Option<&Tensor>) -> Result<Tensor> {
         use kiln_graph::workloads::{gpt_block_train, BlockDropout};
-        let seq = ids.shape().as_concrete().and_then(|d| d.get(1).copied()).unwrap_or(0);
+        // The sequence's length is static (the batch may be symbolic).
+        let seq = ids.shape().view_dims().get(1).copied().filter(|&s| s >= 0).ok_or_else(|| {
+            kiln_graph::Error::Unsupported {
+                what: format!("a GPT takes ids [batch, seq] with a static seq, got {}", ids.shape()),
+                loc: kiln_graph::SourceLoc::internal(),
+            }
+        })? as usize;
         let x = self.tokens.forward(ids)?;
         let pos = self.positions.weight.narrow(0, 0, seq)?;
         let p = self.config.dropout;

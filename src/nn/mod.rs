@@ -117,13 +117,13 @@ impl Embedding {
         Ok(Embedding { weight: init.normal(&[count, dim])? })
     }
 
-    /// The rows of `ids` (an integer tensor of any shape): shape `ids.shape + [dim]`.
+    /// The rows of `ids` (an integer tensor of any shape, at most one of its dims symbolic, such as a
+    /// batch of varying size): shape `ids.shape + [dim]`.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let dims = ids.shape().as_concrete().ok_or_else(|| mismatch("embedding ids of symbolic shape".into()))?;
-        let n: usize = dims.iter().product();
-        let rows = self.weight.index_select(0, &ids.reshape(&[n as isize])?)?;
-        let mut out: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
-        out.push(-1);
+        let rows = self.weight.index_select(0, &ids.reshape(&[-1])?)?;
+        let width = self.weight.shape().view_dims().get(1).copied().unwrap_or(-1);
+        let mut out = ids.shape().view_dims();
+        out.push(width);
         rows.reshape(&out)
     }
 }

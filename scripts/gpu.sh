@@ -10,10 +10,11 @@ mkdir -p "$out"
 case "${1:-}" in
 stage)
   set -e
-  rm -rf .gpu/tests .gpu/kiln-bench .gpu/kiln-bench.xz .gpu/profile_workload .gpu/profile_workload.xz .gpu/train_gpt .gpu/train_gpt.xz
+  rm -rf .gpu/tests .gpu/kiln-bench .gpu/kiln-bench.xz .gpu/profile_workload .gpu/profile_workload.xz .gpu/train_gpt .gpu/train_gpt.xz \
+    .gpu/fit_sonnets .gpu/fit_sonnets.xz
   mkdir -p .gpu/tests
   cargo test --release --locked -p kiln --test conformance_cuda --test device_runtime --test guards --test onnx_models \
-    --test conformance_wgpu --test conformance_wgpu_limits --test device_faults --test torch_parity --no-run --message-format=json 2>/dev/null |
+    --test conformance_wgpu --test conformance_wgpu_limits --test device_faults --test torch_parity --test fit --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json, shutil
 for line in sys.stdin:
     m = json.loads(line)
@@ -23,12 +24,12 @@ for line in sys.stdin:
   cp target/release/kiln-bench .gpu/
   # One workload's public call, once, for `profile` (Nsight Compute); the training example for `train`,
   # with the font its loss plot needs (a GPU host may have none).
-  cargo build --release --locked --example profile_workload --example train_gpt
-  cp target/release/examples/profile_workload target/release/examples/train_gpt .gpu/
+  cargo build --release --locked --example profile_workload --example train_gpt --example fit_sonnets
+  cp target/release/examples/profile_workload target/release/examples/train_gpt target/release/examples/fit_sonnets .gpu/
   cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf .gpu/
   # Stripped and compressed: with .gl they must fit a device call's 64 MiB.
-  strip .gpu/kiln-bench .gpu/profile_workload .gpu/train_gpt .gpu/tests/*
-  xz -9f -T2 .gpu/kiln-bench .gpu/profile_workload .gpu/train_gpt .gpu/tests/*
+  strip .gpu/kiln-bench .gpu/profile_workload .gpu/train_gpt .gpu/fit_sonnets .gpu/tests/*
+  xz -9f -T2 .gpu/kiln-bench .gpu/profile_workload .gpu/train_gpt .gpu/fit_sonnets .gpu/tests/*
   # ptxas (scripts/deps.sh installs it): CUDA assembles a cold compile's kernels with it, side by side.
   rm -f .gpu/ptxas.xz
   if [ -x .tools/nvcc/nvidia/cuda_nvcc/bin/ptxas ]; then
@@ -80,7 +81,7 @@ fps)
   timeout 120 ./.gpu/kiln-explorer --fps "${2:-10}" 2>&1 | tee -a "$out/fps.log" | grep -E "frames in|rror" | tail -3
   kill %1 2>/dev/null
   ;;
-tests|bench|peer|parts|profile|train|parity)
+tests|bench|peer|parts|profile|train|parity|fit)
   for f in .gpu/*.xz .gpu/tests/*.xz; do [ -e "$f" ] && xz -df "$f"; done
   if [ -e .gpu/ptxas ]; then
     chmod +x .gpu/ptxas
@@ -118,6 +119,22 @@ tests|bench|peer|parts|profile|train|parity)
       echo "== train_gpt on $backend, $steps steps"
       ./.gpu/train_gpt --backend "$backend" --steps "$steps" --threshold "${KILN_TRAIN_THRESHOLD:-2.0}" \
         --out "$out/train-$backend" ${agree[@]+"${agree[@]}"} 2>&1 | tr '\r' '\n' | grep -E "train_gpt|rror" | tail -8
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+    exit $status
+    ;;
+  fit)
+    # `fit [EPOCHS]`: examples/fit_sonnets (kiln::fit: epochs with a shorter last batch, validation,
+    # checkpoints) on CUDA in f32, CUDA in bf16-mixed and wgpu; metrics and curves in $out/fit-*/.
+    epochs="${2:-10}"
+    mkdir -p /usr/share/fonts/truetype/dejavu && cp .gpu/DejaVuSans.ttf /usr/share/fonts/truetype/dejavu/
+    status=0
+    for run in cuda cuda-bf16 wgpu; do
+      extra=()
+      [ "$run" = cuda-bf16 ] && extra=(--bf16)
+      echo "== fit_sonnets on $run, $epochs epochs"
+      ./.gpu/fit_sonnets --backend "${run%-bf16}" --epochs "$epochs" --out "$out/fit-$run" ${extra[@]+"${extra[@]}"} 2>&1 |
+        tr '\r' '\n' | grep -E "fit_sonnets|^epoch|rror" | tail -16
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
     exit $status

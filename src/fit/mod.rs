@@ -304,13 +304,19 @@ where
             val_loss,
             samples_per_s: trained_samples as f64 / seconds.max(1e-9),
         };
-        bar.println(format!(
+        let line = format!(
             "epoch {}: train loss {:.4}{} ({:.0} samples/s)",
             record.epoch,
             record.train_loss,
             record.val_loss.map_or(String::new(), |v| format!(", val loss {v:.4}")),
             record.samples_per_s
-        ));
+        );
+        // Above the bar on a terminal; on stderr as it is otherwise (a hidden bar prints nothing).
+        if config.progress {
+            bar.suspend(|| eprintln!("{line}"));
+        } else {
+            tracing::info!(target: "kiln::fit", "{line}");
+        }
         st.history.epochs.push(record);
         st.epoch += 1;
         st.batch = 0;

@@ -91,6 +91,8 @@ tests|bench|peer|parts|profile|train|parity|fit)
   ldconfig
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   export XDG_RUNTIME_DIR="$(mktemp -d)" KILN_CACHE_DIR="$(mktemp -d)"
+  # Plots (the training examples' and tests' loss curves) need a font a GPU host may lack.
+  mkdir -p /usr/share/fonts/truetype/dejavu && cp .gpu/DejaVuSans.ttf /usr/share/fonts/truetype/dejavu/
   nvidia-smi -L
   case "$1" in
   tests)
@@ -111,7 +113,6 @@ tests|bench|peer|parts|profile|train|parity|fit)
     # seed, which fails unless its loss curve agrees with CUDA's (window means within 0.05 nats) and
     # both end below the threshold. Curves, plots, checkpoints and samples: $out/train-{cuda,wgpu}/.
     steps="${2:-600}"
-    mkdir -p /usr/share/fonts/truetype/dejavu && cp .gpu/DejaVuSans.ttf /usr/share/fonts/truetype/dejavu/
     status=0
     for backend in cuda wgpu; do
       agree=()
@@ -127,7 +128,6 @@ tests|bench|peer|parts|profile|train|parity|fit)
     # `fit [EPOCHS]`: examples/fit_sonnets (kiln::fit: epochs with a shorter last batch, validation,
     # checkpoints) on CUDA in f32, CUDA in bf16-mixed and wgpu; metrics and curves in $out/fit-*/.
     epochs="${2:-10}"
-    mkdir -p /usr/share/fonts/truetype/dejavu && cp .gpu/DejaVuSans.ttf /usr/share/fonts/truetype/dejavu/
     status=0
     for run in cuda cuda-bf16 wgpu; do
       extra=()
@@ -136,6 +136,8 @@ tests|bench|peer|parts|profile|train|parity|fit)
       ./.gpu/fit_sonnets --backend "${run%-bf16}" --epochs "$epochs" --out "$out/fit-$run" ${extra[@]+"${extra[@]}"} 2>&1 |
         tr '\r' '\n' | grep -E "fit_sonnets|^epoch|rror" | tail -16
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      # The checkpoints (a few MB a run) stay on the GPU host: the metrics and curves come back.
+      rm -rf "$out/fit-$run/checkpoints"
     done
     exit $status
     ;;

@@ -348,3 +348,55 @@ fn wgpu_a_symbolic_batch_step_matches_the_static_one() {
 fn cuda_a_symbolic_batch_step_matches_the_static_one() {
     a_symbolic_batch_step_matches_the_static_one(Backend::Cuda);
 }
+
+/// Gradient clipping in the one-graph step and in the accumulated one equals clipping the whole batch's
+/// gradients by hand before AdamW's update (eps 1 makes the update follow the gradient's size, so the clip
+/// shows: without it the update is several times larger).
+#[test]
+fn clipping_in_the_step_and_accumulated_matches_clipping_by_hand() {
+    use kiln::optim::{clip_grad_norm, AdamWState};
+    use kiln::train::{StepOptions, Trainer};
+    let rt = Backend::Kernels.runtime().unwrap().unwrap();
+    let model = Mlp::new(4, 8, 3, 9).to(&rt).unwrap();
+    let data = blobs(8, 4);
+    let cols = |idx: &[usize]| -> Vec<Tensor> {
+        use kiln::data::Dataset;
+        data.batch(idx).unwrap().into_iter().map(|d| Tensor::from_data(d).to(rt.clone()).unwrap()).collect()
+    };
+    let (all, first, second) = (cols(&[0, 1, 2, 3, 4, 5, 6, 7]), cols(&[0, 1, 2, 3]), cols(&[4, 5, 6, 7]));
+    let opt = AdamW { lr: 0.1, eps: 1.0, weight_decay: 0.0, ..AdamW::default() };
+    let max_norm = 0.05;
+    // By hand: the full batch's gradients, clipped, one update.
+    let params = model.tensors();
+    let n = params.len();
+    let args: Vec<Tensor> = params.iter().chain(&all).cloned().collect();
+    let (_, grads) =
+        kiln::value_and_grad(|a| model.load(&a[..n])?.loss(&a[n..]), &args, &(0..n).collect::<Vec<_>>()).unwrap();
+    let update = |grads: &[Tensor]| -> Vec<Vec<f32>> {
+        let mut state = AdamWState::new(&params).unwrap();
+        let scalars = state.scalars(&opt, 1.0, &params[0]).unwrap();
+        let (w, _, _) = opt.update(&params, grads, &state.m, &state.v, &scalars).unwrap();
+        w.iter().map(|t| t.to_vec().unwrap()).collect()
+    };
+    let (clipped, norm) = clip_grad_norm(&grads, max_norm).unwrap();
+    assert!(norm.item::<f32>().unwrap() > 4.0 * max_norm as f32, "the clip must bite");
+    let want = update(&clipped);
+    let unclipped = update(&grads);
+    let close = |got: &[Vec<f32>], want: &[Vec<f32>], tol: f32| {
+        got.iter().flatten().zip(want.iter().flatten()).all(|(a, b)| (a - b).abs() <= tol)
+    };
+    assert!(!close(&unclipped, &want, 1e-3), "clipping changes the update");
+    for accumulate in [1, 2] {
+        let options = StepOptions { clip_grad_norm: Some(max_norm), accumulate, ..StepOptions::default() };
+        let mut t =
+            Trainer::with_options(model.clone(), opt, options, |m: &Mlp, b: &[Tensor]| m.loss(b), Backend::Kernels)
+                .unwrap();
+        if accumulate == 1 {
+            t.step(&all, 1.0).unwrap();
+        } else {
+            t.step_group(&[first.clone(), second.clone()], &[0.5, 0.5], 1.0).unwrap();
+        }
+        let got: Vec<Vec<f32>> = t.model().tensors().iter().map(|p| p.to_vec().unwrap()).collect();
+        assert!(close(&got, &want, 1e-5), "accumulate {accumulate}: {got:?} vs {want:?}");
+    }
+}

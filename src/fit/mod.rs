@@ -350,8 +350,11 @@ where
     bar.finish_and_clear();
     if let Some(out) = &config.out {
         st.history.write(out)?;
+        // A run is not lost over its picture: without a font (a bare GPU host) the curves stay in the CSV.
         if !st.history.steps.is_empty() {
-            st.history.plot(out, "training loss per step, validation loss per epoch")?;
+            if let Err(e) = st.history.plot(out, "training loss per step, validation loss per epoch") {
+                tracing::warn!(target: "kiln::fit", error = %e, "loss curves not drawn (the metrics files are written)");
+            }
         }
     }
     Ok(Fitted {

@@ -24,6 +24,8 @@ pub mod check;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod data;
 #[cfg(not(target_arch = "wasm32"))]
+pub mod dist;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod fit;
 pub mod loss_scale;
 pub mod nn;

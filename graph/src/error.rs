@@ -151,6 +151,16 @@ pub enum Error {
         /// The user's line.
         loc: SourceLoc,
     },
+    /// A data-parallel process group could not form or failed: the launch environment (`RANK`,
+    /// `WORLD_SIZE`, …), the rendezvous (a rank that never arrives, mismatched world sizes, a timeout), or
+    /// the collective library (NCCL missing or failing). Every rank reports it.
+    #[error("distributed (rank {}): {msg}", rank.map_or("?".to_string(), |r| r.to_string()))]
+    Distributed {
+        /// The reporting process's rank, when known.
+        rank: Option<usize>,
+        /// What went wrong and what to do about it.
+        msg: String,
+    },
     /// A device backend failed: no adapter or driver, a rejected kernel, out of memory, device lost.
     #[error("{backend}: {msg}")]
     Backend {

@@ -7,6 +7,8 @@ mod checkpoint;
 mod gpt;
 mod init;
 
+// The training loop's checkpoints (native only) write optimizer state with the same dtype names.
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) use checkpoint::{from_safetensors as kiln_dtype, to_safetensors as safetensors_dtype};
 pub use checkpoint::{load, save};
 pub use gpt::{Gpt, GptConfig};

@@ -20,6 +20,13 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         shutil.copy(m["executable"], ".gpu/tests/" + m["target"]["name"])'
+  # NCCL's bindings, on a one-rank communicator.
+  cargo test --release --locked -p kiln-ptx --test nccl --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import sys, json, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], ".gpu/tests/" + m["target"]["name"])'
   cargo build --release --locked -p kiln-bench
   cp target/release/kiln-bench .gpu/
   # One workload's public call, once, for `profile` (Nsight Compute); the training example for `train`,

@@ -7,6 +7,7 @@ mod assemble;
 pub mod check;
 mod gemm;
 mod lt;
+pub mod nccl;
 pub mod ptxas;
 pub mod render;
 pub mod runtime;

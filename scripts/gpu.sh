@@ -88,7 +88,7 @@ fps)
   timeout 120 ./.gpu/kiln-explorer --fps "${2:-10}" 2>&1 | tee -a "$out/fps.log" | grep -E "frames in|rror" | tail -3
   kill %1 2>/dev/null
   ;;
-tests|bench|peer|parts|profile|train|parity|fit)
+tests|bench|peer|parts|profile|train|parity|fit|nccl2)
   for f in .gpu/*.xz .gpu/tests/*.xz; do [ -e "$f" ] && xz -df "$f"; done
   if [ -e .gpu/ptxas ]; then
     chmod +x .gpu/ptxas
@@ -110,7 +110,8 @@ tests|bench|peer|parts|profile|train|parity|fit)
     for t in .gpu/tests/*; do
       [ -x "$t" ] || continue
       echo "== $(basename "$t")"
-      "$t" --include-ignored "$@" 2>&1 | tee "$out/$(basename "$t").log" | grep -E "^test |test result|panicked|FAILED|random (graphs|gradients):" | tail -40
+      # Two-GPU tests run in `nccl2`, on a machine of two.
+      "$t" --include-ignored --skip two_gpus "$@" 2>&1 | tee "$out/$(basename "$t").log" | grep -E "^test |test result|panicked|FAILED|random (graphs|gradients):" | tail -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
     exit $status
@@ -147,6 +148,12 @@ tests|bench|peer|parts|profile|train|parity|fit)
       rm -rf "$out/fit-$run/checkpoints"
     done
     exit $status
+    ;;
+  nccl2)
+    # NCCL across two GPUs through kiln's bindings (a machine of two GPUs: nvidia-h200-x2 / h100-x2).
+    nvidia-smi topo -m | head -4
+    ./.gpu/tests/nccl --include-ignored --nocapture two_gpus 2>&1 | tee "$out/nccl2.log" | grep -E "^test |test result|panicked|rank|NCCL" | tail -20
+    exit "${PIPESTATUS[0]}"
     ;;
   parity)
     # Torch parity at W5's size (issue 17): torch's ten AdamW steps of a 4-block, 768-wide GPT on this GPU

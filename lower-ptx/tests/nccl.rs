@@ -43,3 +43,49 @@ fn a_one_rank_communicator_sums_and_broadcasts_in_place() {
     stream.synchronize().unwrap();
     assert_eq!(stream.clone_dtoh(&dev).unwrap(), host, "one rank: the sum and the broadcast are the input");
 }
+
+/// Two GPUs, one communicator rank each (a thread per device, as two processes would): every rank's
+/// in-place sum is the sum over both, and a broadcast from rank 1 reaches rank 0 — the all-reduce
+/// data-parallel training runs on, over the host's NVLink.
+#[test]
+#[ignore = "needs two NVIDIA GPUs: run with --include-ignored on such a machine (scripts/gpu.sh nccl2)"]
+fn two_gpus_sum_and_broadcast_across_devices() {
+    use cudarc::driver::{CudaContext, DevicePtr};
+    let lib = nccl().expect("NCCL on the GPU machine");
+    let id = lib.unique_id().unwrap();
+    let n = 1 << 20;
+    let ranks: Vec<_> = (0..2usize)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let ctx = CudaContext::new(rank).unwrap();
+                ctx.bind_to_thread().unwrap();
+                let stream = ctx.new_stream().unwrap();
+                let mine: Vec<f32> = (0..n).map(|i| (rank + 1) as f32 * (i % 7) as f32).collect();
+                let dev = stream.clone_htod(&mine).unwrap();
+                let comm = Comm::init(2, rank, id).unwrap();
+                let (ptr, guard) = dev.device_ptr(&stream);
+                // SAFETY: `dev` holds n f32 on this device and outlives the synchronisation below.
+                unsafe { comm.all_reduce_sum(ptr, n, DataType::F32, stream.cu_stream() as *mut _).unwrap() };
+                drop(guard);
+                stream.synchronize().unwrap();
+                let summed = stream.clone_dtoh(&dev).unwrap();
+                let start = std::time::Instant::now();
+                let (ptr, guard) = dev.device_ptr(&stream);
+                // SAFETY: as above.
+                unsafe { comm.broadcast(ptr, n, DataType::F32, 1, stream.cu_stream() as *mut _).unwrap() };
+                drop(guard);
+                stream.synchronize().unwrap();
+                let took = start.elapsed();
+                (summed, stream.clone_dtoh(&dev).unwrap(), took)
+            })
+        })
+        .collect();
+    let results: Vec<_> = ranks.into_iter().map(|t| t.join().unwrap()).collect();
+    for (rank, (summed, broadcast, took)) in results.iter().enumerate() {
+        let want_sum: Vec<f32> = (0..n).map(|i| 3.0 * (i % 7) as f32).collect();
+        assert_eq!(summed, &want_sum, "rank {rank}'s sum");
+        let want_bcast: Vec<f32> = want_sum.clone();
+        assert_eq!(broadcast, &want_bcast, "rank {rank}: rank 1's (summed) values");
+        eprintln!("rank {rank}: 4 MiB broadcast in {took:?}");
+    }
+}

@@ -289,7 +289,8 @@ fn curve_gap(curve: &[f64], other: &[f64], window: usize) -> Result<(f64, usize,
 /// The loss curve, step by step, as PNG and SVG (with another run's, when compared).
 fn plot(curve: &[f64], other: Option<&[f64]>, out: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     use plotters::prelude::*;
-    register_font()?;
+    // Text in the PNG needs a TrueType font (DejaVu Sans, which `scripts/deps.sh` installs).
+    kiln::fit::metrics::register_font()?;
     draw(&BitMapBackend::new(&out.join("loss.png"), (800, 480)).into_drawing_area(), curve, other)?;
     draw(&SVGBackend::new(&out.join("loss.svg"), (800, 480)).into_drawing_area(), curve, other)?;
     Ok(())
@@ -330,21 +331,4 @@ where
         chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(e)?;
     }
     area.present().map_err(e)
-}
-
-/// Text in the PNG needs a TrueType font: DejaVu Sans (`fonts-dejavu-core`, which `scripts/deps.sh`
-/// installs).
-fn register_font() -> Result<(), Box<dyn std::error::Error>> {
-    let paths = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/TTF/DejaVuSans.ttf"];
-    let bytes = paths
-        .iter()
-        .find_map(|p| std::fs::read(p).ok())
-        .ok_or("no DejaVu Sans font found: install fonts-dejavu-core")?;
-    plotters::style::register_font(
-        "sans-serif",
-        plotters::style::FontStyle::Normal,
-        Box::leak(bytes.into_boxed_slice()),
-    )
-    .map_err(|_| "DejaVu Sans could not be read")?;
-    Ok(())
 }

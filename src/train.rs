@@ -370,15 +370,7 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         if let Some(s) = scaler.first() {
             self.scaler = Some(s.clone());
         }
-        match &mut self.masters {
-            Some(masters) => {
-                *masters = w.to_vec();
-                self.model = self.model.load(params)?;
-            }
-            None => self.model = self.model.load(w)?,
-        }
-        self.state.m = m.to_vec();
-        self.state.v = v.to_vec();
+        self.keep(w, m, v, params)?;
         Ok(loss.clone())
     }
 
@@ -425,6 +417,13 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         let (w, rest) = out.split_at(n);
         let (m, rest) = rest.split_at(n);
         let (v, params) = rest.split_at(n);
+        self.keep(w, m, v, params)?;
+        Ok(losses)
+    }
+
+    /// Keeps an update's results: the weights (a half-precision model's masters, its `params` rounded
+    /// from them) and the moments.
+    fn keep(&mut self, w: &[Tensor], m: &[Tensor], v: &[Tensor], params: &[Tensor]) -> Result<()> {
         match &mut self.masters {
             Some(masters) => {
                 *masters = w.to_vec();
@@ -434,7 +433,7 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         }
         self.state.m = m.to_vec();
         self.state.v = v.to_vec();
-        Ok(losses)
+        Ok(())
     }
 
     /// The options the steps were built with.

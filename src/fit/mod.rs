@@ -99,7 +99,8 @@ pub struct FitConfig {
     pub checkpoint_every: Option<u64>,
     /// The metric that picks the `best` checkpoint and stops the run early.
     pub monitor: Option<Monitor>,
-    /// Continue the run whose checkpoint is in this directory.
+    /// Continue the run whose checkpoint is in this directory (bit-identically under the same
+    /// configuration: the schedule and the epochs' orders depend on it, the seed is checked).
     pub resume: Option<PathBuf>,
     /// Show a progress bar on the terminal.
     pub progress: bool,

@@ -8,6 +8,7 @@ pub mod check;
 mod gemm;
 mod lt;
 pub mod nccl;
+pub mod ordinal;
 pub mod ptxas;
 pub mod render;
 pub mod runtime;

@@ -121,14 +121,14 @@ fn slice(raw: &Raw) -> &CudaSlice<u8> {
 }
 
 impl Cuda {
-    /// Opens device `ordinal` (0 unless `KILN_CUDA_DEVICE` says otherwise); a typed error when no driver
-    /// or device is there.
+    /// Opens the device [`crate::ordinal::device_ordinal`] picks (`KILN_CUDA_DEVICE`, else a
+    /// data-parallel process's `LOCAL_RANK`, else 0); a typed error when no driver or device is there.
     pub fn new() -> Result<Cuda> {
         // SAFETY: only probes whether the driver library can be opened.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(err(NO_DRIVER_HINT));
         }
-        let ordinal = std::env::var("KILN_CUDA_DEVICE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let ordinal = crate::ordinal::device_ordinal(|k| std::env::var(k).ok()).map_err(err)?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver("opening the CUDA device", e))?;
         // One stream per device, in order: the per-buffer events cudarc records for multi-stream safety
         // would only add work to every launch.

@@ -5,8 +5,8 @@
 //! work overlaps the device's, and an epoch can be replayed exactly (resuming from a checkpoint re-draws
 //! the same order and skips the batches already trained on).
 //!
-//! The last batch of an epoch is kept even when it is shorter (no `drop_last` needed): a compiled step
-//! makes the batch dim symbolic on the first shorter batch and serves every later epoch from that entry.
+//! The last batch of an epoch is kept even when it is shorter (no `drop_last` needed): [`crate::fit`]
+//! compiles its steps with the batch dim symbolic from the first call when [`Loader::varies`].
 
 use crate::{Error, Result, Runtime, SourceLoc, Tensor, TensorData};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -224,7 +224,8 @@ impl Loader {
 
     /// The size of each batch of an epoch, in order.
     pub fn batch_sizes(&self) -> Vec<usize> {
-        let n = self.sampler.order(self.dataset.len(), 0).len();
+        // Each rank's share, as `Sampler::order` pads it (no epoch need be drawn to count it).
+        let n = self.dataset.len().div_ceil(self.sampler.world.max(1));
         let full = n / self.batch;
         let rest = n % self.batch;
         let mut sizes = vec![self.batch; full];

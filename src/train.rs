@@ -223,7 +223,10 @@ fn apply_step(dtypes: Vec<DType>, opt: AdamW, clip: Option<f64>) -> impl StepFn 
     let rounded = rounder(dtypes);
     move |t: Vec<Tensor>| {
         if t.len() != 4 * n + 1 {
-            return Err(too_few(&format!("an update of {n} parameters"), 4 * n + 1, t.len()));
+            return Err(crate::Error::Unsupported {
+                what: format!("an update of {n} parameters takes {} tensors, got {}", 4 * n + 1, t.len()),
+                loc: crate::SourceLoc::internal(),
+            });
         }
         let (weights, rest) = t.split_at(n);
         let (m, rest) = rest.split_at(n);
@@ -328,7 +331,8 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
             let l = loss.clone();
             let add: BoxedStep = Box::new(accumulate_step(&model, move |m: &M, b: &[Tensor]| l(m, b)));
             let apply: BoxedStep = Box::new(apply_step(dtypes, opt, options.clip_grad_norm));
-            let zeros = state.m.iter().map(|m| m.cast(DType::F32)?.mul(0.0)).collect::<Result<Vec<_>>>()?;
+            // Fresh moments are zeros of the weights' (f32) shapes: the sums start from them.
+            let zeros = state.m.clone();
             let mut add = compile(add).backend(backend.clone());
             if let Some(d) = options.dynamic_batch {
                 add = d.mark(add, 2 * dtypes_len + 1);

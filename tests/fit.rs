@@ -400,3 +400,20 @@ fn clipping_in_the_step_and_accumulated_matches_clipping_by_hand() {
         assert!(close(&got, &want, 1e-5), "accumulate {accumulate}: {got:?} vs {want:?}");
     }
 }
+
+/// A last batch of a single sample runs on the symbolic entry too (the batch dim's range starts at 1),
+/// and an empty validation set is an error rather than a loss of 0.
+#[test]
+fn a_last_batch_of_one_and_an_empty_validation_set() {
+    let train = Loader::new(blobs(33, 1), 16).shuffle(Some(11));
+    assert_eq!(train.batch_sizes(), [16, 16, 1]);
+    let opt = AdamW { lr: 3e-2, ..AdamW::default() };
+    let cfg = FitConfig { max_epochs: 2, ..FitConfig::default() };
+    let loss = |m: &Mlp, b: &[Tensor]| m.loss(b);
+    let f = fit(Mlp::new(4, 16, 3, 5), opt, loss, loss, &train, None, Backend::Kernels, &cfg).unwrap();
+    assert_eq!((f.train_stats.traces, f.train_stats.calls), (1, 6));
+    assert!(f.history.steps.iter().all(|s| s.loss.is_finite()), "{:?}", f.history.steps);
+    let empty = Loader::new(TensorDataset::new(vec![features(&[], 4).unwrap(), labels(&[]).unwrap()]).unwrap(), 4);
+    let e = fit(Mlp::new(4, 16, 3, 5), opt, loss, loss, &train, Some(&empty), Backend::Kernels, &cfg).err().unwrap();
+    assert!(e.to_string().contains("empty validation set"), "{e}");
+}

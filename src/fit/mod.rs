@@ -190,6 +190,10 @@ where
         None => l.clone(),
     };
     let (train, val) = (placed(train), val.map(placed));
+    // An empty validation set would average nothing into a loss of 0.
+    if val.as_ref().is_some_and(|v| v.samples() == 0) {
+        return Err(unsupported("fit with an empty validation set (pass None to skip validation)".into()));
+    }
     let mixed = config.precision == Precision::Bf16Mixed;
     // Batches of several sizes compile once with a symbolic batch dim (see `DynamicBatch`).
     let dynamic = |l: &Loader| -> Result<Option<DynamicBatch>> {

@@ -3,7 +3,8 @@
 //! whole and consistent, then hands every rank the same payload (the collective library's unique id, made
 //! only once the world has formed) — or the same error. A rank that never arrives, a rank started with
 //! another `WORLD_SIZE`, two processes claiming one rank, or a rank 0 that is gone all end the meeting
-//! with an [`Error::Distributed`] on every rank within the timeout.
+//! with an [`Error::Distributed`] on every rank within the timeout (a peer waits a short grace past it
+//! for rank 0's verdict).
 //!
 //! Wire format (all integers little-endian): a peer sends `b"KILN"`, the protocol version, its rank and
 //! its world size (`u32` each); rank 0 answers with a status byte (0: the payload follows, 1: an error
@@ -19,6 +20,9 @@ const MAGIC: &[u8; 4] = b"KILN";
 const VERSION: u32 = 1;
 /// The largest answer accepted (a collective id is 128 bytes; error messages are short).
 const MAX_ANSWER: u32 = 1 << 20;
+/// How long past its own deadline a peer still waits for rank 0's verdict: rank 0 gives it at *its*
+/// deadline (a missing rank is only known then), and that answer must not race the peer's own timeout.
+const VERDICT_GRACE: Duration = Duration::from_secs(2);
 
 fn fail(rank: usize, msg: String) -> Error {
     Error::Distributed { rank: Some(rank), msg }
@@ -183,7 +187,7 @@ fn join(env: &DistEnv, deadline: Instant) -> Result<Vec<u8>> {
         hello.extend_from_slice(&v.to_le_bytes());
     }
     s.write_all(&hello).map_err(|e| fail(env.rank, format!("rank 0's rendezvous at {addr}: {e}")))?;
-    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+    let left = (deadline + VERDICT_GRACE).saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
     let _ = s.set_read_timeout(Some(left));
     let gone = |e: std::io::Error| {
         let why = match e.kind() {

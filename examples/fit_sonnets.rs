@@ -6,11 +6,12 @@
 //! train and validation steps are each compiled once; the run prints how often they were traced.
 //!
 //! `cargo run --release --example fit_sonnets -- --epochs 10 --backend cuda`; stop it (Ctrl-C, or kill)
-//! and `--resume` continues from the last checkpoint exactly as if it had never stopped.
+//! and `--resume` continues from the last checkpoint exactly as if it had never stopped. On several GPUs:
+//! `kiln-run --gpus 2 target/release/examples/fit_sonnets --backend cuda --ddp --batch 16`.
 
 use clap::Parser;
 use kiln::data::{Loader, TensorDataset};
-use kiln::fit::{fit, FitConfig, Monitor, Precision};
+use kiln::fit::{fit, FitConfig, Monitor, Precision, Strategy};
 use kiln::nn::{Gpt, GptConfig};
 use kiln::optim::AdamW;
 use kiln::{Backend, Tensor, TensorData};
@@ -67,6 +68,9 @@ struct Args {
     /// Continue from the last checkpoint in `--out`.
     #[arg(long)]
     resume: bool,
+    /// One rank of data-parallel training (start it with `kiln-run --gpus N`; `--batch` is per GPU).
+    #[arg(long)]
+    ddp: bool,
     /// Fail unless the last epoch's validation loss is below this.
     #[arg(long)]
     threshold: Option<f64>,
@@ -108,7 +112,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         dropout: args.dropout,
     };
     let model = Gpt::new(config, args.seed)?;
-    let steps = args.epochs * train.batches().div_ceil(args.accumulate.max(1)) as u64;
+    // A data-parallel rank steps through its share of each epoch (fit shards the loaders by rank).
+    let world = if args.ddp { kiln::dist::DistEnv::from_env()?.map_or(1, |e| e.world) } else { 1 };
+    let steps = args.epochs * train.clone().shard(0, world).batches().div_ceil(args.accumulate.max(1)) as u64;
     eprintln!(
         "fit_sonnets: {} training windows ({} batches of up to {}, the last {}), {} validation windows, {} epochs, {steps} steps on {}",
         train.samples(),
@@ -122,6 +128,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = FitConfig {
         max_epochs: args.epochs,
         precision: if args.bf16 { Precision::Bf16Mixed } else { Precision::F32 },
+        strategy: if args.ddp { Strategy::Ddp } else { Strategy::Single },
         accumulate: args.accumulate,
         clip_grad_norm: Some(args.clip),
         warmup_steps: (steps / 20).max(1),

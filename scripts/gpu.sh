@@ -11,10 +11,10 @@ case "${1:-}" in
 stage)
   set -e
   rm -rf .gpu/tests .gpu/kiln-bench .gpu/kiln-bench.xz .gpu/profile_workload .gpu/profile_workload.xz .gpu/train_gpt .gpu/train_gpt.xz \
-    .gpu/fit_sonnets .gpu/fit_sonnets.xz
+    .gpu/fit_sonnets .gpu/fit_sonnets.xz .gpu/ddp_scaling .gpu/ddp_scaling.xz .gpu/kiln-run .gpu/kiln-run.xz
   mkdir -p .gpu/tests
   cargo test --release --locked -p kiln --test conformance_cuda --test device_runtime --test guards --test onnx_models \
-    --test conformance_wgpu --test conformance_wgpu_limits --test device_faults --test torch_parity --test fit --no-run --message-format=json 2>/dev/null |
+    --test conformance_wgpu --test conformance_wgpu_limits --test device_faults --test torch_parity --test fit --test ddp --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json, shutil
 for line in sys.stdin:
     m = json.loads(line)
@@ -31,12 +31,14 @@ for line in sys.stdin:
   cp target/release/kiln-bench .gpu/
   # One workload's public call, once, for `profile` (Nsight Compute); the training example for `train`,
   # with the font its loss plot needs (a GPU host may have none).
-  cargo build --release --locked --example profile_workload --example train_gpt --example fit_sonnets
-  cp target/release/examples/profile_workload target/release/examples/train_gpt target/release/examples/fit_sonnets .gpu/
+  cargo build --release --locked --example profile_workload --example train_gpt --example fit_sonnets --example ddp_scaling \
+    --bin kiln-run
+  cp target/release/examples/profile_workload target/release/examples/train_gpt target/release/examples/fit_sonnets \
+    target/release/examples/ddp_scaling target/release/kiln-run .gpu/
   cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf .gpu/
   # Stripped and compressed: with .gl they must fit a device call's 64 MiB.
-  strip .gpu/kiln-bench .gpu/profile_workload .gpu/train_gpt .gpu/fit_sonnets .gpu/tests/*
-  xz -9f -T2 .gpu/kiln-bench .gpu/profile_workload .gpu/train_gpt .gpu/fit_sonnets .gpu/tests/*
+  strip .gpu/kiln-bench .gpu/profile_workload .gpu/train_gpt .gpu/fit_sonnets .gpu/ddp_scaling .gpu/kiln-run .gpu/tests/*
+  xz -9f -T2 .gpu/kiln-bench .gpu/profile_workload .gpu/train_gpt .gpu/fit_sonnets .gpu/ddp_scaling .gpu/kiln-run .gpu/tests/*
   # ptxas (scripts/deps.sh installs it): CUDA assembles a cold compile's kernels with it, side by side.
   rm -f .gpu/ptxas.xz
   if [ -x .tools/nvcc/nvidia/cuda_nvcc/bin/ptxas ]; then
@@ -150,10 +152,32 @@ tests|bench|peer|parts|profile|train|parity|fit|nccl2)
     exit $status
     ;;
   nccl2)
-    # NCCL across two GPUs through kiln's bindings (a machine of two GPUs: nvidia-h200-x2 / h100-x2).
+    # Two GPUs (a machine of two: nvidia-h200-x2 / h100-x2): NCCL through kiln's bindings; data-parallel
+    # `fit` against one GPU and a rank that dies (tests/ddp.rs); W5's training step alone, as one rank and
+    # as two (`ddp_scaling`, TRIALS fresh processes each, bf16-mixed then f32); fit_sonnets on two ranks.
     nvidia-smi topo -m | head -4
+    export KILN_RUN="$PWD/.gpu/kiln-run"
+    status=0
     ./.gpu/tests/nccl --include-ignored --nocapture two_gpus 2>&1 | tee "$out/nccl2.log" | grep -E "^test |test result|panicked|rank|NCCL" | tail -20
-    exit "${PIPESTATUS[0]}"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    ./.gpu/tests/ddp --include-ignored --nocapture --test-threads 1 2>&1 | tee "$out/ddp.log" | grep -E "^test |test result|panicked|losses|rank 0 stopped|trained in|distributed" | tail -30
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    for prec in --bf16 ""; do
+      for trial in $(seq "${TRIALS:-3}"); do
+        ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-220 || status=1
+        ./.gpu/kiln-run --gpus 1 -- ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-220 || status=1
+        ./.gpu/kiln-run --gpus 2 -- ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-220 || status=1
+      done
+    done
+    echo "== fit_sonnets, 2 ranks of 16 windows vs 1 GPU of 32, ${EPOCHS:-5} epochs"
+    ./.gpu/kiln-run --gpus 2 -- ./.gpu/fit_sonnets --backend cuda --ddp --batch 16 --epochs "${EPOCHS:-5}" --out "$out/fit-ddp2" 2>&1 |
+      tr '\r' '\n' | grep -E "fit_sonnets|epoch|rror" | tail -12
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    ./.gpu/fit_sonnets --backend cuda --batch 32 --epochs "${EPOCHS:-5}" --out "$out/fit-one" 2>&1 |
+      tr '\r' '\n' | grep -E "fit_sonnets|epoch|rror" | tail -12
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    rm -rf "$out"/fit-*/checkpoints
+    exit $status
     ;;
   parity)
     # Torch parity at W5's size (issue 17): torch's ten AdamW steps of a 4-block, 768-wide GPT on this GPU

@@ -83,7 +83,8 @@ impl Dataset for TensorDataset {
 /// Which samples an epoch visits, in which order: a permutation drawn from `(seed, epoch)` alone (or the
 /// natural order), of which rank `rank` of `world` takes every `world`-th entry. As in torch's
 /// `DistributedSampler`, the order is first padded by wrapping around so that every rank gets the same
-/// number of samples (and so runs the same number of steps).
+/// number of samples (and so runs the same number of steps) — unless `pad` is off (evaluation: every
+/// sample exactly once across the ranks, shares differing by at most one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sampler {
     /// Shuffle every epoch.
@@ -94,11 +95,13 @@ pub struct Sampler {
     pub rank: usize,
     /// Data-parallel processes.
     pub world: usize,
+    /// Pad the order so every rank gets as many samples as the first.
+    pub pad: bool,
 }
 
 impl Default for Sampler {
     fn default() -> Self {
-        Sampler { shuffle: true, seed: 0, rank: 0, world: 1 }
+        Sampler { shuffle: true, seed: 0, rank: 0, world: 1, pad: true }
     }
 }
 
@@ -123,12 +126,25 @@ impl Sampler {
             }
         }
         let world = self.world.max(1);
-        let per_rank = len.div_ceil(world);
-        let padded = (0..per_rank * world).map(|i| all[i % len.max(1)]);
+        let rank = self.rank.min(world - 1);
         if len == 0 {
             return Vec::new();
         }
-        padded.skip(self.rank.min(world - 1)).step_by(world).collect()
+        if !self.pad {
+            return all.into_iter().skip(rank).step_by(world).collect();
+        }
+        let per_rank = len.div_ceil(world);
+        let padded = (0..per_rank * world).map(|i| all[i % len]);
+        padded.skip(rank).step_by(world).collect()
+    }
+
+    /// How many samples this rank takes of a dataset of `len`.
+    pub fn share(&self, len: usize) -> usize {
+        let world = self.world.max(1);
+        match self.pad {
+            true => len.div_ceil(world),
+            false => len / world + usize::from(self.rank.min(world - 1) < len % world),
+        }
     }
 }
 
@@ -187,10 +203,22 @@ impl Loader {
         self
     }
 
-    /// Take rank `rank`'s share of `world` data-parallel processes.
+    /// Take rank `rank`'s share of `world` data-parallel processes, padded (as `DistributedSampler`)
+    /// so every rank runs the same number of equal batches — what a step whose gradients are averaged
+    /// across the ranks needs.
     pub fn shard(mut self, rank: usize, world: usize) -> Loader {
         self.sampler.world = world.max(1);
         self.sampler.rank = rank.min(world.max(1) - 1);
+        self.sampler.pad = true;
+        self
+    }
+
+    /// Rank `rank`'s share of `world` with every sample taken exactly once across the ranks (shares
+    /// differ by at most one sample, so the ranks' batch counts may too): evaluation, whose sums are
+    /// combined once at the end rather than per batch.
+    pub fn shard_exactly(mut self, rank: usize, world: usize) -> Loader {
+        self = self.shard(rank, world);
+        self.sampler.pad = false;
         self
     }
 
@@ -224,8 +252,8 @@ impl Loader {
 
     /// The size of each batch of an epoch, in order.
     pub fn batch_sizes(&self) -> Vec<usize> {
-        // Each rank's share, as `Sampler::order` pads it (no epoch need be drawn to count it).
-        let n = self.dataset.len().div_ceil(self.sampler.world.max(1));
+        // Each rank's share, as `Sampler::order` takes it (no epoch need be drawn to count it).
+        let n = self.sampler.share(self.dataset.len());
         let full = n / self.batch;
         let rest = n % self.batch;
         let mut sizes = vec![self.batch; full];

@@ -14,10 +14,20 @@
 //! adds a micro-batch's weighted gradients to a running sum (its activations are freed before the next
 //! micro-batch runs), the other clips and applies the sum. Without accumulation the step stays one graph.
 
+#[cfg(not(target_arch = "wasm32"))]
+use crate::dist::{ProcessGroup, Reduce};
 use crate::loss_scale::{self, LossScale, LossScaleState};
 use crate::nn::Module;
 use crate::optim::{AdamW, AdamWState};
 use crate::{compile, Compiled, DType, Result, Tensor};
+#[cfg(not(target_arch = "wasm32"))]
+use std::sync::Arc;
+
+/// A data-parallel world (browsers have none).
+#[cfg(not(target_arch = "wasm32"))]
+type Group = Arc<ProcessGroup>;
+#[cfg(target_arch = "wasm32")]
+type Group = std::convert::Infallible;
 
 /// A compiled-step function: the whole argument list in, the whole result list out.
 pub trait StepFn: Fn(Vec<Tensor>) -> Result<Vec<Tensor>> {}
@@ -258,7 +268,9 @@ pub struct Trainer<M, F> {
     scaler: Option<Tensor>,
     step: Compiled<F>,
     options: StepOptions,
-    accumulation: Option<Accumulation>,
+    accumulation: Accumulation,
+    /// The data-parallel world whose ranks average their gradients each step.
+    group: Option<Group>,
 }
 
 impl<M: Module + Clone + 'static> Trainer<M, ()> {
@@ -327,7 +339,9 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
         };
         let loss = std::sync::Arc::new(loss);
         let backend = backend.into_backend()?;
-        let accumulation = if options.accumulate > 1 {
+        // Built whatever the options (compiling is lazy: nothing is traced until used), since a trainer
+        // made data-parallel later splits its steps too.
+        let accumulation = {
             let l = loss.clone();
             let add: BoxedStep = Box::new(accumulate_step(&model, move |m: &M, b: &[Tensor]| l(m, b)));
             let apply: BoxedStep = Box::new(apply_step(dtypes, opt, options.clip_grad_norm));
@@ -337,9 +351,7 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
             if let Some(d) = options.dynamic_batch {
                 add = d.mark(add, 2 * dtypes_len + 1);
             }
-            Some(Accumulation { add, apply: compile(apply).backend(backend.clone()), zeros })
-        } else {
-            None
+            Accumulation { add, apply: compile(apply).backend(backend.clone()), zeros }
         };
         let l = loss.clone();
         let mut step =
@@ -347,7 +359,7 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
         if let Some(d) = options.dynamic_batch {
             step = d.mark(step, 3 * dtypes_len + 1 + usize::from(scaler.is_some()));
         }
-        Ok(Trainer { model, masters, opt, state, scaler, step, options, accumulation })
+        Ok(Trainer { model, masters, opt, state, scaler, step, options, accumulation, group: None })
     }
 }
 
@@ -355,6 +367,9 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
     /// One step on `batch` with the learning rate scaled by `lr_scale` (a schedule's factor, 1.0 for
     /// none); returns the loss before the update, still on the device.
     pub fn step(&mut self, batch: &[Tensor], lr_scale: f64) -> Result<Tensor> {
+        if self.splits() {
+            return Ok(self.step_group(&[batch.to_vec()], &[1.0], lr_scale)?.remove(0));
+        }
         let weights = self.masters.clone().unwrap_or_else(|| self.model.tensors());
         let n = weights.len();
         let anchor = weights.first().cloned().ok_or_else(|| crate::Error::Unsupported {
@@ -382,7 +397,9 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
     /// gradients, weighted by `weights` (usually its share of the samples, summing to one), are added
     /// up one micro-batch at a time, then clipped and applied once. Returns each micro-batch's loss,
     /// unweighted, on the device. Without [`StepOptions::accumulate`] > 1 a single micro-batch takes the
-    /// one-graph [`Trainer::step`].
+    /// one-graph [`Trainer::step`]. A data-parallel trainer ([`Trainer::data_parallel`]) averages the
+    /// summed gradients and the losses over the ranks (one NCCL group, queued on the device between
+    /// the two halves) before the update: the ranks' `weights` each sum to one over equal shares.
     pub fn step_group(&mut self, batches: &[Vec<Tensor>], weights: &[f64], lr_scale: f64) -> Result<Vec<Tensor>> {
         if batches.len() != weights.len() || batches.is_empty() {
             return Err(crate::Error::Unsupported {
@@ -390,7 +407,7 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
                 loc: crate::SourceLoc::internal(),
             });
         }
-        let Some(acc) = &self.accumulation else {
+        if !self.splits() {
             if batches.len() == 1 {
                 return Ok(vec![self.step(&batches[0], lr_scale)?]);
             }
@@ -398,7 +415,8 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
                 what: format!("{} micro-batches for a trainer built without accumulation", batches.len()),
                 loc: crate::SourceLoc::internal(),
             });
-        };
+        }
+        let acc = &self.accumulation;
         let weights_now = self.masters.clone().unwrap_or_else(|| self.model.tensors());
         let n = weights_now.len();
         let anchor = weights_now[0].clone();
@@ -414,6 +432,13 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
             let mut out: Vec<Tensor> = acc.add.call(args)?;
             sums = out.split_off(1);
             losses.push(out.remove(0));
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(g) = &self.group {
+            let k = losses.len();
+            let mut reduced = g.all_reduce(&[losses, sums].concat(), Reduce::Mean)?;
+            sums = reduced.split_off(k);
+            losses = reduced;
         }
         let scalars = self.state.scalars(&self.opt, lr_scale, &anchor)?;
         let args = [weights_now, self.state.m.clone(), self.state.v.clone(), vec![scalars], sums].concat();
@@ -466,10 +491,42 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         Ok(())
     }
 
-    /// What the accumulation halves did (`None` without accumulation): the adding half's counters
-    /// and the applying half's.
+    /// What the accumulation halves did (`None` when the steps are not split: no accumulation, not
+    /// data-parallel): the adding half's counters and the applying half's.
     pub fn accumulation_stats(&self) -> Option<(crate::CompileStats, crate::CompileStats)> {
-        self.accumulation.as_ref().map(|a| (a.add.stats(), a.apply.stats()))
+        self.splits().then(|| (self.accumulation.add.stats(), self.accumulation.apply.stats()))
+    }
+
+    /// Whether a step runs as two halves (accumulation, or gradients averaged across ranks between them).
+    fn splits(&self) -> bool {
+        self.options.accumulate > 1 || self.group.is_some()
+    }
+
+    /// Makes this trainer one rank of data-parallel training over `group`: every rank's parameters
+    /// (and master weights) become rank 0's, and each step averages the ranks' gradients before the
+    /// update, so the ranks stay identical. Each rank must step on its own equal share of every batch
+    /// ([`crate::data::Loader::shard`]).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn data_parallel(mut self, group: Arc<ProcessGroup>) -> Result<Self> {
+        if self.scaler.is_some() {
+            return Err(crate::Error::Unsupported {
+                what: "data-parallel training with loss scaling (train an f16 model in bf16 instead)".into(),
+                loc: crate::SourceLoc::internal(),
+            });
+        }
+        let params = group.broadcast(&self.model.tensors(), 0)?;
+        self.model = self.model.load(&params)?;
+        if let Some(m) = &self.masters {
+            self.masters = Some(group.broadcast(m, 0)?);
+        }
+        self.group = Some(group);
+        Ok(self)
+    }
+
+    /// The data-parallel world this trainer is a rank of.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn group(&self) -> Option<&Arc<ProcessGroup>> {
+        self.group.as_ref()
     }
 
     /// The model as trained so far.

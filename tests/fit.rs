@@ -5,67 +5,12 @@
 
 mod common;
 
+use common::classifier::{blobs, Mlp};
 use kiln::data::{features, labels, Loader, Sampler, TensorDataset};
 use kiln::fit::{fit, FitConfig, Fitted, Monitor, Stop};
-use kiln::nn::{cross_entropy, Init, Linear, Module};
+use kiln::nn::Module;
 use kiln::optim::AdamW;
-use kiln::{Backend, Result, Tensor};
-
-/// A two-layer classifier.
-#[derive(Clone, Debug)]
-struct Mlp {
-    hidden: Linear,
-    out: Linear,
-}
-
-impl Mlp {
-    fn new(inputs: usize, width: usize, classes: usize, seed: u64) -> Mlp {
-        let mut init = Init::new(seed);
-        init.std = 0.3;
-        Mlp {
-            hidden: Linear::new(inputs, width, true, &mut init).unwrap(),
-            out: Linear::new(width, classes, true, &mut init).unwrap(),
-        }
-    }
-
-    fn logits(&self, x: &Tensor) -> Result<Tensor> {
-        self.out.forward(&self.hidden.forward(x)?.gelu()?)
-    }
-
-    fn loss(&self, batch: &[Tensor]) -> Result<Tensor> {
-        cross_entropy(&self.logits(&batch[0])?, &batch[1])
-    }
-}
-
-impl Module for Mlp {
-    fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v: Vec<(String, Tensor)> =
-            self.hidden.parameters().into_iter().map(|(n, t)| (format!("hidden.{n}"), t)).collect();
-        v.extend(self.out.parameters().into_iter().map(|(n, t)| (format!("out.{n}"), t)));
-        v
-    }
-
-    fn with_parameters(&self, next: &mut dyn Iterator<Item = Tensor>) -> Result<Self> {
-        Ok(Mlp { hidden: self.hidden.with_parameters(next)?, out: self.out.with_parameters(next)? })
-    }
-}
-
-/// `n` points of 4 features around three class centres (deterministic).
-fn blobs(n: usize, seed: u64) -> TensorDataset {
-    let mut s = seed;
-    let mut unit = || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((s >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
-    };
-    let centres = [[1.0, 0.0, -1.0, 0.5], [-1.0, 1.0, 0.0, -0.5], [0.0, -1.0, 1.0, 0.0]];
-    let (mut x, mut y) = (Vec::new(), Vec::new());
-    for i in 0..n {
-        let c = i % 3;
-        x.extend(centres[c].iter().map(|v| (v + 0.6 * unit()) as f32));
-        y.push(c as i64);
-    }
-    TensorDataset::new(vec![features(&x, 4).unwrap(), labels(&y).unwrap()]).unwrap()
-}
+use kiln::{Backend, Tensor};
 
 fn config(out: Option<std::path::PathBuf>) -> FitConfig {
     FitConfig { max_epochs: 4, seed: 7, out, checkpoint_every: Some(3), ..FitConfig::default() }
@@ -227,7 +172,7 @@ fn early_stopping_stops_and_keeps_the_best() {
 
 #[test]
 fn the_loader_shuffles_per_epoch_and_shards_by_rank() {
-    let s = |rank, world| Sampler { shuffle: true, seed: 3, rank, world };
+    let s = |rank, world| Sampler { shuffle: true, seed: 3, rank, world, pad: true };
     let (e0, e1) = (s(0, 1).order(10, 0), s(0, 1).order(10, 1));
     assert_ne!(e0, e1, "another order each epoch");
     assert_eq!(e0, s(0, 1).order(10, 0), "the same order for the same epoch");
@@ -241,6 +186,15 @@ fn the_loader_shuffles_per_epoch_and_shards_by_rank() {
     all.sort_unstable();
     all.dedup();
     assert_eq!(all.len(), 10, "every sample on some rank");
+    // Unpadded (evaluation): every sample exactly once, shares of 4, 3 and 3.
+    let exact: Vec<Vec<usize>> = (0..3).map(|r| Sampler { pad: false, ..s(r, 3) }.order(10, 0)).collect();
+    assert_eq!(exact.iter().map(Vec::len).collect::<Vec<_>>(), [4, 3, 3]);
+    let mut once = exact.concat();
+    once.sort_unstable();
+    assert_eq!(once, (0..10).collect::<Vec<_>>());
+    let shares: Vec<Vec<usize>> =
+        (0..3).map(|r| Loader::new(blobs(10, 1), 2).shard_exactly(r, 3).batch_sizes()).collect();
+    assert_eq!(shares, [vec![2, 2], vec![2, 1], vec![2, 1]]);
     let loader = Loader::new(blobs(10, 1), 4).shuffle(Some(3));
     assert_eq!(loader.batch_sizes(), [4, 4, 2]);
     let batches: Vec<_> = loader.epoch_from(0, 1).map(|b| b.unwrap()).collect();

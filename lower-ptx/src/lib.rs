@@ -5,6 +5,7 @@
 
 mod assemble;
 pub mod check;
+pub mod collective;
 mod gemm;
 mod lt;
 pub mod nccl;

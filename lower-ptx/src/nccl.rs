@@ -42,6 +42,19 @@ type CommDestroy = unsafe extern "C" fn(Raw) -> c_int;
 type GetErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
 type AllReduce = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Raw, Raw) -> c_int;
 type Broadcast = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Raw, Raw) -> c_int;
+type Group = unsafe extern "C" fn() -> c_int;
+type CommGetAsyncError = unsafe extern "C" fn(Raw, *mut c_int) -> c_int;
+type CommAbort = unsafe extern "C" fn(Raw) -> c_int;
+
+/// How an all-reduce combines the ranks' values (NCCL's `ncclRedOp_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ReduceOp {
+    /// `ncclSum`.
+    Sum = 0,
+    /// `ncclAvg` (NCCL 2.10 and newer): the sum divided by the world's size, in one pass.
+    Avg = 4,
+}
 
 /// The loaded library and the entry points kiln calls.
 pub struct Nccl {
@@ -55,6 +68,10 @@ pub struct Nccl {
     get_error_string: GetErrorString,
     all_reduce: AllReduce,
     broadcast: Broadcast,
+    group_start: Group,
+    group_end: Group,
+    comm_get_async_error: CommGetAsyncError,
+    comm_abort: CommAbort,
     _lib: libloading::Library,
 }
 
@@ -137,6 +154,10 @@ fn bind(lib: libloading::Library, path: String) -> Result<Nccl, String> {
             get_error_string: sym(&lib, &path, "ncclGetErrorString")?,
             all_reduce: sym(&lib, &path, "ncclAllReduce")?,
             broadcast: sym(&lib, &path, "ncclBroadcast")?,
+            group_start: sym(&lib, &path, "ncclGroupStart")?,
+            group_end: sym(&lib, &path, "ncclGroupEnd")?,
+            comm_get_async_error: sym(&lib, &path, "ncclCommGetAsyncError")?,
+            comm_abort: sym(&lib, &path, "ncclCommAbort")?,
             path,
             _lib: lib,
         })
@@ -160,21 +181,59 @@ impl Nccl {
         self.check("ncclGetUniqueId", unsafe { (self.get_unique_id)(&mut id) })?;
         Ok(id)
     }
+
+    /// Runs `calls` as one NCCL group: their collectives are launched together when the group ends
+    /// (many tensors' all-reduces fused into a few kernels, as one bucket).
+    pub fn group<T>(&self, calls: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+        // SAFETY: group calls only mark the thread's pending collectives; they take no pointers.
+        self.check("ncclGroupStart", unsafe { (self.group_start)() })?;
+        let out = calls();
+        // The group is closed whatever happened inside it, or the thread's next collective would join it.
+        // SAFETY: as above.
+        let end = self.check("ncclGroupEnd", unsafe { (self.group_end)() });
+        let out = out?;
+        end.map(|()| out)
+    }
+}
+
+impl UniqueId {
+    /// The id as bytes (what the rendezvous hands from rank 0 to the others).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.bytes.iter().map(|&b| b as u8).collect()
+    }
+
+    /// The id from bytes made by [`UniqueId::to_bytes`]; `None` unless there are exactly 128.
+    pub fn from_bytes(bytes: &[u8]) -> Option<UniqueId> {
+        let mut id = UniqueId { bytes: [0; 128] };
+        if bytes.len() != id.bytes.len() {
+            return None;
+        }
+        for (d, &b) in id.bytes.iter_mut().zip(bytes) {
+            *d = b as c_char;
+        }
+        Some(id)
+    }
 }
 
 /// A communicator: this rank's membership of a world of `world` ranks on the current CUDA device.
 pub struct Comm {
     raw: Raw,
     nccl: &'static Nccl,
+    /// Aborted (by a watchdog): the communicator is gone and must not be destroyed again.
+    aborted: std::sync::atomic::AtomicBool,
     /// This rank.
     pub rank: usize,
     /// Ranks in the world.
     pub world: usize,
 }
 
-// SAFETY: a communicator is used by one thread at a time (`&mut`-free calls are ordered on the stream
-// they are given; NCCL allows a communicator to be called from any thread).
+// SAFETY: NCCL allows a communicator to be called from any thread; its collectives are ordered on the
+// stream they are given.
 unsafe impl Send for Comm {}
+// SAFETY: the calls made through `&Comm` from several threads at once are the ones NCCL documents as
+// safe to make concurrently with a blocked collective: `ncclCommGetAsyncError` and `ncclCommAbort`
+// (a watchdog's); collectives themselves are issued by one thread (the training loop's).
+unsafe impl Sync for Comm {}
 
 impl Comm {
     /// Joins the communicator `id` as `rank` of `world` on the CUDA context current on this thread
@@ -184,7 +243,94 @@ impl Comm {
         let mut raw: Raw = std::ptr::null_mut();
         // SAFETY: `raw` receives the communicator; the id is NCCL's bytes.
         nccl.check("ncclCommInitRank", unsafe { (nccl.comm_init_rank)(&mut raw, world as c_int, id, rank as c_int) })?;
-        Ok(Comm { raw, nccl, rank, world })
+        Ok(Comm { raw, nccl, aborted: false.into(), rank, world })
+    }
+
+    /// The NCCL library it runs on.
+    pub fn library(&self) -> &'static Nccl {
+        self.nccl
+    }
+
+    /// Combines `count` elements of `dtype` at device address `send` across the world by `op` into
+    /// `recv` (which may be `send`), ordered on `stream` (a `CUstream`).
+    ///
+    /// # Safety
+    /// `send` and `recv` must each hold `count` elements of `dtype` on this communicator's device, and
+    /// stay valid until `stream` has run the reduction.
+    pub unsafe fn all_reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: *mut c_void,
+    ) -> Result<(), Error> {
+        // SAFETY: the caller's contract.
+        let code = unsafe {
+            (self.nccl.all_reduce)(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dtype as c_int,
+                op as c_int,
+                self.raw,
+                stream,
+            )
+        };
+        self.nccl.check("ncclAllReduce", code)
+    }
+
+    /// Copies `count` elements of `dtype` at `send` on rank `root` into `recv` on every rank, on
+    /// `stream` (`send` is read on the root only).
+    ///
+    /// # Safety
+    /// As [`Comm::all_reduce`].
+    pub unsafe fn broadcast_into(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: *mut c_void,
+    ) -> Result<(), Error> {
+        // SAFETY: the caller's contract.
+        let code = unsafe {
+            (self.nccl.broadcast)(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dtype as c_int,
+                root as c_int,
+                self.raw,
+                stream,
+            )
+        };
+        self.nccl.check("ncclBroadcast", code)
+    }
+
+    /// An error NCCL found in the background (a peer that went away, a network failure), if any: a
+    /// collective waiting on it will never finish.
+    pub fn async_error(&self) -> Option<Error> {
+        if self.aborted.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let mut code: c_int = 0;
+        // SAFETY: `code` receives the communicator's state; callable while a collective is blocked.
+        let call = unsafe { (self.nccl.comm_get_async_error)(self.raw, &mut code) };
+        self.nccl.check("ncclCommGetAsyncError", call).err().or_else(|| self.nccl.check("a collective", code).err())
+    }
+
+    /// Tears the communicator down now, ending its collectives in flight (they finish with garbage):
+    /// the one way out of a collective whose peer will never join it. Every later call fails.
+    pub fn abort(&self) {
+        if !self.aborted.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            // SAFETY: the communicator is live (not aborted before) and is never used by NCCL again.
+            unsafe {
+                (self.nccl.comm_abort)(self.raw);
+            }
+        }
     }
 
     /// Sums `count` elements of `dtype` at device address `data` across the world, in place, ordered on
@@ -200,10 +346,8 @@ impl Comm {
         dtype: DataType,
         stream: *mut c_void,
     ) -> Result<(), Error> {
-        let p = data as *mut c_void;
         // SAFETY: the caller's contract; NCCL allows the send and receive buffers to be the same.
-        let code = unsafe { (self.nccl.all_reduce)(p, p, count, dtype as c_int, 0, self.raw, stream) };
-        self.nccl.check("ncclAllReduce", code)
+        unsafe { self.all_reduce(data, data, count, dtype, ReduceOp::Sum, stream) }
     }
 
     /// Copies `count` elements of `dtype` at `data` from rank `root` to every rank, in place, on `stream`.
@@ -218,16 +362,17 @@ impl Comm {
         root: usize,
         stream: *mut c_void,
     ) -> Result<(), Error> {
-        let p = data as *mut c_void;
         // SAFETY: the caller's contract.
-        let code = unsafe { (self.nccl.broadcast)(p, p, count, dtype as c_int, root as c_int, self.raw, stream) };
-        self.nccl.check("ncclBroadcast", code)
+        unsafe { self.broadcast_into(data, data, count, dtype, root, stream) }
     }
 }
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        // SAFETY: the communicator was made by `init` and is destroyed once.
+        if self.aborted.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: the communicator was made by `init`, not aborted, and is destroyed once.
         unsafe {
             (self.nccl.comm_destroy)(self.raw);
         }

@@ -229,6 +229,24 @@ impl Cuda {
     fn ptr(&self, raw: &Raw) -> u64 {
         slice(raw).device_ptr(&self.stream).0
     }
+
+    /// The one stream every kiln launch on this device is ordered on, with the device's context made
+    /// current on the calling thread: a collective library (NCCL) issued on it runs after the kernels
+    /// that made its inputs and before those that read its outputs, with no host wait.
+    pub fn collective_stream(&self) -> Result<*mut std::ffi::c_void> {
+        self.bind()?;
+        Ok(self.stream.cu_stream() as *mut std::ffi::c_void)
+    }
+
+    /// The device address of one of this driver's allocations.
+    pub fn address(&self, raw: &Raw) -> u64 {
+        self.ptr(raw)
+    }
+
+    /// An event recorded on the stream now: it completes once every launch queued so far has run.
+    pub fn marker(&self) -> Result<cudarc::driver::CudaEvent> {
+        self.stream.record_event(None).map_err(|e| driver("recording an event", e))
+    }
 }
 
 impl Driver for Cuda {

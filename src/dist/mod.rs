@@ -5,7 +5,10 @@
 //! malformed environment, a rank that never arrives or dies, mismatched world sizes — is an
 //! [`Error::Distributed`] on every rank within [`DistEnv::timeout`], never a hang.
 
+pub mod group;
 pub mod rendezvous;
+
+pub use group::{ProcessGroup, Reduce};
 
 use crate::{Error, Result};
 use std::time::Duration;

@@ -5,6 +5,12 @@
 //! switches between two compiled functions, not graphs of one; the step's losses stay on the device and
 //! are read a step late, so logging never waits for the step it logs. The run writes its metrics (CSV,
 //! JSON), loss curves (PNG, SVG) and checkpoints that resume bit-identically.
+//!
+//! With [`Strategy::Ddp`] the same loop is one rank of data-parallel training (one process per GPU,
+//! started by `kiln-run --gpus N`): each rank trains on its padded share of every epoch, the ranks'
+//! gradients and losses are averaged over NCCL between the step's two compiled halves, validation sums
+//! are combined once per epoch, and rank 0 alone writes the metrics and checkpoints. Every rank records
+//! the same history, so early stopping ends every rank at the same epoch.
 
 pub mod metrics;
 pub mod state;
@@ -13,6 +19,7 @@ pub use metrics::{EpochRecord, History, StepRecord};
 pub use state::LoopState;
 
 use crate::data::{Batch, Loader};
+use crate::dist::{ProcessGroup, Reduce};
 use crate::nn::Module;
 use crate::optim::{warmup_cosine, AdamW};
 use crate::train::{DynamicBatch, StepOptions, Trainer};
@@ -27,6 +34,17 @@ pub enum Precision {
     F32,
     /// Parameters and activations bf16, updates on f32 master weights (Lightning's `bf16-mixed`).
     Bf16Mixed,
+}
+
+/// How many processes train, and how.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Strategy {
+    /// This process alone.
+    #[default]
+    Single,
+    /// One rank of distributed data parallel over NCCL (CUDA): the world this process was launched
+    /// into (`kiln-run --gpus N`, or torchrun's environment), the loaders sharded by rank.
+    Ddp,
 }
 
 /// Which way the monitored metric should go.
@@ -81,6 +99,8 @@ pub struct FitConfig {
     pub max_steps: Option<u64>,
     /// The dtypes the run computes in.
     pub precision: Precision,
+    /// This process alone, or a rank of data-parallel training.
+    pub strategy: Strategy,
     /// Batches whose gradients add up into one optimizer step.
     pub accumulate: usize,
     /// Clip the gradients' global L2 norm to this before each update.
@@ -112,6 +132,7 @@ impl Default for FitConfig {
             max_epochs: 1,
             max_steps: None,
             precision: Precision::F32,
+            strategy: Strategy::Single,
             accumulate: 1,
             clip_grad_norm: None,
             warmup_steps: 0,
@@ -189,7 +210,22 @@ where
         Some(rt) => l.clone().to(rt.clone()),
         None => l.clone(),
     };
-    let (train, val) = (placed(train), val.map(placed));
+    let ddp = match config.strategy {
+        Strategy::Single => None,
+        Strategy::Ddp => Some(ProcessGroup::from_env(backend)?),
+    };
+    // Training shares are padded to equal batches (their gradients are averaged step by step);
+    // validation takes every sample once (its sums are combined once).
+    let (train, val) = match &ddp {
+        Some(g) => {
+            (train.clone().shard(g.rank(), g.world()), val.map(|v| v.clone().shard_exactly(g.rank(), g.world())))
+        }
+        None => (train.clone(), val.cloned()),
+    };
+    let (train, val) = (placed(&train), val.as_ref().map(placed));
+    // Rank 0 alone writes files and shows progress.
+    let writes = ddp.as_ref().is_none_or(|g| g.is_main());
+    let world = ddp.as_ref().map_or(1, |g| g.world());
     // An empty validation set would average nothing into a loss of 0.
     if val.as_ref().is_some_and(|v| v.samples() == 0) {
         return Err(unsupported("fit with an empty validation set (pass None to skip validation)".into()));
@@ -229,6 +265,9 @@ where
         }
         st = r.state;
     }
+    if let Some(g) = &ddp {
+        trainer = trainer.data_parallel(g.clone())?;
+    }
 
     let k = config.accumulate.max(1);
     let groups_per_epoch = train.batches().div_ceil(k) as u64;
@@ -236,8 +275,8 @@ where
         return Err(unsupported("fit on a training set with no batches".into()));
     }
     let total_steps = config.max_steps.unwrap_or(u64::MAX).min(config.max_epochs.saturating_mul(groups_per_epoch));
-    let bar = progress_bar(config.progress, total_steps, st.step);
-    let ckpt = |name: &str| config.out.as_ref().map(|o| o.join("checkpoints").join(name));
+    let bar = progress_bar(config.progress && writes, total_steps, st.step);
+    let ckpt = |name: &str| config.out.as_ref().filter(|_| writes).map(|o| o.join("checkpoints").join(name));
     let save = |trainer: &Trainer<M, _>, st: &LoopState, name: &str| -> Result<()> {
         match ckpt(name) {
             Some(dir) => state::save(&dir, trainer.model(), trainer.masters(), trainer.optimizer_state(), st),
@@ -282,6 +321,7 @@ where
             if pending.len() > 1 {
                 let done: Vec<Pending> = pending.drain(..pending.len() - 1).collect();
                 record(&mut st, done, &bar)?;
+                healthy(&ddp)?;
             }
             if config.checkpoint_every.is_some_and(|c| st.step % c.max(1) == 0) {
                 record(&mut st, std::mem::take(&mut pending), &bar)?;
@@ -289,6 +329,7 @@ where
             }
         }
         record(&mut st, pending, &bar)?;
+        healthy(&ddp)?;
         let seconds = started.elapsed().as_secs_f64();
         let epoch_steps: Vec<&StepRecord> = st.history.steps.iter().filter(|s| s.epoch == st.epoch).collect();
         let finished = st.batch >= train.batches();
@@ -298,7 +339,19 @@ where
             break 'epochs;
         }
         let val_loss = match &val {
-            Some(v) => Some(validate(&val_step, trainer.model(), v, n)?),
+            Some(v) => {
+                let (sum, count) = validate(&val_step, trainer.model(), v, n)?;
+                Some(match &ddp {
+                    Some(g) => {
+                        let both =
+                            Tensor::from_data(crate::TensorData::from_f64(vec![sum, count as f64], &[2], DType::F32)?);
+                        let total: Vec<f32> = g.all_reduce(&[both], Reduce::Sum)?[0].to_vec()?;
+                        g.healthy()?;
+                        f64::from(total[0]) / f64::from(total[1]).max(1.0)
+                    }
+                    None => sum / count.max(1) as f64,
+                })
+            }
             None => None,
         };
         let train_loss = weighted_mean(&epoch_steps, &train, k);
@@ -307,7 +360,7 @@ where
             step: st.step,
             train_loss,
             val_loss,
-            samples_per_s: trained_samples as f64 / seconds.max(1e-9),
+            samples_per_s: (trained_samples * world) as f64 / seconds.max(1e-9),
         };
         let line = format!(
             "epoch {}: train loss {:.4}{} ({:.0} samples/s)",
@@ -317,9 +370,9 @@ where
             record.samples_per_s
         );
         // Above the bar on a terminal; on stderr as it is otherwise (a hidden bar prints nothing).
-        if config.progress {
+        if config.progress && writes {
             bar.suspend(|| eprintln!("{line}"));
-        } else {
+        } else if writes {
             tracing::info!(target: "kiln::fit", "{line}");
         }
         st.history.epochs.push(record);
@@ -353,7 +406,7 @@ where
         }
     }
     bar.finish_and_clear();
-    if let Some(out) = &config.out {
+    if let Some(out) = config.out.as_ref().filter(|_| writes) {
         st.history.write(out)?;
         // A run is not lost over its picture: without a font (a bare GPU host) the curves stay in the CSV.
         if !st.history.steps.is_empty() {
@@ -363,12 +416,19 @@ where
         }
     }
     Ok(Fitted {
-        train_stats: trainer.stats(),
+        // The half that sees the batches when a step is split (accumulation, data parallel).
+        train_stats: trainer.accumulation_stats().map_or_else(|| trainer.stats(), |(add, _)| add),
         val_stats: val.as_ref().map(|_| val_step.stats()),
         model: trainer.model().clone(),
         history: st.history,
         stopped,
     })
+}
+
+/// `Ok` unless the data-parallel world failed (a collective the watchdog ended returned garbage: say
+/// why instead of training on it).
+fn healthy(group: &Option<std::sync::Arc<ProcessGroup>>) -> Result<()> {
+    group.as_ref().map_or(Ok(()), |g| g.healthy())
 }
 
 /// A step whose losses are still on the device.
@@ -409,8 +469,9 @@ fn weighted_mean(steps: &[&StepRecord], train: &Loader, k: usize) -> f64 {
     }
 }
 
-/// The validation loss over every validation sample (each batch's mean weighted by its size).
-fn validate<M: Module, F>(step: &crate::Compiled<F>, model: &M, val: &Loader, n: usize) -> Result<f64>
+/// The validation loss summed over this process's validation samples (each batch's mean weighted by
+/// its size), and how many there were.
+fn validate<M: Module, F>(step: &crate::Compiled<F>, model: &M, val: &Loader, n: usize) -> Result<(f64, usize)>
 where
     F: Fn(Vec<Tensor>) -> Result<Tensor>,
 {
@@ -427,7 +488,7 @@ where
         sum += f64::from(l.cast(DType::F32)?.item::<f32>()?) * size as f64;
         count += size;
     }
-    Ok(sum / count.max(1) as f64)
+    Ok((sum, count))
 }
 
 /// The run's progress bar, hidden unless asked for.

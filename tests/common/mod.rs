@@ -1,6 +1,7 @@
 //! Small helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod classifier;
 pub mod onnx;
 
 use kiln::{Result, Tensor};

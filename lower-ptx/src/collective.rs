@@ -1,0 +1,236 @@
+//! Collectives over kiln's device tensors on CUDA, as data-parallel training runs them: NCCL issued on
+//! the runtime's own stream, so an all-reduce queues behind the step that made the gradients and ahead
+//! of the update that reads them with no host wait; many tensors in one NCCL group (one bucket); results
+//! in fresh buffers, so a tensor stays immutable.
+//!
+//! A collective whose peer died never finishes, and NCCL over NVLink cannot tell: a watchdog thread
+//! polls NCCL's background error and the age of the oldest unfinished collective, and past the timeout
+//! aborts the communicator — which ends the stuck kernels, so a thread waiting on the device returns —
+//! and keeps the reason, which every later call (and [`Collective::healthy`]) reports.
+
+use crate::nccl::{nccl, Comm, DataType, ReduceOp, UniqueId};
+use crate::runtime::Cuda;
+use cudarc::driver::CudaEvent;
+use kiln_graph::runtime::{lock, DeviceTensor, Runtime};
+use kiln_graph::{DType, Error, Result};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// How often the watchdog looks.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+
+/// This process's rank of an NCCL communicator on a kiln CUDA runtime, with its watchdog.
+pub struct Collective {
+    comm: Comm,
+    rt: Arc<Runtime>,
+    timeout: Duration,
+    /// Collectives issued and not yet seen finished, oldest first.
+    in_flight: Mutex<VecDeque<InFlight>>,
+    /// Why the communicator was aborted (reported by every later call).
+    failure: Mutex<Option<String>>,
+    issued: std::sync::atomic::AtomicU64,
+}
+
+struct InFlight {
+    what: String,
+    since: Instant,
+    done: CudaEvent,
+}
+
+/// A new communicator's identity as bytes (made on rank 0, handed to the others by the rendezvous).
+pub fn new_id() -> Result<Vec<u8>> {
+    Ok(nccl()?.unique_id()?.to_bytes())
+}
+
+fn cuda(rt: &Runtime) -> Result<&Cuda> {
+    rt.driver().as_any().downcast_ref::<Cuda>().ok_or_else(|| Error::Distributed {
+        rank: None,
+        msg: format!("NCCL collectives run on the CUDA backend; this runtime is `{}`", rt.name()),
+    })
+}
+
+fn nccl_type(t: &Runtime, d: DType) -> Option<DataType> {
+    match d {
+        DType::F32 => Some(DataType::F32),
+        DType::F16 => Some(DataType::F16),
+        DType::BF16 => Some(DataType::BF16),
+        DType::I32 => Some(DataType::I32),
+        DType::I64 if t.target().storage_bytes(d, 1) == 8 => Some(DataType::I64),
+        _ => None,
+    }
+}
+
+impl Collective {
+    /// Joins communicator `id` (from [`new_id`] on rank 0) as `rank` of `world` on `rt`'s device;
+    /// returns once every rank has. Collectives unfinished after `timeout` abort it.
+    pub fn join(rt: &Arc<Runtime>, world: usize, rank: usize, id: &[u8], timeout: Duration) -> Result<Arc<Collective>> {
+        let fail = |msg: String| Error::Distributed { rank: Some(rank), msg };
+        let id = UniqueId::from_bytes(id)
+            .ok_or_else(|| fail(format!("an NCCL id has 128 bytes; rank 0 sent {}", id.len())))?;
+        cuda(rt)?.collective_stream()?;
+        let comm = Comm::init(world, rank, id).map_err(|e| fail(e.to_string()))?;
+        let c = Arc::new(Collective {
+            comm,
+            rt: rt.clone(),
+            timeout,
+            in_flight: Mutex::default(),
+            failure: Mutex::default(),
+            issued: 0.into(),
+        });
+        let weak = Arc::downgrade(&c);
+        std::thread::Builder::new()
+            .name(format!("kiln-nccl-watchdog-{rank}"))
+            .spawn(move || watch(weak))
+            .map_err(|e| fail(format!("starting the NCCL watchdog: {e}")))?;
+        Ok(c)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank
+    }
+
+    /// Ranks in the world.
+    pub fn world(&self) -> usize {
+        self.comm.world
+    }
+
+    /// The runtime whose device and stream it runs on.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.rt
+    }
+
+    fn fail(&self, msg: String) -> Error {
+        Error::Distributed { rank: Some(self.comm.rank), msg }
+    }
+
+    /// `Ok` unless the communicator failed (a peer gone, a collective past the timeout).
+    pub fn healthy(&self) -> Result<()> {
+        match lock(&self.failure).as_ref() {
+            Some(why) => Err(self.fail(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Each of `xs` combined across the world by `op`, into new tensors (one NCCL group).
+    pub fn all_reduce(&self, xs: &[DeviceTensor], op: ReduceOp) -> Result<Vec<DeviceTensor>> {
+        let what = format!("an all-reduce of {} tensors", xs.len());
+        self.each(xs, &what, |comm, dtype, count, send, recv, stream| {
+            // SAFETY: `send` and `recv` hold `count` elements of `dtype` on this device (sized by the
+            // runtime for the tensor); both buffers are kept alive by the tensors the caller holds and the
+            // outputs returned, and kiln frees device memory only through the stream-ordered pool.
+            unsafe { comm.all_reduce(send, recv, count, dtype, op, stream) }
+        })
+    }
+
+    /// Each of `xs` as rank `root` holds it, on every rank, into new tensors (one NCCL group).
+    pub fn broadcast(&self, xs: &[DeviceTensor], root: usize) -> Result<Vec<DeviceTensor>> {
+        if root >= self.world() {
+            return Err(self.fail(format!("broadcast from rank {root} in a world of {}", self.world())));
+        }
+        let what = format!("a broadcast of {} tensors from rank {root}", xs.len());
+        self.each(xs, &what, |comm, dtype, count, send, recv, stream| {
+            // SAFETY: as in `all_reduce`.
+            unsafe { comm.broadcast_into(send, recv, count, dtype, root, stream) }
+        })
+    }
+
+    /// Issues `call` for each tensor into a fresh buffer, as one group, and tracks it for the watchdog.
+    fn each(
+        &self,
+        xs: &[DeviceTensor],
+        what: &str,
+        call: impl Fn(&Comm, DataType, usize, u64, u64, *mut std::ffi::c_void) -> Result<()>,
+    ) -> Result<Vec<DeviceTensor>> {
+        self.healthy()?;
+        let cuda = cuda(&self.rt)?;
+        let mut outs = Vec::with_capacity(xs.len());
+        for x in xs {
+            x.buffer.live("a collective's input")?;
+            if !Arc::ptr_eq(x.buffer.runtime(), &self.rt) {
+                return Err(self.fail(format!("{what}: a tensor on another device than the communicator's")));
+            }
+            let dtype = nccl_type(&self.rt, x.dtype)
+                .ok_or_else(|| self.fail(format!("{what}: NCCL does not reduce {:?} tensors", x.dtype)))?;
+            let bytes = self.rt.target().storage_bytes(x.dtype, x.numel());
+            let buffer = self.rt.alloc(bytes.max(1), "a collective's result")?;
+            outs.push((dtype, buffer));
+        }
+        let stream = cuda.collective_stream()?;
+        self.comm.library().group(|| {
+            for (x, (dtype, out)) in xs.iter().zip(&outs) {
+                if x.numel() > 0 {
+                    let (send, recv) = (cuda.address(x.buffer.raw()), cuda.address(out.raw()));
+                    call(&self.comm, *dtype, x.numel(), send, recv, stream).map_err(|e| self.fail(e.to_string()))?;
+                }
+            }
+            Ok(())
+        })?;
+        let n = self.issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let done = cuda.marker()?;
+        lock(&self.in_flight).push_back(InFlight {
+            what: format!("{what} (collective #{n})"),
+            since: Instant::now(),
+            done,
+        });
+        Ok(xs
+            .iter()
+            .zip(outs)
+            .map(|(x, (_, buffer))| DeviceTensor {
+                buffer,
+                dtype: x.dtype,
+                dims: x.dims.clone(),
+                checks: x.checks.clone(),
+            })
+            .collect())
+    }
+
+    /// One look: `false` once there is nothing more to watch (the communicator failed).
+    fn look(&self) -> bool {
+        if lock(&self.failure).is_some() {
+            return false;
+        }
+        if let Some(e) = self.comm.async_error() {
+            return self.abort(format!("NCCL reported: {e} (a peer may have died); the communicator was aborted"));
+        }
+        let mut q = lock(&self.in_flight);
+        while let Some(f) = q.front() {
+            let _ = f.done.context().bind_to_thread();
+            match f.done.try_is_complete() {
+                // A device fault is the launch's caller's to report, not the watchdog's.
+                Ok(true) | Err(_) => {
+                    q.pop_front();
+                }
+                Ok(false) if f.since.elapsed() > self.timeout => {
+                    let msg = format!(
+                        "{} did not finish within {:?}: a rank died or stalled (NCCL cannot say which); the \
+                         communicator was aborted",
+                        f.what, self.timeout
+                    );
+                    drop(q);
+                    return self.abort(msg);
+                }
+                Ok(false) => break,
+            }
+        }
+        true
+    }
+
+    fn abort(&self, why: String) -> bool {
+        tracing::error!(target: "kiln::dist", rank = self.comm.rank, "{why}");
+        *lock(&self.failure) = Some(why);
+        self.comm.abort();
+        false
+    }
+}
+
+fn watch(c: Weak<Collective>) {
+    loop {
+        std::thread::sleep(WATCH_EVERY);
+        let Some(c) = c.upgrade() else { return };
+        if !c.look() {
+            return;
+        }
+    }
+}

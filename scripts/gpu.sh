@@ -90,7 +90,20 @@ fps)
   timeout 120 ./.gpu/kiln-explorer --fps "${2:-10}" 2>&1 | tee -a "$out/fps.log" | grep -E "frames in|rror" | tail -3
   kill %1 2>/dev/null
   ;;
-tests|bench|peer|parts|profile|train|parity|fit|nccl2)
+tests|bench|peer|parts|profile|train|parity|fit|nccl2|scaling)
+  # W5's training step alone, as one rank and as two (`ddp_scaling`), TRIALS fresh processes each,
+  # bf16-mixed then f32; one JSON line each in $out/ddp_scaling.jsonl.
+  scaling() {
+    local status=0 prec trial
+    for prec in --bf16 ""; do
+      for trial in $(seq "${TRIALS:-3}"); do
+        ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-160; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        ./.gpu/kiln-run --gpus 1 -- ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-160; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        ./.gpu/kiln-run --gpus 2 -- ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-160; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done
+    done
+    return $status
+  }
   for f in .gpu/*.xz .gpu/tests/*.xz; do [ -e "$f" ] && xz -df "$f"; done
   if [ -e .gpu/ptxas ]; then
     chmod +x .gpu/ptxas
@@ -151,6 +164,11 @@ tests|bench|peer|parts|profile|train|parity|fit|nccl2)
     done
     exit $status
     ;;
+  scaling)
+    # Only `ddp_scaling` (as in `nccl2`).
+    export KILN_RUN="$PWD/.gpu/kiln-run"
+    scaling
+    ;;
   nccl2)
     # Two GPUs (a machine of two: nvidia-h200-x2 / h100-x2): NCCL through kiln's bindings; data-parallel
     # `fit` against one GPU and a rank that dies (tests/ddp.rs); W5's training step alone, as one rank and
@@ -162,13 +180,7 @@ tests|bench|peer|parts|profile|train|parity|fit|nccl2)
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     ./.gpu/tests/ddp --include-ignored --nocapture --test-threads 1 2>&1 | tee "$out/ddp.log" | grep -E "^test |test result|panicked|losses|rank 0 stopped|trained in|distributed" | tail -30
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    for prec in --bf16 ""; do
-      for trial in $(seq "${TRIALS:-3}"); do
-        ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-220 || status=1
-        ./.gpu/kiln-run --gpus 1 -- ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-220 || status=1
-        ./.gpu/kiln-run --gpus 2 -- ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-220 || status=1
-      done
-    done
+    scaling || status=1
     echo "== fit_sonnets, 2 ranks of 16 windows vs 1 GPU of 32, ${EPOCHS:-5} epochs"
     ./.gpu/kiln-run --gpus 2 -- ./.gpu/fit_sonnets --backend cuda --ddp --batch 16 --epochs "${EPOCHS:-5}" --out "$out/fit-ddp2" 2>&1 |
       tr '\r' '\n' | grep -E "fit_sonnets|epoch|rror" | tail -12

@@ -271,6 +271,8 @@ pub struct Trainer<M, F> {
     accumulation: Accumulation,
     /// The data-parallel world whose ranks average their gradients each step.
     group: Option<Group>,
+    /// Micro-batch weights already on the device, by their f32 bits.
+    micro_weights: Vec<(u32, Tensor)>,
 }
 
 impl<M: Module + Clone + 'static> Trainer<M, ()> {
@@ -359,7 +361,7 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
         if let Some(d) = options.dynamic_batch {
             step = d.mark(step, 3 * dtypes_len + 1 + usize::from(scaler.is_some()));
         }
-        Ok(Trainer { model, masters, opt, state, scaler, step, options, accumulation, group: None })
+        Ok(Trainer { model, masters, opt, state, scaler, step, options, accumulation, group: None, micro_weights: Vec::new() })
     }
 }
 
@@ -416,18 +418,18 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
                 loc: crate::SourceLoc::internal(),
             });
         }
-        let acc = &self.accumulation;
         let weights_now = self.masters.clone().unwrap_or_else(|| self.model.tensors());
         let n = weights_now.len();
         let anchor = weights_now[0].clone();
-        let place = |t: Tensor| match anchor.value().and_then(|v| v.device()) {
-            Some(d) => t.to(d.buffer.runtime().clone()),
-            None => Ok(t),
-        };
+        // Every upload waits for the device (a pageable copy), so this step's are made before any of its
+        // work is queued: the wait is then for the previous step's tail only, as in the one-graph step.
+        let scalars = self.state.scalars(&self.opt, lr_scale, &anchor)?;
+        let micro_weights =
+            weights.iter().map(|&w| self.micro_weight(w, &anchor)).collect::<Result<Vec<Tensor>>>()?;
+        let acc = &self.accumulation;
         let mut sums = acc.zeros.clone();
         let mut losses = Vec::with_capacity(batches.len());
-        for (batch, &w) in batches.iter().zip(weights) {
-            let weight = place(Tensor::scalar(w, DType::F32)?)?;
+        for (batch, weight) in batches.iter().zip(micro_weights) {
             let args = [weights_now.clone(), sums, vec![weight], batch.clone()].concat();
             let mut out: Vec<Tensor> = acc.add.call(args)?;
             sums = out.split_off(1);
@@ -440,7 +442,6 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
             sums = reduced.split_off(k);
             losses = reduced;
         }
-        let scalars = self.state.scalars(&self.opt, lr_scale, &anchor)?;
         let args = [weights_now, self.state.m.clone(), self.state.v.clone(), vec![scalars], sums].concat();
         let out: Vec<Tensor> = acc.apply.call(args)?;
         let (w, rest) = out.split_at(n);
@@ -448,6 +449,26 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         let (v, params) = rest.split_at(n);
         self.keep(w, m, v, params)?;
         Ok(losses)
+    }
+
+    /// A micro-batch's weight as a device scalar, uploaded once per distinct value (an upload waits for
+    /// the device; the weights repeat from step to step).
+    fn micro_weight(&mut self, w: f64, anchor: &Tensor) -> Result<Tensor> {
+        let key = (w as f32).to_bits();
+        if let Some(t) = self.micro_weights.iter().find(|(k, _)| *k == key) {
+            return Ok(t.1.clone());
+        }
+        let t = Tensor::scalar(w, DType::F32)?;
+        let t = match anchor.value().and_then(|v| v.device()) {
+            Some(d) => t.to(d.buffer.runtime().clone())?,
+            None => t,
+        };
+        // A handful of values in practice (full batches, a shorter last one); bounded all the same.
+        if self.micro_weights.len() >= 64 {
+            self.micro_weights.clear();
+        }
+        self.micro_weights.push((key, t.clone()));
+        Ok(t)
     }
 
     /// Keeps an update's results: the weights (a half-precision model's masters, its `params` rounded

@@ -224,24 +224,6 @@ fn accumulate_step<M: Module + Clone>(model: &M, loss: impl Fn(&M, &[Tensor]) ->
     }
 }
 
-/// The first half of a data-parallel step of one micro-batch: over `[weights…, batch…]` returns
-/// `[loss, ∂loss/∂weights…]` (gradients in f32, as [`accumulate_step`] adds them) — the gradients as the
-/// backward pass makes them, with no running sum to read and write around them.
-fn gradient_step<M: Module + Clone>(model: &M, loss: impl Fn(&M, &[Tensor]) -> Result<Tensor>) -> impl StepFn {
-    let n = model.tensors().len();
-    let (dtypes, _) = precision(model);
-    let (shape, rounded) = (model.clone(), rounder(dtypes));
-    move |t: Vec<Tensor>| {
-        if t.len() < n {
-            return Err(too_few(&format!("a gradient step of {n} parameters"), n, t.len()));
-        }
-        let wrt: Vec<usize> = (0..n).collect();
-        let (value, grads) = crate::value_and_grad(|a| loss(&shape.load(&rounded(&a[..n])?)?, &a[n..]), &t, &wrt)?;
-        let grads = grads.iter().map(|g| g.cast(DType::F32)).collect::<Result<Vec<_>>>()?;
-        Ok([vec![value], grads].concat())
-    }
-}
-
 /// The second half: over `[weights…, m…, v…, scalars, grads…]` returns `[weights…, m…, v…, params…]`
 /// after clipping `grads` (when asked) and one AdamW update; `params` are a half-precision model's
 /// parameters rounded from the new masters (none for an f32 model).
@@ -269,11 +251,9 @@ fn apply_step(dtypes: Vec<DType>, opt: AdamW, clip: Option<f64>) -> impl StepFn 
 /// A compiled function over a tensor list, its closure type erased (the accumulation halves).
 type BoxedStep = Box<dyn Fn(Vec<Tensor>) -> Result<Vec<Tensor>>>;
 
-/// Gradient accumulation's two compiled halves and the zeros each update's sums start from; and the
-/// gradients alone, which a data-parallel step of one micro-batch averages instead of a sum.
+/// Gradient accumulation's two compiled halves and the zeros each update's sums start from.
 struct Accumulation {
     add: Compiled<BoxedStep>,
-    grads: Compiled<BoxedStep>,
     apply: Compiled<BoxedStep>,
     zeros: Vec<Tensor>,
 }
@@ -369,15 +349,11 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
             let apply: BoxedStep = Box::new(apply_step(dtypes, opt, options.clip_grad_norm));
             // Fresh moments are zeros of the weights' (f32) shapes: the sums start from them.
             let zeros = state.m.clone();
-            let l = loss.clone();
-            let grads: BoxedStep = Box::new(gradient_step(&model, move |m: &M, b: &[Tensor]| l(m, b)));
             let mut add = compile(add).backend(backend.clone());
-            let mut grads = compile(grads).backend(backend.clone());
             if let Some(d) = options.dynamic_batch {
                 add = d.mark(add, 2 * dtypes_len + 1);
-                grads = d.mark(grads, dtypes_len);
             }
-            Accumulation { add, grads, apply: compile(apply).backend(backend.clone()), zeros }
+            Accumulation { add, apply: compile(apply).backend(backend.clone()), zeros }
         };
         let l = loss.clone();
         let mut step =
@@ -463,18 +439,11 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         let acc = &self.accumulation;
         let mut sums = acc.zeros.clone();
         let mut losses = Vec::with_capacity(batches.len());
-        if self.options.accumulate <= 1 && batches.len() == 1 && weights[0] == 1.0 {
-            // Data parallel without accumulation: the gradients themselves (`0 + 1·g` is `g` exactly).
-            let mut out: Vec<Tensor> = acc.grads.call([weights_now.clone(), batches[0].clone()].concat())?;
+        for (batch, weight) in batches.iter().zip(micro_weights) {
+            let args = [weights_now.clone(), sums, vec![weight], batch.clone()].concat();
+            let mut out: Vec<Tensor> = acc.add.call(args)?;
             sums = out.split_off(1);
             losses.push(out.remove(0));
-        } else {
-            for (batch, weight) in batches.iter().zip(micro_weights) {
-                let args = [weights_now.clone(), sums, vec![weight], batch.clone()].concat();
-                let mut out: Vec<Tensor> = acc.add.call(args)?;
-                sums = out.split_off(1);
-                losses.push(out.remove(0));
-            }
         }
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(g) = &self.group {
@@ -553,14 +522,10 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         Ok(())
     }
 
-    /// What the split step's halves did (`None` when the steps are not split: no accumulation, not
-    /// data-parallel): the counters of the half that sees the batches (the adding half, or without
-    /// accumulation the gradients-only one) and the applying half's.
+    /// What the accumulation halves did (`None` when the steps are not split: no accumulation, not
+    /// data-parallel): the adding half's counters and the applying half's.
     pub fn accumulation_stats(&self) -> Option<(crate::CompileStats, crate::CompileStats)> {
-        let acc = &self.accumulation;
-        // Without accumulation a split (data-parallel) step's batches go to the gradients-only half.
-        let batches = if self.options.accumulate > 1 { &acc.add } else { &acc.grads };
-        self.splits().then(|| (batches.stats(), acc.apply.stats()))
+        self.splits().then(|| (self.accumulation.add.stats(), self.accumulation.apply.stats()))
     }
 
     /// Whether a step runs as two halves (accumulation, or gradients averaged across ranks between them).

@@ -6,7 +6,10 @@
 //! A collective whose peer died never finishes, and NCCL over NVLink cannot tell: a watchdog thread
 //! polls NCCL's background error and the age of the oldest unfinished collective, and past the timeout
 //! aborts the communicator — which ends the stuck kernels, so a thread waiting on the device returns —
-//! and keeps the reason, which every later call (and [`Collective::healthy`]) reports.
+//! and keeps the reason, which every later call (and [`Collective::healthy`]) reports. Should the
+//! process still be stuck a grace period later with nobody having been told (an abort that does not
+//! return, a thread blocked where the abort cannot reach), the watchdog prints the reason and exits the
+//! process, as torch's NCCL watchdog does: a rank that hangs forever is worse than one that stops.
 
 use crate::nccl::{nccl, Comm, DataType, ReduceOp, UniqueId};
 use crate::runtime::Cuda;
@@ -29,6 +32,8 @@ pub struct Collective {
     in_flight: Mutex<VecDeque<InFlight>>,
     /// Why the communicator was aborted (reported by every later call).
     failure: Mutex<Option<String>>,
+    /// A caller has been handed the failure (so the process is not stuck, and must not be ended).
+    reported: Arc<std::sync::atomic::AtomicBool>,
     issued: std::sync::atomic::AtomicU64,
 }
 
@@ -76,6 +81,7 @@ impl Collective {
             timeout,
             in_flight: Mutex::default(),
             failure: Mutex::default(),
+            reported: Arc::default(),
             issued: 0.into(),
         });
         let weak = Arc::downgrade(&c);
@@ -108,7 +114,10 @@ impl Collective {
     /// `Ok` unless the communicator failed (a peer gone, a collective past the timeout).
     pub fn healthy(&self) -> Result<()> {
         match lock(&self.failure).as_ref() {
-            Some(why) => Err(self.fail(why.clone())),
+            Some(why) => {
+                self.reported.store(true, std::sync::atomic::Ordering::Release);
+                Err(self.fail(why.clone()))
+            }
             None => Ok(()),
         }
     }
@@ -158,15 +167,20 @@ impl Collective {
             outs.push((dtype, buffer));
         }
         let stream = cuda.collective_stream()?;
-        self.comm.library().group(|| {
-            for (x, (dtype, out)) in xs.iter().zip(&outs) {
-                if x.numel() > 0 {
-                    let (send, recv) = (cuda.address(x.buffer.raw()), cuda.address(out.raw()));
-                    call(&self.comm, *dtype, x.numel(), send, recv, stream).map_err(|e| self.fail(e.to_string()))?;
+        self.comm
+            .library()
+            .group(|| {
+                for (x, (dtype, out)) in xs.iter().zip(&outs) {
+                    if x.numel() > 0 {
+                        let (send, recv) = (cuda.address(x.buffer.raw()), cuda.address(out.raw()));
+                        call(&self.comm, *dtype, x.numel(), send, recv, stream)
+                            .map_err(|e| self.fail(e.to_string()))?;
+                    }
                 }
-            }
-            Ok(())
-        })?;
+                Ok(())
+            })
+            // An abort while this call waited in NCCL: the watchdog's reason says more than NCCL's code.
+            .map_err(|e| self.healthy().err().unwrap_or(e))?;
         let n = self.issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let done = cuda.marker()?;
         lock(&self.in_flight).push_back(InFlight {
@@ -218,8 +232,19 @@ impl Collective {
     }
 
     fn abort(&self, why: String) -> bool {
+        let error = self.fail(why.clone());
         tracing::error!(target: "kiln::dist", rank = self.comm.rank, "{why}");
         *lock(&self.failure) = Some(why);
+        // The last resort, armed before the abort (which may itself not return).
+        let (reported, grace) =
+            (self.reported.clone(), self.timeout.clamp(Duration::from_secs(5), Duration::from_secs(60)));
+        let _ = std::thread::Builder::new().name("kiln-nccl-last-resort".into()).spawn(move || {
+            std::thread::sleep(grace);
+            if !reported.load(std::sync::atomic::Ordering::Acquire) {
+                eprintln!("{error}\nkiln: the process was still blocked {grace:?} after the abort: exiting");
+                std::process::exit(1);
+            }
+        });
         self.comm.abort();
         false
     }

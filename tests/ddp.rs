@@ -145,7 +145,10 @@ fn own_loop() -> kiln::Result<()> {
                 eprintln!("rank 1 goes away mid-training");
                 std::process::exit(17);
             }
-            let loss: f32 = trainer.step(&b.tensors, 1.0)?.item()?;
+            eprintln!("rank {} epoch {epoch} batch {}: stepping", group.rank(), b.index);
+            let loss = trainer.step(&b.tensors, 1.0)?;
+            eprintln!("rank {} epoch {epoch} batch {}: reading the loss", group.rank(), b.index);
+            let loss: f32 = loss.item()?;
             group.healthy()?;
             println!("rank {} epoch {epoch} batch {} loss {loss}", group.rank(), b.index);
         }
@@ -190,7 +193,11 @@ fn two_gpus_a_rank_that_dies_mid_training_fails_the_other_within_the_timeout() {
         if started.elapsed() > limit {
             let _ = zero.kill();
             let out = zero.wait_with_output().unwrap();
-            panic!("rank 0 still ran {limit:?} after start: {}", String::from_utf8_lossy(&out.stderr));
+            panic!(
+                "rank 0 still ran {limit:?} after start:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -4,7 +4,9 @@
 //! in fresh buffers, so a tensor stays immutable.
 //!
 //! A collective whose peer died never finishes, and NCCL over NVLink cannot tell: a watchdog thread
-//! polls NCCL's background error and the age of the oldest unfinished collective, and past the timeout
+//! polls NCCL's background error and the age of the oldest unfinished collective (a flag the driver
+//! sets from the stream: no CUDA call of its own, which a thread blocked in the driver could hold up,
+//! as a blocking read of the loss did), and past the timeout
 //! aborts the communicator — which ends the stuck kernels, so a thread waiting on the device returns —
 //! and keeps the reason, which every later call (and [`Collective::healthy`]) reports. Should the
 //! process still be stuck a grace period later with nobody having been told (an abort that does not
@@ -13,7 +15,6 @@
 
 use crate::nccl::{nccl, Comm, DataType, ReduceOp, UniqueId};
 use crate::runtime::Cuda;
-use cudarc::driver::CudaEvent;
 use kiln_graph::runtime::{lock, DeviceTensor, Runtime};
 use kiln_graph::{DType, Error, Result};
 use std::collections::VecDeque;
@@ -40,7 +41,8 @@ pub struct Collective {
 struct InFlight {
     what: String,
     since: Instant,
-    done: CudaEvent,
+    /// Set by the driver once the stream has run the collective.
+    done: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A new communicator's identity as bytes (made on rank 0, handed to the others by the rendezvous).
@@ -182,7 +184,7 @@ impl Collective {
             // An abort while this call waited in NCCL: the watchdog's reason says more than NCCL's code.
             .map_err(|e| self.healthy().err().unwrap_or(e))?;
         let n = self.issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        let done = cuda.marker()?;
+        let done = cuda.done_flag()?;
         lock(&self.in_flight).push_back(InFlight {
             what: format!("{what} (collective #{n})"),
             since: Instant::now(),
@@ -205,28 +207,27 @@ impl Collective {
         if lock(&self.failure).is_some() {
             return false;
         }
-        if let Some(e) = self.comm.async_error() {
-            return self.abort(format!("NCCL reported: {e} (a peer may have died); the communicator was aborted"));
-        }
         let mut q = lock(&self.in_flight);
         while let Some(f) = q.front() {
-            let _ = f.done.context().bind_to_thread();
-            match f.done.try_is_complete() {
-                // A device fault is the launch's caller's to report, not the watchdog's.
-                Ok(true) | Err(_) => {
-                    q.pop_front();
-                }
-                Ok(false) if f.since.elapsed() > self.timeout => {
-                    let msg = format!(
-                        "{} did not finish within {:?}: a rank died or stalled (NCCL cannot say which); the \
-                         communicator was aborted",
-                        f.what, self.timeout
-                    );
-                    drop(q);
-                    return self.abort(msg);
-                }
-                Ok(false) => break,
+            if f.done.load(std::sync::atomic::Ordering::Acquire) {
+                q.pop_front();
+                continue;
             }
+            if f.since.elapsed() > self.timeout {
+                let msg = format!(
+                    "{} did not finish within {:?}: a rank died or stalled (NCCL cannot say which); the \
+                     communicator was aborted",
+                    f.what, self.timeout
+                );
+                drop(q);
+                return self.abort(msg);
+            }
+            break;
+        }
+        drop(q);
+        // After the timeout check, which needs no library call: NCCL's own could wait on the collective.
+        if let Some(e) = self.comm.async_error() {
+            return self.abort(format!("NCCL reported: {e} (a peer may have died); the communicator was aborted"));
         }
         true
     }

@@ -243,9 +243,26 @@ impl Cuda {
         self.ptr(raw)
     }
 
-    /// An event recorded on the stream now: it completes once every launch queued so far has run.
-    pub fn marker(&self) -> Result<cudarc::driver::CudaEvent> {
-        self.stream.record_event(None).map_err(|e| driver("recording an event", e))
+    /// A flag the driver sets once every launch queued so far has run (a host function queued on the
+    /// stream): a watchdog reads it without a CUDA call, so it cannot be held up behind a thread the
+    /// driver has blocked.
+    pub fn done_flag(&self) -> Result<Arc<std::sync::atomic::AtomicBool>> {
+        unsafe extern "C" fn set(flag: *mut std::ffi::c_void) {
+            // SAFETY: `flag` is the `Arc` leaked below, taken back exactly once, here.
+            let flag = unsafe { Arc::from_raw(flag as *const std::sync::atomic::AtomicBool) };
+            flag.store(true, std::sync::atomic::Ordering::Release);
+        }
+        self.bind()?;
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let raw = Arc::into_raw(flag.clone()) as *mut std::ffi::c_void;
+        // SAFETY: the stream is this context's; `set` makes no CUDA call and frees what `raw` holds.
+        let r = unsafe { cudarc::driver::sys::cuLaunchHostFunc(self.stream.cu_stream(), Some(set), raw) };
+        if r != CUresult::CUDA_SUCCESS {
+            // SAFETY: not queued: the reference is still ours to drop.
+            drop(unsafe { Arc::from_raw(raw as *const std::sync::atomic::AtomicBool) });
+            return Err(driver("queuing a host function", DriverError(r)));
+        }
+        Ok(flag)
     }
 }
 

@@ -123,7 +123,7 @@ fn two_gpus_ddp_follows_one_gpu_with_the_global_batch() {
             assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "parameters: {x} vs {y}");
         }
     }
-    assert!(!dir.join("run/checkpoints").exists() || dir.join("run/metrics.json").exists(), "rank 0 wrote its metrics");
+    assert!(dir.join("run/metrics.json").exists(), "rank 0 wrote the run's metrics");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -13,6 +13,12 @@
 //! Gradient accumulation ([`StepOptions::accumulate`]) splits the step in two compiled functions: one
 //! adds a micro-batch's weighted gradients to a running sum (its activations are freed before the next
 //! micro-batch runs), the other clips and applies the sum. Without accumulation the step stays one graph.
+//!
+//! Data parallel ([`Trainer::data_parallel`]): without accumulation the one-graph step averages its
+//! gradients across the world itself ([`Tensor::all_reduce`] on each): the compiler buckets the
+//! all-reduces by when the backward pass makes their gradients and runs each bucket beside the rest
+//! of the backward (`kiln_graph::bucket`), so the step is still one call. With accumulation the
+//! summed gradients are averaged between the two halves.
 
 #[cfg(not(target_arch = "wasm32"))]
 use crate::dist::{ProcessGroup, Reduce};
@@ -20,7 +26,6 @@ use crate::loss_scale::{self, LossScale, LossScaleState};
 use crate::nn::Module;
 use crate::optim::{AdamW, AdamWState};
 use crate::{compile, Compiled, DType, Result, Tensor};
-#[cfg(not(target_arch = "wasm32"))]
 use std::sync::Arc;
 
 /// A data-parallel world (browsers have none).
@@ -142,6 +147,20 @@ pub fn adamw_step_with<M: Module + Clone>(
     options: StepOptions,
     loss: impl Fn(&M, &[Tensor]) -> Result<Tensor>,
 ) -> impl StepFn {
+    adamw_step_averaged(model, opt, options, Arc::default(), loss)
+}
+
+/// [`adamw_step_with`], whose gradients and loss are averaged across the data-parallel world
+/// ([`Tensor::all_reduce`]) when `averaged` is set at the time it is traced: the all-reduces are ops of
+/// the one compiled step, which buckets them and runs each bucket beside the backward pass as soon as
+/// its gradients are made.
+fn adamw_step_averaged<M: Module + Clone>(
+    model: &M,
+    opt: AdamW,
+    options: StepOptions,
+    averaged: Arc<std::sync::atomic::AtomicBool>,
+    loss: impl Fn(&M, &[Tensor]) -> Result<Tensor>,
+) -> impl StepFn {
     let (scaling, clip) = (options.loss_scale, options.clip_grad_norm);
     let n = model.tensors().len();
     let (dtypes, mixed) = precision(model);
@@ -174,6 +193,13 @@ pub fn adamw_step_with<M: Module + Clone>(
             &wrt,
         )?;
         let (Some(cfg), Some(state), Some(scale)) = (scaling, state.first(), scale) else {
+            let (value, grads) = match averaged.load(std::sync::atomic::Ordering::Acquire) {
+                true => {
+                    let mean = |t: &Tensor| t.all_reduce(crate::graph::ir::CollectiveOp::Mean);
+                    (mean(&value)?, grads.iter().map(mean).collect::<Result<Vec<_>>>()?)
+                }
+                false => (value, grads),
+            };
             let (w, m, v) = opt.update(weights, &clipped(grads, clip)?, m, v, scalars)?;
             let params = if mixed { rounded(&w)? } else { Vec::new() };
             return Ok([vec![value], w, m, v, params].concat());
@@ -273,6 +299,8 @@ pub struct Trainer<M, F> {
     group: Option<Group>,
     /// Micro-batch weights already on the device, by their f32 bits.
     micro_weights: Vec<(u32, Tensor)>,
+    /// The one-graph step averages its gradients across the world (read when it is traced).
+    averaged: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<M: Module + Clone + 'static> Trainer<M, ()> {
@@ -355,9 +383,9 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
             }
             Accumulation { add, apply: compile(apply).backend(backend.clone()), zeros }
         };
-        let l = loss.clone();
-        let mut step =
-            compile(adamw_step_with(&model, opt, options, move |m: &M, b: &[Tensor]| l(m, b))).backend(backend);
+        let (l, averaged) = (loss.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let step_fn = adamw_step_averaged(&model, opt, options, averaged.clone(), move |m: &M, b: &[Tensor]| l(m, b));
+        let mut step = compile(step_fn).backend(backend);
         if let Some(d) = options.dynamic_batch {
             step = d.mark(step, 3 * dtypes_len + 1 + usize::from(scaler.is_some()));
         }
@@ -372,6 +400,7 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
             accumulation,
             group: None,
             micro_weights: Vec::new(),
+            averaged,
         })
     }
 }
@@ -528,9 +557,10 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         self.splits().then(|| (self.accumulation.add.stats(), self.accumulation.apply.stats()))
     }
 
-    /// Whether a step runs as two halves (accumulation, or gradients averaged across ranks between them).
+    /// Whether a step runs as two halves (accumulation; a data-parallel world averages the sums
+    /// between them). A data-parallel step without accumulation stays one graph, its all-reduces ops of it.
     fn splits(&self) -> bool {
-        self.options.accumulate > 1 || self.group.is_some()
+        self.options.accumulate > 1
     }
 
     /// Makes this trainer one rank of data-parallel training over `group`: every rank's parameters
@@ -545,12 +575,20 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
                 loc: crate::SourceLoc::internal(),
             });
         }
+        // The step averages its gradients from its first trace on: one traced alone would be reused.
+        if self.step.stats().traces > 0 {
+            return Err(crate::Error::Unsupported {
+                what: "making a trainer data-parallel after its first step (make it data-parallel first)".into(),
+                loc: crate::SourceLoc::internal(),
+            });
+        }
         let params = group.broadcast(&self.model.tensors(), 0)?;
         self.model = self.model.load(&params)?;
         if let Some(m) = &self.masters {
             self.masters = Some(group.broadcast(m, 0)?);
         }
         self.group = Some(group);
+        self.averaged.store(true, std::sync::atomic::Ordering::Release);
         Ok(self)
     }
 

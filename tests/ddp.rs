@@ -98,7 +98,7 @@ fn two_gpus_ddp_follows_one_gpu_with_the_global_batch() {
     };
     let (r0, r1) = (read(0), read(1));
     assert_eq!(r0, r1, "both ranks record the same (averaged) history");
-    assert_eq!(r0[2], serde_json::json!([1, 12]), "the adding half traced once for 12 steps: {r0}");
+    assert_eq!(r0[2], serde_json::json!([1, 12]), "the step (its all-reduces inside) traced once for 12 steps: {r0}");
 
     let one = fit_blobs(2 * PER_RANK, Strategy::Single, &dir.join("one"));
     let floats =
@@ -125,6 +125,28 @@ fn two_gpus_ddp_follows_one_gpu_with_the_global_batch() {
     }
     assert!(dir.join("run/metrics.json").exists(), "rank 0 wrote the run's metrics");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A compiled function's all-reduce where no world was joined (one process, one GPU) is the value
+/// itself, and so is its gradient: the bucket runs as a device copy, no NCCL.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on such a machine"]
+fn a_compiled_all_reduce_in_a_world_of_one_is_the_value_and_so_is_its_gradient() {
+    use kiln::graph::ir::CollectiveOp;
+    let rt = Backend::Cuda.runtime().unwrap().expect("a device");
+    let values = [1.0f32, -2.0, 3.5, 0.25, 8.0];
+    let x = Tensor::from_data(kiln::TensorData::new(&values, &[5]).unwrap()).to(rt).unwrap();
+    let step = kiln::compile(|t: Vec<Tensor>| {
+        let f = |a: &[Tensor]| a[0].all_reduce(CollectiveOp::Mean)?.mul(&a[0])?.sum(&[0], false);
+        let (value, grads) = kiln::value_and_grad(f, &t, &[0])?;
+        Ok(vec![value, grads[0].all_reduce(CollectiveOp::Sum)?])
+    })
+    .backend(Backend::Cuda);
+    let out = step.call(vec![x]).unwrap();
+    let value: f32 = out[0].item().unwrap();
+    let grad: Vec<f32> = out[1].to_vec().unwrap();
+    assert!((value - values.iter().map(|v| v * v).sum::<f32>()).abs() < 1e-4, "{value}");
+    assert_eq!(grad, values.iter().map(|v| 2.0 * v).collect::<Vec<f32>>());
 }
 
 /// The loop a user writes with the low-level API: join, broadcast-start, barrier, step, read the loss.

@@ -31,6 +31,7 @@ fn a_rejected_dispatch_is_a_typed_error_naming_its_kernel_and_the_device_goes_on
         groups: 1,
         module: &module,
         cache: &cache,
+        wait: false,
     };
     gpu.launch(k, &launch).unwrap();
     let e = gpu.synchronize().expect_err("the device rejects the dispatch");
@@ -116,6 +117,7 @@ fn a_faulting_cuda_kernel_is_a_typed_error_naming_it() {
         groups: 64,
         module: &module,
         cache: &cache,
+        wait: false,
     };
     let e = cuda.launch(k, &launch).expect_err("an illegal address");
     assert!(matches!(e, kiln::Error::DeviceLost { .. }), "{e:?}");

@@ -193,6 +193,10 @@ fn vjp(b: &mut Builder, y: NodeId, g: NodeId) -> Result<Vec<(usize, NodeId)>> {
             }
         }
         Op::Reshape => vec![(0, b.reshape(g, b.shape(x(0))))],
+        // Each rank's loss reads the reduced value: the world's gradient of it is reduced the same way
+        // (the sum of every rank's share for a sum, their mean for a mean), as torch's functional
+        // collectives differentiate.
+        Op::AllReduce { op } => vec![(0, b.push(Op::AllReduce { op: *op }, &[g], b.dtype(g), b.shape(g)))],
         Op::Expand => {
             let (from, to) = (b.shape(x(0)), b.shape(y));
             let one = Expr::from(1usize);

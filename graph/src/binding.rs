@@ -107,8 +107,16 @@ mod tests {
         let bound: Vec<Bound> = ids.iter().map(|&id| Bound { raw, id, bytes: 4, offset: 0 }).collect();
         let bindings = Default::default();
         let module = MODULE.with(Arc::clone);
-        let launch =
-            Launch { buffers: &bound, symbols, bindings: &bindings, fault: None, groups: 1, module: &module, cache };
+        let launch = Launch {
+            buffers: &bound,
+            symbols,
+            bindings: &bindings,
+            fault: None,
+            groups: 1,
+            module: &module,
+            cache,
+            wait: false,
+        };
         let mut made = false;
         let b = launch
             .binding(|| {
@@ -138,6 +146,7 @@ mod tests {
             groups: 1,
             module: &other,
             cache: &cache,
+            wait: false,
         };
         assert_eq!(*launch.binding(|| Ok(9u64)).unwrap(), 9, "another module is another binding");
         assert_eq!(cache.counts(), (4, 1));
@@ -173,6 +182,7 @@ mod tests {
             groups: 1,
             module: &module,
             cache: &cache,
+            wait: false,
         };
         assert!(launch.binding(|| Ok("text")).is_err());
     }

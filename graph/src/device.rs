@@ -55,6 +55,9 @@ pub struct Launch<'a> {
     pub module: &'a Module,
     /// Where [`Launch::binding`] keeps what the driver makes for a binding.
     pub cache: &'a BindingCache,
+    /// The device waits for the collectives running beside the kernels before this launch
+    /// ([`crate::plan::Plan::waits`]).
+    pub wait: bool,
 }
 
 /// The bytes of an asynchronous read.
@@ -103,6 +106,12 @@ pub trait Driver: Send + Sync + 'static {
     }
     /// Enqueues one launch of a loaded kernel.
     fn launch(&self, kernel: &Kernel, launch: &Launch) -> Result<()>;
+    /// Makes the work enqueued after it wait for the collectives still running beside the kernels (a
+    /// bucket of all-reduces runs on a stream of its own from its launch on). A driver that runs no
+    /// collectives has none to wait for.
+    fn wait_collectives(&self) -> Result<()> {
+        Ok(())
+    }
     /// Hands the work enqueued since the last call to the device (wgpu submits one command buffer per
     /// run; stream-ordered drivers need nothing).
     fn submit(&self) -> Result<()> {

@@ -77,6 +77,7 @@ pub fn op_attrs(op: &Op) -> String {
             format!("scale={scale}, causal={causal}")
         }
         Op::AttentionGrad { scale, causal, part } => format!("scale={scale}, causal={causal}, part={part:?}"),
+        Op::AllReduce { op } => format!("op={op:?}"),
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Where
@@ -98,6 +99,7 @@ fn family_colour(f: OpFamily) -> &'static str {
         OpFamily::Layout => "#e0f0d0",
         OpFamily::Matmul => "#f4c7c3",
         OpFamily::Composite => "#e6d5f5",
+        OpFamily::Collective => "#fff2a8",
     }
 }
 

@@ -53,6 +53,9 @@ pub enum RegionKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         partner: Option<NodeId>,
     },
+    /// A bucket of all-reduces ([`Op::AllReduce`]) issued as one collective call, launched as soon as
+    /// its last input is made (see [`crate::bucket`]).
+    Collective,
 }
 
 /// A group of nodes computed by one kernel.
@@ -90,6 +93,8 @@ pub enum Role {
     MatMul,
     /// Fused attention: a region of its own.
     Attention,
+    /// A collective across processes: buckets of their own.
+    Collective,
 }
 
 /// How the scheduler treats node `n` of `g`: as its op says ([`op_role`]), except that a conversion of a
@@ -126,6 +131,7 @@ pub fn op_role(op: &Op) -> Role {
         Op::Reduce { .. } | Op::ArgReduce { .. } => Role::Reduce,
         Op::MatMul => Role::MatMul,
         Op::Attention { .. } | Op::AttentionLse { .. } | Op::AttentionGrad { .. } => Role::Attention,
+        Op::AllReduce { .. } => Role::Collective,
         _ => Role::Transparent,
     }
 }
@@ -570,6 +576,50 @@ impl<'g> Scheduler<'g> {
         changed
     }
 
+    /// All-reduces grouped into buckets ([`crate::bucket::buckets`]), in the order the rest of the
+    /// schedule makes their inputs; the eager baseline issues each alone.
+    fn collective_regions(&mut self) {
+        let nodes: Vec<NodeId> = (0..self.f.graph.nodes.len() as u32)
+            .map(NodeId)
+            .filter(|&n| self.f.role[n.index()] == Role::Collective)
+            .collect();
+        if nodes.is_empty() {
+            return;
+        }
+        // Where each all-reduce's inputs are made in the schedule so far (collectives left out: the
+        // regions after them do not wait for them yet).
+        let position: Vec<Option<usize>> = match launch_order(&self.f, &self.regions, &self.assigned) {
+            Some(order) => {
+                let mut at = vec![None; self.regions.len()];
+                for (i, &r) in order.iter().enumerate() {
+                    at[r] = Some(i);
+                }
+                at
+            }
+            None => vec![None; self.regions.len()],
+        };
+        let ready = |n: NodeId| {
+            self.f.producers[n.index()].iter().filter_map(|p| self.assigned[p.index()].and_then(|r| position[r])).max()
+        };
+        let bytes = |n: NodeId| {
+            let node = self.f.graph.node(n);
+            node.shape.numel().as_const().map_or(u64::MAX, |e| e.max(0) as u64 * node.dtype.size_bytes() as u64)
+        };
+        let alone = self.groups.is_some();
+        // A call reduces one way: sums and means go in buckets of their own.
+        let op = |n: NodeId| matches!(self.f.graph.node(n).op, Op::AllReduce { op: crate::ir::CollectiveOp::Sum });
+        let mut made = Vec::new();
+        for sums in [true, false] {
+            let these: Vec<NodeId> = nodes.iter().copied().filter(|&n| op(n) == sums).collect();
+            made.extend(crate::bucket::buckets(&these, &ready, bytes, alone, |members, n| {
+                self.closes_cycle(members, n)
+            }));
+        }
+        for bucket in made {
+            self.commit(RegionKind::Collective, bucket);
+        }
+    }
+
     /// Graph outputs that are layout or source nodes get a pointwise region that writes them. (No output
     /// is an input here: the pipeline gives such an output a copy node first, so no kernel stores into
     /// the buffer it loads from.)
@@ -619,8 +669,11 @@ fn launch_order(
     }
     let mut order = Vec::with_capacity(k);
     let mut done = vec![false; k];
+    // A collective runs beside the kernels after it (on a stream of its own), so it goes as early as
+    // its inputs allow: gradients are all-reduced while the backward pass goes on.
+    let collective = |r: usize| regions[r].0 == RegionKind::Collective;
     while order.len() < k {
-        let ready = (0..k).find(|&r| !done[r] && deps[r].iter().all(|&d| done[d]))?;
+        let ready = (0..k).filter(|&r| !done[r] && deps[r].iter().all(|&d| done[d])).min_by_key(|&r| !collective(r))?;
         done[ready] = true;
         order.push(ready);
     }
@@ -699,6 +752,7 @@ pub fn fuse(
     s.matmul_regions();
     s.pointwise_regions();
     s.transparent_outputs();
+    s.collective_regions();
     let order = launch_order(&s.f, &s.regions, &s.assigned).ok_or_else(|| Error::Unsupported {
         what: "the scheduler grouped nodes into regions that depend on each other in a cycle".into(),
         loc: graph.outputs.first().map_or_else(SourceLoc::internal, |o| graph.node(*o).loc.clone()),

@@ -327,6 +327,8 @@ fn eval_node(
         Op::Pool { mode, kernel, window } => {
             crate::conv::reference_pool(args[0].values(), args[0].dims(), &dims, *mode, kernel, window)
         }
+        // The reference runs one process: a world of one, where the reduction is the value itself.
+        Op::AllReduce { .. } => args[0].values().to_vec(),
         Op::CausalMask => {
             let r = dims.len();
             let src = args[0].values();

@@ -333,6 +333,8 @@ pub enum OpFamily {
     Matmul,
     /// composites kept whole until decomposition
     Composite,
+    /// collectives across the processes of a data-parallel world
+    Collective,
 }
 
 /// One node's operation. Output dtype and shape live on the node.
@@ -560,6 +562,23 @@ pub enum Op {
         /// Stride, padding and dilation per spatial axis (every axis written out).
         window: Window,
     },
+    /// The input combined element by element across every process of the data-parallel world this
+    /// process joined (NCCL on CUDA, queued on the device); a process that joined none is a world of
+    /// one, where it is the input itself. A compiled data-parallel step averages its gradients with it.
+    AllReduce {
+        /// Sum or mean over the ranks.
+        op: CollectiveOp,
+    },
+}
+
+/// How an [`Op::AllReduce`] combines the ranks' values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveOp {
+    /// The sum over the ranks.
+    Sum,
+    /// The mean over the ranks.
+    Mean,
 }
 
 /// What a pooling window computes.
@@ -617,6 +636,8 @@ impl Op {
             Op::CausalMask => "causal_mask",
             Op::Conv { .. } => "conv",
             Op::Pool { mode, .. } => mode.name(),
+            Op::AllReduce { op: CollectiveOp::Sum } => "all_reduce_sum",
+            Op::AllReduce { op: CollectiveOp::Mean } => "all_reduce_mean",
         }
     }
 
@@ -647,6 +668,7 @@ impl Op {
             | Op::CausalMask
             | Op::Conv { .. }
             | Op::Pool { .. } => OpFamily::Composite,
+            Op::AllReduce { .. } => OpFamily::Collective,
         }
     }
 }

@@ -301,6 +301,9 @@ pub enum Stmt {
     Gemm(Box<Gemm>),
     /// The fused attention template (see [`Attention`]): the kernel's whole body.
     Attention(Box<Attention>),
+    /// A bucket of all-reduces across the processes of a data-parallel world (see
+    /// [`crate::bucket`]): the kernel's whole body, one collective call (NCCL on CUDA), not code.
+    AllReduce(Box<AllReduce>),
     /// When bool `cond` holds, records fault `site` (an index of [`Kernel::faults`]) in the kernel's
     /// fault word; the run then fails with that site's error. Execution goes on (indices are clamped),
     /// so no memory outside a buffer is touched. Sites are numbered so the largest recorded wins.
@@ -395,6 +398,29 @@ pub struct GemmOperand {
     pub layout: GemmLayout,
     /// Leading dimension, in elements (at least the contiguous extent).
     pub ld: Expr,
+}
+
+/// A bucket of all-reduces issued as one collective call: each part reads one whole input buffer and
+/// writes one whole output buffer of the same length.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AllReduce {
+    /// Sum or mean over the ranks.
+    pub op: crate::ir::CollectiveOp,
+    /// The bucket's tensors, in the order they are issued.
+    pub parts: Vec<AllReducePart>,
+}
+
+/// One tensor of an [`AllReduce`] bucket.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AllReducePart {
+    /// Kernel buffer read (whole).
+    pub input: usize,
+    /// Kernel buffer written (whole).
+    pub output: usize,
+    /// Elements.
+    pub len: Expr,
+    /// Element type of both.
+    pub dtype: DType,
 }
 
 /// One batch dimension of a library GEMM, with each operand's stride along it (0: broadcast).
@@ -844,7 +870,7 @@ impl Kernel {
                         && visit(body)
                 }
                 Stmt::Loop { body, .. } => visit(body),
-                Stmt::MatMul(_) | Stmt::Gemm(_) | Stmt::Attention(_) => false,
+                Stmt::MatMul(_) | Stmt::Gemm(_) | Stmt::Attention(_) | Stmt::AllReduce(_) => false,
                 _ => true,
             })
         }
@@ -967,6 +993,14 @@ impl Kernel {
             .collect()
     }
 
+    /// The bucket of all-reduces this kernel is, when it is one (its whole body is the call).
+    pub fn all_reduce(&self) -> Option<&AllReduce> {
+        match self.body.as_slice() {
+            [Stmt::AllReduce(a)] => Some(a),
+            _ => None,
+        }
+    }
+
     /// The library GEMM this kernel is, when it is one (its whole body is the call).
     pub fn gemm(&self) -> Option<&Gemm> {
         match self.body.as_slice() {
@@ -1008,7 +1042,7 @@ impl Kernel {
                     1 + match s {
                         Stmt::Loop { body, .. } | Stmt::Reduce { body, .. } => count(body),
                         Stmt::MatMul(m) => count(&m.a.body) + count(&m.b.body) + count(&m.epilogue),
-                        Stmt::Gemm(_) | Stmt::Attention(_) => 0,
+                        Stmt::Gemm(_) | Stmt::Attention(_) | Stmt::AllReduce(_) => 0,
                         _ => 0,
                     }
                 })
@@ -1152,6 +1186,14 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                     a.tile.keys,
                     a.tile.vector
                 )?;
+            }
+            Stmt::AllReduce(a) => {
+                let parts: Vec<String> = a
+                    .parts
+                    .iter()
+                    .map(|p| format!("b{} = b{} ({} {})", p.output, p.input, show_expr(&p.len), p.dtype.name()))
+                    .collect();
+                writeln!(f, "{pad}all-reduce {:?} across the world: {}", a.op, parts.join(", "))?;
             }
             Stmt::Gemm(g) => {
                 let operand = |o: &GemmOperand| {

@@ -184,6 +184,15 @@ impl<M: Memory> Env<'_, M> {
             }
             Stmt::Gemm(g) => self.gemm(g)?,
             Stmt::Attention(a) => self.attention(a)?,
+            // The interpreter is one process: a world of one, where each part is its input.
+            Stmt::AllReduce(a) => {
+                for p in &a.parts {
+                    let len = usize::try_from(self.index(&p.len)?).unwrap_or(0);
+                    let mut values = self.mem.slot(p.input).clone();
+                    values.resize(len, 0.0);
+                    *self.mem.slot(p.output) = values;
+                }
+            }
         }
         Ok(())
     }

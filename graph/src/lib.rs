@@ -8,6 +8,7 @@ pub mod attention_grad;
 pub mod autodiff;
 pub mod backend;
 mod binding;
+pub mod bucket;
 pub mod cache;
 pub mod check;
 pub mod compile;

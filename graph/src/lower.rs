@@ -11,7 +11,10 @@ use crate::kernel::{
     builtin, Access, BufferParam, KReduceOp, Kernel, Launch, LoopMode, MatMul, MatOperand, ReduceStrategy, Scalar,
     Stmt, Tile, VarId,
 };
-use crate::kernel::{Attention, AttentionBatch, AttentionPass, FaultSite, Gemm, GemmBatch, RowLoad, RowsOperand};
+use crate::kernel::{
+    AllReduce, AllReducePart, Attention, AttentionBatch, AttentionPass, FaultSite, Gemm, GemmBatch, RowLoad,
+    RowsOperand,
+};
 use crate::shape::Shape;
 use crate::sym::{Expr, SymId, SymTable};
 use crate::target::Target;
@@ -698,7 +701,11 @@ impl<'a> Lowerer<'a> {
                 }
             },
             // The accumulator is bound at the output point; reading it anywhere else cannot be fused.
-            Op::MatMul | Op::Attention { .. } | Op::AttentionLse { .. } | Op::AttentionGrad { .. } => {
+            Op::MatMul
+            | Op::Attention { .. }
+            | Op::AttentionLse { .. }
+            | Op::AttentionGrad { .. }
+            | Op::AllReduce { .. } => {
                 let culprit = self.evaluating.iter().rev().find(|&&m| m != n).copied().unwrap_or(n);
                 return Err(LowerFailure::Refuse(culprit));
             }
@@ -771,6 +778,11 @@ impl<'a> Lowerer<'a> {
                             for e in [&b.extent, &b.q, &b.k, &b.v, &b.out] {
                                 add(out, e);
                             }
+                        }
+                    }
+                    Stmt::AllReduce(a) => {
+                        for p in &a.parts {
+                            add(out, &p.len);
                         }
                     }
                     Stmt::Gemm(g) => {
@@ -1487,6 +1499,7 @@ fn lower_region(
         RegionKind::Pointwise => pointwise(l, region),
         RegionKind::Rows { input_shape, axes } => rows(l, region, input_shape, axes),
         RegionKind::Attention { node, partner } => attention(l, region, *node, *partner),
+        RegionKind::Collective => all_reduce(l, region),
         RegionKind::MatMul { node } => {
             let tf32 = tf32.contains(node);
             match library_matmul(Lowerer::new(graph, target, region, materialized), region, *node, tf32)? {
@@ -1495,6 +1508,35 @@ fn lower_region(
             }
         }
     }
+}
+
+/// A bucket of all-reduces: one collective call, each part reading its input's whole buffer (through
+/// reshapes, which keep the bytes) and writing its own.
+fn all_reduce(mut l: Lowerer, region: &Region) -> Result<Kernel, LowerFailure> {
+    let mut op = None;
+    let mut parts = Vec::with_capacity(region.members.len());
+    for &m in &region.members {
+        let node = l.g.node(m);
+        let Op::AllReduce { op: this } = node.op else { return Err(LowerFailure::Refuse(m)) };
+        if op.is_some_and(|o| o != this) {
+            return Err(LowerFailure::Refuse(m));
+        }
+        op = Some(this);
+        let transparent =
+            |n| crate::fuse::role(l.g, n) == crate::fuse::Role::Transparent && !l.materialized.contains(&n);
+        let source = match crate::bucket::source(l.g, m, transparent) {
+            Some(s) => s,
+            None => return Err(LowerFailure::Materialize(node.inputs[0])),
+        };
+        let (len, dtype) = (node.shape.numel(), node.dtype);
+        let input = l.buffer(source, Access::Read);
+        let output = l.buffer(m, Access::Write);
+        parts.push(AllReducePart { input, output, len, dtype });
+    }
+    let Some(op) = op else { return Err(LowerFailure::Refuse(region.members[0])) };
+    l.blocks[0].push(Stmt::AllReduce(Box::new(AllReduce { op, parts })));
+    // One call (a launch of zero groups would be skipped).
+    Ok(l.finish(&region.name, Launch::new(Expr::from(1usize), 1)))
 }
 
 /// The views that library GEMMs of `graph` cannot read in place, found before scheduling: each matmul

@@ -2,7 +2,9 @@
 //! and compares it with the committed file.
 
 use crate::conv::Window;
-use crate::ir::{ArgReduceOp, AttentionPart, BinaryOp, GeluApprox, Op, OpFamily, PoolKind, ReduceOp, UnaryOp};
+use crate::ir::{
+    ArgReduceOp, AttentionPart, BinaryOp, CollectiveOp, GeluApprox, Op, OpFamily, PoolKind, ReduceOp, UnaryOp,
+};
 use crate::sym::Expr;
 
 /// One representative of every op kind, in the order the reference lists them.
@@ -44,6 +46,8 @@ pub fn catalog() -> Vec<Op> {
         Op::Conv { window: Window::default(), groups: 1, bias: false },
         Op::Pool { mode: PoolKind::Max, kernel: vec![], window: Window::default() },
         Op::Pool { mode: PoolKind::Avg { count_include_pad: true }, kernel: vec![], window: Window::default() },
+        Op::AllReduce { op: CollectiveOp::Sum },
+        Op::AllReduce { op: CollectiveOp::Mean },
     ]);
     ops
 }
@@ -170,6 +174,14 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
         Op::Pool { mode: PoolKind::Avg { .. }, .. } => {
             ("avg_pool", "composite: window mean, padding counted or not (`count_include_pad`)")
         }
+        Op::AllReduce { op: CollectiveOp::Sum } => (
+            "all_reduce(Sum) / ProcessGroup::all_reduce",
+            "collective: the sum over the ranks of the data-parallel world (NCCL, queued on the device, bucketed with \
+             its neighbours); a world of one is the value itself",
+        ),
+        Op::AllReduce { op: CollectiveOp::Mean } => {
+            ("all_reduce(Mean) / ProcessGroup::all_reduce", "collective: the mean over the ranks (data-parallel gradients)")
+        }
     }
 }
 
@@ -182,7 +194,9 @@ fn dtypes(op: &Op) -> String {
         Op::Rand { .. } => "f32 out; i32 key".into(),
         Op::Where => "bool condition, branches of any one dtype".into(),
         Op::Reduce { op: ReduceOp::Sum, .. } => "any".into(),
-        Op::Reduce { .. } | Op::ArgReduce { .. } | Op::MatMul => "numeric".into(),
+        Op::Reduce { .. } | Op::ArgReduce { .. } | Op::MatMul | Op::AllReduce { op: CollectiveOp::Sum } => {
+            "numeric".into()
+        }
         Op::IndexSelect { .. } | Op::Gather { .. } => "any; integer index".into(),
         // Every other layout op moves values without arithmetic.
         op if op.family() == OpFamily::Layout => "any".into(),

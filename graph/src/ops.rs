@@ -874,6 +874,21 @@ impl Tensor {
         self.float_composite(Op::Silu, SourceLoc::caller())
     }
 
+    /// This tensor combined element by element across the processes of the data-parallel world this
+    /// process joined ([`Op::AllReduce`]): inside a compiled step it is one more op of the step — the
+    /// compiler buckets such reductions and queues each as soon as its inputs are made, beside the
+    /// rest of the step. A process that joined no world is a world of one: the tensor itself.
+    #[track_caller]
+    pub fn all_reduce(&self, op: crate::ir::CollectiveOp) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let rule = match op {
+            crate::ir::CollectiveOp::Sum => DTypeRule::Numeric,
+            crate::ir::CollectiveOp::Mean => DTypeRule::Float,
+        };
+        check_dtype(Op::AllReduce { op }.name(), rule, self.dtype(), &loc)?;
+        record(Op::AllReduce { op }, &[self], self.dtype(), self.shape(), loc)
+    }
+
     /// Keeps elements on and below the diagonal of the last two axes, `-inf` above (causal attention).
     #[track_caller]
     pub fn causal_mask(&self) -> Result<Tensor> {

@@ -95,7 +95,13 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
     // Reductions split for the device in both modes: an eager sum is one user op however many passes
     // it takes, as PyTorch's eager kernels are.
     let attentions = crate::decompose::Attentions::For { target, fuse: mode == FusionMode::Fused };
-    let decomposed = crate::decompose::decompose_for(graph, attentions, true)?;
+    let mut decomposed = crate::decompose::decompose_for(graph, attentions, true)?;
+    if !target.collectives {
+        // A process on this device is a world of one: each all-reduce is its input, renamed.
+        for n in decomposed.graph.nodes.iter_mut().filter(|n| matches!(n.op, crate::ir::Op::AllReduce { .. })) {
+            n.op = crate::ir::Op::Reshape;
+        }
+    }
     // Tracing records every op the user ran; only what an output needs is compiled.
     let (mut live, kept) = decomposed.graph.without_dead_nodes();
     let mut origin: Vec<NodeId> = kept.iter().map(|k| decomposed.origin[k.index()]).collect();
@@ -146,6 +152,14 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
             .extend((0..g.nodes.len() as u32).map(NodeId).filter(|&n| crate::fuse::widens(g, g.node(n))));
     }
     feedback.materialized = crate::lower::library_views_to_store(&primitive.graph, target, &feedback.materialized);
+    {
+        // A collective reads its input as one contiguous run: any other view of it is stored first.
+        let g = &primitive.graph;
+        let transparent =
+            |n| crate::fuse::role(g, n) == crate::fuse::Role::Transparent && !feedback.materialized.contains(&n);
+        let views = crate::bucket::views_to_store(g, transparent);
+        feedback.materialized.extend(views);
+    }
     let mut lowered = Lowered::default();
     // Families of assembled concatenations some kernel binds in conflict (see `Assembly::conflict`).
     let mut unassembled = BTreeSet::new();
@@ -387,6 +401,11 @@ impl CompiledGraph {
             .collect()
     }
 
+    /// Whether any kernel is a collective call (a bucket of all-reduces).
+    pub fn has_collectives(&self) -> bool {
+        self.kernels.iter().any(|k| k.all_reduce().is_some())
+    }
+
     /// Kernels of each kind: `(pointwise, rows, matmul)` (a fused attention counts as a matmul).
     pub fn kernel_kinds(&self) -> (usize, usize, usize) {
         let mut k = (0, 0, 0);
@@ -395,6 +414,8 @@ impl CompiledGraph {
                 RegionKind::Pointwise => k.0 += 1,
                 RegionKind::Rows { .. } => k.1 += 1,
                 RegionKind::MatMul { .. } | RegionKind::Attention { .. } => k.2 += 1,
+                // A collective call computes nothing on this device.
+                RegionKind::Collective => {}
             }
         }
         k

@@ -50,6 +50,11 @@ pub struct Plan {
     /// concatenation): the offset, in elements of the value's dtype.
     #[serde(default)]
     pub value_offset: BTreeMap<NodeId, Expr>,
+    /// Kernels before which the device waits for the collectives still running beside the kernels
+    /// ([`Kernel::all_reduce`]: a bucket runs on a stream of its own from its launch on): the first
+    /// reader of any of a bucket's results. A run also waits for all of them at its end.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub waits: std::collections::BTreeSet<usize>,
 }
 
 fn bytes(dtype: DType, len: &Expr) -> Expr {
@@ -74,6 +79,16 @@ pub fn plan(graph: &Graph, kernels: &[Kernel], assembly: &Assembly) -> Plan {
     for (k, kernel) in kernels.iter().enumerate() {
         for b in kernel.buffers.iter().filter(|b| b.access == Access::Read) {
             last_read.insert(b.node, k);
+        }
+    }
+    // A collective reads its inputs while the kernels after it run: they stay allocated until the
+    // kernel that waits for it (no later kernel may be handed their memory before then).
+    let waits = collective_waits(kernels);
+    for (k, kernel) in kernels.iter().enumerate().filter(|(_, k)| k.all_reduce().is_some()) {
+        let until = waits.range(k + 1..).next().copied().unwrap_or(last);
+        for b in kernel.buffers.iter().filter(|b| b.access == Access::Read) {
+            let l = last_read.entry(b.node).or_insert(until);
+            *l = (*l).max(until);
         }
     }
     // A family lives until the last kernel touching any of its values.
@@ -139,7 +154,21 @@ pub fn plan(graph: &Graph, kernels: &[Kernel], assembly: &Assembly) -> Plan {
             free.extend(done);
         }
     }
-    Plan { buffers, value_buffer, live, launches: (0..kernels.len()).collect(), reused, value_offset }
+    Plan { buffers, value_buffer, live, launches: (0..kernels.len()).collect(), reused, value_offset, waits }
+}
+
+/// The first reader of each collective's results, where the device must wait for it (see
+/// [`Plan::waits`]).
+fn collective_waits(kernels: &[Kernel]) -> std::collections::BTreeSet<usize> {
+    let mut waits = std::collections::BTreeSet::new();
+    for (k, kernel) in kernels.iter().enumerate().filter(|(_, k)| k.all_reduce().is_some()) {
+        let results: Vec<NodeId> =
+            kernel.buffers.iter().filter(|b| b.access == Access::Write).map(|b| b.node).collect();
+        let reader = (k + 1..kernels.len())
+            .find(|&j| kernels[j].buffers.iter().any(|b| b.access == Access::Read && results.contains(&b.node)));
+        waits.extend(reader);
+    }
+    waits
 }
 
 impl Plan {

@@ -239,6 +239,7 @@ fn kind_name(kind: &RegionKind, kernel: &Kernel) -> &'static str {
         RegionKind::MatMul { .. } if kernel.gemm().is_some() => "library gemm",
         RegionKind::MatMul { .. } => "matmul",
         RegionKind::Attention { .. } => "attention",
+        RegionKind::Collective => "all-reduce",
     }
 }
 

@@ -99,6 +99,7 @@ fn replay(op: &Op, xs: &[Tensor], old_in: &[Vec<usize>], target: &[usize], node:
         Op::Concat { axis } => Tensor::concat(&xs.iter().collect::<Vec<_>>(), *axis as isize)?,
         Op::Pad { pads, value } => x.pad(pads, *value)?,
         Op::MatMul => x.matmul(&xs[1])?,
+        Op::AllReduce { op } => x.all_reduce(*op)?,
         // Decomposition and gradients write these; a graph holding one is minimized at its own sizes.
         Op::Attention { .. } | Op::AttentionLse { .. } | Op::AttentionGrad { .. } => {
             return Err(unsupported("a fused attention node", &node.loc))

@@ -295,6 +295,8 @@ const MAX_CARRIED_CHECKS: usize = 64;
 
 struct Step {
     kernel: usize,
+    /// Waits for the collectives in flight first ([`crate::plan::Plan::waits`]).
+    wait: bool,
     module: Module,
     symbols: Vec<i64>,
     groups: u64,
@@ -1001,7 +1003,8 @@ impl Runtime {
                 Some(m) => m.clone(),
                 None => self.module(ids[k], kernel)?,
             };
-            steps.push(Step { kernel: k, module, symbols, groups, fault_slot: checked.iter().position(|&x| x == k) });
+            let (wait, fault_slot) = (c.plan.waits.contains(&k), checked.iter().position(|&x| x == k));
+            steps.push(Step { kernel: k, wait, module, symbols, groups, fault_slot });
         }
         let mut placed = HashMap::new();
         for b in c.kernels.iter().flat_map(|k| &k.buffers) {
@@ -1038,7 +1041,13 @@ impl Runtime {
         if let Some(words) = &p.faults {
             d.zero(words.raw(), 0, p.layout.stride * p.layout.checked.len() as u64)?;
         }
-        (0..p.layout.steps.len()).try_for_each(|i| self.enqueue_step(d, p, i))
+        (0..p.layout.steps.len()).try_for_each(|i| self.enqueue_step(d, p, i))?;
+        // Nothing after a run (a read of its results, a later run's reuse of its memory) may overtake
+        // a collective still running beside it.
+        if p.compiled.has_collectives() {
+            d.wait_collectives()?;
+        }
+        Ok(())
     }
 
     /// The time each launch of one run of `p` takes on the device, in launch order; `None` where the
@@ -1049,8 +1058,12 @@ impl Runtime {
         let d = self.driver();
         let mut out = Vec::with_capacity(p.layout.steps.len());
         for (i, step) in p.layout.steps.iter().enumerate() {
+            let collective = p.compiled.kernels[step.kernel].all_reduce().is_some();
             let timed = self.seen(d.time(&mut || {
                 self.enqueue_step(d, p, i)?;
+                if collective {
+                    d.wait_collectives()?;
+                }
                 d.submit()
             }))?;
             let Some(s) = timed else { return Ok(None) };
@@ -1109,6 +1122,7 @@ impl Runtime {
                 groups: step.groups,
                 module: &step.module,
                 cache: &self.bindings,
+                wait: step.wait,
             };
             d.launch(kernel, &launch)
         }
@@ -1185,6 +1199,10 @@ impl Runtime {
     /// cannot (launching again is then the replay).
     pub fn record(&self, p: &mut Prepared) -> Result<bool> {
         p.recording = None;
+        // A collective's watchdog follows each call as it is issued; a replayed one would go unwatched.
+        if p.compiled.has_collectives() {
+            return Ok(false);
+        }
         let gate = self.gate_alone()?;
         self.current(p)?;
         let d = self.driver();

@@ -91,6 +91,10 @@ pub struct Target {
     /// buffer limit) or 64 (PTX, the kernel interpreter).
     #[serde(default = "default_index_bits")]
     pub index_bits: u32,
+    /// Runs collectives across processes (NCCL on CUDA): an [`crate::ir::Op::AllReduce`] is a bucketed
+    /// collective call. Elsewhere a process is a world of one and an all-reduce is its input.
+    #[serde(default)]
+    pub collectives: bool,
 }
 
 fn default_index_bits() -> u32 {
@@ -150,6 +154,7 @@ impl Target {
             binding_alignment: 256,
             bool_words: true,
             index_bits: 32,
+            collectives: false,
         }
     }
 
@@ -202,6 +207,7 @@ impl Target {
             binding_alignment: default_binding_alignment(),
             bool_words: false,
             index_bits: 64,
+            collectives: true,
         }
     }
 

@@ -87,6 +87,7 @@ impl Collective {
             issued: 0.into(),
         });
         let weak = Arc::downgrade(&c);
+        cuda(rt)?.set_collective(weak.clone());
         std::thread::Builder::new()
             .name(format!("kiln-nccl-watchdog-{rank}"))
             .spawn(move || watch(weak))
@@ -183,13 +184,7 @@ impl Collective {
             })
             // An abort while this call waited in NCCL: the watchdog's reason says more than NCCL's code.
             .map_err(|e| self.healthy().err().unwrap_or(e))?;
-        let n = self.issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        let done = cuda.done_flag()?;
-        lock(&self.in_flight).push_back(InFlight {
-            what: format!("{what} (collective #{n})"),
-            since: Instant::now(),
-            done,
-        });
+        self.track(what, cuda.done_flag()?);
         Ok(xs
             .iter()
             .zip(outs)
@@ -200,6 +195,64 @@ impl Collective {
                 checks: x.checks.clone(),
             })
             .collect())
+    }
+
+    /// A compiled step's bucket of all-reduces (kernel `kernel`: `(dtype, elements, input, output)`
+    /// each), issued as one group on the collectives' stream beside the kernels after it.
+    pub(crate) fn bucket(
+        &self,
+        cuda: &Cuda,
+        kernel: &str,
+        op: kiln_graph::ir::CollectiveOp,
+        parts: &[(DType, usize, u64, u64)],
+    ) -> Result<()> {
+        self.healthy()?;
+        let what = format!("{kernel}: an all-reduce of {} tensors", parts.len());
+        let op = match op {
+            kiln_graph::ir::CollectiveOp::Sum => ReduceOp::Sum,
+            kiln_graph::ir::CollectiveOp::Mean => ReduceOp::Avg,
+        };
+        let types = parts
+            .iter()
+            .map(|&(d, ..)| {
+                nccl_type(&self.rt, d).ok_or_else(|| self.fail(format!("{what}: NCCL does not reduce {d:?}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut done = None;
+        cuda.beside(|side| {
+            let stream = side.cu_stream() as *mut std::ffi::c_void;
+            self.comm
+                .library()
+                .group(|| {
+                    for (&(_, count, send, recv), &dtype) in parts.iter().zip(&types) {
+                        if count > 0 {
+                            // SAFETY: `send` and `recv` are plan buffers of `count` elements of `dtype` on
+                            // this device, kept allocated until the kernels wait for this call
+                            // (`Plan::waits`, and every run's end).
+                            unsafe { self.comm.all_reduce(send, recv, count, dtype, op, stream) }
+                                .map_err(|e| self.fail(e.to_string()))?;
+                        }
+                    }
+                    Ok(())
+                })
+                .map_err(|e| self.healthy().err().unwrap_or(e))?;
+            done = Some(cuda.done_flag_on(side)?);
+            Ok(())
+        })?;
+        if let Some(done) = done {
+            self.track(&what, done);
+        }
+        Ok(())
+    }
+
+    /// Hands a collective just queued to the watchdog (`done` is set once the device ran it).
+    fn track(&self, what: &str, done: Arc<std::sync::atomic::AtomicBool>) {
+        let n = self.issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        lock(&self.in_flight).push_back(InFlight {
+            what: format!("{what} (collective #{n})"),
+            since: Instant::now(),
+            done,
+        });
     }
 
     /// One look: `false` once there is nothing more to watch (the communicator failed).

@@ -1118,6 +1118,7 @@ impl<'k> Writer<'k> {
             }
             Stmt::MatMul(m) => self.matmul(m),
             Stmt::Gemm(_) => self.fail("a library GEMM is a runtime call, not PTX".into()),
+            Stmt::AllReduce(_) => self.fail("an all-reduce is a collective call (NCCL), not PTX".into()),
             Stmt::Attention(a) => self.attention(a),
         }
     }

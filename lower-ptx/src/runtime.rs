@@ -94,12 +94,21 @@ pub struct Cuda {
     /// runs on its architecture only): a batch of kernels is then assembled by ptxas processes side by
     /// side (`assemble`). `KILN_CUDA_PTXAS=0` leaves every kernel to the driver's JIT.
     ptxas: Option<(std::path::PathBuf, String)>,
+    /// The stream compiled steps' collectives run on beside the kernels (made at the first).
+    side: std::sync::OnceLock<Arc<CudaStream>>,
+    /// The communicator compiled steps' all-reduces run over (`Collective::join` sets it); none: this
+    /// process is a world of one.
+    collective: Mutex<Option<std::sync::Weak<crate::collective::Collective>>>,
+    /// The end of each collective running on `side` that the kernels have not waited for yet.
+    in_flight: Mutex<Vec<cudarc::driver::CudaEvent>>,
 }
 
-/// A loaded kernel: its function, or nothing for a library GEMM (its calls are planned per binding).
+/// A loaded kernel: its function, or nothing for a library GEMM (its calls are planned per binding) or
+/// a bucket of all-reduces (a collective call).
 enum Loaded {
     Function(CudaFunction),
     Gemm,
+    Collective,
 }
 
 // SAFETY: a CUDA function handle may be used from any thread of its context.
@@ -132,7 +141,9 @@ impl Cuda {
         let ctx = CudaContext::new(ordinal).map_err(|e| driver("opening the CUDA device", e))?;
         // One stream per device, in order: the per-buffer events cudarc records for multi-stream safety
         // would only add work to every launch.
-        // SAFETY: no buffer of this context is ever used on another stream.
+        // SAFETY: a buffer is used on another stream only by a compiled step's collective, ordered
+        // against this stream by explicit events (`launch_collective`, `wait_collectives`), and the plan
+        // keeps its buffers allocated until the kernels have waited for it (`Plan::waits`).
         unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability().map_err(|e| driver("reading the compute capability", e))?;
         let sm = (major * 10 + minor) as u32;
@@ -164,6 +175,9 @@ impl Cuda {
             sync_launches: std::env::var("KILN_CUDA_SYNC_LAUNCHES").is_ok_and(|v| v == "1"),
             capturing: Default::default(),
             ptxas,
+            side: Default::default(),
+            collective: Mutex::new(None),
+            in_flight: Mutex::default(),
         })
     }
 
@@ -199,9 +213,75 @@ impl Cuda {
         Ok(())
     }
 
-    /// `kernel`'s PTX, or `None` for a library GEMM (nothing to load).
+    /// `kernel`'s PTX, or `None` for a library GEMM or a collective (nothing to load).
     fn ptx(&self, kernel: &Kernel) -> Option<Result<String>> {
-        kernel.gemm().is_none().then(|| render(kernel, self.sm).map(|p| p.source).map_err(|e| err(e.to_string())))
+        (kernel.gemm().is_none() && kernel.all_reduce().is_none())
+            .then(|| render(kernel, self.sm).map(|p| p.source).map_err(|e| err(e.to_string())))
+    }
+
+    /// What loads for a kernel that renders no PTX.
+    fn call_module(kernel: &Kernel) -> Module {
+        match kernel.all_reduce() {
+            Some(_) => Arc::new(Loaded::Collective),
+            None => Arc::new(Loaded::Gemm),
+        }
+    }
+
+    /// Makes compiled steps' all-reduces on this device run over `c` (its last communicator wins).
+    pub(crate) fn set_collective(&self, c: std::sync::Weak<crate::collective::Collective>) {
+        *lock(&self.collective) = Some(c);
+    }
+
+    /// The stream collectives run on beside the kernels.
+    pub(crate) fn side_stream(&self) -> Result<&Arc<CudaStream>> {
+        if let Some(s) = self.side.get() {
+            return Ok(s);
+        }
+        let s = self.ctx.new_stream().map_err(|e| driver("creating the collectives' stream", e))?;
+        Ok(self.side.get_or_init(|| s))
+    }
+
+    /// Queues `call` on the side stream after everything queued on the kernels' stream so far, and
+    /// keeps the end of it for [`Driver::wait_collectives`].
+    pub(crate) fn beside(&self, call: impl FnOnce(&CudaStream) -> Result<()>) -> Result<()> {
+        let side = self.side_stream()?;
+        let start = self.stream.record_event(None).map_err(|e| driver("recording an event", e))?;
+        side.wait(&start).map_err(|e| driver("ordering the collectives' stream", e))?;
+        call(side)?;
+        let end = side.record_event(None).map_err(|e| driver("recording an event", e))?;
+        lock(&self.in_flight).push(end);
+        Ok(())
+    }
+
+    /// Runs a bucket of all-reduces: over the communicator when this process joined one, else (a world
+    /// of one) each input copied to its output.
+    fn launch_collective(&self, kernel: &Kernel, l: &Launch, pointers: &[u64]) -> Result<()> {
+        let a = kernel.all_reduce().ok_or_else(|| err("a collective module for a generated kernel"))?;
+        let mut parts = Vec::with_capacity(a.parts.len());
+        for p in &a.parts {
+            let len = p.len.eval(l.bindings).map_err(|e| err(format!("kernel {}: {e}", kernel.name)))?.max(0) as usize;
+            parts.push((p.dtype, len, pointers[p.input], pointers[p.output]));
+        }
+        let collective = lock(&self.collective).as_ref().and_then(std::sync::Weak::upgrade);
+        match collective {
+            Some(c) => c.bucket(self, &kernel.name, a.op, &parts),
+            None => {
+                for &(dtype, len, src, dst) in &parts {
+                    let bytes = self.target.storage_bytes(dtype, len);
+                    if bytes == 0 {
+                        continue;
+                    }
+                    self.bind()?;
+                    // SAFETY: both pointers are plan buffers of at least `bytes` (sized by the plan for
+                    // this length), ordered on this stream.
+                    unsafe {
+                        cudarc::driver::result::memcpy_dtod_async(dst, src, bytes as usize, self.stream.cu_stream())
+                    }
+                    .map_err(|e| driver(&format!("kernel {}: copying a world of one's all-reduce", kernel.name), e))?;
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Loads `kernel` from its PTX: the `cubin` ptxas made of it when there is one and the driver takes
@@ -247,6 +327,11 @@ impl Cuda {
     /// stream): a watchdog reads it without a CUDA call, so it cannot be held up behind a thread the
     /// driver has blocked.
     pub fn done_flag(&self) -> Result<Arc<std::sync::atomic::AtomicBool>> {
+        self.done_flag_on(&self.stream)
+    }
+
+    /// [`Cuda::done_flag`] for the work queued on `stream` (the kernels' or the collectives').
+    pub(crate) fn done_flag_on(&self, stream: &CudaStream) -> Result<Arc<std::sync::atomic::AtomicBool>> {
         unsafe extern "C" fn set(flag: *mut std::ffi::c_void) {
             // SAFETY: `flag` is the `Arc` leaked below, taken back exactly once, here.
             let flag = unsafe { Arc::from_raw(flag as *const std::sync::atomic::AtomicBool) };
@@ -256,7 +341,7 @@ impl Cuda {
         let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let raw = Arc::into_raw(flag.clone()) as *mut std::ffi::c_void;
         // SAFETY: the stream is this context's; `set` makes no CUDA call and frees what `raw` holds.
-        let r = unsafe { cudarc::driver::sys::cuLaunchHostFunc(self.stream.cu_stream(), Some(set), raw) };
+        let r = unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(set), raw) };
         if r != CUresult::CUDA_SUCCESS {
             // SAFETY: not queued: the reference is still ours to drop.
             drop(unsafe { Arc::from_raw(raw as *const std::sync::atomic::AtomicBool) });
@@ -337,7 +422,7 @@ impl Driver for Cuda {
 
     fn load(&self, kernel: &Kernel) -> Result<Module> {
         match self.ptx(kernel) {
-            None => Ok(Arc::new(Loaded::Gemm)),
+            None => Ok(Self::call_module(kernel)),
             Some(ptx) => self.load_rendered(kernel, &ptx?, None),
         }
     }
@@ -361,7 +446,7 @@ impl Driver for Cuda {
             let assembling = started.elapsed();
             let modules = (kernels.iter().zip(made))
                 .map(|(k, (r, cubin))| match r {
-                    None => Ok(Arc::new(Loaded::Gemm) as Module),
+                    None => Ok(Self::call_module(k)),
                     Some(Err(e)) => Err(e),
                     Some(Ok(ptx)) => self.load_rendered(k, &ptx, cubin),
                 })
@@ -383,9 +468,13 @@ impl Driver for Cuda {
 
     fn launch(&self, kernel: &Kernel, l: &Launch) -> Result<()> {
         let loaded = l.module.downcast_ref::<Loaded>().ok_or_else(|| err("a module of another driver"))?;
+        if l.wait {
+            self.wait_collectives()?;
+        }
         let pointers: Vec<u64> = l.buffers.iter().map(|b| self.ptr(b.raw) + b.offset).collect();
         let f = match loaded {
             Loaded::Function(f) => f,
+            Loaded::Collective => return self.launch_collective(kernel, l, &pointers),
             Loaded::Gemm => {
                 let gemm = kernel.gemm().ok_or_else(|| err("a GEMM module for a generated kernel"))?;
                 // Planning allocates and uploads pointer arrays: once per binding, never inside a capture.
@@ -415,6 +504,13 @@ impl Driver for Cuda {
         unsafe { b.launch(config) }.map_err(|e| driver(&format!("launching kernel {}", kernel.name), e))?;
         if self.sync_launches && !self.capturing.load(std::sync::atomic::Ordering::Relaxed) {
             self.stream.synchronize().map_err(|e| driver(&format!("running kernel {}", kernel.name), e))?;
+        }
+        Ok(())
+    }
+
+    fn wait_collectives(&self) -> Result<()> {
+        for end in std::mem::take(&mut *lock(&self.in_flight)) {
+            self.stream.wait(&end).map_err(|e| driver("waiting for a collective", e))?;
         }
         Ok(())
     }

@@ -512,6 +512,8 @@ impl<'k> Writer<'k> {
             }
             // `attention::fits` gives the template only to targets with matrix units; WGSL has none.
             Stmt::Attention(_) => self.fail("this target has no matrix units for the fused attention template".into()),
+            // A browser or Vulkan process is a world of one: `graph` compiles its all-reduces away.
+            Stmt::AllReduce(_) => self.fail("this target runs no collectives".into()),
         }
     }
 

@@ -125,8 +125,16 @@ impl ProcessGroup {
     }
 
     /// Each of `xs` combined across the world by `op`, as new tensors on this process's device (one
-    /// NCCL group, queued on the device: it does not wait).
+    /// NCCL group, queued on the device: it does not wait). Inside a compiled function (traced
+    /// tensors) each is an op of the graph ([`Tensor::all_reduce`]), bucketed by the compiler.
     pub fn all_reduce(&self, xs: &[Tensor], op: Reduce) -> Result<Vec<Tensor>> {
+        if xs.iter().any(|t| t.value().is_none()) {
+            let op = match op {
+                Reduce::Sum => crate::graph::ir::CollectiveOp::Sum,
+                Reduce::Mean => crate::graph::ir::CollectiveOp::Mean,
+            };
+            return xs.iter().map(|t| t.all_reduce(op)).collect();
+        }
         #[cfg(feature = "cuda")]
         {
             use kiln_ptx::nccl::ReduceOp;

@@ -46,6 +46,30 @@ for line in sys.stdin:
   fi
   du -sh .gpu
   ;;
+stage-ddp)
+  # Only what `nccl2` and `scaling` run (a full `stage` builds every GPU test: most of an hour here).
+  set -e
+  rm -rf .gpu/tests .gpu/*.xz .gpu/ddp_scaling .gpu/kiln-run .gpu/fit_sonnets
+  mkdir -p .gpu/tests
+  for t in "-p kiln --test ddp" "-p kiln-ptx --test nccl"; do
+    # shellcheck disable=SC2086
+    cargo test --release --locked $t --no-run --message-format=json 2>/dev/null |
+      python3 -c 'import sys, json, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], ".gpu/tests/" + m["target"]["name"])'
+  done
+  cargo build --release --locked --example fit_sonnets --example ddp_scaling --bin kiln-run
+  cp target/release/examples/fit_sonnets target/release/examples/ddp_scaling target/release/kiln-run .gpu/
+  cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf .gpu/
+  strip .gpu/fit_sonnets .gpu/ddp_scaling .gpu/kiln-run .gpu/tests/*
+  xz -6f -T2 .gpu/fit_sonnets .gpu/ddp_scaling .gpu/kiln-run .gpu/tests/*
+  if [ -x .tools/nvcc/nvidia/cuda_nvcc/bin/ptxas ]; then
+    xz -6 -T2 -c .tools/nvcc/nvidia/cuda_nvcc/bin/ptxas >.gpu/ptxas.xz
+  fi
+  du -sh .gpu
+  ;;
 stage-fps)
   # The explorer and what it needs to run under Xvfb on lavapipe on a machine that has neither: Debian's
   # Xvfb, Mesa's lavapipe and their libraries as .debs in .x11/ (unpacked there into a prefix, not /).

@@ -670,10 +670,19 @@ fn launch_order(
     let mut order = Vec::with_capacity(k);
     let mut done = vec![false; k];
     // A collective runs beside the kernels after it (on a stream of its own), so it goes as early as
-    // its inputs allow: gradients are all-reduced while the backward pass goes on.
+    // its inputs allow, and what reads its results as late as it can: the device waits for a collective
+    // at its first reader, so gradients are all-reduced while the rest of the backward pass runs and
+    // the updates that read them come after it, as an optimizer's step follows the backward pass.
     let collective = |r: usize| regions[r].0 == RegionKind::Collective;
+    let waits: Vec<bool> = deps.iter().map(|d| d.iter().any(|&p| collective(p))).collect();
+    let priority = |r: usize| match (collective(r), waits[r]) {
+        (true, _) => 0,
+        (false, false) => 1,
+        (false, true) => 2,
+    };
     while order.len() < k {
-        let ready = (0..k).filter(|&r| !done[r] && deps[r].iter().all(|&d| done[d])).min_by_key(|&r| !collective(r))?;
+        let ready =
+            (0..k).filter(|&r| !done[r] && deps[r].iter().all(|&d| done[d])).min_by_key(|&r| (priority(r), r))?;
         done[ready] = true;
         order.push(ready);
     }

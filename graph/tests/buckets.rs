@@ -20,19 +20,17 @@ const WIDTH: usize = 1024;
 /// Layers: their activations (48 MiB) fill two 25 MiB buckets (six 4 MiB tensors each).
 const LAYERS: usize = 12;
 
-/// A chain of matmuls (one kernel each, in order), every activation all-reduced and read back.
+/// A chain of matmuls (one kernel each, in order), every activation all-reduced and read back by a
+/// kernel of its own (as an optimizer's update reads each averaged gradient).
 fn chain(t: &[Tensor]) -> Result<Vec<Tensor>> {
     let (mut h, w) = (t[0].clone(), &t[1]);
-    let mut reduced = Vec::new();
+    let mut out = Vec::new();
     for _ in 0..LAYERS {
         h = h.matmul(w)?;
-        reduced.push(h.all_reduce(CollectiveOp::Mean)?);
+        out.push(h.all_reduce(CollectiveOp::Mean)?.sum(&[1], false)?);
     }
-    let mut out = h.clone();
-    for r in &reduced {
-        out = out.add(r)?;
-    }
-    Ok(vec![out])
+    out.push(h);
+    Ok(out)
 }
 
 fn compiled(target: &Target, mode: FusionMode) -> CompiledGraph {
@@ -63,6 +61,11 @@ fn all_reduces_are_bucketed_in_the_order_the_schedule_makes_their_inputs() {
         assert_eq!(last_maker + 1, k, "bucket {} launches right after its last input's kernel: {c}", c.kernels[k].name);
     }
     assert!(at[0] < LAYERS, "the first bucket goes out before the last layers' matmuls: {c}");
+    // What reads a bucket's results waits for it: it comes after every kernel that does not, so the
+    // device waits once the rest of the work is queued.
+    let first_wait = *c.plan.waits.first().expect("the results are read");
+    let last_matmul = (0..c.kernels.len()).filter(|&k| c.kernels[k].name.contains("matmul")).max().unwrap();
+    assert!(first_wait > last_matmul, "the first wait ({first_wait}) comes after the last matmul ({last_matmul}): {c}");
 }
 
 #[test]

@@ -218,7 +218,6 @@ impl Collective {
                 nccl_type(&self.rt, d).ok_or_else(|| self.fail(format!("{what}: NCCL does not reduce {d:?}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut done = None;
         cuda.beside(|side| {
             let stream = side.cu_stream() as *mut std::ffi::c_void;
             self.comm
@@ -235,13 +234,10 @@ impl Collective {
                     }
                     Ok(())
                 })
-                .map_err(|e| self.healthy().err().unwrap_or(e))?;
-            done = Some(cuda.done_flag_on(side)?);
-            Ok(())
+                .map_err(|e| self.healthy().err().unwrap_or(e))
         })?;
-        if let Some(done) = done {
-            self.track(&what, done);
-        }
+        // Queued after the end the kernels wait for, so they never wait for the host function too.
+        self.track(&what, cuda.done_flag_on(cuda.side_stream()?)?);
         Ok(())
     }
 

@@ -10,18 +10,20 @@
 use crate::ir::{Graph, NodeId, Op};
 use std::collections::BTreeSet;
 
-/// The size a bucket is filled to before the next one starts (torch DDP's default `bucket_cap_mb`).
+/// The size a bucket is filled to before the next one starts, by default (torch DDP's default
+/// `bucket_cap_mb`; [`crate::Target::bucket_bytes`] says it for a device).
 pub const BUCKET_BYTES: u64 = 25 << 20;
 
 /// The all-reduce `nodes` cut into buckets: ordered by `ready` (the schedule position of the region
-/// making a node's input; `None` for a graph input, which is ready first), filled up to
-/// [`BUCKET_BYTES`] by `bytes`, each node alone when `alone` (the eager baseline). A node that would
-/// close a cycle with a bucket (`closes_cycle`: a path from the bucket's outputs back to that node's
-/// input) starts the next one.
+/// making a node's input; `None` for a graph input, which is ready first), filled up to `cap` bytes by
+/// `bytes`, each node alone when `alone` (the eager baseline). A node that would close a cycle with a
+/// bucket (`closes_cycle`: a path from the bucket's outputs back to that node's input) starts the
+/// next one.
 pub fn buckets(
     nodes: &[NodeId],
     ready: impl Fn(NodeId) -> Option<usize>,
     bytes: impl Fn(NodeId) -> u64,
+    cap: u64,
     alone: bool,
     closes_cycle: impl Fn(&BTreeSet<NodeId>, NodeId) -> bool,
 ) -> Vec<BTreeSet<NodeId>> {
@@ -31,9 +33,7 @@ pub fn buckets(
     let mut filled = 0u64;
     for (_, n) in order {
         let b = bytes(n);
-        let fits = out.last().is_some_and(|last| {
-            !alone && filled.saturating_add(b) <= BUCKET_BYTES.max(b.min(BUCKET_BYTES)) && !closes_cycle(last, n)
-        });
+        let fits = out.last().is_some_and(|last| !alone && filled.saturating_add(b) <= cap && !closes_cycle(last, n));
         match (fits, out.last_mut()) {
             (true, Some(last)) => {
                 last.insert(n);

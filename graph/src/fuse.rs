@@ -611,9 +611,8 @@ impl<'g> Scheduler<'g> {
         let mut made = Vec::new();
         for sums in [true, false] {
             let these: Vec<NodeId> = nodes.iter().copied().filter(|&n| op(n) == sums).collect();
-            made.extend(crate::bucket::buckets(&these, &ready, bytes, alone, |members, n| {
-                self.closes_cycle(members, n)
-            }));
+            let cap = self.target.bucket_bytes;
+            made.extend(crate::bucket::buckets(&these, &ready, bytes, cap, alone, |m, n| self.closes_cycle(m, n)));
         }
         for bucket in made {
             self.commit(RegionKind::Collective, bucket);

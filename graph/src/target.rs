@@ -95,6 +95,13 @@ pub struct Target {
     /// collective call. Elsewhere a process is a world of one and an all-reduce is its input.
     #[serde(default)]
     pub collectives: bool,
+    /// How far a bucket of all-reduces is filled before the next starts (see [`crate::bucket`]).
+    #[serde(default = "default_bucket_bytes")]
+    pub bucket_bytes: u64,
+}
+
+fn default_bucket_bytes() -> u64 {
+    crate::bucket::BUCKET_BYTES
 }
 
 fn default_index_bits() -> u32 {
@@ -155,6 +162,7 @@ impl Target {
             bool_words: true,
             index_bits: 32,
             collectives: false,
+            bucket_bytes: default_bucket_bytes(),
         }
     }
 
@@ -208,6 +216,7 @@ impl Target {
             bool_words: false,
             index_bits: 64,
             collectives: true,
+            bucket_bytes: default_bucket_bytes(),
         }
     }
 
@@ -252,7 +261,8 @@ impl Target {
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
     /// attention: matrix units unused) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
-    /// (`benches/NOTES.md`), and `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix).
+    /// (`benches/NOTES.md`), `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix) and
+    /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB).
     pub fn tuned_by_env(mut self, backend: &str) -> Target {
         let knob = |k: &str| std::env::var(format!("KILN_{backend}_{k}")).ok().and_then(|v| v.parse::<u32>().ok());
         if let Some(n) = knob("MAX_THREADS") {
@@ -284,6 +294,10 @@ impl Target {
         if self.matrix_units && std::env::var(format!("KILN_{backend}_ATTENTION")).as_deref() == Ok("written-out") {
             self.name = format!("{}-attention-written-out", self.name);
             self.matrix_units = false;
+        }
+        if let Some(mb) = knob("BUCKET_MB").filter(|&mb| u64::from(mb) << 20 != self.bucket_bytes) {
+            self.name = format!("{}-buckets-{mb}mb", self.name);
+            self.bucket_bytes = u64::from(mb.max(1)) << 20;
         }
         if std::env::var(format!("KILN_{backend}_HALF_ROUNDING")).as_deref() == Ok("each-op") {
             self.name = format!("{}-round-each-op", self.name);

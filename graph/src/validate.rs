@@ -41,9 +41,10 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
             target.max_threads_per_group
         ));
     }
-    // The fault word is one more storage binding (symbols travel as parameters or a uniform block).
+    // The fault word is one more storage binding (symbols travel as parameters or a uniform block). A
+    // collective call binds nothing: it is handed pointers, as many as its bucket holds.
     let bindings = kernel.buffers.len() + usize::from(!kernel.faults.is_empty());
-    if bindings > target.max_bindings as usize {
+    if bindings > target.max_bindings as usize && kernel.all_reduce().is_none() {
         return broken(format!("{bindings} buffers bound past the target's {}", target.max_bindings));
     }
     if kernel.body.iter().any(group_combine) && !launch.threads.is_power_of_two() {

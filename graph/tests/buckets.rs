@@ -94,6 +94,16 @@ fn the_first_reader_of_a_bucket_waits_for_it_and_its_inputs_live_until_then() {
     }
 }
 
+/// A bucket binds nothing (a collective is handed pointers): one bucket of every tensor compiles past
+/// the target's binding limit.
+#[test]
+fn one_bucket_may_hold_more_tensors_than_a_kernel_binds() {
+    let target = Target { bucket_bytes: u64::MAX, max_bindings: 8, ..Target::cuda(90) };
+    let c = compiled(&target, FusionMode::Fused);
+    assert_eq!(buckets(&c).len(), 1, "{c}");
+    assert_eq!(c.kernels[buckets(&c)[0]].buffers.len(), 2 * LAYERS);
+}
+
 #[test]
 fn the_eager_baseline_issues_each_all_reduce_alone() {
     let c = compiled(&Target::cuda(90), FusionMode::PerOp);

@@ -237,7 +237,14 @@ impl Cuda {
         if let Some(s) = self.side.get() {
             return Ok(s);
         }
-        let s = self.ctx.new_stream().map_err(|e| driver("creating the collectives' stream", e))?;
+        self.bind()?;
+        // The highest priority: the GPU schedules a collective's blocks ahead of the waiting blocks of
+        // the kernels beside it, which would otherwise fill every SM first and hold the collective back
+        // until the backward pass had no more work to give (no overlap at all).
+        let (_, greatest) = cudarc::driver::result::stream::get_priority_range()
+            .map_err(|e| driver("reading the stream priorities", e))?;
+        let s =
+            self.ctx.new_stream_with_priority(greatest).map_err(|e| driver("creating the collectives' stream", e))?;
         Ok(self.side.get_or_init(|| s))
     }
 

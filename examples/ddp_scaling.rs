@@ -36,6 +36,9 @@ struct Args {
     /// Train in bf16 on f32 master weights.
     #[arg(long)]
     bf16: bool,
+    /// Replay each step as a CUDA graph (`Mode::ReduceOverhead`), alone and as a rank alike.
+    #[arg(long)]
+    reduce_overhead: bool,
     /// Untimed steps first (compile, warm the pools).
     #[arg(long, default_value_t = 5)]
     warmup: usize,
@@ -74,7 +77,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let model = model.to(&rt)?;
     let opt = AdamW { lr: 3e-4, ..AdamW::default() };
-    let mut trainer = Trainer::new(model, opt, |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]), backend)?;
+    let mode = if args.reduce_overhead { kiln::Mode::ReduceOverhead } else { kiln::Mode::Default };
+    let options = kiln::train::StepOptions { mode, ..Default::default() };
+    let loss = |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]);
+    let mut trainer = Trainer::with_options(model, opt, options, loss, backend)?;
     if let Some(g) = &group {
         trainer = trainer.data_parallel(g.clone())?;
     }
@@ -122,6 +128,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "world": world,
         "mode": if group.is_some() { "ddp" } else { "single" },
         "precision": if args.bf16 { "bf16-mixed" } else { "f32" },
+        "compile_mode": if args.reduce_overhead { "reduce-overhead" } else { "default" },
         "batch_per_gpu": args.batch,
         "context": args.context,
         "step_ms_median": median,

@@ -117,13 +117,16 @@ fps)
 tests|bench|peer|parts|profile|train|parity|fit|nccl2|scaling)
   # W5's training step alone, as one rank and as two (`ddp_scaling`), TRIALS fresh processes each,
   # bf16-mixed then f32; one JSON line each in $out/ddp_scaling.jsonl.
+  # Each step launched (the default), then replayed as a CUDA graph (reduce-overhead).
   scaling() {
-    local status=0 prec trial
-    for prec in --bf16 ""; do
-      for trial in $(seq "${TRIALS:-3}"); do
-        ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-160; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-        ./.gpu/kiln-run --gpus 1 -- ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-160; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-        ./.gpu/kiln-run --gpus 2 -- ./.gpu/ddp_scaling $prec --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-160; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    local status=0 prec trial mode
+    for mode in "" --reduce-overhead; do
+      for prec in --bf16 ""; do
+        for trial in $(seq "${TRIALS:-3}"); do
+          ./.gpu/ddp_scaling $prec $mode --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-160; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+          ./.gpu/kiln-run --gpus 1 -- ./.gpu/ddp_scaling $prec $mode --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-160; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+          ./.gpu/kiln-run --gpus 2 -- ./.gpu/ddp_scaling $prec $mode --out "$out/ddp_scaling.jsonl" 2>&1 | tail -1 | cut -c1-160; [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        done
       done
     done
     return $status

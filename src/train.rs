@@ -62,11 +62,20 @@ pub struct StepOptions {
     pub accumulate: usize,
     /// Compile the steps with the batch dim symbolic from the first call (batches of several sizes).
     pub dynamic_batch: Option<DynamicBatch>,
+    /// How the one-graph step runs: [`crate::Mode::ReduceOverhead`] replays it as a CUDA graph (its
+    /// collectives too), with no per-kernel launch cost on the host.
+    pub mode: crate::Mode,
 }
 
 impl Default for StepOptions {
     fn default() -> Self {
-        StepOptions { loss_scale: None, clip_grad_norm: None, accumulate: 1, dynamic_batch: None }
+        StepOptions {
+            loss_scale: None,
+            clip_grad_norm: None,
+            accumulate: 1,
+            dynamic_batch: None,
+            mode: crate::Mode::Default,
+        }
     }
 }
 
@@ -385,7 +394,7 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
         };
         let (l, averaged) = (loss.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
         let step_fn = adamw_step_averaged(&model, opt, options, averaged.clone(), move |m: &M, b: &[Tensor]| l(m, b));
-        let mut step = compile(step_fn).backend(backend);
+        let mut step = compile(step_fn).backend(backend).mode(options.mode);
         if let Some(d) = options.dynamic_batch {
             step = d.mark(step, 3 * dtypes_len + 1 + usize::from(scaler.is_some()));
         }

@@ -136,17 +136,81 @@ fn a_compiled_all_reduce_in_a_world_of_one_is_the_value_and_so_is_its_gradient()
     let rt = Backend::Cuda.runtime().unwrap().expect("a device");
     let values = [1.0f32, -2.0, 3.5, 0.25, 8.0];
     let x = Tensor::from_data(kiln::TensorData::new(&values, &[5]).unwrap()).to(rt).unwrap();
-    let step = kiln::compile(|t: Vec<Tensor>| {
+    let f = |t: Vec<Tensor>| {
         let f = |a: &[Tensor]| a[0].all_reduce(CollectiveOp::Mean)?.mul(&a[0])?.sum(&[0], false);
         let (value, grads) = kiln::value_and_grad(f, &t, &[0])?;
         Ok(vec![value, grads[0].all_reduce(CollectiveOp::Sum)?])
-    })
-    .backend(Backend::Cuda);
-    let out = step.call(vec![x]).unwrap();
-    let value: f32 = out[0].item().unwrap();
-    let grad: Vec<f32> = out[1].to_vec().unwrap();
-    assert!((value - values.iter().map(|v| v * v).sum::<f32>()).abs() < 1e-4, "{value}");
-    assert_eq!(grad, values.iter().map(|v| 2.0 * v).collect::<Vec<f32>>());
+    };
+    // Launched, then recorded as a CUDA graph and replayed (reduce-overhead).
+    for mode in [kiln::Mode::Default, kiln::Mode::ReduceOverhead] {
+        let step = kiln::compile(f).backend(Backend::Cuda).mode(mode);
+        for _ in 0..3 {
+            let out = step.call(vec![x.clone()]).unwrap();
+            let value: f32 = out[0].item().unwrap();
+            let grad: Vec<f32> = out[1].to_vec().unwrap();
+            assert!((value - values.iter().map(|v| v * v).sum::<f32>()).abs() < 1e-4, "{mode:?}: {value}");
+            assert_eq!(grad, values.iter().map(|v| 2.0 * v).collect::<Vec<f32>>(), "{mode:?}");
+        }
+    }
+}
+
+/// A data-parallel step replayed as a CUDA graph (its NCCL calls captured with it) trains as the
+/// launched one does: two ranks of `kiln-run`, each stepping both trainers on the same batches.
+#[test]
+#[ignore = "needs two NVIDIA GPUs and NCCL: run with --include-ignored on such a machine (scripts/gpu.sh nccl2)"]
+fn two_gpus_a_recorded_data_parallel_step_trains_as_the_launched_one() {
+    if let Some(dir) = std::env::var_os("KILN_DDP_CHILD_RECORDED") {
+        let group = ProcessGroup::from_env(Backend::Cuda).unwrap();
+        let rt = Backend::Cuda.runtime().unwrap().expect("a device");
+        let losses = |mode: kiln::Mode| -> Vec<f32> {
+            let model = kiln::nn::Module::to(&Mlp::new(4, 16, 3, 5), &rt).unwrap();
+            let options = kiln::train::StepOptions { mode, ..Default::default() };
+            let loss = |m: &Mlp, b: &[Tensor]| m.loss(b);
+            let opt = AdamW { lr: 3e-2, ..AdamW::default() };
+            let mut t = Trainer::with_options(model, opt, options, loss, Backend::Cuda).unwrap();
+            t = t.data_parallel(group.clone()).unwrap();
+            let loader = Loader::new(blobs(96, 1), PER_RANK).shuffle(Some(11)).shard(group.rank(), group.world());
+            let loader = loader.to(rt.clone());
+            let mut out = Vec::new();
+            for epoch in 0..2 {
+                for b in loader.epoch(epoch) {
+                    out.push(t.step(&b.unwrap().tensors, 1.0).unwrap().item::<f32>().unwrap());
+                }
+            }
+            group.healthy().unwrap();
+            out
+        };
+        let (launched, recorded) = (losses(kiln::Mode::Default), losses(kiln::Mode::ReduceOverhead));
+        let rank = std::env::var("RANK").unwrap();
+        let line = serde_json::json!([launched, recorded]).to_string();
+        std::fs::write(PathBuf::from(dir).join(format!("rank{rank}.json")), line).unwrap();
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-ddp-recorded-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(kiln_run())
+        .args(["--gpus", "2", "--master-port", &free_port().to_string(), "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "two_gpus_a_recorded_data_parallel_step_trains_as_the_launched_one"])
+        .args(["--include-ignored", "--nocapture"])
+        .env("KILN_DDP_CHILD_RECORDED", &dir)
+        .output()
+        .unwrap();
+    let said = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    let read = |r: usize| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(format!("rank{r}.json"))).unwrap()).unwrap()
+    };
+    let (r0, r1) = (read(0), read(1));
+    assert_eq!(r0, r1, "both ranks record the same (averaged) losses");
+    let floats =
+        |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+    let (launched, recorded) = (floats(&r0[0]), floats(&r0[1]));
+    assert_eq!(launched.len(), 8);
+    assert_eq!(launched, recorded, "the replayed step computes what the launched one does");
+    eprintln!("losses, launched and replayed: {launched:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The loop a user writes with the low-level API: join, broadcast-start, barrier, step, read the loss.

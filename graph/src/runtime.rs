@@ -1199,10 +1199,6 @@ impl Runtime {
     /// cannot (launching again is then the replay).
     pub fn record(&self, p: &mut Prepared) -> Result<bool> {
         p.recording = None;
-        // A collective's watchdog follows each call as it is issued; a replayed one would go unwatched.
-        if p.compiled.has_collectives() {
-            return Ok(false);
-        }
         let gate = self.gate_alone()?;
         self.current(p)?;
         let d = self.driver();

@@ -35,14 +35,21 @@ pub struct Collective {
     failure: Mutex<Option<String>>,
     /// A caller has been handed the failure (so the process is not stuck, and must not be ended).
     reported: Arc<std::sync::atomic::AtomicBool>,
+    /// Collectives handed to the watchdog so far.
     issued: std::sync::atomic::AtomicU64,
+    /// Collectives the device has run so far: a host function queued after each adds one
+    /// ([`Cuda::count_done`]), also when a recorded CUDA graph replays it, hence a count and not a flag
+    /// per call. (Lives as long as the process: a recording may hold its address.)
+    finished: &'static std::sync::atomic::AtomicU64,
 }
 
 struct InFlight {
     what: String,
     since: Instant,
-    /// Set by the driver once the stream has run the collective.
-    done: Arc<std::sync::atomic::AtomicBool>,
+    /// Done once `finished` reaches it. Collectives on the kernels' stream and on the collectives' own
+    /// may finish out of order; one finishing early stands in for an earlier one, which delays a
+    /// timeout by at most that much (a dead peer stops every later one too).
+    expected: u64,
 }
 
 /// A new communicator's identity as bytes (made on rank 0, handed to the others by the rendezvous).
@@ -85,6 +92,7 @@ impl Collective {
             failure: Mutex::default(),
             reported: Arc::default(),
             issued: 0.into(),
+            finished: Box::leak(Box::new(0.into())),
         });
         let weak = Arc::downgrade(&c);
         cuda(rt)?.set_collective(weak.clone());
@@ -184,7 +192,8 @@ impl Collective {
             })
             // An abort while this call waited in NCCL: the watchdog's reason says more than NCCL's code.
             .map_err(|e| self.healthy().err().unwrap_or(e))?;
-        self.track(what, cuda.done_flag()?);
+        cuda.count_done(cuda.main_stream(), self.finished)?;
+        self.track(what);
         Ok(xs
             .iter()
             .zip(outs)
@@ -208,6 +217,10 @@ impl Collective {
     ) -> Result<()> {
         self.healthy()?;
         let what = format!("{kernel}: an all-reduce of {} tensors", parts.len());
+        // Named again at each replay of a recording that captured it.
+        if cuda.capturing() {
+            cuda.captured_collective(&what);
+        }
         let op = match op {
             kiln_graph::ir::CollectiveOp::Sum => ReduceOp::Sum,
             kiln_graph::ir::CollectiveOp::Mean => ReduceOp::Avg,
@@ -237,17 +250,28 @@ impl Collective {
                 .map_err(|e| self.healthy().err().unwrap_or(e))
         })?;
         // Queued after the end the kernels wait for, so they never wait for the host function too.
-        self.track(&what, cuda.done_flag_on(cuda.side_stream()?)?);
+        cuda.count_done(cuda.side_stream()?, self.finished)?;
+        // Captured into a CUDA graph, it runs at each replay, which hands it to the watchdog then.
+        if !cuda.capturing() {
+            self.track(&what);
+        }
         Ok(())
     }
 
-    /// Hands a collective just queued to the watchdog (`done` is set once the device ran it).
-    fn track(&self, what: &str, done: Arc<std::sync::atomic::AtomicBool>) {
+    /// Hands the collectives a CUDA graph replay just queued to the watchdog (their names, in order).
+    pub(crate) fn replayed(&self, names: &[String]) {
+        for what in names {
+            self.track(what);
+        }
+    }
+
+    /// Hands a collective just queued to the watchdog.
+    fn track(&self, what: &str) {
         let n = self.issued.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         lock(&self.in_flight).push_back(InFlight {
             what: format!("{what} (collective #{n})"),
             since: Instant::now(),
-            done,
+            expected: n,
         });
     }
 
@@ -258,7 +282,7 @@ impl Collective {
         }
         let mut q = lock(&self.in_flight);
         while let Some(f) = q.front() {
-            if f.done.load(std::sync::atomic::Ordering::Acquire) {
+            if self.finished.load(std::sync::atomic::Ordering::Acquire) >= f.expected {
                 q.pop_front();
                 continue;
             }

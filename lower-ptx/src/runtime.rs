@@ -101,6 +101,8 @@ pub struct Cuda {
     collective: Mutex<Option<std::sync::Weak<crate::collective::Collective>>>,
     /// The end of each collective running on `side` that the kernels have not waited for yet.
     in_flight: Mutex<Vec<cudarc::driver::CudaEvent>>,
+    /// The collectives the CUDA graph being captured holds, by name.
+    captured: Mutex<Vec<String>>,
 }
 
 /// A loaded kernel: its function, or nothing for a library GEMM (its calls are planned per binding) or
@@ -116,8 +118,8 @@ unsafe impl Send for Loaded {}
 // SAFETY: as above.
 unsafe impl Sync for Loaded {}
 
-/// A captured CUDA graph.
-struct Captured(CudaGraph);
+/// A captured CUDA graph, with the collectives it holds (handed to the watchdog at each replay).
+struct Captured(CudaGraph, Vec<String>);
 // SAFETY: an instantiated graph is launched only on the driver's stream, one thread at a time (the
 // runtime core's recordings are behind its lock).
 unsafe impl Send for Captured {}
@@ -178,6 +180,7 @@ impl Cuda {
             side: Default::default(),
             collective: Mutex::new(None),
             in_flight: Mutex::default(),
+            captured: Mutex::default(),
         })
     }
 
@@ -330,31 +333,40 @@ impl Cuda {
         self.ptr(raw)
     }
 
-    /// A flag the driver sets once every launch queued so far has run (a host function queued on the
-    /// stream): a watchdog reads it without a CUDA call, so it cannot be held up behind a thread the
-    /// driver has blocked.
-    pub fn done_flag(&self) -> Result<Arc<std::sync::atomic::AtomicBool>> {
-        self.done_flag_on(&self.stream)
-    }
-
-    /// [`Cuda::done_flag`] for the work queued on `stream` (the kernels' or the collectives').
-    pub(crate) fn done_flag_on(&self, stream: &CudaStream) -> Result<Arc<std::sync::atomic::AtomicBool>> {
-        unsafe extern "C" fn set(flag: *mut std::ffi::c_void) {
-            // SAFETY: `flag` is the `Arc` leaked below, taken back exactly once, here.
-            let flag = unsafe { Arc::from_raw(flag as *const std::sync::atomic::AtomicBool) };
-            flag.store(true, std::sync::atomic::Ordering::Release);
+    /// Queues on `stream` (the kernels' or the collectives') a host function that adds one to
+    /// `counter` once the work queued before it has run: a watchdog reads the count without a CUDA call,
+    /// so it cannot be held up behind a thread the driver has blocked. Captured into a CUDA graph, the
+    /// function runs at each replay, so the count goes on counting.
+    pub fn count_done(&self, stream: &CudaStream, counter: &'static std::sync::atomic::AtomicU64) -> Result<()> {
+        unsafe extern "C" fn bump(counter: *mut std::ffi::c_void) {
+            // SAFETY: `counter` is the `&'static AtomicU64` passed below.
+            let counter = unsafe { &*(counter as *const std::sync::atomic::AtomicU64) };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Release);
         }
         self.bind()?;
-        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let raw = Arc::into_raw(flag.clone()) as *mut std::ffi::c_void;
-        // SAFETY: the stream is this context's; `set` makes no CUDA call and frees what `raw` holds.
-        let r = unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(set), raw) };
+        let raw = counter as *const std::sync::atomic::AtomicU64 as *mut std::ffi::c_void;
+        // SAFETY: the stream is this context's; `bump` makes no CUDA call and reads a value that lives
+        // as long as the process.
+        let r = unsafe { cudarc::driver::sys::cuLaunchHostFunc(stream.cu_stream(), Some(bump), raw) };
         if r != CUresult::CUDA_SUCCESS {
-            // SAFETY: not queued: the reference is still ours to drop.
-            drop(unsafe { Arc::from_raw(raw as *const std::sync::atomic::AtomicBool) });
             return Err(driver("queuing a host function", DriverError(r)));
         }
-        Ok(flag)
+        Ok(())
+    }
+
+    /// The stream every kiln launch on this device is ordered on.
+    pub(crate) fn main_stream(&self) -> &CudaStream {
+        &self.stream
+    }
+
+    /// Notes a collective queued into the CUDA graph being captured.
+    pub(crate) fn captured_collective(&self, what: &str) {
+        lock(&self.captured).push(what.to_string());
+    }
+
+    /// Whether a CUDA graph is being captured (a collective queued now runs at each replay instead).
+    pub(crate) fn capturing(&self) -> bool {
+        self.capturing.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -539,6 +551,7 @@ impl Driver for Cuda {
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| driver("beginning graph capture", e))?;
         // The runtime core holds the device alone while it records, so the flag is this capture's.
+        lock(&self.captured).clear();
         self.capturing.store(true, std::sync::atomic::Ordering::Relaxed);
         let enqueued = enqueue();
         self.capturing.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -547,12 +560,19 @@ impl Driver for Cuda {
         let graph = graph.map_err(|e| driver("ending graph capture", e))?;
         let graph = graph.ok_or_else(|| err("graph capture recorded nothing"))?;
         tracing::debug!(target: "kiln::graph", "recorded a CUDA graph");
-        Ok(Some(Box::new(Captured(graph))))
+        let collectives = std::mem::take(&mut *lock(&self.captured));
+        Ok(Some(Box::new(Captured(graph, collectives))))
     }
 
     fn replay(&self, recording: &Recording) -> Result<()> {
         let g = recording.downcast_ref::<Captured>().ok_or_else(|| err("a recording of another driver"))?;
-        g.0.launch().map_err(|e| driver("replaying the CUDA graph", e))
+        g.0.launch().map_err(|e| driver("replaying the CUDA graph", e))?;
+        if !g.1.is_empty() {
+            if let Some(c) = lock(&self.collective).as_ref().and_then(std::sync::Weak::upgrade) {
+                c.replayed(&g.1);
+            }
+        }
+        Ok(())
     }
 
     fn time(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<f64>> {

@@ -240,6 +240,7 @@ where
         clip_grad_norm: config.clip_grad_norm,
         accumulate: config.accumulate.max(1),
         dynamic_batch: dynamic(&train)?,
+        ..StepOptions::default()
     };
     let template = model.clone();
     let mut trainer = Trainer::with_options(model, opt, options, loss, backend)?;

@@ -247,12 +247,18 @@ impl Collective {
                     }
                     Ok(())
                 })
-                .map_err(|e| self.healthy().err().unwrap_or(e))
+                .map_err(|e| self.healthy().err().unwrap_or(e))?;
+            // Captured into a CUDA graph, the count goes before the end the kernels wait for: a
+            // capture must join every piece of the collectives' stream's work back into the kernels'.
+            if cuda.capturing() {
+                cuda.count_done(side, self.finished)?;
+            }
+            Ok(())
         })?;
-        // Queued after the end the kernels wait for, so they never wait for the host function too.
-        cuda.count_done(cuda.side_stream()?, self.finished)?;
-        // Captured into a CUDA graph, it runs at each replay, which hands it to the watchdog then.
+        // Captured, it runs at each replay, which hands it to the watchdog then. Launched, the count
+        // is queued after the end the kernels wait for, so they never wait for the host function too.
         if !cuda.capturing() {
+            cuda.count_done(cuda.side_stream()?, self.finished)?;
             self.track(&what);
         }
         Ok(())

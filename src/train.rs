@@ -304,11 +304,14 @@ pub struct Trainer<M, F> {
     step: Compiled<F>,
     options: StepOptions,
     accumulation: Accumulation,
-    /// The data-parallel world whose ranks average their gradients each step.
+    /// The data-parallel world whose ranks average their gradients each step (browsers have none).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     group: Option<Group>,
     /// Micro-batch weights already on the device, by their f32 bits.
     micro_weights: Vec<(u32, Tensor)>,
-    /// The one-graph step averages its gradients across the world (read when it is traced).
+    /// The one-graph step averages its gradients across the world (read when it is traced; set by
+    /// [`Trainer::data_parallel`], which browsers have not).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     averaged: Arc<std::sync::atomic::AtomicBool>,
 }
 

@@ -612,7 +612,7 @@ impl<'g> Scheduler<'g> {
         for sums in [true, false] {
             let these: Vec<NodeId> = nodes.iter().copied().filter(|&n| op(n) == sums).collect();
             let cap = self.target.bucket_bytes;
-            made.extend(crate::bucket::buckets(&these, &ready, bytes, cap, alone, |m, n| self.closes_cycle(m, n)));
+            made.extend(crate::bucket::buckets(&these, ready, bytes, cap, alone, |m, n| self.closes_cycle(m, n)));
         }
         for bucket in made {
             self.commit(RegionKind::Collective, bucket);

@@ -612,11 +612,19 @@ impl<'g> Scheduler<'g> {
         for sums in [true, false] {
             let these: Vec<NodeId> = nodes.iter().copied().filter(|&n| op(n) == sums).collect();
             let cap = self.target.bucket_bytes;
-            made.extend(crate::bucket::buckets(&these, ready, bytes, cap, alone, |m, n| self.closes_cycle(m, n)));
+            made.extend(crate::bucket::buckets(&these, ready, bytes, cap, alone, |m, n| self.apart(m, n)));
         }
         for bucket in made {
             self.commit(RegionKind::Collective, bucket);
         }
+    }
+
+    /// Whether all-reduce `n` must not join the bucket `members`: one reads another's result (one call
+    /// issues its parts together, so a part cannot read what another writes), or a path leaves the
+    /// bucket and comes back ([`Scheduler::closes_cycle`]).
+    fn apart(&self, members: &BTreeSet<NodeId>, n: NodeId) -> bool {
+        let reads = |a: NodeId, b: NodeId| self.f.producers[a.index()].contains(&b);
+        members.iter().any(|&m| reads(n, m) || reads(m, n)) || self.closes_cycle(members, n)
     }
 
     /// Graph outputs that are layout or source nodes get a pointwise region that writes them. (No output

@@ -81,21 +81,26 @@ pub fn plan(graph: &Graph, kernels: &[Kernel], assembly: &Assembly) -> Plan {
             last_read.insert(b.node, k);
         }
     }
-    // A collective reads its inputs while the kernels after it run: they stay allocated until the
-    // kernel that waits for it (no later kernel may be handed their memory before then).
+    // A family lives until the last kernel touching any of its values.
+    let mut family_until: BTreeMap<NodeId, usize> = BTreeMap::new();
+    for (k, kernel) in kernels.iter().enumerate() {
+        for (root, _) in kernel.buffers.iter().filter_map(|b| assembly.home.get(&b.node)) {
+            family_until.insert(*root, k);
+        }
+    }
+    // A collective reads its inputs while the kernels after it run: they (or the assembled family an
+    // input is part of) stay allocated until the kernel that waits for it, so no later kernel is
+    // handed their memory before then.
     let waits = collective_waits(kernels);
     for (k, kernel) in kernels.iter().enumerate().filter(|(_, k)| k.all_reduce().is_some()) {
         let until = waits.range(k + 1..).next().copied().unwrap_or(last);
         for b in kernel.buffers.iter().filter(|b| b.access == Access::Read) {
             let l = last_read.entry(b.node).or_insert(until);
             *l = (*l).max(until);
-        }
-    }
-    // A family lives until the last kernel touching any of its values.
-    let mut family_until: BTreeMap<NodeId, usize> = BTreeMap::new();
-    for (k, kernel) in kernels.iter().enumerate() {
-        for (root, _) in kernel.buffers.iter().filter_map(|b| assembly.home.get(&b.node)) {
-            family_until.insert(*root, k);
+            if let Some((root, _)) = assembly.home.get(&b.node) {
+                let f = family_until.entry(*root).or_insert(until);
+                *f = (*f).max(until);
+            }
         }
     }
     let mut free: Vec<usize> = Vec::new();

@@ -104,6 +104,27 @@ fn one_bucket_may_hold_more_tensors_than_a_kernel_binds() {
     assert_eq!(c.kernels[buckets(&c)[0]].buffers.len(), 2 * LAYERS);
 }
 
+/// An all-reduce of an all-reduce's result never shares its bucket (one call issues its parts
+/// together: the second would read what the first has not written) and runs after it, though its
+/// own input is made first.
+#[test]
+fn an_all_reduce_of_an_all_reduce_goes_in_the_next_bucket() {
+    let g = capture(&[f32s(&[64])], |t| {
+        let once = t[0].exp()?.all_reduce(CollectiveOp::Sum)?;
+        Ok(vec![once.all_reduce(CollectiveOp::Sum)?.add(&once)?])
+    })
+    .expect("traces");
+    let c = compile_graph(&g, &Target::cuda(90)).expect("compiles");
+    let at = buckets(&c);
+    assert_eq!(at.len(), 2, "{c}");
+    let first_writes: Vec<_> =
+        c.kernels[at[0]].buffers.iter().filter(|b| b.access == Access::Write).map(|b| b.node).collect();
+    assert!(
+        c.kernels[at[1]].buffers.iter().any(|b| b.access == Access::Read && first_writes.contains(&b.node)),
+        "the second bucket reads the first's result: {c}"
+    );
+}
+
 #[test]
 fn the_eager_baseline_issues_each_all_reduce_alone() {
     let c = compiled(&Target::cuda(90), FusionMode::PerOp);

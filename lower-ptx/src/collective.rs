@@ -221,10 +221,7 @@ impl Collective {
         if cuda.capturing() {
             cuda.captured_collective(&what);
         }
-        let op = match op {
-            kiln_graph::ir::CollectiveOp::Sum => ReduceOp::Sum,
-            kiln_graph::ir::CollectiveOp::Mean => ReduceOp::Avg,
-        };
+        let op = ReduceOp::from(op);
         let types = parts
             .iter()
             .map(|&(d, ..)| {

@@ -56,6 +56,15 @@ pub enum ReduceOp {
     Avg = 4,
 }
 
+impl From<kiln_graph::ir::CollectiveOp> for ReduceOp {
+    fn from(op: kiln_graph::ir::CollectiveOp) -> ReduceOp {
+        match op {
+            kiln_graph::ir::CollectiveOp::Sum => ReduceOp::Sum,
+            kiln_graph::ir::CollectiveOp::Mean => ReduceOp::Avg,
+        }
+    }
+}
+
 /// The loaded library and the entry points kiln calls.
 pub struct Nccl {
     /// Where it was loaded from.

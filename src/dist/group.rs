@@ -9,14 +9,11 @@ use super::DistEnv;
 use crate::{Backend, Error, Result, Tensor};
 use std::sync::{Arc, Mutex};
 
-/// How an all-reduce combines the ranks' tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reduce {
-    /// The sum over the ranks.
-    Sum,
-    /// The mean over the ranks (data-parallel gradients).
-    Mean,
-}
+/// How an all-reduce combines the ranks' tensors: the graph's own [`Op::AllReduce`] reduction, so a
+/// collective called on concrete tensors and one recorded inside a compiled step are one thing.
+///
+/// [`Op::AllReduce`]: crate::graph::ir::Op::AllReduce
+pub use crate::graph::ir::CollectiveOp as Reduce;
 
 /// This process's rank of a data-parallel world, and the collectives over it.
 pub struct ProcessGroup {
@@ -129,20 +126,11 @@ impl ProcessGroup {
     /// tensors) each is an op of the graph ([`Tensor::all_reduce`]), bucketed by the compiler.
     pub fn all_reduce(&self, xs: &[Tensor], op: Reduce) -> Result<Vec<Tensor>> {
         if xs.iter().any(|t| t.value().is_none()) {
-            let op = match op {
-                Reduce::Sum => crate::graph::ir::CollectiveOp::Sum,
-                Reduce::Mean => crate::graph::ir::CollectiveOp::Mean,
-            };
             return xs.iter().map(|t| t.all_reduce(op)).collect();
         }
         #[cfg(feature = "cuda")]
         {
-            use kiln_ptx::nccl::ReduceOp;
-            let op = match op {
-                Reduce::Sum => ReduceOp::Sum,
-                Reduce::Mean => ReduceOp::Avg,
-            };
-            let out = self.collective.all_reduce(&self.on_device(xs)?, op)?;
+            let out = self.collective.all_reduce(&self.on_device(xs)?, op.into())?;
             Ok(wrap(out))
         }
         #[cfg(not(feature = "cuda"))]

@@ -12,7 +12,7 @@ if ! rustup toolchain list | grep -q '^nightly'; then
   exit 1
 fi
 if ! cargo fuzz --version 2>/dev/null | grep -q '0.13.2'; then
-  cargo install cargo-fuzz --version 0.13.2 --locked
+  env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS cargo install cargo-fuzz --version 0.13.2 --locked
 fi
 for target in report_json graph_json cache_entry sym_simplify onnx_model; do
   corpus="$(mktemp -d)"

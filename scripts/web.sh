@@ -21,8 +21,9 @@ bindgen() {
   if [ ! -x "$bin" ]; then
     echo "web.sh: installing wasm-bindgen-cli $version (the version Cargo.lock pins) into .tools/" >&2
     # Its own lock file first; where the registry lacks a version it names, the newest compatible ones.
-    cargo install -q --locked wasm-bindgen-cli --version "$version" --root "$root/.tools/wasm-bindgen-$version" >&2 \
-      || cargo install -q wasm-bindgen-cli --version "$version" --root "$root/.tools/wasm-bindgen-$version" >&2
+    # Without a lint wrapper CI may have set for kiln's own crates (an installed tool is not kiln's to lint).
+    env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS cargo install -q --locked wasm-bindgen-cli --version "$version" --root "$root/.tools/wasm-bindgen-$version" >&2 \
+      || env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS cargo install -q wasm-bindgen-cli --version "$version" --root "$root/.tools/wasm-bindgen-$version" >&2
   fi
   [ -x "$bin" ] || { echo "web.sh: wasm-bindgen-cli $version did not install" >&2; return 1; }
   echo "$bin"

@@ -339,7 +339,16 @@ pub struct MatOperand {
     pub value: VarId,
 }
 
-/// Tile sizes chosen by `graph` from the target.
+/// The matmul template's schedule, chosen by `graph` from the target (`matmul_tile`): a workgroup owns an
+/// `m × n` block of one batch entry's output and steps through the depth `k` elements at a time; its
+/// `threads[0] × threads[1]` threads (row-major: thread `t` is row `t / threads[1]`, column
+/// `t % threads[1]`) each keep `m / threads[0] × n / threads[1]` sums in registers. A thread's rows come
+/// in runs of `run` consecutive rows spaced `threads[0] · run` apart, its columns likewise: thread
+/// `(y, x)` owns rows `g · threads[0] · run + y · run + r` for every run `g` and `r < run` — so the
+/// group's threads read a step's operands as `run`-wide vectors of workgroup memory side by side.
+/// Renderers print this; each step's operand tiles are read from memory into registers while the
+/// previous step's are multiplied (one tile of each operand in workgroup memory, `shared_bytes`, laid
+/// out as `a_stride` says).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Tile {
     /// Rows of the output tile.
@@ -348,6 +357,58 @@ pub struct Tile {
     pub n: u32,
     /// Depth of one k step.
     pub k: u32,
+    /// Threads along the tile's rows and along its columns.
+    pub threads: [u32; 2],
+    /// Consecutive rows (and columns) one thread owns before the next run (1, 2 or 4).
+    pub run: u32,
+    /// For A and for B: whether consecutive threads reading a step's tile take consecutive depths (else
+    /// consecutive rows of A, columns of B). `graph` picks the axis along which the operand's loads are
+    /// contiguous in memory, so the threads' reads coalesce (`matmul_tile::read_order`).
+    pub depth_fastest: [bool; 2],
+}
+
+impl Tile {
+    /// Sums one thread keeps: rows, columns.
+    pub fn per_thread(&self) -> [u32; 2] {
+        [self.m / self.threads[0].max(1), self.n / self.threads[1].max(1)]
+    }
+
+    /// Elements between consecutive depths of the A tile in workgroup memory: it is stored depth-major
+    /// (a thread's rows side by side) with each depth's rows padded by one run, so the threads writing
+    /// one row's consecutive depths hit different memory banks (unpadded, a 128-row tile put all of
+    /// them in one bank).
+    pub fn a_stride(&self) -> u32 {
+        self.m + self.run
+    }
+
+    /// [`Tile::a_stride`] for B: its columns padded by one run, so threads writing one column's
+    /// consecutive depths (`depth_fastest`) hit different banks too.
+    pub fn b_stride(&self) -> u32 {
+        self.n + self.run
+    }
+
+    /// Workgroup memory of one step's operand tiles with elements of `elem_bytes`.
+    pub fn shared_bytes(&self, elem_bytes: u32) -> u32 {
+        (self.a_stride() + self.b_stride()) * self.k * elem_bytes
+    }
+
+    /// Why the template cannot run this schedule with `threads` threads a workgroup, if it cannot.
+    pub fn unfit(&self, threads: u32) -> Option<String> {
+        let [ty, tx] = self.threads;
+        if ty * tx != threads {
+            return Some(format!("a {ty}x{tx} thread tile in a workgroup of {threads} threads"));
+        }
+        if !matches!(self.run, 1 | 2 | 4) {
+            return Some(format!("runs of {} outputs (1, 2 or 4)", self.run));
+        }
+        if self.k == 0 || self.m % (ty * self.run) != 0 || self.n % (tx * self.run) != 0 {
+            return Some(format!(
+                "a {}x{}x{} tile does not split into runs of {} over {ty}x{tx} threads",
+                self.m, self.n, self.k, self.run
+            ));
+        }
+        None
+    }
 }
 
 /// `out[b, i, j] = epilogue(sum_p a[b, i, p] * b[b, p, j])`.
@@ -1121,7 +1182,7 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                 let [b, i, j, p] = m.syms.map(sym_name);
                 writeln!(
                     f,
-                    "{pad}matmul [{b} < {}, {i} < {}, {j} < {}] over {p} < {} (tile {}x{}x{}, acc {}) {{",
+                    "{pad}matmul [{b} < {}, {i} < {}, {j} < {}] over {p} < {} (tile {}x{}x{}, threads {}x{}, runs of {}, read {}/{}, acc {}) {{",
                     show_expr(&m.batch),
                     show_expr(&m.m),
                     show_expr(&m.n),
@@ -1129,6 +1190,11 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                     m.tile.m,
                     m.tile.n,
                     m.tile.k,
+                    m.tile.threads[0],
+                    m.tile.threads[1],
+                    m.tile.run,
+                    if m.tile.depth_fastest[0] { p.as_str() } else { i.as_str() },
+                    if m.tile.depth_fastest[1] { p.as_str() } else { j.as_str() },
                     m.acc_dtype
                 )?;
                 writeln!(f, "{pad}  a({b}, {i}, {p}):")?;

@@ -33,6 +33,7 @@ pub mod kinterp;
 pub mod layers;
 pub mod loc;
 pub mod lower;
+pub mod matmul_tile;
 pub mod minimize;
 pub mod numbers;
 pub mod opdocs;

@@ -9,7 +9,7 @@ use crate::fuse::{Region, RegionKind};
 use crate::ir::{ArgReduceOp, AttentionPart, BinaryOp, Graph, NodeId, Op, ReduceOp, UnaryOp};
 use crate::kernel::{
     builtin, Access, BufferParam, KReduceOp, Kernel, Launch, LoopMode, MatMul, MatOperand, ReduceStrategy, Scalar,
-    Stmt, Tile, VarId,
+    Stmt, VarId,
 };
 use crate::kernel::{
     AllReduce, AllReducePart, Attention, AttentionBatch, AttentionPass, FaultSite, Gemm, GemmBatch, RowLoad,
@@ -1143,11 +1143,11 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
         l.store(s, out.flat.clone(), v);
     }
     let epilogue = l.pop_block();
-    let big = |e: &Expr| e.as_const().is_none_or(|c| c >= 64);
-    let tile = if big(&m) && big(&n) { Tile { m: 64, n: 64, k: 16 } } else { Tile { m: 16, n: 16, k: 16 } };
+    let mut tile = crate::matmul_tile::choose(l.target, &batch, &m, &n, acc_dtype.size_bytes() as u32);
+    tile.depth_fastest = crate::matmul_tile::read_order(&a, &b, syms);
     let groups = batch.clone() * ceil_div(&m, tile.m) * ceil_div(&n, tile.n);
+    let threads = tile.threads[0] * tile.threads[1];
     l.blocks[0].push(Stmt::MatMul(Box::new(MatMul { batch, m, n, k, syms, a, b, acc_dtype, acc, epilogue, tile })));
-    let threads = 256.min(l.target.max_threads_per_group);
     Ok(l.finish(&region.name, Launch::new(groups, threads)))
 }
 

@@ -98,6 +98,14 @@ pub struct Target {
     /// How far a bucket of all-reduces is filled before the next starts (see [`crate::bucket`]).
     #[serde(default = "default_bucket_bytes")]
     pub bucket_bytes: u64,
+    /// The largest output tile edge the matmul template may take (see [`crate::matmul_tile`]): 128, 64
+    /// or 16 (`KILN_<BACKEND>_MATMUL_TILE`).
+    #[serde(default = "default_matmul_tile")]
+    pub matmul_tile: u32,
+}
+
+fn default_matmul_tile() -> u32 {
+    crate::matmul_tile::LARGEST
 }
 
 fn default_bucket_bytes() -> u64 {
@@ -163,6 +171,7 @@ impl Target {
             index_bits: 32,
             collectives: false,
             bucket_bytes: default_bucket_bytes(),
+            matmul_tile: default_matmul_tile(),
         }
     }
 
@@ -217,6 +226,7 @@ impl Target {
             index_bits: 64,
             collectives: true,
             bucket_bytes: default_bucket_bytes(),
+            matmul_tile: default_matmul_tile(),
         }
     }
 
@@ -262,7 +272,7 @@ impl Target {
     /// attention: matrix units unused) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
     /// (`benches/NOTES.md`), `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix) and
-    /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB).
+    /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB), `KILN_<BACKEND>_MATMUL_TILE` (`matmul_tile`).
     pub fn tuned_by_env(mut self, backend: &str) -> Target {
         let knob = |k: &str| std::env::var(format!("KILN_{backend}_{k}")).ok().and_then(|v| v.parse::<u32>().ok());
         if let Some(n) = knob("MAX_THREADS") {
@@ -298,6 +308,10 @@ impl Target {
         if let Some(mb) = knob("BUCKET_MB").filter(|&mb| u64::from(mb) << 20 != self.bucket_bytes) {
             self.name = format!("{}-buckets-{mb}mb", self.name);
             self.bucket_bytes = u64::from(mb.max(1)) << 20;
+        }
+        if let Some(edge) = knob("MATMUL_TILE").filter(|&e| e != self.matmul_tile) {
+            self.name = format!("{}-matmul-tile-{edge}", self.name);
+            self.matmul_tile = edge;
         }
         if std::env::var(format!("KILN_{backend}_HALF_ROUNDING")).as_deref() == Ok("each-op") {
             self.name = format!("{}-round-each-op", self.name);

@@ -4,7 +4,8 @@
 //!
 //! The rules are the assumptions the renderers make without checking: how many threads a workgroup
 //! has and which combines they use, what packed groups (`Launch::packed`) may do, how many buffers a
-//! kernel binds, and how much shared memory a template declares. Index bounds are not checked here:
+//! kernel binds, how a matmul's tile splits over its threads, and how much shared memory a template
+//! declares. Index bounds are not checked here:
 //! lowering clamps or guards every index it emits, and the kernel interpreter runs each one in CI.
 
 use crate::kernel::{AttentionPass, AttentionTile, Kernel, ReduceStrategy, Stmt};
@@ -67,6 +68,18 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
         }
     }
     for st in &kernel.body {
+        if let Stmt::MatMul(m) = st {
+            if let Some(why) = m.tile.unfit(launch.threads) {
+                return broken(format!("its matmul schedule: {why}"));
+            }
+            let shared = m.tile.shared_bytes(m.acc_dtype.size_bytes() as u32);
+            if shared > target.shared_memory_bytes {
+                return broken(format!(
+                    "its matmul tiles take {shared} bytes of workgroup memory past the target's {}",
+                    target.shared_memory_bytes
+                ));
+            }
+        }
         if let Stmt::Attention(a) = st {
             let shared = match a.pass {
                 AttentionPass::Forward | AttentionPass::Lse => a.tile.shared_bytes(a.head_dim, a.value_dim),

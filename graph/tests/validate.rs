@@ -95,3 +95,32 @@ fn attention_tiles_past_the_shared_memory_budget_are_rejected() {
     (a.tile.vector, a.tile.keys) = (8, 128);
     rejected(&k, &Target::cuda(90), "shared memory");
 }
+
+fn square(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].matmul(&t[0])?])
+}
+
+/// The matmul template's schedule is `graph`'s: a large product takes the large tile on a WebGPU target,
+/// and a tile that does not split over the workgroup's threads, or takes more workgroup memory than the
+/// target has, is rejected.
+#[test]
+fn matmul_schedules_that_do_not_split_or_fit_are_rejected() {
+    let target = Target { matmul_tile: 128, ..Target::webgpu_default() };
+    let k = kernel(f32s(&[2048, 2048]), square, &target);
+    let Some(Stmt::MatMul(m)) = k.body.iter().find(|s| matches!(s, Stmt::MatMul(_))) else {
+        panic!("a matmul template: {k}")
+    };
+    assert_eq!((m.tile.m, m.tile.n, m.tile.threads, m.tile.run), (128, 128, [16, 16], 4), "{k}");
+    assert_eq!(k.launch.threads, 256);
+    validate(&k, &target).unwrap();
+    let mut odd = k.clone();
+    let Some(Stmt::MatMul(m)) = odd.body.iter_mut().find(|s| matches!(s, Stmt::MatMul(_))) else { unreachable!() };
+    m.tile.threads = [8, 32];
+    m.tile.n = 100;
+    rejected(&odd, &target, "does not split");
+    rejected(&k, &Target { shared_memory_bytes: 4096, ..target.clone() }, "workgroup memory");
+    // A cap on the tile (`KILN_WGPU_MATMUL_TILE`) keeps products at the medium one.
+    let capped = kernel(f32s(&[2048, 2048]), square, &Target { matmul_tile: 64, ..target });
+    let Some(Stmt::MatMul(m)) = capped.body.iter().find(|s| matches!(s, Stmt::MatMul(_))) else { panic!("{capped}") };
+    assert_eq!(m.tile.m, 64);
+}

@@ -1326,54 +1326,221 @@ impl<'k> Writer<'k> {
         self.emit("bar.sync 0;");
     }
 
-    /// The matmul template in its plain form (one output element per thread, grid-stride). Matmul regions
-    /// are meant for cuBLASLt on this backend; this form keeps every kernel runnable and checkable.
+    /// The matmul template, as its [`kiln_graph::kernel::Tile`] schedules it (the WGSL renderer prints the
+    /// same schedule): a workgroup per `tile.m × tile.n` block of one batch entry's output (grid-stride
+    /// over blocks), each thread its runs of rows and columns with the sums in registers. Every step of
+    /// depth `tile.k`, the threads read the next A and B tiles through the operand code into registers
+    /// while the previous step's tiles, in shared memory, are multiplied (`run`-wide shared loads).
+    /// Matmul regions are meant for cuBLASLt on this backend; this form runs the rest (integer products,
+    /// operands no library takes as they lie, `KILN_CUDA_GEMM=kiln`).
     fn matmul(&mut self, m: &MatMul) {
+        let threads = self.k.launch.threads;
+        if let Some(why) = m.tile.unfit(threads) {
+            self.fail(format!("matmul schedule: {why}"));
+            return;
+        }
+        let saved_in = std::mem::replace(&mut self.in_slot, false);
         let [bs, is, js, ps] = m.syms;
-        let (bn, mm, nn) = (self.expr(&m.batch), self.expr(&m.m), self.expr(&m.n));
-        let (mn, total) = (self.reg("s64"), self.reg("s64"));
-        self.emit(&format!("mul.lo.s64 {mn}, {mm}, {nn};"));
-        self.emit(&format!("mul.lo.s64 {total}, {mn}, {bn};"));
-        let t = self.reg("s64");
-        let (top, end) = (self.label(), self.label());
-        self.emit(&format!("mov.s64 {t}, %gstart;"));
+        let t = i64::from(threads);
+        let (tm, tn, tk) = (i64::from(m.tile.m), i64::from(m.tile.n), i64::from(m.tile.k));
+        let [rows, cols] = m.tile.threads.map(i64::from);
+        let run = i64::from(m.tile.run);
+        let [rm, rn] = m.tile.per_thread().map(|x| x as usize);
+        let ty = reg_type(m.acc_dtype);
+        let elem: i64 = if ty == "s64" { 8 } else { 4 };
+        let sa = i64::from(m.tile.a_stride());
+        self.extra_shared.push(format!(".shared .align 16 .{ty} mm_as[{}];", sa * tk));
+        self.extra_shared.push(format!(".shared .align 16 .{ty} mm_bs[{}];", tk * i64::from(m.tile.b_stride())));
+        let (bn, mm, nn, kk) = (self.expr(&m.batch), self.expr(&m.m), self.expr(&m.n), self.expr(&m.k));
+        let ceil = |w: &mut Self, x: &str, d: i64| {
+            let r = w.reg("s64");
+            w.emit(&format!("add.s64 {r}, {x}, {};", d - 1));
+            w.emit(&format!("div.s64 {r}, {r}, {d};"));
+            r
+        };
+        let (tiles_m, tiles_n, steps) = (ceil(self, &mm, tm), ceil(self, &nn, tn), ceil(self, &kk, tk));
+        let (per_batch, blocks, tx, tyr) = (self.reg("s64"), self.reg("s64"), self.reg("s64"), self.reg("s64"));
+        self.emit(&format!("mul.lo.s64 {per_batch}, {tiles_m}, {tiles_n};"));
+        self.emit(&format!("mul.lo.s64 {blocks}, {per_batch}, {bn};"));
+        self.emit(&format!("rem.s64 {tx}, %local, {cols};"));
+        self.emit(&format!("div.s64 {tyr}, %local, {cols};"));
+        // Each thread's first shared element of a step's A and B runs; the rest are constant offsets.
+        let (a_base, b_base, a_thread, b_thread) = (self.reg("s64"), self.reg("s64"), self.reg("s64"), self.reg("s64"));
+        self.emit(&format!("mov.u64 {a_base}, mm_as;"));
+        self.emit(&format!("mov.u64 {b_base}, mm_bs;"));
+        self.emit(&format!("mad.lo.s64 {a_thread}, {tyr}, {}, {a_base};", elem * run));
+        self.emit(&format!("mad.lo.s64 {b_thread}, {tx}, {}, {b_base};", elem * run));
+        let (blk, top, end) = (self.reg("s64"), self.label(), self.label());
+        self.emit(&format!("mov.s64 {blk}, %group;"));
         self.place(&top);
-        let p = self.reg("pred");
-        self.emit(&format!("setp.ge.s64 {p}, {t}, {total};"));
-        self.emit(&format!("@{p} bra {end};"));
-        let (b, rest, i, j) = (self.reg("s64"), self.reg("s64"), self.reg("s64"), self.reg("s64"));
-        self.emit(&format!("div.s64 {b}, {t}, {mn};"));
-        self.emit(&format!("rem.s64 {rest}, {t}, {mn};"));
-        self.emit(&format!("div.s64 {i}, {rest}, {nn};"));
-        self.emit(&format!("rem.s64 {j}, {rest}, {nn};"));
+        let done = self.reg("pred");
+        self.emit(&format!("setp.ge.s64 {done}, {blk}, {blocks};"));
+        self.emit(&format!("@{done} bra {end};"));
+        let (b, rest, row0, col0) = (self.reg("s64"), self.reg("s64"), self.reg("s64"), self.reg("s64"));
+        self.emit(&format!("div.s64 {b}, {blk}, {per_batch};"));
+        self.emit(&format!("rem.s64 {rest}, {blk}, {per_batch};"));
+        self.emit(&format!("div.s64 {row0}, {rest}, {tiles_n};"));
+        self.emit(&format!("mul.lo.s64 {row0}, {row0}, {tm};"));
+        self.emit(&format!("rem.s64 {col0}, {rest}, {tiles_n};"));
+        self.emit(&format!("mul.lo.s64 {col0}, {col0}, {tn};"));
         self.syms.insert(bs, b);
-        self.syms.insert(is, i);
-        self.syms.insert(js, j);
-        let acc_ty = reg_type(m.acc_dtype);
-        let acc = self.reg(acc_ty);
-        let zero = if acc_ty == "f32" { "0f00000000" } else { "0" };
-        self.emit(&format!("mov.{acc_ty} {acc}, {zero};"));
-        let acc2 = acc.clone();
-        self.counted_loop(ps, "0", "1", &m.k, |w| {
-            w.block(&m.a.body);
-            w.block(&m.b.body);
-            let (x, dx) = w.var(m.a.value);
-            let (y, dy) = w.var(m.b.value);
-            let (x, y) = (w.convert(&x, dx, m.acc_dtype), w.convert(&y, dy, m.acc_dtype));
-            if acc_ty == "f32" {
-                w.emit(&format!("fma.rn.f32 {acc2}, {x}, {y}, {acc2};"));
-            } else {
-                w.emit(&format!("mad.lo.{acc_ty} {acc2}, {x}, {y}, {acc2};"));
+        let zero = if ty == "f32" { "0f00000000" } else { "0" };
+        let mut accs = vec![vec![String::new(); rn]; rm];
+        for row in accs.iter_mut() {
+            for acc in row.iter_mut() {
+                *acc = self.reg(ty);
+                self.emit(&format!("mov.{ty} {acc}, {zero};"));
             }
-        });
-        self.vars.insert(m.acc, (acc, m.acc_dtype));
+        }
+        let (slots_a, slots_b) = ((tm * tk + t - 1) / t, (tk * tn + t - 1) / t);
+        let ra: Vec<String> = (0..slots_a).map(|_| self.reg(ty)).collect();
+        let rb: Vec<String> = (0..slots_b).map(|_| self.reg(ty)).collect();
+        // Step s stores the tiles read in step s - 1, reads step s's, and multiplies step s - 1's.
+        let (step, step_top, step_end) = (self.reg("s64"), self.label(), self.label());
+        self.emit(&format!("mov.s64 {step}, 0;"));
+        self.place(&step_top);
+        let past = self.reg("pred");
+        self.emit(&format!("setp.gt.s64 {past}, {step}, {steps};"));
+        self.emit(&format!("@{past} bra {step_end};"));
+        let (first, skip_store) = (self.reg("pred"), self.label());
+        self.emit(&format!("setp.eq.s64 {first}, {step}, 0;"));
+        self.emit(&format!("@{first} bra {skip_store};"));
+        self.emit("bar.sync 0;");
+        // Element e of a step's tile of an operand whose other axis has `outer` elements: its depth and its
+        // row (A) or column (B) within the tile, in the order `Tile::depth_fastest` reads it.
+        let split = |w: &mut Self, e: &str, depth_fastest: bool, outer: i64| {
+            let (depth, other) = (w.reg("s64"), w.reg("s64"));
+            let (d_op, o_op, by) = if depth_fastest { ("rem", "div", tk) } else { ("div", "rem", outer) };
+            w.emit(&format!("{d_op}.s64 {depth}, {e}, {by};"));
+            w.emit(&format!("{o_op}.s64 {other}, {e}, {by};"));
+            (depth, other)
+        };
+        let [a_order, b_order] = m.tile.depth_fastest;
+        let sb = i64::from(m.tile.b_stride());
+        let sides = [(&ra, tm, a_order, sa, &a_base), (&rb, tn, b_order, sb, &b_base)];
+        for (regs, outer, order, stride, base) in sides {
+            let len = outer * tk;
+            for (q, r) in regs.iter().enumerate() {
+                let (e, skip) = (self.reg("s64"), self.label());
+                self.emit(&format!("add.s64 {e}, %local, {};", q as i64 * t));
+                if regs.len() as i64 * t > len {
+                    let p = self.reg("pred");
+                    self.emit(&format!("setp.ge.s64 {p}, {e}, {len};"));
+                    self.emit(&format!("@{p} bra {skip};"));
+                }
+                // Stored [depth][row or column], padded (`Tile::a_stride`, `Tile::b_stride`).
+                let (depth, other) = split(self, &e, order, outer);
+                self.emit(&format!("mad.lo.s64 {depth}, {depth}, {stride}, {other};"));
+                self.emit(&format!("mad.lo.s64 {depth}, {depth}, {elem}, {base};"));
+                self.emit(&format!("st.shared.{ty} [{depth}], {r};"));
+                self.place(&skip);
+            }
+        }
+        self.emit("bar.sync 0;");
+        self.place(&skip_store);
+        let (last, skip_load) = (self.reg("pred"), self.label());
+        self.emit(&format!("setp.ge.s64 {last}, {step}, {steps};"));
+        self.emit(&format!("@{last} bra {skip_load};"));
+        let k0 = self.reg("s64");
+        self.emit(&format!("mul.lo.s64 {k0}, {step}, {tk};"));
+        let sides = [(&ra, tm, a_order, is, &row0, &mm, &m.a), (&rb, tn, b_order, js, &col0, &nn, &m.b)];
+        for (regs, outer, order, other_sym, other_base, other_bound, operand) in sides {
+            let len = outer * tk;
+            for (q, r) in regs.iter().enumerate() {
+                let (e, skip) = (self.reg("s64"), self.label());
+                self.emit(&format!("add.s64 {e}, %local, {};", q as i64 * t));
+                self.emit(&format!("mov.{ty} {r}, {zero};"));
+                let (depth, other) = split(self, &e, order, outer);
+                self.emit(&format!("add.s64 {depth}, {depth}, {k0};"));
+                self.emit(&format!("add.s64 {other}, {other}, {other_base};"));
+                let mut guards = vec![(depth.clone(), kk.clone()), (other.clone(), other_bound.clone())];
+                if regs.len() as i64 * t > len {
+                    guards.push((e.clone(), len.to_string()));
+                }
+                for (x, bound) in guards {
+                    let p = self.reg("pred");
+                    self.emit(&format!("setp.ge.s64 {p}, {x}, {bound};"));
+                    self.emit(&format!("@{p} bra {skip};"));
+                }
+                self.syms.insert(ps, depth);
+                self.syms.insert(other_sym, other);
+                self.block(&operand.body);
+                let (v, from) = self.var(operand.value);
+                let v = self.convert(&v, from, m.acc_dtype);
+                self.emit(&format!("mov.{ty} {r}, {v};"));
+                self.place(&skip);
+            }
+        }
+        self.place(&skip_load);
+        let skip_compute = self.label();
+        self.emit(&format!("@{first} bra {skip_compute};"));
+        // `run`-wide shared loads where PTX has them (v2/v4 of 32-bit values), else one at a time.
+        let width = if elem == 4 && run > 1 { run } else { 1 };
+        let read = |w: &mut Self, base: &str, offset: i64| -> Vec<String> {
+            let mut vals = Vec::new();
+            for piece in 0..run / width {
+                let regs: Vec<String> = (0..width).map(|_| w.reg(ty)).collect();
+                let at = offset + piece * width * elem;
+                if width == 1 {
+                    w.emit(&format!("ld.shared.{ty} {}, [{base}+{at}];", regs[0]));
+                } else {
+                    w.emit(&format!("ld.shared.v{width}.{ty} {{{}}}, [{base}+{at}];", regs.join(", ")));
+                }
+                vals.extend(regs);
+            }
+            vals
+        };
+        for depth in 0..tk {
+            let mut a_vals = Vec::new();
+            for g in 0..rm as i64 / run {
+                a_vals.extend(read(self, &a_thread, elem * (depth * sa + g * rows * run)));
+            }
+            let mut b_vals = Vec::new();
+            for g in 0..rn as i64 / run {
+                b_vals.extend(read(self, &b_thread, elem * (depth * sb + g * cols * run)));
+            }
+            for (r, x) in a_vals.iter().enumerate() {
+                for (c, y) in b_vals.iter().enumerate() {
+                    let acc = &accs[r][c];
+                    if ty == "f32" {
+                        self.emit(&format!("fma.rn.f32 {acc}, {x}, {y}, {acc};"));
+                    } else {
+                        self.emit(&format!("mad.lo.{ty} {acc}, {x}, {y}, {acc};"));
+                    }
+                }
+            }
+        }
+        self.place(&skip_compute);
+        self.emit(&format!("add.s64 {step}, {step}, 1;"));
+        self.emit(&format!("bra {step_top};"));
+        self.place(&step_end);
         let saved = self.single_thread_stores;
         self.single_thread_stores = false;
-        self.block(&m.epilogue);
+        for (r, row) in accs.iter().enumerate() {
+            for (c, acc) in row.iter().enumerate() {
+                let (r, c) = (r as i64, c as i64);
+                let (i, j, skip) = (self.reg("s64"), self.reg("s64"), self.label());
+                self.emit(&format!("mad.lo.s64 {i}, {tyr}, {run}, {row0};"));
+                self.emit(&format!("add.s64 {i}, {i}, {};", (r / run) * rows * run + r % run));
+                self.emit(&format!("mad.lo.s64 {j}, {tx}, {run}, {col0};"));
+                self.emit(&format!("add.s64 {j}, {j}, {};", (c / run) * cols * run + c % run));
+                for (x, bound) in [(&i, &mm), (&j, &nn)] {
+                    let p = self.reg("pred");
+                    self.emit(&format!("setp.ge.s64 {p}, {x}, {bound};"));
+                    self.emit(&format!("@{p} bra {skip};"));
+                }
+                self.syms.insert(is, i);
+                self.syms.insert(js, j);
+                self.vars.insert(m.acc, (acc.clone(), m.acc_dtype));
+                self.block(&m.epilogue);
+                self.place(&skip);
+            }
+        }
         self.single_thread_stores = saved;
-        self.emit(&format!("add.s64 {t}, {t}, %gstride;"));
+        self.emit(&format!("add.s64 {blk}, {blk}, %ngroups;"));
         self.emit(&format!("bra {top};"));
         self.place(&end);
+        self.in_slot = saved_in;
     }
 }
 

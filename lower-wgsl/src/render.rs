@@ -40,7 +40,7 @@ struct Writer<'k> {
     single_thread_stores: bool,
     red_types: std::collections::BTreeSet<&'static str>,
     /// Workgroup tiles of the matmul template: (A elements, B elements, element type).
-    mm_tiles: Option<(i64, i64, &'static str)>,
+    mm_tiles: Option<(i64, i64, String)>,
     error: Option<String>,
     /// Inside a vectorised loop: the lane being written and the loop variable.
     lane: Option<(u32, SymId)>,
@@ -678,93 +678,152 @@ impl<'k> Writer<'k> {
         }
     }
 
-    /// The matmul template, tiled through workgroup memory: each workgroup owns a `tile.m × tile.n` block
-    /// of one batch's output (a grid-stride loop over blocks), its 256 threads as 16 × 16, each thread a
-    /// `tile.m/16 × tile.n/16` patch of accumulators in registers. Per `tile.k` step the group loads an
-    /// A and a B tile through the operand code (so transposes, head splits and broadcast batches are
-    /// index expressions, not copies), then every thread accumulates its patch; the fused epilogue runs on
+    /// The matmul template, as its [`kiln_graph::kernel::Tile`] schedules it: each workgroup owns a
+    /// `tile.m × tile.n` block of one batch entry's output (a grid-stride loop over blocks) and each
+    /// thread the runs of rows and columns the tile gives it, its sums in registers (`run`-wide vectors).
+    /// Every step of depth `tile.k`, the threads read the next A and B tiles through the operand code
+    /// (transposes, head splits and broadcast batches are index expressions, not copies) into registers
+    /// while the previous step's tiles, in workgroup memory, are multiplied; the fused epilogue runs on
     /// each finished element.
     fn matmul(&mut self, depth: usize, m: &MatMul) {
         let [b, i, j, p] = m.syms.map(sym);
         let (bn, mm, nn, kk) = (self.expr(&m.batch), self.expr(&m.m), self.expr(&m.n), self.expr(&m.k));
-        let t = self.k.launch.threads as i64;
-        let (tm, tn, tk) = (m.tile.m as i64, m.tile.n as i64, m.tile.k as i64);
-        let (rm, rn) = (tm / 16, tn / 16);
-        let acc_ty = self.ty(m.acc_dtype);
-        if t != 256 || tm % 16 != 0 || tn % 16 != 0 {
-            self.fail(format!(
-                "matmul tile {tm}x{tn} with {t} threads: the WGSL template needs 256 threads and tiles of 16"
-            ));
+        let t = self.k.launch.threads;
+        if let Some(why) = m.tile.unfit(t) {
+            self.fail(format!("matmul schedule: {why}"));
             return;
         }
-        self.mm_tiles = Some((tm * tk, tk * tn, acc_ty));
+        let t = i64::from(t);
+        let (tm, tn, tk) = (i64::from(m.tile.m), i64::from(m.tile.n), i64::from(m.tile.k));
+        let [rows, cols] = m.tile.threads.map(i64::from);
+        let run = i64::from(m.tile.run);
+        let [rm, rn] = m.tile.per_thread().map(i64::from);
+        let acc_ty = self.ty(m.acc_dtype);
+        let vty = if run == 1 { acc_ty.to_string() } else { format!("vec{run}<{acc_ty}>") };
+        let (sa, sb) = (i64::from(m.tile.a_stride()), i64::from(m.tile.b_stride()));
+        self.mm_tiles = Some((sa * tk / run, sb * tk / run, vty.clone()));
+        // Element `mm_e` of a step's tile of an operand whose other axis has `outer` elements: its depth
+        // and its row (A) or column (B) within the tile, in the order `Tile::depth_fastest` reads it.
+        let place = |depth_fastest: bool, outer: i64| {
+            if depth_fastest {
+                (format!("mm_e % {tk}i"), format!("mm_e / {tk}i"))
+            } else {
+                (format!("mm_e / {outer}i"), format!("mm_e % {outer}i"))
+            }
+        };
+        let [a_order, b_order] = m.tile.depth_fastest;
+        let ((a_depth, a_row), (b_depth, b_col)) = (place(a_order, tm), place(b_order, tn));
+        // Elements of each operand's tile a thread reads a step, in slots of registers.
+        let (slots_a, slots_b) = ((tm * tk + t - 1) / t, (tk * tn + t - 1) / t);
+        // Workgroup memory is written as `run`-wide vectors, a component at a time.
+        let at = |x: &str| if run == 1 { format!("[{x}]") } else { format!("[({x}) / {run}i][({x}) % {run}i]") };
         let d = depth + 1;
         self.line(depth, &format!("let mm_tiles_m: i32 = ({mm} + {}i) / {tm}i;", tm - 1));
         self.line(depth, &format!("let mm_tiles_n: i32 = ({nn} + {}i) / {tn}i;", tn - 1));
         self.line(depth, &format!("let mm_blocks: i32 = {bn} * mm_tiles_m * mm_tiles_n;"));
-        self.line(depth, "let mm_tx: i32 = local % 16i;");
-        self.line(depth, "let mm_ty: i32 = local / 16i;");
+        self.line(depth, &format!("let mm_steps: i32 = ({kk} + {}i) / {tk}i;", tk - 1));
+        self.line(depth, &format!("let mm_tx: i32 = local % {cols}i;"));
+        self.line(depth, &format!("let mm_ty: i32 = local / {cols}i;"));
         self.line(depth, "for (var mm_blk: i32 = group; mm_blk < mm_blocks; mm_blk = mm_blk + ngroups) {");
         self.line(d, &format!("let {b}: i32 = mm_blk / (mm_tiles_m * mm_tiles_n);"));
         self.line(d, &format!("let mm_row0: i32 = ((mm_blk / mm_tiles_n) % mm_tiles_m) * {tm}i;"));
         self.line(d, &format!("let mm_col0: i32 = (mm_blk % mm_tiles_n) * {tn}i;"));
         for r in 0..rm {
-            for c in 0..rn {
-                self.line(d, &format!("var mm_acc_{r}_{c}: {acc_ty} = {acc_ty}(0);"));
+            for g in 0..rn / run {
+                self.line(d, &format!("var mm_acc_{r}_{g}: {vty} = {vty}(0);"));
             }
         }
-        self.line(d, &format!("for (var mm_k0: i32 = 0i; mm_k0 < {kk}; mm_k0 = mm_k0 + {tk}i) {{"));
+        // One register a slot, each slot's code written out: an array indexed in a loop may be left in
+        // local memory by a driver's compiler.
+        for (slots, name) in [(slots_a, "a"), (slots_b, "b")] {
+            for q in 0..slots {
+                self.line(d, &format!("var mm_r{name}{q}: {acc_ty};"));
+            }
+        }
+        // Step s stores the tiles read in step s - 1, reads step s's, and multiplies step s - 1's: the
+        // reads are in flight while the multiply runs. One more step than the depth has, to finish.
+        self.line(d, "for (var mm_s: i32 = 0i; mm_s <= mm_steps; mm_s = mm_s + 1i) {");
         let e = d + 1;
-        // A tile: tm rows × tk columns, stored [column][row].
-        self.line(e, &format!("for (var mm_e: i32 = local; mm_e < {}i; mm_e = mm_e + {t}i) {{", tm * tk));
-        self.line(e + 1, &format!("let {i}: i32 = mm_row0 + mm_e / {tk}i;"));
-        self.line(e + 1, &format!("let {p}: i32 = mm_k0 + mm_e % {tk}i;"));
-        self.line(e + 1, &format!("var mm_v: {acc_ty} = {acc_ty}(0);"));
-        self.line(e + 1, &format!("if ({i} < {mm} && {p} < {kk}) {{"));
-        self.block(e + 2, &m.a.body);
-        let a = self.convert(&self.var(m.a.value), self.dtype_of(m.a.value), m.acc_dtype);
-        self.line(e + 2, &format!("mm_v = {a};"));
-        self.line(e + 1, "}");
-        self.line(e + 1, &format!("mm_as[(mm_e % {tk}i) * {tm}i + mm_e / {tk}i] = mm_v;"));
-        self.line(e, "}");
-        // B tile: tk rows × tn columns, stored [row][column].
-        self.line(e, &format!("for (var mm_e: i32 = local; mm_e < {}i; mm_e = mm_e + {t}i) {{", tk * tn));
-        self.line(e + 1, &format!("let {p}: i32 = mm_k0 + mm_e / {tn}i;"));
-        self.line(e + 1, &format!("let {j}: i32 = mm_col0 + mm_e % {tn}i;"));
-        self.line(e + 1, &format!("var mm_v: {acc_ty} = {acc_ty}(0);"));
-        self.line(e + 1, &format!("if ({p} < {kk} && {j} < {nn}) {{"));
-        self.block(e + 2, &m.b.body);
-        let bv = self.convert(&self.var(m.b.value), self.dtype_of(m.b.value), m.acc_dtype);
-        self.line(e + 2, &format!("mm_v = {bv};"));
-        self.line(e + 1, "}");
-        self.line(e + 1, "mm_bs[mm_e] = mm_v;");
-        self.line(e, "}");
-        self.line(e, "workgroupBarrier();");
-        self.line(e, &format!("for (var mm_kk: i32 = 0i; mm_kk < {tk}i; mm_kk = mm_kk + 1i) {{"));
-        for r in 0..rm {
-            self.line(e + 1, &format!("let mm_a{r}: {acc_ty} = mm_as[mm_kk * {tm}i + mm_ty * {rm}i + {r}i];"));
+        self.line(e, "if (mm_s > 0i) {");
+        self.line(e + 1, "workgroupBarrier();");
+        for (slots, len, name, index) in [
+            (slots_a, tm * tk, "a", format!("({a_depth}) * {sa}i + {a_row}")),
+            (slots_b, tk * tn, "b", format!("({b_depth}) * {sb}i + {b_col}")),
+        ] {
+            for q in 0..slots {
+                self.line(e + 1, "{");
+                self.line(e + 2, &format!("let mm_e: i32 = local + {}i;", q * t));
+                let guard = if slots * t > len { format!("if (mm_e < {len}i) ") } else { String::new() };
+                self.line(e + 2, &format!("{guard}{{ mm_{name}s{} = mm_r{name}{q}; }}", at(&index)));
+                self.line(e + 1, "}");
+            }
         }
-        for c in 0..rn {
-            self.line(e + 1, &format!("let mm_b{c}: {acc_ty} = mm_bs[mm_kk * {tn}i + mm_tx * {rn}i + {c}i];"));
-        }
-        for r in 0..rm {
-            for c in 0..rn {
-                self.line(e + 1, &format!("mm_acc_{r}_{c} = mm_acc_{r}_{c} + mm_a{r} * mm_b{c};"));
+        self.line(e + 1, "workgroupBarrier();");
+        self.line(e, "}");
+        self.line(e, "if (mm_s < mm_steps) {");
+        self.line(e + 1, &format!("let mm_k0: i32 = mm_s * {tk}i;"));
+        // A tile: tm rows × tk depths, stored [depth][row] (padded: `Tile::a_stride`); B tile: tk depths × tn
+        // columns, [depth][column] (`Tile::b_stride`).
+        for (slots, len, name) in [(slots_a, tm * tk, "a"), (slots_b, tk * tn, "b")] {
+            let f = e + 2;
+            for q in 0..slots {
+                self.line(e + 1, "{");
+                self.line(f, &format!("let mm_e: i32 = local + {}i;", q * t));
+                let (operand, bounds) = if name == "a" {
+                    self.line(f, &format!("let {i}: i32 = mm_row0 + {a_row};"));
+                    self.line(f, &format!("let {p}: i32 = mm_k0 + {a_depth};"));
+                    (&m.a, format!("{i} < {mm} && {p} < {kk}"))
+                } else {
+                    self.line(f, &format!("let {p}: i32 = mm_k0 + {b_depth};"));
+                    self.line(f, &format!("let {j}: i32 = mm_col0 + {b_col};"));
+                    (&m.b, format!("{p} < {kk} && {j} < {nn}"))
+                };
+                let guard = if slots * t > len { format!("mm_e < {len}i && ") } else { String::new() };
+                self.line(f, &format!("var mm_v: {acc_ty} = {acc_ty}(0);"));
+                self.line(f, &format!("if ({guard}{bounds}) {{"));
+                self.block(f + 1, &operand.body);
+                let v = self.convert(&self.var(operand.value), self.dtype_of(operand.value), m.acc_dtype);
+                self.line(f + 1, &format!("mm_v = {v};"));
+                self.line(f, "}");
+                self.line(f, &format!("mm_r{name}{q} = mm_v;"));
+                self.line(e + 1, "}");
             }
         }
         self.line(e, "}");
-        self.line(e, "workgroupBarrier();");
+        self.line(e, "if (mm_s > 0i) {");
+        for step in 0..tk {
+            for g in 0..rm / run {
+                let x = step * (sa / run) + g * rows;
+                self.line(e + 1, &format!("let mm_a{step}_{g}: {vty} = mm_as[{x}i + mm_ty];"));
+            }
+            for g in 0..rn / run {
+                let x = step * (sb / run) + g * cols;
+                self.line(e + 1, &format!("let mm_b{step}_{g}: {vty} = mm_bs[{x}i + mm_tx];"));
+            }
+            for r in 0..rm {
+                let a =
+                    if run == 1 { format!("mm_a{step}_{r}") } else { format!("mm_a{step}_{}[{}]", r / run, r % run) };
+                for g in 0..rn / run {
+                    self.line(e + 1, &format!("mm_acc_{r}_{g} = mm_acc_{r}_{g} + {a} * mm_b{step}_{g};"));
+                }
+            }
+        }
+        self.line(e, "}");
         self.line(d, "}");
         self.var_dtype.insert(m.acc, m.acc_dtype);
         let saved = self.single_thread_stores;
         self.single_thread_stores = false;
         for r in 0..rm {
             for c in 0..rn {
+                let (g, lane) = (c / run, c % run);
+                let row = format!("mm_row0 + {}i + mm_ty * {run}i + {}i", (r / run) * rows * run, r % run);
+                let col = format!("mm_col0 + {}i + mm_tx * {run}i + {lane}i", g * cols * run);
+                let acc = if run == 1 { format!("mm_acc_{r}_{g}") } else { format!("mm_acc_{r}_{g}[{lane}]") };
                 self.line(d, "{");
-                self.line(d + 1, &format!("let {i}: i32 = mm_row0 + mm_ty * {rm}i + {r}i;"));
-                self.line(d + 1, &format!("let {j}: i32 = mm_col0 + mm_tx * {rn}i + {c}i;"));
+                self.line(d + 1, &format!("let {i}: i32 = {row};"));
+                self.line(d + 1, &format!("let {j}: i32 = {col};"));
                 self.line(d + 1, &format!("if ({i} < {mm} && {j} < {nn}) {{"));
-                self.line(d + 2, &format!("let v{}: {acc_ty} = mm_acc_{r}_{c};", m.acc.0));
+                self.line(d + 2, &format!("let v{}: {acc_ty} = {acc};", m.acc.0));
                 self.block(d + 2, &m.epilogue);
                 self.line(d + 1, "}");
                 self.line(d, "}");
@@ -852,7 +911,7 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         );
     }
     let t = kernel.launch.threads;
-    if let Some((a, b, ty)) = w.mm_tiles {
+    if let Some((a, b, ty)) = &w.mm_tiles {
         let _ = writeln!(src, "var<workgroup> mm_as: array<{ty}, {a}>;");
         let _ = writeln!(src, "var<workgroup> mm_bs: array<{ty}, {b}>;");
     }

@@ -1,7 +1,7 @@
 //! Op-by-op conformance: every op across dtypes and shapes (broadcasts, non-contiguous views, sizes that
 //! are not multiples of a workgroup, empty and size-1 dims), and NaN/Inf propagation.
 
-use kiln::graph::{compile, Backend, CpuReference, DType, Result, Tensor, TensorData};
+use kiln::graph::{compile, Backend, CpuReference, DType, Dynamic, Result, Tensor, TensorData};
 use std::sync::Arc;
 
 /// A deterministic tensor: `dims`, `dtype`, values from `gen(i)` (rounded to the dtype).
@@ -49,8 +49,20 @@ pub fn case(
     tol: f64,
     f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
 ) {
+    case_with(backend, name, inputs, tol, Dynamic::Auto, f)
+}
+
+/// [`case`], with the backend's compile making dims symbolic by `dynamic`.
+pub fn case_with(
+    backend: &Arc<dyn Backend>,
+    name: &str,
+    inputs: &[Tensor],
+    tol: f64,
+    dynamic: Dynamic,
+    f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+) {
     let want = compile(|x: Vec<Tensor>| f(&x)).backend(CpuReference).call(inputs.to_vec());
-    let got = compile(|x: Vec<Tensor>| f(&x)).backend(backend.clone()).call_explained(inputs.to_vec());
+    let got = compile(|x: Vec<Tensor>| f(&x)).backend(backend.clone()).dynamic(dynamic).call_explained(inputs.to_vec());
     let want = want.unwrap_or_else(|e| panic!("{name}: the reference failed: {e}"));
     let (got, ex) = got.unwrap_or_else(|e| panic!("{name}: {} failed: {e}", backend.name()));
     assert_eq!(got.len(), want.len());
@@ -251,6 +263,22 @@ pub fn every_op(b: &Arc<dyn Backend>) {
         });
     }
     large_matmuls(b);
+    matmul_schedules(b);
+}
+
+/// The matmul template's schedules (`graph::matmul_tile`) where a template runs them: every dim symbolic
+/// takes the large tile (8 × 8 sums a thread), here ragged every way (130 × 136 outputs, depth 37, two
+/// batch entries) under a fused epilogue, and over a transposed operand; the static cases above take
+/// the medium and small ones. Integers too: no GEMM library takes them.
+fn matmul_schedules(b: &Arc<dyn Backend>) {
+    for d in [DType::F32, DType::I32] {
+        let a = t(&[2, 130, 37], d, |i| wave(i).round());
+        let c = t(&[37, 136], d, |i| wave(i + 3).round());
+        let bias = t(&[136], d, |i| wave(i + 1).round());
+        case_with(b, &format!("matmul schedules {d}"), &[a, c, bias], tol(d, 10.0), Dynamic::Always, |v| {
+            Ok(vec![v[0].matmul(&v[1])?.add(&v[2])?.relu()?, v[0].transpose(1, 2)?.matmul(&v[0])?])
+        });
+    }
 }
 
 /// Matmuls big enough (over `gemm::LIBRARY_MIN_MACS`) that targets with a GEMM library hand them to

@@ -1,0 +1,125 @@
+//! The matmul template's schedule ([`Tile`]), chosen here once from the target and the product's shape,
+//! so the renderers print it and decide nothing.
+//!
+//! Three schedules, each over a square of threads (16 × 16 where the target runs 256 a workgroup):
+//! - **large**: 128 × 128 outputs a workgroup, 8 × 8 a thread in two runs of 4 each way, depth 8. Per
+//!   step of depth a thread reads 2 + 2 four-wide vectors of workgroup memory for 64 multiply-adds;
+//! - **medium**: 64 × 64, 4 × 4 a thread (one run of 4 each way), depth 16: 1 + 1 vectors for 16;
+//! - **small**: 16 × 16, one output a thread, depth 16: products too narrow for the others.
+//!
+//! A large tile leaves a GPU's cores idle when a product has few of them: under
+//! [`LARGE_MIN_GROUPS`] workgroups the medium one is taken.
+
+use crate::kernel::{MatOperand, Scalar, Stmt, Tile};
+use crate::sym::{Expr, SymId};
+use crate::target::Target;
+
+/// The large schedule's tile edge: [`Target::matmul_tile`]'s default (no cap).
+pub const LARGEST: u32 = 128;
+
+/// Fewest workgroups a product must make of large tiles to take them: about two for each compute unit
+/// of a large GPU (an H200 has 132), so the last wave is not most of the run.
+pub const LARGE_MIN_GROUPS: i64 = 256;
+
+/// The schedule for a product of `batch` matrices of `m × n` outputs summed in elements of `acc_bytes`.
+pub fn choose(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32) -> Tile {
+    let side = threads_side(target.max_threads_per_group);
+    let at_least = |e: &Expr, c: u32| e.as_const().is_none_or(|v| v >= i64::from(c));
+    // Workgroups the product makes of `edge`-wide tiles, where every extent is known.
+    let groups = |edge: u32| {
+        let tiles = |e: &Expr| e.as_const().map(|v| (v + i64::from(edge) - 1) / i64::from(edge));
+        Some(batch.as_const()? * tiles(m)? * tiles(n)?)
+    };
+    let takes = |t: &Tile| {
+        target.matmul_tile >= t.m.max(t.n)
+            && at_least(m, t.m)
+            && at_least(n, t.n)
+            && t.shared_bytes(acc_bytes) <= target.shared_memory_bytes
+    };
+    // Read orders are the operands' (`read_order`); these are the usual layouts' (A row-major, B row-major).
+    let depth_fastest = [true, false];
+    let large = Tile { m: 8 * side, n: 8 * side, k: 8, threads: [side, side], run: 4, depth_fastest };
+    if takes(&large) && groups(large.m).is_none_or(|g| g >= LARGE_MIN_GROUPS) {
+        return large;
+    }
+    let medium = Tile { m: 4 * side, n: 4 * side, k: 16, threads: [side, side], run: 4, depth_fastest };
+    if takes(&medium) {
+        return medium;
+    }
+    Tile { m: side, n: side, k: 16, threads: [side, side], run: 1, depth_fastest }
+}
+
+/// `Tile::depth_fastest` for operands `a` (read at row `i`, depth `p`) and `b` (depth `p`, column `j`):
+/// depth-fastest where an operand's loads step one element along the depth and not along its other
+/// axis, the other way round where they step one element along that axis; otherwise as a row-major
+/// operand is read. A linear layer's weight is the usual case: `x · wᵀ` reads B one element apart along
+/// the depth, and the other order read it 768 elements apart from thread to thread.
+pub fn read_order(a: &MatOperand, b: &MatOperand, [_, i, j, p]: [SymId; 4]) -> [bool; 2] {
+    [depth_fastest(&a.body, p, i).unwrap_or(true), depth_fastest(&b.body, p, j).unwrap_or(false)]
+}
+
+/// Whether the first load of `body` that is contiguous along exactly one of `depth` and `other` is so
+/// along `depth`.
+fn depth_fastest(body: &[Stmt], depth: SymId, other: SymId) -> Option<bool> {
+    body.iter().find_map(|st| match st {
+        Stmt::Let { value: Scalar::Load { index, .. }, .. } => {
+            match (index.shift_by(depth, 1) == Some(1), index.shift_by(other, 1) == Some(1)) {
+                (true, false) => Some(true),
+                (false, true) => Some(false),
+                _ => None,
+            }
+        }
+        _ => None,
+    })
+}
+
+/// Threads along each side of the square: the largest power of two up to 16 whose square the target runs
+/// in one workgroup.
+fn threads_side(max_threads: u32) -> u32 {
+    let mut side = 16;
+    while side > 1 && side * side > max_threads {
+        side /= 2;
+    }
+    side
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tile(target: &Target, batch: i64, m: i64, n: i64) -> Tile {
+        choose(target, &Expr::from(batch), &Expr::from(m), &Expr::from(n), 4)
+    }
+
+    #[test]
+    fn large_products_take_large_tiles_and_few_groups_medium_ones() {
+        let t = Target::webgpu_default();
+        // W5's MLP: 4096 tokens × 3072 features make 32 × 24 large tiles.
+        assert_eq!(tile(&t, 1, 4096, 3072).m, 128);
+        // 4096 × 768 make 192 large tiles: fewer than two a compute unit, so medium ones (768).
+        assert_eq!(tile(&t, 1, 4096, 768).m, 64);
+        assert_eq!(tile(&t, 96, 512, 512).m, 128);
+        assert_eq!(tile(&t, 1, 100, 4096).m, 64);
+        assert_eq!(tile(&t, 1, 4096, 40).m, 16);
+        // A symbolic extent may be large.
+        let sym = Expr::sym(crate::sym::SymId(0));
+        assert_eq!(choose(&t, &Expr::from(1i64), &sym, &Expr::from(1024i64), 4).m, 128);
+    }
+
+    #[test]
+    fn every_schedule_fits_its_target() {
+        for threads in [1024, 256, 128, 64, 32, 1] {
+            for cap in [128, 64, 16] {
+                let t = Target { max_threads_per_group: threads, matmul_tile: cap, ..Target::webgpu_default() };
+                for (m, n) in [(4096, 4096), (64, 64), (16, 3)] {
+                    let s = tile(&t, 1, m, n);
+                    let count = s.threads[0] * s.threads[1];
+                    assert!(count <= threads, "{s:?} on {threads} threads");
+                    assert_eq!(s.unfit(count), None, "{s:?}");
+                    assert!(s.m.max(s.n) <= cap.max(s.threads[0]), "{s:?} under a cap of {cap}");
+                    assert!(s.shared_bytes(4) <= t.shared_memory_bytes);
+                }
+            }
+        }
+    }
+}

@@ -254,14 +254,22 @@ impl Target {
     }
 
     /// Folds a count of workgroups into a grid within the per-dimension limit, x fastest (kernels
-    /// flatten the grid back and tolerate the few extra groups rounding adds). `None` past `limit^3`.
+    /// flatten the grid back and tolerate the few extra groups rounding adds), using no more of the
+    /// target's `grid_dims` than it needs. `None` past `limit^grid_dims`.
     pub fn fold_grid(&self, groups: u64) -> Option<(u32, u32, u32)> {
         let max = self.max_groups_per_dim.clamp(1, u32::MAX as u64);
         let x = groups.min(max);
         let rest = groups.div_ceil(x.max(1));
         let y = rest.min(max);
         let z = rest.div_ceil(y.max(1));
-        (z <= max).then_some((x as u32, y as u32, z as u32))
+        let used = if z > 1 {
+            3
+        } else if y > 1 {
+            2
+        } else {
+            1
+        };
+        (z <= max && used <= self.grid_dims.max(1)).then_some((x as u32, y as u32, z as u32))
     }
 
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
@@ -349,5 +357,25 @@ impl Target {
         self.max_bindings = n;
         self.name = format!("{}-bind{n}", self.name);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grids_fold_into_the_dimensions_a_target_has() {
+        let t = Target { max_groups_per_dim: 100, ..Target::webgpu_default() };
+        assert_eq!(t.fold_grid(50), Some((50, 1, 1)));
+        assert_eq!(t.fold_grid(250), Some((100, 3, 1)));
+        assert_eq!(t.fold_grid(20_000), Some((100, 100, 2)));
+        assert_eq!(t.fold_grid(1_000_001), None);
+        let two = Target { grid_dims: 2, ..t.clone() };
+        assert_eq!(two.fold_grid(250), Some((100, 3, 1)));
+        assert_eq!(two.fold_grid(20_000), None, "a third dimension the target lacks");
+        let one = Target { grid_dims: 1, ..t };
+        assert_eq!(one.fold_grid(100), Some((100, 1, 1)));
+        assert_eq!(one.fold_grid(101), None);
     }
 }

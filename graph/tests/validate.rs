@@ -124,3 +124,25 @@ fn matmul_schedules_that_do_not_split_or_fit_are_rejected() {
     let Some(Stmt::MatMul(m)) = capped.body.iter().find(|s| matches!(s, Stmt::MatMul(_))) else { panic!("{capped}") };
     assert_eq!(m.tile.m, 64);
 }
+
+fn x_wt(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].matmul(&t[0].transpose(0, 1)?)?])
+}
+
+fn xt_x(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].transpose(0, 1)?.matmul(&t[0])?])
+}
+
+/// Each operand's tile is read along the axis its loads are contiguous in: a linear layer's `x · wᵀ`
+/// reads both operands depth-fastest, a weight gradient's `xᵀ · dy` both the other way.
+#[test]
+fn matmul_operands_are_read_along_their_contiguous_axis() {
+    let target = Target::webgpu_default();
+    for (f, want) in
+        [(x_wt as fn(&[Tensor]) -> Result<Vec<Tensor>>, [true, true]), (xt_x, [false, false]), (square, [true, false])]
+    {
+        let k = kernel(f32s(&[256, 256]), f, &target);
+        let Some(Stmt::MatMul(m)) = k.body.iter().find(|s| matches!(s, Stmt::MatMul(_))) else { panic!("{k}") };
+        assert_eq!(m.tile.depth_fastest, want, "{k}");
+    }
+}

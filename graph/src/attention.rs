@@ -58,7 +58,7 @@ pub fn fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
 /// elements, and then two copies of the key and value tiles where they fit, so the next tile is copied
 /// while the current one is computed on. `None` when not even 16 keys fit.
 pub fn tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<AttentionTile> {
-    let budget = AttentionTile::shared_budget(target);
+    let budget = target.template_shared_bytes();
     let stages: &[u32] = if aligned { &[2, 1] } else { &[1] };
     [64, 32, 16]
         .into_iter()
@@ -91,7 +91,7 @@ pub fn grad_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
 /// a streamed tile (64, 32 or 16) for which both blocks, both tiles and the tile's log-sum-exps and
 /// deltas fit the target's shared memory within 48 KiB.
 pub fn grad_tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<AttentionTile> {
-    let budget = AttentionTile::shared_budget(target);
+    let budget = target.template_shared_bytes();
     [64, 32, 16]
         .into_iter()
         .map(|keys| AttentionTile { warps: 4, keys, vector: if aligned { 8 } else { 1 }, stages: 1 })

@@ -348,7 +348,7 @@ pub struct MatOperand {
 /// group's threads read a step's operands as `run`-wide vectors of workgroup memory side by side.
 /// Renderers print this; each step's operand tiles are read from memory into registers while the
 /// previous step's are multiplied (one tile of each operand in workgroup memory, `shared_bytes`, laid
-/// out as `a_stride` says).
+/// out as `a_stride` and `b_stride` say).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Tile {
     /// Rows of the output tile.
@@ -385,6 +385,18 @@ impl Tile {
     /// consecutive depths (`depth_fastest`) hit different banks too.
     pub fn b_stride(&self) -> u32 {
         self.n + self.run
+    }
+
+    /// Elements of a step's A and B tiles each of `threads` threads reads (its register slots).
+    pub fn slots(&self, threads: u32) -> [u32; 2] {
+        let t = threads.max(1);
+        [(self.m * self.k).div_ceil(t), (self.n * self.k).div_ceil(t)]
+    }
+
+    /// Where a thread's `index`-th row (`axis` 0) or column (`axis` 1) lies in the tile, past the
+    /// thread's first (`thread · run`): runs of `run` spaced `threads[axis] · run` apart.
+    pub fn owned(&self, axis: usize, index: u32) -> u32 {
+        (index / self.run) * self.threads[axis] * self.run + index % self.run
     }
 
     /// Workgroup memory of one step's operand tiles with elements of `elem_bytes`.
@@ -693,11 +705,6 @@ impl AttentionTile {
     /// streamed tiles, and the tile's f32 log-sum-exps and deltas.
     pub fn grad_shared_bytes(&self, d: u32, dv: u32) -> u32 {
         2 * (self.rows() + self.keys) * (Self::smem_row(d) + Self::smem_row(dv)) + 8 * self.keys
-    }
-
-    /// Shared memory a template may take on `target`: what a kernel declares statically (48 KiB) at most.
-    pub fn shared_budget(target: &crate::target::Target) -> u32 {
-        target.shared_memory_bytes.min(48 * 1024)
     }
 }
 

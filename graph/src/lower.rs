@@ -1143,8 +1143,8 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
         l.store(s, out.flat.clone(), v);
     }
     let epilogue = l.pop_block();
-    let mut tile = crate::matmul_tile::choose(l.target, &batch, &m, &n, acc_dtype.size_bytes() as u32);
-    tile.depth_fastest = crate::matmul_tile::read_order(&a, &b, syms);
+    let order = crate::matmul_tile::read_order(&a, &b, syms);
+    let tile = crate::matmul_tile::choose(l.target, &batch, &m, &n, acc_dtype.size_bytes() as u32, order);
     let groups = batch.clone() * ceil_div(&m, tile.m) * ceil_div(&n, tile.n);
     let threads = tile.threads[0] * tile.threads[1];
     l.blocks[0].push(Stmt::MatMul(Box::new(MatMul { batch, m, n, k, syms, a, b, acc_dtype, acc, epilogue, tile })));

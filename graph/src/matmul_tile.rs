@@ -21,23 +21,22 @@ pub const LARGEST: u32 = 128;
 /// of a large GPU (an H200 has 132), so the last wave is not most of the run.
 pub const LARGE_MIN_GROUPS: i64 = 256;
 
-/// The schedule for a product of `batch` matrices of `m × n` outputs summed in elements of `acc_bytes`.
-pub fn choose(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32) -> Tile {
+/// The schedule for a product of `batch` matrices of `m × n` outputs summed in elements of `acc_bytes`,
+/// its operands read in `depth_fastest` order ([`read_order`]).
+pub fn choose(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32, depth_fastest: [bool; 2]) -> Tile {
     let side = threads_side(target.max_threads_per_group);
     let at_least = |e: &Expr, c: u32| e.as_const().is_none_or(|v| v >= i64::from(c));
     // Workgroups the product makes of `edge`-wide tiles, where every extent is known.
     let groups = |edge: u32| {
         let tiles = |e: &Expr| e.as_const().map(|v| (v + i64::from(edge) - 1) / i64::from(edge));
-        Some(batch.as_const()? * tiles(m)? * tiles(n)?)
+        Some(batch.as_const()?.saturating_mul(tiles(m)?).saturating_mul(tiles(n)?))
     };
     let takes = |t: &Tile| {
         target.matmul_tile >= t.m.max(t.n)
             && at_least(m, t.m)
             && at_least(n, t.n)
-            && t.shared_bytes(acc_bytes) <= target.shared_memory_bytes
+            && t.shared_bytes(acc_bytes) <= target.template_shared_bytes()
     };
-    // Read orders are the operands' (`read_order`); these are the usual layouts' (A row-major, B row-major).
-    let depth_fastest = [true, false];
     let large = Tile { m: 8 * side, n: 8 * side, k: 8, threads: [side, side], run: 4, depth_fastest };
     if takes(&large) && groups(large.m).is_none_or(|g| g >= LARGE_MIN_GROUPS) {
         return large;
@@ -88,7 +87,7 @@ mod tests {
     use super::*;
 
     fn tile(target: &Target, batch: i64, m: i64, n: i64) -> Tile {
-        choose(target, &Expr::from(batch), &Expr::from(m), &Expr::from(n), 4)
+        choose(target, &Expr::from(batch), &Expr::from(m), &Expr::from(n), 4, [true, false])
     }
 
     #[test]
@@ -103,7 +102,7 @@ mod tests {
         assert_eq!(tile(&t, 1, 4096, 40).m, 16);
         // A symbolic extent may be large.
         let sym = Expr::sym(crate::sym::SymId(0));
-        assert_eq!(choose(&t, &Expr::from(1i64), &sym, &Expr::from(1024i64), 4).m, 128);
+        assert_eq!(choose(&t, &Expr::from(1i64), &sym, &Expr::from(1024i64), 4, [true, false]).m, 128);
     }
 
     #[test]
@@ -117,7 +116,7 @@ mod tests {
                     assert!(count <= threads, "{s:?} on {threads} threads");
                     assert_eq!(s.unfit(count), None, "{s:?}");
                     assert!(s.m.max(s.n) <= cap.max(s.threads[0]), "{s:?} under a cap of {cap}");
-                    assert!(s.shared_bytes(4) <= t.shared_memory_bytes);
+                    assert!(s.shared_bytes(4) <= t.template_shared_bytes());
                 }
             }
         }

@@ -253,6 +253,12 @@ impl Target {
         }
     }
 
+    /// Shared memory a template (attention, matmul) may take: what a kernel declares statically, 48 KiB
+    /// at most.
+    pub fn template_shared_bytes(&self) -> u32 {
+        self.shared_memory_bytes.min(48 * 1024)
+    }
+
     /// Folds a count of workgroups into a grid within the per-dimension limit, x fastest (kernels
     /// flatten the grid back and tolerate the few extra groups rounding adds), using no more of the
     /// target's `grid_dims` than it needs. `None` past `limit^grid_dims`.

@@ -8,7 +8,7 @@
 //! declares. Index bounds are not checked here:
 //! lowering clamps or guards every index it emits, and the kernel interpreter runs each one in CI.
 
-use crate::kernel::{AttentionPass, AttentionTile, Kernel, ReduceStrategy, Stmt};
+use crate::kernel::{AttentionPass, Kernel, ReduceStrategy, Stmt};
 use crate::target::Target;
 
 /// A rule a kernel breaks.
@@ -73,11 +73,9 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
                 return broken(format!("its matmul schedule: {why}"));
             }
             let shared = m.tile.shared_bytes(m.acc_dtype.size_bytes() as u32);
-            if shared > target.shared_memory_bytes {
-                return broken(format!(
-                    "its matmul tiles take {shared} bytes of workgroup memory past the target's {}",
-                    target.shared_memory_bytes
-                ));
+            let budget = target.template_shared_bytes();
+            if shared > budget {
+                return broken(format!("its matmul tiles take {shared} bytes of workgroup memory past {budget}"));
             }
         }
         if let Stmt::Attention(a) = st {
@@ -91,7 +89,7 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
                     a.tile.stages, a.pass, a.tile.vector
                 ));
             }
-            let budget = AttentionTile::shared_budget(target);
+            let budget = target.template_shared_bytes();
             if shared > budget {
                 return broken(format!("its attention tiles take {shared} bytes of shared memory past {budget}"));
             }

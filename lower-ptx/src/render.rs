@@ -1392,7 +1392,7 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("mov.{ty} {acc}, {zero};"));
             }
         }
-        let (slots_a, slots_b) = ((tm * tk + t - 1) / t, (tk * tn + t - 1) / t);
+        let [slots_a, slots_b] = m.tile.slots(threads);
         let ra: Vec<String> = (0..slots_a).map(|_| self.reg(ty)).collect();
         let rb: Vec<String> = (0..slots_b).map(|_| self.reg(ty)).collect();
         // Step s stores the tiles read in step s - 1, reads step s's, and multiplies step s - 1's.
@@ -1518,12 +1518,11 @@ impl<'k> Writer<'k> {
         self.single_thread_stores = false;
         for (r, row) in accs.iter().enumerate() {
             for (c, acc) in row.iter().enumerate() {
-                let (r, c) = (r as i64, c as i64);
                 let (i, j, skip) = (self.reg("s64"), self.reg("s64"), self.label());
                 self.emit(&format!("mad.lo.s64 {i}, {tyr}, {run}, {row0};"));
-                self.emit(&format!("add.s64 {i}, {i}, {};", (r / run) * rows * run + r % run));
+                self.emit(&format!("add.s64 {i}, {i}, {};", m.tile.owned(0, r as u32)));
                 self.emit(&format!("mad.lo.s64 {j}, {tx}, {run}, {col0};"));
-                self.emit(&format!("add.s64 {j}, {j}, {};", (c / run) * cols * run + c % run));
+                self.emit(&format!("add.s64 {j}, {j}, {};", m.tile.owned(1, c as u32)));
                 for (x, bound) in [(&i, &mm), (&j, &nn)] {
                     let p = self.reg("pred");
                     self.emit(&format!("setp.ge.s64 {p}, {x}, {bound};"));

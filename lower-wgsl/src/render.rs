@@ -714,7 +714,7 @@ impl<'k> Writer<'k> {
         let [a_order, b_order] = m.tile.depth_fastest;
         let ((a_depth, a_row), (b_depth, b_col)) = (place(a_order, tm), place(b_order, tn));
         // Elements of each operand's tile a thread reads a step, in slots of registers.
-        let (slots_a, slots_b) = ((tm * tk + t - 1) / t, (tk * tn + t - 1) / t);
+        let [slots_a, slots_b] = m.tile.slots(self.k.launch.threads).map(i64::from);
         // Workgroup memory is written as `run`-wide vectors, a component at a time.
         let at = |x: &str| if run == 1 { format!("[{x}]") } else { format!("[({x}) / {run}i][({x}) % {run}i]") };
         let d = depth + 1;
@@ -816,8 +816,8 @@ impl<'k> Writer<'k> {
         for r in 0..rm {
             for c in 0..rn {
                 let (g, lane) = (c / run, c % run);
-                let row = format!("mm_row0 + {}i + mm_ty * {run}i + {}i", (r / run) * rows * run, r % run);
-                let col = format!("mm_col0 + {}i + mm_tx * {run}i + {lane}i", g * cols * run);
+                let row = format!("mm_row0 + mm_ty * {run}i + {}i", m.tile.owned(0, r as u32));
+                let col = format!("mm_col0 + mm_tx * {run}i + {}i", m.tile.owned(1, c as u32));
                 let acc = if run == 1 { format!("mm_acc_{r}_{g}") } else { format!("mm_acc_{r}_{g}[{lane}]") };
                 self.line(d, "{");
                 self.line(d + 1, &format!("let {i}: i32 = {row};"));

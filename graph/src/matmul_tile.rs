@@ -1,14 +1,17 @@
 //! The matmul template's schedule ([`Tile`]), chosen here once from the target and the product's shape,
 //! so the renderers print it and decide nothing.
 //!
-//! Three schedules, each over a square of threads (16 × 16 where the target runs 256 a workgroup):
+//! Four schedules, each over a square of threads (16 × 16 where the target runs 256 a workgroup):
 //! - **large**: 128 × 128 outputs a workgroup, 8 × 8 a thread in two runs of 4 each way, depth 8. Per
 //!   step of depth a thread reads 2 + 2 four-wide vectors of workgroup memory for 64 multiply-adds;
+//! - **half**: 128 × 64 (or 64 × 128), 8 × 4 a thread, depth 8: 2 + 1 vectors for 32;
 //! - **medium**: 64 × 64, 4 × 4 a thread (one run of 4 each way), depth 16: 1 + 1 vectors for 16;
 //! - **small**: 16 × 16, one output a thread, depth 16: products too narrow for the others.
 //!
 //! A large tile leaves a GPU's cores idle when a product has few of them: under
-//! [`LARGE_MIN_GROUPS`] workgroups the medium one is taken.
+//! [`LARGE_MIN_GROUPS`] workgroups the half one is taken, and under as many of those the medium one.
+//! A transformer's projections (4096 tokens × 768 features: 192 large tiles, 384 half ones) are the
+//! usual case.
 
 use crate::kernel::{MatOperand, Scalar, Stmt, Tile};
 use crate::sym::{Expr, SymId};
@@ -27,9 +30,9 @@ pub fn choose(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32,
     let side = threads_side(target.max_threads_per_group);
     let at_least = |e: &Expr, c: u32| e.as_const().is_none_or(|v| v >= i64::from(c));
     // Workgroups the product makes of `edge`-wide tiles, where every extent is known.
-    let groups = |edge: u32| {
-        let tiles = |e: &Expr| e.as_const().map(|v| (v + i64::from(edge) - 1) / i64::from(edge));
-        Some(batch.as_const()?.saturating_mul(tiles(m)?).saturating_mul(tiles(n)?))
+    let groups = |t: &Tile| {
+        let tiles = |e: &Expr, edge: u32| e.as_const().map(|v| (v + i64::from(edge) - 1) / i64::from(edge));
+        Some(batch.as_const()?.saturating_mul(tiles(m, t.m)?).saturating_mul(tiles(n, t.n)?))
     };
     let takes = |t: &Tile| {
         target.matmul_tile >= t.m.max(t.n)
@@ -37,9 +40,23 @@ pub fn choose(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32,
             && at_least(n, t.n)
             && t.shared_bytes(acc_bytes) <= target.template_shared_bytes()
     };
+    let enough = |t: &Tile| takes(t) && groups(t).is_none_or(|g| g >= LARGE_MIN_GROUPS);
     let large = Tile { m: 8 * side, n: 8 * side, k: 8, threads: [side, side], run: 4, depth_fastest };
-    if takes(&large) && groups(large.m).is_none_or(|g| g >= LARGE_MIN_GROUPS) {
+    if enough(&large) {
         return large;
+    }
+    // Half tiles, the longer side along the longer extent (rows on a tie, or where unknown).
+    let tall = Tile { n: 4 * side, ..large };
+    let wide = Tile { m: 4 * side, ..large };
+    let rows_first = match (m.as_const(), n.as_const()) {
+        (Some(m), Some(n)) => m >= n,
+        (None, Some(_)) => true,
+        (Some(_), None) => false,
+        (None, None) => true,
+    };
+    let halves = if rows_first { [tall, wide] } else { [wide, tall] };
+    if let Some(half) = halves.into_iter().find(|t| enough(t)) {
+        return half;
     }
     let medium = Tile { m: 4 * side, n: 4 * side, k: 16, threads: [side, side], run: 4, depth_fastest };
     if takes(&medium) {
@@ -91,18 +108,27 @@ mod tests {
     }
 
     #[test]
-    fn large_products_take_large_tiles_and_few_groups_medium_ones() {
+    fn large_products_take_large_tiles_and_fewer_half_or_medium_ones() {
         let t = Target::webgpu_default();
         // W5's MLP: 4096 tokens × 3072 features make 32 × 24 large tiles.
         assert_eq!(tile(&t, 1, 4096, 3072).m, 128);
-        // 4096 × 768 make 192 large tiles: fewer than two a compute unit, so medium ones (768).
-        assert_eq!(tile(&t, 1, 4096, 768).m, 64);
+        // 4096 × 768 make 192 large tiles: fewer than two a compute unit, so half ones (384).
+        assert_eq!((tile(&t, 1, 4096, 768).m, tile(&t, 1, 4096, 768).n), (128, 64));
+        assert_eq!((tile(&t, 1, 768, 4096).m, tile(&t, 1, 768, 4096).n), (64, 128));
+        // 1024 × 1024 make 64 large tiles and 128 half ones: medium ones (256).
+        assert_eq!((tile(&t, 1, 1024, 1024).m, tile(&t, 1, 1024, 1024).n), (64, 64));
         assert_eq!(tile(&t, 96, 512, 512).m, 128);
+        // Attention's second product (96 heads × 512 queries × 64 values): half tiles, the short side 64.
+        assert_eq!((tile(&t, 96, 512, 64).m, tile(&t, 96, 512, 64).n), (128, 64));
         assert_eq!(tile(&t, 1, 100, 4096).m, 64);
         assert_eq!(tile(&t, 1, 4096, 40).m, 16);
         // A symbolic extent may be large.
         let sym = Expr::sym(crate::sym::SymId(0));
         assert_eq!(choose(&t, &Expr::from(1i64), &sym, &Expr::from(1024i64), 4, [true, false]).m, 128);
+        let tall = choose(&t, &Expr::from(1i64), &sym, &Expr::from(72i64), 4, [true, false]);
+        assert_eq!((tall.m, tall.n), (128, 64));
+        let wide = choose(&t, &Expr::from(1i64), &Expr::from(72i64), &sym, 4, [true, false]);
+        assert_eq!((wide.m, wide.n), (64, 128));
     }
 
     #[test]
@@ -110,7 +136,7 @@ mod tests {
         for threads in [1024, 256, 128, 64, 32, 1] {
             for cap in [128, 64, 16] {
                 let t = Target { max_threads_per_group: threads, matmul_tile: cap, ..Target::webgpu_default() };
-                for (m, n) in [(4096, 4096), (64, 64), (16, 3)] {
+                for (m, n) in [(4096, 4096), (4096, 768), (768, 4096), (64, 64), (16, 3)] {
                     let s = tile(&t, 1, m, n);
                     let count = s.threads[0] * s.threads[1];
                     assert!(count <= threads, "{s:?} on {threads} threads");

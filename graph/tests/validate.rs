@@ -120,9 +120,22 @@ fn matmul_schedules_that_do_not_split_or_fit_are_rejected() {
     rejected(&odd, &target, "does not split");
     rejected(&k, &Target { shared_memory_bytes: 4096, ..target.clone() }, "workgroup memory");
     // A cap on the tile (`KILN_WGPU_MATMUL_TILE`) keeps products at the medium one.
-    let capped = kernel(f32s(&[2048, 2048]), square, &Target { matmul_tile: 64, ..target });
+    let capped = kernel(f32s(&[2048, 2048]), square, &Target { matmul_tile: 64, ..target.clone() });
     let Some(Stmt::MatMul(m)) = capped.body.iter().find(|s| matches!(s, Stmt::MatMul(_))) else { panic!("{capped}") };
     assert_eq!(m.tile.m, 64);
+    // A transformer's projection (4096 tokens × 768 features) makes 192 large tiles, too few for a large
+    // GPU: 384 half ones, 128 × 64, which validate too.
+    let projection = kernel(f32s(&[4096, 768]), projection, &target);
+    let Some(Stmt::MatMul(m)) = projection.body.iter().find(|s| matches!(s, Stmt::MatMul(_))) else {
+        panic!("{projection}")
+    };
+    assert_eq!((m.tile.m, m.tile.n, m.tile.per_thread()), (128, 64, [8, 4]), "{projection}");
+    validate(&projection, &target).unwrap();
+}
+
+/// `x · wᵀ` with `w` the first 768 rows of `x`: a 768-wide linear layer over `x`'s rows.
+fn projection(t: &[Tensor]) -> Result<Vec<Tensor>> {
+    Ok(vec![t[0].matmul(&t[0].narrow(0, 0, 768)?.transpose(0, 1)?)?])
 }
 
 fn x_wt(t: &[Tensor]) -> Result<Vec<Tensor>> {

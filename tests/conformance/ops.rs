@@ -49,7 +49,7 @@ pub fn case(
     tol: f64,
     f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
 ) {
-    case_with(backend, name, inputs, tol, Dynamic::Auto, f)
+    case_with(backend, name, inputs, tol, Dynamic::Auto, &[], f)
 }
 
 /// [`case`], with the backend's compile making dims symbolic by `dynamic`.
@@ -59,10 +59,15 @@ pub fn case_with(
     inputs: &[Tensor],
     tol: f64,
     dynamic: Dynamic,
+    marks: &[(usize, usize)],
     f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
 ) {
     let want = compile(|x: Vec<Tensor>| f(&x)).backend(CpuReference).call(inputs.to_vec());
-    let got = compile(|x: Vec<Tensor>| f(&x)).backend(backend.clone()).dynamic(dynamic).call_explained(inputs.to_vec());
+    let compiled = marks.iter().fold(
+        compile(|x: Vec<Tensor>| f(&x)).backend(backend.clone()).dynamic(dynamic),
+        |c, &(arg, dim)| c.mark_dynamic(arg, dim, 1..=usize::MAX),
+    );
+    let got = compiled.call_explained(inputs.to_vec());
     let want = want.unwrap_or_else(|e| panic!("{name}: the reference failed: {e}"));
     let (got, ex) = got.unwrap_or_else(|e| panic!("{name}: {} failed: {e}", backend.name()));
     assert_eq!(got.len(), want.len());
@@ -268,15 +273,22 @@ pub fn every_op(b: &Arc<dyn Backend>) {
 
 /// The matmul template's schedules (`graph::matmul_tile`) where a template runs them: every dim symbolic
 /// takes the large tile (8 × 8 sums a thread), here ragged every way (130 × 136 outputs, depth 37, two
-/// batch entries) under a fused epilogue, and over a transposed operand; the static cases above take
-/// the medium and small ones. Integers too: no GEMM library takes them.
+/// batch entries) under a fused epilogue, and over a transposed operand; one symbolic extent beside a
+/// 72-wide one takes the half tiles; the static cases above take the medium and small ones. Integers
+/// too: no GEMM library takes them.
 fn matmul_schedules(b: &Arc<dyn Backend>) {
     for d in [DType::F32, DType::I32] {
         let a = t(&[2, 130, 37], d, |i| wave(i).round());
         let c = t(&[37, 136], d, |i| wave(i + 3).round());
         let bias = t(&[136], d, |i| wave(i + 1).round());
-        case_with(b, &format!("matmul schedules {d}"), &[a, c, bias], tol(d, 10.0), Dynamic::Always, |v| {
+        case_with(b, &format!("matmul schedules {d}"), &[a, c, bias], tol(d, 10.0), Dynamic::Always, &[], |v| {
             Ok(vec![v[0].matmul(&v[1])?.add(&v[2])?.relu()?, v[0].transpose(1, 2)?.matmul(&v[0])?])
+        });
+        // One extent symbolic, the other 72: half tiles (128 × 64 and 64 × 128), ragged both ways.
+        let x = t(&[130, 37], d, |i| wave(i + 5).round());
+        let w = t(&[37, 72], d, |i| wave(i + 2).round());
+        case_with(b, &format!("matmul half schedules {d}"), &[x, w], tol(d, 10.0), Dynamic::Auto, &[(0, 0)], |v| {
+            Ok(vec![v[0].matmul(&v[1])?, v[1].transpose(0, 1)?.matmul(&v[0].transpose(0, 1)?)?])
         });
     }
 }

@@ -25,6 +25,39 @@ fn reports_the_adapter() {
     eprintln!("wgpu adapter: {}", rt.driver().describe());
 }
 
+/// Where the adapter has subgroups of one fixed size, `graph` is told it and row combines shuffle within
+/// subgroups (the rest of this suite then runs them: every op, the edge cases, random graphs). Lavapipe
+/// (CI) has them, 8 lanes, so CI runs the subgroup shaders; `KILN_WGPU_LIMITS=webgpu`
+/// (`conformance_wgpu_limits`) runs the shared-memory tree.
+#[test]
+fn row_combines_shuffle_within_subgroups_where_the_adapter_has_them() {
+    let Some(_) = wgpu() else { return };
+    let rt = kiln::Backend::Wgpu.runtime().unwrap().expect("wgpu has a runtime");
+    let (target, adapter) = (rt.target().clone(), rt.driver().describe());
+    if adapter.contains("llvmpipe") {
+        assert_eq!(target.subgroup_size, Some(8), "{adapter}");
+    }
+    let Some(s) = target.subgroup_size else {
+        eprintln!("{adapter}: no fixed subgroup size, the shared-memory tree only");
+        return;
+    };
+    kiln::register_renderers();
+    let x = kiln::Tensor::from_data(
+        kiln::TensorData::from_f64(
+            (0..64 * 512).map(|i| f64::from(i % 97) / 7.0).collect(),
+            &[64, 512],
+            kiln::DType::F32,
+        )
+        .unwrap(),
+    );
+    let f = kiln::compile(|x: &kiln::Tensor| x.softmax(-1)).backend(kiln::Backend::Wgpu);
+    let y = f.call(&x).unwrap();
+    let sums: Vec<f32> = y.sum(&[1], false).unwrap().to_vec().unwrap();
+    assert!(sums.iter().all(|v| (v - 1.0).abs() < 1e-5), "{sums:?}");
+    let report = f.report().to_json();
+    assert!(report.contains("subgroupShuffleXor"), "subgroups of {s} on {adapter}, but no shuffle in {report}");
+}
+
 /// A tensor near the adapter's storage-binding limit (128 MiB on lavapipe): just below it runs (the
 /// pooled buffer is larger, only the used range is bound), just above it is a typed error naming the
 /// limit on adapters that have one that small, never a driver panic.

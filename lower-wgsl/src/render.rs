@@ -55,6 +55,9 @@ struct Writer<'k> {
     unroll_slot: Option<u32>,
     /// The loop variable of the row pass being written, while persistent rows are on.
     pass_sym: Option<SymId>,
+    /// The shader reads the subgroup builtins (`sg_lane`, `sg_id`): a combine shuffles within
+    /// subgroups, or groups are packed one a subgroup.
+    subgroups: bool,
 }
 
 fn float_literal(v: f64) -> String {
@@ -571,6 +574,38 @@ impl<'k> Writer<'k> {
         self.line(depth, "}");
     }
 
+    /// Combines a workgroup's partials as the PTX renderer does (one plan, `graph`'s): butterfly
+    /// shuffles inside each subgroup of `s` lanes (the target's subgroup size, fixed on the adapters
+    /// `graph` is told it of), then every thread folds the subgroups' totals from workgroup memory — two
+    /// barriers, against one per halving step of a shared-memory tree. NaN propagates through `kmaxf` /
+    /// `kminf` as in the tree (a subgroup max leaves NaN to the driver). Every thread ends with the total.
+    fn subgroup_combine(&mut self, depth: usize, op: KReduceOp, ty: &'static str, acc: &str, s: u32) {
+        self.subgroups = true;
+        let mut offset = s / 2;
+        while offset > 0 {
+            let c = self.combine(op, ty, acc, &format!("subgroupShuffleXor({acc}, {offset}u)"));
+            self.line(depth, &format!("{acc} = {c};"));
+            offset /= 2;
+        }
+        let t = self.k.launch.threads;
+        if t <= s || self.k.launch.packed > 1 {
+            // One subgroup a group: every lane holds the total (and packed groups must not meet at a
+            // barrier).
+            return;
+        }
+        let red = format!("red_{ty}");
+        self.red_types.insert(ty);
+        self.line(depth, &format!("if (sg_lane == 0u) {{ {red}[sg_id] = {acc}; }}"));
+        self.line(depth, "workgroupBarrier();");
+        self.line(depth, &format!("{acc} = {red}[0];"));
+        for w in 1..t / s {
+            let c = self.combine(op, ty, acc, &format!("{red}[{w}]"));
+            self.line(depth, &format!("{acc} = {c};"));
+        }
+        // Nobody may overwrite the totals before every thread has read them.
+        self.line(depth, "workgroupBarrier();");
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn reduce(
         &mut self,
@@ -632,7 +667,19 @@ impl<'k> Writer<'k> {
             }
         }
         (self.single_thread_stores, self.pass_sym) = saved;
-        if grouped {
+        let shuffled = match strategy {
+            ReduceStrategy::Group { subgroup: Some(s) }
+                if !arg && (ty == "f32" || ty == "i32") && s.is_power_of_two() && t % s == 0 =>
+            {
+                Some(s)
+            }
+            _ => None,
+        };
+        if let Some(s) = shuffled {
+            self.subgroup_combine(depth, op, ty, &acc, s);
+        } else if grouped && self.k.launch.packed > 1 {
+            self.fail(format!("a {ty} reduction of packed groups: they combine by subgroup shuffles only"));
+        } else if grouped {
             let red = format!("red_{ty}");
             self.red_types.insert(ty);
             self.line(depth, &format!("{red}[local] = {acc};"));
@@ -870,12 +917,11 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         unroll_slot: None,
         pass_sym: None,
         vector_buffers: kernel.vector_buffers().into_iter().collect(),
+        subgroups: false,
     };
-    if kernel.launch.packed > 1 {
-        // `graph` packs groups only for targets with subgroup operations, which this renderer does not use.
-        w.fail(format!("{} workgroups packed into one need subgroup operations", kernel.launch.packed));
-    }
+    let packed = kernel.launch.packed.max(1);
     w.block(1, &kernel.body);
+    w.subgroups |= packed > 1;
     if let Some(msg) = w.error {
         return Err(RenderError { kernel: kernel.name.clone(), msg });
     }
@@ -911,6 +957,7 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         );
     }
     let t = kernel.launch.threads;
+    let device_threads = kernel.launch.device_threads();
     if let Some((a, b, ty)) = &w.mm_tiles {
         let _ = writeln!(src, "var<workgroup> mm_as: array<{ty}, {a}>;");
         let _ = writeln!(src, "var<workgroup> mm_bs: array<{ty}, {b}>;");
@@ -921,14 +968,32 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     }
     src.push('\n');
     src.push_str(PRELUDE);
-    let _ = writeln!(src, "\n@compute @workgroup_size({t})");
-    src.push_str(
+    let _ = writeln!(src, "\n@compute @workgroup_size({device_threads})");
+    // Subgroup builtins (no `enable` directive: naga has not implemented `enable subgroups;` and gates
+    // them on the device's subgroup feature instead).
+    let builtins = if w.subgroups {
+        ", @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        src,
         "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, \
-         @builtin(local_invocation_index) lid: u32) {\n",
+         @builtin(local_invocation_index) lid: u32{builtins}) {{"
     );
-    src.push_str("    let group = i32(wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y);\n");
-    src.push_str("    let ngroups = i32(nwg.x * nwg.y * nwg.z);\n");
-    src.push_str("    let local = i32(lid);\n");
+    if packed > 1 {
+        // Packed groups (`Launch::packed`): the kernel IR's group is a subgroup of the device workgroup,
+        // its threads the subgroup's lanes (`graph` packs only where the subgroup size is fixed and is
+        // the group's thread count).
+        let _ =
+            writeln!(src, "    let group = i32((wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * {packed}u + sg_id);");
+        let _ = writeln!(src, "    let ngroups = i32(nwg.x * nwg.y * nwg.z * {packed}u);");
+        src.push_str("    let local = i32(sg_lane);\n");
+    } else {
+        src.push_str("    let group = i32(wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y);\n");
+        src.push_str("    let ngroups = i32(nwg.x * nwg.y * nwg.z);\n");
+        src.push_str("    let local = i32(lid);\n");
+    }
     src.push_str(&w.out);
     src.push_str("}\n");
     Ok(Shader { name: kernel.name.clone(), source: src, storage, uses_symbols })

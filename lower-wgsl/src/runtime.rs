@@ -126,6 +126,22 @@ fn driver_cache(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Option<(wgpu
     Some((cache, name))
 }
 
+/// The subgroup size `graph` may plan combines and packed rows for (`Target::subgroup_size`): the
+/// adapter's, where it has subgroup operations and one fixed size (NVIDIA 32, lavapipe 8; not Intel's
+/// 8–32, where a shader cannot know its lanes before it runs). None in a browser (Chrome's WGSL compiler
+/// wants an `enable subgroups;` that naga, which validates every shader first, does not take yet),
+/// under WebGPU's default limits (a page's), or with `KILN_WGPU_SUBGROUPS=0`.
+fn subgroup_size(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo, webgpu_limits: bool) -> Option<u32> {
+    let asked_off = std::env::var("KILN_WGPU_SUBGROUPS").as_deref() == Ok("0");
+    let page_like = cfg!(target_arch = "wasm32") || webgpu_limits;
+    (adapter.features().contains(wgpu::Features::SUBGROUP)
+        && info.subgroup_min_size == info.subgroup_max_size
+        && info.subgroup_min_size.is_power_of_two()
+        && !asked_off
+        && !page_like)
+        .then_some(info.subgroup_min_size)
+}
+
 impl Gpu {
     /// Loses the device now, as a driver reset or an unplugged GPU would: destroys it and marks it lost
     /// with `why`. For tests of what follows a loss (the runtime opens the device again).
@@ -150,18 +166,20 @@ impl Gpu {
         // KILN_WGPU_LIMITS=webgpu asks for WebGPU's default limits (8 storage buffers a stage, 65,535
         // workgroups a dimension, 128 MiB a binding) instead of the adapter's: what a page gets unless it
         // asks for more, so the compiler's fitting to them is tested on any machine.
-        let limits = match std::env::var("KILN_WGPU_LIMITS").as_deref() {
-            Ok("webgpu") => wgpu::Limits::default(),
+        let (limits, webgpu_limits) = match std::env::var("KILN_WGPU_LIMITS").as_deref() {
+            Ok("webgpu") => (wgpu::Limits::default(), true),
             Ok(other) => {
                 return Err(err(format!("KILN_WGPU_LIMITS={other}: `webgpu` is the one value it takes")));
             }
-            Err(_) => adapter.limits(),
+            Err(_) => (adapter.limits(), false),
         };
         // The pipeline cache keeps compiled shaders across processes; timestamp queries time work on the
         // GPU itself (the bench prefers them to wall time).
         let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::PIPELINE_CACHE | wgpu::Features::TIMESTAMP_QUERY;
         let mut required_features = adapter.features() & wanted;
         required_features.set(wgpu::Features::SHADER_F16, f16);
+        let subgroup_size = subgroup_size(&adapter, &info, webgpu_limits);
+        required_features.set(wgpu::Features::SUBGROUP, subgroup_size.is_some());
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kiln"),
@@ -180,6 +198,7 @@ impl Gpu {
             max_groups_per_dim: limits.max_compute_workgroups_per_dimension as u64,
             shared_memory_bytes: limits.max_compute_workgroup_storage_size,
             f16_compute: f16,
+            subgroup_size,
             max_buffer_bytes: limits.max_buffer_size,
             max_binding_bytes: limits.max_storage_buffer_binding_size,
             binding_alignment: limits.min_storage_buffer_offset_alignment.into(),

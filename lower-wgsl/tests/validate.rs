@@ -4,8 +4,12 @@ use kiln_graph::{capture, compile_graph, DType, Result, Target, Tensor, TensorSp
 use kiln_wgsl::{render, validate};
 
 fn check(inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>) {
+    check_on(&Target::webgpu_default(), inputs, f);
+}
+
+fn check_on(target: &Target, inputs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>) {
     let g = capture(inputs, f).unwrap();
-    let c = compile_graph(&g, &Target::webgpu_default()).unwrap();
+    let c = compile_graph(&g, target).unwrap();
     for f16 in [false, true] {
         for k in &c.kernels {
             let s = render(k, f16).unwrap();
@@ -38,4 +42,29 @@ fn workload_kernels_validate() {
     check(&[TensorSpec::new(DType::F16, &[8, 8]), TensorSpec::new(DType::BF16, &[8, 8])], |t| {
         Ok(vec![t[0].exp()?.sum(&[1], false)?, t[1].cast(DType::F32)?.softmax(0)?.cast(DType::BF16)?])
     });
+}
+
+/// On an adapter with subgroups of a fixed size (NVIDIA's 32, lavapipe's 8), row combines shuffle within
+/// subgroups and short rows are packed a subgroup each: the shaders validate, read the subgroup builtins,
+/// and a packed one waits at no workgroup barrier.
+#[test]
+fn subgroup_combines_and_packed_rows_validate() {
+    for s in [32, 8] {
+        let target = Target { subgroup_size: Some(s), ..Target::webgpu_default() };
+        check_on(&target, &[f32s(&[64, 512])], |t| Ok(vec![t[0].softmax(-1)?]));
+        check_on(&target, &[f32s(&[300, 64])], |t| Ok(vec![t[0].sum(&[1], false)?, t[0].max(&[1], false)?]));
+        check_on(&target, &[TensorSpec::new(DType::I32, &[40, 700])], |t| Ok(vec![t[0].min(&[1], false)?]));
+    }
+    let target = Target { subgroup_size: Some(32), ..Target::webgpu_default() };
+    let g = capture(&[f32s(&[300, 64])], |t| Ok(vec![t[0].sum(&[1], false)?])).unwrap();
+    let c = compile_graph(&g, &target).unwrap();
+    let k = &c.kernels[0];
+    assert_eq!((k.launch.threads, k.launch.packed), (32, 8), "{k}");
+    let source = render(k, false).unwrap().source;
+    assert!(source.contains("@workgroup_size(256)") && source.contains("sg_id"), "{source}");
+    assert!(source.contains("subgroupShuffleXor") && !source.contains("workgroupBarrier"), "{source}");
+    let g = capture(&[f32s(&[64, 512])], |t| Ok(vec![t[0].softmax(-1)?])).unwrap();
+    let c = compile_graph(&g, &target).unwrap();
+    let source = render(&c.kernels[0], false).unwrap().source;
+    assert!(source.contains("subgroupShuffleXor") && !source.contains("stride = stride / 2i"), "{source}");
 }

@@ -63,10 +63,11 @@ pub fn case_with(
     f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
 ) {
     let want = compile(|x: Vec<Tensor>| f(&x)).backend(CpuReference).call(inputs.to_vec());
-    let compiled = marks.iter().fold(
-        compile(|x: Vec<Tensor>| f(&x)).backend(backend.clone()).dynamic(dynamic),
-        |c, &(arg, dim)| c.mark_dynamic(arg, dim, 1..=usize::MAX),
-    );
+    let compiled = marks
+        .iter()
+        .fold(compile(|x: Vec<Tensor>| f(&x)).backend(backend.clone()).dynamic(dynamic), |c, &(arg, dim)| {
+            c.mark_dynamic(arg, dim, 1..=usize::MAX)
+        });
     let got = compiled.call_explained(inputs.to_vec());
     let want = want.unwrap_or_else(|e| panic!("{name}: the reference failed: {e}"));
     let (got, ex) = got.unwrap_or_else(|e| panic!("{name}: {} failed: {e}", backend.name()));

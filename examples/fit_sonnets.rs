@@ -74,6 +74,9 @@ struct Args {
     /// Fail unless the last epoch's validation loss is below this.
     #[arg(long)]
     threshold: Option<f64>,
+    /// Write the run's compile reports to `--out`/compile (open one with `kiln-explorer`).
+    #[arg(long)]
+    report: bool,
 }
 
 /// Windows of `context + 1` characters at a stride of `context`: ids `[n, context]` and next-character
@@ -138,6 +141,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         monitor: Some(Monitor { patience: args.patience, ..Monitor::val_loss() }),
         resume: args.resume.then(|| args.out.join("checkpoints/last")),
         progress: true,
+        report: args.report,
         ..FitConfig::default()
     };
     let opt = AdamW { lr: args.lr, weight_decay: 0.1, ..AdamW::default() };

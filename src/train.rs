@@ -634,4 +634,14 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
     pub fn stats(&self) -> crate::CompileStats {
         self.step.stats()
     }
+
+    /// The compile report of each function a step runs, by name: `train_step` (the one compiled step),
+    /// or `accumulate` and `apply` when steps are split (accumulation).
+    pub fn reports(&self) -> Vec<(&'static str, crate::CompileReport)> {
+        if self.splits() {
+            vec![("accumulate", self.accumulation.add.report()), ("apply", self.accumulation.apply.report())]
+        } else {
+            vec![("train_step", self.step.report())]
+        }
+    }
 }

@@ -39,7 +39,7 @@ fn params(m: &Mlp) -> Vec<Vec<u32>> {
 /// writes its metrics, curves and checkpoints.
 fn fit_compiles_once_and_learns(backend: Backend) {
     let out = tempfile_dir("fit");
-    let f = run(backend, &config(Some(out.clone())), 16);
+    let f = run(backend, &FitConfig { report: true, ..config(Some(out.clone())) }, 16);
     assert_eq!(f.stopped, Stop::MaxEpochs);
     assert_eq!(f.history.steps.len(), 4 * 7, "seven steps an epoch");
     assert_eq!(f.history.epochs.len(), 4);
@@ -60,6 +60,14 @@ fn fit_compiles_once_and_learns(backend: Backend) {
     }
     let csv = std::fs::read_to_string(out.join("steps.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 28);
+    // The run's compile report (asked for): each step function's one entry, its kernels with sources.
+    for (name, stats) in [("train_step", t), ("val_step", v)] {
+        let text = std::fs::read_to_string(out.join("compile").join(format!("{name}.json"))).unwrap();
+        let report = kiln::CompileReport::from_json(&text).unwrap();
+        assert_eq!(report.entries.len(), stats.entries, "{name}");
+        let kernels: usize = report.entries.iter().flat_map(|e| &e.graphs).map(|g| g.kernels.len()).sum();
+        assert!(kernels > 0, "{name}: no kernels in {text}");
+    }
     let _ = std::fs::remove_dir_all(out);
 }
 
@@ -81,7 +89,15 @@ fn resume_is_bit_identical(backend: Backend) {
 /// batches of 16, up to rounding; early stopping and the best checkpoint follow the monitor.
 fn accumulation_matches_the_big_batch(backend: Backend) {
     let big = run(backend, &config(None), 16);
-    let small = run(backend, &FitConfig { accumulate: 2, ..config(None) }, 8);
+    let out = tempfile_dir("accumulate");
+    let small = run(backend, &FitConfig { accumulate: 2, report: true, ..config(Some(out.clone())) }, 8);
+    // Split steps report both halves.
+    for name in ["accumulate", "apply", "val_step"] {
+        let text = std::fs::read_to_string(out.join("compile").join(format!("{name}.json"))).unwrap();
+        assert_eq!(kiln::CompileReport::from_json(&text).unwrap().entries.len(), 1, "{name}");
+    }
+    assert!(!out.join("compile/train_step.json").exists());
+    let _ = std::fs::remove_dir_all(&out);
     assert_eq!(small.history.steps.len(), big.history.steps.len());
     for (a, b) in small.history.steps.iter().zip(&big.history.steps) {
         assert!((a.loss - b.loss).abs() <= 1e-4 * b.loss.abs().max(1.0), "step {}: {} vs {}", a.step, a.loss, b.loss);

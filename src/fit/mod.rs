@@ -4,7 +4,8 @@
 //! recompiling every epoch (no padding, no `drop_last`); switching between training and validation
 //! switches between two compiled functions, not graphs of one; the step's losses stay on the device and
 //! are read a step late, so logging never waits for the step it logs. The run writes its metrics (CSV,
-//! JSON), loss curves (PNG, SVG) and checkpoints that resume bit-identically.
+//! JSON), loss curves (PNG, SVG), checkpoints that resume bit-identically and, when asked
+//! ([`FitConfig::report`]), the compile report of each step function.
 //!
 //! With [`Strategy::Ddp`] the same loop is one rank of data-parallel training (one process per GPU,
 //! started by `kiln-run --gpus N`): each rank trains on its padded share of every epoch, the ranks'
@@ -124,6 +125,11 @@ pub struct FitConfig {
     pub resume: Option<PathBuf>,
     /// Show a progress bar on the terminal.
     pub progress: bool,
+    /// Write the compile report of every compiled function the run used (the train step or its two
+    /// accumulation halves, the validation step) to `out/compile/<name>.json` at its end: graphs, fused
+    /// regions, kernels with their sources, guards, recompiles with reasons, per-kernel profiles where
+    /// taken. `kiln-explorer out/compile/train_step.json` shows one.
+    pub report: bool,
 }
 
 impl Default for FitConfig {
@@ -143,6 +149,7 @@ impl Default for FitConfig {
             monitor: None,
             resume: None,
             progress: false,
+            report: false,
         }
     }
 }
@@ -409,6 +416,10 @@ where
     bar.finish_and_clear();
     if let Some(out) = config.out.as_ref().filter(|_| writes) {
         st.history.write(out)?;
+        if config.report {
+            let val_report = val.as_ref().map(|_| ("val_step", val_step.report()));
+            write_reports(&out.join("compile"), trainer.reports().into_iter().chain(val_report))?;
+        }
         // A run is not lost over its picture: without a font (a bare GPU host) the curves stay in the CSV.
         if !st.history.steps.is_empty() {
             if let Err(e) = st.history.plot(out, "training loss per step, validation loss per epoch") {
@@ -424,6 +435,20 @@ where
         history: st.history,
         stopped,
     })
+}
+
+/// Writes each named compile report to `dir/<name>.json`.
+fn write_reports(
+    dir: &std::path::Path,
+    reports: impl IntoIterator<Item = (&'static str, crate::CompileReport)>,
+) -> Result<()> {
+    let failed =
+        |e: std::io::Error| Error::Format { what: format!("compile reports in {}", dir.display()), msg: e.to_string() };
+    std::fs::create_dir_all(dir).map_err(failed)?;
+    for (name, report) in reports {
+        std::fs::write(dir.join(format!("{name}.json")), report.to_json()).map_err(failed)?;
+    }
+    Ok(())
 }
 
 /// `Ok` unless the data-parallel world failed (a collective the watchdog ended returned garbage: say

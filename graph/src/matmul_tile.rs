@@ -6,6 +6,9 @@
 //!   step of depth a thread reads 2 + 2 four-wide vectors of workgroup memory for 64 multiply-adds;
 //! - **half**: 128 × 64 (or 64 × 128), 8 × 4 a thread, depth 8: 2 + 1 vectors for 32;
 //! - **medium**: 64 × 64, 4 × 4 a thread (one run of 4 each way), depth 16: 1 + 1 vectors for 16;
+//! - **narrow**: 32 × 128 (or 128 × 32) over 8 × 32 threads, 4 × 4 a thread, depth 16: the medium
+//!   tile's work a thread for products with 32–63 rows (DenseNet's 32-channel 3 × 3 convolutions, whose
+//!   batch and pixels are the columns), where it makes at least [`NARROW_MIN_GROUPS`] workgroups;
 //! - **small**: 16 × 16, one output a thread, depth 16: products too narrow for the others.
 //!
 //! A large tile leaves a GPU's cores idle when a product has few of them: under
@@ -23,6 +26,10 @@ pub const LARGEST: u32 = 128;
 /// Fewest workgroups a product must make of large tiles to take them: about two for each compute unit
 /// of a large GPU (an H200 has 132), so the last wave is not most of the run.
 pub const LARGE_MIN_GROUPS: i64 = 256;
+
+/// Fewest workgroups a product must make of narrow tiles to take them (one a compute unit of a large
+/// GPU): with fewer, the small tile's many more workgroups keep more of the GPU busy.
+pub const NARROW_MIN_GROUPS: i64 = 128;
 
 /// The schedule for a product of `batch` matrices of `m × n` outputs summed in elements of `acc_bytes`,
 /// its operands read in `depth_fastest` order ([`read_order`]).
@@ -61,6 +68,15 @@ pub fn choose(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32,
     let medium = Tile { m: 4 * side, n: 4 * side, k: 16, threads: [side, side], run: 4, depth_fastest };
     if takes(&medium) {
         return medium;
+    }
+    // Narrow tiles, the short side across the short extent; threads 8 × 32 (for 256), 4 × 4 sums each.
+    if side >= 4 {
+        let rows = Tile { m: 2 * side, n: 8 * side, k: 16, threads: [side / 2, 2 * side], run: 4, depth_fastest };
+        let cols = Tile { m: 8 * side, n: 2 * side, threads: [2 * side, side / 2], ..rows };
+        let many = |t: &Tile| takes(t) && groups(t).is_none_or(|g| g >= NARROW_MIN_GROUPS);
+        if let Some(narrow) = [rows, cols].into_iter().find(|t| many(t)) {
+            return narrow;
+        }
     }
     Tile { m: side, n: side, k: 16, threads: [side, side], run: 1, depth_fastest }
 }
@@ -121,7 +137,16 @@ mod tests {
         // Attention's second product (96 heads × 512 queries × 64 values): half tiles, the short side 64.
         assert_eq!((tile(&t, 96, 512, 64).m, tile(&t, 96, 512, 64).n), (128, 64));
         assert_eq!(tile(&t, 1, 100, 4096).m, 64);
+        // 40 rows × 16,384 columns (DenseNet's first 3 × 3 convolutions): 128 narrow tiles.
+        assert_eq!(
+            (tile(&t, 1, 40, 16384).m, tile(&t, 1, 40, 16384).n, tile(&t, 1, 40, 16384).threads),
+            (32, 128, [8, 32])
+        );
+        assert_eq!((tile(&t, 1, 16384, 40).m, tile(&t, 1, 16384, 40).n), (128, 32));
         assert_eq!(tile(&t, 1, 4096, 40).m, 16);
+        // 32 × 1,024 would make 8: the small tile's 128 keep more of a GPU busy.
+        assert_eq!(tile(&t, 1, 32, 1024).m, 16);
+        assert_eq!(tile(&t, 1, 4096, 20).m, 16);
         // A symbolic extent may be large.
         let sym = Expr::sym(crate::sym::SymId(0));
         assert_eq!(choose(&t, &Expr::from(1i64), &sym, &Expr::from(1024i64), 4, [true, false]).m, 128);
@@ -136,7 +161,7 @@ mod tests {
         for threads in [1024, 256, 128, 64, 32, 1] {
             for cap in [128, 64, 16] {
                 let t = Target { max_threads_per_group: threads, matmul_tile: cap, ..Target::webgpu_default() };
-                for (m, n) in [(4096, 4096), (4096, 768), (768, 4096), (64, 64), (16, 3)] {
+                for (m, n) in [(4096, 4096), (4096, 768), (768, 4096), (64, 64), (40, 16384), (16384, 40), (16, 3)] {
                     let s = tile(&t, 1, m, n);
                     let count = s.threads[0] * s.threads[1];
                     assert!(count <= threads, "{s:?} on {threads} threads");

@@ -275,8 +275,8 @@ pub fn every_op(b: &Arc<dyn Backend>) {
 /// The matmul template's schedules (`graph::matmul_tile`) where a template runs them: every dim symbolic
 /// takes the large tile (8 × 8 sums a thread), here ragged every way (130 × 136 outputs, depth 37, two
 /// batch entries) under a fused epilogue, and over a transposed operand; one symbolic extent beside a
-/// 72-wide one takes the half tiles; the static cases above take the medium and small ones. Integers
-/// too: no GEMM library takes them.
+/// 72-wide one takes the half tiles, beside a 40-wide one the narrow tiles; the static cases above take
+/// the medium and small ones. Integers too: no GEMM library takes them.
 fn matmul_schedules(b: &Arc<dyn Backend>) {
     for d in [DType::F32, DType::I32] {
         let a = t(&[2, 130, 37], d, |i| wave(i).round());
@@ -285,12 +285,29 @@ fn matmul_schedules(b: &Arc<dyn Backend>) {
         case_with(b, &format!("matmul schedules {d}"), &[a, c, bias], tol(d, 10.0), Dynamic::Always, &[], |v| {
             Ok(vec![v[0].matmul(&v[1])?.add(&v[2])?.relu()?, v[0].transpose(1, 2)?.matmul(&v[0])?])
         });
-        // One extent symbolic, the other 72: half tiles (128 × 64 and 64 × 128), ragged both ways.
+        // One extent symbolic, the other 72: half tiles (128 × 64 and 64 × 128); the other 40: narrow
+        // ones (32 × 128 and 128 × 32); ragged every way.
         let x = t(&[130, 37], d, |i| wave(i + 5).round());
         let w = t(&[37, 72], d, |i| wave(i + 2).round());
-        case_with(b, &format!("matmul half schedules {d}"), &[x, w], tol(d, 10.0), Dynamic::Auto, &[(0, 0)], |v| {
-            Ok(vec![v[0].matmul(&v[1])?, v[1].transpose(0, 1)?.matmul(&v[0].transpose(0, 1)?)?])
-        });
+        let narrow = t(&[40, 37], d, |i| wave(i + 4).round());
+        let inputs = [x, w, narrow];
+        case_with(
+            b,
+            &format!("matmul half and narrow schedules {d}"),
+            &inputs,
+            tol(d, 10.0),
+            Dynamic::Auto,
+            &[(0, 0)],
+            |v| {
+                let xt = v[0].transpose(0, 1)?;
+                Ok(vec![
+                    v[0].matmul(&v[1])?,
+                    v[1].transpose(0, 1)?.matmul(&xt)?,
+                    v[2].matmul(&xt)?,
+                    v[0].matmul(&v[2].transpose(0, 1)?)?,
+                ])
+            },
+        );
     }
 }
 

@@ -2,6 +2,7 @@
 //! into one kiln graph like Rust code is — or, for integer shape arithmetic, host computation on
 //! symbolic sizes ([`Ints`]). One function per op family; [`SUPPORTED`] lists every op type kiln reads.
 
+mod attention;
 mod elementwise;
 mod loss;
 mod nn;
@@ -17,7 +18,7 @@ use kiln_graph::{Error, Tensor, TensorData};
 /// the families' own lists, which a test holds to what their dispatch handles.
 pub fn supported_ops() -> Vec<&'static str> {
     let mut v: Vec<&'static str> =
-        [elementwise::OPS, nn::OPS, shape::OPS, resize::OPS, loss::OPS, &["Constant"]].concat();
+        [elementwise::OPS, nn::OPS, shape::OPS, resize::OPS, loss::OPS, attention::OPS, &["Constant"]].concat();
     v.sort_unstable();
     v
 }
@@ -167,6 +168,7 @@ pub(crate) fn run_node(model: &Model, proto: &NodeProto, args: &[Option<Value>])
         .or_else(|| shape::run(&node, op))
         .or_else(|| resize::run(&node, op))
         .or_else(|| loss::run(&node, op))
+        .or_else(|| attention::run(&node, op))
         .unwrap_or_else(|| unsupported(format!("op {op}")));
     match out {
         Ok(v) => Ok(v),
@@ -252,12 +254,13 @@ mod tests {
         };
         let model = Model::parse(&bytes, "empty", None).unwrap();
         type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
-        let families: [(&[&str], Dispatch); 5] = [
+        let families: [(&[&str], Dispatch); 6] = [
             (elementwise::OPS, elementwise::run),
             (nn::OPS, nn::run),
             (shape::OPS, shape::run),
             (resize::OPS, resize::run),
             (loss::OPS, loss::run),
+            (attention::OPS, attention::run),
         ];
         for (ops, run) in families {
             for op in ops {

@@ -1,4 +1,4 @@
-//! ONNX's `Attention` (opset 23) as kiln ops: heads split from 3-D inputs, the key/value cache
+//! ONNX's transformer ops (opset 23) as kiln ops. `Attention`: heads split from 3-D inputs, the key/value cache
 //! concatenated (`past_key`/`past_value` → `present_*`), grouped-query heads repeated, boolean or additive
 //! masks padded to the keys, the causal mask offset by the cache, per-entry key counts
 //! (`nonpad_kv_seqlen`), softcap, and the four outputs. Written
@@ -11,12 +11,13 @@ use kiln_graph::sym::Expr;
 use kiln_graph::{DType, Tensor};
 
 /// The op types this family converts.
-pub(super) const OPS: &[&str] = &["Attention"];
+pub(super) const OPS: &[&str] = &["Attention", "RotaryEmbedding"];
 
 /// The family; `None` when `op` is not one of it.
 pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
     match op {
         "Attention" => Some(attention(node)),
+        "RotaryEmbedding" => Some(rotary(node)),
         _ => None,
     }
 }
@@ -157,4 +158,70 @@ fn attention(node: &Node) -> OpResult<Vec<Value>> {
         y
     };
     Ok([y, present_k, present_v, qk_output].into_iter().map(Value::Tensor).collect())
+}
+
+/// RotaryEmbedding: `x` as `[batch, heads, sequence, head]`, or `[batch, sequence, heads · head]` with
+/// `num_heads`; each head's first `rotary_embedding_dim` elements (all by default) rotated pairwise by the
+/// angles whose cosines and sines the caches hold (`[positions, dim / 2]` read at `position_ids`, or
+/// `[batch, sequence, dim / 2]` as they are), the rest passed through.
+fn rotary(node: &Node) -> OpResult<Vec<Value>> {
+    let (x, cos, sin) = (node.tensor(0)?, node.tensor(1)?, node.tensor(2)?);
+    let ids = node.opt_tensor(3)?;
+    let dims: Vec<i64> = x.shape().dims().iter().map(|d| known(d, "RotaryEmbedding size")).collect::<OpResult<_>>()?;
+    let x4 = match dims.len() {
+        4 => x.permute(&[0, 2, 1, 3])?,
+        3 => {
+            let heads = node.int("num_heads", 0);
+            if heads <= 0 || dims[2] % heads != 0 {
+                return invalid(format!("a width of {} in {heads} heads (num_heads)", dims[2]));
+            }
+            x.reshape(&[dims[0] as isize, dims[1] as isize, heads as isize, (dims[2] / heads) as isize])?
+        }
+        r => return invalid(format!("a rank-{r} input (3 or 4)")),
+    };
+    let [batch, seq, _, head] = [0, 1, 2, 3].map(|a| known(&x4.shape().dims()[a], "size").unwrap_or(0));
+    let rd = match node.int("rotary_embedding_dim", 0) {
+        0 => head,
+        d if d > 0 && d <= head && d % 2 == 0 => d,
+        d => return invalid(format!("rotary_embedding_dim {d} for heads of {head}")),
+    };
+    let half = rd / 2;
+    let cache = |c: Tensor| -> OpResult<Tensor> {
+        let c = match &ids {
+            Some(ids) => c.index_select(0, &ids.reshape(&[-1])?)?,
+            None => c,
+        };
+        Ok(c.reshape(&[batch as isize, seq as isize, 1, half as isize])?)
+    };
+    let (cos, sin) = (cache(cos)?, cache(sin)?);
+    let rot = x4.narrow(3, 0, rd as usize)?;
+    let interleaved = node.int("interleaved", 0) != 0;
+    let (x1, x2) = if interleaved {
+        (rot.slice(3, 0, None, 2)?, rot.slice(3, 1, None, 2)?)
+    } else {
+        (rot.narrow(3, 0, half as usize)?, rot.narrow(3, half as usize, half as usize)?)
+    };
+    let real = cos.mul(&x1)?.sub(&sin.mul(&x2)?)?;
+    let imag = sin.mul(&x1)?.add(&cos.mul(&x2)?)?;
+    let rotated = if interleaved {
+        Tensor::concat(&[&real.unsqueeze(-1)?, &imag.unsqueeze(-1)?], -1)?.reshape(&[
+            batch as isize,
+            seq as isize,
+            -1,
+            rd as isize,
+        ])?
+    } else {
+        Tensor::concat(&[&real, &imag], -1)?
+    };
+    let out = if rd < head {
+        Tensor::concat(&[&rotated, &x4.narrow(3, rd as usize, (head - rd) as usize)?], -1)?
+    } else {
+        rotated
+    };
+    let out = if dims.len() == 4 {
+        out.permute(&[0, 2, 1, 3])?
+    } else {
+        out.reshape(&dims.iter().map(|&d| d as isize).collect::<Vec<_>>())?
+    };
+    Ok(vec![Value::Tensor(out)])
 }

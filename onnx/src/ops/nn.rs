@@ -28,6 +28,7 @@ pub(super) const OPS: &[&str] = &[
     "Hardmax",
     "LpPool",
     "GlobalLpPool",
+    "MeanVarianceNormalization",
 ];
 
 /// The family; `None` when `op` is not one of it.
@@ -43,6 +44,18 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
             one(if op == "GlobalMaxPool" { x.max(&axes, true)? } else { x.mean(&axes, true)? })
         })(),
         "BatchNormalization" => batch_norm(node),
+        "MeanVarianceNormalization" => (|| {
+            // ONNX's definition: (x - E[x]) / (sqrt(E[x²] - E[x]²) + 1e-9) over `axes` (N, H, W by default).
+            let x = node.tensor(0)?;
+            let r = x.rank();
+            let axes: Vec<isize> = match node.ints("axes") {
+                Some(a) => a.iter().map(|&a| axis(a, r).map(|a| a as isize)).collect::<OpResult<_>>()?,
+                None => vec![0, 2, 3],
+            };
+            let mean = x.mean(&axes, true)?;
+            let var = x.mul(&x)?.mean(&axes, true)?.sub(&mean.mul(&mean)?)?;
+            one(x.sub(&mean)?.div(&var.sqrt()?.add(1e-9)?)?)
+        })(),
         "InstanceNormalization" => (|| {
             let (scale, bias) = (node.opt_tensor(1)?, node.opt_tensor(2)?);
             one(node.tensor(0)?.instance_norm(scale.as_ref(), bias.as_ref(), node.float("epsilon", 1e-5))?)

@@ -46,6 +46,10 @@ pub(super) const OPS: &[&str] = &[
     "EyeLike",
     "OneHot",
     "CumSum",
+    "CenterCropPad",
+    "BlackmanWindow",
+    "HammingWindow",
+    "HannWindow",
 ];
 
 /// The family; `None` when `op` is not one of it.
@@ -124,6 +128,8 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         "EyeLike" => eye_like(node),
         "OneHot" => one_hot(node),
         "CumSum" => cumsum(node),
+        "CenterCropPad" => center_crop_pad(node),
+        "BlackmanWindow" | "HammingWindow" | "HannWindow" => window(node, op),
         _ => return None,
     })
 }
@@ -703,4 +709,65 @@ fn cumsum(node: &Node) -> OpResult<Vec<Value>> {
     let last = x.rank() as isize - 1;
     let moved = x.transpose(a as isize, last)?;
     one(moved.matmul(&m)?.transpose(a as isize, last)?)
+}
+
+/// CenterCropPad: each listed axis (all by default) cropped or zero-padded to its size in `shape`,
+/// keeping the centre (the odd element goes to the end).
+fn center_crop_pad(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let r = x.rank();
+    let Some(sizes) = node.const_ints(1, "shape")? else { return invalid("shape is required") };
+    let axes: Vec<usize> = match node.ints("axes") {
+        Some(a) => a.iter().map(|&a| axis(a, r)).collect::<OpResult<_>>()?,
+        None => (0..r).collect(),
+    };
+    if axes.len() != sizes.len() {
+        return invalid(format!("{} sizes for {} axes", sizes.len(), axes.len()));
+    }
+    let mut y = x;
+    for (&a, &want) in axes.iter().zip(&sizes) {
+        let Some(have) = y.shape().dims()[a].as_const() else {
+            return unsupported("CenterCropPad over a symbolic size");
+        };
+        if want < 0 {
+            return invalid(format!("size {want}"));
+        }
+        if want < have {
+            y = y.narrow(a as isize, ((have - want) / 2) as usize, want as usize)?;
+        } else if want > have {
+            let d = (want - have) as usize;
+            let mut pads = vec![(0usize, 0usize); r];
+            pads[a] = (d / 2, d - d / 2);
+            y = y.pad(&pads, 0.0)?;
+        }
+    }
+    one(y)
+}
+
+/// BlackmanWindow, HammingWindow and HannWindow: the window of `size` points (periodic by default, as
+/// torch's), computed on the host in f64 and rounded once to `output_datatype` (f32 by default).
+fn window(node: &Node, op: &str) -> OpResult<Vec<Value>> {
+    let size =
+        node.host_values(0)?.and_then(|v| v.first().copied()).ok_or(OpError::Invalid("size is required".into()))?;
+    if !(0.0..=f64::from(u32::MAX)).contains(&size) || size.fract() != 0.0 {
+        return invalid(format!("a window of {size} points"));
+    }
+    let n = size as usize;
+    let dtype = match node.proto.attribute.iter().find(|a| a.name() == "output_datatype") {
+        Some(a) => crate::tensor::dtype_of(a.i() as i32).map_err(OpError::Unsupported)?,
+        None => DType::F32,
+    };
+    let period = if node.int("periodic", 1) != 0 { size } else { size - 1.0 };
+    let tau = std::f64::consts::TAU;
+    let values: Vec<f64> = (0..n)
+        .map(|i| {
+            let t = i as f64 / period;
+            match op {
+                "BlackmanWindow" => 0.42 - 0.5 * (tau * t).cos() + 0.08 * (2.0 * tau * t).cos(),
+                "HammingWindow" => 25.0 / 46.0 - (21.0 / 46.0) * (tau * t).cos(),
+                _ => (std::f64::consts::PI * t).sin().powi(2),
+            }
+        })
+        .collect();
+    one(Tensor::from_data(kiln_graph::TensorData::from_f64(values, &[n], dtype)?))
 }

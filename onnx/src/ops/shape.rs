@@ -47,6 +47,7 @@ pub(super) const OPS: &[&str] = &[
     "OneHot",
     "CumSum",
     "CenterCropPad",
+    "GatherND",
     "BlackmanWindow",
     "HammingWindow",
     "HannWindow",
@@ -129,6 +130,7 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         "OneHot" => one_hot(node),
         "CumSum" => cumsum(node),
         "CenterCropPad" => center_crop_pad(node),
+        "GatherND" => gather_nd(node),
         "BlackmanWindow" | "HammingWindow" | "HannWindow" => window(node, op),
         _ => return None,
     })
@@ -770,4 +772,48 @@ fn window(node: &Node, op: &str) -> OpResult<Vec<Value>> {
         })
         .collect();
     one(Tensor::from_data(kiln_graph::TensorData::from_f64(values, &[n], dtype)?))
+}
+
+/// GatherND: each index tuple (the last axis of `indices`, `k` long) picks a slice of `data` after its
+/// first `batch_dims` axes, as one `index_select` over `data` with those `batch_dims + k` axes flattened:
+/// the tuple's row-major offset plus its batch entry's.
+fn gather_nd(node: &Node) -> OpResult<Vec<Value>> {
+    let (x, idx) = (node.tensor(0)?, node.tensor(1)?);
+    let (Some(xd), Some(id)) = (x.shape().as_concrete(), idx.shape().as_concrete()) else {
+        return unsupported("GatherND over symbolic sizes");
+    };
+    let b = usize::try_from(node.int("batch_dims", 0)).map_err(|_| OpError::Invalid("negative batch_dims".into()))?;
+    let Some(&k) = id.last() else { return invalid("indices of rank 0") };
+    if id.len() <= b || xd.len() < b + k || xd[..b] != id[..b] {
+        return invalid(format!("indices {id:?} into data {xd:?} with batch_dims {b}"));
+    }
+    let batch: usize = xd[..b].iter().product();
+    let picked: usize = xd[b..b + k].iter().product();
+    let tuples: usize = id[b..id.len() - 1].iter().product();
+    let idx = idx.cast(DType::I64)?.reshape(&[batch as isize, tuples as isize, k as isize])?;
+    // Each tuple's offset within its batch entry's `picked` slices, negative indices counted from the end.
+    let mut offset: Option<Tensor> = None;
+    let mut stride = picked;
+    for (i, &d) in xd[b..b + k].iter().enumerate() {
+        stride /= d;
+        let part = wrap_negative(
+            &idx.narrow(2, i, 1)?.reshape(&[batch as isize, tuples as isize])?,
+            &Expr::constant(d as i64),
+        )?;
+        let part = part.mul(stride as f64)?;
+        offset = Some(match offset {
+            Some(o) => o.add(&part)?,
+            None => part,
+        });
+    }
+    let offset = match offset {
+        Some(o) => o,
+        None => Tensor::full(0.0, &[batch, tuples], DType::I64)?,
+    };
+    let base = Tensor::arange(0.0, batch as f64, 1.0, DType::I64)?.mul(picked as f64)?.reshape(&[batch as isize, 1])?;
+    let flat = offset.add(&base)?.reshape(&[-1])?;
+    let rest: Vec<isize> = xd[b + k..].iter().map(|&d| d as isize).collect();
+    let data = x.reshape(&[&[(batch * picked) as isize][..], &rest].concat())?;
+    let out: Vec<isize> = id[..id.len() - 1].iter().map(|&d| d as isize).chain(rest.iter().copied()).collect();
+    one(data.index_select(0, &flat)?.reshape(&out)?)
 }

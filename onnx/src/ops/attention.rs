@@ -47,6 +47,11 @@ fn attention(node: &Node) -> OpResult<Vec<Value>> {
     let (q, k, v) = (node.tensor(0)?, node.tensor(1)?, node.tensor(2)?);
     let mask = node.opt_tensor(3)?;
     let (past_k, past_v) = (node.opt_tensor(4)?, node.opt_tensor(5)?);
+    if [&mask, &past_k, &past_v].into_iter().flatten().any(|t| t.rank() < 2)
+        || [&past_k, &past_v].into_iter().flatten().any(|t| t.rank() != 4)
+    {
+        return invalid("a mask of rank below 2, or a key/value cache of rank other than 4");
+    }
     let rank = q.rank();
     if k.rank() != rank || v.rank() != rank || !(rank == 3 || rank == 4) {
         return invalid(format!("Q, K and V of ranks {}, {}, {} (3 or 4, all alike)", rank, k.rank(), v.rank()));

@@ -52,6 +52,11 @@ pub enum Mode {
     /// kept across a call are never overwritten: that recording copies its outputs out from then on
     /// (torch instead invalidates them and fails on access).
     ReduceOverhead,
+    /// Launched as `Default`, but each graph's kernel schedules (matmul tiles, threads per row) are chosen
+    /// when it compiles by timing candidates on the device with the call's inputs; choices are kept in
+    /// the cache directory, so later processes compile the tuned graph without timing
+    /// ([`crate::CompileStats::tuning_ms`] says what it cost).
+    MaxAutotune,
 }
 
 /// Runs one graph on `backend`: on a device runtime, its compiled form on device tensors (inputs bound
@@ -67,7 +72,7 @@ pub(crate) fn execute(
         let devs = Value::all_on(inputs, &rt)?;
         let outs = match mode {
             Mode::ReduceOverhead => rt.run_recorded(c, &devs)?,
-            Mode::Default => rt.run(c, &devs)?,
+            Mode::Default | Mode::MaxAutotune => rt.run(c, &devs)?,
         };
         return Ok(outs.into_iter().map(Value::from_device).collect());
     }

@@ -187,6 +187,11 @@ pub struct CompileStats {
     pub graph_cache_hits: usize,
     /// Time spent tracing and running traced calls, ms (compile and first run included).
     pub trace_ms: f64,
+    /// Of `trace_ms`, time spent tuning kernel schedules on the device (`Mode::MaxAutotune`), ms.
+    pub tuning_ms: f64,
+    /// Kernels whose candidate schedules were timed (`Mode::MaxAutotune`); those whose choice came from
+    /// the tuning cache are not counted.
+    pub tuned_kernels: usize,
 }
 
 /// Where one input of a cached graph comes from on a call.
@@ -679,7 +684,8 @@ impl<F> Compiled<F> {
         F: Fn(A) -> Result<R>,
     {
         let start = web_time::Instant::now();
-        let tracer = Tracer::new(TraceOptions { fullgraph: self.fullgraph, backend: backend.clone() });
+        let tune = self.mode == crate::backend::Mode::MaxAutotune;
+        let tracer = Tracer::new(TraceOptions { fullgraph: self.fullgraph, backend: backend.clone(), tune });
         // Dynamic dims get symbols; equal sizes share one (duck sizing), which the guards then require.
         let mut by_size: BTreeMap<(usize, i64, Option<i64>), crate::sym::SymId> = BTreeMap::new();
         let mut arg_guards = Vec::with_capacity(visitor.tensors.len());
@@ -738,6 +744,9 @@ impl<F> Compiled<F> {
             let mut st = lock(&self.state);
             st.stats.trace_ms += start.elapsed().as_secs_f64() * 1e3;
             st.stats.graph_cache_hits += tracer.cache_hits();
+            let (tuning_ms, tuned) = tracer.tuning();
+            st.stats.tuning_ms += tuning_ms;
+            st.stats.tuned_kernels += tuned;
         }
         let ids: Vec<u64> = visitor.tensors.iter().map(Tensor::id).collect();
         let mut kept = false;

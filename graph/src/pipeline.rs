@@ -361,6 +361,11 @@ impl CompiledGraph {
         Err(Error::Runtime { op: site.op.clone(), msg: format!("{} (kernel {})", site.msg, k.name), loc })
     }
 
+    /// This graph with other kernels of the same regions (other schedules of each: `tune`).
+    pub(crate) fn with_kernels(&self, kernels: Vec<crate::kernel::Kernel>) -> CompiledGraph {
+        CompiledGraph { kernels, ids: std::sync::OnceLock::new(), ..self.clone() }
+    }
+
     /// Each kernel's structural id: a hash of the kernel IR (which already names its target's choices),
     /// computed once per compiled graph. Runtimes key loaded modules on it, so equal kernels render and
     /// load once however many graphs hold them — and however many layers of one graph: a model's four

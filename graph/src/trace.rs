@@ -303,11 +303,13 @@ pub struct TraceOptions {
     pub fullgraph: bool,
     /// Where graphs run.
     pub backend: Arc<dyn Backend>,
+    /// Tune each graph's kernel schedules on the device as it compiles (`Mode::MaxAutotune`).
+    pub tune: bool,
 }
 
 impl Default for TraceOptions {
     fn default() -> Self {
-        TraceOptions { fullgraph: false, backend: Arc::new(CpuReference) }
+        TraceOptions { fullgraph: false, backend: Arc::new(CpuReference), tune: false }
     }
 }
 
@@ -339,6 +341,10 @@ struct TraceState {
     shape_checks: Vec<crate::sym::Expr>,
     /// Graphs whose compilation came from the compile cache.
     cache_hits: usize,
+    /// Time spent tuning kernel schedules (`Mode::MaxAutotune`), ms.
+    tuning_ms: f64,
+    /// Kernels whose schedules were timed (not taken from the tuning cache).
+    tuned_kernels: usize,
 }
 
 /// Where an output of the traced function comes from (see [`Tracer::locate`]).
@@ -411,6 +417,12 @@ impl Tracer {
     /// Graphs of this trace whose compilation was served by the compile cache.
     pub(crate) fn cache_hits(&self) -> usize {
         self.st.borrow().cache_hits
+    }
+
+    /// What tuning this trace's graphs cost (`Mode::MaxAutotune`): ms, and kernels timed.
+    pub(crate) fn tuning(&self) -> (f64, usize) {
+        let st = self.st.borrow();
+        (st.tuning_ms, st.tuned_kernels)
     }
 
     /// The symbol table of the graph being traced (where dynamic dims get their symbols).
@@ -536,6 +548,14 @@ impl Tracer {
                 if cache_level.is_some() {
                     st.cache_hits += 1;
                 }
+                let c = if self.opts.tune {
+                    let (c, tuned) = crate::tune::tune(&graph, target, backend.as_ref(), &input_data, c)?;
+                    st.tuning_ms += tuned.ms;
+                    st.tuned_kernels += tuned.measured;
+                    c
+                } else {
+                    c
+                };
                 compiled = Some(c);
             }
             let results = crate::backend::execute(
@@ -744,7 +764,7 @@ pub(crate) fn eager_group(like: &[&Tensor], f: impl FnOnce() -> Result<Tensor>) 
     if active().is_some() || crate::tape::tracking(like.iter().copied()) {
         return f();
     }
-    let tracer = Tracer::new(TraceOptions { fullgraph: false, backend: eager_backend(like) });
+    let tracer = Tracer::new(TraceOptions { fullgraph: false, backend: eager_backend(like), tune: false });
     let out = {
         let _active = ActiveGuard::set(tracer.clone());
         f()?
@@ -763,7 +783,7 @@ pub(crate) fn record(op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc
     if let Some(t) = active() {
         return t.record(op, inputs, dtype, shape, loc);
     }
-    let eager = Tracer::new(TraceOptions { fullgraph: false, backend: eager_backend(inputs) });
+    let eager = Tracer::new(TraceOptions { fullgraph: false, backend: eager_backend(inputs), tune: false });
     let out = eager.record(op, inputs, dtype, shape, loc)?;
     eager.flush(None)?;
     Ok(out)

@@ -1,0 +1,201 @@
+//! `Mode::MaxAutotune`: each kernel's schedule chosen by timing candidates on the device, at compile time.
+//!
+//! The candidates are the same graph compiled for variants of the target that differ in one schedule knob
+//! (the matmul template's largest tile, threads per row of a row reduction): fusion and the memory plan do
+//! not depend on them, so variant kernel `i` computes what the default's kernel `i` computes, from the same
+//! buffers. Each variant runs once per candidate on the call's own inputs with every launch timed alone
+//! (`Runtime::profile`, best of three), and each kernel keeps the fastest variant's schedule. Choices are
+//! kept in the cache directory (`tuning.json`), keyed by the target and the kernel's structure, so a later
+//! process compiles the tuned graph without timing anything; devices that cannot time themselves, and
+//! graphs with collectives (timing runs one rank alone), keep the default schedules.
+
+use crate::error::Result;
+use crate::pipeline::CompiledGraph;
+use crate::target::Target;
+use crate::value::Value;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// What tuning one graph did.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tuned {
+    /// Wall time spent compiling and timing candidates, ms.
+    pub ms: f64,
+    /// Kernels whose candidates were timed here (0 when every choice came from the tuning cache).
+    pub measured: usize,
+    /// Kernels that took a schedule other than the default.
+    pub changed: usize,
+}
+
+/// A candidate: a label (as the tuning cache stores it) and the target it compiles for.
+fn candidates(target: &Target) -> Vec<(String, Target)> {
+    let mut v = vec![("default".to_string(), target.clone())];
+    for cap in [64, 16] {
+        if cap < target.matmul_tile {
+            v.push((format!("matmul_tile={cap}"), Target { matmul_tile: cap, ..target.clone() }));
+        }
+    }
+    for threads in [target.row_threads / 2, target.row_threads * 2] {
+        if (32..=target.max_threads_per_group).contains(&threads) {
+            v.push((format!("row_threads={threads}"), Target { row_threads: threads, ..target.clone() }));
+        }
+    }
+    v
+}
+
+/// Whether `variant`'s kernels stand one for one for `base`'s: the same regions, buffers and launches.
+fn corresponds(base: &CompiledGraph, variant: &CompiledGraph) -> bool {
+    base.kernels.len() == variant.kernels.len()
+        && base.plan.launches == variant.plan.launches
+        && base.kernels.iter().zip(&variant.kernels).all(|(a, b)| a.buffers == b.buffers)
+}
+
+/// The tuning cache's file, and the choices read from it (none when absent or unreadable: a corrupt file
+/// costs a re-tune, never an error).
+fn cache_file() -> Option<std::path::PathBuf> {
+    crate::cache::directory().map(|d| d.join("tuning.json"))
+}
+
+fn load_choices() -> BTreeMap<String, String> {
+    cache_file()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+/// Adds `choices` to the tuning cache (a failure to write is logged: the tuned graph is still used).
+fn store_choices(choices: &BTreeMap<String, String>) {
+    // One writer at a time within a process; across processes the rename keeps the file whole.
+    static WRITING: Mutex<()> = Mutex::new(());
+    let _held = WRITING.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(file) = cache_file() else { return };
+    let mut all = load_choices();
+    all.extend(choices.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let written = file.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| {
+        let tmp = file.with_extension(format!("json.{}", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_string_pretty(&all).unwrap_or_default())?;
+        std::fs::rename(&tmp, &file)
+    });
+    if let Err(e) = written {
+        tracing::warn!(target: "kiln::graph", error = %e, "tuning cache not written");
+    }
+}
+
+/// The cache key of kernel `i` of `base`.
+fn key(base: &CompiledGraph, i: usize) -> String {
+    format!("{}/{:016x}", base.target.name, base.kernel_ids()[i])
+}
+
+/// `base` (compiled from `graph` for `target`) with each kernel's schedule the fastest candidate's on
+/// `inputs`, or `base` itself where the backend has no runtime or its device cannot time launches.
+pub(crate) fn tune(
+    graph: &crate::ir::Graph,
+    target: &Target,
+    backend: &dyn crate::backend::Backend,
+    inputs: &[Arc<Value>],
+    base: Arc<CompiledGraph>,
+) -> Result<(Arc<CompiledGraph>, Tuned)> {
+    let started = web_time::Instant::now();
+    let mut tuned = Tuned::default();
+    let Some(rt) = backend.runtime() else { return Ok((base, tuned)) };
+    // Timing a graph runs it several times on this rank alone: its collectives would wait for the others.
+    if base.has_collectives() {
+        return Ok((base, tuned));
+    }
+    let n = base.kernels.len();
+    let mut variants: Vec<(String, Arc<CompiledGraph>)> = Vec::new();
+    for (label, t) in candidates(target).into_iter().skip(1) {
+        let v = crate::pipeline::compile_cached(graph, &t, crate::fuse::FusionMode::Fused)?;
+        if corresponds(&base, &v) {
+            variants.push((label, v));
+        }
+    }
+    // Kernels every candidate renders alike need no timing.
+    let differs = |i: usize| variants.iter().any(|(_, v)| v.kernels[i] != base.kernels[i]);
+    let cached = load_choices();
+    let mut chosen: Vec<Option<String>> = (0..n).map(|i| (!differs(i)).then(|| "default".to_string())).collect();
+    for (i, c) in chosen.iter_mut().enumerate() {
+        if c.is_none() {
+            *c = cached
+                .get(&key(&base, i))
+                .filter(|l| *l == "default" || variants.iter().any(|(v, _)| v == *l))
+                .cloned();
+        }
+    }
+    if chosen.iter().any(Option::is_none) {
+        let devs = Value::all_on(inputs, &rt)?;
+        // Best of three of each launch, summed by kernel; `None` where the device cannot time itself.
+        let time = |c: &Arc<CompiledGraph>| -> Result<Option<Vec<f64>>> {
+            let p = rt.prepare(c, &devs)?;
+            let mut best = vec![f64::INFINITY; n];
+            for _ in 0..3 {
+                let Some(launches) = rt.profile(&p)? else { return Ok(None) };
+                let mut per = vec![0.0; n];
+                for l in launches {
+                    per[l.kernel] += l.ms;
+                }
+                for (b, t) in best.iter_mut().zip(per) {
+                    *b = b.min(t);
+                }
+            }
+            Ok(Some(best))
+        };
+        let Some(base_times) = time(&base)? else {
+            tracing::info!(target: "kiln::graph", "max-autotune: the device cannot time launches; default schedules kept");
+            return Ok((base, tuned));
+        };
+        let mut best: Vec<(String, f64)> = base_times.into_iter().map(|t| ("default".to_string(), t)).collect();
+        for (label, v) in &variants {
+            let Some(times) = time(v)? else { break };
+            for (i, t) in times.into_iter().enumerate() {
+                // A variant must be faster, not merely as fast, to replace the default.
+                if chosen[i].is_none() && t < best[i].1 {
+                    best[i] = (label.clone(), t);
+                }
+            }
+        }
+        let mut learned = BTreeMap::new();
+        for (i, c) in chosen.iter_mut().enumerate() {
+            if c.is_none() {
+                *c = Some(best[i].0.clone());
+                learned.insert(key(&base, i), best[i].0.clone());
+                tuned.measured += 1;
+            }
+        }
+        store_choices(&learned);
+    }
+    let kernels: Vec<crate::kernel::Kernel> = chosen
+        .iter()
+        .enumerate()
+        .map(|(i, label)| match variants.iter().find(|(l, _)| Some(l) == label.as_ref()) {
+            Some((_, v)) => {
+                tuned.changed += 1;
+                v.kernels[i].clone()
+            }
+            None => base.kernels[i].clone(),
+        })
+        .collect();
+    tuned.ms = started.elapsed().as_secs_f64() * 1e3;
+    if tuned.changed == 0 {
+        return Ok((base, tuned));
+    }
+    Ok((Arc::new(base.with_kernels(kernels)), tuned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_differ_from_the_default_in_one_knob_each() {
+        let t = Target::webgpu_default();
+        let c = candidates(&t);
+        assert_eq!(c[0].1, t);
+        assert!(c.iter().skip(1).all(|(_, v)| v != &t));
+        let labels: Vec<&str> = c.iter().map(|(l, _)| l.as_str()).collect();
+        assert!(labels.contains(&"matmul_tile=64") && labels.contains(&"matmul_tile=16"), "{labels:?}");
+        // A target capped at 16 has no smaller matmul tile to try.
+        let capped = Target { matmul_tile: 16, ..t };
+        assert!(candidates(&capped).iter().all(|(l, _)| !l.starts_with("matmul_tile")));
+    }
+}

@@ -205,6 +205,12 @@ pub enum KReduceOp {
     ArgMin,
 }
 
+/// Whether a combine of `op` over `dtype` partials can be a subgroup shuffle (both renderers shuffle 32-bit
+/// sums, maxima and minima; arg reductions and 64-bit values combine through workgroup memory).
+pub fn shuffles(op: KReduceOp, dtype: DType) -> bool {
+    matches!(op, KReduceOp::Sum | KReduceOp::Max | KReduceOp::Min) && matches!(dtype, DType::F32 | DType::I32)
+}
+
 /// How a reduction's loop is split across threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -214,7 +220,8 @@ pub enum ReduceStrategy {
     /// The workgroup's threads stride over the loop; partials combine through subgroup shuffles (when
     /// `subgroup` is set) and then workgroup shared memory.
     Group {
-        /// Subgroup size to shuffle within first.
+        /// Subgroup size to shuffle within first: set by lowering only where the combine can shuffle
+        /// ([`shuffles`], whole power-of-two subgroups), so renderers print it without deciding.
         subgroup: Option<u32>,
     },
 }
@@ -932,11 +939,7 @@ impl Kernel {
     pub fn subgroup_combines(&self) -> bool {
         fn visit(body: &[Stmt]) -> bool {
             body.iter().all(|st| match st {
-                Stmt::Reduce { op, dtype, body, .. } => {
-                    matches!(op, KReduceOp::Sum | KReduceOp::Max | KReduceOp::Min)
-                        && matches!(dtype, DType::F32 | DType::I32)
-                        && visit(body)
-                }
+                Stmt::Reduce { op, dtype, body, .. } => shuffles(*op, *dtype) && visit(body),
                 Stmt::Loop { body, .. } => visit(body),
                 Stmt::MatMul(_) | Stmt::Gemm(_) | Stmt::Attention(_) | Stmt::AllReduce(_) => false,
                 _ => true,

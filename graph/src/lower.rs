@@ -1085,9 +1085,29 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
     let mut k = l.finish(&region.name, Launch::new(groups, threads));
     k.row_cache = row_cache;
     if grouped {
+        settle_subgroups(&mut k.body, threads);
         k.launch.packed = packed_rows(target, &k);
     }
     Ok(k)
+}
+
+/// Keeps a grouped reduction's subgroup only where its combine can shuffle: a 32-bit sum, max or min
+/// ([`crate::kernel::shuffles`]) over whole subgroups of a power-of-two size. The others combine through
+/// workgroup memory; renderers print whichever the strategy says.
+fn settle_subgroups(body: &mut [Stmt], threads: u32) {
+    for st in body {
+        match st {
+            Stmt::Reduce { op, dtype, strategy: ReduceStrategy::Group { subgroup }, body, .. } => {
+                let whole = |s: u32| s.is_power_of_two() && threads % s == 0;
+                if subgroup.is_some_and(|s| !(whole(s) && crate::kernel::shuffles(*op, *dtype))) {
+                    *subgroup = None;
+                }
+                settle_subgroups(body, threads);
+            }
+            Stmt::Reduce { body, .. } | Stmt::Loop { body, .. } => settle_subgroups(body, threads),
+            _ => {}
+        }
+    }
 }
 
 /// How many rows of `k` one device workgroup takes (`Launch::packed`): a row on a subgroup of its own,

@@ -1,7 +1,7 @@
 //! The matmul template's schedule ([`Tile`]), chosen here once from the target and the product's shape,
 //! so the renderers print it and decide nothing.
 //!
-//! Four schedules, each over a square of threads (16 × 16 where the target runs 256 a workgroup):
+//! Five schedules, over 16 × 16 threads where the target runs 256 a workgroup (8 × 32 for the narrow one):
 //! - **large**: 128 × 128 outputs a workgroup, 8 × 8 a thread in two runs of 4 each way, depth 8. Per
 //!   step of depth a thread reads 2 + 2 four-wide vectors of workgroup memory for 64 multiply-adds;
 //! - **half**: 128 × 64 (or 64 × 128), 8 × 4 a thread, depth 8: 2 + 1 vectors for 32;
@@ -57,9 +57,8 @@ pub fn choose(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32,
     let wide = Tile { m: 4 * side, ..large };
     let rows_first = match (m.as_const(), n.as_const()) {
         (Some(m), Some(n)) => m >= n,
-        (None, Some(_)) => true,
         (Some(_), None) => false,
-        (None, None) => true,
+        _ => true,
     };
     let halves = if rows_first { [tall, wide] } else { [wide, tall] };
     if let Some(half) = halves.into_iter().find(|t| enough(t)) {

@@ -96,6 +96,19 @@ pub(crate) fn tune(
     base: Arc<CompiledGraph>,
 ) -> Result<(Arc<CompiledGraph>, Tuned)> {
     let started = web_time::Instant::now();
+    let (compiled, mut tuned) = tune_on(graph, target, backend, inputs, base)?;
+    // Candidates compiled but not timed (a device without timing) cost time too.
+    tuned.ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok((compiled, tuned))
+}
+
+fn tune_on(
+    graph: &crate::ir::Graph,
+    target: &Target,
+    backend: &dyn crate::backend::Backend,
+    inputs: &[Arc<Value>],
+    base: Arc<CompiledGraph>,
+) -> Result<(Arc<CompiledGraph>, Tuned)> {
     let mut tuned = Tuned::default();
     let Some(rt) = backend.runtime() else { return Ok((base, tuned)) };
     // Timing a graph runs it several times on this rank alone: its collectives would wait for the others.
@@ -175,7 +188,6 @@ pub(crate) fn tune(
             None => base.kernels[i].clone(),
         })
         .collect();
-    tuned.ms = started.elapsed().as_secs_f64() * 1e3;
     if tuned.changed == 0 {
         return Ok((base, tuned));
     }

@@ -52,6 +52,9 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
         // Shared-memory trees halve the thread count, and subgroup shuffles take whole subgroups.
         return broken(format!("a workgroup combine over {} threads, not a power of two", launch.threads));
     }
+    if let Some(why) = kernel.body.iter().find_map(|st| bad_shuffle(st, launch.threads, target.subgroup_size)) {
+        return broken(why);
+    }
     if launch.packed > 1 {
         if target.subgroup_size != Some(launch.threads) {
             return broken(format!(
@@ -99,6 +102,24 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
         }
     }
     Ok(())
+}
+
+/// Why a subgroup combine in `st` (or inside it) cannot shuffle over `threads` threads on a target with
+/// subgroups of `size`, if one cannot.
+fn bad_shuffle(st: &Stmt, threads: u32, size: Option<u32>) -> Option<String> {
+    match st {
+        Stmt::Reduce { op, dtype, strategy: ReduceStrategy::Group { subgroup: Some(s) }, body, .. } => {
+            if size != Some(*s) || !s.is_power_of_two() || threads % s != 0 {
+                Some(format!("a combine shuffling in subgroups of {s} over {threads} threads (the target's: {size:?})"))
+            } else if !crate::kernel::shuffles(*op, *dtype) {
+                Some(format!("a {op:?} combine of {dtype} shuffled (32-bit sums, maxima and minima only)"))
+            } else {
+                body.iter().find_map(|b| bad_shuffle(b, threads, size))
+            }
+        }
+        Stmt::Reduce { body, .. } | Stmt::Loop { body, .. } => body.iter().find_map(|b| bad_shuffle(b, threads, size)),
+        _ => None,
+    }
 }
 
 /// Whether `st` (or a statement inside it) combines across a workgroup's threads.

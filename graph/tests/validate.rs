@@ -55,6 +55,32 @@ fn packed_groups_without_subgroups_are_rejected() {
     rejected(&k, &Target::cuda(90), "subgroup");
 }
 
+/// The first reduction's strategy, wherever it is nested.
+fn first_strategy(body: &mut [Stmt]) -> Option<&mut kiln_graph::kernel::ReduceStrategy> {
+    body.iter_mut().find_map(|st| match st {
+        Stmt::Reduce { strategy, .. } => Some(strategy),
+        Stmt::Loop { body, .. } => first_strategy(body),
+        _ => None,
+    })
+}
+
+/// `graph` decides which combines shuffle (renderers print it): a row sum on CUDA shuffles in warps, a
+/// row argmax combines through workgroup memory, and a shuffle the target or the op cannot take is
+/// rejected before rendering.
+#[test]
+fn subgroup_shuffles_are_planned_in_graph_and_checked() {
+    use kiln_graph::kernel::ReduceStrategy::Group;
+    let cuda = Target::cuda(90);
+    let mut sums = kernel(f32s(&[8, 4096]), row_sums, &cuda);
+    assert_eq!(first_strategy(&mut sums.body).copied(), Some(Group { subgroup: Some(32) }), "{sums}");
+    let mut argmax = kernel(f32s(&[8, 4096]), row_argmax, &cuda);
+    assert_eq!(first_strategy(&mut argmax.body).copied(), Some(Group { subgroup: None }), "{argmax}");
+    *first_strategy(&mut argmax.body).unwrap() = Group { subgroup: Some(32) };
+    rejected(&argmax, &cuda, "shuffled");
+    *first_strategy(&mut sums.body).unwrap() = Group { subgroup: Some(64) };
+    rejected(&sums, &cuda, "subgroups of 64");
+}
+
 #[test]
 fn packed_groups_that_would_meet_at_a_barrier_are_rejected() {
     let mut k = kernel(f32s(&[300, 64]), row_argmax, &Target::cuda(90));

@@ -1225,9 +1225,12 @@ impl<'k> Writer<'k> {
         }
         self.single_thread_stores = saved;
         let t = self.k.launch.threads as i64;
-        let warps = matches!(strategy, ReduceStrategy::Group { subgroup: Some(32) }) && t % 32 == 0;
-        if warps && !arg && (ty == "f32" || ty == "s32") {
-            self.warp_reduce(op, ty, &acc, t);
+        if let ReduceStrategy::Group { subgroup: Some(s) } = strategy {
+            if s == 32 {
+                self.warp_reduce(op, ty, &acc, t);
+            } else {
+                self.fail(format!("a combine shuffling in subgroups of {s}: a warp has 32 lanes"));
+            }
         } else if grouped && self.k.launch.packed > 1 {
             self.fail(format!("a {ty} reduction of packed groups: they combine by warp shuffles only"));
         } else if grouped {

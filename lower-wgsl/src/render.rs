@@ -667,15 +667,7 @@ impl<'k> Writer<'k> {
             }
         }
         (self.single_thread_stores, self.pass_sym) = saved;
-        let shuffled = match strategy {
-            ReduceStrategy::Group { subgroup: Some(s) }
-                if !arg && (ty == "f32" || ty == "i32") && s.is_power_of_two() && t % s == 0 =>
-            {
-                Some(s)
-            }
-            _ => None,
-        };
-        if let Some(s) = shuffled {
+        if let ReduceStrategy::Group { subgroup: Some(s) } = strategy {
             self.subgroup_combine(depth, op, ty, &acc, s);
         } else if grouped && self.k.launch.packed > 1 {
             self.fail(format!("a {ty} reduction of packed groups: they combine by subgroup shuffles only"));

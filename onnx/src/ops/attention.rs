@@ -101,7 +101,8 @@ fn attention(node: &Node) -> OpResult<Vec<Value>> {
     let (q_len, total) = (known(&q.shape().dims()[2], "query length")?, known(&k.shape().dims()[2], "key length")?);
     let scores = q.matmul(&k.transpose(-1, -2)?)?.mul(scale)?;
     // The additive bias: the mask (a boolean one as 0 / -inf), padded with -inf to the keys, then the
-    // causal mask (key j visible to query i when j <= i + the cache's length).
+    // causal mask (key j visible to query i when j <= i + the cache's length). Without a cache the causal
+    // mask is kiln's own `causal_mask` on the scores, the pattern `graph` fuses into one attention kernel.
     let mut bias: Option<Tensor> = None;
     if let Some(m) = mask {
         let m = if m.dtype() == DType::Bool { m.where_(0.0, f64::NEG_INFINITY)?.cast(dtype)? } else { m.cast(dtype)? };
@@ -117,7 +118,8 @@ fn attention(node: &Node) -> OpResult<Vec<Value>> {
         };
         bias = Some(m);
     }
-    if node.int("is_causal", 0) != 0 {
+    let causal = node.int("is_causal", 0) != 0;
+    if causal && past > 0 {
         let i = Tensor::arange(0.0, q_len as f64, 1.0, DType::I64)?.reshape(&[q_len as isize, 1])?;
         let j = Tensor::arange(0.0, total as f64, 1.0, DType::I64)?.reshape(&[1, total as isize])?;
         let causal = j.sub(&i)?.le(past as f64)?.where_(0.0, f64::NEG_INFINITY)?.cast(dtype)?;
@@ -142,6 +144,7 @@ fn attention(node: &Node) -> OpResult<Vec<Value>> {
         Some(b) => scores.add(b)?,
         None => scores.clone(),
     };
+    let biased = if causal && past == 0 { biased.causal_mask()? } else { biased };
     let softcap = node.float("softcap", 0.0);
     let capped = if softcap > 0.0 { biased.div(softcap)?.tanh()?.mul(softcap)? } else { biased.clone() };
     // `softmax_precision` (an ONNX dtype number): the softmax in f32 where the inputs are narrower.

@@ -754,6 +754,10 @@ fn window(node: &Node, op: &str) -> OpResult<Vec<Value>> {
     if !(0.0..=f64::from(u32::MAX)).contains(&size) || size.fract() != 0.0 {
         return invalid(format!("a window of {size} points"));
     }
+    // Computed on the host: a size read from a malformed file must not ask it for gigabytes.
+    if size > f64::from(1u32 << 26) {
+        return unsupported(format!("a window of {size} points (at most 2^26)"));
+    }
     let n = size as usize;
     let dtype = match node.proto.attribute.iter().find(|a| a.name() == "output_datatype") {
         Some(a) => crate::tensor::dtype_of(a.i() as i32).map_err(OpError::Unsupported)?,

@@ -16,11 +16,10 @@ use crate::value::Value;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-/// What tuning one graph did.
+/// What tuning one graph did (its caller times it: candidates compiled on a device that cannot time
+/// them cost time too).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Tuned {
-    /// Wall time spent compiling and timing candidates, ms.
-    pub ms: f64,
     /// Kernels whose candidates were timed here (0 when every choice came from the tuning cache).
     pub measured: usize,
     /// Kernels that took a schedule other than the default.
@@ -89,20 +88,6 @@ fn key(base: &CompiledGraph, i: usize) -> String {
 /// `base` (compiled from `graph` for `target`) with each kernel's schedule the fastest candidate's on
 /// `inputs`, or `base` itself where the backend has no runtime or its device cannot time launches.
 pub(crate) fn tune(
-    graph: &crate::ir::Graph,
-    target: &Target,
-    backend: &dyn crate::backend::Backend,
-    inputs: &[Arc<Value>],
-    base: Arc<CompiledGraph>,
-) -> Result<(Arc<CompiledGraph>, Tuned)> {
-    let started = web_time::Instant::now();
-    let (compiled, mut tuned) = tune_on(graph, target, backend, inputs, base)?;
-    // Candidates compiled but not timed (a device without timing) cost time too.
-    tuned.ms = started.elapsed().as_secs_f64() * 1e3;
-    Ok((compiled, tuned))
-}
-
-fn tune_on(
     graph: &crate::ir::Graph,
     target: &Target,
     backend: &dyn crate::backend::Backend,

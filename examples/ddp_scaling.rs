@@ -48,6 +48,18 @@ struct Args {
     /// Steps per timed window (each window ends with a read of its last loss).
     #[arg(long, default_value_t = 10)]
     window: usize,
+    /// Diagnosis: as a rank, step without averaging anything (what two processes cost each other
+    /// with no collective).
+    #[arg(long)]
+    independent: bool,
+    /// Diagnosis: as a rank, time only the all-reduce of tensors shaped as the parameters (in the
+    /// parameters' dtype, f32 without `--bf16`), one NCCL group a step: the collective's floor.
+    #[arg(long)]
+    allreduce_only: bool,
+    /// With `--allreduce-only`: one flat tensor of all the parameters' elements instead (one NCCL
+    /// call, as a flat bucket would be).
+    #[arg(long)]
+    flat: bool,
     /// Append the JSON line to this file too (rank 0).
     #[arg(long)]
     out: Option<std::path::PathBuf>,
@@ -81,7 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = kiln::train::StepOptions { mode, ..Default::default() };
     let loss = |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]);
     let mut trainer = Trainer::with_options(model, opt, options, loss, backend)?;
-    if let Some(g) = &group {
+    if let (Some(g), false) = (&group, args.independent) {
         trainer = trainer.data_parallel(g.clone())?;
     }
     // Each rank's own tokens (a different batch per rank, as a sharded loader gives).
@@ -96,13 +108,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ids = Tensor::from_slice(&tokens[..n], &[args.batch, args.context])?.to(rt.clone())?;
     let targets = Tensor::from_slice(&tokens[1..], &[args.batch, args.context])?.to(rt.clone())?;
     let batch = [ids, targets];
+    // The f32 gradients' shapes, reduced as one group (the all-reduce-only diagnosis).
+    let grads: Vec<Tensor> = trainer
+        .model()
+        .tensors()
+        .iter()
+        .map(|p| p.cast(if args.bf16 { DType::BF16 } else { DType::F32 }))
+        .collect::<Result<_, _>>()?;
+    let grads = match args.flat {
+        true => {
+            let total: usize = grads.iter().map(|g| g.shape().numel().as_const().unwrap_or(0) as usize).sum();
+            vec![Tensor::zeros(&[total], grads[0].dtype())?.to(rt.clone())?]
+        }
+        false => grads,
+    };
+    let mut step = || -> Result<Tensor, Box<dyn std::error::Error>> {
+        match (&group, args.allreduce_only) {
+            (Some(g), true) => {
+                Ok(g.all_reduce(&grads, kiln::dist::Reduce::Mean)?.swap_remove(0).reshape(&[-1])?.narrow(0, 0, 1)?)
+            }
+            _ => Ok(trainer.step(&batch, 1.0)?),
+        }
+    };
     let compile_start = Instant::now();
-    let first: f32 = trainer.step(&batch, 1.0)?.cast(DType::F32)?.item()?;
+    let first: f32 = step()?.cast(DType::F32)?.item()?;
     let first_step_s = compile_start.elapsed().as_secs_f64();
     for _ in 1..args.warmup {
-        trainer.step(&batch, 1.0)?;
+        step()?;
     }
-    trainer.step(&batch, 1.0)?.cast(DType::F32)?.item::<f32>()?;
+    step()?.cast(DType::F32)?.item::<f32>()?;
     if let Some(g) = &group {
         g.barrier()?;
     }
@@ -113,7 +147,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let mut loss = None;
         for _ in 0..window {
-            loss = Some(trainer.step(&batch, 1.0)?);
+            loss = Some(step()?);
         }
         last = loss.expect("a window has steps").cast(DType::F32)?.item()?;
         windows.push(t.elapsed().as_secs_f64() * 1e3 / window as f64);
@@ -126,7 +160,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let median = sorted[sorted.len() / 2];
     let line = serde_json::json!({
         "world": world,
-        "mode": if group.is_some() { "ddp" } else { "single" },
+        "mode": match (&group, args.independent, args.allreduce_only) {
+            (None, ..) => "single",
+            (Some(_), true, _) => "independent",
+            (Some(_), _, true) => "allreduce-only",
+            _ => "ddp",
+        },
         "precision": if args.bf16 { "bf16-mixed" } else { "f32" },
         "compile_mode": if args.reduce_overhead { "reduce-overhead" } else { "default" },
         "batch_per_gpu": args.batch,

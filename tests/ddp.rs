@@ -242,26 +242,18 @@ fn own_loop() -> kiln::Result<()> {
     Ok(())
 }
 
-#[test]
-#[ignore = "needs two NVIDIA GPUs and NCCL: run with --include-ignored on such a machine (scripts/gpu.sh nccl2)"]
-fn two_gpus_a_rank_that_dies_mid_training_fails_the_other_within_the_timeout() {
-    if std::env::var_os("KILN_DDP_CHILD_LOOP").is_some() {
-        // Display, not Debug: the error as a user reads it.
-        if let Err(e) = own_loop() {
-            panic!("{e}");
-        }
-        return;
-    }
-    // Started directly, not by `kiln-run` (which would stop rank 0 itself): NCCL must let go of it.
+/// Starts this test binary's test `name` as both ranks of a world of two with `flag` set (directly,
+/// not by `kiln-run`, which would stop rank 0 itself: NCCL must let go of it); expects rank 1 to exit
+/// with 17 and rank 0 to fail by itself within the timeout plus a margin. Rank 0's stdout and stderr.
+fn rank_zero_outlives_rank_one(name: &str, flag: &str) -> (String, String) {
     let port = free_port().to_string();
     let timeout_s = 10;
     let started = Instant::now();
     let mut ranks: Vec<_> = (0..2)
         .map(|r: usize| {
             Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "two_gpus_a_rank_that_dies_mid_training_fails_the_other_within_the_timeout"])
-                .args(["--include-ignored", "--nocapture"])
-                .env("KILN_DDP_CHILD_LOOP", "1")
+                .args(["--exact", name, "--include-ignored", "--nocapture"])
+                .env(flag, "1")
                 .envs([("WORLD_SIZE", "2".to_string()), ("RANK", r.to_string()), ("LOCAL_RANK", r.to_string())])
                 .envs([("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())])
                 .env("KILN_DIST_TIMEOUT_S", timeout_s.to_string())
@@ -291,10 +283,52 @@ fn two_gpus_a_rank_that_dies_mid_training_fails_the_other_within_the_timeout() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     eprintln!("rank 0 stopped after {:?}:\n{stderr}", started.elapsed());
     assert!(!out.status.success(), "{stdout}\n{stderr}");
+    (stdout.into_owned(), stderr.into_owned())
+}
+
+#[test]
+#[ignore = "needs two NVIDIA GPUs and NCCL: run with --include-ignored on such a machine (scripts/gpu.sh nccl2)"]
+fn two_gpus_a_rank_that_dies_mid_training_fails_the_other_within_the_timeout() {
+    if std::env::var_os("KILN_DDP_CHILD_LOOP").is_some() {
+        // Display, not Debug: the error as a user reads it.
+        if let Err(e) = own_loop() {
+            panic!("{e}");
+        }
+        return;
+    }
+    let name = "two_gpus_a_rank_that_dies_mid_training_fails_the_other_within_the_timeout";
+    let (stdout, stderr) = rank_zero_outlives_rank_one(name, "KILN_DDP_CHILD_LOOP");
     assert!(stdout.contains("rank 0 epoch 0 batch 1 loss"), "rank 0 trained before rank 1 went: {stdout}");
     assert!(
         stderr.contains("distributed (rank 0)")
             && (stderr.contains("did not finish within") || stderr.contains("NCCL")),
+        "{stderr}"
+    );
+}
+
+/// Rank 1 passes the rendezvous (rank 0 sends it NCCL's id) and dies before joining NCCL's world:
+/// rank 0, waiting in NCCL's set-up (which has no timeout of its own), fails within the world's.
+#[test]
+#[ignore = "needs two NVIDIA GPUs and NCCL: run with --include-ignored on such a machine (scripts/gpu.sh nccl2)"]
+fn two_gpus_a_rank_that_dies_before_joining_nccl_fails_the_other_within_the_timeout() {
+    if std::env::var_os("KILN_DDP_CHILD_JOIN").is_some() {
+        let env = DistEnv::from_env().unwrap().expect("started as a rank");
+        if env.rank == 1 {
+            kiln::dist::rendezvous::rendezvous(&env, || Ok(Vec::new())).unwrap();
+            eprintln!("rank 1 goes away before joining NCCL");
+            std::process::exit(17);
+        }
+        if let Err(e) = ProcessGroup::from_env(Backend::Cuda) {
+            panic!("{e}");
+        }
+        return;
+    }
+    let name = "two_gpus_a_rank_that_dies_before_joining_nccl_fails_the_other_within_the_timeout";
+    let (_, stderr) = rank_zero_outlives_rank_one(name, "KILN_DDP_CHILD_JOIN");
+    assert!(
+        stderr.contains("distributed (rank 0)")
+            && (stderr.contains("joining the NCCL world (2 ranks) did not finish within")
+                || stderr.contains("ncclCommInitRank")),
         "{stderr}"
     );
 }

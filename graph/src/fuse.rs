@@ -501,7 +501,8 @@ impl<'g> Scheduler<'g> {
     }
 
     /// Grows a library GEMM's region by the adds the library performs inside the call: a chain from the
-    /// product, each link the only reader of the one before, at most one bias and one residual.
+    /// product, each link the only reader of the one before, at most one bias and one residual; or by a
+    /// stored widening of the plain product ([`crate::kernel::Gemm::widened`]).
     fn library_epilogue(&self, members: &mut BTreeSet<NodeId>, m: NodeId) {
         let (mut tip, mut kinds) = (m, Vec::new());
         while !self.f.output_reach[tip.index()] {
@@ -519,6 +520,23 @@ impl<'g> Scheduler<'g> {
             kinds.push(kind);
             members.insert(c);
             tip = c;
+        }
+        // A plain product whose one reader widens it to f32 and is stored anyway (a collective reads
+        // it: a bf16 step's weight gradient, averaged across the world) is written wide by the call
+        // itself: a copy kernel less, and the f32 sum is not rounded to the narrow dtype on the way.
+        if kinds.is_empty() && !self.f.output_reach[m.index()] {
+            if let [c] = self.f.consumers[m.index()][..] {
+                let node = self.f.graph.node(c);
+                let ok = widens(self.f.graph, node)
+                    && node.inputs[0] == m
+                    && self.f.role[c.index()] == Role::Pointwise
+                    && self.free(c)
+                    && !self.refused.contains(&c)
+                    && self.fits(members, c);
+                if ok {
+                    members.insert(c);
+                }
+            }
         }
     }
 

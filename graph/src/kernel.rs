@@ -535,7 +535,7 @@ pub struct Gemm {
     pub b: GemmOperand,
     /// Output kernel buffer.
     pub out: usize,
-    /// Dtype of both operands and the output.
+    /// Dtype of both operands, and of the output unless [`Gemm::widened`].
     pub dtype: DType,
     /// What the call adds to the product before its one rounding (empty: nothing).
     #[serde(default)]
@@ -544,6 +544,22 @@ pub struct Gemm {
     /// summed in f32 (`gemm::tf32_products` says which matmuls).
     #[serde(default)]
     pub tf32: bool,
+    /// The output is written in f32, the f32 sum not rounded to `dtype`: the product's one reader widens
+    /// it to f32 and must be stored (a collective reads it), so the call writes the wide value itself
+    /// instead of a copy kernel widening the narrow one (`fuse`'s library epilogue; no addends then).
+    #[serde(default)]
+    pub widened: bool,
+}
+
+impl Gemm {
+    /// The dtype the call writes.
+    pub fn out_dtype(&self) -> DType {
+        if self.widened {
+            DType::F32
+        } else {
+            self.dtype
+        }
+    }
 }
 
 /// The additions a GEMM library applies to `a·b` inside the call (cuBLASLt's epilogue): the f32 sum
@@ -1300,7 +1316,11 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                         b.buffer,
                         show_expr(&b.offset)
                     )),
-                    if g.tf32 { "f32 as tf32" } else { g.dtype.name() },
+                    match (g.tf32, g.widened) {
+                        (true, _) => "f32 as tf32".to_string(),
+                        (false, true) => format!("{} written as f32", g.dtype.name()),
+                        (false, false) => g.dtype.name().to_string(),
+                    },
                     show_expr(&g.m),
                     show_expr(&g.n),
                     show_expr(&g.k),

@@ -379,7 +379,7 @@ impl<M: Memory> Env<'_, M> {
                     *slot
                         .get_mut(o)
                         .ok_or_else(|| fail(self.kernel, format!("gemm write b{}[{o}] of {len}", g.out)))? =
-                        g.dtype.round(acc);
+                        g.out_dtype().round(acc);
                 }
             }
         }

@@ -1210,10 +1210,17 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId, tf32: bool) -> 
     // The epilogue chain, product first: each member adds one thing to the one before.
     let mut chain = vec![node];
     let mut addends = Vec::new();
+    // Or the product widened to f32 as the call writes it (`fuse`'s library epilogue).
+    let widening = region.members.iter().copied().find(|&c| {
+        let n = l.g.node(c);
+        crate::fuse::widens(l.g, n) && n.inputs[0] == node
+    });
+    let widened = widening.is_some();
+    chain.extend(widening);
     while chain.len() < region.members.len() {
         let tip = chain[chain.len() - 1];
         let next = region.members.iter().find_map(|&c| crate::gemm::addend(l.g, c, tip).map(|a| (c, a)));
-        let Some((c, addend)) = next.filter(|(c, _)| !chain.contains(c)) else { return Ok(None) };
+        let Some((c, addend)) = next.filter(|(c, _)| !chain.contains(c) && !widened) else { return Ok(None) };
         chain.push(c);
         addends.push(addend);
     }
@@ -1334,7 +1341,7 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId, tf32: bool) -> 
         return Err(if view(&l, a_node) { LowerFailure::Materialize(a_node) } else { LowerFailure::Refuse(chain[1]) });
     }
     let out = l.buffer(chain[chain.len() - 1], Access::Write);
-    l.blocks[0].push(Stmt::Gemm(Box::new(Gemm { m, n, k, batch, a, b, out, dtype, epilogue, tf32 })));
+    l.blocks[0].push(Stmt::Gemm(Box::new(Gemm { m, n, k, batch, a, b, out, dtype, epilogue, tf32, widened })));
     Ok(Some(l.finish(&region.name, Launch::new(Expr::from(1usize), 1))))
 }
 

@@ -171,6 +171,59 @@ fn a_world_of_one_reduces_to_the_value_itself() {
     }
 }
 
+/// A bf16-mixed step's weight gradient: a bf16 product widened to f32 and averaged across the world.
+/// The library call writes the f32 sum itself (no copy kernel widening the bf16 result for the
+/// collective to read), and the interpreter runs it as the device does: within bf16's rounding of the
+/// reference, which rounds the product first.
+#[test]
+fn a_widened_product_a_collective_reads_is_written_wide_by_its_gemm() {
+    let (m, k, n) = (64, 96, 80);
+    let specs = [f32s(&[m, k]), f32s(&[k, n])];
+    let g = capture(&specs, |t| {
+        let (a, b) = (t[0].cast(kiln_graph::DType::BF16)?, t[1].cast(kiln_graph::DType::BF16)?);
+        let grad = a.matmul(&b)?.cast(kiln_graph::DType::F32)?;
+        Ok(vec![grad.all_reduce(CollectiveOp::Mean)?.neg()?])
+    })
+    .expect("traces");
+    let target = Target::cuda(90);
+    let c = Arc::new(compile_graph(&g, &target).expect("compiles"));
+    let gemms: Vec<_> = c.kernels.iter().filter_map(|k| k.gemm()).collect();
+    assert_eq!(gemms.len(), 1, "{c}");
+    assert!(gemms[0].widened && gemms[0].out_dtype() == kiln_graph::DType::F32, "{c}");
+    let copies = c.fusion.regions.iter().filter(|r| r.members.len() == 1 && r.name.ends_with("_cast"));
+    let widening: Vec<_> = copies
+        .filter(|r| r.members.iter().all(|&x| c.primitive.graph.node(x).dtype == kiln_graph::DType::F32))
+        .map(|r| r.name.clone())
+        .collect();
+    assert!(widening.is_empty(), "no copy widens the product: {widening:?}\n{c}");
+    // Without a collective the update reads the bf16 product in place, widening it as it loads.
+    let alone = capture(&specs, |t| {
+        let (a, b) = (t[0].cast(kiln_graph::DType::BF16)?, t[1].cast(kiln_graph::DType::BF16)?);
+        Ok(vec![a.matmul(&b)?.cast(kiln_graph::DType::F32)?.neg()?])
+    })
+    .expect("traces");
+    let plain = compile_graph(&alone, &target).expect("compiles");
+    assert!(plain.kernels.iter().filter_map(|k| k.gemm()).all(|g| !g.widened), "{plain}");
+    let data: Vec<TensorData> = [(m, k), (k, n)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(r, cols))| {
+            let v: Vec<f32> = (0..r * cols).map(|j| ((j * (i + 3)) % 11) as f32 / 44.0 - 0.1).collect();
+            TensorData::new(&v, &[r, cols])
+        })
+        .collect::<Result<_>>()
+        .expect("data");
+    let inputs: Vec<&TensorData> = data.iter().collect();
+    let got = KernelInterpreter::new(target).runtime().run_host(&c, &inputs).expect("runs");
+    let want = kiln_graph::interp::run(&g, &inputs).expect("reference");
+    let mut unrounded = false;
+    for (x, y) in got[0].values().iter().zip(want[0].values()) {
+        assert!((x - y).abs() <= 2f64.powi(-8) * y.abs(), "{x} vs {y}");
+        unrounded |= x != y;
+    }
+    assert!(unrounded, "the f32 sums are written as they are, not rounded to bf16 first");
+}
+
 #[test]
 fn an_all_reduce_of_a_boolean_or_a_mean_of_integers_is_a_dtype_error() {
     let g = capture(&[f32s(&[4])], |t| {

@@ -77,13 +77,14 @@ fn nccl_type(t: &Runtime, d: DType) -> Option<DataType> {
 
 impl Collective {
     /// Joins communicator `id` (from [`new_id`] on rank 0) as `rank` of `world` on `rt`'s device;
-    /// returns once every rank has. Collectives unfinished after `timeout` abort it.
+    /// returns once every rank has, or fails after `timeout` (a rank that passed the rendezvous and
+    /// died before joining). Collectives unfinished after `timeout` abort it.
     pub fn join(rt: &Arc<Runtime>, world: usize, rank: usize, id: &[u8], timeout: Duration) -> Result<Arc<Collective>> {
         let fail = |msg: String| Error::Distributed { rank: Some(rank), msg };
         let id = UniqueId::from_bytes(id)
             .ok_or_else(|| fail(format!("an NCCL id has 128 bytes; rank 0 sent {}", id.len())))?;
         cuda(rt)?.collective_stream()?;
-        let comm = Comm::init(world, rank, id).map_err(|e| fail(e.to_string()))?;
+        let comm = join_within(rt, world, rank, id, timeout).map_err(fail)?;
         let c = Arc::new(Collective {
             comm,
             rt: rt.clone(),
@@ -192,7 +193,7 @@ impl Collective {
             })
             // An abort while this call waited in NCCL: the watchdog's reason says more than NCCL's code.
             .map_err(|e| self.healthy().err().unwrap_or(e))?;
-        cuda.count_done(cuda.main_stream(), self.finished)?;
+        cuda.count_after(cuda.main_stream(), self.finished)?;
         self.track(what);
         Ok(xs
             .iter()
@@ -253,9 +254,10 @@ impl Collective {
             Ok(())
         })?;
         // Captured, it runs at each replay, which hands it to the watchdog then. Launched, the count
-        // is queued after the end the kernels wait for, so they never wait for the host function too.
+        // waits for the bucket's end on a stream of its own: neither the kernels nor the next bucket
+        // wait for the host function.
         if !cuda.capturing() {
-            cuda.count_done(cuda.side_stream()?, self.finished)?;
+            cuda.count_after(cuda.side_stream()?, self.finished)?;
             self.track(&what);
         }
         Ok(())
@@ -324,6 +326,38 @@ impl Collective {
         });
         self.comm.abort();
         false
+    }
+}
+
+/// `Comm::init` on a thread of its own, waited for at most `timeout`. NCCL's set-up waits for every
+/// rank with no timeout of its own, and a communicator it has not handed back cannot be aborted: past
+/// the timeout the caller gets the error and the thread is left blocked (it ends with the process).
+fn join_within(
+    rt: &Arc<Runtime>,
+    world: usize,
+    rank: usize,
+    id: UniqueId,
+    timeout: Duration,
+) -> std::result::Result<Comm, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let rt = rt.clone();
+    std::thread::Builder::new()
+        .name(format!("kiln-nccl-join-{rank}"))
+        .spawn(move || {
+            // The device's context, current on this thread too.
+            let joined = cuda(&rt)
+                .and_then(Cuda::collective_stream)
+                .map_err(|e| e.to_string())
+                .and_then(|_| Comm::init(world, rank, id).map_err(|e| e.to_string()));
+            let _ = tx.send(joined);
+        })
+        .map_err(|e| format!("starting NCCL's set-up: {e}"))?;
+    match rx.recv_timeout(timeout) {
+        Ok(joined) => joined,
+        Err(_) => Err(format!(
+            "joining the NCCL world ({world} ranks) did not finish within {timeout:?}: a rank passed the \
+             rendezvous and died or stalled before joining (NCCL cannot say which)"
+        )),
     }
 }
 

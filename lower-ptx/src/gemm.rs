@@ -79,6 +79,7 @@ impl Blas {
         }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let dtype = data_type(c.element)?;
+        let written = data_type(c.written)?;
         let compute = compute_type!(cublasComputeType_t, c.tf32);
         if let Some(p) = &c.arrays {
             // SAFETY: as below; the pointer arrays live in device memory owned by the call.
@@ -99,7 +100,7 @@ impl Blas {
                     c.ldb,
                     &beta as *const f32 as *const _,
                     p.c as *const *mut _,
-                    dtype,
+                    written,
                     c.ldc,
                     c.batch,
                     compute,
@@ -130,7 +131,7 @@ impl Blas {
                 c.stride_b,
                 &beta as *const f32 as *const _,
                 c.c as *mut _,
-                dtype,
+                written,
                 c.ldc,
                 c.stride_c,
                 c.batch,
@@ -180,8 +181,10 @@ pub(crate) struct GemmCall {
     pub(crate) ldc: i32,
     pub(crate) stride_c: i64,
     pub(crate) batch: i32,
-    /// The element type of every operand.
+    /// The element type of both operands (and of the output unless `written` says otherwise).
     pub(crate) element: DType,
+    /// The element type the call writes (`kiln_graph::kernel::Gemm::out_dtype`).
+    pub(crate) written: DType,
     /// f32 operands rounded to TF32 on the matrix units (`kiln_graph::kernel::Gemm::tf32`).
     pub(crate) tf32: bool,
     /// Set when the batch has two levels (attention's batch × heads over views): one pointer-array
@@ -267,6 +270,9 @@ impl GemmCall {
         };
         let (bias, residual) = (addend(&g.epilogue.bias)?, addend(&g.epilogue.residual)?);
         let addends = (bias.is_some() || residual.is_some()).then_some(Addends { bias, residual });
+        if g.widened && addends.is_some() {
+            return Err(err("a GEMM written widened with an epilogue: graph widens only plain products"));
+        }
         let call = GemmCall {
             op_a,
             op_b,
@@ -284,6 +290,7 @@ impl GemmCall {
             stride_c: inner[3],
             batch: int("batch", inner[0])?,
             element: g.dtype,
+            written: g.out_dtype(),
             tf32: g.tf32,
             arrays: None,
             addends,
@@ -310,7 +317,7 @@ impl GemmCall {
             let at = |p: u64, elems: i64| (p as i64 + elems * size) as u64;
             lists[0].push(at(b_ptr, off[1]));
             lists[1].push(at(a_ptr, off[0]));
-            lists[2].push(at(c_ptr, off[2]));
+            lists[2].push((c_ptr as i64 + off[2] * g.out_dtype().size_bytes() as i64) as u64);
         }
         let count = lists[0].len();
         let host: Vec<u64> = lists.concat();

@@ -96,6 +96,10 @@ pub struct Cuda {
     ptxas: Option<(std::path::PathBuf, String)>,
     /// The stream compiled steps' collectives run on beside the kernels (made at the first).
     side: std::sync::OnceLock<Arc<CudaStream>>,
+    /// The stream the watchdog's counts of finished collectives queue on (made at the first): each
+    /// waits for its collective's end there, so no host function sits in the collectives' own stream,
+    /// where the next bucket would wait for the driver's callback thread to run it.
+    counts: std::sync::OnceLock<Arc<CudaStream>>,
     /// The communicator compiled steps' all-reduces run over (`Collective::join` sets it); none: this
     /// process is a world of one.
     collective: Mutex<Option<std::sync::Weak<crate::collective::Collective>>>,
@@ -103,6 +107,17 @@ pub struct Cuda {
     in_flight: Mutex<Vec<cudarc::driver::CudaEvent>>,
     /// The collectives the CUDA graph being captured holds, by name.
     captured: Mutex<Vec<String>>,
+    /// `KILN_CUDA_TIMELINE=1`: each launched run's collectives timed on the device (when each was
+    /// queued behind the kernels and when it ended), printed at the run's end: a diagnosis of how
+    /// far they overlap the kernels beside them. Each run then waits for the device.
+    timeline: Option<Mutex<Vec<Timed>>>,
+}
+
+/// One collective's timing events ([`Cuda::timeline`]): queued on the kernels' stream, ended on the
+/// collectives'.
+struct Timed {
+    queued: cudarc::driver::CudaEvent,
+    ended: cudarc::driver::CudaEvent,
 }
 
 /// A loaded kernel: its function, or nothing for a library GEMM (its calls are planned per binding) or
@@ -178,9 +193,11 @@ impl Cuda {
             capturing: Default::default(),
             ptxas,
             side: Default::default(),
+            counts: Default::default(),
             collective: Mutex::new(None),
             in_flight: Mutex::default(),
             captured: Mutex::default(),
+            timeline: std::env::var("KILN_CUDA_TIMELINE").is_ok_and(|v| v == "1").then(Mutex::default),
         })
     }
 
@@ -251,6 +268,27 @@ impl Cuda {
         Ok(self.side.get_or_init(|| s))
     }
 
+    /// Queues [`Cuda::count_done`] to run once everything queued on `stream` (the kernels' or the
+    /// collectives') so far has, on a stream of its own: `stream` never waits for the host function
+    /// (nor, on the collectives' stream, does the next bucket).
+    pub(crate) fn count_after(
+        &self,
+        stream: &CudaStream,
+        counter: &'static std::sync::atomic::AtomicU64,
+    ) -> Result<()> {
+        let counts = match self.counts.get() {
+            Some(s) => s,
+            None => {
+                self.bind()?;
+                let s = self.ctx.new_stream().map_err(|e| driver("creating the watchdog's stream", e))?;
+                self.counts.get_or_init(|| s)
+            }
+        };
+        let done = stream.record_event(None).map_err(|e| driver("recording an event", e))?;
+        counts.wait(&done).map_err(|e| driver("ordering the watchdog's stream", e))?;
+        self.count_done(counts, counter)
+    }
+
     /// Queues `call` on the side stream after everything queued on the kernels' stream so far, and
     /// keeps the end of it for [`Driver::wait_collectives`].
     pub(crate) fn beside(&self, call: impl FnOnce(&CudaStream) -> Result<()>) -> Result<()> {
@@ -260,6 +298,30 @@ impl Cuda {
         call(side)?;
         let end = side.record_event(None).map_err(|e| driver("recording an event", e))?;
         lock(&self.in_flight).push(end);
+        if let (Some(t), false) = (&self.timeline, self.capturing()) {
+            let timed = |s: &CudaStream| s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+            let queued = timed(&self.stream).map_err(|e| driver("recording an event", e))?;
+            let ended = timed(side).map_err(|e| driver("recording an event", e))?;
+            lock(t).push(Timed { queued, ended });
+        }
+        Ok(())
+    }
+
+    /// Prints the timeline of the run just queued (`KILN_CUDA_TIMELINE=1`), its kernels and
+    /// collectives joined: milliseconds from the first collective's queueing.
+    fn print_timeline(&self) -> Result<()> {
+        let Some(t) = &self.timeline else { return Ok(()) };
+        let timed = std::mem::take(&mut *lock(t));
+        let Some(first) = timed.first() else { return Ok(()) };
+        let end = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+        let end = end.map_err(|e| driver("recording an event", e))?;
+        let ms = |e: &cudarc::driver::CudaEvent| first.queued.elapsed_ms(e).map_err(|e| driver("timing an event", e));
+        let mut line = String::from("kiln timeline (ms from the first collective's queueing):");
+        for (i, c) in timed.iter().enumerate() {
+            line += &format!(" #{i} queued {:.3} ended {:.3};", ms(&c.queued)?, ms(&c.ended)?);
+        }
+        line += &format!(" run ended {:.3}", ms(&end)?);
+        eprintln!("{line}");
         Ok(())
     }
 
@@ -531,7 +593,7 @@ impl Driver for Cuda {
         for end in std::mem::take(&mut *lock(&self.in_flight)) {
             self.stream.wait(&end).map_err(|e| driver("waiting for a collective", e))?;
         }
-        Ok(())
+        self.print_timeline()
     }
 
     fn scratch_bytes(&self) -> u64 {

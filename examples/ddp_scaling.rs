@@ -36,6 +36,10 @@ struct Args {
     /// Train in bf16 on f32 master weights.
     #[arg(long)]
     bf16: bool,
+    /// With `--bf16`, as a rank: average the gradients in bf16 (`DataParallel::reduce_in_model_dtype`)
+    /// instead of in f32.
+    #[arg(long)]
+    reduce_bf16: bool,
     /// Replay each step as a CUDA graph (`Mode::ReduceOverhead`), alone and as a rank alike.
     #[arg(long)]
     reduce_overhead: bool,
@@ -94,7 +98,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let loss = |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]);
     let mut trainer = Trainer::with_options(model, opt, options, loss, backend)?;
     if let (Some(g), false) = (&group, args.independent) {
-        trainer = trainer.data_parallel(g.clone())?;
+        let how = kiln::train::DataParallel { reduce_in_model_dtype: args.reduce_bf16 };
+        trainer = trainer.data_parallel_with(g.clone(), how)?;
     }
     // Each rank's own tokens (a different batch per rank, as a sharded loader gives).
     let n = args.batch * args.context;
@@ -166,7 +171,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (Some(_), _, true) => "allreduce-only",
             _ => "ddp",
         },
-        "precision": if args.bf16 { "bf16-mixed" } else { "f32" },
+        "precision": match (args.bf16, args.reduce_bf16) {
+            (true, true) => "bf16-mixed, averaged in bf16",
+            (true, false) => "bf16-mixed",
+            _ => "f32",
+        },
         "compile_mode": if args.reduce_overhead { "reduce-overhead" } else { "default" },
         "batch_per_gpu": args.batch,
         "context": args.context,

@@ -34,6 +34,17 @@ type Group = Arc<ProcessGroup>;
 #[cfg(target_arch = "wasm32")]
 type Group = std::convert::Infallible;
 
+/// How a data-parallel trainer averages its gradients across the world ([`Trainer::data_parallel_with`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataParallel {
+    /// A half-precision model's gradients are averaged in its own dtype (bf16, f16) and widened after,
+    /// instead of averaged in f32 as gradients of the f32 master weights (torch's DDP under autocast):
+    /// half the bytes each step sends, each average rounded once to the narrow dtype (torch's
+    /// `bf16_compress_hook`, FSDP's `reduce_dtype`). No effect on an f32 model, with loss scaling, or
+    /// with gradient accumulation (whose sums are averaged in f32 between its two halves).
+    pub reduce_in_model_dtype: bool,
+}
+
 /// A compiled-step function: the whole argument list in, the whole result list out.
 pub trait StepFn: Fn(Vec<Tensor>) -> Result<Vec<Tensor>> {}
 
@@ -160,14 +171,14 @@ pub fn adamw_step_with<M: Module + Clone>(
 }
 
 /// [`adamw_step_with`], whose gradients and loss are averaged across the data-parallel world
-/// ([`Tensor::all_reduce`]) when `averaged` is set at the time it is traced: the all-reduces are ops of
-/// the one compiled step, which buckets them and runs each bucket beside the backward pass as soon as
-/// its gradients are made.
+/// ([`Tensor::all_reduce`]) as `averaged` says at the time it is traced (unset: not at all): the
+/// all-reduces are ops of the one compiled step, which buckets them and runs each bucket beside the
+/// backward pass as soon as its gradients are made.
 fn adamw_step_averaged<M: Module + Clone>(
     model: &M,
     opt: AdamW,
     options: StepOptions,
-    averaged: Arc<std::sync::atomic::AtomicBool>,
+    averaged: Arc<std::sync::OnceLock<DataParallel>>,
     loss: impl Fn(&M, &[Tensor]) -> Result<Tensor>,
 ) -> impl StepFn {
     let (scaling, clip) = (options.loss_scale, options.clip_grad_norm);
@@ -186,6 +197,19 @@ fn adamw_step_averaged<M: Module + Clone>(
         let (scalars, rest) = (&rest[0], &rest[1..]);
         let (state, batch) = rest.split_at(extra);
         let wrt: Vec<usize> = (0..n).collect();
+        let mean = |t: &Tensor| t.all_reduce(crate::graph::ir::CollectiveOp::Mean);
+        if let (Some(dp), true, 0) = (averaged.get(), mixed, extra) {
+            if dp.reduce_in_model_dtype {
+                // Gradients with respect to the rounded parameters, averaged in their own dtype, then
+                // widened for the update (unaveraged, the widening is what the rounding's gradient is).
+                let params = rounded(weights)?;
+                let args: Vec<Tensor> = params.iter().chain(batch).cloned().collect();
+                let (value, grads) = crate::value_and_grad(|a| loss(&shape.load(&a[..n])?, &a[n..]), &args, &wrt)?;
+                let grads = grads.iter().map(|g| mean(g)?.cast(DType::F32)).collect::<Result<Vec<_>>>()?;
+                let (w, m, v) = opt.update(weights, &clipped(grads, clip)?, m, v, scalars)?;
+                return Ok([vec![mean(&value)?], w.clone(), m, v, rounded(&w)?].concat());
+            }
+        }
         // With loss scaling, the scale is an argument after the weights (data, not a constant).
         let scale = state.first().map(loss_scale::scale_of).transpose()?;
         let args: Vec<Tensor> = weights.iter().chain(&scale).chain(batch).cloned().collect();
@@ -202,12 +226,9 @@ fn adamw_step_averaged<M: Module + Clone>(
             &wrt,
         )?;
         let (Some(cfg), Some(state), Some(scale)) = (scaling, state.first(), scale) else {
-            let (value, grads) = match averaged.load(std::sync::atomic::Ordering::Acquire) {
-                true => {
-                    let mean = |t: &Tensor| t.all_reduce(crate::graph::ir::CollectiveOp::Mean);
-                    (mean(&value)?, grads.iter().map(mean).collect::<Result<Vec<_>>>()?)
-                }
-                false => (value, grads),
+            let (value, grads) = match averaged.get() {
+                Some(_) => (mean(&value)?, grads.iter().map(mean).collect::<Result<Vec<_>>>()?),
+                None => (value, grads),
             };
             let (w, m, v) = opt.update(weights, &clipped(grads, clip)?, m, v, scalars)?;
             let params = if mixed { rounded(&w)? } else { Vec::new() };
@@ -309,10 +330,10 @@ pub struct Trainer<M, F> {
     group: Option<Group>,
     /// Micro-batch weights already on the device, by their f32 bits.
     micro_weights: Vec<(u32, Tensor)>,
-    /// The one-graph step averages its gradients across the world (read when it is traced; set by
-    /// [`Trainer::data_parallel`], which browsers have not).
+    /// How the one-graph step averages its gradients across the world (read when it is traced; set
+    /// by [`Trainer::data_parallel_with`], which browsers have not; unset: it does not).
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
-    averaged: Arc<std::sync::atomic::AtomicBool>,
+    averaged: Arc<std::sync::OnceLock<DataParallel>>,
 }
 
 impl<M: Module + Clone + 'static> Trainer<M, ()> {
@@ -395,7 +416,7 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
             }
             Accumulation { add, apply: compile(apply).backend(backend.clone()), zeros }
         };
-        let (l, averaged) = (loss.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let (l, averaged) = (loss.clone(), Arc::new(std::sync::OnceLock::new()));
         let step_fn = adamw_step_averaged(&model, opt, options, averaged.clone(), move |m: &M, b: &[Tensor]| l(m, b));
         let mut step = compile(step_fn).backend(backend).mode(options.mode);
         if let Some(d) = options.dynamic_batch {
@@ -580,7 +601,13 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
     /// update, so the ranks stay identical. Each rank must step on its own equal share of every batch
     /// ([`crate::data::Loader::shard`]).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn data_parallel(mut self, group: Arc<ProcessGroup>) -> Result<Self> {
+    pub fn data_parallel(self, group: Arc<ProcessGroup>) -> Result<Self> {
+        self.data_parallel_with(group, DataParallel::default())
+    }
+
+    /// [`Trainer::data_parallel`], averaging as `how` says.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn data_parallel_with(mut self, group: Arc<ProcessGroup>, how: DataParallel) -> Result<Self> {
         if self.scaler.is_some() {
             return Err(crate::Error::Unsupported {
                 what: "data-parallel training with loss scaling (train an f16 model in bf16 instead)".into(),
@@ -600,7 +627,8 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
             self.masters = Some(group.broadcast(m, 0)?);
         }
         self.group = Some(group);
-        self.averaged.store(true, std::sync::atomic::Ordering::Release);
+        // A fresh trainer's (checked above: never traced), so never set before.
+        let _ = self.averaged.set(how);
         Ok(self)
     }
 

@@ -154,63 +154,102 @@ fn a_compiled_all_reduce_in_a_world_of_one_is_the_value_and_so_is_its_gradient()
     }
 }
 
-/// A data-parallel step replayed as a CUDA graph (its NCCL calls captured with it) trains as the
-/// launched one does: two ranks of `kiln-run`, each stepping both trainers on the same batches.
-#[test]
-#[ignore = "needs two NVIDIA GPUs and NCCL: run with --include-ignored on such a machine (scripts/gpu.sh nccl2)"]
-fn two_gpus_a_recorded_data_parallel_step_trains_as_the_launched_one() {
-    if let Some(dir) = std::env::var_os("KILN_DDP_CHILD_RECORDED") {
-        let group = ProcessGroup::from_env(Backend::Cuda).unwrap();
-        let rt = Backend::Cuda.runtime().unwrap().expect("a device");
-        let losses = |mode: kiln::Mode| -> Vec<f32> {
-            let model = kiln::nn::Module::to(&Mlp::new(4, 16, 3, 5), &rt).unwrap();
-            let options = kiln::train::StepOptions { mode, ..Default::default() };
-            let loss = |m: &Mlp, b: &[Tensor]| m.loss(b);
-            let opt = AdamW { lr: 3e-2, ..AdamW::default() };
-            let mut t = Trainer::with_options(model, opt, options, loss, Backend::Cuda).unwrap();
-            t = t.data_parallel(group.clone()).unwrap();
-            let loader = Loader::new(blobs(96, 1), PER_RANK).shuffle(Some(11)).shard(group.rank(), group.world());
-            let loader = loader.to(rt.clone());
-            let mut out = Vec::new();
-            for epoch in 0..2 {
-                for b in loader.epoch(epoch) {
-                    out.push(t.step(&b.unwrap().tensors, 1.0).unwrap().item::<f32>().unwrap());
-                }
+/// One way of training the two-rank test models: how the step runs, the model's dtype, and how the
+/// ranks average.
+type Variant = (kiln::Mode, kiln::DType, kiln::train::DataParallel);
+
+/// As one rank of `kiln-run`: the per-step losses of each variant over the same shards.
+fn rank_losses(variants: &[Variant]) -> Vec<Vec<f32>> {
+    let group = ProcessGroup::from_env(Backend::Cuda).unwrap();
+    let rt = Backend::Cuda.runtime().unwrap().expect("a device");
+    let losses = |&(mode, dtype, how): &Variant| -> Vec<f32> {
+        let model = kiln::nn::Module::cast(&Mlp::new(4, 16, 3, 5), dtype).unwrap();
+        let model = kiln::nn::Module::to(&model, &rt).unwrap();
+        let options = kiln::train::StepOptions { mode, ..Default::default() };
+        // The features in the model's dtype (the loader's are f32).
+        let loss = move |m: &Mlp, b: &[Tensor]| m.loss(&[b[0].cast(dtype)?, b[1].clone()]);
+        let opt = AdamW { lr: 3e-2, ..AdamW::default() };
+        let mut t = Trainer::with_options(model, opt, options, loss, Backend::Cuda).unwrap();
+        t = t.data_parallel_with(group.clone(), how).unwrap();
+        let loader = Loader::new(blobs(96, 1), PER_RANK).shuffle(Some(11)).shard(group.rank(), group.world());
+        let loader = loader.to(rt.clone());
+        let mut out = Vec::new();
+        for epoch in 0..2 {
+            for b in loader.epoch(epoch) {
+                let l = t.step(&b.unwrap().tensors, 1.0).unwrap();
+                out.push(l.cast(kiln::DType::F32).unwrap().item::<f32>().unwrap());
             }
-            group.healthy().unwrap();
-            out
-        };
-        let (launched, recorded) = (losses(kiln::Mode::Default), losses(kiln::Mode::ReduceOverhead));
+        }
+        group.healthy().unwrap();
+        out
+    };
+    variants.iter().map(losses).collect()
+}
+
+/// Runs this binary's test `name` as two ranks of `kiln-run` with `flag` naming a directory, where
+/// each rank writes [`rank_losses`] of `variants`; both ranks' losses (which must be equal: NCCL
+/// averaged them).
+fn two_rank_losses(name: &str, flag: &str, variants: &[Variant]) -> Vec<Vec<f32>> {
+    if let Some(dir) = std::env::var_os(flag) {
+        let line = serde_json::json!(rank_losses(variants)).to_string();
         let rank = std::env::var("RANK").unwrap();
-        let line = serde_json::json!([launched, recorded]).to_string();
         std::fs::write(PathBuf::from(dir).join(format!("rank{rank}.json")), line).unwrap();
-        return;
+        std::process::exit(0);
     }
-    let dir = std::env::temp_dir().join(format!("kiln-ddp-recorded-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("kiln-ddp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let out = Command::new(kiln_run())
         .args(["--gpus", "2", "--master-port", &free_port().to_string(), "--"])
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "two_gpus_a_recorded_data_parallel_step_trains_as_the_launched_one"])
-        .args(["--include-ignored", "--nocapture"])
-        .env("KILN_DDP_CHILD_RECORDED", &dir)
+        .args(["--exact", name, "--include-ignored", "--nocapture"])
+        .env(flag, &dir)
         .output()
         .unwrap();
     let said = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{said}");
-    let read = |r: usize| -> serde_json::Value {
+    let read = |r: usize| -> Vec<Vec<f32>> {
         serde_json::from_str(&std::fs::read_to_string(dir.join(format!("rank{r}.json"))).unwrap()).unwrap()
     };
     let (r0, r1) = (read(0), read(1));
     assert_eq!(r0, r1, "both ranks record the same (averaged) losses");
-    let floats =
-        |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
-    let (launched, recorded) = (floats(&r0[0]), floats(&r0[1]));
+    let _ = std::fs::remove_dir_all(&dir);
+    r0
+}
+
+/// A data-parallel step replayed as a CUDA graph (its NCCL calls captured with it) trains as the
+/// launched one does: two ranks of `kiln-run`, each stepping both trainers on the same batches.
+#[test]
+#[ignore = "needs two NVIDIA GPUs and NCCL: run with --include-ignored on such a machine (scripts/gpu.sh nccl2)"]
+fn two_gpus_a_recorded_data_parallel_step_trains_as_the_launched_one() {
+    let f32 = |mode| (mode, kiln::DType::F32, kiln::train::DataParallel::default());
+    let name = "two_gpus_a_recorded_data_parallel_step_trains_as_the_launched_one";
+    let got =
+        two_rank_losses(name, "KILN_DDP_CHILD_RECORDED", &[f32(kiln::Mode::Default), f32(kiln::Mode::ReduceOverhead)]);
+    let (launched, recorded) = (&got[0], &got[1]);
     assert_eq!(launched.len(), 8);
     assert_eq!(launched, recorded, "the replayed step computes what the launched one does");
     eprintln!("losses, launched and replayed: {launched:?}");
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A bf16 model whose ranks average their gradients in bf16 (`reduce_in_model_dtype`) trains as the
+/// same model averaging them in f32, within what bf16's rounding of each average moves.
+#[test]
+#[ignore = "needs two NVIDIA GPUs and NCCL: run with --include-ignored on such a machine (scripts/gpu.sh nccl2)"]
+fn two_gpus_gradients_averaged_in_bf16_train_as_averaged_in_f32() {
+    let bf16 = |narrow| {
+        let how = kiln::train::DataParallel { reduce_in_model_dtype: narrow };
+        (kiln::Mode::Default, kiln::DType::BF16, how)
+    };
+    let name = "two_gpus_gradients_averaged_in_bf16_train_as_averaged_in_f32";
+    let got = two_rank_losses(name, "KILN_DDP_CHILD_NARROW", &[bf16(false), bf16(true)]);
+    let (wide, narrow) = (&got[0], &got[1]);
+    eprintln!("losses, averaged in f32 and in bf16: {wide:?} {narrow:?}");
+    assert_eq!(wide.len(), 8);
+    assert!(narrow[7] < 0.5 * narrow[0], "it trains: {narrow:?}");
+    for (a, b) in wide.iter().zip(narrow) {
+        assert!((a - b).abs() <= 0.03 * a.abs().max(0.1), "{wide:?} vs {narrow:?}");
+    }
 }
 
 /// The loop a user writes with the low-level API: join, broadcast-start, barrier, step, read the loss.

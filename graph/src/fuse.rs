@@ -527,8 +527,10 @@ impl<'g> Scheduler<'g> {
         if kinds.is_empty() && !self.f.output_reach[m.index()] {
             if let [c] = self.f.consumers[m.index()][..] {
                 let node = self.f.graph.node(c);
+                let collective = |r: &NodeId| matches!(self.f.graph.node(*r).op, Op::AllReduce { .. });
                 let ok = widens(self.f.graph, node)
                     && node.inputs[0] == m
+                    && self.f.consumers[c.index()].iter().any(collective)
                     && self.f.role[c.index()] == Role::Pointwise
                     && self.free(c)
                     && !self.refused.contains(&c)

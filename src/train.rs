@@ -5,8 +5,8 @@
 //!
 //! Mixed precision: a model whose parameters are bf16 or f16 trains on f32 master weights (updates far
 //! below a half's resolution accumulate there); the step computes the forward and backward in the
-//! model's dtypes from the masters rounded down, and hands back both the masters and the rounded
-//! parameters. An f16 model's step also scales its loss dynamically ([`crate::loss_scale`]): its
+//! model's dtypes on its parameters — the masters rounded down at the previous step's end, handed in
+//! as they are rather than rounded again — and hands back both the new masters and their rounding. An f16 model's step also scales its loss dynamically ([`crate::loss_scale`]): its
 //! gradients would otherwise flush to zero below f16's range; a step that overflows is skipped on the
 //! device.
 //!
@@ -167,7 +167,7 @@ pub fn adamw_step_with<M: Module + Clone>(
     options: StepOptions,
     loss: impl Fn(&M, &[Tensor]) -> Result<Tensor>,
 ) -> impl StepFn {
-    adamw_step_averaged(model, opt, options, Arc::default(), loss)
+    adamw_step_averaged(model, opt, options, Arc::default(), false, loss)
 }
 
 /// [`adamw_step_with`], whose gradients and loss are averaged across the data-parallel world
@@ -179,6 +179,7 @@ fn adamw_step_averaged<M: Module + Clone>(
     opt: AdamW,
     options: StepOptions,
     averaged: Arc<std::sync::OnceLock<DataParallel>>,
+    takes_params: bool,
     loss: impl Fn(&M, &[Tensor]) -> Result<Tensor>,
 ) -> impl StepFn {
     let (scaling, clip) = (options.loss_scale, options.clip_grad_norm);
@@ -187,36 +188,31 @@ fn adamw_step_averaged<M: Module + Clone>(
     let shape = model.clone();
     let rounded = rounder(dtypes);
     let extra = usize::from(scaling.is_some());
+    // The half-precision parameters themselves, after the scaler's state (the trainer's, which are
+    // its masters rounded at the previous step's end): the forward reads them as they are, with no
+    // rounding of the masters at the start of each step.
+    let given = if takes_params && mixed { n } else { 0 };
     move |t: Vec<Tensor>| {
-        if t.len() < 3 * n + 1 + extra {
-            return Err(too_few(&format!("a train step of {n} parameters"), 3 * n + 1 + extra, t.len()));
+        let least = 3 * n + 1 + extra + given;
+        if t.len() < least {
+            return Err(too_few(&format!("a train step of {n} parameters"), least, t.len()));
         }
         let (weights, rest) = t.split_at(n);
         let (m, rest) = rest.split_at(n);
         let (v, rest) = rest.split_at(n);
         let (scalars, rest) = (&rest[0], &rest[1..]);
-        let (state, batch) = rest.split_at(extra);
+        let (state, rest) = rest.split_at(extra);
+        let (params, batch) = rest.split_at(given);
+        let params = if given > 0 { params.to_vec() } else { rounded(weights)? };
         let wrt: Vec<usize> = (0..n).collect();
-        let mean = |t: &Tensor| t.all_reduce(crate::graph::ir::CollectiveOp::Mean);
-        if let (Some(dp), true, 0) = (averaged.get(), mixed, extra) {
-            if dp.reduce_in_model_dtype {
-                // Gradients with respect to the rounded parameters, averaged in their own dtype, then
-                // widened for the update (unaveraged, the widening is what the rounding's gradient is).
-                let params = rounded(weights)?;
-                let args: Vec<Tensor> = params.iter().chain(batch).cloned().collect();
-                let (value, grads) = crate::value_and_grad(|a| loss(&shape.load(&a[..n])?, &a[n..]), &args, &wrt)?;
-                let grads = grads.iter().map(|g| mean(g)?.cast(DType::F32)).collect::<Result<Vec<_>>>()?;
-                let (w, m, v) = opt.update(weights, &clipped(grads, clip)?, m, v, scalars)?;
-                return Ok([vec![mean(&value)?], w.clone(), m, v, rounded(&w)?].concat());
-            }
-        }
-        // With loss scaling, the scale is an argument after the weights (data, not a constant).
+        // With loss scaling, the scale is an argument after the parameters (data, not a constant).
         let scale = state.first().map(loss_scale::scale_of).transpose()?;
-        let args: Vec<Tensor> = weights.iter().chain(&scale).chain(batch).cloned().collect();
-        // Gradients with respect to the weights themselves: through the rounding casts, in f32.
+        let args: Vec<Tensor> = params.iter().chain(&scale).chain(batch).cloned().collect();
+        // Gradients with respect to the parameters in the model's dtypes; widened to f32 they are the
+        // gradients with respect to the f32 masters (a rounding's gradient is the widening).
         let (value, grads) = crate::value_and_grad(
             |a| {
-                let l = loss(&shape.load(&rounded(&a[..n])?)?, &a[n + extra..])?;
+                let l = loss(&shape.load(&a[..n])?, &a[n + extra..])?;
                 if extra == 0 {
                     return Ok(l);
                 }
@@ -225,8 +221,18 @@ fn adamw_step_averaged<M: Module + Clone>(
             &args,
             &wrt,
         )?;
+        let mean = |t: &Tensor| t.all_reduce(crate::graph::ir::CollectiveOp::Mean);
+        let wide = |g: &Tensor| g.cast(DType::F32);
+        let grads = match averaged.get() {
+            // Averaged in the model's dtype, then widened (only without scaling: see `DataParallel`).
+            Some(dp) if dp.reduce_in_model_dtype && extra == 0 => {
+                grads.iter().map(|g| wide(&mean(g)?)).collect::<Result<Vec<_>>>()?
+            }
+            _ => grads.iter().map(wide).collect::<Result<Vec<_>>>()?,
+        };
         let (Some(cfg), Some(state), Some(scale)) = (scaling, state.first(), scale) else {
             let (value, grads) = match averaged.get() {
+                Some(dp) if dp.reduce_in_model_dtype => (mean(&value)?, grads),
                 Some(_) => (mean(&value)?, grads.iter().map(mean).collect::<Result<Vec<_>>>()?),
                 None => (value, grads),
             };
@@ -235,7 +241,7 @@ fn adamw_step_averaged<M: Module + Clone>(
             return Ok([vec![value], w, m, v, params].concat());
         };
         let inverse = scale.reciprocal()?;
-        let grads = grads.iter().map(|g| g.cast(DType::F32)?.mul(&inverse)).collect::<Result<Vec<_>>>()?;
+        let grads = grads.iter().map(|g| g.mul(&inverse)).collect::<Result<Vec<_>>>()?;
         let overflow = loss_scale::found_overflow(&grads)?;
         let grads = clipped(grads, clip)?;
         let [c1, c2] = loss_scale::bias_corrections(opt.betas, state)?;
@@ -417,10 +423,12 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
             Accumulation { add, apply: compile(apply).backend(backend.clone()), zeros }
         };
         let (l, averaged) = (loss.clone(), Arc::new(std::sync::OnceLock::new()));
-        let step_fn = adamw_step_averaged(&model, opt, options, averaged.clone(), move |m: &M, b: &[Tensor]| l(m, b));
+        let step_fn =
+            adamw_step_averaged(&model, opt, options, averaged.clone(), true, move |m: &M, b: &[Tensor]| l(m, b));
         let mut step = compile(step_fn).backend(backend).mode(options.mode);
         if let Some(d) = options.dynamic_batch {
-            step = d.mark(step, 3 * dtypes_len + 1 + usize::from(scaler.is_some()));
+            let params = if masters.is_some() { dtypes_len } else { 0 };
+            step = d.mark(step, 3 * dtypes_len + 1 + usize::from(scaler.is_some()) + params);
         }
         Ok(Trainer {
             model,
@@ -453,8 +461,10 @@ impl<M: Module, F: StepFn> Trainer<M, F> {
         })?;
         let scalars = self.state.scalars(&self.opt, lr_scale, &anchor)?;
         let scaler: Vec<Tensor> = self.scaler.iter().cloned().collect();
-        let args: Vec<Tensor> =
-            [weights, self.state.m.clone(), self.state.v.clone(), vec![scalars], scaler, batch.to_vec()].concat();
+        // A half-precision model's own parameters too (`adamw_step_averaged`'s `takes_params`).
+        let params = if self.masters.is_some() { self.model.tensors() } else { Vec::new() };
+        let (m, v) = (self.state.m.clone(), self.state.v.clone());
+        let args: Vec<Tensor> = [weights, m, v, vec![scalars], scaler, params, batch.to_vec()].concat();
         let out: Vec<Tensor> = self.step.call(args)?;
         let (loss, rest) = out.split_first().expect("a step returns its loss first");
         let (w, rest) = rest.split_at(n);

@@ -60,6 +60,15 @@ struct Writer<'k> {
     subgroups: bool,
 }
 
+/// An i32 literal. WGSL reads `-2147483648i` as the negation of `2147483648i`, which is out of range
+/// and rejected, so i32's minimum is written as an expression.
+fn int_literal(v: i32) -> String {
+    match v {
+        i32::MIN => "(-2147483647i - 1i)".into(),
+        v => format!("{v}i"),
+    }
+}
+
 fn float_literal(v: f64) -> String {
     let x = v as f32;
     if x.is_nan() {
@@ -104,7 +113,7 @@ impl<'k> Writer<'k> {
         fn go(w: &mut Writer, t: &ExprTree) -> String {
             match t {
                 ExprTree::Const(c) => match i32::try_from(*c) {
-                    Ok(c) => format!("{c}i"),
+                    Ok(c) => int_literal(c),
                     Err(_) => {
                         w.fail(format!("index constant {c} does not fit in i32"));
                         "0i".into()
@@ -198,7 +207,7 @@ impl<'k> Writer<'k> {
             Scalar::Const { value } => match ty {
                 "f32" => float_literal(*value),
                 "f16" => format!("f16({})", float_literal(*value)),
-                "i32" => format!("{}i", (*value as i64).clamp(i32::MIN as i64, i32::MAX as i64)),
+                "i32" => int_literal((*value as i64).clamp(i32::MIN as i64, i32::MAX as i64) as i32),
                 _ => (if *value != 0.0 { "true" } else { "false" }).into(),
             },
             Scalar::Load { buffer, index, guard: None } if self.cached_slot(*buffer, dtype, index).is_some() => {

@@ -44,6 +44,17 @@ fn workload_kernels_validate() {
     });
 }
 
+/// i32's extremes as constants (`-2147483648i` alone is out of range in WGSL: the negation of a literal
+/// one past i32::MAX).
+#[test]
+fn the_extreme_integers_validate() {
+    check(&[TensorSpec::new(DType::I32, &[64])], |t| {
+        let x = &t[0];
+        let low = x.gt(0)?.where_(x, i32::MIN as f64)?;
+        Ok(vec![low.maximum(i32::MAX as f64)?.max(&[0], false)?, x.maximum(i32::MIN as f64)?])
+    });
+}
+
 /// On an adapter with subgroups of a fixed size (NVIDIA's 32, lavapipe's 8), row combines shuffle within
 /// subgroups and short rows are packed a subgroup each: the shaders validate, read the subgroup builtins,
 /// and a packed one waits at no workgroup barrier.

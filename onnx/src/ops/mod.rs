@@ -8,6 +8,7 @@ mod loss;
 mod nn;
 mod resize;
 mod shape;
+mod top_k;
 
 use crate::model::{node_error, Model};
 use crate::proto::{AttributeProto, NodeProto};
@@ -18,7 +19,8 @@ use kiln_graph::{Error, Tensor, TensorData};
 /// the families' own lists, which a test holds to what their dispatch handles.
 pub fn supported_ops() -> Vec<&'static str> {
     let mut v: Vec<&'static str> =
-        [elementwise::OPS, nn::OPS, shape::OPS, resize::OPS, loss::OPS, attention::OPS, &["Constant"]].concat();
+        [elementwise::OPS, nn::OPS, shape::OPS, resize::OPS, loss::OPS, attention::OPS, top_k::OPS, &["Constant"]]
+            .concat();
     v.sort_unstable();
     v
 }
@@ -169,6 +171,7 @@ pub(crate) fn run_node(model: &Model, proto: &NodeProto, args: &[Option<Value>])
         .or_else(|| resize::run(&node, op))
         .or_else(|| loss::run(&node, op))
         .or_else(|| attention::run(&node, op))
+        .or_else(|| top_k::run(&node, op))
         .unwrap_or_else(|| unsupported(format!("op {op}")));
     match out {
         Ok(v) => Ok(v),
@@ -254,13 +257,14 @@ mod tests {
         };
         let model = Model::parse(&bytes, "empty", None).unwrap();
         type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
-        let families: [(&[&str], Dispatch); 6] = [
+        let families: [(&[&str], Dispatch); 7] = [
             (elementwise::OPS, elementwise::run),
             (nn::OPS, nn::run),
             (shape::OPS, shape::run),
             (resize::OPS, resize::run),
             (loss::OPS, loss::run),
             (attention::OPS, attention::run),
+            (top_k::OPS, top_k::run),
         ];
         for (ops, run) in families {
             for op in ops {

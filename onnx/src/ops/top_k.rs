@@ -1,0 +1,162 @@
+//! ONNX's `TopK` without a sort: the `k` largest (or smallest) elements along an axis taken one at a
+//! time — the extreme of what is left, then the lowest index holding it (ONNX's order for ties) — so a
+//! step is two reductions and a comparison over the axis, and `k` steps are unrolled into the graph.
+//! That is the right shape for the small `k` models use (a classifier's top 5, a beam's width); kiln
+//! has no sort, so a larger `k` is refused with a typed error rather than traced into a huge graph.
+
+use super::{axis, invalid, unsupported, Node, OpResult};
+use crate::value::Value;
+use kiln_graph::{DType, Tensor};
+
+/// The op types this family converts.
+pub(super) const OPS: &[&str] = &["TopK"];
+
+/// The largest `k` unrolled (each element taken is a step of the graph).
+pub(super) const MAX_K: i64 = 64;
+
+/// The family; `None` when `op` is not one of it.
+pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
+    (op == "TopK").then(|| top_k(node))
+}
+
+/// A value no element is beyond, in `x`'s dtype, on the side the taken elements are hidden at.
+fn beyond(dtype: DType, largest: bool) -> f64 {
+    match (dtype, largest) {
+        (DType::I32, true) => i32::MIN as f64,
+        (DType::I32, false) => i32::MAX as f64,
+        // ±2^63 is a power of two: exact in f64 and (saturated) in i64.
+        (DType::I64, true) => i64::MIN as f64,
+        (DType::I64, false) => i64::MAX as f64,
+        (_, true) => f64::NEG_INFINITY,
+        (_, false) => f64::INFINITY,
+    }
+}
+
+fn top_k(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    if x.dtype() == DType::Bool {
+        return invalid("TopK of booleans");
+    }
+    let a = axis(node.int("axis", -1), x.rank())?;
+    let k = match node.opset() {
+        ..=9 => node.int("k", -1),
+        _ => match node.const_ints(1, "k")?.as_deref() {
+            Some([k]) => *k,
+            _ => return invalid("K must hold one integer"),
+        },
+    };
+    let largest = node.int("largest", 1) != 0;
+    let Some(n) = x.shape().dims()[a].as_const() else { return unsupported("TopK over a symbolic axis") };
+    if k < 0 || k > n {
+        return invalid(format!("k = {k} of an axis of {n}"));
+    }
+    if k > MAX_K {
+        return unsupported(format!("TopK with k = {k} > {MAX_K} (kiln has no sort: it takes elements one by one)"));
+    }
+    let ax = a as isize;
+    if k == 0 {
+        let values = x.narrow(ax, 0, 0)?;
+        let indices = values.cast(DType::I64)?;
+        return Ok(vec![Value::Tensor(values), Value::Tensor(indices)]);
+    }
+    let mut shape = vec![1isize; x.rank()];
+    shape[a] = n as isize;
+    let iota = Tensor::arange(0.0, n as f64, 1.0, DType::I64)?.reshape(&shape)?;
+    // NaN counts as the extreme (kiln's max and min propagate it), the lowest-indexed NaN first.
+    let nan = if x.dtype().is_float() { Some(x.isnan()?) } else { None };
+    let (mut taken, mut values, mut indices): (Option<Tensor>, Vec<Tensor>, Vec<Tensor>) = (None, vec![], vec![]);
+    for _ in 0..k {
+        let left = match &taken {
+            Some(t) => t.where_(beyond(x.dtype(), largest), &x)?,
+            None => x.clone(),
+        };
+        let extreme = if largest { left.max(&[ax], true)? } else { left.min(&[ax], true)? };
+        let mut hit = x.eq(&extreme)?;
+        if let Some(nan) = &nan {
+            hit = hit.logical_or(&nan.logical_and(&extreme.isnan()?)?)?;
+        }
+        if let Some(t) = &taken {
+            hit = hit.logical_and(&t.logical_not()?)?;
+        }
+        let at = hit.where_(&iota, n as f64)?.min(&[ax], true)?;
+        let now = iota.eq(&at)?;
+        taken = Some(match taken {
+            Some(t) => t.logical_or(&now)?,
+            None => now,
+        });
+        values.push(extreme);
+        indices.push(at);
+    }
+    let join = |v: Vec<Tensor>| Tensor::concat(&v.iter().collect::<Vec<_>>(), ax);
+    Ok(vec![Value::Tensor(join(values)?), Value::Tensor(join(indices)?)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Model;
+    use crate::proto::{AttributeProto, NodeProto};
+    use crate::value::Ints;
+    use kiln_graph::sym::Expr;
+
+    /// TopK of `x` (a row) with `k` and `largest`, run eagerly on the CPU reference: values, indices.
+    fn top(x: &[f32], k: i64, largest: bool) -> OpResult<(Vec<f32>, Vec<i64>)> {
+        use prost::Message;
+        let bytes = crate::proto::ModelProto {
+            opset_import: vec![crate::proto::OperatorSetIdProto { domain: Some(String::new()), version: Some(18) }],
+            graph: Some(crate::proto::GraphProto::default()),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let model = Model::parse(&bytes, "top_k", None).map_err(|e| super::super::OpError::Invalid(e.to_string()))?;
+        let largest =
+            AttributeProto { name: Some("largest".into()), i: Some(i64::from(largest)), ..Default::default() };
+        let proto = NodeProto { op_type: Some("TopK".into()), attribute: vec![largest], ..Default::default() };
+        let k = Ints { dims: vec![1], dtype: DType::I64, values: vec![Expr::constant(k)] };
+        let args = [Some(Value::Tensor(Tensor::from_slice(x, &[x.len()])?)), Some(Value::Ints(k))];
+        let out = top_k(&Node { model: &model, proto: &proto, args: &args })?;
+        let tensor = |v: &Value| match v {
+            Value::Tensor(t) => t.clone(),
+            _ => panic!("a tensor output"),
+        };
+        Ok((tensor(&out[0]).to_vec::<f32>()?, tensor(&out[1]).to_vec::<i64>()?))
+    }
+
+    fn ok<T>(r: OpResult<T>) -> T {
+        match r {
+            Ok(v) => v,
+            Err(super::super::OpError::Unsupported(m) | super::super::OpError::Invalid(m)) => panic!("{m}"),
+            Err(_) => panic!("failed"),
+        }
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_index_and_both_directions_sort() {
+        let x = [3.0, 1.0, 3.0, -2.0, 1.0];
+        assert_eq!(ok(top(&x, 3, true)), (vec![3.0, 3.0, 1.0], vec![0, 2, 1]));
+        assert_eq!(ok(top(&x, 3, false)), (vec![-2.0, 1.0, 1.0], vec![3, 1, 4]));
+        assert_eq!(ok(top(&x, 5, true)).1, vec![0, 2, 1, 4, 3]);
+    }
+
+    /// NaN is the extreme (kiln's max and min propagate it), each NaN taken once, lowest index first;
+    /// infinities are values like any other (the hidden elements are not confused with them).
+    #[test]
+    fn nan_and_infinities() {
+        let x = [1.0, f32::NAN, f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY];
+        let (v, i) = ok(top(&x, 5, true));
+        assert_eq!(i, vec![1, 3, 0, 2, 4]);
+        assert!(v[0].is_nan() && v[1].is_nan() && v[2] == 1.0 && v[3] == f32::NEG_INFINITY);
+        assert_eq!(ok(top(&[f32::INFINITY, 0.0, f32::INFINITY], 3, false)).1, vec![1, 0, 2]);
+    }
+
+    #[test]
+    fn a_k_beyond_the_axis_or_the_unrolling_bound_is_an_error() {
+        assert!(matches!(top(&[1.0, 2.0], 3, true), Err(super::super::OpError::Invalid(_))));
+        let long = vec![0.5; 100];
+        match top(&long, MAX_K + 1, true) {
+            Err(super::super::OpError::Unsupported(m)) => assert!(m.contains("no sort"), "{m}"),
+            _ => panic!("k = {} must be refused", MAX_K + 1),
+        }
+        assert_eq!(ok(top(&long, MAX_K, true)).1.len(), MAX_K as usize);
+    }
+}

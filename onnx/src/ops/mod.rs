@@ -7,6 +7,7 @@ mod elementwise;
 mod loss;
 mod nn;
 mod resize;
+mod scatter;
 mod shape;
 mod top_k;
 
@@ -18,9 +19,18 @@ use kiln_graph::{Error, Tensor, TensorData};
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):
 /// the families' own lists, which a test holds to what their dispatch handles.
 pub fn supported_ops() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> =
-        [elementwise::OPS, nn::OPS, shape::OPS, resize::OPS, loss::OPS, attention::OPS, top_k::OPS, &["Constant"]]
-            .concat();
+    let mut v: Vec<&'static str> = [
+        elementwise::OPS,
+        nn::OPS,
+        shape::OPS,
+        resize::OPS,
+        loss::OPS,
+        attention::OPS,
+        top_k::OPS,
+        scatter::OPS,
+        &["Constant"],
+    ]
+    .concat();
     v.sort_unstable();
     v
 }
@@ -157,6 +167,65 @@ impl Node<'_> {
     }
 }
 
+/// `op` on `node` by the family that converts it.
+fn dispatch(node: &Node, op: &str) -> OpResult<Vec<Value>> {
+    elementwise::run(node, op)
+        .or_else(|| nn::run(node, op))
+        .or_else(|| shape::run(node, op))
+        .or_else(|| resize::run(node, op))
+        .or_else(|| loss::run(node, op))
+        .or_else(|| attention::run(node, op))
+        .or_else(|| top_k::run(node, op))
+        .or_else(|| scatter::run(node, op))
+        .unwrap_or_else(|| unsupported(format!("op {op}")))
+}
+
+/// Runs single nodes outside a model file, for the families' unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{dispatch, Node, OpError};
+    use crate::model::Model;
+    use crate::proto::{AttributeProto, NodeProto};
+    use crate::value::Value;
+    use kiln_graph::Tensor;
+
+    /// An int attribute.
+    pub(crate) fn int(name: &str, v: i64) -> AttributeProto {
+        AttributeProto { name: Some(name.into()), i: Some(v), ..Default::default() }
+    }
+
+    /// A string attribute.
+    pub(crate) fn string(name: &str, v: &str) -> AttributeProto {
+        AttributeProto { name: Some(name.into()), s: Some(v.as_bytes().to_vec()), ..Default::default() }
+    }
+
+    /// One node of `op` with `attrs` on `args` (opset 18), run eagerly on the CPU reference: its
+    /// tensor outputs, or the conversion's message.
+    pub(crate) fn run_one(op: &str, attrs: Vec<AttributeProto>, args: &[Option<Value>]) -> Result<Vec<Tensor>, String> {
+        use prost::Message;
+        let bytes = crate::proto::ModelProto {
+            opset_import: vec![crate::proto::OperatorSetIdProto { domain: Some(String::new()), version: Some(18) }],
+            graph: Some(crate::proto::GraphProto::default()),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let model = Model::parse(&bytes, "one node", None).map_err(|e| e.to_string())?;
+        let proto = NodeProto { op_type: Some(op.into()), attribute: attrs, ..Default::default() };
+        match dispatch(&Node { model: &model, proto: &proto, args }, op) {
+            Ok(out) => Ok(out
+                .into_iter()
+                .map(|v| match v {
+                    Value::Tensor(t) => t,
+                    other => other.into_tensor(&model).expect("a value as a tensor"),
+                })
+                .collect()),
+            Err(OpError::Unsupported(m)) => Err(format!("unsupported: {m}")),
+            Err(OpError::Invalid(m)) => Err(format!("invalid: {m}")),
+            Err(_) => Err("failed".into()),
+        }
+    }
+}
+
 /// Converts one node given its inputs (absent optional inputs are `None`); returns its outputs.
 pub(crate) fn run_node(model: &Model, proto: &NodeProto, args: &[Option<Value>]) -> kiln_graph::Result<Vec<Value>> {
     let fail = |unsupported: bool, msg: String| node_error(&model.name, model.opset, proto, unsupported, msg);
@@ -165,15 +234,7 @@ pub(crate) fn run_node(model: &Model, proto: &NodeProto, args: &[Option<Value>])
     }
     let node = Node { model, proto, args };
     let op = proto.op_type();
-    let out = elementwise::run(&node, op)
-        .or_else(|| nn::run(&node, op))
-        .or_else(|| shape::run(&node, op))
-        .or_else(|| resize::run(&node, op))
-        .or_else(|| loss::run(&node, op))
-        .or_else(|| attention::run(&node, op))
-        .or_else(|| top_k::run(&node, op))
-        .unwrap_or_else(|| unsupported(format!("op {op}")));
-    match out {
+    match dispatch(&node, op) {
         Ok(v) => Ok(v),
         Err(OpError::Unsupported(m)) => Err(fail(true, m)),
         Err(OpError::Invalid(m)) => Err(fail(false, m)),
@@ -257,7 +318,7 @@ mod tests {
         };
         let model = Model::parse(&bytes, "empty", None).unwrap();
         type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
-        let families: [(&[&str], Dispatch); 7] = [
+        let families: [(&[&str], Dispatch); 8] = [
             (elementwise::OPS, elementwise::run),
             (nn::OPS, nn::run),
             (shape::OPS, shape::run),
@@ -265,6 +326,7 @@ mod tests {
             (loss::OPS, loss::run),
             (attention::OPS, attention::run),
             (top_k::OPS, top_k::run),
+            (scatter::OPS, scatter::run),
         ];
         for (ops, run) in families {
             for op in ops {

@@ -564,15 +564,7 @@ fn reduce(node: &Node, op: &str) -> OpResult<Vec<Value>> {
         "ReduceL2" => x.mul(&x)?.sum(&axes, keep)?.sqrt()?,
         "ReduceSumSquare" => x.mul(&x)?.sum(&axes, keep)?,
         "ReduceLogSum" => x.sum(&axes, keep)?.log()?,
-        // Sign and magnitude apart: |prod| = exp(sum(log|x|)), negative when an odd number of factors is,
-        // zero when one is.
-        "ReduceProd" if x.dtype().is_float() => {
-            let mag = x.abs()?.log()?.sum(&axes, keep)?.exp()?;
-            let negatives = x.lt(0.0)?.cast(x.dtype())?.sum(&axes, keep)?;
-            let odd = negatives.sub(&negatives.div(2.0)?.floor()?.mul(2.0)?)?.gt(0.5)?;
-            let zero = x.eq(0.0)?.cast(x.dtype())?.sum(&axes, keep)?.gt(0.0)?;
-            zero.where_(0.0, &odd.where_(mag.neg()?, &mag)?)?
-        }
+        "ReduceProd" if x.dtype().is_float() => float_product(&x, &axes, keep)?,
         "ReduceLogSumExp" => {
             let m = x.max(&axes, true)?;
             // A row of -inf would give -inf - -inf = NaN: shift by zero there instead.
@@ -820,4 +812,14 @@ fn gather_nd(node: &Node) -> OpResult<Vec<Value>> {
     let data = x.reshape(&[&[(batch * picked) as isize][..], &rest].concat())?;
     let out: Vec<isize> = id[..id.len() - 1].iter().map(|&d| d as isize).chain(rest.iter().copied()).collect();
     one(data.index_select(0, &flat)?.reshape(&out)?)
+}
+
+/// The product of float `x` over `axes` (kiln has no product reduction). Sign and magnitude apart:
+/// |prod| = exp(sum(log|x|)), negative when an odd number of factors is, zero when one is.
+pub(super) fn float_product(x: &Tensor, axes: &[isize], keep: bool) -> kiln_graph::Result<Tensor> {
+    let mag = x.abs()?.log()?.sum(axes, keep)?.exp()?;
+    let negatives = x.lt(0.0)?.cast(x.dtype())?.sum(axes, keep)?;
+    let odd = negatives.sub(&negatives.div(2.0)?.floor()?.mul(2.0)?)?.gt(0.5)?;
+    let zero = x.eq(0.0)?.cast(x.dtype())?.sum(axes, keep)?.gt(0.0)?;
+    zero.where_(0.0, &odd.where_(mag.neg()?, &mag)?)
 }

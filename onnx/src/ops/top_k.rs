@@ -20,7 +20,7 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
 }
 
 /// A value no element is beyond, in `x`'s dtype, on the side the taken elements are hidden at.
-fn beyond(dtype: DType, largest: bool) -> f64 {
+pub(super) fn beyond(dtype: DType, largest: bool) -> f64 {
     match (dtype, largest) {
         (DType::I32, true) => i32::MIN as f64,
         (DType::I32, false) => i32::MAX as f64,
@@ -93,49 +93,25 @@ fn top_k(node: &Node) -> OpResult<Vec<Value>> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{int, run_one};
     use super::*;
-    use crate::model::Model;
-    use crate::proto::{AttributeProto, NodeProto};
     use crate::value::Ints;
     use kiln_graph::sym::Expr;
 
-    /// TopK of `x` (a row) with `k` and `largest`, run eagerly on the CPU reference: values, indices.
-    fn top(x: &[f32], k: i64, largest: bool) -> OpResult<(Vec<f32>, Vec<i64>)> {
-        use prost::Message;
-        let bytes = crate::proto::ModelProto {
-            opset_import: vec![crate::proto::OperatorSetIdProto { domain: Some(String::new()), version: Some(18) }],
-            graph: Some(crate::proto::GraphProto::default()),
-            ..Default::default()
-        }
-        .encode_to_vec();
-        let model = Model::parse(&bytes, "top_k", None).map_err(|e| super::super::OpError::Invalid(e.to_string()))?;
-        let largest =
-            AttributeProto { name: Some("largest".into()), i: Some(i64::from(largest)), ..Default::default() };
-        let proto = NodeProto { op_type: Some("TopK".into()), attribute: vec![largest], ..Default::default() };
+    /// TopK of `x` (a row) with `k` and `largest`: values, indices; or the conversion's message.
+    fn top(x: &[f32], k: i64, largest: bool) -> Result<(Vec<f32>, Vec<i64>), String> {
         let k = Ints { dims: vec![1], dtype: DType::I64, values: vec![Expr::constant(k)] };
-        let args = [Some(Value::Tensor(Tensor::from_slice(x, &[x.len()])?)), Some(Value::Ints(k))];
-        let out = top_k(&Node { model: &model, proto: &proto, args: &args })?;
-        let tensor = |v: &Value| match v {
-            Value::Tensor(t) => t.clone(),
-            _ => panic!("a tensor output"),
-        };
-        Ok((tensor(&out[0]).to_vec::<f32>()?, tensor(&out[1]).to_vec::<i64>()?))
-    }
-
-    fn ok<T>(r: OpResult<T>) -> T {
-        match r {
-            Ok(v) => v,
-            Err(super::super::OpError::Unsupported(m) | super::super::OpError::Invalid(m)) => panic!("{m}"),
-            Err(_) => panic!("failed"),
-        }
+        let args = [Some(Value::Tensor(Tensor::from_slice(x, &[x.len()]).unwrap())), Some(Value::Ints(k))];
+        let out = run_one("TopK", vec![int("largest", i64::from(largest))], &args)?;
+        Ok((out[0].to_vec::<f32>().unwrap(), out[1].to_vec::<i64>().unwrap()))
     }
 
     #[test]
     fn ties_go_to_the_lower_index_and_both_directions_sort() {
         let x = [3.0, 1.0, 3.0, -2.0, 1.0];
-        assert_eq!(ok(top(&x, 3, true)), (vec![3.0, 3.0, 1.0], vec![0, 2, 1]));
-        assert_eq!(ok(top(&x, 3, false)), (vec![-2.0, 1.0, 1.0], vec![3, 1, 4]));
-        assert_eq!(ok(top(&x, 5, true)).1, vec![0, 2, 1, 4, 3]);
+        assert_eq!(top(&x, 3, true).unwrap(), (vec![3.0, 3.0, 1.0], vec![0, 2, 1]));
+        assert_eq!(top(&x, 3, false).unwrap(), (vec![-2.0, 1.0, 1.0], vec![3, 1, 4]));
+        assert_eq!(top(&x, 5, true).unwrap().1, vec![0, 2, 1, 4, 3]);
     }
 
     /// NaN is the extreme (kiln's max and min propagate it), each NaN taken once, lowest index first;
@@ -143,20 +119,18 @@ mod tests {
     #[test]
     fn nan_and_infinities() {
         let x = [1.0, f32::NAN, f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY];
-        let (v, i) = ok(top(&x, 5, true));
+        let (v, i) = top(&x, 5, true).unwrap();
         assert_eq!(i, vec![1, 3, 0, 2, 4]);
         assert!(v[0].is_nan() && v[1].is_nan() && v[2] == 1.0 && v[3] == f32::NEG_INFINITY);
-        assert_eq!(ok(top(&[f32::INFINITY, 0.0, f32::INFINITY], 3, false)).1, vec![1, 0, 2]);
+        assert_eq!(top(&[f32::INFINITY, 0.0, f32::INFINITY], 3, false).unwrap().1, vec![1, 0, 2]);
     }
 
     #[test]
     fn a_k_beyond_the_axis_or_the_unrolling_bound_is_an_error() {
-        assert!(matches!(top(&[1.0, 2.0], 3, true), Err(super::super::OpError::Invalid(_))));
+        assert!(top(&[1.0, 2.0], 3, true).unwrap_err().starts_with("invalid"));
         let long = vec![0.5; 100];
-        match top(&long, MAX_K + 1, true) {
-            Err(super::super::OpError::Unsupported(m)) => assert!(m.contains("no sort"), "{m}"),
-            _ => panic!("k = {} must be refused", MAX_K + 1),
-        }
-        assert_eq!(ok(top(&long, MAX_K, true)).1.len(), MAX_K as usize);
+        let e = top(&long, MAX_K + 1, true).unwrap_err();
+        assert!(e.starts_with("unsupported") && e.contains("no sort"), "{e}");
+        assert_eq!(top(&long, MAX_K, true).unwrap().1.len(), MAX_K as usize);
     }
 }

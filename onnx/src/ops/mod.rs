@@ -4,6 +4,7 @@
 
 mod attention;
 mod elementwise;
+mod grid_sample;
 mod loss;
 mod nn;
 mod resize;
@@ -27,6 +28,7 @@ pub fn supported_ops() -> Vec<&'static str> {
         loss::OPS,
         attention::OPS,
         top_k::OPS,
+        grid_sample::OPS,
         scatter::OPS,
         &["Constant"],
     ]
@@ -177,6 +179,7 @@ fn dispatch(node: &Node, op: &str) -> OpResult<Vec<Value>> {
         .or_else(|| attention::run(node, op))
         .or_else(|| top_k::run(node, op))
         .or_else(|| scatter::run(node, op))
+        .or_else(|| grid_sample::run(node, op))
         .unwrap_or_else(|| unsupported(format!("op {op}")))
 }
 
@@ -318,7 +321,7 @@ mod tests {
         };
         let model = Model::parse(&bytes, "empty", None).unwrap();
         type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
-        let families: [(&[&str], Dispatch); 8] = [
+        let families: [(&[&str], Dispatch); 9] = [
             (elementwise::OPS, elementwise::run),
             (nn::OPS, nn::run),
             (shape::OPS, shape::run),
@@ -327,6 +330,7 @@ mod tests {
             (attention::OPS, attention::run),
             (top_k::OPS, top_k::run),
             (scatter::OPS, scatter::run),
+            (grid_sample::OPS, grid_sample::run),
         ];
         for (ops, run) in families {
             for op in ops {

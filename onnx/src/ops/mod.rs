@@ -2,6 +2,7 @@
 //! into one kiln graph like Rust code is — or, for integer shape arithmetic, host computation on
 //! symbolic sizes ([`Ints`]). One function per op family; [`SUPPORTED`] lists every op type kiln reads.
 
+mod affine_grid;
 mod attention;
 mod elementwise;
 mod grid_sample;
@@ -29,6 +30,7 @@ pub fn supported_ops() -> Vec<&'static str> {
         attention::OPS,
         top_k::OPS,
         grid_sample::OPS,
+        affine_grid::OPS,
         scatter::OPS,
         &["Constant"],
     ]
@@ -180,6 +182,7 @@ fn dispatch(node: &Node, op: &str) -> OpResult<Vec<Value>> {
         .or_else(|| top_k::run(node, op))
         .or_else(|| scatter::run(node, op))
         .or_else(|| grid_sample::run(node, op))
+        .or_else(|| affine_grid::run(node, op))
         .unwrap_or_else(|| unsupported(format!("op {op}")))
 }
 
@@ -321,7 +324,7 @@ mod tests {
         };
         let model = Model::parse(&bytes, "empty", None).unwrap();
         type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
-        let families: [(&[&str], Dispatch); 9] = [
+        let families: [(&[&str], Dispatch); 10] = [
             (elementwise::OPS, elementwise::run),
             (nn::OPS, nn::run),
             (shape::OPS, shape::run),
@@ -331,6 +334,7 @@ mod tests {
             (top_k::OPS, top_k::run),
             (scatter::OPS, scatter::run),
             (grid_sample::OPS, grid_sample::run),
+            (affine_grid::OPS, affine_grid::run),
         ];
         for (ops, run) in families {
             for op in ops {

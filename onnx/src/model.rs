@@ -134,6 +134,21 @@ fn io_spec(model: &str, v: &proto::ValueInfoProto) -> Result<IoSpec> {
     Ok(IoSpec { name: v.name().into(), dtype, dims: dims.transpose()? })
 }
 
+/// Unknown ops and domains are found at load, not at the first call: `node`'s, and those of the
+/// branches of an `If`.
+fn check_supported(name: &str, opset: i64, node: &NodeProto) -> Result<()> {
+    if !matches!(node.domain(), "" | "ai.onnx") {
+        return Err(node_error(name, opset, node, true, format!("domain {:?}", node.domain())));
+    }
+    if !crate::ops::supported_ops().contains(&node.op_type()) {
+        return Err(node_error(name, opset, node, true, format!("op {}", node.op_type())));
+    }
+    for g in node.attribute.iter().filter_map(|a| a.g.as_ref()) {
+        g.node.iter().try_for_each(|n| check_supported(name, opset, n))?;
+    }
+    Ok(())
+}
+
 impl Model {
     /// Parses a model from its bytes; `dir` is where its external data lives.
     pub(crate) fn parse(bytes: &[u8], name: &str, dir: Option<&Path>) -> Result<Model> {
@@ -191,13 +206,7 @@ impl Model {
                 model.constants.insert(out, Constant { tensor: Tensor::from_data((*data).clone()), data });
                 continue;
             }
-            // Unknown ops and domains are found at load, not at the first call.
-            if !matches!(node.domain(), "" | "ai.onnx") {
-                return Err(node_error(name, opset, &node, true, format!("domain {:?}", node.domain())));
-            }
-            if !crate::ops::supported_ops().contains(&node.op_type()) {
-                return Err(node_error(name, opset, &node, true, format!("op {}", node.op_type())));
-            }
+            check_supported(name, opset, &node)?;
             model.nodes.push(node);
         }
         Ok(model)
@@ -225,40 +234,11 @@ impl Model {
     /// tensors, or recorded into one graph when called inside `compile`.
     pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
-        let mut env: HashMap<&str, Value> = HashMap::new();
+        let mut env: HashMap<String, Value> = HashMap::new();
         for (spec, t) in self.inputs.iter().zip(inputs) {
-            env.insert(&spec.name, Value::Tensor(t.clone()));
+            env.insert(spec.name.clone(), Value::Tensor(t.clone()));
         }
-        for node in &self.nodes {
-            let args: Vec<Option<Value>> = node
-                .input
-                .iter()
-                .map(|n| {
-                    if n.is_empty() {
-                        return Ok(None);
-                    }
-                    if let Some(v) = env.get(n.as_str()) {
-                        return Ok(Some(v.clone()));
-                    }
-                    match self.constants.get(n) {
-                        Some(c) => Ok(Some(Value::constant(c))),
-                        None => Err(node_error(
-                            &self.name,
-                            self.opset,
-                            node,
-                            false,
-                            format!("reads {n:?}, which no earlier node or initializer defines"),
-                        )),
-                    }
-                })
-                .collect::<Result<_>>()?;
-            let outs = crate::ops::run_node(self, node, &args)?;
-            for (name, v) in node.output.iter().zip(outs) {
-                if !name.is_empty() {
-                    env.insert(name, v);
-                }
-            }
-        }
+        self.run_nodes(&self.nodes, &mut env)?;
         self.outputs
             .iter()
             .map(|o| {
@@ -270,6 +250,103 @@ impl Model {
                     },
                 };
                 v.into_tensor(self)
+            })
+            .collect()
+    }
+
+    /// Runs `nodes` in order on the values of `env`, adding each node's outputs to it.
+    fn run_nodes(&self, nodes: &[NodeProto], env: &mut HashMap<String, Value>) -> Result<()> {
+        for node in nodes {
+            let outs = match node.op_type() {
+                // A branch's constants (the main graph's were lifted at load).
+                "Constant" => {
+                    let data = crate::ops::constant_node(node)
+                        .map_err(|(unsupported, msg)| node_error(&self.name, self.opset, node, unsupported, msg))?;
+                    let tensor = self.constant(data.values().to_vec(), data.dims(), data.dtype())?;
+                    vec![Value::constant(&Constant { data: Arc::new(data), tensor })]
+                }
+                _ => {
+                    let args = self.args(node, env)?;
+                    match node.op_type() {
+                        "If" => self.run_if(node, &args, env)?,
+                        _ => crate::ops::run_node(self, node, &args)?,
+                    }
+                }
+            };
+            for (name, v) in node.output.iter().zip(outs) {
+                if !name.is_empty() {
+                    env.insert(name.clone(), v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `node`'s inputs from `env` or the constants (absent optional inputs are `None`).
+    fn args(&self, node: &NodeProto, env: &HashMap<String, Value>) -> Result<Vec<Option<Value>>> {
+        node.input
+            .iter()
+            .map(|n| {
+                if n.is_empty() {
+                    return Ok(None);
+                }
+                if let Some(v) = env.get(n.as_str()) {
+                    return Ok(Some(v.clone()));
+                }
+                match self.constants.get(n) {
+                    Some(c) => Ok(Some(Value::constant(c))),
+                    None => Err(node_error(
+                        &self.name,
+                        self.opset,
+                        node,
+                        false,
+                        format!("reads {n:?}, which no earlier node or initializer defines"),
+                    )),
+                }
+            })
+            .collect()
+    }
+
+    /// An `If` whose condition is known while tracing (a constant, folded shape arithmetic, or data
+    /// read on the host — a graph break under `compile`, as for shapes given as data): the branch it
+    /// picks runs as part of the graph, seeing every value defined outside it.
+    fn run_if(&self, node: &NodeProto, args: &[Option<Value>], env: &HashMap<String, Value>) -> Result<Vec<Value>> {
+        let fail = |msg: String| node_error(&self.name, self.opset, node, false, msg);
+        let cond = match args.first() {
+            Some(Some(Value::Ints(v))) => v.consts().and_then(|c| c.first().copied()).map(|c| c != 0),
+            Some(Some(Value::Tensor(t))) if t.shape().numel().as_const() == Some(1) => {
+                Some(t.to_data()?.values()[0] != 0.0)
+            }
+            _ => None,
+        };
+        let Some(cond) = cond else {
+            return Err(node_error(&self.name, self.opset, node, true, "a condition that is not one known value"));
+        };
+        let branch = if cond { "then_branch" } else { "else_branch" };
+        let g = node
+            .attribute
+            .iter()
+            .find(|a| a.name() == branch)
+            .and_then(|a| a.g.as_ref())
+            .ok_or_else(|| fail(format!("no {branch}")))?;
+        let mut inner = env.clone();
+        for init in &g.initializer {
+            let data = to_data(init, None).map_err(|m| fail(format!("{branch} initializer {:?}: {m}", init.name())))?;
+            let tensor = self.constant(data.values().to_vec(), data.dims(), data.dtype())?;
+            inner.insert(init.name().to_string(), Value::constant(&Constant { data: Arc::new(data), tensor }));
+        }
+        self.run_nodes(&g.node, &mut inner)?;
+        if g.output.len() != node.output.len() {
+            return Err(fail(format!("{branch} gives {} outputs for {}", g.output.len(), node.output.len())));
+        }
+        g.output
+            .iter()
+            .map(|o| match inner.get(o.name()) {
+                Some(v) => Ok(v.clone()),
+                None => match self.constants.get(o.name()) {
+                    Some(c) => Ok(Value::constant(c)),
+                    None => Err(fail(format!("{branch} output {:?} is never computed", o.name()))),
+                },
             })
             .collect()
     }

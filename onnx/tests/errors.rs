@@ -325,3 +325,38 @@ fn edge_values_follow_onnx() {
     let x = Tensor::from_slice(&[f32::NEG_INFINITY, 0.0, -1.0, -2.0], &[2, 2]).unwrap();
     assert_eq!(loss.call(vec![x]).unwrap()[0].to_vec::<f32>().unwrap(), [2.0]);
 }
+
+/// An `If` node with `then` running `then_op` and `else` running `Neg`, each on the outer `x`,
+/// its condition the boolean initializer `c`.
+fn if_model(cond: bool, then_op: &str) -> Vec<u8> {
+    let branch = |op: &str, out: &str| GraphProto {
+        node: vec![node(op, &format!("{op}_in_branch"), &["x"], &[out])],
+        output: vec![value(out, &[Ok(3)])],
+        ..Default::default()
+    };
+    let mut n = node("If", "if_1", &["c"], &["y"]);
+    for (name, g) in [("then_branch", branch(then_op, "t")), ("else_branch", branch("Neg", "e"))] {
+        n.attribute.push(AttributeProto { name: Some(name.into()), g: Some(g), ..Default::default() });
+    }
+    let c = TensorProto {
+        name: Some("c".into()),
+        data_type: Some(DataType::Bool as i32),
+        dims: vec![],
+        int32_data: vec![i32::from(cond)],
+        ..Default::default()
+    };
+    model(vec![n], vec![value("x", &[Ok(3)])], vec![value("y", &[Ok(3)])], vec![c], 18)
+}
+
+/// The branch a known condition picks runs, reading a value from outside it; an unknown op inside a
+/// branch is found at load, as one outside is.
+#[test]
+fn an_if_runs_the_branch_its_condition_picks() {
+    let x = || Tensor::from_slice(&[-1.0f32, 0.5, 2.0], &[3]).unwrap();
+    for (cond, want) in [(true, vec![0.0, 0.5, 2.0]), (false, vec![1.0, -0.5, -2.0])] {
+        let m = kiln_onnx::load_bytes(&if_model(cond, "Relu"), "if.onnx").unwrap().backend(CpuReference);
+        assert_eq!(m.call(vec![x()]).unwrap()[0].to_vec::<f32>().unwrap(), want, "condition {cond}");
+    }
+    let e = kiln_onnx::load_bytes(&if_model(true, "Frobnicate"), "if.onnx").expect_err("unknown op in a branch");
+    assert!(e.to_string().contains("Frobnicate_in_branch"), "{e}");
+}

@@ -32,7 +32,7 @@ pub fn supported_ops() -> Vec<&'static str> {
         grid_sample::OPS,
         affine_grid::OPS,
         scatter::OPS,
-        &["Constant"],
+        &["Constant", "If"],
     ]
     .concat();
     v.sort_unstable();

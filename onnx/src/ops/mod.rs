@@ -8,6 +8,7 @@ mod elementwise;
 mod grid_sample;
 mod loss;
 mod nn;
+mod recurrent;
 mod resize;
 mod scatter;
 mod shape;
@@ -31,6 +32,7 @@ pub fn supported_ops() -> Vec<&'static str> {
         top_k::OPS,
         grid_sample::OPS,
         affine_grid::OPS,
+        recurrent::OPS,
         scatter::OPS,
         &["Constant", "If"],
     ]
@@ -183,6 +185,7 @@ fn dispatch(node: &Node, op: &str) -> OpResult<Vec<Value>> {
         .or_else(|| scatter::run(node, op))
         .or_else(|| grid_sample::run(node, op))
         .or_else(|| affine_grid::run(node, op))
+        .or_else(|| recurrent::run(node, op))
         .unwrap_or_else(|| unsupported(format!("op {op}")))
 }
 
@@ -324,7 +327,7 @@ mod tests {
         };
         let model = Model::parse(&bytes, "empty", None).unwrap();
         type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
-        let families: [(&[&str], Dispatch); 10] = [
+        let families: [(&[&str], Dispatch); 11] = [
             (elementwise::OPS, elementwise::run),
             (nn::OPS, nn::run),
             (shape::OPS, shape::run),
@@ -335,6 +338,7 @@ mod tests {
             (scatter::OPS, scatter::run),
             (grid_sample::OPS, grid_sample::run),
             (affine_grid::OPS, affine_grid::run),
+            (recurrent::OPS, recurrent::run),
         ];
         for (ops, run) in families {
             for op in ops {

@@ -192,6 +192,10 @@ fn activation(node: &Node, op: &str, x: &Tensor) -> OpResult<Tensor> {
         }
         "Acosh" => x.add(&x.mul(x)?.sub(1.0)?.sqrt()?)?.log()?,
         "Atanh" => x.add(1.0)?.div(&x.neg()?.add(1.0)?)?.log()?.mul(0.5)?,
+        "Atan" => atan(x)?,
+        // asin(x) = atan(x / sqrt(1 - x²)): ±1 divides to ±inf, whose atan is ±π/2; past ±1, NaN.
+        "Asin" => atan(&x.div(&x.mul(x)?.neg()?.add(1.0)?.sqrt()?)?)?,
+        "Acos" => atan(&x.div(&x.mul(x)?.neg()?.add(1.0)?.sqrt()?)?)?.neg()?.add(std::f64::consts::FRAC_PI_2)?,
         "Shrink" => {
             let (bias, lambd) = (node.float("bias", 0.0), node.float("lambd", 0.5));
             let high = x.gt(lambd)?.where_(x.sub(bias)?, 0.0)?;
@@ -280,6 +284,9 @@ pub(super) const OPS: &[&str] = &[
     "Asinh",
     "Acosh",
     "Atanh",
+    "Atan",
+    "Asin",
+    "Acos",
     "Shrink",
     "Swish",
 ];
@@ -363,6 +370,21 @@ fn dropout(node: &Node) -> OpResult<Vec<Value>> {
     Ok(outs)
 }
 
+/// Arctangent, which kiln has no op for: Cephes' `atanf` — |x| reduced to [0, tan(π/8)] by
+/// atan(x) = π/2 + atan(-1/x) past tan(3π/8) and π/4 + atan((x - 1)/(x + 1)) past tan(π/8), then an odd
+/// polynomial (relative error ~1e-7), the sign put back.
+fn atan(x: &Tensor) -> kiln_graph::Result<Tensor> {
+    use std::f64::consts::{FRAC_PI_2, FRAC_PI_4};
+    let a = x.abs()?;
+    let (far, mid) = (a.gt(2.414_213_562_373_095)?, a.gt(0.414_213_562_373_095)?);
+    let reduced = far.where_(&a.reciprocal()?.neg()?, &mid.where_(&a.sub(1.0)?.div(&a.add(1.0)?)?, &a)?)?;
+    let base = far.where_(FRAC_PI_2, &mid.where_(FRAC_PI_4, 0.0)?)?;
+    let z = reduced.mul(&reduced)?;
+    let p = z.mul(8.053_744_495_38e-2)?.sub(1.387_768_560_32e-1)?.mul(&z)?.add(1.997_771_064_78e-1)?.mul(&z)?;
+    let y = p.sub(3.333_294_915_39e-1)?.mul(&z)?.mul(&reduced)?.add(&reduced)?.add(&base)?;
+    x.lt(0.0)?.where_(&y.neg()?, &y)
+}
+
 fn activation_name(op: &str) -> bool {
     matches!(
         op,
@@ -385,6 +407,9 @@ fn activation_name(op: &str) -> bool {
             | "Asinh"
             | "Acosh"
             | "Atanh"
+            | "Atan"
+            | "Asin"
+            | "Acos"
             | "Shrink"
             | "Swish"
     )
@@ -394,4 +419,33 @@ fn activation_name(op: &str) -> bool {
 fn prelu(node: &Node) -> OpResult<Vec<Value>> {
     let (x, slope) = (node.tensor(0)?, node.tensor(1)?);
     one(x.lt(0.0)?.where_(x.mul(&slope)?, &x)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::run_one;
+    use super::*;
+
+    /// Atan, Asin and Acos against the host's f64 functions, across the reduction's three ranges, at
+    /// their boundaries, at ±1 and ±inf, and with NaN.
+    #[test]
+    fn inverse_trigonometry_within_f32_rounding() {
+        let mut xs: Vec<f32> = (-400..=400).map(|i| i as f32 / 40.0).collect();
+        xs.extend([0.414_213_56, 2.414_213_5, 1e-30, -1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
+        for (op, f) in [("Atan", f64::atan as fn(f64) -> f64), ("Asin", f64::asin), ("Acos", f64::acos)] {
+            let x = Tensor::from_slice(&xs, &[xs.len()]).unwrap();
+            let got = run_one(op, vec![], &[Some(Value::Tensor(x))]).unwrap()[0].to_vec::<f32>().unwrap();
+            for (&x, &y) in xs.iter().zip(&got) {
+                let want = f(x as f64);
+                if want.is_nan() {
+                    assert!(y.is_nan(), "{op}({x}) = {y}, want NaN");
+                } else {
+                    assert!(
+                        (y as f64 - want).abs() <= 4e-7 * want.abs().max(1e-30) + 1e-7,
+                        "{op}({x}) = {y}, want {want}"
+                    );
+                }
+            }
+        }
+    }
 }

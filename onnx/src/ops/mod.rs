@@ -10,6 +10,7 @@ mod loss;
 mod nn;
 mod recurrent;
 mod resize;
+mod reverse_sequence;
 mod scatter;
 mod shape;
 mod top_k;
@@ -33,6 +34,7 @@ pub fn supported_ops() -> Vec<&'static str> {
         grid_sample::OPS,
         affine_grid::OPS,
         recurrent::OPS,
+        reverse_sequence::OPS,
         scatter::OPS,
         &["Constant", "If"],
     ]
@@ -186,6 +188,7 @@ fn dispatch(node: &Node, op: &str) -> OpResult<Vec<Value>> {
         .or_else(|| grid_sample::run(node, op))
         .or_else(|| affine_grid::run(node, op))
         .or_else(|| recurrent::run(node, op))
+        .or_else(|| reverse_sequence::run(node, op))
         .unwrap_or_else(|| unsupported(format!("op {op}")))
 }
 
@@ -327,7 +330,7 @@ mod tests {
         };
         let model = Model::parse(&bytes, "empty", None).unwrap();
         type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
-        let families: [(&[&str], Dispatch); 11] = [
+        let families: [(&[&str], Dispatch); 12] = [
             (elementwise::OPS, elementwise::run),
             (nn::OPS, nn::run),
             (shape::OPS, shape::run),
@@ -339,6 +342,7 @@ mod tests {
             (grid_sample::OPS, grid_sample::run),
             (affine_grid::OPS, affine_grid::run),
             (recurrent::OPS, recurrent::run),
+            (reverse_sequence::OPS, reverse_sequence::run),
         ];
         for (ops, run) in families {
             for op in ops {

@@ -6,9 +6,9 @@
 //! Mixed precision: a model whose parameters are bf16 or f16 trains on f32 master weights (updates far
 //! below a half's resolution accumulate there); the step computes the forward and backward in the
 //! model's dtypes on its parameters — the masters rounded down at the previous step's end, handed in
-//! as they are rather than rounded again — and hands back both the new masters and their rounding. An f16 model's step also scales its loss dynamically ([`crate::loss_scale`]): its
-//! gradients would otherwise flush to zero below f16's range; a step that overflows is skipped on the
-//! device.
+//! as they are rather than rounded again — and hands back both the new masters and their rounding.
+//! An f16 model's step also scales its loss dynamically ([`crate::loss_scale`]): its gradients would
+//! otherwise flush to zero below f16's range; a step that overflows is skipped on the device.
 //!
 //! Gradient accumulation ([`StepOptions::accumulate`]) splits the step in two compiled functions: one
 //! adds a micro-batch's weighted gradients to a running sum (its activations are freed before the next

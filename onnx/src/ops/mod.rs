@@ -20,25 +20,32 @@ use crate::proto::{AttributeProto, NodeProto};
 use crate::value::{Ints, Value};
 use kiln_graph::{Error, Tensor, TensorData};
 
+/// A family's converter: `None` when the op is not one of the family's.
+type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
+
+/// Every op family: the op types it converts and its converter (one list for what kiln reports it
+/// imports, what it dispatches, and the test holding the two to each other).
+const FAMILIES: [(&[&str], Dispatch); 12] = [
+    (elementwise::OPS, elementwise::run),
+    (nn::OPS, nn::run),
+    (shape::OPS, shape::run),
+    (resize::OPS, resize::run),
+    (loss::OPS, loss::run),
+    (attention::OPS, attention::run),
+    (top_k::OPS, top_k::run),
+    (scatter::OPS, scatter::run),
+    (grid_sample::OPS, grid_sample::run),
+    (affine_grid::OPS, affine_grid::run),
+    (recurrent::OPS, recurrent::run),
+    (reverse_sequence::OPS, reverse_sequence::run),
+];
+
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):
-/// the families' own lists, which a test holds to what their dispatch handles.
+/// the families' own lists, which a test holds to what their dispatch handles, and the two the model
+/// runs itself (`Constant`, `If`).
 pub fn supported_ops() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = [
-        elementwise::OPS,
-        nn::OPS,
-        shape::OPS,
-        resize::OPS,
-        loss::OPS,
-        attention::OPS,
-        top_k::OPS,
-        grid_sample::OPS,
-        affine_grid::OPS,
-        recurrent::OPS,
-        reverse_sequence::OPS,
-        scatter::OPS,
-        &["Constant", "If"],
-    ]
-    .concat();
+    let mut v: Vec<&'static str> = FAMILIES.iter().flat_map(|(ops, _)| ops.iter().copied()).collect();
+    v.extend(["Constant", "If"]);
     v.sort_unstable();
     v
 }
@@ -177,19 +184,7 @@ impl Node<'_> {
 
 /// `op` on `node` by the family that converts it.
 fn dispatch(node: &Node, op: &str) -> OpResult<Vec<Value>> {
-    elementwise::run(node, op)
-        .or_else(|| nn::run(node, op))
-        .or_else(|| shape::run(node, op))
-        .or_else(|| resize::run(node, op))
-        .or_else(|| loss::run(node, op))
-        .or_else(|| attention::run(node, op))
-        .or_else(|| top_k::run(node, op))
-        .or_else(|| scatter::run(node, op))
-        .or_else(|| grid_sample::run(node, op))
-        .or_else(|| affine_grid::run(node, op))
-        .or_else(|| recurrent::run(node, op))
-        .or_else(|| reverse_sequence::run(node, op))
-        .unwrap_or_else(|| unsupported(format!("op {op}")))
+    FAMILIES.iter().find_map(|(_, run)| run(node, op)).unwrap_or_else(|| unsupported(format!("op {op}")))
 }
 
 /// Runs single nodes outside a model file, for the families' unit tests.
@@ -329,22 +324,7 @@ mod tests {
             .encode_to_vec()
         };
         let model = Model::parse(&bytes, "empty", None).unwrap();
-        type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
-        let families: [(&[&str], Dispatch); 12] = [
-            (elementwise::OPS, elementwise::run),
-            (nn::OPS, nn::run),
-            (shape::OPS, shape::run),
-            (resize::OPS, resize::run),
-            (loss::OPS, loss::run),
-            (attention::OPS, attention::run),
-            (top_k::OPS, top_k::run),
-            (scatter::OPS, scatter::run),
-            (grid_sample::OPS, grid_sample::run),
-            (affine_grid::OPS, affine_grid::run),
-            (recurrent::OPS, recurrent::run),
-            (reverse_sequence::OPS, reverse_sequence::run),
-        ];
-        for (ops, run) in families {
+        for (ops, run) in FAMILIES {
             for op in ops {
                 let proto = NodeProto { op_type: Some(op.to_string()), ..Default::default() };
                 let node = Node { model: &model, proto: &proto, args: &[] };

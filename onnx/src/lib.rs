@@ -15,7 +15,7 @@ pub mod proto;
 pub mod tensor;
 mod value;
 
-pub use model::{DimSpec, IoSpec, Model, OPSETS};
+pub use model::{DimSpec, IoSpec, Model, MAX_LOOP_ITERATIONS, OPSETS};
 pub use ops::supported_ops;
 
 use kiln_graph::{Compiled, Error, IntoBackend, Mode, Result, Tensor};

@@ -3,7 +3,7 @@
 
 use crate::proto::{self, tensor_shape_proto::dimension, type_proto, ModelProto, NodeProto};
 use crate::tensor::{dtype_of, to_data};
-use crate::value::Value;
+use crate::value::{Ints, Value};
 use kiln_graph::{DType, Error, Result, Tensor, TensorData};
 use prost::Message;
 use std::collections::{BTreeMap, HashMap};
@@ -149,6 +149,9 @@ fn check_supported(name: &str, opset: i64, node: &NodeProto) -> Result<()> {
     Ok(())
 }
 
+/// The most iterations a `Loop` is unrolled to.
+pub const MAX_LOOP_ITERATIONS: usize = 4096;
+
 impl Model {
     /// Parses a model from its bytes; `dir` is where its external data lives.
     pub(crate) fn parse(bytes: &[u8], name: &str, dir: Option<&Path>) -> Result<Model> {
@@ -269,6 +272,7 @@ impl Model {
                     let args = self.args(node, env)?;
                     match node.op_type() {
                         "If" => self.run_if(node, &args, env)?,
+                        "Loop" => self.run_loop(node, &args, env)?,
                         _ => crate::ops::run_node(self, node, &args)?,
                     }
                 }
@@ -307,21 +311,114 @@ impl Model {
             .collect()
     }
 
+    /// A one-element value known while tracing (a constant, folded shape arithmetic, or data read on
+    /// the host: a graph break under `compile`), else a typed error naming `what`.
+    fn known_scalar(&self, node: &NodeProto, v: Option<&Value>, what: &str) -> Result<f64> {
+        let known = match v {
+            Some(Value::Ints(v)) if v.values.len() == 1 => v.consts().map(|c| c[0] as f64),
+            Some(Value::Tensor(t)) if t.shape().numel().as_const() == Some(1) => Some(t.to_data()?.values()[0]),
+            _ => None,
+        };
+        known.ok_or_else(|| {
+            node_error(&self.name, self.opset, node, true, format!("{what} that is not one known value"))
+        })
+    }
+
+    /// A `Loop` whose trip count and condition are known while tracing (as an `If`'s condition is),
+    /// unrolled: each iteration runs the body inside the graph on the carried values, its scan
+    /// outputs stacked along a new first axis. At most [`MAX_LOOP_ITERATIONS`] iterations.
+    fn run_loop(&self, node: &NodeProto, args: &[Option<Value>], env: &HashMap<String, Value>) -> Result<Vec<Value>> {
+        let fail = |msg: String| node_error(&self.name, self.opset, node, false, msg);
+        let body = node
+            .attribute
+            .iter()
+            .find(|a| a.name() == "body")
+            .and_then(|a| a.g.as_ref())
+            .ok_or_else(|| fail("no body".into()))?;
+        let trip = match args.first() {
+            Some(Some(v)) => Some(self.known_scalar(node, Some(v), "a trip count")?),
+            _ => None,
+        };
+        let mut cond = match args.get(1) {
+            Some(Some(v)) => self.known_scalar(node, Some(v), "a condition")? != 0.0,
+            _ => true,
+        };
+        let mut carried: Vec<Value> = args
+            .iter()
+            .skip(2)
+            .map(|a| a.clone().ok_or_else(|| fail("an absent loop-carried value".into())))
+            .collect::<Result<_>>()?;
+        let (n, k) = (carried.len(), body.output.len().saturating_sub(1 + carried.len()));
+        if body.input.len() != 2 + n || body.output.len() != 1 + n + k || node.output.len() != n + k {
+            return Err(fail(format!(
+                "a body of {} inputs and {} outputs for {n} carried values",
+                body.input.len(),
+                body.output.len()
+            )));
+        }
+        let limit = trip.unwrap_or(f64::INFINITY);
+        let mut scans: Vec<Vec<Tensor>> = vec![Vec::new(); k];
+        let mut i = 0usize;
+        while cond && (i as f64) < limit {
+            if i == MAX_LOOP_ITERATIONS {
+                return Err(node_error(
+                    &self.name,
+                    self.opset,
+                    node,
+                    true,
+                    format!("a loop of more than {MAX_LOOP_ITERATIONS} iterations (unrolled)"),
+                ));
+            }
+            let mut inner = env.clone();
+            let iteration =
+                Ints { dims: vec![], dtype: DType::I64, values: vec![kiln_graph::sym::Expr::constant(i as i64)] };
+            inner.insert(body.input[0].name().to_string(), Value::Ints(iteration));
+            inner.insert(body.input[1].name().to_string(), Value::Tensor(self.constant(vec![1.0], &[], DType::Bool)?));
+            for (input, v) in body.input[2..].iter().zip(&carried) {
+                inner.insert(input.name().to_string(), v.clone());
+            }
+            self.run_nodes(&body.node, &mut inner)?;
+            let out = |o: &proto::ValueInfoProto| -> Result<Value> {
+                match inner.get(o.name()) {
+                    Some(v) => Ok(v.clone()),
+                    None => match self.constants.get(o.name()) {
+                        Some(c) => Ok(Value::constant(c)),
+                        None => Err(fail(format!("body output {:?} is never computed", o.name()))),
+                    },
+                }
+            };
+            cond = self.known_scalar(node, Some(&out(&body.output[0])?), "a body condition")? != 0.0;
+            carried = body.output[1..=n].iter().map(out).collect::<Result<_>>()?;
+            for (scan, o) in scans.iter_mut().zip(&body.output[1 + n..]) {
+                let t = out(o)?.into_tensor(self)?;
+                let mut dims: Vec<isize> = vec![1];
+                dims.extend(t.shape().dims().iter().map(|d| d.as_const().unwrap_or(-1) as isize));
+                scan.push(t.reshape(&dims)?);
+            }
+            i += 1;
+        }
+        let mut outs = carried;
+        for scan in scans {
+            if scan.is_empty() {
+                return Err(node_error(
+                    &self.name,
+                    self.opset,
+                    node,
+                    true,
+                    "a scan output of a loop that ran no iteration",
+                ));
+            }
+            outs.push(Value::Tensor(Tensor::concat(&scan.iter().collect::<Vec<_>>(), 0)?));
+        }
+        Ok(outs)
+    }
+
     /// An `If` whose condition is known while tracing (a constant, folded shape arithmetic, or data
     /// read on the host — a graph break under `compile`, as for shapes given as data): the branch it
     /// picks runs as part of the graph, seeing every value defined outside it.
     fn run_if(&self, node: &NodeProto, args: &[Option<Value>], env: &HashMap<String, Value>) -> Result<Vec<Value>> {
         let fail = |msg: String| node_error(&self.name, self.opset, node, false, msg);
-        let cond = match args.first() {
-            Some(Some(Value::Ints(v))) => v.consts().and_then(|c| c.first().copied()).map(|c| c != 0),
-            Some(Some(Value::Tensor(t))) if t.shape().numel().as_const() == Some(1) => {
-                Some(t.to_data()?.values()[0] != 0.0)
-            }
-            _ => None,
-        };
-        let Some(cond) = cond else {
-            return Err(node_error(&self.name, self.opset, node, true, "a condition that is not one known value"));
-        };
+        let cond = self.known_scalar(node, args.first().and_then(Option::as_ref), "a condition")? != 0.0;
         let branch = if cond { "then_branch" } else { "else_branch" };
         let g = node
             .attribute

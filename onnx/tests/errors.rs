@@ -360,3 +360,34 @@ fn an_if_runs_the_branch_its_condition_picks() {
     let e = kiln_onnx::load_bytes(&if_model(true, "Frobnicate"), "if.onnx").expect_err("unknown op in a branch");
     assert!(e.to_string().contains("Frobnicate_in_branch"), "{e}");
 }
+
+/// A `Loop` of `trip` iterations whose body carries `x` through unchanged (and scans it).
+fn loop_model(trip: i64) -> Vec<u8> {
+    let body = GraphProto {
+        node: vec![node("Identity", "c_pass", &["c"], &["c_out"]), node("Identity", "y_pass", &["y"], &["y_out"])],
+        input: vec![value("i", &[]), value("c", &[]), value("y", &[Ok(3)])],
+        output: vec![value("c_out", &[]), value("y_out", &[Ok(3)])],
+        ..Default::default()
+    };
+    let mut n = node("Loop", "loop_1", &["m", "", "x"], &["y"]);
+    n.attribute.push(AttributeProto { name: Some("body".into()), g: Some(body), ..Default::default() });
+    let m = TensorProto {
+        name: Some("m".into()),
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: vec![trip],
+        ..Default::default()
+    };
+    model(vec![n], vec![value("x", &[Ok(3)])], vec![value("y", &[Ok(3)])], vec![m], 18)
+}
+
+/// A loop whose trip count is known runs unrolled; past the unrolling bound it is a typed error.
+#[test]
+fn a_loop_runs_unrolled_up_to_its_bound() {
+    let x = || Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let m = kiln_onnx::load_bytes(&loop_model(3), "loop.onnx").unwrap().backend(CpuReference);
+    assert_eq!(m.call(vec![x()]).unwrap()[0].to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    let too_long = kiln_onnx::MAX_LOOP_ITERATIONS as i64 + 1;
+    let m = kiln_onnx::load_bytes(&loop_model(too_long), "loop.onnx").unwrap().backend(CpuReference);
+    let e = m.call(vec![x()]).expect_err("past the bound");
+    assert!(e.to_string().contains("more than") && e.to_string().contains("loop_1"), "{e}");
+}

@@ -42,10 +42,10 @@ const FAMILIES: [(&[&str], Dispatch); 12] = [
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):
 /// the families' own lists, which a test holds to what their dispatch handles, and the two the model
-/// runs itself (`Constant`, `If`).
+/// runs itself (`Constant`, `If`, `Loop`).
 pub fn supported_ops() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = FAMILIES.iter().flat_map(|(ops, _)| ops.iter().copied()).collect();
-    v.extend(["Constant", "If"]);
+    v.extend(["Constant", "If", "Loop"]);
     v.sort_unstable();
     v
 }

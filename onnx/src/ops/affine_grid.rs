@@ -10,6 +10,9 @@ use kiln_graph::Tensor;
 /// The op types this family converts.
 pub(super) const OPS: &[&str] = &["AffineGrid"];
 
+/// The most grid positions one node makes (their base coordinates are host memory).
+pub(super) const MAX_POINTS: usize = 1 << 26;
+
 /// The family; `None` when `op` is not one of it.
 pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
     (op == "AffineGrid").then(|| affine_grid(node))
@@ -39,7 +42,11 @@ fn affine_grid(node: &Node) -> OpResult<Vec<Value>> {
     }
     let align = node.int("align_corners", 0) != 0;
     let spatial: Vec<usize> = size[2..].iter().map(|&d| d as usize).collect();
-    let points: usize = spatial.iter().product();
+    // The base coordinates are made on the host: a size from a file is bounded before they are.
+    let points = spatial.iter().try_fold(1usize, |p, &d| p.checked_mul(d)).filter(|&p| p <= MAX_POINTS);
+    let Some(points) = points else {
+        return unsupported(format!("AffineGrid of {size:?}: over {MAX_POINTS} positions"));
+    };
     // [points, r + 1]: each position's coordinates, x (the last dim's) first, then a 1.
     let axes: Vec<Vec<f32>> = spatial.iter().map(|&len| coordinates(len, align)).collect();
     let mut base = Vec::with_capacity(points * (r + 1));
@@ -81,5 +88,10 @@ mod tests {
         let bad = Tensor::from_slice(&[0f32; 6], &[1, 3, 2]).unwrap();
         let e = run_one("AffineGrid", vec![], &[Some(Value::Tensor(bad)), size(&[1, 1, 2, 2])]).unwrap_err();
         assert!(e.starts_with("invalid"), "{e}");
+        // A hostile size is refused before the host makes its coordinates.
+        let theta = Tensor::from_slice(&[0f32; 6], &[1, 2, 3]).unwrap();
+        let huge = size(&[1, 1, 1 << 20, 1 << 20]);
+        let e = run_one("AffineGrid", vec![], &[Some(Value::Tensor(theta)), huge]).unwrap_err();
+        assert!(e.starts_with("unsupported") && e.contains("positions"), "{e}");
     }
 }

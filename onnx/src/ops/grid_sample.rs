@@ -110,6 +110,9 @@ fn grid_sample(node: &Node) -> OpResult<Vec<Value>> {
     if !(2..=3).contains(&r) || gd.len() != r + 2 || gd[0] != xd[0] || gd[r + 1] != r {
         return invalid(format!("a grid {gd:?} for an input {xd:?} (2 or 3 spatial dims)"));
     }
+    if xd[2..].contains(&0) {
+        return invalid(format!("GridSample of an input {xd:?} with an empty spatial dim"));
+    }
     if !x.dtype().is_float() || !grid.dtype().is_float() {
         return invalid("GridSample of non-float tensors");
     }
@@ -227,6 +230,8 @@ mod tests {
     fn a_grid_that_does_not_fit_or_a_cubic_volume_is_an_error() {
         let e = run_one("GridSample", vec![], &[t(&[1, 2, 4, 4]), t(&[1, 3, 3, 3])]).unwrap_err();
         assert!(e.starts_with("invalid"), "{e}");
+        let e = run_one("GridSample", vec![], &[t(&[1, 1, 0, 4]), t(&[1, 2, 2, 2])]).unwrap_err();
+        assert!(e.starts_with("invalid") && e.contains("empty"), "{e}");
         let cubic = vec![string("mode", "bicubic")];
         let e = run_one("GridSample", cubic, &[t(&[1, 1, 2, 2, 2]), t(&[1, 1, 1, 1, 3])]).unwrap_err();
         assert!(e.starts_with("unsupported"), "{e}");

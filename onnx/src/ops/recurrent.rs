@@ -11,6 +11,9 @@ use kiln_graph::Tensor;
 /// The op types this family converts.
 pub(super) const OPS: &[&str] = &["RNN", "GRU", "LSTM"];
 
+/// The longest sequence unrolled (each step is a handful of graph nodes), as `Loop`'s bound.
+pub(super) const MAX_STEPS: usize = crate::model::MAX_LOOP_ITERATIONS;
+
 /// The family; `None` when `op` is not one of it.
 pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
     let kind = match op {
@@ -83,6 +86,9 @@ fn recurrent(node: &Node, kind: Kind) -> OpResult<Vec<Value>> {
         return invalid(format!("input {xd:?} and weights {wd:?}"));
     }
     let (seq, batch, dirs, h) = (xd[0], xd[1], wd[0], wd[1] / g);
+    if seq > MAX_STEPS {
+        return unsupported(format!("a sequence of {seq} steps (unrolled: at most {MAX_STEPS})"));
+    }
     let direction = node.string("direction").unwrap_or_else(|| "forward".into());
     let ways: Vec<bool> = match (direction.as_str(), dirs) {
         ("forward", 1) => vec![false],
@@ -293,5 +299,14 @@ mod tests {
         let args = [t(&x2, &[3, 2, 2]), t(&W, &[1, 2, 2]), t(&R, &[1, 2, 2]), None, lens];
         let e = run_one("RNN", vec![string("direction", "reverse")], &args).unwrap_err();
         assert!(e.starts_with("unsupported") && e.contains("sequence_lens"), "{e}");
+    }
+
+    /// A sequence longer than the unrolling bound is a typed error, found before anything is traced.
+    #[test]
+    fn a_sequence_past_the_bound_is_an_error() {
+        let steps = MAX_STEPS + 1;
+        let args = [t(&vec![0.5; steps], &[steps, 1, 1]), t(&[1.0], &[1, 1, 1]), t(&[1.0], &[1, 1, 1])];
+        let e = run_one("RNN", vec![], &args).unwrap_err();
+        assert!(e.starts_with("unsupported") && e.contains("unrolled"), "{e}");
     }
 }

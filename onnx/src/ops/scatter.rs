@@ -7,7 +7,7 @@
 //! scatters are refused with a typed error rather than traced into a huge comparison. An index out of
 //! range (an error by ONNX's definition) hits no row and changes nothing.
 
-use super::shape::float_product;
+use super::shape::{float_product, wrap_negative};
 use super::top_k::beyond;
 use super::{axis, invalid, unsupported, Node, OpResult};
 use crate::value::Value;
@@ -37,7 +37,7 @@ fn concrete(t: &Tensor, what: &str) -> OpResult<Vec<usize>> {
 
 /// `i` counted from the end of an axis of `n` when negative (ONNX's rule for indices).
 fn from_end(i: &Tensor, n: usize) -> OpResult<Tensor> {
-    Ok(i.lt(0.0)?.where_(&i.add(n as f64)?, i)?)
+    wrap_negative(i, &kiln_graph::sym::Expr::constant(n as i64))
 }
 
 /// `data` (`[rows, width]`) with rows `at` (`[k]`, flat row numbers) replaced by, or combined by

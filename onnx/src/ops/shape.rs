@@ -340,7 +340,7 @@ fn slice(node: &Node) -> OpResult<Vec<Value>> {
 
 /// `idx + len` where `idx` is negative (ONNX indices may count from the end). Along a symbolic axis the
 /// wrap would need the size as data: refused rather than let a negative index through.
-fn wrap_negative(idx: &Tensor, len: &Expr) -> OpResult<Tensor> {
+pub(super) fn wrap_negative(idx: &Tensor, len: &Expr) -> OpResult<Tensor> {
     let Some(len) = len.as_const() else {
         return unsupported("indices that may be negative along a symbolic axis");
     };

@@ -244,15 +244,9 @@ impl Model {
         self.run_nodes(&self.nodes, &mut env)?;
         self.outputs
             .iter()
-            .map(|o| {
-                let v = match env.get(o.name.as_str()) {
-                    Some(v) => v.clone(),
-                    None => match self.constants.get(&o.name) {
-                        Some(c) => Value::constant(c),
-                        None => return Err(malformed(&self.name, format!("output {:?} is never computed", o.name))),
-                    },
-                };
-                v.into_tensor(self)
+            .map(|o| match self.value_of(&env, &o.name) {
+                Some(v) => v.into_tensor(self),
+                None => Err(malformed(&self.name, format!("output {:?} is never computed", o.name))),
             })
             .collect()
     }
@@ -265,8 +259,7 @@ impl Model {
                 "Constant" => {
                     let data = crate::ops::constant_node(node)
                         .map_err(|(unsupported, msg)| node_error(&self.name, self.opset, node, unsupported, msg))?;
-                    let tensor = self.constant(data.values().to_vec(), data.dims(), data.dtype())?;
-                    vec![Value::constant(&Constant { data: Arc::new(data), tensor })]
+                    vec![self.made_constant(data)?]
                 }
                 _ => {
                     let args = self.args(node, env)?;
@@ -294,11 +287,8 @@ impl Model {
                 if n.is_empty() {
                     return Ok(None);
                 }
-                if let Some(v) = env.get(n.as_str()) {
-                    return Ok(Some(v.clone()));
-                }
-                match self.constants.get(n) {
-                    Some(c) => Ok(Some(Value::constant(c))),
+                match self.value_of(env, n) {
+                    Some(v) => Ok(Some(v)),
                     None => Err(node_error(
                         &self.name,
                         self.opset,
@@ -377,23 +367,12 @@ impl Model {
             for (input, v) in body.input[2..].iter().zip(&carried) {
                 inner.insert(input.name().to_string(), v.clone());
             }
-            self.run_nodes(&body.node, &mut inner)?;
-            let out = |o: &proto::ValueInfoProto| -> Result<Value> {
-                match inner.get(o.name()) {
-                    Some(v) => Ok(v.clone()),
-                    None => match self.constants.get(o.name()) {
-                        Some(c) => Ok(Value::constant(c)),
-                        None => Err(fail(format!("body output {:?} is never computed", o.name()))),
-                    },
-                }
-            };
-            cond = self.known_scalar(node, Some(&out(&body.output[0])?), "a body condition")? != 0.0;
-            carried = body.output[1..=n].iter().map(out).collect::<Result<_>>()?;
-            for (scan, o) in scans.iter_mut().zip(&body.output[1 + n..]) {
-                let t = out(o)?.into_tensor(self)?;
-                let mut dims: Vec<isize> = vec![1];
-                dims.extend(t.shape().dims().iter().map(|d| d.as_const().unwrap_or(-1) as isize));
-                scan.push(t.reshape(&dims)?);
+            let mut out = self.run_subgraph(node, body, "body", &mut inner)?.into_iter();
+            let mut next = |what: &str| out.next().ok_or_else(|| fail(format!("no {what} from the body")));
+            cond = self.known_scalar(node, Some(&next("condition")?), "a body condition")? != 0.0;
+            carried = (0..n).map(|_| next("carried value")).collect::<Result<_>>()?;
+            for scan in scans.iter_mut() {
+                scan.push(next("scan output")?.into_tensor(self)?.unsqueeze(0)?);
             }
             i += 1;
         }
@@ -426,26 +405,45 @@ impl Model {
             .find(|a| a.name() == branch)
             .and_then(|a| a.g.as_ref())
             .ok_or_else(|| fail(format!("no {branch}")))?;
-        let mut inner = env.clone();
-        for init in &g.initializer {
-            let data = to_data(init, None).map_err(|m| fail(format!("{branch} initializer {:?}: {m}", init.name())))?;
-            let tensor = self.constant(data.values().to_vec(), data.dims(), data.dtype())?;
-            inner.insert(init.name().to_string(), Value::constant(&Constant { data: Arc::new(data), tensor }));
-        }
-        self.run_nodes(&g.node, &mut inner)?;
         if g.output.len() != node.output.len() {
             return Err(fail(format!("{branch} gives {} outputs for {}", g.output.len(), node.output.len())));
         }
+        self.run_subgraph(node, g, branch, &mut env.clone())
+    }
+
+    /// Runs subgraph `g` of `node` (a branch, a loop's body, named `what`) on `env` — the values
+    /// outside it and its own inputs — with its initializers: its outputs.
+    fn run_subgraph(
+        &self,
+        node: &NodeProto,
+        g: &proto::GraphProto,
+        what: &str,
+        env: &mut HashMap<String, Value>,
+    ) -> Result<Vec<Value>> {
+        let fail = |msg: String| node_error(&self.name, self.opset, node, false, msg);
+        for init in &g.initializer {
+            let data = to_data(init, None).map_err(|m| fail(format!("{what} initializer {:?}: {m}", init.name())))?;
+            env.insert(init.name().to_string(), self.made_constant(data)?);
+        }
+        self.run_nodes(&g.node, env)?;
         g.output
             .iter()
-            .map(|o| match inner.get(o.name()) {
-                Some(v) => Ok(v.clone()),
-                None => match self.constants.get(o.name()) {
-                    Some(c) => Ok(Value::constant(c)),
-                    None => Err(fail(format!("{branch} output {:?} is never computed", o.name()))),
-                },
+            .map(|o| {
+                self.value_of(env, o.name())
+                    .ok_or_else(|| fail(format!("{what} output {:?} is never computed", o.name())))
             })
             .collect()
+    }
+
+    /// The value named `name`: computed (in `env`) or a model constant.
+    fn value_of(&self, env: &HashMap<String, Value>, name: &str) -> Option<Value> {
+        env.get(name).cloned().or_else(|| self.constants.get(name).map(Value::constant))
+    }
+
+    /// A constant a subgraph defines, as the main graph's are lifted (one tensor per distinct value).
+    fn made_constant(&self, data: TensorData) -> Result<Value> {
+        let tensor = self.constant(data.values().to_vec(), data.dims(), data.dtype())?;
+        Ok(Value::constant(&Constant { data: Arc::new(data), tensor }))
     }
 
     /// Checks the caller's tensors against the declared inputs: count, dtype, rank and fixed dims.

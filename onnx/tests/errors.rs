@@ -361,12 +361,13 @@ fn an_if_runs_the_branch_its_condition_picks() {
     assert!(e.to_string().contains("Frobnicate_in_branch"), "{e}");
 }
 
-/// A `Loop` of `trip` iterations whose body carries `x` through unchanged (and scans it).
+/// A `Loop` of `trip` iterations whose body adds its own initializer `one` to the carried `x`.
 fn loop_model(trip: i64) -> Vec<u8> {
     let body = GraphProto {
-        node: vec![node("Identity", "c_pass", &["c"], &["c_out"]), node("Identity", "y_pass", &["y"], &["y_out"])],
+        node: vec![node("Identity", "c_pass", &["c"], &["c_out"]), node("Add", "y_add", &["y", "one"], &["y_out"])],
         input: vec![value("i", &[]), value("c", &[]), value("y", &[Ok(3)])],
         output: vec![value("c_out", &[]), value("y_out", &[Ok(3)])],
+        initializer: vec![weight("one", &[1.0], &[1])],
         ..Default::default()
     };
     let mut n = node("Loop", "loop_1", &["m", "", "x"], &["y"]);
@@ -380,12 +381,13 @@ fn loop_model(trip: i64) -> Vec<u8> {
     model(vec![n], vec![value("x", &[Ok(3)])], vec![value("y", &[Ok(3)])], vec![m], 18)
 }
 
-/// A loop whose trip count is known runs unrolled; past the unrolling bound it is a typed error.
+/// A loop whose trip count is known runs unrolled (its body reading its own initializer); past the
+/// unrolling bound it is a typed error.
 #[test]
 fn a_loop_runs_unrolled_up_to_its_bound() {
     let x = || Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
     let m = kiln_onnx::load_bytes(&loop_model(3), "loop.onnx").unwrap().backend(CpuReference);
-    assert_eq!(m.call(vec![x()]).unwrap()[0].to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    assert_eq!(m.call(vec![x()]).unwrap()[0].to_vec::<f32>().unwrap(), vec![4.0, 5.0, 6.0]);
     let too_long = kiln_onnx::MAX_LOOP_ITERATIONS as i64 + 1;
     let m = kiln_onnx::load_bytes(&loop_model(too_long), "loop.onnx").unwrap().backend(CpuReference);
     let e = m.call(vec![x()]).expect_err("past the bound");

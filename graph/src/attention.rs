@@ -17,7 +17,7 @@
 use crate::decompose::Builder;
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, Graph, NodeId, Op};
-use crate::kernel::{AttentionPass, AttentionTile};
+use crate::kernel::{AttentionPass, AttentionTile, AttentionUnits};
 use crate::target::Target;
 
 /// The largest head dim the fused kernel keeps in registers (one row of `q` and of the output per group
@@ -39,26 +39,72 @@ pub struct Found {
     pub causal: bool,
 }
 
-/// Whether `target` runs attention over `dtype` with head dims `d` and `dv` as one fused kernel: it has
-/// matrix units (the kernel's products are matrix-multiply-accumulate instructions), the dtype is one
-/// they take, both head dims are multiples of 16 (one instruction's depth) no larger than
-/// [`MAX_HEAD_DIM`], and a tile fits the target's shared memory ([`tile`]).
+/// Whether `target` runs attention over `dtype` with head dims `d` and `dv` as one fused kernel: on
+/// matrix units ([`matrix_fits`]) or, in f32, on lanes ([`lanes_fits`]).
 pub fn fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
+    matrix_fits(target, dtype, d, dv) || lanes_fits(target, dtype, d, dv)
+}
+
+/// Whether the matrix-unit template takes it: the target has matrix units (the kernel's products are
+/// matrix-multiply-accumulate instructions), the dtype is one they take, both head dims are multiples
+/// of 16 (one instruction's depth) no larger than [`MAX_HEAD_DIM`], and a tile fits the target's shared
+/// memory ([`tile`]).
+pub fn matrix_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
     let dim_ok = |x: i64| x > 0 && x % 16 == 0 && x <= MAX_HEAD_DIM;
     target.matrix_units
         && matches!(dtype, DType::F16 | DType::BF16)
         && dim_ok(d)
         && dim_ok(dv)
-        && tile(target, d as u32, dv as u32, false).is_some()
+        && tile(target, dtype, d as u32, dv as u32, 1).is_some()
 }
 
-/// The template's work division for head dims `d` and `dv` on `target`: four warps (64 queries) a
-/// workgroup, and the most keys a step (64, 32 or 16) whose tiles fit the target's shared memory within
-/// the 48 KiB a kernel may declare statically; 16-byte loads when every operand row is `aligned` to 8
-/// elements, and then two copies of the key and value tiles where they fit, so the next tile is copied
-/// while the current one is computed on. `None` when not even 16 keys fit.
-pub fn tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<AttentionTile> {
+/// The largest head dim the lanes template takes: a thread keeps its query's row of `q` and of the
+/// output in registers, 128 of them at 64 each, beside a chunk's scores.
+pub const MAX_LANES_HEAD_DIM: i64 = 64;
+
+/// Whether the lanes template (`AttentionUnits::Lanes`) takes it: the target renders it
+/// (`Target::lane_attention`), the dtype is f32, both head dims are multiples of 4 (rows are read as
+/// 4-lane vectors) no larger than [`MAX_LANES_HEAD_DIM`], and a tile fits the target's shared memory.
+pub fn lanes_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
+    let dim_ok = |x: i64| x > 0 && x % 4 == 0 && x <= MAX_LANES_HEAD_DIM;
+    target.lane_attention.is_some()
+        && dtype == DType::F32
+        && dim_ok(d)
+        && dim_ok(dv)
+        && tile(target, dtype, d as u32, dv as u32, 1).is_some()
+}
+
+/// The template's work division for `dtype` and head dims `d` and `dv` on `target`, where every row of
+/// every operand starts on a multiple of `align` elements.
+///
+/// Half precision, on matrix units: four warps (64 queries) a workgroup, and the most keys a step (64,
+/// 32 or 16) whose tiles fit the target's shared memory within the 48 KiB a kernel may declare
+/// statically; 16-byte loads when rows are aligned to 8 elements, and then two copies of the key and
+/// value tiles where they fit, so the next tile is copied while the current one is computed on.
+///
+/// f32, on lanes (`Target::lane_attention` gives the largest division): its queries a workgroup, the
+/// most keys a tile (halving down to one chunk) that fit, 16-byte loads when rows are aligned to 4
+/// elements. `None` when no tile fits.
+pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Option<AttentionTile> {
     let budget = target.template_shared_bytes();
+    if dtype == DType::F32 {
+        let la = target.lane_attention?;
+        let rows_ok = la.rows > 0 && la.rows % 32 == 0 && la.rows <= target.max_threads_per_group;
+        if !rows_ok || la.chunk == 0 || la.keys % la.chunk != 0 {
+            return None;
+        }
+        return std::iter::successors(Some(la.keys), |&k| (k / 2 % la.chunk == 0 && k / 2 > 0).then_some(k / 2))
+            .map(|keys| AttentionTile {
+                warps: la.rows / 32,
+                keys,
+                vector: if align % 4 == 0 { 4 } else { 1 },
+                stages: 1,
+                units: AttentionUnits::Lanes,
+                chunk: la.chunk,
+            })
+            .find(|t| t.shared_bytes(d, dv) <= budget);
+    }
+    let aligned = align % 8 == 0;
     let stages: &[u32] = if aligned { &[2, 1] } else { &[1] };
     [64, 32, 16]
         .into_iter()
@@ -68,6 +114,8 @@ pub fn tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<Attention
                 keys,
                 vector: if aligned { 8 } else { 1 },
                 stages,
+                units: AttentionUnits::Matrix,
+                chunk: 0,
             })
         })
         .find(|t| t.shared_bytes(d, dv) <= budget)
@@ -78,10 +126,10 @@ pub fn tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<Attention
 pub const MAX_GRAD_HEAD_DIM: i64 = 64;
 
 /// Whether `target` runs an attention's backward pass (its log-sum-exps and gradients) over `dtype` with
-/// head dims `d` and `dv` as fused kernels: as [`fits`], with both head dims at most
+/// head dims `d` and `dv` as fused kernels: as [`matrix_fits`] (the backward has no lanes template), with both head dims at most
 /// [`MAX_GRAD_HEAD_DIM`] and a [`grad_tile`].
 pub fn grad_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
-    fits(target, dtype, d, dv)
+    matrix_fits(target, dtype, d, dv)
         && d <= MAX_GRAD_HEAD_DIM
         && dv <= MAX_GRAD_HEAD_DIM
         && grad_tile(target, d as u32, dv as u32, false).is_some()
@@ -94,7 +142,14 @@ pub fn grad_tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<Atte
     let budget = target.template_shared_bytes();
     [64, 32, 16]
         .into_iter()
-        .map(|keys| AttentionTile { warps: 4, keys, vector: if aligned { 8 } else { 1 }, stages: 1 })
+        .map(|keys| AttentionTile {
+            warps: 4,
+            keys,
+            vector: if aligned { 8 } else { 1 },
+            stages: 1,
+            units: AttentionUnits::Matrix,
+            chunk: 0,
+        })
         .find(|t| t.grad_shared_bytes(d, dv) <= budget)
 }
 

@@ -88,6 +88,13 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
         },
     };
     let mut written = crate::attention_grad::WrittenAttentions::default();
+    // Attentions a gradient is taken of: (q, k) of every log-sum-exp and gradient node.
+    let differentiated: std::collections::HashSet<(NodeId, NodeId)> = graph
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::AttentionLse { .. } | Op::AttentionGrad { .. }) && n.inputs.len() >= 2)
+        .map(|n| (n.inputs[0], n.inputs[1]))
+        .collect();
     let mut map: Vec<NodeId> = Vec::with_capacity(graph.nodes.len());
     let lookup = |map: &[NodeId], id: NodeId, loc: &SourceLoc| {
         map.get(id.index()).copied().ok_or_else(|| Error::InvalidArgument {
@@ -108,7 +115,7 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
             let qkv = [a.q, a.k, a.v].iter().map(|&n| lookup(&map, n, &node.loc)).collect::<Result<Vec<_>>>()?;
             b.push(Op::Attention { scale: a.scale, causal: a.causal }, &qkv, node.dtype, node.shape.clone())
         } else if let Some(out) =
-            if writes_out { write_out(&mut b, &mut written, node, &inputs, fusing)? } else { None }
+            if writes_out { write_out(&mut b, &mut written, node, &inputs, fusing, &differentiated)? } else { None }
         {
             out
         } else if let Some(split) = match (&node.op, inputs.first()) {
@@ -168,14 +175,20 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
 
 /// `node`, an attention node (or one of its backward pass) that `fusing` (the target, when attentions
 /// may be fused) does not run fused, as explicit ops; `None` for any other node, or one it runs fused.
-/// Head dims that are not constants are never fused. An error when the written-out form disagrees with
-/// the dtype or shape the graph recorded for the node (a malformed saved graph).
+/// Head dims that are not constants are never fused. A forward pass only the lanes template would run
+/// is written out where its gradient is taken (`differentiated`, by the graph's `(q, k)`): the backward
+/// is written out there too (lanes have no backward template), and written out beside it the forward
+/// shares its scores and probabilities — computed once, and the gradients consistent with the output
+/// they are of (a fused output beside recomputed probabilities differs from them by rounding, which
+/// the backward's `dP - delta` amplifies). An error when the written-out form disagrees with the dtype
+/// or shape the graph recorded for the node (a malformed saved graph).
 fn write_out(
     b: &mut Builder,
     written: &mut crate::attention_grad::WrittenAttentions,
     node: &Node,
     inputs: &[NodeId],
     fusing: Option<&crate::target::Target>,
+    differentiated: &std::collections::HashSet<(NodeId, NodeId)>,
 ) -> Result<Option<NodeId>> {
     let head = |x: NodeId, b: &Builder| b.shape(x).dims().last().and_then(|e| e.as_const());
     // Whether `fits` (the forward's or the backward's) holds on the target for constant head dims.
@@ -187,7 +200,11 @@ fn write_out(
     let grad_fused = |dtype, d, dv| fused(crate::attention::grad_fits, dtype, d, dv);
     let out = match node.op {
         Op::Attention { scale, causal } => {
-            if fused(crate::attention::fits, node.dtype, head(inputs[0], b), head(inputs[2], b)) {
+            let (d, dv) = (head(inputs[0], b), head(inputs[2], b));
+            let on_matrix = fused(crate::attention::matrix_fits, node.dtype, d, dv);
+            let on_lanes = fused(crate::attention::lanes_fits, node.dtype, d, dv)
+                && !differentiated.contains(&(node.inputs[0], node.inputs[1]));
+            if on_matrix || on_lanes {
                 return Ok(None);
             }
             written.attention(b, inputs[0], inputs[1], inputs[2], scale, causal)

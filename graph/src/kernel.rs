@@ -686,10 +686,25 @@ impl AttentionPass {
     }
 }
 
+/// What a fused attention's products run on, chosen by `graph` from the target and dtype
+/// (`attention::tile`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AttentionUnits {
+    /// Matrix-multiply-accumulate instructions (tensor cores) over f16/bf16: a warp owns 16 queries.
+    #[default]
+    Matrix,
+    /// A thread's vector lanes, in f32: each thread owns one query, its row of `q` and of the output in
+    /// registers, and reads every key and value of a tile from workgroup memory (one address for all
+    /// threads, so no bank conflicts); its softmax needs no other thread. For targets without matrix
+    /// units (WGSL), where written out the scores would cross memory three times.
+    Lanes,
+}
+
 /// How the attention template divides its work, chosen by `graph` from the target and head dims.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttentionTile {
-    /// Warps per workgroup; each owns 16 query rows (one matrix instruction's height).
+    /// Groups of 32 threads per workgroup; with matrix units each owns 16 query rows (one matrix
+    /// instruction's height), with lanes 32 (one a thread).
     pub warps: u32,
     /// Keys per step: the key and value tiles in shared memory hold this many rows.
     pub keys: u32,
@@ -700,6 +715,13 @@ pub struct AttentionTile {
     /// 16 bytes a piece, so only with `vector` 8) while the current one is computed on, else 1.
     #[serde(default = "one_stage")]
     pub stages: u32,
+    /// What the products run on.
+    #[serde(default)]
+    pub units: AttentionUnits,
+    /// With lanes: keys whose scores a thread computes before it folds them into its running max, sum
+    /// and output (one rescale of the output a chunk, not a key); a divisor of `keys`. 0 otherwise.
+    #[serde(default)]
+    pub chunk: u32,
 }
 
 fn one_stage() -> u32 {
@@ -709,7 +731,15 @@ fn one_stage() -> u32 {
 impl AttentionTile {
     /// Query rows per workgroup.
     pub fn rows(&self) -> u32 {
-        16 * self.warps
+        match self.units {
+            AttentionUnits::Matrix => 16 * self.warps,
+            AttentionUnits::Lanes => self.threads(),
+        }
+    }
+
+    /// Threads per workgroup.
+    pub fn threads(&self) -> u32 {
+        32 * self.warps
     }
 
     /// Elements a shared-memory row of head dim `d` takes: 8 more than `d`, so the eight rows one
@@ -721,6 +751,10 @@ impl AttentionTile {
     /// Shared memory the forward template uses for head dims `d` and `dv`, 2-byte elements: the query
     /// block and `stages` key and value tiles.
     pub fn shared_bytes(&self, d: u32, dv: u32) -> u32 {
+        if self.units == AttentionUnits::Lanes {
+            // f32 key and value tiles, unpadded: every thread reads the same address at once.
+            return 4 * self.keys * (d + dv);
+        }
         2 * (self.rows() * Self::smem_row(d) + self.stages * self.keys * (Self::smem_row(d) + Self::smem_row(dv)))
     }
 
@@ -781,7 +815,7 @@ pub struct Attention {
     pub scale: f64,
     /// Keys after the query are masked out.
     pub causal: bool,
-    /// Dtype of every operand (f16 or bf16).
+    /// Dtype of every operand (f16 or bf16 on matrix units, f32 on lanes).
     pub dtype: DType,
     /// Work division.
     pub tile: AttentionTile,
@@ -1261,7 +1295,7 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                 writeln!(
                     f,
                     "{pad}attention {}{second} = {head}softmax({} · {}ᵀ * {}{}) @ {} ({}: tq {}, tk {}, d {}, dv {}; batch [{}]; \
-                     {} warps, {} rows a step, loads of {})",
+                     {} warps{}, {} rows a step, loads of {})",
                     rows(&a.out),
                     rows(&a.q),
                     rows(&a.k),
@@ -1275,6 +1309,10 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                     a.value_dim,
                     batch.join(", "),
                     a.tile.warps,
+                    match a.tile.units {
+                        AttentionUnits::Matrix => String::new(),
+                        AttentionUnits::Lanes => format!(" on lanes, a query each, {} keys a chunk", a.tile.chunk),
+                    },
                     a.tile.keys,
                     a.tile.vector
                 )?;

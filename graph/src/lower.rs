@@ -1411,12 +1411,15 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId, partner: Option<Node
             AttentionBatch { extent: qdims[a].clone(), q, k, v, out: out_strides[a].clone(), dout, lse, delta, second }
         })
         .collect();
-    // 16-byte loads where every row of every operand starts on a multiple of 8 elements.
-    let eighths = |e: &Expr| e.as_const().is_some_and(|c| c % 8 == 0);
-    let aligned = views.iter().all(|(o, strides)| eighths(&o.offset) && eighths(&o.ld) && strides.iter().all(eighths));
+    // 16-byte loads where every row of every operand starts on a multiple of 8 (half) or 4 (f32) elements.
+    let multiple = |n: i64| {
+        let of_n = |e: &Expr| e.as_const().is_some_and(|c| c % n == 0);
+        views.iter().all(|(o, strides)| of_n(&o.offset) && of_n(&o.ld) && strides.iter().all(of_n))
+    };
+    let align = [8, 4].into_iter().find(|&n| multiple(n)).unwrap_or(1);
     let tile = match pass {
-        AttentionPass::Grad(_) => crate::attention::grad_tile(l.target, d, dv, aligned),
-        _ => crate::attention::tile(l.target, d, dv, aligned),
+        AttentionPass::Grad(_) => crate::attention::grad_tile(l.target, d, dv, align == 8),
+        _ => crate::attention::tile(l.target, dtype, d, dv, align as u32),
     };
     let Some(tile) = tile else { return Err(LowerFailure::Refuse(node)) };
     // A workgroup owns a block of queries, or (the keys' and values' gradients) of keys.
@@ -1433,7 +1436,7 @@ fn attention(mut l: Lowerer, region: &Region, node: NodeId, partner: Option<Node
     };
     let out = rows_of(out, &out_strides);
     let second = second.as_ref().map(|(b, s)| rows_of(*b, s));
-    let threads = 32 * tile.warps;
+    let threads = tile.threads();
     let dout = views.get(3).map(|x| x.0.clone());
     let [lse, delta] = [0, 1].map(|i| stats.get(i).map(|x| x.0.clone()));
     let a = Attention {

@@ -31,6 +31,11 @@ pub struct Target {
     /// Has matrix units (tensor cores: `mma.m16n8k16` on f16/bf16) the fused attention template runs on
     /// (see `attention::fits`).
     pub matrix_units: bool,
+    /// Renders the f32 attention template that runs on a thread's vector lanes, one query a thread
+    /// (`kernel::AttentionUnits::Lanes`; see `attention::lanes_fits`), with this largest work division:
+    /// WGSL's renderer does. `None`: it has no such template.
+    #[serde(default)]
+    pub lane_attention: Option<LaneAttention>,
     /// Widest vector load or store, in bytes.
     pub max_vector_bytes: u32,
     /// Most lanes a vectorised loop may have: WGSL's widest vector has four; PTX moves eight 2-byte
@@ -104,6 +109,29 @@ pub struct Target {
     pub matmul_tile: u32,
 }
 
+/// The lanes attention template's largest work division (`attention::tile` takes fewer keys where
+/// these do not fit the shared memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LaneAttention {
+    /// Queries (threads) a workgroup: a multiple of 32.
+    pub rows: u32,
+    /// Keys a tile.
+    pub keys: u32,
+    /// Keys scored before they are folded in (`kernel::AttentionTile::chunk`).
+    pub chunk: u32,
+}
+
+impl Default for LaneAttention {
+    /// 128 queries a workgroup, tiles of 32 keys (16 KiB of workgroup memory at head dim 64: WebGPU's
+    /// guaranteed limit), chunks of 4: the fastest of the 15 divisions measured on an H200 over NVIDIA
+    /// Vulkan (W5's four attentions 0.84 ms, against 1.03 at 64,32,8 and 2.02 at 64,64,8: the kernel
+    /// waits on latency, and smaller tiles and chunks leave room for more threads; `benches/NOTES.md`,
+    /// session 35).
+    fn default() -> LaneAttention {
+        LaneAttention { rows: 128, keys: 32, chunk: 4 }
+    }
+}
+
 fn default_matmul_tile() -> u32 {
     crate::matmul_tile::LARGEST
 }
@@ -154,6 +182,7 @@ impl Target {
             f16_compute: false,
             bf16_compute: false,
             matrix_units: false,
+            lane_attention: Some(LaneAttention::default()),
             max_vector_bytes: 16,
             max_vector_lanes: default_vector_lanes(),
             packed_half_storage: true,
@@ -199,6 +228,9 @@ impl Target {
             bf16_compute: false,
             // The template's `mma.m16n8k16` over bf16 needs sm_80 (kiln renders for sm_80 or newer).
             matrix_units: sm >= 80,
+            // f32 attention is written out on CUDA (its products go to cuBLAS); the PTX renderer has
+            // no lanes template.
+            lane_attention: None,
             max_vector_bytes: 16,
             // Eight bf16 lanes are one 16-byte access, as four f32 lanes are (four took W5-train-bf16's
             // pointwise kernels 8 bytes an access).
@@ -283,7 +315,7 @@ impl Target {
     /// `KILN_<BACKEND>_COLUMN_THREADS` (`column_threads`), `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full
     /// precision, as `torch.backends.cudnn.allow_tf32 = False`), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
-    /// attention: matrix units unused) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
+    /// attention on matrix units or lanes), `KILN_<BACKEND>_LANE_ATTENTION=rows,keys,chunk` (`lane_attention`) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
     /// (`benches/NOTES.md`), `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix) and
     /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB), `KILN_<BACKEND>_MATMUL_TILE` (`matmul_tile`).
@@ -315,9 +347,19 @@ impl Target {
         if !self.library_epilogue {
             self.conv_row_products_bytes = 0;
         }
-        if self.matrix_units && std::env::var(format!("KILN_{backend}_ATTENTION")).as_deref() == Ok("written-out") {
+        if (self.matrix_units || self.lane_attention.is_some())
+            && std::env::var(format!("KILN_{backend}_ATTENTION")).as_deref() == Ok("written-out")
+        {
             self.name = format!("{}-attention-written-out", self.name);
-            self.matrix_units = false;
+            (self.matrix_units, self.lane_attention) = (false, None);
+        }
+        let lanes = std::env::var(format!("KILN_{backend}_LANE_ATTENTION")).ok();
+        if let (Some(la), Some(v)) = (self.lane_attention.as_mut(), lanes) {
+            let n: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+            if let [rows, keys, chunk] = n[..] {
+                *la = LaneAttention { rows, keys, chunk };
+                self.name = format!("{}-lane-attention-{rows}-{keys}-{chunk}", self.name);
+            }
         }
         if let Some(mb) = knob("BUCKET_MB").filter(|&mb| u64::from(mb) << 20 != self.bucket_bytes) {
             self.name = format!("{}-buckets-{mb}mb", self.name);

@@ -8,7 +8,7 @@
 //! declares. Index bounds are not checked here:
 //! lowering clamps or guards every index it emits, and the kernel interpreter runs each one in CI.
 
-use crate::kernel::{AttentionPass, Kernel, ReduceStrategy, Stmt};
+use crate::kernel::{AttentionPass, AttentionUnits, Kernel, ReduceStrategy, Stmt};
 use crate::target::Target;
 
 /// A rule a kernel breaks.
@@ -96,8 +96,21 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
             if shared > budget {
                 return broken(format!("its attention tiles take {shared} bytes of shared memory past {budget}"));
             }
-            if launch.threads != 32 * a.tile.warps {
+            if launch.threads != a.tile.threads() {
                 return broken(format!("{} threads for an attention tile of {} warps", launch.threads, a.tile.warps));
+            }
+            if a.tile.units == AttentionUnits::Lanes {
+                let chunked = a.tile.chunk > 0 && a.tile.keys % a.tile.chunk == 0;
+                let dims = a.head_dim % 4 == 0 && a.value_dim % 4 == 0;
+                let loads = matches!(a.tile.vector, 1 | 4) && a.tile.stages == 1;
+                if a.pass != AttentionPass::Forward || a.dtype != crate::DType::F32 || !chunked || !dims || !loads {
+                    return broken(format!(
+                        "an attention on lanes runs the f32 forward pass over head dims that are multiples of 4 in \
+                         chunks dividing its tile, one stage of 1- or 4-element loads ({:?} over {}, head dims {} \
+                         and {}, tile {:?})",
+                        a.pass, a.dtype, a.head_dim, a.value_dim, a.tile
+                    ));
+                }
             }
         }
     }

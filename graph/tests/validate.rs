@@ -122,6 +122,29 @@ fn attention_tiles_past_the_shared_memory_budget_are_rejected() {
     rejected(&k, &Target::cuda(90), "shared memory");
 }
 
+/// An f32 attention on WGSL's target runs on lanes, one query a thread, within WebGPU's 16 KiB of
+/// workgroup memory, its rows read 4 elements a load; a chunk that does not divide the tile, a
+/// gradient pass or more key tiles than fit are rejected.
+#[test]
+fn attention_on_lanes_is_checked_like_any_schedule() {
+    use kiln_graph::kernel::{AttentionPass, AttentionUnits};
+    let web = Target::webgpu_default();
+    let c = compile_graph(&capture(&[f32s(&[2, 128, 192])], attention).unwrap(), &web).unwrap();
+    let mut k = c.kernels.iter().find(|k| matches!(k.body.as_slice(), [Stmt::Attention(_)])).expect("fused").clone();
+    assert_eq!(validate(&k, &web), Ok(()));
+    assert_eq!(k.launch.threads, 128, "{k}");
+    let Stmt::Attention(a) = &mut k.body[0] else { unreachable!() };
+    assert_eq!((a.tile.units, a.tile.keys, a.tile.chunk, a.tile.vector), (AttentionUnits::Lanes, 32, 4, 4));
+    a.tile.chunk = 12;
+    rejected(&k, &web, "chunks dividing");
+    let Stmt::Attention(a) = &mut k.body[0] else { unreachable!() };
+    (a.tile.chunk, a.pass) = (4, AttentionPass::Lse);
+    rejected(&k, &web, "forward pass");
+    let Stmt::Attention(a) = &mut k.body[0] else { unreachable!() };
+    (a.pass, a.tile.keys) = (AttentionPass::Forward, 64);
+    rejected(&k, &web, "shared memory");
+}
+
 fn square(t: &[Tensor]) -> Result<Vec<Tensor>> {
     Ok(vec![t[0].matmul(&t[0])?])
 }

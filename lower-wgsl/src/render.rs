@@ -1,6 +1,8 @@
 //! Kernel IR → WGSL. A printer: every decision was made in `kiln-graph`; this file only spells the IR in
 //! WGSL, following the IR's evaluation rules (see `kiln_graph::kernel`).
 
+mod attention;
+
 use crate::storage::Storage;
 use kiln_graph::dtype::DType;
 use kiln_graph::ir::{BinaryOp, UnaryOp};
@@ -41,6 +43,10 @@ struct Writer<'k> {
     red_types: std::collections::BTreeSet<&'static str>,
     /// Workgroup tiles of the matmul template: (A elements, B elements, element type).
     mm_tiles: Option<(i64, i64, String)>,
+    /// Workgroup tiles of the attention template on lanes: (key vectors, value vectors), `vec4<f32>`.
+    attention_tiles: Option<(u32, u32)>,
+    /// f32 buffers the attention template on lanes binds as `vec4<f32>` (its rows are aligned to 4).
+    attention_vec4: std::collections::BTreeSet<usize>,
     error: Option<String>,
     /// Inside a vectorised loop: the lane being written and the loop variable.
     lane: Option<(u32, SymId)>,
@@ -522,8 +528,7 @@ impl<'k> Writer<'k> {
             Stmt::Gemm(_) => {
                 self.fail("this target has no GEMM library (the kernel should be a matmul template)".into())
             }
-            // `attention::fits` gives the template only to targets with matrix units; WGSL has none.
-            Stmt::Attention(_) => self.fail("this target has no matrix units for the fused attention template".into()),
+            Stmt::Attention(a) => self.attention(depth, a),
             // A browser or Vulkan process is a world of one: `graph` compiles its all-reduces away.
             Stmt::AllReduce(_) => self.fail("this target runs no collectives".into()),
         }
@@ -911,6 +916,8 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         single_thread_stores: false,
         red_types: Default::default(),
         mm_tiles: None,
+        attention_tiles: None,
+        attention_vec4: Default::default(),
         error: None,
         lane: None,
         lane_vars: Default::default(),
@@ -934,7 +941,9 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     for (i, (b, st)) in kernel.buffers.iter().zip(&storage).enumerate() {
         let access = if b.access == Access::Read { "read" } else { "read_write" };
         let packed = matches!(st, Storage::F16Packed | Storage::Bf16Packed);
-        let elem = if w.vector_buffers.contains(&i) {
+        let elem = if w.attention_vec4.contains(&i) {
+            "vec4<f32>".to_string()
+        } else if w.vector_buffers.contains(&i) {
             format!("vec{}<{}>", kernel.vector_width, st.wgsl_element())
         } else if packed && b.access == Access::Write {
             "atomic<u32>".to_string()
@@ -962,6 +971,10 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     if let Some((a, b, ty)) = &w.mm_tiles {
         let _ = writeln!(src, "var<workgroup> mm_as: array<{ty}, {a}>;");
         let _ = writeln!(src, "var<workgroup> mm_bs: array<{ty}, {b}>;");
+    }
+    if let Some((k, v)) = w.attention_tiles {
+        let _ = writeln!(src, "var<workgroup> at_kt: array<vec4<f32>, {k}>;");
+        let _ = writeln!(src, "var<workgroup> at_vt: array<vec4<f32>, {v}>;");
     }
     for ty in &w.red_types {
         let elem = if *ty == "idx" { "i32" } else { ty };

@@ -40,3 +40,13 @@ fn matmul_with_epilogue() {
         Ok(vec![t[0].linear(&t[1], Some(&t[2]))?.relu()?])
     }));
 }
+
+/// GPT-2's causal attention over one head of 64 in f32: the lanes template (one query a thread, key and
+/// value tiles of 32 rows in WebGPU's 16 KiB of workgroup memory).
+#[test]
+fn causal_attention_on_lanes() {
+    insta::assert_snapshot!(wgsl(&[f32s(&[8, 256, 64]), f32s(&[8, 256, 64]), f32s(&[8, 256, 64])], |t| {
+        let s = t[0].matmul(&t[1].transpose(-1, -2)?)?.mul(0.125)?.causal_mask()?;
+        Ok(vec![s.softmax(-1)?.matmul(&t[2])?])
+    }));
+}

@@ -346,7 +346,7 @@ fn attention_of(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) ->
 }
 
 /// Attention written out (scaled, causal or not, fewer or more keys than queries, rows past one tile, heads
-/// read in place out of one projection, aligned and not) in bf16 and f16, against the f64 reference under
+/// read in place out of one projection, aligned and not) in bf16, f16 and f32, against the f64 reference under
 /// kiln's tolerance rule. Where `attention::fits` says the target runs the template, each becomes the fused
 /// attention kernel (asserted through the compile report), so this is that template's check on every such
 /// backend.
@@ -358,6 +358,15 @@ pub fn attention(b: &Arc<dyn Backend>) {
         AttentionCase { dtype: DType::BF16, tq: 96, tk: 96, d: 32, dv: 32, causal: true, packed_at: Some(8) },
         AttentionCase { dtype: DType::F16, tq: 50, tk: 50, d: 32, dv: 32, causal: true, packed_at: Some(4) },
         AttentionCase { dtype: DType::BF16, tq: 1, tk: 1, d: 16, dv: 16, causal: true, packed_at: None },
+        // f32: the lanes template where the target has it (several blocks and key tiles, fewer and more
+        // keys than queries, keys not a multiple of a chunk, heads read in place, one key), and a head
+        // dim past its registers (written out everywhere).
+        AttentionCase { dtype: DType::F32, tq: 130, tk: 130, d: 64, dv: 64, causal: true, packed_at: None },
+        AttentionCase { dtype: DType::F32, tq: 70, tk: 33, d: 16, dv: 48, causal: false, packed_at: None },
+        AttentionCase { dtype: DType::F32, tq: 33, tk: 70, d: 32, dv: 32, causal: true, packed_at: None },
+        AttentionCase { dtype: DType::F32, tq: 96, tk: 96, d: 32, dv: 32, causal: true, packed_at: Some(4) },
+        AttentionCase { dtype: DType::F32, tq: 1, tk: 1, d: 4, dv: 4, causal: true, packed_at: None },
+        AttentionCase { dtype: DType::F32, tq: 20, tk: 20, d: 128, dv: 128, causal: false, packed_at: None },
     ];
     for (n, c) in cases.iter().enumerate() {
         let scale = 1.0 / (c.d as f64).sqrt();
@@ -398,24 +407,27 @@ pub fn attention(b: &Arc<dyn Backend>) {
         let what = format!("case {n} ({:?} tq {} tk {} d {} dv {})", c.dtype, c.tq, c.tk, c.d, c.dv);
         assert_within_rule(&got, &want, &report, &what);
     }
-    // One entry with a symbolic sequence length serving two lengths: strides and the key count are
-    // expressions of the symbol, read at launch (2-byte loads: the strides are not known multiples of 8).
-    let f = |(q, k, v): (&Tensor, &Tensor, &Tensor)| attention_of(q, k, v, true, 0.125);
-    let mut dynamic = compile(f).backend(b.clone());
-    for arg in 0..3 {
-        dynamic = dynamic.mark_dynamic(arg, 1, 2..=4096);
+    // One entry with a symbolic sequence length serving two lengths, per dtype: strides and the key count
+    // are expressions of the symbol, read at launch (2-byte loads: the strides are not known multiples
+    // of 8).
+    for dtype in [DType::BF16, DType::F32] {
+        let f = |(q, k, v): (&Tensor, &Tensor, &Tensor)| attention_of(q, k, v, true, 0.125);
+        let mut dynamic = compile(f).backend(b.clone());
+        for arg in 0..3 {
+            dynamic = dynamic.mark_dynamic(arg, 1, 2..=4096);
+        }
+        for (i, t) in [40u32, 97].into_iter().enumerate() {
+            let [q, k, v] = [0, 1, 2].map(|j| seeded_in(dtype, &[2, t as usize, 64], 100 + 3 * i as u32 + j));
+            let want = compile(f).backend(kiln::graph::CpuReference).call((&q, &k, &v)).unwrap();
+            let got: Tensor = dynamic.call((&q, &k, &v)).unwrap();
+            assert_within_rule(&got, &want, &dynamic.report(), &format!("{dtype:?}, symbolic length {t}"));
+        }
+        let report = dynamic.report();
+        assert_eq!(report.entries.len(), 1, "{dtype:?}: one symbolic entry: {:?}", dynamic.guards());
+        let fused_here = b.target().is_some_and(|t| kiln::graph::attention::fits(t, dtype, 64, 64));
+        let fused = report.entries[0].graphs[0].kernels.iter().any(|k| k.kind == "attention");
+        assert_eq!(fused, fused_here, "{dtype:?}, symbolic length: {:?}", dynamic.guards());
     }
-    for (i, t) in [40u32, 97].into_iter().enumerate() {
-        let [q, k, v] = [0, 1, 2].map(|j| seeded_in(DType::BF16, &[2, t as usize, 64], 100 + 3 * i as u32 + j));
-        let want = compile(f).backend(kiln::graph::CpuReference).call((&q, &k, &v)).unwrap();
-        let got: Tensor = dynamic.call((&q, &k, &v)).unwrap();
-        assert_within_rule(&got, &want, &dynamic.report(), &format!("symbolic length {t}"));
-    }
-    let report = dynamic.report();
-    assert_eq!(report.entries.len(), 1, "one symbolic entry: {:?}", dynamic.guards());
-    let fused_here = b.target().is_some_and(|t| kiln::graph::attention::fits(t, DType::BF16, 64, 64));
-    let fused = report.entries[0].graphs[0].kernels.iter().any(|k| k.kind == "attention");
-    assert_eq!(fused, fused_here, "symbolic length: {:?}", dynamic.guards());
 }
 
 /// Linear layers with what a GEMM library adds inside its call (a bias, a residual: cuBLASLt's
@@ -512,12 +524,13 @@ pub fn attention_gradients(b: &Arc<dyn Backend>) {
             report.entries.iter().flat_map(|e| &e.graphs).flat_map(|g| &g.kernels).map(|k| k.kind.clone()).collect();
         // The forward, the log-sum-exps (which read no values: head dim `d` twice) and the three gradients,
         // each fused where the target runs it: the log-sum-exps come out of the forward's kernel where
-        // both are fused, and the keys' and values' gradients out of one kernel.
+        // both are fused, and the keys' and values' gradients out of one kernel. A forward only lanes
+        // would run is written out beside its written-out backward (`decompose::write_out`).
         let fused = |f: fn(&kiln::graph::Target, DType, i64, i64) -> bool, d: usize, dv: usize| {
             usize::from(b.target().is_some_and(|t| f(t, c.dtype, d as i64, dv as i64)))
         };
         let expected =
-            fused(kiln::graph::attention::fits, c.d, c.dv).max(fused(kiln::graph::attention::grad_fits, c.d, c.d))
+            fused(kiln::graph::attention::matrix_fits, c.d, c.dv).max(fused(kiln::graph::attention::grad_fits, c.d, c.d))
                 + 2 * fused(kiln::graph::attention::grad_fits, c.d, c.dv);
         let attentions = kinds.iter().filter(|k| *k == "attention").count();
         assert_eq!(attentions, expected, "case {n}: kernels {kinds:?}");

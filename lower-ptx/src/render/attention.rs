@@ -55,7 +55,7 @@ pub(super) enum TileCopy {
 /// Operands an attention kernel may bind, in [`Entry`]'s order.
 pub(super) const OPERANDS: usize = 8;
 use kiln_graph::dtype::DType;
-use kiln_graph::kernel::{Attention, AttentionPass, AttentionTile, RowsOperand};
+use kiln_graph::kernel::{Attention, AttentionPass, AttentionTile, AttentionUnits, RowsOperand};
 
 /// `log2(e)`: scores are scaled into base 2 once, so each exponential is one `ex2`.
 pub(super) const LOG2_E: f64 = std::f64::consts::LOG2_E;
@@ -439,6 +439,10 @@ impl Writer<'_> {
 
     /// The whole kernel body for `a`: the forward pass, its log-sum-exps alone, or a gradient.
     pub(super) fn attention(&mut self, a: &Attention) {
+        // `Target::cuda` does not ask for it (`lane_attention`): f32 attention goes to cuBLAS written out.
+        if a.tile.units != AttentionUnits::Matrix {
+            return self.fail(format!("attention tile {:?}: this renderer has the matrix-unit template only", a.tile));
+        }
         if let AttentionPass::Grad(part) = a.pass {
             return self.attention_grad(a, part);
         }
@@ -447,7 +451,7 @@ impl Writer<'_> {
         if a.second.is_some() && a.pass.second() != Some(AttentionPass::Lse) {
             return self.fail(format!("a second output beside the {:?} pass", a.pass));
         }
-        let AttentionTile { warps, keys, vector, stages } = a.tile;
+        let AttentionTile { warps, keys, vector, stages, .. } = a.tile;
         let (d, dv) = (a.head_dim, a.value_dim);
         let rows = a.tile.rows();
         let staged = match stages {

@@ -18,7 +18,7 @@ impl Writer<'_> {
     /// The body of a gradient pass of `a` for `part`.
     pub(super) fn attention_grad(&mut self, a: &Attention, part: AttentionPart) {
         let Some(ty) = self.attention_type(a) else { return };
-        let AttentionTile { warps, keys: stream, vector, stages } = a.tile;
+        let AttentionTile { warps, keys: stream, vector, stages, .. } = a.tile;
         let (d, dv) = (a.head_dim, a.value_dim);
         let rows = a.tile.rows();
         if a.dout.is_none() || a.lse.is_none() || a.delta.is_none() {

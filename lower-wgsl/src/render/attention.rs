@@ -1,0 +1,222 @@
+//! The fused attention template on a thread's vector lanes (`AttentionUnits::Lanes`), spelled in WGSL.
+//! `graph` chose the work division (`attention::tile`); this prints it. Each thread owns one query: its
+//! row of `q` (pre-scaled into base 2) and its output row live in `vec4` registers, one variable each
+//! (an array indexed in a loop may be left in local memory by a driver's compiler). The workgroup streams
+//! tiles of keys and values through workgroup memory; every thread reads the same key at the same time
+//! (one address: no bank conflicts), scores a chunk of keys, and folds the chunk into its running max,
+//! sum and output, with no other thread involved. No `q_len × kv_len` value exists anywhere.
+
+use super::{float_literal, Writer};
+use kiln_graph::dtype::DType;
+use kiln_graph::kernel::{Attention, AttentionPass, AttentionUnits, RowsOperand};
+
+/// Below any score (a finite stand-in for `-inf`: WGSL may assume values are finite).
+const LOWEST: f64 = -3.0e38;
+
+/// Tile loads a thread issues before storing them to workgroup memory: 32 registers of vectors, beside
+/// the 128 its query's rows hold.
+const LOADS_IN_FLIGHT: u32 = 8;
+
+impl Writer<'_> {
+    /// The whole body of an attention kernel on lanes: its forward pass, and each query's log-sum-exp
+    /// where the kernel writes one beside it (`Attention::second`).
+    pub(super) fn attention(&mut self, depth: usize, a: &Attention) {
+        let t = a.tile;
+        let (d, dv) = (a.head_dim, a.value_dim);
+        let why = if t.units != AttentionUnits::Lanes {
+            Some("this target has no matrix units for the matrix-unit template".to_string())
+        } else if a.pass != AttentionPass::Forward {
+            Some(format!("the lanes template computes the forward pass, not {:?}", a.pass))
+        } else if a.dtype != DType::F32 {
+            Some(format!("the lanes template computes f32, not {}", a.dtype))
+        } else if d % 4 != 0 || dv % 4 != 0 || t.chunk == 0 || t.keys % t.chunk != 0 || !matches!(t.vector, 1 | 4) {
+            Some(format!("tile {t:?} does not fit head dims {d} and {dv}"))
+        } else if self.k.launch.threads != t.threads() {
+            Some(format!("tile {t:?} on {} threads", self.k.launch.threads))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return self.fail(format!("attention: {why}"));
+        }
+        let (d4, v4) = (d / 4, dv / 4);
+        let (rows, keys, chunk) = (t.rows(), t.keys, t.chunk);
+        self.attention_tiles = Some((keys * d4, keys * v4));
+        let (tq, tk) = (self.expr(&a.q_len), self.expr(&a.kv_len));
+        let mut entries = "1i".to_string();
+        for b in &a.batch {
+            entries = format!("{entries} * {}", self.expr(&b.extent));
+        }
+        let l = |w: &mut Self, depth: usize, s: String| w.line(depth, &s);
+        l(self, depth, format!("let at_blocks: i32 = ({tq} + {}i) / {rows}i;", rows - 1));
+        l(self, depth, format!("let at_entries: i32 = {entries};"));
+        l(self, depth, "let at_step: i32 = group / max(at_entries, 1i);".into());
+        // Groups past the last block (a folded grid's rounding) skip the whole body: the condition is
+        // the same for every thread of a workgroup, so the barriers inside stay in uniform control flow.
+        l(self, depth, "if (at_step < at_blocks) {".into());
+        let e = depth + 1;
+        let block = if a.last_blocks_first { "at_blocks - 1i - at_step" } else { "at_step" };
+        l(self, e, format!("let at_block: i32 = {block};"));
+        l(self, e, "var at_rest: i32 = group % max(at_entries, 1i);".into());
+        // Each operand's offset at this batch entry.
+        let operands: Vec<(&str, &RowsOperand)> =
+            [("q", Some(&a.q)), ("k", Some(&a.k)), ("v", Some(&a.v)), ("o", Some(&a.out)), ("s", a.second.as_ref())]
+                .into_iter()
+                .filter_map(|(n, o)| o.map(|o| (n, o)))
+                .collect();
+        for (n, o) in &operands {
+            let off = self.expr(&o.offset);
+            l(self, e, format!("var at_o{n}: i32 = {off};"));
+        }
+        for b in a.batch.iter().rev() {
+            let ext = self.expr(&b.extent);
+            l(self, e, "{".into());
+            l(self, e + 1, format!("let at_i: i32 = at_rest % {ext};"));
+            l(self, e + 1, format!("at_rest = at_rest / {ext};"));
+            for (n, _) in &operands {
+                let stride = match *n {
+                    "q" => &b.q,
+                    "k" => &b.k,
+                    "v" => &b.v,
+                    "o" => &b.out,
+                    _ => &b.second,
+                };
+                let s = self.expr(stride);
+                l(self, e + 1, format!("at_o{n} = at_o{n} + at_i * {s};"));
+            }
+            l(self, e, "}".into());
+        }
+        let [ldq, ldk, ldv, ldo] = [&a.q, &a.k, &a.v, &a.out].map(|o| self.expr(&o.ld));
+        let [bq, bk, bv, bo] = [&a.q, &a.k, &a.v, &a.out].map(|o| o.buffer);
+        // Rows start on multiples of 4 elements (`graph` said so): the operands are bound as vectors.
+        let vectors = t.vector == 4;
+        if vectors {
+            self.attention_vec4.extend([bq, bk, bv, bo]);
+        }
+        // Four elements from `at` on of buffer `b`, as one vector.
+        let load4 = |b: usize, at: &str| {
+            if vectors {
+                format!("b{b}[({at}) / 4i]")
+            } else {
+                let x: Vec<String> = (0..4).map(|i| format!("b{b}[{at} + {i}i]")).collect();
+                format!("vec4<f32>({})", x.join(", "))
+            }
+        };
+        l(self, e, format!("let at_row: i32 = at_block * {rows}i + local;"));
+        l(self, e, format!("let at_live: bool = at_row < {tq};"));
+        // The query row, times scale · log2(e): scores come out in base 2, for `exp2`.
+        let scale = float_literal(a.scale * std::f64::consts::LOG2_E);
+        for c in 0..d4 {
+            l(self, e, format!("var at_q{c}: vec4<f32> = vec4<f32>(0.0f);"));
+        }
+        for c in 0..dv / 4 {
+            l(self, e, format!("var at_out{c}: vec4<f32> = vec4<f32>(0.0f);"));
+        }
+        l(self, e, "if (at_live) {".into());
+        l(self, e + 1, format!("let at_at: i32 = at_oq + at_row * {ldq};"));
+        for c in 0..d4 {
+            let x = load4(bq, &format!("at_at + {}i", 4 * c));
+            l(self, e + 1, format!("at_q{c} = {x} * {scale};"));
+        }
+        l(self, e, "}".into());
+        l(self, e, format!("var at_m: f32 = {};", float_literal(LOWEST)));
+        l(self, e, "var at_l: f32 = 0.0f;".into());
+        // Keys the workgroup visits (all, or up to its last query's), and this thread's own.
+        let (end, mine) = if a.causal {
+            (format!("min({tk}, at_block * {rows}i + {rows}i)"), format!("min({tk}, at_row + 1i)"))
+        } else {
+            (tk.clone(), tk.clone())
+        };
+        l(self, e, format!("let at_end: i32 = {end};"));
+        l(self, e, format!("let at_mine: i32 = select(0i, {mine}, at_live);"));
+        l(self, e, format!("for (var at_j0: i32 = 0i; at_j0 < at_end; at_j0 = at_j0 + {keys}i) {{"));
+        let f = e + 1;
+        l(self, f, "workgroupBarrier();".into());
+        // Each thread copies its share of the key and value tiles, a vector a slot; each slot's code
+        // written out and the loads of up to eight slots issued before their stores, so they are in
+        // flight together (a loop would wait for each load in turn).
+        for (name, buffer, off, ld, width) in [("k", bk, "at_ok", &ldk, d), ("v", bv, "at_ov", &ldv, dv)] {
+            let (n, w4) = (keys * width / 4, width / 4);
+            let slots = n.div_ceil(rows);
+            l(self, f, "{".into());
+            for batch in (0..slots).step_by(LOADS_IN_FLIGHT as usize) {
+                let batch = batch..(batch + LOADS_IN_FLIGHT).min(slots);
+                for q in batch.clone() {
+                    let ragged = (q + 1) * rows > n;
+                    let inside = if ragged { format!("at_e{name}{q} < {n}i && ") } else { String::new() };
+                    l(self, f + 1, format!("let at_e{name}{q}: i32 = local + {}i;", q * rows));
+                    l(self, f + 1, format!("var at_x{name}{q}: vec4<f32> = vec4<f32>(0.0f);"));
+                    l(self, f + 1, format!("let at_j{name}{q}: i32 = at_j0 + at_e{name}{q} / {w4}i;"));
+                    let at = format!("{off} + at_j{name}{q} * {ld} + (at_e{name}{q} % {w4}i) * 4i");
+                    let x = load4(buffer, &at);
+                    l(self, f + 1, format!("if ({inside}at_j{name}{q} < {tk}) {{ at_x{name}{q} = {x}; }}"));
+                }
+                for q in batch {
+                    let store = format!("at_{name}t[at_e{name}{q}] = at_x{name}{q};");
+                    if (q + 1) * rows > n {
+                        l(self, f + 1, format!("if (at_e{name}{q} < {n}i) {{ {store} }}"));
+                    } else {
+                        l(self, f + 1, store);
+                    }
+                }
+            }
+            l(self, f, "}".into());
+        }
+        l(self, f, "workgroupBarrier();".into());
+        l(self, f, format!("let at_n: i32 = clamp(at_mine - at_j0, 0i, {keys}i);"));
+        l(self, f, format!("for (var at_c: i32 = 0i; at_c < at_n; at_c = at_c + {chunk}i) {{"));
+        let g = f + 1;
+        l(self, g, format!("let at_kb: i32 = at_c * {d4}i;"));
+        l(self, g, format!("let at_vb: i32 = at_c * {v4}i;"));
+        let lowest = float_literal(LOWEST);
+        for u in 0..chunk {
+            let dots: Vec<String> = (0..d4).map(|c| format!("dot(at_q{c}, at_kt[at_kb + {}i])", u * d4 + c)).collect();
+            l(self, g, format!("let at_s{u}: f32 = {};", dots.join(" + ")));
+        }
+        // The chunk's first key is always this thread's; later ones may be past its last.
+        let mut most = "at_s0".to_string();
+        for u in 1..chunk {
+            most = format!("max({most}, select({lowest}, at_s{u}, at_c + {u}i < at_n))");
+        }
+        l(self, g, format!("let at_mc: f32 = max(at_m, {most});"));
+        l(self, g, "let at_alpha: f32 = exp2(at_m - at_mc);".into());
+        for u in 0..chunk {
+            let p = if u == 0 {
+                "exp2(at_s0 - at_mc)".to_string()
+            } else {
+                format!("select(0.0f, exp2(at_s{u} - at_mc), at_c + {u}i < at_n)")
+            };
+            l(self, g, format!("let at_p{u}: f32 = {p};"));
+        }
+        let sum: Vec<String> = (0..chunk).map(|u| format!("at_p{u}")).collect();
+        l(self, g, format!("at_l = at_l * at_alpha + ({});", sum.join(" + ")));
+        for c in 0..v4 {
+            let terms: Vec<String> = (0..chunk).map(|u| format!("at_p{u} * at_vt[at_vb + {}i]", u * v4 + c)).collect();
+            l(self, g, format!("at_out{c} = at_out{c} * at_alpha + {};", terms.join(" + ")));
+        }
+        l(self, g, "at_m = at_mc;".into());
+        l(self, f, "}".into());
+        l(self, e, "}".into());
+        // A row without keys is zeros (the written-out form's empty product); one whose every score is
+        // -inf sums to 0 and divides into NaN, as the written-out softmax's 0/0 does.
+        l(self, e, "if (at_live) {".into());
+        l(self, e + 1, format!("let at_inv: f32 = select(1.0f / at_l, 0.0f, {tk} == 0i);"));
+        l(self, e + 1, format!("let at_at: i32 = at_oo + at_row * {ldo};"));
+        for c in 0..v4 {
+            if vectors {
+                l(self, e + 1, format!("b{bo}[at_at / 4i + {c}i] = at_out{c} * at_inv;"));
+            } else {
+                for i in 0..4 {
+                    l(self, e + 1, format!("b{bo}[at_at + {}i] = at_out{c}[{i}] * at_inv;", 4 * c + i));
+                }
+            }
+        }
+        if let Some(s) = &a.second {
+            let lds = self.expr(&s.ld);
+            let ln2 = float_literal(std::f64::consts::LN_2);
+            l(self, e + 1, format!("b{}[at_os + at_row * {lds}] = (at_m + log2(at_l)) * {ln2};", s.buffer));
+        }
+        l(self, e, "}".into());
+        l(self, depth, "}".into());
+    }
+}

@@ -137,7 +137,7 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
         Op::MatMul => ("matmul", "batched matrix product, `torch.matmul` rules (1-D promotion, batch broadcasting)"),
         Op::Attention { .. } => (
             "(recognised in `q.matmul(k.transpose) * s → causal_mask → softmax → matmul(v)`)",
-            "`softmax(q @ kᵀ * scale, -1) @ v`, causal or not, as one flash-attention kernel where the target has matrix units (f16/bf16, head dims multiples of 16 up to 128)",
+            "`softmax(q @ kᵀ * scale, -1) @ v`, causal or not, as one flash-attention kernel where the target has matrix units (f16/bf16, head dims multiples of 16 up to 128) or renders it on lanes (f32 on WGSL, head dims multiples of 4 up to 64)",
         ),
         Op::AttentionLse { .. } => (
             "(the gradient of an attention)",

@@ -893,7 +893,11 @@ fn sym(s: SymId) -> String {
     } else if s == builtin::VECTOR_INDEX {
         "vector".into()
     } else if s.0 >= builtin::FIRST_LOCAL {
-        format!("i{}", s.0 - builtin::FIRST_LOCAL)
+        match s.0 - builtin::FIRST_LOCAL {
+            // `i32` names WGSL's type, and `i8`, `i16`, `i64` are reserved words.
+            n @ (8 | 16 | 32 | 64) => format!("i{n}_"),
+            n => format!("i{n}"),
+        }
     } else {
         format!("sizes.s{}", s.0)
     }
@@ -1031,5 +1035,16 @@ mod tests {
         let literal_bitcast =
             PRELUDE.lines().filter(|l| !l.trim_start().starts_with("//")).any(|l| l.contains("bitcast<f32>(0x"));
         assert!(!literal_bitcast, "the prelude bitcasts a literal");
+    }
+
+    /// A kernel's 33rd local index was named `i32`, which WGSL reads as the type (a resize with 32
+    /// antialiasing taps failed naga's validation).
+    #[test]
+    fn local_indices_never_take_a_type_or_reserved_name() {
+        for n in 0..100 {
+            let name = sym(SymId(builtin::FIRST_LOCAL + n));
+            assert!(!["i8", "i16", "i32", "i64"].contains(&name.as_str()), "{name}");
+        }
+        assert_eq!(sym(SymId(builtin::FIRST_LOCAL + 3)), "i3");
     }
 }

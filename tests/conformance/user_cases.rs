@@ -529,9 +529,11 @@ pub fn attention_gradients(b: &Arc<dyn Backend>) {
         let fused = |f: fn(&kiln::graph::Target, DType, i64, i64) -> bool, d: usize, dv: usize| {
             usize::from(b.target().is_some_and(|t| f(t, c.dtype, d as i64, dv as i64)))
         };
-        let expected =
-            fused(kiln::graph::attention::matrix_fits, c.d, c.dv).max(fused(kiln::graph::attention::grad_fits, c.d, c.d))
-                + 2 * fused(kiln::graph::attention::grad_fits, c.d, c.dv);
+        let expected = fused(kiln::graph::attention::matrix_fits, c.d, c.dv).max(fused(
+            kiln::graph::attention::grad_fits,
+            c.d,
+            c.d,
+        )) + 2 * fused(kiln::graph::attention::grad_fits, c.d, c.dv);
         let attentions = kinds.iter().filter(|k| *k == "attention").count();
         assert_eq!(attentions, expected, "case {n}: kernels {kinds:?}");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {

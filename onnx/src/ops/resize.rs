@@ -1,7 +1,8 @@
-//! `Resize` and `Upsample`: nearest and linear resampling as an index selection per resized axis
-//! (nearest) or a blend of two selections (linear), with source positions and weights computed on the
-//! host from ONNX's coordinate rules and held as model constants, so the traced graph is gathers and
-//! pointwise math the compiler fuses.
+//! `Resize` and `Upsample`: resampling one axis at a time, as an index selection (nearest), a blend of
+//! two selections (linear), or a weighted sum of a fixed number of selections a position — "taps" —
+//! (cubic, antialiased downsampling, crops with an extrapolation value), with source positions and
+//! weights computed on the host from ONNX's coordinate rules and held as model constants, so the
+//! traced graph is gathers and pointwise math the compiler fuses.
 
 use super::{invalid, one, unsupported, Node, OpError, OpResult};
 use crate::value::Value;
@@ -18,23 +19,25 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
     })
 }
 
-/// Where output position `o` of an axis resized from `len` to `out` (scale `scale`) samples the input.
-/// ONNX's formulas read the resized length as `len * scale` before rounding (its reference does).
-fn source(mode: &str, o: usize, len: usize, out: usize, scale: f64) -> OpResult<f64> {
+/// Where output position `o` of an axis resized from `len` to `out` (scale `scale`) samples the input;
+/// `roi` is the axis's crop (`tf_crop_and_resize`), as fractions of the axis. ONNX's formulas read the
+/// resized length as `len * scale` before rounding (its reference does).
+fn source(mode: &str, o: usize, len: usize, out: usize, scale: f64, roi: (f64, f64)) -> OpResult<f64> {
     let o = o as f64;
     let resized = len as f64 * scale;
+    let last = len as f64 - 1.0;
     Ok(match mode {
         "half_pixel" => (o + 0.5) / scale - 0.5,
         "pytorch_half_pixel" => {
             if resized > 1.0 {
                 (o + 0.5) / scale - 0.5
             } else {
-                0.0
+                -0.5
             }
         }
         "align_corners" => {
             if resized > 1.0 {
-                o * (len as f64 - 1.0) / (resized - 1.0)
+                o * last / (resized - 1.0)
             } else {
                 0.0
             }
@@ -45,8 +48,85 @@ fn source(mode: &str, o: usize, len: usize, out: usize, scale: f64) -> OpResult<
             let center = len as f64 / 2.0;
             center * (1.0 - adjustment) + (o + 0.5) / scale - 0.5
         }
+        "tf_crop_and_resize" => {
+            let span = (roi.1 - roi.0) * last;
+            roi.0 * last + if resized == 1.0 { span / 2.0 } else { o * span / (resized - 1.0) }
+        }
         other => return unsupported(format!("coordinate_transformation_mode {other:?}")),
     })
+}
+
+/// How a resize weighs its taps (see [`taps`]).
+#[derive(Clone, Copy)]
+enum Kernel {
+    /// One tap, the nearest position (`nearest_mode`).
+    Nearest,
+    /// Two taps, or with antialiasing a triangle stretched by `1 / scale` when downsampling.
+    Linear { antialias: bool },
+    /// Four taps of Keys' cubic with coefficient `a`, or with antialiasing the same stretched.
+    Cubic { a: f64, antialias: bool },
+}
+
+/// Keys' cubic convolution kernel at distance `x`, coefficient `a`.
+fn cubic(a: f64, x: f64) -> f64 {
+    let x = x.abs();
+    if x <= 1.0 {
+        ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+    } else {
+        0.0
+    }
+}
+
+/// The input positions output position `x` (at source position `x_ori` of an axis of `len`, scale
+/// `scale`) reads and their weights, as ONNX's reference computes them: the `n` positions nearest `x_ori`
+/// (the one on its left preferred), read at the edge where they fall outside the axis, or with
+/// `exclude_outside` weighed 0 and the rest renormalised.
+fn taps(
+    kernel: Kernel,
+    x_ori: f64,
+    len: usize,
+    scale: f64,
+    nearest_mode: &str,
+    exclude_outside: bool,
+) -> OpResult<Vec<(f64, f64)>> {
+    let last = len as f64 - 1.0;
+    if let Kernel::Nearest = kernel {
+        return Ok(vec![(round_nearest(x_ori, nearest_mode)?.clamp(0.0, last), 1.0)]);
+    }
+    // The distance past the tap on the left, in (0, 1]: an exact position counts as 1 past its left
+    // neighbour.
+    let ratio = if x_ori.fract() == 0.0 { 1.0 } else { x_ori - x_ori.floor() };
+    let shrink = scale.min(1.0);
+    let weights: Vec<f64> = match kernel {
+        Kernel::Nearest => unreachable!("returned above"),
+        Kernel::Linear { antialias: false } => vec![1.0 - ratio, ratio],
+        Kernel::Cubic { a, antialias: false } => (-1..3).map(|i| cubic(a, i as f64 - ratio)).collect(),
+        Kernel::Linear { antialias: true } => {
+            let start = (-1.0 / shrink).floor() as i64 + 1;
+            (start..2 - start).map(|i| (1.0 - ((i as f64 - ratio) * shrink).abs()).clamp(0.0, 1.0)).collect()
+        }
+        Kernel::Cubic { a, antialias: true } => {
+            let start = (-2.0 / shrink).floor() as i64 + 1;
+            (start..2 - start).map(|i| cubic(a, (i as f64 - ratio) * shrink)).collect()
+        }
+    };
+    let first = x_ori - ratio - (weights.len() / 2) as f64 + 1.0;
+    let mut t: Vec<(f64, f64)> = weights.into_iter().enumerate().map(|(k, w)| (first + k as f64, w)).collect();
+    if exclude_outside {
+        for (i, w) in &mut t {
+            if *i < 0.0 || *i > last {
+                *w = 0.0;
+            }
+        }
+    }
+    let total: f64 = t.iter().map(|(_, w)| w).sum();
+    let antialiased = matches!(kernel, Kernel::Linear { antialias: true } | Kernel::Cubic { antialias: true, .. });
+    if (exclude_outside || antialiased) && total != 0.0 {
+        t.iter_mut().for_each(|(_, w)| *w /= total);
+    }
+    Ok(t.into_iter().map(|(i, w)| (i.clamp(0.0, last), w)).collect())
 }
 
 fn round_nearest(x: f64, mode: &str) -> OpResult<f64> {
@@ -77,18 +157,19 @@ fn resize(node: &Node, upsample: bool) -> OpResult<Vec<Value>> {
     } else {
         node.string("nearest_mode").unwrap_or_else(|| "round_prefer_floor".into())
     };
-    if node.int("antialias", 0) != 0 {
-        return unsupported("antialias = 1");
-    }
-    if !matches!(mode.as_str(), "nearest" | "linear" | "bilinear") {
-        return unsupported(format!("mode {mode:?}"));
-    }
+    let antialias = node.int("antialias", 0) != 0;
+    let kernel = match mode.as_str() {
+        "nearest" => Kernel::Nearest,
+        "linear" | "bilinear" => Kernel::Linear { antialias },
+        "cubic" | "bicubic" => Kernel::Cubic { a: node.float("cubic_coeff_a", -0.75), antialias },
+        other => return unsupported(format!("mode {other:?}")),
+    };
     if mode != "nearest" && !x.dtype().is_float() {
-        return unsupported(format!("linear resizing of {} tensors", x.dtype()));
+        return unsupported(format!("{mode} resizing of {} tensors", x.dtype()));
     }
-    if node.string("keep_aspect_ratio_policy").is_some_and(|p| p != "stretch") {
-        return unsupported("keep_aspect_ratio_policy other than stretch");
-    }
+    let exclude_outside = node.int("exclude_outside", 0) != 0;
+    let extrapolation = node.float("extrapolation_value", 0.0);
+    let policy = node.string("keep_aspect_ratio_policy").unwrap_or_else(|| "stretch".into());
     // Scales and sizes, per axis of `axes` (all axes by default).
     let (scales, sizes) = if upsample && node.opset() < 9 {
         (
@@ -113,6 +194,20 @@ fn resize(node: &Node, upsample: bool) -> OpResult<Vec<Value>> {
     let mut out = dims.clone();
     let mut scale = vec![1.0; r];
     match (scales, sizes) {
+        (_, Some(z)) if z.len() == axes.len() && policy != "stretch" => {
+            // One scale for every resized axis: the largest that fits the sizes, or the smallest that
+            // covers them; each size rounded from it.
+            let ratios = axes.iter().enumerate().map(|(k, &a)| z[k].max(0.0) / dims[a] as f64);
+            let s = match policy.as_str() {
+                "not_larger" => ratios.fold(f64::INFINITY, f64::min),
+                "not_smaller" => ratios.fold(0.0, f64::max),
+                other => return invalid(format!("keep_aspect_ratio_policy {other:?}")),
+            };
+            for &a in &axes {
+                scale[a] = s;
+                out[a] = (s * dims[a] as f64 + 0.5).floor() as usize;
+            }
+        }
         (_, Some(z)) if z.len() == axes.len() => {
             for (k, &a) in axes.iter().enumerate() {
                 out[a] = z[k].max(0.0) as usize;
@@ -130,23 +225,40 @@ fn resize(node: &Node, upsample: bool) -> OpResult<Vec<Value>> {
         }
         _ => return invalid("needs scales or sizes for each resized axis"),
     }
+    // The crop of each axis (`tf_crop_and_resize`): starts then ends, per axis of `axes`.
+    let crop = coords == "tf_crop_and_resize";
+    let mut roi = vec![(0.0, 1.0); r];
+    if crop {
+        match node.host_values(1)? {
+            Some(v) if v.len() == 2 * axes.len() => {
+                for (k, &a) in axes.iter().enumerate() {
+                    roi[a] = (v[k], v[axes.len() + k]);
+                }
+            }
+            _ => return invalid("tf_crop_and_resize needs a roi of a start and an end per resized axis"),
+        }
+    }
     let mut y = x;
-    for a in 0..r {
-        if out[a] == dims[a] && scale[a] == 1.0 {
+    // Innermost axis first, as ONNX's reference nests them (a crop's extrapolated values then blend as
+    // it blends them).
+    for a in (0..r).rev() {
+        if out[a] == dims[a] && scale[a] == 1.0 && roi[a] == (0.0, 1.0) {
             continue;
         }
         let len = dims[a];
         if len == 0 {
             return invalid(format!("resizing an empty axis {a} to {}", out[a]));
         }
-        let pos: Vec<f64> = (0..out[a]).map(|o| source(&coords, o, len, out[a], scale[a])).collect::<OpResult<_>>()?;
+        let pos: Vec<f64> =
+            (0..out[a]).map(|o| source(&coords, o, len, out[a], scale[a], roi[a])).collect::<OpResult<_>>()?;
         let clamp = |v: f64| v.clamp(0.0, len as f64 - 1.0);
-        if mode == "nearest" {
+        let plain = !crop && !matches!(kernel, Kernel::Cubic { .. } | Kernel::Linear { antialias: true });
+        y = if plain && mode == "nearest" {
             let idx: Vec<f64> =
                 pos.iter().map(|&p| round_nearest(p, &nearest_mode).map(clamp)).collect::<OpResult<_>>()?;
             let idx = node.model.constant(idx, &[out[a]], DType::I64)?;
-            y = y.index_select(a as isize, &idx)?;
-        } else {
+            y.index_select(a as isize, &idx)?
+        } else if plain {
             let p: Vec<f64> = pos.into_iter().map(clamp).collect();
             let lo: Vec<f64> = p.iter().map(|v| v.floor()).collect();
             let hi: Vec<f64> = lo.iter().map(|v| (v + 1.0).min(len as f64 - 1.0)).collect();
@@ -156,8 +268,61 @@ fn resize(node: &Node, upsample: bool) -> OpResult<Vec<Value>> {
             let a_lo = y.index_select(a as isize, &node.model.constant(lo, &[out[a]], DType::I64)?)?;
             let a_hi = y.index_select(a as isize, &node.model.constant(hi, &[out[a]], DType::I64)?)?;
             let w = node.model.constant(w, &wd, y.dtype())?;
-            y = a_lo.add(&a_hi.sub(&a_lo)?.mul(&w)?)?;
-        }
+            a_lo.add(&a_hi.sub(&a_lo)?.mul(&w)?)?
+        } else {
+            resample(
+                node,
+                &y,
+                a,
+                &pos,
+                |p| {
+                    // A crop's position outside the input takes the extrapolation value.
+                    if crop && !(0.0..=len as f64 - 1.0).contains(&p) {
+                        return Ok(None);
+                    }
+                    taps(kernel, p, len, scale[a], &nearest_mode, exclude_outside).map(Some)
+                },
+                extrapolation,
+            )?
+        };
     }
     one(y)
+}
+
+/// `y` resampled along axis `a` at positions `pos`: each position's taps (`taps_of`; `None`: the
+/// `extrapolation` value) as a sum of index selections weighted by model constants, one selection
+/// per tap (positions with fewer taps weigh the rest 0).
+fn resample(
+    node: &Node,
+    y: &kiln_graph::Tensor,
+    a: usize,
+    pos: &[f64],
+    taps_of: impl Fn(f64) -> OpResult<Option<Vec<(f64, f64)>>>,
+    extrapolation: f64,
+) -> OpResult<kiln_graph::Tensor> {
+    let each: Vec<Option<Vec<(f64, f64)>>> = pos.iter().map(|&p| taps_of(p)).collect::<OpResult<_>>()?;
+    let n = each.iter().flatten().map(Vec::len).max().unwrap_or(0);
+    let mut wd = vec![1usize; y.rank()];
+    wd[a] = pos.len();
+    let mut sum: Option<kiln_graph::Tensor> = None;
+    for k in 0..n {
+        let tap = |t: &Option<Vec<(f64, f64)>>| t.as_ref().and_then(|t| t.get(k)).copied().unwrap_or((0.0, 0.0));
+        let idx: Vec<f64> = each.iter().map(|t| tap(t).0).collect();
+        let w: Vec<f64> = each.iter().map(|t| tap(t).1).collect();
+        let picked = y.index_select(a as isize, &node.model.constant(idx, &[pos.len()], DType::I64)?)?;
+        let term = picked.mul(&node.model.constant(w, &wd, y.dtype())?)?;
+        sum = Some(match sum {
+            Some(s) => s.add(&term)?,
+            None => term,
+        });
+    }
+    let outside: Vec<f64> = each.iter().map(|t| if t.is_none() { extrapolation } else { 0.0 }).collect();
+    let sum = match sum {
+        Some(s) => s,
+        None => return invalid("resampling with no taps"),
+    };
+    if outside.iter().any(|&v| v != 0.0) {
+        return Ok(sum.add(&node.model.constant(outside, &wd, y.dtype())?)?);
+    }
+    Ok(sum)
 }

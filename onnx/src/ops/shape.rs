@@ -115,15 +115,7 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         "Range" => range(node),
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
         | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => reduce(node, op),
-        "ArgMax" | "ArgMin" => (|| {
-            if node.int("select_last_index", 0) != 0 {
-                return unsupported("select_last_index = 1");
-            }
-            let x = node.tensor(0)?;
-            let a = axis(node.int("axis", 0), x.rank())? as isize;
-            let keep = node.int("keepdims", 1) != 0;
-            one(if op == "ArgMax" { x.argmax(a, keep)? } else { x.argmin(a, keep)? })
-        })(),
+        "ArgMax" | "ArgMin" => arg_extreme(node, op == "ArgMax"),
         "Trilu" => trilu(node),
         "DepthToSpace" | "SpaceToDepth" => depth_space(node, op == "DepthToSpace"),
         "EyeLike" => eye_like(node),
@@ -134,6 +126,23 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         "BlackmanWindow" | "HammingWindow" | "HannWindow" => window(node, op),
         _ => return None,
     })
+}
+
+/// `ArgMax` / `ArgMin`: the first extreme along the axis, or with `select_last_index` the last — the
+/// first of the axis reversed, counted back from its end (kiln's argmax keeps the first of ties).
+fn arg_extreme(node: &Node, max: bool) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let a = axis(node.int("axis", 0), x.rank())?;
+    let keep = node.int("keepdims", 1) != 0;
+    let pick = |t: &Tensor| if max { t.argmax(a as isize, keep) } else { t.argmin(a as isize, keep) };
+    if node.int("select_last_index", 0) == 0 {
+        return one(pick(&x)?);
+    }
+    let Some(n) = x.shape().dims()[a].as_const().filter(|&n| n > 0) else {
+        return unsupported("select_last_index = 1 over an axis of unknown or no length");
+    };
+    let reversed = x.index_select(a as isize, &Tensor::arange((n - 1) as f64, -1.0, -1.0, DType::I64)?)?;
+    one(Tensor::full((n - 1) as f64, &[], DType::I64)?.sub(&pick(&reversed)?)?)
 }
 
 /// Input `i`'s dims as expressions (of a tensor or of folded integers).

@@ -13,6 +13,7 @@ mod resize;
 mod reverse_sequence;
 mod scatter;
 mod shape;
+mod spectral;
 mod top_k;
 
 use crate::model::{node_error, Model};
@@ -25,7 +26,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 12] = [
+const FAMILIES: [(&[&str], Dispatch); 13] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -38,6 +39,7 @@ const FAMILIES: [(&[&str], Dispatch); 12] = [
     (affine_grid::OPS, affine_grid::run),
     (recurrent::OPS, recurrent::run),
     (reverse_sequence::OPS, reverse_sequence::run),
+    (spectral::OPS, spectral::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

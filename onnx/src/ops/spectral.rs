@@ -1,18 +1,23 @@
-//! ONNX's `DFT`: the discrete Fourier transform along one axis as two products with constant cosine and
-//! sine matrices (made on the host from the signal's length), so it runs on any backend's matmul. A
-//! fast transform would take `n log n` operations against `n²`; the signals ONNX models transform (audio
-//! frames, small spectra) are short, and a product is one kernel the compiler already schedules well.
+//! ONNX's `DFT` and `STFT`: the discrete Fourier transform along one axis as two products with constant
+//! cosine and sine matrices (made on the host from the signal's length), so it runs on any backend's
+//! matmul; the short-time transform frames the signal with one gather first. A fast transform would take
+//! `n log n` operations against `n²`; the signals ONNX models transform (audio frames, small spectra)
+//! are short, and a product is one kernel the compiler already schedules well.
 
 use super::{axis, invalid, one, unsupported, Node, OpResult};
 use crate::value::Value;
 use kiln_graph::Tensor;
 
 /// The op types this family converts.
-pub(super) const OPS: &[&str] = &["DFT"];
+pub(super) const OPS: &[&str] = &["DFT", "STFT"];
 
 /// The family; `None` when `op` is not one of it.
 pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
-    (op == "DFT").then(|| dft(node))
+    Some(match op {
+        "DFT" => dft(node),
+        "STFT" => stft(node),
+        _ => return None,
+    })
 }
 
 /// The largest transform length kiln builds matrices for: two `L × L` f64 tables on the host.
@@ -48,8 +53,15 @@ fn dft(node: &Node) -> OpResult<Vec<Value>> {
         Some(v) => return invalid(format!("dft_length {v:?}")),
         None => n,
     };
-    let inverse = node.int("inverse", 0) != 0;
-    let onesided = node.int("onesided", 0) != 0;
+    let (inverse, onesided) = (node.int("inverse", 0) != 0, node.int("onesided", 0) != 0);
+    one(transform(node, &x, a, len, inverse, onesided)?)
+}
+
+/// `x` `[.., N, 1 | 2]` transformed along axis `a` (not the last), fitted to length `len` (see [`dft`]).
+fn transform(node: &Node, x: &Tensor, a: usize, len: usize, inverse: bool, onesided: bool) -> OpResult<Tensor> {
+    let r = x.rank();
+    let Some(dims) = x.shape().as_concrete() else { return unsupported("a DFT over symbolic dims") };
+    let n = dims[a];
     if onesided && (inverse || dims[r - 1] == 2) {
         return unsupported("onesided with an inverse or complex input");
     }
@@ -103,7 +115,41 @@ fn dft(node: &Node) -> OpResult<Vec<Value>> {
         back[p as usize] = i as isize;
     }
     let stack = |t: Tensor| -> OpResult<Tensor> { Ok(t.permute(&back)?.unsqueeze(-1)?) };
-    one(Tensor::concat(&[&stack(out_re)?, &stack(out_im)?], -1)?)
+    Ok(Tensor::concat(&[&stack(out_re)?, &stack(out_im)?], -1)?)
+}
+
+/// `signal` `[batch, length, 1 | 2]` cut into frames of `frame_length` every `frame_step` samples (one
+/// gather), each weighed by `window` and transformed: `[batch, frames, bins, 2]`, `bins` the first
+/// `frame_length / 2 + 1` frequencies when `onesided` (the default).
+fn stft(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let Some(dims) = x.shape().as_concrete() else { return unsupported("STFT over symbolic dims") };
+    if dims.len() != 3 || !matches!(dims[2], 1 | 2) || !x.dtype().is_float() {
+        return invalid(format!("a signal of shape {dims:?} and dtype {} ([batch, length, 1 or 2], float)", x.dtype()));
+    }
+    let step = match node.const_ints(1, "frame_step")? {
+        Some(v) if v.len() == 1 && v[0] > 0 => v[0] as usize,
+        v => return invalid(format!("frame_step {v:?}")),
+    };
+    let window = node.opt_tensor(2)?;
+    let from_window = window.as_ref().and_then(|w| w.shape().as_concrete()).filter(|d| d.len() == 1).map(|d| d[0]);
+    let frame = match (node.const_ints(3, "frame_length")?, from_window) {
+        (Some(v), w) if v.len() == 1 && v[0] > 0 && w.is_none_or(|w| w == v[0] as usize) => v[0] as usize,
+        (None, Some(w)) if w > 0 => w,
+        (f, w) => return invalid(format!("frame_length {f:?} with a window of {w:?} samples")),
+    };
+    if frame > dims[1] {
+        return invalid(format!("frames of {frame} samples from a signal of {}", dims[1]));
+    }
+    let frames = (dims[1] - frame) / step + 1;
+    let index: Vec<f64> = (0..frames).flat_map(|f| (0..frame).map(move |j| (f * step + j) as f64)).collect();
+    let index = node.model.constant(index, &[frames * frame], kiln_graph::DType::I64)?;
+    let mut framed =
+        x.index_select(1, &index)?.reshape(&[dims[0] as isize, frames as isize, frame as isize, dims[2] as isize])?;
+    if let Some(w) = window {
+        framed = framed.mul(&w.cast(x.dtype())?.reshape(&[1, 1, frame as isize, 1])?)?;
+    }
+    one(transform(node, &framed, 2, frame, false, node.int("onesided", 1) != 0)?)
 }
 
 #[cfg(test)]
@@ -136,5 +182,20 @@ mod tests {
             &[Some(Value::Tensor(Tensor::from_slice(&[0f32; 4], &[1, 4, 1]).unwrap()))],
         );
         assert!(e.unwrap_err().starts_with("invalid"), "the last axis holds the parts");
+    }
+
+    /// Frames of a short-time transform: two frames of four samples every two from six, each a
+    /// four-point transform with three onesided bins; frames longer than the signal are an error.
+    #[test]
+    fn a_short_time_transform_frames_then_transforms() {
+        let signal = Tensor::from_slice(&[1f32, 0.0, 0.0, 0.0, 0.0, 0.0], &[1, 6, 1]).unwrap();
+        let ints = |v: i64| Some(Value::Ints(crate::value::Ints::vector(vec![kiln_graph::sym::Expr::constant(v)])));
+        let args = [Some(Value::Tensor(signal.clone())), ints(2), None, ints(4)];
+        let out = run_one("STFT", vec![], &args).expect("stft");
+        assert_eq!(out[0].shape().as_concrete(), Some(vec![1, 2, 3, 2]));
+        // The first frame holds the impulse (a flat spectrum), the second none of it.
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        let args = [Some(Value::Tensor(signal)), ints(2), None, ints(8)];
+        assert!(run_one("STFT", vec![], &args).unwrap_err().starts_with("invalid"));
     }
 }

@@ -4,6 +4,7 @@
 
 mod affine_grid;
 mod attention;
+mod col2im;
 mod elementwise;
 mod grid_sample;
 mod loss;
@@ -26,7 +27,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 13] = [
+const FAMILIES: [(&[&str], Dispatch); 14] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -40,6 +41,7 @@ const FAMILIES: [(&[&str], Dispatch); 13] = [
     (recurrent::OPS, recurrent::run),
     (reverse_sequence::OPS, reverse_sequence::run),
     (spectral::OPS, spectral::run),
+    (col2im::OPS, col2im::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

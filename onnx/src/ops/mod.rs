@@ -5,6 +5,7 @@
 mod affine_grid;
 mod attention;
 mod col2im;
+mod det;
 mod elementwise;
 mod grid_sample;
 mod loss;
@@ -27,7 +28,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 14] = [
+const FAMILIES: [(&[&str], Dispatch); 15] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -42,6 +43,7 @@ const FAMILIES: [(&[&str], Dispatch); 14] = [
     (reverse_sequence::OPS, reverse_sequence::run),
     (spectral::OPS, spectral::run),
     (col2im::OPS, col2im::run),
+    (det::OPS, det::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

@@ -303,8 +303,10 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         "Mean" => variadic(node, |a, b| a.add(b), op),
         "Pow" => (|| {
             let (x, y) = (node.tensor(0)?, node.tensor(1)?);
-            if !x.dtype().is_float() {
-                return unsupported(format!("Pow of {} tensors", x.dtype()));
+            if !x.dtype().is_float() && y.dtype().is_float() {
+                // An integer base to a float power: computed in the exponent's type, truncated to the
+                // base's (numpy's `power(x, y).astype(x.dtype)`, which ONNX's reference takes).
+                return one(x.cast(y.dtype())?.pow(&y)?.cast(x.dtype())?);
             }
             let y = if y.dtype() == x.dtype() { y } else { y.cast(x.dtype())? };
             one(x.pow(&y)?)

@@ -253,13 +253,30 @@ fn per_channel(p: &Tensor, rank: usize) -> OpResult<Tensor> {
     Ok(p.reshape(&dims)?)
 }
 
+/// Inference: the given statistics. Training mode (opset 14 on): the batch's own mean and (biased)
+/// variance over every axis but the channels, and the running statistics updated by `momentum` as
+/// its second and third outputs.
 fn batch_norm(node: &Node) -> OpResult<Vec<Value>> {
-    if node.int("training_mode", 0) != 0 || node.proto.output.iter().skip(1).any(|o| !o.is_empty()) {
-        return unsupported("BatchNormalization in training mode (running statistics outputs)");
+    let training = node.int("training_mode", 0) != 0;
+    if !training && node.proto.output.iter().skip(1).any(|o| !o.is_empty()) {
+        return unsupported("BatchNormalization's statistics outputs outside training mode (opsets before 14)");
     }
     let (x, scale, bias, mean, var) =
         (node.tensor(0)?, node.tensor(1)?, node.tensor(2)?, node.tensor(3)?, node.tensor(4)?);
-    one(x.batch_norm(&mean, &var, Some(&scale), Some(&bias), node.float("epsilon", 1e-5))?)
+    let eps = node.float("epsilon", 1e-5);
+    if !training {
+        return one(x.batch_norm(&mean, &var, Some(&scale), Some(&bias), eps)?);
+    }
+    let axes: Vec<isize> = (0..x.rank() as isize).filter(|&a| a != 1).collect();
+    let batch_mean = x.mean(&axes, false)?;
+    let batch_var = x.var(&axes, 0, false)?;
+    let m = node.float("momentum", 0.9);
+    let running = |given: &Tensor, batch: &Tensor| -> OpResult<Tensor> { Ok(given.mul(m)?.add(&batch.mul(1.0 - m)?)?) };
+    Ok(vec![
+        Value::Tensor(x.batch_norm(&batch_mean, &batch_var, Some(&scale), Some(&bias), eps)?),
+        Value::Tensor(running(&mean, &batch_mean)?),
+        Value::Tensor(running(&var, &batch_var)?),
+    ])
 }
 
 fn layer_norm(node: &Node) -> OpResult<Vec<Value>> {

@@ -11,6 +11,7 @@ use kiln_graph::{DType, Tensor};
 
 /// The op types this family converts.
 pub(super) const OPS: &[&str] = &[
+    "Compress",
     "Shape",
     "Size",
     "Reshape",
@@ -117,6 +118,7 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => reduce(node, op),
         "ArgMax" | "ArgMin" => arg_extreme(node, op == "ArgMax"),
         "Trilu" => trilu(node),
+        "Compress" => compress(node),
         "DepthToSpace" | "SpaceToDepth" => depth_space(node, op == "DepthToSpace"),
         "EyeLike" => eye_like(node),
         "OneHot" => one_hot(node),
@@ -143,6 +145,29 @@ fn arg_extreme(node: &Node, max: bool) -> OpResult<Vec<Value>> {
     };
     let reversed = x.index_select(a as isize, &Tensor::arange((n - 1) as f64, -1.0, -1.0, DType::I64)?)?;
     one(Tensor::full((n - 1) as f64, &[], DType::I64)?.sub(&pick(&reversed)?)?)
+}
+
+/// `Compress`: the slices along `axis` (of the flattened input without one) whose `condition` entry is
+/// true. Which slices, and so the output's shape, depends on the condition's values: they are read on
+/// the host (a graph break under `compile`, as a boolean mask's indexing is for torch.compile), and the
+/// slices picked by one gather.
+fn compress(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?;
+    let Some(keep) = node.host_values(1)? else { return invalid("input 1 (condition) is required") };
+    let (x, a) = match node.proto.attribute.iter().any(|p| p.name() == "axis") {
+        true => {
+            let a = axis(node.int("axis", 0), x.rank())?;
+            (x, a)
+        }
+        false => (x.reshape(&[-1])?, 0),
+    };
+    let len = x.shape().dims()[a].as_const().ok_or(OpError::Unsupported("Compress along a symbolic axis".into()))?;
+    if keep.len() > len as usize {
+        return invalid(format!("a condition of {} entries for an axis of {len}", keep.len()));
+    }
+    let picked: Vec<f64> = keep.iter().enumerate().filter(|(_, &c)| c != 0.0).map(|(i, _)| i as f64).collect();
+    let n = picked.len();
+    one(x.index_select(a as isize, &node.model.constant(picked, &[n], DType::I64)?)?)
 }
 
 /// Input `i`'s dims as expressions (of a tensor or of folded integers).

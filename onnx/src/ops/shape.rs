@@ -354,8 +354,11 @@ fn slice(node: &Node) -> OpResult<Vec<Value>> {
     if starts.len() != ends.len() || axes.len() != starts.len() || steps.len() != starts.len() {
         return invalid("starts, ends, axes and steps differ in length");
     }
-    if steps.iter().any(|&s| s <= 0) {
-        return unsupported("a slice with a negative or zero step");
+    if steps.contains(&0) {
+        return invalid("a slice with a zero step");
+    }
+    if steps.iter().any(|&s| s < 0) {
+        return backward_slice(node, &starts, &ends, &axes, &steps);
     }
     let big = |v: i64| v.clamp(isize::MIN as i64 / 2, isize::MAX as i64 / 2) as isize;
     if let (Some(Value::Ints(v)), true) = (node.value(0), rank == 1 && starts.len() == 1) {
@@ -368,6 +371,39 @@ fn slice(node: &Node) -> OpResult<Vec<Value>> {
     let mut x = node.tensor(0)?;
     for i in 0..starts.len() {
         x = x.slice(axes[i] as isize, big(starts[i]), Some(big(ends[i])), steps[i] as usize)?;
+    }
+    one(x)
+}
+
+/// The positions a slice from `start` to `end` (exclusive) by `step` takes along an axis of `n`, as
+/// ONNX clamps them (a negative start or end counts from the end; a negative step walks down from
+/// `start`, clamped to the last position, to `end`, clamped to one before the first).
+fn slice_positions(start: i64, end: i64, step: i64, n: i64) -> Vec<i64> {
+    let wrap = |i: i64| if i < 0 { i.saturating_add(n) } else { i };
+    let (mut i, end) = if step > 0 {
+        (wrap(start).clamp(0, n), wrap(end).clamp(0, n))
+    } else {
+        (wrap(start).clamp(0, n - 1), wrap(end).clamp(-1, n - 1))
+    };
+    let mut v = Vec::new();
+    while (step > 0 && i < end) || (step < 0 && i > end) {
+        v.push(i);
+        i += step;
+    }
+    v
+}
+
+/// A slice with a negative step on some axis: each axis's positions (`slice_positions`) picked by one
+/// gather, so the axes must have known lengths.
+fn backward_slice(node: &Node, starts: &[i64], ends: &[i64], axes: &[usize], steps: &[i64]) -> OpResult<Vec<Value>> {
+    let mut x = node.tensor(0)?;
+    for i in 0..starts.len() {
+        let Some(n) = x.shape().dims()[axes[i]].as_const() else {
+            return unsupported("a slice with a negative step along a symbolic axis");
+        };
+        let picked: Vec<f64> = slice_positions(starts[i], ends[i], steps[i], n).into_iter().map(|p| p as f64).collect();
+        let count = picked.len();
+        x = x.index_select(axes[i] as isize, &node.model.constant(picked, &[count], DType::I64)?)?;
     }
     one(x)
 }
@@ -856,4 +892,19 @@ pub(super) fn float_product(x: &Tensor, axes: &[isize], keep: bool) -> kiln_grap
     let odd = negatives.sub(&negatives.div(2.0)?.floor()?.mul(2.0)?)?.gt(0.5)?;
     let zero = x.eq(0.0)?.cast(x.dtype())?.sum(axes, keep)?.gt(0.0)?;
     zero.where_(0.0, &odd.where_(mag.neg()?, &mag)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slice_positions;
+
+    /// ONNX's clamping, both directions: a negative step walks down from a start clamped to the last
+    /// position to an end clamped to one before the first (so `i64::MIN` reaches the first).
+    #[test]
+    fn slice_positions_clamp_as_onnx_does() {
+        assert_eq!(slice_positions(0, 10, 3, 7), vec![0, 3, 6]);
+        assert_eq!(slice_positions(-1, i64::MIN, -1, 4), vec![3, 2, 1, 0]);
+        assert_eq!(slice_positions(20, 0, -2, 5), vec![4, 2]);
+        assert_eq!(slice_positions(1, 3, -1, 5), Vec::<i64>::new());
+    }
 }

@@ -5,6 +5,7 @@
 mod affine_grid;
 mod attention;
 mod col2im;
+mod data_shaped;
 mod det;
 mod elementwise;
 mod grid_sample;
@@ -28,7 +29,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 15] = [
+const FAMILIES: [(&[&str], Dispatch); 16] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -44,6 +45,7 @@ const FAMILIES: [(&[&str], Dispatch); 15] = [
     (spectral::OPS, spectral::run),
     (col2im::OPS, col2im::run),
     (det::OPS, det::run),
+    (data_shaped::OPS, data_shaped::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

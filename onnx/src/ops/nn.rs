@@ -218,10 +218,10 @@ fn pool(node: &Node, max: bool) -> OpResult<Vec<Value>> {
     };
     let mut win = window(node, &x, &kernel)?;
     let count_pad = node.int("count_include_pad", 0) != 0;
-    if node.int("ceil_mode", 0) != 0 {
-        if !max && count_pad {
-            return unsupported("ceil_mode with count_include_pad");
-        }
+    // The explicit padding, before `ceil_mode` adds to it.
+    let given = win.padding.clone();
+    let ceil = node.int("ceil_mode", 0) != 0;
+    if ceil {
         // Rounding the output length up is extra padding at the end that no window counts: -inf for a
         // max, uncounted for an average. A last window starting past the input and its left padding is
         // dropped (PyTorch's rule, which ONNX's reference follows).
@@ -242,6 +242,36 @@ fn pool(node: &Node, max: bool) -> OpResult<Vec<Value>> {
             let need = (out - 1) * win.stride[a] + span;
             win.padding[a].1 += need.saturating_sub(lens[a] + pb + pa);
         }
+    }
+    if !max && count_pad && ceil && win.padding != given {
+        // Counting the given padding but not the rounding's: the window's sum over a divisor per output
+        // position, its taps inside the input and the given padding (PyTorch's rule).
+        let lens = spatial(&x)?;
+        let sum = x.avg_pool(&kernel, &win, true)?.mul(kernel.iter().product::<usize>() as f64)?;
+        let Some(out) = sum.shape().as_concrete() else { return unsupported("pooling over symbolic dims") };
+        let out = &out[2..];
+        let per_axis: Vec<Vec<f64>> = (0..kernel.len())
+            .map(|a| {
+                let limit = lens[a] + given[a].0 + given[a].1;
+                (0..out[a])
+                    .map(|o| (0..kernel[a]).filter(|&j| o * win.stride[a] + j * win.dilation[a] < limit).count() as f64)
+                    .collect()
+            })
+            .collect();
+        let total: usize = out.iter().product();
+        let counts: Vec<f64> = (0..total)
+            .map(|flat| {
+                let (mut rest, mut c) = (flat, 1.0);
+                for a in (0..out.len()).rev() {
+                    c *= per_axis[a][rest % out[a]];
+                    rest /= out[a];
+                }
+                c
+            })
+            .collect();
+        let mut dims = vec![1, 1];
+        dims.extend_from_slice(out);
+        return one(sum.div(&node.model.constant(counts, &dims, x.dtype())?)?);
     }
     one(if max { x.max_pool(&kernel, &win)? } else { x.avg_pool(&kernel, &win, count_pad)? })
 }

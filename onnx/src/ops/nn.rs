@@ -4,7 +4,7 @@
 use super::{axis, invalid, one, product, reshape_to, unsupported, Node, OpResult};
 use crate::value::Value;
 use kiln_graph::sym::Expr;
-use kiln_graph::{Tensor, Window};
+use kiln_graph::{DType, Tensor, Window};
 
 /// The op types this family converts.
 pub(super) const OPS: &[&str] = &[
@@ -206,12 +206,7 @@ fn conv(node: &Node) -> OpResult<Vec<Value>> {
 
 fn pool(node: &Node, max: bool) -> OpResult<Vec<Value>> {
     let x = node.tensor(0)?;
-    if node.proto.output.get(1).is_some_and(|o| !o.is_empty()) {
-        return unsupported("MaxPool's Indices output");
-    }
-    if node.int("storage_order", 0) != 0 {
-        return unsupported("storage_order = 1");
-    }
+    let want_indices = max && node.proto.output.get(1).is_some_and(|o| !o.is_empty());
     let kernel: Vec<usize> = match node.ints("kernel_shape") {
         Some(k) if !k.is_empty() && k.iter().all(|&v| v >= 1) => k.iter().map(|&v| v as usize).collect(),
         k => return invalid(format!("kernel_shape {k:?}")),
@@ -273,7 +268,88 @@ fn pool(node: &Node, max: bool) -> OpResult<Vec<Value>> {
         dims.extend_from_slice(out);
         return one(sum.div(&node.model.constant(counts, &dims, x.dtype())?)?);
     }
+    if want_indices {
+        let y = x.max_pool(&kernel, &win)?;
+        let indices = max_indices(node, &x, &y, &kernel, &win)?;
+        return Ok(vec![Value::Tensor(y), Value::Tensor(indices)]);
+    }
     one(if max { x.max_pool(&kernel, &win)? } else { x.avg_pool(&kernel, &win, count_pad)? })
+}
+
+/// The most taps a window may have for MaxPool's indices: each is a strided slice in the traced graph.
+const MAX_INDEXED_TAPS: usize = 256;
+
+/// MaxPool's second output: where each window's maximum is in `x`, as an index over all of `x`, its
+/// planes in order and each plane row-major (column-major with `storage_order` 1); the first of equal
+/// maxima. The taps are strided slices of `x` padded with -inf, stacked; their
+/// argmax picks a tap, and a host-made table turns (tap, output position) into the input's index.
+fn max_indices(node: &Node, x: &Tensor, y: &Tensor, kernel: &[usize], win: &Window) -> OpResult<Tensor> {
+    let (Some(xd), Some(yd)) = (x.shape().as_concrete(), y.shape().as_concrete()) else {
+        return unsupported("MaxPool's indices over symbolic dims");
+    };
+    let taps: usize = kernel.iter().product();
+    if taps > MAX_INDEXED_TAPS {
+        return unsupported(format!("MaxPool's indices over windows of {taps} taps (up to {MAX_INDEXED_TAPS})"));
+    }
+    let s = kernel.len();
+    let (lens, out) = (&xd[2..], &yd[2..]);
+    let mut pads = vec![(0, 0); 2];
+    pads.extend(win.padding.iter().copied());
+    let padded = x.pad(&pads, f64::NEG_INFINITY)?;
+    // Tap t's position in the window, row-major.
+    let offsets = |t: usize| {
+        let mut at = vec![0; s];
+        let mut rest = t;
+        for a in (0..s).rev() {
+            at[a] = rest % kernel[a];
+            rest /= kernel[a];
+        }
+        at
+    };
+    let mut stacked = Vec::with_capacity(taps);
+    for t in 0..taps {
+        let mut v = padded.clone();
+        for (a, off) in offsets(t).into_iter().enumerate() {
+            let start = off * win.dilation[a];
+            let end = start + (out[a] - 1) * win.stride[a] + 1;
+            v = v.slice(2 + a as isize, start as isize, Some(end as isize), win.stride[a])?;
+        }
+        stacked.push(v.unsqueeze(2)?);
+    }
+    let tap = Tensor::concat(&stacked.iter().collect::<Vec<_>>(), 2)?.argmax(2, true)?;
+    // Each (tap, output position)'s index within its input plane.
+    let positions: usize = out.iter().product();
+    let column_major = node.int("storage_order", 0) != 0;
+    let mut table = Vec::with_capacity(taps * positions);
+    for t in 0..taps {
+        let off = offsets(t);
+        for p in 0..positions {
+            let (mut rest, mut flat) = (p, 0i64);
+            let mut at = vec![0; s];
+            for a in (0..s).rev() {
+                at[a] = rest % out[a];
+                rest /= out[a];
+            }
+            // Row-major within the plane, or column-major with `storage_order` 1.
+            let axes: Vec<usize> = if column_major { (0..s).rev().collect() } else { (0..s).collect() };
+            for a in axes {
+                let i = (at[a] * win.stride[a] + off[a] * win.dilation[a]) as i64 - win.padding[a].0 as i64;
+                flat = flat * lens[a] as i64 + i;
+            }
+            table.push(flat as f64);
+        }
+    }
+    let mut tdims = vec![1, 1, taps];
+    tdims.extend_from_slice(out);
+    let full: Vec<isize> = [xd[0], xd[1], taps].iter().chain(out).map(|&d| d as isize).collect();
+    let table = node.model.constant(table, &tdims, DType::I64)?.expand(&full)?;
+    let within = table.gather(2, &tap.expand(&[&full[..2], &[1], &full[3..]].concat())?)?.squeeze(2)?;
+    // Each plane's first index: (n · C + c) · its size.
+    let plane: usize = lens.iter().product();
+    let starts: Vec<f64> = (0..xd[0] * xd[1]).map(|i| (i * plane) as f64).collect();
+    let mut sdims = vec![xd[0], xd[1]];
+    sdims.extend(std::iter::repeat_n(1, s));
+    Ok(within.add(&node.model.constant(starts, &sdims, DType::I64)?)?)
 }
 
 /// A per-channel parameter `[C]` shaped to broadcast over `[N, C, ...]` of rank `rank`.

@@ -89,18 +89,26 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
     let budget = target.template_shared_bytes();
     if dtype == DType::F32 {
         let la = target.lane_attention?;
-        let rows_ok = la.rows > 0 && la.rows % 32 == 0 && la.rows <= target.max_threads_per_group;
+        // A query split across threads whose partial scores the target's subgroups can sum, and whose
+        // rows divide evenly into their 4-lane vectors; else one thread a query.
+        let split_ok = |s: u32| {
+            matches!(s, 2 | 4) && target.subgroup_size.is_some_and(|g| g % s == 0) && d % (4 * s) == 0 && dv % (4 * s) == 0
+        };
+        let split = if split_ok(la.split) { la.split } else { 1 };
+        let threads = la.rows * split;
+        let rows_ok = la.rows > 0 && threads % 32 == 0 && threads <= target.max_threads_per_group;
         if !rows_ok || la.chunk == 0 || la.keys % la.chunk != 0 {
             return None;
         }
         return std::iter::successors(Some(la.keys), |&k| (k / 2 % la.chunk == 0 && k / 2 > 0).then_some(k / 2))
             .map(|keys| AttentionTile {
-                warps: la.rows / 32,
+                warps: threads / 32,
                 keys,
                 vector: if align % 4 == 0 { 4 } else { 1 },
                 stages: 1,
                 units: AttentionUnits::Lanes,
                 chunk: la.chunk,
+                split,
             })
             .find(|t| t.shared_bytes(d, dv) <= budget);
     }
@@ -116,6 +124,7 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
                 stages,
                 units: AttentionUnits::Matrix,
                 chunk: 0,
+                split: 1,
             })
         })
         .find(|t| t.shared_bytes(d, dv) <= budget)
@@ -149,6 +158,7 @@ pub fn grad_tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<Atte
             stages: 1,
             units: AttentionUnits::Matrix,
             chunk: 0,
+            split: 1,
         })
         .find(|t| t.grad_shared_bytes(d, dv) <= budget)
 }

@@ -722,6 +722,10 @@ pub struct AttentionTile {
     /// and output (one rescale of the output a chunk, not a key); a divisor of `keys`. 0 otherwise.
     #[serde(default)]
     pub chunk: u32,
+    /// With lanes: threads a query is split across (1, 2 or 4), each holding that share of its rows and
+    /// their partial scores summed by subgroup shuffles — fewer registers a thread, so more threads fit.
+    #[serde(default = "one_stage")]
+    pub split: u32,
 }
 
 fn one_stage() -> u32 {
@@ -733,7 +737,7 @@ impl AttentionTile {
     pub fn rows(&self) -> u32 {
         match self.units {
             AttentionUnits::Matrix => 16 * self.warps,
-            AttentionUnits::Lanes => self.threads(),
+            AttentionUnits::Lanes => self.threads() / self.split.max(1),
         }
     }
 
@@ -1311,7 +1315,9 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                     a.tile.warps,
                     match a.tile.units {
                         AttentionUnits::Matrix => String::new(),
-                        AttentionUnits::Lanes => format!(" on lanes, a query each, {} keys a chunk", a.tile.chunk),
+                        AttentionUnits::Lanes => {
+                            format!(" on lanes, a query each {} threads, {} keys a chunk", a.tile.split, a.tile.chunk)
+                        }
                     },
                     a.tile.keys,
                     a.tile.vector

@@ -119,6 +119,14 @@ pub struct LaneAttention {
     pub keys: u32,
     /// Keys scored before they are folded in (`kernel::AttentionTile::chunk`).
     pub chunk: u32,
+    /// Threads a query is split across (`kernel::AttentionTile::split`), where the target's subgroups
+    /// can sum their partial scores (else 1).
+    #[serde(default = "one")]
+    pub split: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Default for LaneAttention {
@@ -128,7 +136,7 @@ impl Default for LaneAttention {
     /// waits on latency, and smaller tiles and chunks leave room for more threads; `benches/NOTES.md`,
     /// session 35).
     fn default() -> LaneAttention {
-        LaneAttention { rows: 128, keys: 32, chunk: 4 }
+        LaneAttention { rows: 128, keys: 32, chunk: 4, split: 1 }
     }
 }
 
@@ -315,7 +323,7 @@ impl Target {
     /// `KILN_<BACKEND>_COLUMN_THREADS` (`column_threads`), `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full
     /// precision, as `torch.backends.cudnn.allow_tf32 = False`), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
-    /// attention on matrix units or lanes), `KILN_<BACKEND>_LANE_ATTENTION=rows,keys,chunk` (`lane_attention`) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
+    /// attention on matrix units or lanes), `KILN_<BACKEND>_LANE_ATTENTION=rows,keys,chunk[,split]` (`lane_attention`) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
     /// (`benches/NOTES.md`), `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix) and
     /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB), `KILN_<BACKEND>_MATMUL_TILE` (`matmul_tile`).
@@ -356,9 +364,10 @@ impl Target {
         let lanes = std::env::var(format!("KILN_{backend}_LANE_ATTENTION")).ok();
         if let (Some(la), Some(v)) = (self.lane_attention.as_mut(), lanes) {
             let n: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-            if let [rows, keys, chunk] = n[..] {
-                *la = LaneAttention { rows, keys, chunk };
-                self.name = format!("{}-lane-attention-{rows}-{keys}-{chunk}", self.name);
+            let split = n.get(3).copied().unwrap_or(1);
+            if let [rows, keys, chunk, ..] = n[..] {
+                *la = LaneAttention { rows, keys, chunk, split };
+                self.name = format!("{}-lane-attention-{rows}-{keys}-{chunk}-{split}", self.name);
             }
         }
         if let Some(mb) = knob("BUCKET_MB").filter(|&mb| u64::from(mb) << 20 != self.bucket_bytes) {

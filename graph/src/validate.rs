@@ -103,6 +103,17 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
                 let chunked = a.tile.chunk > 0 && a.tile.keys % a.tile.chunk == 0;
                 let dims = a.head_dim % 4 == 0 && a.value_dim % 4 == 0;
                 let loads = matches!(a.tile.vector, 1 | 4) && a.tile.stages == 1;
+                let split = a.tile.split;
+                let shared = matches!(split, 1 | 2 | 4)
+                    && (split == 1 || target.subgroup_size.is_some_and(|g| g % split == 0))
+                    && a.head_dim % (4 * split) == 0
+                    && a.value_dim % (4 * split) == 0;
+                if !shared {
+                    return broken(format!(
+                        "a query split across {split} threads (head dims {} and {}, subgroups of {:?})",
+                        a.head_dim, a.value_dim, target.subgroup_size
+                    ));
+                }
                 if a.pass != AttentionPass::Forward || a.dtype != crate::DType::F32 || !chunked || !dims || !loads {
                     return broken(format!(
                         "an attention on lanes runs the f32 forward pass over head dims that are multiples of 4 in \

@@ -79,3 +79,27 @@ fn subgroup_combines_and_packed_rows_validate() {
     let source = render(&c.kernels[0], false).unwrap().source;
     assert!(source.contains("subgroupShuffleXor") && !source.contains("stride = stride / 2i"), "{source}");
 }
+
+/// The f32 attention on lanes validates with one thread a query, and split across 2 and 4 threads where
+/// the subgroups sum their partial scores by shuffles (which the split kernel then holds), on WebGPU's
+/// limits and with subgroups of 32; a split with no subgroups falls back to one thread a query.
+#[test]
+fn attention_on_lanes_validates_split_or_not() {
+    use kiln_graph::kernel::Stmt;
+    use kiln_graph::target::LaneAttention;
+    let qkv = [f32s(&[2, 96, 64]), f32s(&[2, 96, 64]), f32s(&[2, 96, 64])];
+    let attention = |t: &[Tensor]| {
+        let s = t[0].matmul(&t[1].transpose(-1, -2)?)?.mul(0.125)?.causal_mask()?;
+        Ok(vec![s.softmax(-1)?.matmul(&t[2])?])
+    };
+    for (subgroups, split, threads) in [(None, 2, 128), (Some(32), 1, 128), (Some(32), 2, 256), (Some(32), 4, 256)] {
+        let la = LaneAttention { rows: if split == 4 { 64 } else { 128 }, keys: 32, chunk: 4, split };
+        let target = Target { subgroup_size: subgroups, lane_attention: Some(la), ..Target::webgpu_default() };
+        check_on(&target, &qkv, attention);
+        let c = compile_graph(&capture(&qkv, attention).unwrap(), &target).unwrap();
+        let k = c.kernels.iter().find(|k| matches!(k.body.as_slice(), [Stmt::Attention(_)])).expect("fused");
+        assert_eq!(k.launch.threads, threads, "{subgroups:?} split {split}");
+        let shuffles = render(k, false).unwrap().source.contains("subgroupShuffleXor");
+        assert_eq!(shuffles, subgroups.is_some() && split > 1, "{subgroups:?} split {split}");
+    }
+}

@@ -31,6 +31,8 @@ impl Writer<'_> {
             Some(format!("the lanes template computes f32, not {}", a.dtype))
         } else if d % 4 != 0 || dv % 4 != 0 || t.chunk == 0 || t.keys % t.chunk != 0 || !matches!(t.vector, 1 | 4) {
             Some(format!("tile {t:?} does not fit head dims {d} and {dv}"))
+        } else if !matches!(t.split, 1 | 2 | 4) || d % (4 * t.split) != 0 || dv % (4 * t.split) != 0 {
+            Some(format!("tile {t:?}: a query split across {} threads over head dims {d} and {dv}", t.split))
         } else if self.k.launch.threads != t.threads() {
             Some(format!("tile {t:?} on {} threads", self.k.launch.threads))
         } else {
@@ -40,7 +42,10 @@ impl Writer<'_> {
             return self.fail(format!("attention: {why}"));
         }
         let (d4, v4) = (d / 4, dv / 4);
-        let (rows, keys, chunk) = (t.rows(), t.keys, t.chunk);
+        let (rows, keys, chunk, split) = (t.rows(), t.keys, t.chunk, t.split);
+        let threads = t.threads();
+        // Each of a query's `split` threads holds this many of its vectors of `q` and of the output.
+        let (dq, vq) = (d4 / split, v4 / split);
         self.attention_tiles = Some((keys * d4, keys * v4));
         let (tq, tk) = (self.expr(&a.q_len), self.expr(&a.kv_len));
         let mut entries = "1i".to_string();
@@ -102,19 +107,26 @@ impl Writer<'_> {
                 format!("vec4<f32>({})", x.join(", "))
             }
         };
-        l(self, e, format!("let at_row: i32 = at_block * {rows}i + local;"));
+        if split == 1 {
+            l(self, e, format!("let at_row: i32 = at_block * {rows}i + local;"));
+            l(self, e, "let at_part: i32 = 0i;".into());
+        } else {
+            // A query's threads are adjacent lanes of one subgroup: their partial scores meet by shuffles.
+            l(self, e, format!("let at_row: i32 = at_block * {rows}i + local / {split}i;"));
+            l(self, e, format!("let at_part: i32 = local % {split}i;"));
+        }
         l(self, e, format!("let at_live: bool = at_row < {tq};"));
         // The query row, times scale · log2(e): scores come out in base 2, for `exp2`.
         let scale = float_literal(a.scale * std::f64::consts::LOG2_E);
-        for c in 0..d4 {
+        for c in 0..dq {
             l(self, e, format!("var at_q{c}: vec4<f32> = vec4<f32>(0.0f);"));
         }
-        for c in 0..dv / 4 {
+        for c in 0..vq {
             l(self, e, format!("var at_out{c}: vec4<f32> = vec4<f32>(0.0f);"));
         }
         l(self, e, "if (at_live) {".into());
-        l(self, e + 1, format!("let at_at: i32 = at_oq + at_row * {ldq};"));
-        for c in 0..d4 {
+        l(self, e + 1, format!("let at_at: i32 = at_oq + at_row * {ldq} + at_part * {}i;", 4 * dq));
+        for c in 0..dq {
             let x = load4(bq, &format!("at_at + {}i", 4 * c));
             l(self, e + 1, format!("at_q{c} = {x} * {scale};"));
         }
@@ -129,6 +141,11 @@ impl Writer<'_> {
         };
         l(self, e, format!("let at_end: i32 = {end};"));
         l(self, e, format!("let at_mine: i32 = select(0i, {mine}, at_live);"));
+        if split > 1 {
+            // Shuffles need every lane of the subgroup: the chunks run to the workgroup's last key,
+            // each thread masking the keys past its own.
+            l(self, e, "let at_all: i32 = at_end;".into());
+        }
         l(self, e, format!("for (var at_j0: i32 = 0i; at_j0 < at_end; at_j0 = at_j0 + {keys}i) {{"));
         let f = e + 1;
         l(self, f, "workgroupBarrier();".into());
@@ -137,14 +154,14 @@ impl Writer<'_> {
         // flight together (a loop would wait for each load in turn).
         for (name, buffer, off, ld, width) in [("k", bk, "at_ok", &ldk, d), ("v", bv, "at_ov", &ldv, dv)] {
             let (n, w4) = (keys * width / 4, width / 4);
-            let slots = n.div_ceil(rows);
+            let slots = n.div_ceil(threads);
             l(self, f, "{".into());
             for batch in (0..slots).step_by(LOADS_IN_FLIGHT as usize) {
                 let batch = batch..(batch + LOADS_IN_FLIGHT).min(slots);
                 for q in batch.clone() {
-                    let ragged = (q + 1) * rows > n;
+                    let ragged = (q + 1) * threads > n;
                     let inside = if ragged { format!("at_e{name}{q} < {n}i && ") } else { String::new() };
-                    l(self, f + 1, format!("let at_e{name}{q}: i32 = local + {}i;", q * rows));
+                    l(self, f + 1, format!("let at_e{name}{q}: i32 = local + {}i;", q * threads));
                     l(self, f + 1, format!("var at_x{name}{q}: vec4<f32> = vec4<f32>(0.0f);"));
                     l(self, f + 1, format!("let at_j{name}{q}: i32 = at_j0 + at_e{name}{q} / {w4}i;"));
                     let at = format!("{off} + at_j{name}{q} * {ld} + (at_e{name}{q} % {w4}i) * 4i");
@@ -153,7 +170,7 @@ impl Writer<'_> {
                 }
                 for q in batch {
                     let store = format!("at_{name}t[at_e{name}{q}] = at_x{name}{q};");
-                    if (q + 1) * rows > n {
+                    if (q + 1) * threads > n {
                         l(self, f + 1, format!("if (at_e{name}{q} < {n}i) {{ {store} }}"));
                     } else {
                         l(self, f + 1, store);
@@ -164,33 +181,50 @@ impl Writer<'_> {
         }
         l(self, f, "workgroupBarrier();".into());
         l(self, f, format!("let at_n: i32 = clamp(at_mine - at_j0, 0i, {keys}i);"));
-        l(self, f, format!("for (var at_c: i32 = 0i; at_c < at_n; at_c = at_c + {chunk}i) {{"));
+        let bound = if split > 1 {
+            l(self, f, format!("let at_nall: i32 = clamp(at_all - at_j0, 0i, {keys}i);"));
+            "at_nall"
+        } else {
+            "at_n"
+        };
+        l(self, f, format!("for (var at_c: i32 = 0i; at_c < {bound}; at_c = at_c + {chunk}i) {{"));
         let g = f + 1;
-        l(self, g, format!("let at_kb: i32 = at_c * {d4}i;"));
-        l(self, g, format!("let at_vb: i32 = at_c * {v4}i;"));
+        l(self, g, format!("let at_kb: i32 = at_c * {d4}i + at_part * {dq}i;"));
+        l(self, g, format!("let at_vb: i32 = at_c * {v4}i + at_part * {vq}i;"));
         let lowest = float_literal(LOWEST);
         for u in 0..chunk {
-            let dots: Vec<String> = (0..d4).map(|c| format!("dot(at_q{c}, at_kt[at_kb + {}i])", u * d4 + c)).collect();
-            l(self, g, format!("let at_s{u}: f32 = {};", dots.join(" + ")));
+            let dots: Vec<String> = (0..dq).map(|c| format!("dot(at_q{c}, at_kt[at_kb + {}i])", u * d4 + c)).collect();
+            l(self, g, format!("var at_s{u}: f32 = {};", dots.join(" + ")));
+            // The query's other threads' partial scores (butterfly within adjacent lanes).
+            let mut step = 1;
+            while step < split {
+                l(self, g, format!("at_s{u} = at_s{u} + subgroupShuffleXor(at_s{u}, {step}u);"));
+                step *= 2;
+            }
         }
-        // The chunk's first key is always this thread's; later ones may be past its last.
-        let mut most = "at_s0".to_string();
-        for u in 1..chunk {
-            most = format!("max({most}, select({lowest}, at_s{u}, at_c + {u}i < at_n))");
+        // With one thread a query the chunk's first key is always its own; later ones, or any with a
+        // split query's chunks running to the workgroup's last key, may be past its last.
+        let valid = |u: u32| if u == 0 && split == 1 { None } else { Some(format!("at_c + {u}i < at_n")) };
+        let mut most = "at_m".to_string();
+        for u in 0..chunk {
+            let s = match valid(u) {
+                Some(v) => format!("select({lowest}, at_s{u}, {v})"),
+                None => format!("at_s{u}"),
+            };
+            most = format!("max({most}, {s})");
         }
-        l(self, g, format!("let at_mc: f32 = max(at_m, {most});"));
+        l(self, g, format!("let at_mc: f32 = {most};"));
         l(self, g, "let at_alpha: f32 = exp2(at_m - at_mc);".into());
         for u in 0..chunk {
-            let p = if u == 0 {
-                "exp2(at_s0 - at_mc)".to_string()
-            } else {
-                format!("select(0.0f, exp2(at_s{u} - at_mc), at_c + {u}i < at_n)")
+            let p = match valid(u) {
+                Some(v) => format!("select(0.0f, exp2(at_s{u} - at_mc), {v})"),
+                None => format!("exp2(at_s{u} - at_mc)"),
             };
             l(self, g, format!("let at_p{u}: f32 = {p};"));
         }
         let sum: Vec<String> = (0..chunk).map(|u| format!("at_p{u}")).collect();
         l(self, g, format!("at_l = at_l * at_alpha + ({});", sum.join(" + ")));
-        for c in 0..v4 {
+        for c in 0..vq {
             let terms: Vec<String> = (0..chunk).map(|u| format!("at_p{u} * at_vt[at_vb + {}i]", u * v4 + c)).collect();
             l(self, g, format!("at_out{c} = at_out{c} * at_alpha + {};", terms.join(" + ")));
         }
@@ -201,8 +235,8 @@ impl Writer<'_> {
         // -inf sums to 0 and divides into NaN, as the written-out softmax's 0/0 does.
         l(self, e, "if (at_live) {".into());
         l(self, e + 1, format!("let at_inv: f32 = select(1.0f / at_l, 0.0f, {tk} == 0i);"));
-        l(self, e + 1, format!("let at_at: i32 = at_oo + at_row * {ldo};"));
-        for c in 0..v4 {
+        l(self, e + 1, format!("let at_at: i32 = at_oo + at_row * {ldo} + at_part * {}i;", 4 * vq));
+        for c in 0..vq {
             if vectors {
                 l(self, e + 1, format!("b{bo}[at_at / 4i + {c}i] = at_out{c} * at_inv;"));
             } else {
@@ -214,7 +248,8 @@ impl Writer<'_> {
         if let Some(s) = &a.second {
             let lds = self.expr(&s.ld);
             let ln2 = float_literal(std::f64::consts::LN_2);
-            l(self, e + 1, format!("b{}[at_os + at_row * {lds}] = (at_m + log2(at_l)) * {ln2};", s.buffer));
+            let lse = format!("b{}[at_os + at_row * {lds}] = (at_m + log2(at_l)) * {ln2};", s.buffer);
+            l(self, e + 1, if split > 1 { format!("if (at_part == 0i) {{ {lse} }}") } else { lse });
         }
         l(self, e, "}".into());
         l(self, depth, "}".into());

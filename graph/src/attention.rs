@@ -92,7 +92,10 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
         // A query split across threads whose partial scores the target's subgroups can sum, and whose
         // rows divide evenly into their 4-lane vectors; else one thread a query.
         let split_ok = |s: u32| {
-            matches!(s, 2 | 4) && target.subgroup_size.is_some_and(|g| g % s == 0) && d % (4 * s) == 0 && dv % (4 * s) == 0
+            matches!(s, 2 | 4)
+                && target.subgroup_size.is_some_and(|g| g % s == 0)
+                && d % (4 * s) == 0
+                && dv % (4 * s) == 0
         };
         let split = if split_ok(la.split) { la.split } else { 1 };
         let threads = la.rows * split;

@@ -11,7 +11,7 @@
 
 use crate::error::Result;
 use crate::pipeline::CompiledGraph;
-use crate::target::Target;
+use crate::target::{LaneAttention, Target};
 use crate::value::Value;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -37,6 +37,21 @@ fn candidates(target: &Target) -> Vec<(String, Target)> {
     for threads in [target.row_threads / 2, target.row_threads * 2] {
         if (32..=target.max_threads_per_group).contains(&threads) {
             v.push((format!("row_threads={threads}"), Target { row_threads: threads, ..target.clone() }));
+        }
+    }
+    // The lanes attention's division: half the queries a workgroup, twice the keys a chunk, a query
+    // split across two threads where subgroups allow (each measured slower on an H200 over NVIDIA
+    // Vulkan, `benches/NOTES.md` session 35; other GPUs may differ).
+    if let Some(la) = target.lane_attention {
+        let split = if target.subgroup_size.is_some() && la.split == 1 { 2 } else { la.split };
+        for (label, other) in [
+            (format!("lane_attention.rows={}", la.rows / 2), LaneAttention { rows: la.rows / 2, ..la }),
+            (format!("lane_attention.chunk={}", la.chunk * 2), LaneAttention { chunk: la.chunk * 2, ..la }),
+            (format!("lane_attention.split={split}"), LaneAttention { split, ..la }),
+        ] {
+            if other != la && other.rows >= 32 && la.keys % other.chunk == 0 {
+                v.push((label, Target { lane_attention: Some(other), ..target.clone() }));
+            }
         }
     }
     v
@@ -191,6 +206,11 @@ mod tests {
         assert!(c.iter().skip(1).all(|(_, v)| v != &t));
         let labels: Vec<&str> = c.iter().map(|(l, _)| l.as_str()).collect();
         assert!(labels.contains(&"matmul_tile=64") && labels.contains(&"matmul_tile=16"), "{labels:?}");
+        // The lanes attention's rows and chunk; no split without subgroups, a split with them.
+        assert!(labels.contains(&"lane_attention.rows=64") && labels.contains(&"lane_attention.chunk=8"), "{labels:?}");
+        assert!(!labels.iter().any(|l| l.starts_with("lane_attention.split")), "{labels:?}");
+        let sub = Target { subgroup_size: Some(32), ..t.clone() };
+        assert!(candidates(&sub).iter().any(|(l, _)| l == "lane_attention.split=2"));
         // A target capped at 16 has no smaller matmul tile to try.
         let capped = Target { matmul_tile: 16, ..t };
         assert!(candidates(&capped).iter().all(|(l, _)| !l.starts_with("matmul_tile")));

@@ -138,8 +138,8 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
 pub const MAX_GRAD_HEAD_DIM: i64 = 64;
 
 /// Whether `target` runs an attention's backward pass (its log-sum-exps and gradients) over `dtype` with
-/// head dims `d` and `dv` as fused kernels: as [`matrix_fits`] (the backward has no lanes template), with both head dims at most
-/// [`MAX_GRAD_HEAD_DIM`] and a [`grad_tile`].
+/// head dims `d` and `dv` as fused kernels: as [`matrix_fits`] (the backward has no lanes template),
+/// with both head dims at most [`MAX_GRAD_HEAD_DIM`] and a [`grad_tile`].
 pub fn grad_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
     matrix_fits(target, dtype, d, dv)
         && d <= MAX_GRAD_HEAD_DIM

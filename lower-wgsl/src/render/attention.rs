@@ -4,7 +4,9 @@
 //! (an array indexed in a loop may be left in local memory by a driver's compiler). The workgroup streams
 //! tiles of keys and values through workgroup memory; every thread reads the same key at the same time
 //! (one address: no bank conflicts), scores a chunk of keys, and folds the chunk into its running max,
-//! sum and output, with no other thread involved. No `q_len × kv_len` value exists anywhere.
+//! sum and output, with no other thread involved. No `q_len × kv_len` value exists anywhere. Where `graph`
+//! split a query across 2 or 4 adjacent lanes (`AttentionTile::split`), each holds that share of its
+//! rows and the partial scores meet by subgroup shuffles.
 
 use super::{float_literal, Writer};
 use kiln_graph::dtype::DType;

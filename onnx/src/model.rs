@@ -137,6 +137,12 @@ fn io_spec(model: &str, v: &proto::ValueInfoProto) -> Result<IoSpec> {
 /// Unknown ops and domains are found at load, not at the first call: `node`'s, and those of the
 /// branches of an `If`.
 fn check_supported(name: &str, opset: i64, node: &NodeProto) -> Result<()> {
+    if node.domain() == crate::ops::optimizers::DOMAIN {
+        if !crate::ops::optimizers::OPS.contains(&node.op_type()) {
+            return Err(node_error(name, opset, node, true, format!("op {} of {}", node.op_type(), node.domain())));
+        }
+        return Ok(());
+    }
     if !matches!(node.domain(), "" | "ai.onnx") {
         return Err(node_error(name, opset, node, true, format!("domain {:?}", node.domain())));
     }
@@ -157,14 +163,17 @@ impl Model {
     pub(crate) fn parse(bytes: &[u8], name: &str, dir: Option<&Path>) -> Result<Model> {
         let m = ModelProto::decode(bytes).map_err(|e| malformed(name, e))?;
         let mut opset = None;
+        let mut training = false;
         for o in &m.opset_import {
             match o.domain() {
                 "" | "ai.onnx" => opset = Some(o.version()),
+                d if d == crate::ops::optimizers::DOMAIN => training = o.version() == 1,
                 _ => {}
             }
         }
-        // IR version 3 and older imply opset 1 when none is named; kiln starts at 7.
-        let opset = opset.unwrap_or(1);
+        // IR version 3 and older imply opset 1 when none is named; kiln starts at 7. A model of the
+        // training domain's optimizers alone imports no default opset: its rules are the newest's.
+        let opset = opset.unwrap_or(if training { *OPSETS.end() } else { 1 });
         if !OPSETS.contains(&opset) {
             return Err(Error::Unsupported {
                 what: format!("{name}: opset {opset} (kiln reads opsets {} to {})", OPSETS.start(), OPSETS.end()),

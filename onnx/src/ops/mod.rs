@@ -11,6 +11,7 @@ mod elementwise;
 mod grid_sample;
 mod loss;
 mod nn;
+pub(crate) mod optimizers;
 mod recurrent;
 mod resize;
 mod reverse_sequence;
@@ -192,6 +193,9 @@ impl Node<'_> {
 
 /// `op` on `node` by the family that converts it.
 fn dispatch(node: &Node, op: &str) -> OpResult<Vec<Value>> {
+    if node.proto.domain() == optimizers::DOMAIN {
+        return optimizers::run(node, op).unwrap_or_else(|| unsupported(format!("op {op} of {}", optimizers::DOMAIN)));
+    }
     FAMILIES.iter().find_map(|(_, run)| run(node, op)).unwrap_or_else(|| unsupported(format!("op {op}")))
 }
 
@@ -244,7 +248,7 @@ pub(crate) mod testing {
 /// Converts one node given its inputs (absent optional inputs are `None`); returns its outputs.
 pub(crate) fn run_node(model: &Model, proto: &NodeProto, args: &[Option<Value>]) -> kiln_graph::Result<Vec<Value>> {
     let fail = |unsupported: bool, msg: String| node_error(&model.name, model.opset, proto, unsupported, msg);
-    if !matches!(proto.domain(), "" | "ai.onnx") {
+    if !matches!(proto.domain(), "" | "ai.onnx" | optimizers::DOMAIN) {
         return Err(fail(true, format!("domain {:?}", proto.domain())));
     }
     let node = Node { model, proto, args };

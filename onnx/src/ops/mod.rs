@@ -10,6 +10,7 @@ mod det;
 mod elementwise;
 mod grid_sample;
 mod loss;
+mod max_unpool;
 mod nn;
 pub(crate) mod optimizers;
 mod recurrent;
@@ -30,7 +31,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 16] = [
+const FAMILIES: [(&[&str], Dispatch); 17] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -47,6 +48,7 @@ const FAMILIES: [(&[&str], Dispatch); 16] = [
     (col2im::OPS, col2im::run),
     (det::OPS, det::run),
     (data_shaped::OPS, data_shaped::run),
+    (max_unpool::OPS, max_unpool::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):
@@ -211,6 +213,11 @@ pub(crate) mod testing {
     /// An int attribute.
     pub(crate) fn int(name: &str, v: i64) -> AttributeProto {
         AttributeProto { name: Some(name.into()), i: Some(v), ..Default::default() }
+    }
+
+    /// An ints attribute.
+    pub(crate) fn ints(name: &str, v: &[i64]) -> AttributeProto {
+        AttributeProto { name: Some(name.into()), ints: v.to_vec(), ..Default::default() }
     }
 
     /// A string attribute.

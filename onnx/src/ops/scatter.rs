@@ -42,7 +42,7 @@ fn from_end(i: &Tensor, n: usize) -> OpResult<Tensor> {
 
 /// `data` (`[rows, width]`) with rows `at` (`[k]`, flat row numbers) replaced by, or combined by
 /// `reduction` with, the rows of `updates` (`[k, width]`).
-fn scatter_rows(data: &Tensor, at: &Tensor, updates: &Tensor, reduction: &str) -> OpResult<Tensor> {
+pub(super) fn scatter_rows(data: &Tensor, at: &Tensor, updates: &Tensor, reduction: &str) -> OpResult<Tensor> {
     let (rows, width) = match concrete(data, "data")?[..] {
         [rows, width] => (rows, width),
         _ => return invalid("scatter rows of a matrix"),

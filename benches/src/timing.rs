@@ -77,11 +77,11 @@ fn expected(w: &Workload, host: &[TensorData], cli: &Cli) -> kiln::Result<Vec<Ex
 
 /// One configuration's outputs against the expected ones (as many as are expected; a missing one fails).
 fn judge(outputs: &[TensorData], want: &[Expected], tol: Tolerance) -> Outcome {
-    Outcome::of_each(want, outputs, |got, w| {
+    let numbered: Vec<(usize, &TensorData)> = outputs.iter().enumerate().collect();
+    Outcome::of_each(want, &numbered, |&(i, got), w| {
         let o = check::compare(got, w, tol);
         if !o.correct {
             // Which output, so a failure can be traced (a training step has one per parameter and moment).
-            let i = outputs.iter().position(|x| std::ptr::eq(x, got)).unwrap_or(usize::MAX);
             eprintln!(
                 "kiln-bench: output {i} {:?}: {} elements past the rule, max rel err {:.1e}",
                 w.dims, o.mismatches, o.max_rel_err

@@ -89,31 +89,26 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
     let budget = target.template_shared_bytes();
     if dtype == DType::F32 {
         let la = target.lane_attention?;
-        // A query split across threads whose partial scores the target's subgroups can sum, and whose
-        // rows divide evenly into their 4-lane vectors; else one thread a query.
-        let split_ok = |s: u32| {
-            matches!(s, 2 | 4)
-                && target.subgroup_size.is_some_and(|g| g % s == 0)
-                && d % (4 * s) == 0
-                && dv % (4 * s) == 0
+        let lanes = |keys: u32, split: u32| AttentionTile {
+            warps: la.rows * split / 32,
+            keys,
+            vector: if align % 4 == 0 { 4 } else { 1 },
+            stages: 1,
+            units: AttentionUnits::Lanes,
+            chunk: la.chunk,
+            split,
         };
-        let split = if split_ok(la.split) { la.split } else { 1 };
+        // A query split across threads where the tile's rule allows it (subgroups to sum the partial
+        // scores, head dims in 4-lane vectors a thread); else one thread a query.
+        let fits = |t: &AttentionTile| t.lanes_unfit(d, dv, target.subgroup_size).is_none();
+        let split = if fits(&lanes(la.keys, la.split)) { la.split } else { 1 };
         let threads = la.rows * split;
-        let rows_ok = la.rows > 0 && threads % 32 == 0 && threads <= target.max_threads_per_group;
-        if !rows_ok || la.chunk == 0 || la.keys % la.chunk != 0 {
+        if la.rows == 0 || threads % 32 != 0 || threads > target.max_threads_per_group {
             return None;
         }
-        return std::iter::successors(Some(la.keys), |&k| (k / 2 % la.chunk == 0 && k / 2 > 0).then_some(k / 2))
-            .map(|keys| AttentionTile {
-                warps: threads / 32,
-                keys,
-                vector: if align % 4 == 0 { 4 } else { 1 },
-                stages: 1,
-                units: AttentionUnits::Lanes,
-                chunk: la.chunk,
-                split,
-            })
-            .find(|t| t.shared_bytes(d, dv) <= budget);
+        return std::iter::successors(Some(la.keys), |&k| (k / 2 % la.chunk.max(1) == 0 && k / 2 > 0).then_some(k / 2))
+            .map(|keys| lanes(keys, split))
+            .find(|t| fits(t) && t.shared_bytes(d, dv) <= budget);
     }
     let aligned = align % 8 == 0;
     let stages: &[u32] = if aligned { &[2, 1] } else { &[1] };

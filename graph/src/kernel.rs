@@ -746,6 +746,30 @@ impl AttentionTile {
         32 * self.warps
     }
 
+    /// Why this lanes tile (`AttentionUnits::Lanes`) cannot run an attention of head dims `d` and `dv`
+    /// on a target with subgroups of `subgroup` lanes, if it cannot: its chunks must divide its keys, the
+    /// head dims split into 4-lane vectors per thread of a query, loads of 1 or 4 elements in one stage,
+    /// and a query split across 2 or 4 threads only where subgroups can sum their scores. The one rule
+    /// `attention::tile` chooses by, the validator checks and the renderer relies on.
+    pub fn lanes_unfit(&self, d: u32, dv: u32, subgroup: Option<u32>) -> Option<String> {
+        let split = self.split;
+        let fits = self.units == AttentionUnits::Lanes
+            && self.chunk > 0
+            && self.keys % self.chunk == 0
+            && matches!(self.vector, 1 | 4)
+            && self.stages == 1
+            && matches!(split, 1 | 2 | 4)
+            && d % (4 * split) == 0
+            && dv % (4 * split) == 0
+            && (split == 1 || subgroup.is_some_and(|g| g % split == 0));
+        (!fits).then(|| {
+            format!(
+                "lanes tile {self:?} over head dims {d} and {dv} (chunks dividing its keys, 4-lane vectors a \
+                 thread, one stage of 1- or 4-element loads, a split of 2 or 4 within subgroups of {subgroup:?})"
+            )
+        })
+    }
+
     /// Elements a shared-memory row of head dim `d` takes: 8 more than `d`, so the eight rows one
     /// matrix load reads start in different banks.
     pub fn smem_row(d: u32) -> u32 {

@@ -100,26 +100,13 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
                 return broken(format!("{} threads for an attention tile of {} warps", launch.threads, a.tile.warps));
             }
             if a.tile.units == AttentionUnits::Lanes {
-                let chunked = a.tile.chunk > 0 && a.tile.keys % a.tile.chunk == 0;
-                let dims = a.head_dim % 4 == 0 && a.value_dim % 4 == 0;
-                let loads = matches!(a.tile.vector, 1 | 4) && a.tile.stages == 1;
-                let split = a.tile.split;
-                let shared = matches!(split, 1 | 2 | 4)
-                    && (split == 1 || target.subgroup_size.is_some_and(|g| g % split == 0))
-                    && a.head_dim % (4 * split) == 0
-                    && a.value_dim % (4 * split) == 0;
-                if !shared {
-                    return broken(format!(
-                        "a query split across {split} threads (head dims {} and {}, subgroups of {:?})",
-                        a.head_dim, a.value_dim, target.subgroup_size
-                    ));
+                if let Some(why) = a.tile.lanes_unfit(a.head_dim, a.value_dim, target.subgroup_size) {
+                    return broken(why);
                 }
-                if a.pass != AttentionPass::Forward || a.dtype != crate::DType::F32 || !chunked || !dims || !loads {
+                if a.pass != AttentionPass::Forward || a.dtype != crate::DType::F32 {
                     return broken(format!(
-                        "an attention on lanes runs the f32 forward pass over head dims that are multiples of 4 in \
-                         chunks dividing its tile, one stage of 1- or 4-element loads ({:?} over {}, head dims {} \
-                         and {}, tile {:?})",
-                        a.pass, a.dtype, a.head_dim, a.value_dim, a.tile
+                        "an attention on lanes runs the f32 forward pass, not {:?} over {}",
+                        a.pass, a.dtype
                     ));
                 }
             }

@@ -137,17 +137,8 @@ fn io_spec(model: &str, v: &proto::ValueInfoProto) -> Result<IoSpec> {
 /// Unknown ops and domains are found at load, not at the first call: `node`'s, and those of the
 /// branches of an `If`.
 fn check_supported(name: &str, opset: i64, node: &NodeProto) -> Result<()> {
-    if node.domain() == crate::ops::optimizers::DOMAIN {
-        if !crate::ops::optimizers::OPS.contains(&node.op_type()) {
-            return Err(node_error(name, opset, node, true, format!("op {} of {}", node.op_type(), node.domain())));
-        }
-        return Ok(());
-    }
-    if !matches!(node.domain(), "" | "ai.onnx") {
-        return Err(node_error(name, opset, node, true, format!("domain {:?}", node.domain())));
-    }
-    if !crate::ops::supported_ops().contains(&node.op_type()) {
-        return Err(node_error(name, opset, node, true, format!("op {}", node.op_type())));
+    if let Some(why) = crate::ops::unknown(node.domain(), node.op_type()) {
+        return Err(node_error(name, opset, node, true, why));
     }
     for g in node.attribute.iter().filter_map(|a| a.g.as_ref()) {
         g.node.iter().try_for_each(|n| check_supported(name, opset, n))?;

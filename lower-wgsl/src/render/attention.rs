@@ -31,10 +31,9 @@ impl Writer<'_> {
             Some(format!("the lanes template computes the forward pass, not {:?}", a.pass))
         } else if a.dtype != DType::F32 {
             Some(format!("the lanes template computes f32, not {}", a.dtype))
-        } else if d % 4 != 0 || dv % 4 != 0 || t.chunk == 0 || t.keys % t.chunk != 0 || !matches!(t.vector, 1 | 4) {
-            Some(format!("tile {t:?} does not fit head dims {d} and {dv}"))
-        } else if !matches!(t.split, 1 | 2 | 4) || d % (4 * t.split) != 0 || dv % (4 * t.split) != 0 {
-            Some(format!("tile {t:?}: a query split across {} threads over head dims {d} and {dv}", t.split))
+        } else if let Some(why) = t.lanes_unfit(d, dv, Some(t.split)) {
+            // The validator checked the split against the target's subgroups; the rest is the tile's own.
+            Some(why)
         } else if self.k.launch.threads != t.threads() {
             Some(format!("tile {t:?} on {} threads", self.k.launch.threads))
         } else {
@@ -143,11 +142,6 @@ impl Writer<'_> {
         };
         l(self, e, format!("let at_end: i32 = {end};"));
         l(self, e, format!("let at_mine: i32 = select(0i, {mine}, at_live);"));
-        if split > 1 {
-            // Shuffles need every lane of the subgroup: the chunks run to the workgroup's last key,
-            // each thread masking the keys past its own.
-            l(self, e, "let at_all: i32 = at_end;".into());
-        }
         l(self, e, format!("for (var at_j0: i32 = 0i; at_j0 < at_end; at_j0 = at_j0 + {keys}i) {{"));
         let f = e + 1;
         l(self, f, "workgroupBarrier();".into());
@@ -184,7 +178,9 @@ impl Writer<'_> {
         l(self, f, "workgroupBarrier();".into());
         l(self, f, format!("let at_n: i32 = clamp(at_mine - at_j0, 0i, {keys}i);"));
         let bound = if split > 1 {
-            l(self, f, format!("let at_nall: i32 = clamp(at_all - at_j0, 0i, {keys}i);"));
+            // Shuffles need every lane of the subgroup: the chunks run to the workgroup's last key,
+            // each thread masking the keys past its own.
+            l(self, f, format!("let at_nall: i32 = clamp(at_end - at_j0, 0i, {keys}i);"));
             "at_nall"
         } else {
             "at_n"

@@ -74,21 +74,20 @@ fn unique(node: &Node) -> OpResult<Vec<Value>> {
     }
     let cmp = |p: &Vec<f64>, q: &Vec<f64>| p.partial_cmp(q).unwrap_or(Ordering::Equal);
     // Distinct slices in order of first occurrence, with their first index and count.
+    // Slices keyed by their bits (-0 as 0, equal as floats): one hash lookup a slice, not a scan.
+    let key = |s: &[f64]| -> Vec<u64> { s.iter().map(|&v| if v == 0.0 { 0 } else { v.to_bits() }).collect() };
+    let mut seen: std::collections::HashMap<Vec<u64>, usize> = std::collections::HashMap::new();
     let mut firsts: Vec<usize> = Vec::new();
     let mut counts: Vec<usize> = Vec::new();
     let mut inverse = vec![0usize; len];
     for (k, s) in slices.iter().enumerate() {
-        match firsts.iter().position(|&f| slices[f] == *s) {
-            Some(u) => {
-                counts[u] += 1;
-                inverse[k] = u;
-            }
-            None => {
-                inverse[k] = firsts.len();
-                firsts.push(k);
-                counts.push(1);
-            }
-        }
+        let u = *seen.entry(key(s)).or_insert_with(|| {
+            firsts.push(k);
+            counts.push(0);
+            firsts.len() - 1
+        });
+        counts[u] += 1;
+        inverse[k] = u;
     }
     let mut order: Vec<usize> = (0..firsts.len()).collect();
     if node.int("sorted", 1) != 0 {
@@ -146,5 +145,20 @@ mod tests {
         let mask = Tensor::from_slice(&[1f32, 0.0, 1.0, 1.0], &[2, 2]).unwrap();
         let nz = run_one("NonZero", vec![], &[Some(Value::Tensor(mask))]).unwrap();
         assert_eq!(nz[0].to_vec::<i64>().unwrap(), vec![0, 1, 1, 0, 0, 1]);
+    }
+
+    /// A quarter-million distinct values (and -0 beside 0, one value) are found by hashing, not by a
+    /// scan of everything found so far.
+    #[test]
+    fn many_distinct_values_and_signed_zeros() {
+        let n = 1usize << 18;
+        let v: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let started = std::time::Instant::now();
+        let out = run_one("Unique", vec![], &[Some(Value::Tensor(Tensor::from_slice(&v, &[n]).unwrap()))]).unwrap();
+        assert_eq!(out[0].shape().as_concrete(), Some(vec![n]));
+        assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
+        let zeros = Tensor::from_slice(&[0f32, -0.0, 1.0], &[3]).unwrap();
+        let out = run_one("Unique", vec![], &[Some(Value::Tensor(zeros))]).unwrap();
+        assert_eq!(out[3].to_vec::<i64>().unwrap(), vec![2, 1]);
     }
 }

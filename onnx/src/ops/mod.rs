@@ -195,10 +195,24 @@ impl Node<'_> {
 
 /// `op` on `node` by the family that converts it.
 fn dispatch(node: &Node, op: &str) -> OpResult<Vec<Value>> {
-    if node.proto.domain() == optimizers::DOMAIN {
-        return optimizers::run(node, op).unwrap_or_else(|| unsupported(format!("op {op} of {}", optimizers::DOMAIN)));
+    if let Some(why) = unknown(node.proto.domain(), op) {
+        return unsupported(why);
     }
-    FAMILIES.iter().find_map(|(_, run)| run(node, op)).unwrap_or_else(|| unsupported(format!("op {op}")))
+    let found = match node.proto.domain() {
+        optimizers::DOMAIN => optimizers::run(node, op),
+        _ => FAMILIES.iter().find_map(|(_, run)| run(node, op)),
+    };
+    found.unwrap_or_else(|| unsupported(format!("op {op}")))
+}
+
+/// Why kiln does not import op `op` of `domain`, or `None` when it does: the default domain's
+/// [`supported_ops`] and the training domain's optimizers (`optimizers::OPS`).
+pub(crate) fn unknown(domain: &str, op: &str) -> Option<String> {
+    match domain {
+        "" | "ai.onnx" => (!supported_ops().contains(&op)).then(|| format!("op {op}")),
+        optimizers::DOMAIN => (!optimizers::OPS.contains(&op)).then(|| format!("op {op} of {domain}")),
+        other => Some(format!("domain {other:?}")),
+    }
 }
 
 /// Runs single nodes outside a model file, for the families' unit tests.
@@ -255,9 +269,6 @@ pub(crate) mod testing {
 /// Converts one node given its inputs (absent optional inputs are `None`); returns its outputs.
 pub(crate) fn run_node(model: &Model, proto: &NodeProto, args: &[Option<Value>]) -> kiln_graph::Result<Vec<Value>> {
     let fail = |unsupported: bool, msg: String| node_error(&model.name, model.opset, proto, unsupported, msg);
-    if !matches!(proto.domain(), "" | "ai.onnx" | optimizers::DOMAIN) {
-        return Err(fail(true, format!("domain {:?}", proto.domain())));
-    }
     let node = Node { model, proto, args };
     let op = proto.op_type();
     match dispatch(&node, op) {

@@ -279,6 +279,9 @@ fn pool(node: &Node, max: bool) -> OpResult<Vec<Value>> {
 /// The most taps a window may have for MaxPool's indices: each is a strided slice in the traced graph.
 const MAX_INDEXED_TAPS: usize = 256;
 
+/// The most (tap, window) entries of MaxPool's index table, made on the host.
+const MAX_INDEX_TABLE: usize = 1 << 24;
+
 /// MaxPool's second output: where each window's maximum is in `x`, as an index over all of `x`, its
 /// planes in order and each plane row-major (column-major with `storage_order` 1); the first of equal
 /// maxima. The taps are strided slices of `x` padded with -inf, stacked; their
@@ -319,6 +322,11 @@ fn max_indices(node: &Node, x: &Tensor, y: &Tensor, kernel: &[usize], win: &Wind
     let tap = Tensor::concat(&stacked.iter().collect::<Vec<_>>(), 2)?.argmax(2, true)?;
     // Each (tap, output position)'s index within its input plane.
     let positions: usize = out.iter().product();
+    if taps.saturating_mul(positions) > MAX_INDEX_TABLE {
+        return unsupported(format!(
+            "MaxPool's indices for {positions} windows of {taps} taps (a host table past {MAX_INDEX_TABLE})"
+        ));
+    }
     let column_major = node.int("storage_order", 0) != 0;
     let mut table = Vec::with_capacity(taps * positions);
     for t in 0..taps {

@@ -66,7 +66,14 @@ fn adagrad(node: &Node) -> OpResult<Vec<Value>> {
 /// `X'`s, then the `V'`s.
 fn momentum(node: &Node) -> OpResult<Vec<Value>> {
     let (rate, step, l) = operands(node, 3)?;
-    let (alpha, beta) = (node.float("alpha", 0.0), node.float("beta", 0.0));
+    // Both coefficients are required: a default would be a guess.
+    let required = |name: &str| -> OpResult<f64> {
+        match node.proto.attribute.iter().any(|a| a.name() == name) {
+            true => Ok(node.float(name, 0.0)),
+            false => invalid(format!("Momentum needs its {name} attribute")),
+        }
+    };
+    let (alpha, beta) = (required("alpha")?, required("beta")?);
     let nesterov = match node.string("mode").as_deref() {
         Some("standard") | None => false,
         Some("nesterov") => true,

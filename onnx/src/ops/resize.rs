@@ -289,6 +289,9 @@ fn resize(node: &Node, upsample: bool) -> OpResult<Vec<Value>> {
     one(y)
 }
 
+/// The most taps a resampled position may read: each is a gather of the whole tensor in the graph.
+const MAX_TAPS: usize = 64;
+
 /// `y` resampled along axis `a` at positions `pos`: each position's taps (`taps_of`; `None`: the
 /// `extrapolation` value) as a sum of index selections weighted by model constants, one selection
 /// per tap (positions with fewer taps weigh the rest 0).
@@ -302,6 +305,11 @@ fn resample(
 ) -> OpResult<kiln_graph::Tensor> {
     let each: Vec<Option<Vec<(f64, f64)>>> = pos.iter().map(|&p| taps_of(p)).collect::<OpResult<_>>()?;
     let n = each.iter().flatten().map(Vec::len).max().unwrap_or(0);
+    if n > MAX_TAPS {
+        return unsupported(format!(
+            "resampling with {n} taps a position (antialiasing a steep downscale; up to {MAX_TAPS})"
+        ));
+    }
     let mut wd = vec![1usize; y.rank()];
     wd[a] = pos.len();
     let mut sum: Option<kiln_graph::Tensor> = None;
@@ -325,4 +333,27 @@ fn resample(
         return Ok(sum.add(&node.model.constant(outside, &wd, y.dtype())?)?);
     }
     Ok(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{int, run_one, string};
+    use crate::value::Value;
+    use kiln_graph::Tensor;
+
+    /// Antialiasing a 100× downscale would read 200 taps a position (a gather each): refused with a
+    /// typed error; a 2× downscale (four taps) runs, each output the mean of its window.
+    #[test]
+    fn steep_antialiased_downscales_are_refused() {
+        let x = Tensor::from_slice(&(0..1000).map(|i| i as f32).collect::<Vec<_>>(), &[1, 1, 1000]).unwrap();
+        let scales = |s: f32| Some(Value::Tensor(Tensor::from_slice(&[1f32, 1.0, s], &[3]).unwrap()));
+        let attrs = vec![string("mode", "linear"), int("antialias", 1)];
+        let args = [Some(Value::Tensor(x.clone())), None, scales(0.01)];
+        let e = run_one("Resize", attrs.clone(), &args).unwrap_err();
+        assert!(e.starts_with("unsupported") && e.contains("taps"), "{e}");
+        let out = run_one("Resize", attrs, &[Some(Value::Tensor(x)), None, scales(0.5)]).unwrap();
+        assert_eq!(out[0].shape().as_concrete(), Some(vec![1, 1, 500]));
+        // Output 10 is centred on input 20.5: the triangle over 19..22 weighs 20 and 21 alike.
+        assert!((out[0].to_vec::<f32>().unwrap()[10] - 20.5).abs() < 1e-4);
+    }
 }

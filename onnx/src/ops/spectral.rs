@@ -20,8 +20,9 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
     })
 }
 
-/// The largest transform length kiln builds matrices for: two `L × L` f64 tables on the host.
-const MAX_LENGTH: usize = 4096;
+/// The largest transform length kiln builds matrices for: two `L × L` tables made on the host (64 MiB
+/// of f64 at this length).
+const MAX_LENGTH: usize = 2048;
 
 /// `input` `[.., N, 1 | 2]` (real, or complex as real and imaginary parts) transformed along `axis`:
 /// `X_k = Σ_n x_n e^{∓2πi kn/L}` (`inverse`: the `+` sign and a factor `1/L`), the signal cut or

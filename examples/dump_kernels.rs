@@ -1,4 +1,4 @@
-//! Prints a workload's compiled graph (regions and kernel IR) for a target, and the PTX or WGSL of one
+//! Prints a workload's compiled graph (regions and kernel IR) for a target, and the PTX (or, for `webgpu`, the WGSL) of one
 //! kernel: `cargo run --example dump_kernels -- W5 cuda [kernel-substring]`. The training steps (`W5-train`,
 //! `W5-train-bf16`) are the bench's own.
 
@@ -11,6 +11,7 @@ mod train_step;
 fn main() -> kiln::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let id = args.get(1).map_or("W1", String::as_str);
+    let webgpu = args.get(2).is_some_and(|b| b == "webgpu");
     let target = match args.get(2).map(String::as_str) {
         Some("webgpu") => Target::webgpu_default(),
         _ => Target::cuda(90).tuned_by_env("CUDA"),
@@ -27,9 +28,16 @@ fn main() -> kiln::Result<()> {
         Some(name) => {
             for k in c.kernels.iter().filter(|k| k.name.contains(name.as_str())).take(1) {
                 println!("{k}");
-                match kiln_ptx::render(k, 90) {
-                    Ok(p) => println!("{}", p.source),
-                    Err(e) => println!("{e}"),
+                if webgpu {
+                    match kiln_wgsl::render(k, false) {
+                        Ok(s) => println!("{}", s.source),
+                        Err(e) => println!("{e}"),
+                    }
+                } else {
+                    match kiln_ptx::render(k, 90) {
+                        Ok(p) => println!("{}", p.source),
+                        Err(e) => println!("{e}"),
+                    }
                 }
             }
         }

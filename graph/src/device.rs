@@ -112,8 +112,9 @@ pub trait Driver: Send + Sync + 'static {
     fn wait_collectives(&self) -> Result<()> {
         Ok(())
     }
-    /// Hands the work enqueued since the last call to the device (wgpu submits one command buffer per
-    /// run; stream-ordered drivers need nothing).
+    /// Ends a run's enqueueing: the work may go to the device now (wgpu submits its command buffer once
+    /// enough dispatches are recorded, and before any read, write, wait or timing; stream-ordered
+    /// drivers need nothing).
     fn submit(&self) -> Result<()> {
         Ok(())
     }

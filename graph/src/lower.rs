@@ -848,6 +848,16 @@ fn ceil_div(a: &Expr, b: u32) -> Expr {
     (a.clone() + Expr::from(b as i64 - 1)).floor_div(&Expr::from(b as i64))
 }
 
+/// Workgroups for a grid-stride loop over `units` (each thread steps by the whole grid): `units` while
+/// they fit one dimension of the target's grid, else the fewest that do, each looping the same number
+/// of times. Folding more into a 2-D grid (which rounds up to whole rows of idle groups) made W1 on
+/// NVIDIA Vulkan 0.22 ms where half the groups looping twice took 0.163 (`benches/NOTES.md`, session 36).
+pub(crate) fn grid_stride_groups(target: &Target, units: &Expr) -> Expr {
+    let max = Expr::from(target.max_groups_per_dim.clamp(1, i64::MAX as u64) as i64);
+    let rounds = (units.clone() + max.clone() - Expr::from(1i64)).floor_div(&max).max(&Expr::from(1i64));
+    (units.clone() + rounds.clone() - Expr::from(1i64)).floor_div(&rounds)
+}
+
 fn pointwise(mut l: Lowerer, region: &Region) -> Result<Kernel, LowerFailure> {
     let first = region.stored[0];
     let n = l.g.node(first).shape.numel();
@@ -862,7 +872,8 @@ fn pointwise(mut l: Lowerer, region: &Region) -> Result<Kernel, LowerFailure> {
     let width = vector_width(l.target, &l.buffers, &body, i, &n);
     l.blocks[0].push(Stmt::Loop { sym: i, extent: n.clone(), mode: LoopMode::Global, body });
     let threads = 256.min(l.target.max_threads_per_group);
-    let mut k = l.finish(&region.name, Launch::new(ceil_div(&n, threads * width), threads));
+    let groups = grid_stride_groups(l.target, &ceil_div(&n, threads * width));
+    let mut k = l.finish(&region.name, Launch::new(groups, threads));
     k.vector_width = width;
     Ok(k)
 }
@@ -1080,7 +1091,7 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
         }
         _ => (threads, row_cache),
     };
-    let groups = if grouped { row_count } else { ceil_div(&row_count, threads) };
+    let groups = if grouped { row_count } else { grid_stride_groups(l.target, &ceil_div(&row_count, threads)) };
     let target = l.target;
     let mut k = l.finish(&region.name, Launch::new(groups, threads));
     k.row_cache = row_cache;
@@ -1614,4 +1625,25 @@ pub fn wrong_kernels() -> bool {
 pub fn wrong_op() -> Option<UnaryOp> {
     let name = wrong_knob()?.strip_prefix("op:")?.to_string();
     serde_json::from_value(serde_json::Value::String(name)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grid_stride_groups;
+    use crate::sym::{Bindings, Expr, SymTable};
+    use crate::Target;
+
+    #[test]
+    fn a_symbolic_grid_stride_count_fits_one_dimension_evenly() {
+        let mut table = SymTable::new();
+        let n = table.new_symbol("n", 0, None);
+        let groups = grid_stride_groups(&Target::webgpu_default(), &Expr::sym(n));
+        for (units, want) in [(0, 0), (1, 1), (65_535, 65_535), (65_536, 32_768), (200_000, 50_000), (131_071, 43_691)]
+        {
+            let got = groups.eval(&Bindings::new().with(n, units)).expect("evaluates");
+            assert_eq!(got, want, "{units} units");
+            let rounds = (units + got - 1) / got.max(1);
+            assert!(got <= 65_535 && got * rounds >= units, "{units} units: {got} groups × {rounds} rounds");
+        }
+    }
 }

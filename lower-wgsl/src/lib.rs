@@ -3,6 +3,7 @@
 
 pub mod adapters;
 pub mod render;
+pub mod shader_checks;
 pub mod storage;
 pub mod validate;
 

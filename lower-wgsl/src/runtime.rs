@@ -4,6 +4,7 @@
 //! and the launches of a run recorded into one command buffer, submitted once.
 
 use crate::render::render;
+use crate::shader_checks::ShaderChecks;
 use crate::validate::validate;
 use kiln_graph::device::{Driver, Launch, Module, Raw};
 use kiln_graph::error::rejected_source;
@@ -39,6 +40,10 @@ pub struct Gpu {
     lost: Arc<Mutex<Option<String>>>,
     /// A fault of a submission, with the kernels it held, until a caller is told.
     pending: Mutex<Option<Error>>,
+    /// The run-time checks wgpu adds to kiln's shaders (`KILN_WGPU_SHADER_CHECKS`).
+    checks: ShaderChecks,
+    /// Dispatches a run leaves recorded before the runtime submits them ([`submit_every`]).
+    submit_every: usize,
 }
 
 /// Work recorded since the last submission: one command encoder, the compute pass that consecutive
@@ -126,6 +131,15 @@ fn driver_cache(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Option<(wgpu
     Some((cache, name))
 }
 
+/// Dispatches recorded before a run's end submits them: `KILN_WGPU_SUBMIT_EVERY` (1: every run is its
+/// own submission), 32 by default. Each Vulkan submission cost ~16 µs of idle GPU on the H200 between
+/// runs (W1–W3's kernels took 0.134–0.163 ms submitted ten to a pass, 0.150–0.179 a run each:
+/// `benches/NOTES.md`, session 36), so runs of few kernels share one, as CubeCL's wgpu runtime batches
+/// its tasks (`CUBECL_WGPU_MAX_TASKS`). A read, a write, a wait or a timing submits whatever is recorded.
+fn submit_every() -> usize {
+    std::env::var("KILN_WGPU_SUBMIT_EVERY").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(32)
+}
+
 /// The subgroup size `graph` may plan combines and packed rows for (`Target::subgroup_size`): the
 /// adapter's, where it has subgroup operations and one fixed size (NVIDIA 32, lavapipe 8; not Intel's
 /// 8–32, where a shader cannot know its lanes before it runs). None in a browser (Chrome's WGSL compiler
@@ -178,6 +192,7 @@ impl Gpu {
         let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::PIPELINE_CACHE | wgpu::Features::TIMESTAMP_QUERY;
         let mut required_features = adapter.features() & wanted;
         required_features.set(wgpu::Features::SHADER_F16, f16);
+        let checks = ShaderChecks::from_env().map_err(err)?;
         let subgroup_size = subgroup_size(&adapter, &info, webgpu_limits);
         required_features.set(wgpu::Features::SUBGROUP, subgroup_size.is_some());
         let (device, queue) = adapter
@@ -236,6 +251,8 @@ impl Gpu {
             faults,
             lost,
             pending: Mutex::default(),
+            checks,
+            submit_every: submit_every(),
             adapter: info,
             device,
             queue,
@@ -498,16 +515,13 @@ impl Driver for Gpu {
         tracing::debug!(target: "kiln::output_code", kernel = %kernel.name, "\n{}", shader.source);
         let rendered = web_time::Instant::now();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&kernel.name),
-            source: wgpu::ShaderSource::Wgsl(shader.source.as_str().into()),
-        });
+        let module = self.checks.module(&self.device, &kernel.name, &shader.source);
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&kernel.name),
             layout: None,
             module: &module,
             entry_point: Some("main"),
-            compilation_options: Default::default(),
+            compilation_options: self.checks.compilation_options(),
             cache: self.driver_cache.as_ref().map(|(cache, _)| cache),
         });
         if let Some((data, name)) = self.driver_cache.as_ref().and_then(|(c, name)| Some((c.get_data()?, name))) {
@@ -558,7 +572,11 @@ impl Driver for Gpu {
     }
 
     fn submit(&self) -> Result<()> {
-        self.flush(&mut lock(&self.batch));
+        let mut batch = lock(&self.batch);
+        if batch.kernels.len() >= self.submit_every {
+            self.flush(&mut batch);
+        }
+        drop(batch);
         self.fault()
     }
 

@@ -12,6 +12,11 @@ fn host(v: &[f32], dims: &[usize]) -> Tensor {
     Tensor::from_slice(v, dims).unwrap()
 }
 
+/// Command buffers a wgpu runtime has submitted; `None` on other devices.
+fn submissions(rt: &Arc<Runtime>) -> Option<usize> {
+    rt.driver().as_any().downcast_ref::<kiln_wgsl::Gpu>().map(|g| g.stats().submissions)
+}
+
 /// Inputs on the device are bound, never copied; outputs stay until read: 100 chained calls move no
 /// byte between host and device after the first upload.
 fn chained_calls_move_nothing(rt: &Arc<Runtime>) {
@@ -22,6 +27,7 @@ fn chained_calls_move_nothing(rt: &Arc<Runtime>) {
     let mut y: Tensor = f.call(&x).unwrap();
     rt.reset_transfers();
     let before = rt.stats();
+    let submitted_before = submissions(rt);
     for _ in 0..100 {
         y = f.call(&y).unwrap();
     }
@@ -33,6 +39,10 @@ fn chained_calls_move_nothing(rt: &Arc<Runtime>) {
     assert!(s.bindings_made - before.bindings_made <= 3, "{before:?} → {s:?}");
     if rt.name() == "wgpu" {
         assert!(s.bindings_reused - before.bindings_reused >= 97, "every launch binds: {before:?} → {s:?}");
+    }
+    // wgpu: runs of one kernel share submissions (32 dispatches each) where each was its own.
+    if let (Some(a), Some(b)) = (submitted_before, submissions(rt)) {
+        assert!((1..=4).contains(&(b - a)), "100 one-kernel runs made {} submissions", b - a);
     }
     assert_eq!(y.device_name(), Some(rt.name()), "outputs stay on the device");
     // y converges to 2 (the fixed point of y/2 + 1).

@@ -108,6 +108,8 @@ pub struct GpuStats {
     pub render_ms: f64,
     /// Time the driver spent creating pipelines, ms.
     pub driver_ms: f64,
+    /// Command buffers submitted to the queue (runs of few kernels share one: `KILN_WGPU_SUBMIT_EVERY`).
+    pub submissions: usize,
 }
 
 fn buffer_of(raw: &Raw) -> &wgpu::Buffer {
@@ -306,6 +308,7 @@ impl Gpu {
         batch.pass = None;
         let Some(encoder) = batch.encoder.take() else { return };
         self.queue.submit([encoder.finish()]);
+        lock(&self.stats).submissions += 1;
         let kernels = std::mem::take(&mut batch.kernels);
         // Natively, validation errors of this submission reach the handler during `finish`/`submit`; a
         // browser reports them later, and `fault` collects those.

@@ -1,6 +1,6 @@
-//! Prints a workload's compiled graph (regions and kernel IR) for a target, and the PTX (or, for `webgpu`, the WGSL) of one
-//! kernel: `cargo run --example dump_kernels -- W5 cuda [kernel-substring]`. The training steps (`W5-train`,
-//! `W5-train-bf16`) are the bench's own.
+//! Prints a workload's compiled graph (regions and kernel IR) for a target, and the PTX (for `webgpu`,
+//! the WGSL) of one kernel: `cargo run --example dump_kernels -- W5 cuda|webgpu [kernel-substring]`.
+//! The training steps (`W5-train`, `W5-train-bf16`) are the bench's own.
 
 use kiln::graph::{capture, compile_graph, workloads, Target};
 

@@ -1,7 +1,8 @@
 //! The wgpu driver: picks an adapter, requests a device with the limits kiln uses, describes it as a
 //! `Target`, and is the thin device half of kiln's one runtime core (`kiln_graph::runtime`): storage
 //! buffers, one pipeline per kernel (validated WGSL), a bind group per binding (the core keeps them),
-//! and the launches of a run recorded into one command buffer, submitted once.
+//! and the launches of runs recorded into one command buffer, submitted once 32 dispatches are
+//! recorded or when the host needs the device (a read, a write, a wait, a timing).
 
 use crate::render::render;
 use crate::shader_checks::ShaderChecks;
@@ -138,8 +139,13 @@ fn driver_cache(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Option<(wgpu
 /// runs (W1–W3's kernels took 0.134–0.163 ms submitted ten to a pass, 0.150–0.179 a run each:
 /// `benches/NOTES.md`, session 36), so runs of few kernels share one, as CubeCL's wgpu runtime batches
 /// its tasks (`CUBECL_WGPU_MAX_TASKS`). A read, a write, a wait or a timing submits whatever is recorded.
-fn submit_every() -> usize {
-    std::env::var("KILN_WGPU_SUBMIT_EVERY").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(32)
+fn submit_every() -> Result<usize> {
+    let Ok(v) = std::env::var("KILN_WGPU_SUBMIT_EVERY") else { return Ok(32) };
+    v.trim()
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| err(format!("KILN_WGPU_SUBMIT_EVERY={v}: a count of dispatches, 1 or more")))
 }
 
 /// The subgroup size `graph` may plan combines and packed rows for (`Target::subgroup_size`): the
@@ -195,6 +201,7 @@ impl Gpu {
         let mut required_features = adapter.features() & wanted;
         required_features.set(wgpu::Features::SHADER_F16, f16);
         let checks = ShaderChecks::from_env().map_err(err)?;
+        let submit_every = submit_every()?;
         let subgroup_size = subgroup_size(&adapter, &info, webgpu_limits);
         required_features.set(wgpu::Features::SUBGROUP, subgroup_size.is_some());
         let (device, queue) = adapter
@@ -254,7 +261,7 @@ impl Gpu {
             lost,
             pending: Mutex::default(),
             checks,
-            submit_every: submit_every(),
+            submit_every,
             adapter: info,
             device,
             queue,

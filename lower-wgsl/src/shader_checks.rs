@@ -6,9 +6,11 @@
 //! zeroed when a workgroup starts. A clamped index cannot fold into a load's immediate offset, so the
 //! attention template's tile reads each become an add, a `min` and a load where one load was.
 //!
-//! kiln's shaders are its own: the lowering clamps or guards every index it emits (the kernel
-//! interpreter runs each kernel in CI and faults on an out-of-bounds access), its loops are counted
-//! loops with bounds, and its templates write their workgroup memory before a barrier and any read.
+//! kiln's shaders are its own: the lowering clamps or guards every buffer index it emits (the kernel
+//! interpreter runs each kernel in CI and faults on an out-of-bounds access), its templates index their
+//! workgroup tiles within the tile shapes the validator checks, its loops are counted loops with bounds,
+//! and its templates write their workgroup memory before a barrier and any read. The conformance tests
+//! run trusted, on lavapipe in CI and on NVIDIA's Vulkan driver (`benches/NOTES.md`, session 36).
 //! So kiln drops the checks it does not need ([`ShaderChecks::default`]). Storage buffers stay checked
 //! by the driver where it offers robust buffer access (wgpu asks for it), and integer division keeps
 //! its guards (a user's integer tensor may divide by zero; the guard folds away where the divisor is a

@@ -12,6 +12,7 @@ mod grid_sample;
 mod loss;
 mod max_unpool;
 mod nn;
+mod non_max_suppression;
 pub(crate) mod optimizers;
 mod recurrent;
 mod resize;
@@ -31,7 +32,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 17] = [
+const FAMILIES: [(&[&str], Dispatch); 18] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -49,6 +50,7 @@ const FAMILIES: [(&[&str], Dispatch); 17] = [
     (det::OPS, det::run),
     (data_shaped::OPS, data_shaped::run),
     (max_unpool::OPS, max_unpool::run),
+    (non_max_suppression::OPS, non_max_suppression::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

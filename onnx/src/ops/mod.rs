@@ -20,6 +20,7 @@ mod reverse_sequence;
 mod scatter;
 mod shape;
 mod spectral;
+mod tfidf;
 mod top_k;
 
 use crate::model::{node_error, Model};
@@ -32,7 +33,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 18] = [
+const FAMILIES: [(&[&str], Dispatch); 19] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -51,6 +52,7 @@ const FAMILIES: [(&[&str], Dispatch); 18] = [
     (data_shaped::OPS, data_shaped::run),
     (max_unpool::OPS, max_unpool::run),
     (non_max_suppression::OPS, non_max_suppression::run),
+    (tfidf::OPS, tfidf::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):
@@ -118,6 +120,17 @@ impl Node<'_> {
     /// An ints attribute.
     pub fn ints(&self, name: &str) -> Option<Vec<i64>> {
         self.attr(name).map(|a| a.ints.clone())
+    }
+
+    /// A floats attribute.
+    pub fn floats(&self, name: &str) -> Option<Vec<f32>> {
+        self.attr(name).map(|a| a.floats.clone())
+    }
+
+    /// How many strings a strings attribute holds (kiln's tensors hold numbers; an op that takes strings
+    /// only needs to know whether it was given some).
+    pub fn string_count(&self, name: &str) -> Option<usize> {
+        self.attr(name).map(|a| a.strings.len())
     }
 
     /// A string attribute.

@@ -216,7 +216,7 @@ mod tests {
     fn strings_and_bad_attributes_are_typed_errors() {
         let x = Some(Value::Tensor(Tensor::from_slice(&[1i32, 2], &[2]).unwrap()));
         let mut a = attrs("BM25", 1, 2, 0);
-        let e = run_one("TfIdfVectorizer", a.clone(), &[x.clone()]).unwrap_err();
+        let e = run_one("TfIdfVectorizer", a.clone(), std::slice::from_ref(&x)).unwrap_err();
         assert!(e.starts_with("invalid") && e.contains("TFIDF"), "{e}");
         a[0] = string("mode", "TF");
         a[5] = ints("ngram_indexes", &[0, 1]);

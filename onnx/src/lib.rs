@@ -12,6 +12,7 @@
 mod model;
 mod ops;
 pub mod proto;
+mod scan;
 pub mod tensor;
 mod value;
 

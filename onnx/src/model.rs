@@ -266,6 +266,7 @@ impl Model {
                     match node.op_type() {
                         "If" => self.run_if(node, &args, env)?,
                         "Loop" => self.run_loop(node, &args, env)?,
+                        "Scan" => self.run_scan(node, &args, env)?,
                         _ => crate::ops::run_node(self, node, &args)?,
                     }
                 }
@@ -413,7 +414,7 @@ impl Model {
 
     /// Runs subgraph `g` of `node` (a branch, a loop's body, named `what`) on `env` — the values
     /// outside it and its own inputs — with its initializers: its outputs.
-    fn run_subgraph(
+    pub(crate) fn run_subgraph(
         &self,
         node: &NodeProto,
         g: &proto::GraphProto,

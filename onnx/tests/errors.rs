@@ -393,3 +393,40 @@ fn a_loop_runs_unrolled_up_to_its_bound() {
     let e = m.call(vec![x()]).expect_err("past the bound");
     assert!(e.to_string().contains("more than") && e.to_string().contains("loop_1"), "{e}");
 }
+
+/// A `Scan` (opset 9's form) over `x` `[2, 3]` along axis 1, last column first: the body adds each
+/// column to the carried sum `s` (zeros), its scan output the running sum, stacked along axis 1 — in
+/// order, or last first when `out_dir` is 1.
+fn scan_model(out_dir: i64) -> Vec<u8> {
+    let body = GraphProto {
+        node: vec![node("Add", "s_add", &["s", "xt"], &["s_out"]), node("Identity", "sum_out", &["s_out"], &["r"])],
+        input: vec![value("s", &[Ok(2)]), value("xt", &[Ok(2)])],
+        output: vec![value("s_out", &[Ok(2)]), value("r", &[Ok(2)])],
+        ..Default::default()
+    };
+    let mut n = node("Scan", "scan_1", &["zero", "x"], &["s_final", "sums"]);
+    n.attribute.push(AttributeProto { name: Some("body".into()), g: Some(body), ..Default::default() });
+    n.attribute.push(attr_i("num_scan_inputs", 1));
+    let list = |name: &str, v: i64| AttributeProto { name: Some(name.into()), ints: vec![v], ..Default::default() };
+    n.attribute.extend([
+        list("scan_input_axes", 1),
+        list("scan_input_directions", 1),
+        list("scan_output_axes", -1),
+        list("scan_output_directions", out_dir),
+    ]);
+    let outputs = vec![value("s_final", &[Ok(2)]), value("sums", &[Ok(2), Ok(3)])];
+    model(vec![n], vec![value("x", &[Ok(2), Ok(3)])], outputs, vec![weight("zero", &[0.0, 0.0], &[2])], 11)
+}
+
+/// A scan runs unrolled along the axis and in the directions its attributes name.
+#[test]
+fn a_scan_runs_unrolled_along_its_axes_and_directions() {
+    let x = || Tensor::from_slice(&[1.0f32, 2.0, 3.0, 10.0, 20.0, 30.0], &[2, 3]).unwrap();
+    for (out_dir, sums) in [(0, [3.0, 5.0, 6.0, 30.0, 50.0, 60.0]), (1, [6.0, 5.0, 3.0, 60.0, 50.0, 30.0])] {
+        let m = kiln_onnx::load_bytes(&scan_model(out_dir), "scan.onnx").unwrap().backend(CpuReference);
+        let out = m.call(vec![x()]).unwrap();
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), [6.0, 60.0], "the final sum");
+        assert_eq!(out[1].shape().as_concrete(), Some(vec![2, 3]));
+        assert_eq!(out[1].to_vec::<f32>().unwrap(), sums, "output direction {out_dir}");
+    }
+}

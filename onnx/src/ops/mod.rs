@@ -56,11 +56,11 @@ const FAMILIES: [(&[&str], Dispatch); 19] = [
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):
-/// the families' own lists, which a test holds to what their dispatch handles, and the two the model
-/// runs itself (`Constant`, `If`, `Loop`).
+/// the families' own lists, which a test holds to what their dispatch handles, and those the model
+/// runs itself (`Constant`, `If`, `Loop`, `Scan`).
 pub fn supported_ops() -> Vec<&'static str> {
     let mut v: Vec<&'static str> = FAMILIES.iter().flat_map(|(ops, _)| ops.iter().copied()).collect();
-    v.extend(["Constant", "If", "Loop"]);
+    v.extend(["Constant", "If", "Loop", "Scan"]);
     v.sort_unstable();
     v
 }

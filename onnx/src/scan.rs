@@ -90,9 +90,9 @@ struct Scanner<'a> {
 }
 
 impl Scanner<'_> {
-    /// Runs the body over every step of `scans` (each along its axis, reversed where its direction is
-    /// 1) from `states`: the final states and the scan outputs, each stacked along its axis (prepended
-    /// where its direction is 1).
+    /// Runs the body over every step of `scans` from `states`, each scan input along its axis (last step
+    /// first where its direction is 1): the final states and the scan outputs, each stacked along its
+    /// axis (last step first where its direction is 1).
     fn run(
         &self,
         mut states: Vec<Tensor>,

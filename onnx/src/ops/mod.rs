@@ -17,6 +17,7 @@ pub(crate) mod optimizers;
 mod recurrent;
 mod resize;
 mod reverse_sequence;
+mod roi_align;
 mod scatter;
 mod shape;
 mod spectral;
@@ -33,7 +34,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 19] = [
+const FAMILIES: [(&[&str], Dispatch); 20] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -53,6 +54,7 @@ const FAMILIES: [(&[&str], Dispatch); 19] = [
     (max_unpool::OPS, max_unpool::run),
     (non_max_suppression::OPS, non_max_suppression::run),
     (tfidf::OPS, tfidf::run),
+    (roi_align::OPS, roi_align::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

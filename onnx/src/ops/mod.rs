@@ -21,6 +21,7 @@ mod roi_align;
 mod scatter;
 mod shape;
 mod spectral;
+mod tensor_scatter;
 mod tfidf;
 mod top_k;
 
@@ -34,7 +35,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 20] = [
+const FAMILIES: [(&[&str], Dispatch); 21] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -55,6 +56,7 @@ const FAMILIES: [(&[&str], Dispatch); 20] = [
     (non_max_suppression::OPS, non_max_suppression::run),
     (tfidf::OPS, tfidf::run),
     (roi_align::OPS, roi_align::run),
+    (tensor_scatter::OPS, tensor_scatter::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

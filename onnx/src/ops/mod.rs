@@ -6,6 +6,7 @@ mod affine_grid;
 mod attention;
 mod col2im;
 mod data_shaped;
+mod deform_conv;
 mod det;
 mod elementwise;
 mod grid_sample;
@@ -35,7 +36,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 21] = [
+const FAMILIES: [(&[&str], Dispatch); 22] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -57,6 +58,7 @@ const FAMILIES: [(&[&str], Dispatch); 21] = [
     (tfidf::OPS, tfidf::run),
     (roi_align::OPS, roi_align::run),
     (tensor_scatter::OPS, tensor_scatter::run),
+    (deform_conv::OPS, deform_conv::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

@@ -12,6 +12,7 @@ mod elementwise;
 mod grid_sample;
 mod loss;
 mod max_unpool;
+mod mel;
 mod nn;
 mod non_max_suppression;
 pub(crate) mod optimizers;
@@ -29,14 +30,14 @@ mod top_k;
 use crate::model::{node_error, Model};
 use crate::proto::{AttributeProto, NodeProto};
 use crate::value::{Ints, Value};
-use kiln_graph::{Error, Tensor, TensorData};
+use kiln_graph::{DType, Error, Tensor, TensorData};
 
 /// A family's converter: `None` when the op is not one of the family's.
 type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 22] = [
+const FAMILIES: [(&[&str], Dispatch); 23] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -59,6 +60,7 @@ const FAMILIES: [(&[&str], Dispatch); 22] = [
     (roi_align::OPS, roi_align::run),
     (tensor_scatter::OPS, tensor_scatter::run),
     (deform_conv::OPS, deform_conv::run),
+    (mel::OPS, mel::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):
@@ -137,6 +139,14 @@ impl Node<'_> {
     /// only needs to know whether it was given some).
     pub fn string_count(&self, name: &str) -> Option<usize> {
         self.attr(name).map(|a| a.strings.len())
+    }
+
+    /// The dtype an `output_datatype` attribute asks for (f32 when absent).
+    pub fn output_datatype(&self) -> OpResult<DType> {
+        match self.attr("output_datatype") {
+            Some(a) => crate::tensor::dtype_of(a.i() as i32).map_err(OpError::Unsupported),
+            None => Ok(DType::F32),
+        }
     }
 
     /// A string attribute.

@@ -821,10 +821,7 @@ fn window(node: &Node, op: &str) -> OpResult<Vec<Value>> {
         return unsupported(format!("a window of {size} points (at most 2^26)"));
     }
     let n = size as usize;
-    let dtype = match node.proto.attribute.iter().find(|a| a.name() == "output_datatype") {
-        Some(a) => crate::tensor::dtype_of(a.i() as i32).map_err(OpError::Unsupported)?,
-        None => DType::F32,
-    };
+    let dtype = node.output_datatype()?;
     let period = if node.int("periodic", 1) != 0 { size } else { size - 1.0 };
     let tau = std::f64::consts::TAU;
     let values: Vec<f64> = (0..n)

@@ -16,6 +16,7 @@ mod mel;
 mod nn;
 mod non_max_suppression;
 pub(crate) mod optimizers;
+mod optional;
 mod recurrent;
 mod resize;
 mod reverse_sequence;
@@ -37,7 +38,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 23] = [
+const FAMILIES: [(&[&str], Dispatch); 24] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -61,6 +62,7 @@ const FAMILIES: [(&[&str], Dispatch); 23] = [
     (tensor_scatter::OPS, tensor_scatter::run),
     (deform_conv::OPS, deform_conv::run),
     (mel::OPS, mel::run),
+    (optional::OPS, optional::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

@@ -50,7 +50,15 @@ impl Model {
                 }
             }
             let directions = ints("directions", m);
-            let batch = scans[0].shape().as_concrete().and_then(|d| d.first().copied()).unwrap_or(0);
+            let lens = scans[0].shape().as_concrete().unwrap_or_default();
+            let (batch, steps) = (lens.first().copied().unwrap_or(0), lens.get(1).copied().unwrap_or(0));
+            if directions.len() != m {
+                return Err(fail(false, format!("{} directions for {m} scan inputs", directions.len())));
+            }
+            if batch.saturating_mul(steps) > MAX_LOOP_ITERATIONS {
+                let msg = format!("a scan of {batch} items × {steps} steps (unrolled: {MAX_LOOP_ITERATIONS} at most)");
+                return Err(fail(true, msg));
+            }
             let mut finals: Vec<Vec<Tensor>> = vec![Vec::new(); n];
             let mut stacked: Vec<Vec<Tensor>> = vec![Vec::new(); k];
             for b in 0..batch {

@@ -58,11 +58,12 @@ fn mel_weight_matrix(node: &Node) -> OpResult<Vec<Value>> {
         if centre == left {
             set(centre, band, 1.0);
         } else {
-            for j in left..=centre {
+            // Edges past the spectrum (an upper edge above the Nyquist frequency) weigh bins up to its end.
+            for j in left..=centre.min(bins - 1) {
                 set(j, band, (j - left) as f64 / (centre - left) as f64);
             }
         }
-        for j in centre..right {
+        for j in centre..right.min(bins) {
             set(j, band, (right - j) as f64 / (right - centre) as f64);
         }
     }

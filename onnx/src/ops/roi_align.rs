@@ -107,9 +107,9 @@ fn roi_align(node: &Node) -> OpResult<Vec<Value>> {
         return one(Tensor::full(0.0, &[0, c, ph as usize, pw as usize], x.dtype())?);
     }
     let regions: Vec<Region> = rois.chunks(4).map(|r| Region::new(r, scale, half_pixel, bins, ratio)).collect();
-    let samples = regions.iter().map(|r| r.grid.0 * r.grid.1).max().unwrap_or(0).max(1);
-    let (r_count, per_region) = (regions.len(), bins.0 * bins.1);
-    let taps = r_count * per_region * samples * 4;
+    let samples = regions.iter().map(|r| r.grid.0.saturating_mul(r.grid.1)).max().unwrap_or(0).max(1);
+    let (r_count, per_region) = (regions.len(), bins.0.saturating_mul(bins.1));
+    let taps = [per_region, samples, 4].iter().fold(r_count, |a, &b| a.saturating_mul(b));
     if taps > MAX_TAPS {
         return unsupported(format!("{taps} taps tabulated on the host (up to {MAX_TAPS})"));
     }

@@ -76,8 +76,10 @@ fn table(results: &BTreeMap<String, (String, Vec<Outcome>)>, backends: &[&str], 
          when every output matches (relative 1e-3, absolute 1e-5 for f32; exact for integers and\n\
          booleans); a test kiln does not support says why below. No test may fail outright. The\n\
          training-mode `Dropout` tests with a random mask pass by dropout's contract instead (every element\n\
-         0 or x/(1 − ratio), the mask agreeing, the kept fraction within five standard deviations): their\n\
-         expected mask is numpy's draw, kiln's is Philox4x32-10's under the node's seed. A test whose\n\
+         0 or x/(1 − ratio), the mask agreeing, the kept fraction within five standard deviations), and the\n\
+         `Bernoulli` tests by Bernoulli's (every sample 0 or 1, the count of ones within five standard\n\
+         deviations of the probabilities' sum): their expected draws are numpy's, kiln's are\n\
+         Philox4x32-10's under the node's seed. A test whose\n\
          expected outputs contradict the op's specification is listed below as \"ONNX's test data\", and\n\
          must fail its check (the harness's `ERRATA`).\n\n\
          Ops kiln imports (`kiln::onnx::supported_ops()`): {}.\n\n",

@@ -115,8 +115,12 @@ pub fn run_case(dir: &Path, backend: &Arc<dyn Backend>) -> Outcome {
         if got.len() < want.len() {
             return Outcome::Fail(format!("{} outputs, expected {}", got.len(), want.len()));
         }
-        if mask_drawn_by_numpy(dir) {
-            if let Err(m) = check_dropout(&x, ratio.unwrap_or(0.5), &got) {
+        if let Some(contract) = drawn_by_numpy(dir) {
+            let checked = match contract {
+                Contract::Dropout => check_dropout(&x, ratio.unwrap_or(0.5), &got),
+                Contract::Bernoulli => check_bernoulli(&x, &got),
+            };
+            if let Err(m) = checked {
                 return Outcome::Fail(m);
             }
             continue;
@@ -134,11 +138,38 @@ pub fn run_case(dir: &Path, backend: &Arc<dyn Backend>) -> Outcome {
     Outcome::Pass
 }
 
-/// Training-mode dropout tests whose expected mask is numpy's random draw: kiln draws its own (Philox,
-/// the same on every backend), so these are checked by what dropout means rather than element by element.
-fn mask_drawn_by_numpy(dir: &Path) -> bool {
+/// What a test whose expected outputs are numpy's random draw is checked by instead.
+enum Contract {
+    Dropout,
+    Bernoulli,
+}
+
+/// Tests whose expected outputs are numpy's random draw (training-mode dropout's mask, Bernoulli's
+/// samples): kiln draws its own (Philox, the same on every backend), so these are checked by what the op
+/// means rather than element by element.
+fn drawn_by_numpy(dir: &Path) -> Option<Contract> {
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
-    name.starts_with("test_training_dropout") && !name.contains("zero_ratio")
+    if name.starts_with("test_training_dropout") && !name.contains("zero_ratio") {
+        return Some(Contract::Dropout);
+    }
+    name.starts_with("test_bernoulli").then_some(Contract::Bernoulli)
+}
+
+/// Bernoulli's contract: every sample is 0 or 1 (0 where the probability is 0, 1 where it is 1), and
+/// the count of ones is the probabilities' sum within five standard deviations.
+fn check_bernoulli(p: &[f64], got: &[Tensor]) -> Result<(), String> {
+    let y = got.first().ok_or("no output")?.to_data().map_err(|e| e.to_string())?;
+    for (i, (&v, &q)) in y.values().iter().zip(p).enumerate() {
+        if !(v == 0.0 || v == 1.0) || (q == 0.0 && v != 0.0) || (q == 1.0 && v != 1.0) {
+            return Err(format!("element {i}: {v} drawn with probability {q}"));
+        }
+    }
+    let ones: f64 = y.values().iter().sum();
+    let (mean, var) = p.iter().fold((0.0, 0.0), |(m, v), &q| (m + q, v + q * (1.0 - q)));
+    if (ones - mean).abs() > 5.0 * var.sqrt() + 1.0 {
+        return Err(format!("{ones} ones, expected about {mean}"));
+    }
+    Ok(())
 }
 
 /// Dropout's contract: every output element is 0 or `x / (1 − ratio)`, the mask (when returned) says

@@ -17,6 +17,7 @@ mod nn;
 mod non_max_suppression;
 pub(crate) mod optimizers;
 mod optional;
+mod random;
 mod recurrent;
 mod resize;
 mod reverse_sequence;
@@ -38,7 +39,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 24] = [
+const FAMILIES: [(&[&str], Dispatch); 25] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -63,6 +64,7 @@ const FAMILIES: [(&[&str], Dispatch); 24] = [
     (deform_conv::OPS, deform_conv::run),
     (mel::OPS, mel::run),
     (optional::OPS, optional::run),
+    (random::OPS, random::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):
@@ -260,6 +262,11 @@ pub(crate) mod testing {
     /// An int attribute.
     pub(crate) fn int(name: &str, v: i64) -> AttributeProto {
         AttributeProto { name: Some(name.into()), i: Some(v), ..Default::default() }
+    }
+
+    /// A float attribute.
+    pub(crate) fn float(name: &str, v: f32) -> AttributeProto {
+        AttributeProto { name: Some(name.into()), f: Some(v), ..Default::default() }
     }
 
     /// An ints attribute.

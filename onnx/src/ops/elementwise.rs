@@ -279,6 +279,7 @@ pub(super) const OPS: &[&str] = &[
     "Gelu",
     "Identity",
     "Dropout",
+    "BitwiseNot",
     "Sinh",
     "Cosh",
     "Asinh",
@@ -328,6 +329,14 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         })(),
         "Clip" => clip(node),
         "Mod" => modulo(node),
+        // Two's complement: !x = -x - 1, exact for every signed integer (kiln has no unsigned types).
+        "BitwiseNot" => (|| {
+            let x = node.tensor(0)?;
+            if !x.dtype().is_int() || x.dtype() == DType::Bool {
+                return invalid(format!("BitwiseNot of {}", x.dtype()));
+            }
+            one(x.neg()?.sub(1.0)?)
+        })(),
         "Identity" => match node.value(0) {
             Some(v) => Ok(vec![v.clone()]),
             None => invalid("input 0 is required"),
@@ -449,5 +458,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// BitwiseNot of signed integers is `-x - 1`, exactly, at the type's ends too; floats are refused.
+    #[test]
+    fn bitwise_not_flips_every_bit_of_a_signed_integer() {
+        let xs = [0i32, 1, -1, 7, -8, i32::MAX, i32::MIN];
+        let x = Some(Value::Tensor(Tensor::from_slice(&xs, &[xs.len()]).unwrap()));
+        let got = run_one("BitwiseNot", vec![], &[x]).unwrap()[0].to_vec::<i32>().unwrap();
+        assert_eq!(got, xs.iter().map(|v| !v).collect::<Vec<_>>());
+        let f = Some(Value::Tensor(Tensor::from_slice(&[1.0f32], &[1]).unwrap()));
+        assert!(run_one("BitwiseNot", vec![], &[f]).unwrap_err().starts_with("invalid"));
     }
 }

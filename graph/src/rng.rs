@@ -96,6 +96,12 @@ impl Tensor {
         rand_at(self.shape(), key, 0, SourceLoc::caller())
     }
 
+    /// [`Tensor::rand_like`] in `stream` (see [`Tensor::rand_in`]).
+    #[track_caller]
+    pub fn rand_like_in(&self, key: &Tensor, stream: u32) -> Result<Tensor> {
+        rand_at(self.shape(), key, stream, SourceLoc::caller())
+    }
+
     /// Zeroes each element with probability `p` and scales the rest by `1/(1-p)`
     /// (`torch.nn.functional.dropout` in training), the mask drawn under `key` by [`Tensor::rand_like`]:
     /// the backward pass recomputes it from the key instead of saving it.

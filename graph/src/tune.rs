@@ -49,7 +49,7 @@ fn candidates(target: &Target) -> Vec<(String, Target)> {
             (format!("lane_attention.chunk={}", la.chunk * 2), LaneAttention { chunk: la.chunk * 2, ..la }),
             (format!("lane_attention.split={split}"), LaneAttention { split, ..la }),
         ] {
-            if other != la && other.rows >= 32 && la.keys % other.chunk == 0 {
+            if other != la && other.rows >= 32 && other.chunk > 0 && la.keys % other.chunk == 0 {
                 v.push((label, Target { lane_attention: Some(other), ..target.clone() }));
             }
         }
@@ -211,6 +211,9 @@ mod tests {
         assert!(!labels.iter().any(|l| l.starts_with("lane_attention.split")), "{labels:?}");
         let sub = Target { subgroup_size: Some(32), ..t.clone() };
         assert!(candidates(&sub).iter().any(|(l, _)| l == "lane_attention.split=2"));
+        // A malformed lanes division (chunks of 0, from the knob) offers no chunk candidate, and no panic.
+        let zero = Target { lane_attention: Some(LaneAttention { chunk: 0, ..LaneAttention::default() }), ..t.clone() };
+        assert!(candidates(&zero).iter().all(|(l, _)| !l.starts_with("lane_attention.chunk")));
         // A target capped at 16 has no smaller matmul tile to try.
         let capped = Target { matmul_tile: 16, ..t };
         assert!(candidates(&capped).iter().all(|(l, _)| !l.starts_with("matmul_tile")));

@@ -16,8 +16,9 @@
 //! its guards (a user's integer tensor may divide by zero; the guard folds away where the divisor is a
 //! constant, as index arithmetic's are). A browser applies its own checks whatever is asked here.
 
-/// The run-time checks wgpu adds to kiln's shaders, beyond integer division's (always kept).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The run-time checks wgpu adds to kiln's shaders, beyond integer division's (always kept). The
+/// default, what kiln's shaders are compiled with, is none of the three.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShaderChecks {
     /// Dynamic indices into arrays clamped (storage buffers: only where the driver cannot check them).
     pub bounds: bool,
@@ -25,13 +26,6 @@ pub struct ShaderChecks {
     pub loops: bool,
     /// Workgroup memory zeroed when a workgroup starts.
     pub zero_init: bool,
-}
-
-impl Default for ShaderChecks {
-    /// What kiln's shaders are compiled with: none of the three.
-    fn default() -> Self {
-        ShaderChecks { bounds: false, loops: false, zero_init: false }
-    }
 }
 
 impl ShaderChecks {

@@ -430,3 +430,27 @@ fn a_scan_runs_unrolled_along_its_axes_and_directions() {
         assert_eq!(out[1].to_vec::<f32>().unwrap(), sums, "output direction {out_dir}");
     }
 }
+
+/// Two `Bernoulli` nodes of p = 0.5 over 1,024 elements: unseeded, each draws its own numbers (a stream
+/// per node, the same every run); seeded alike, they draw the same.
+#[test]
+fn unseeded_random_nodes_draw_apart_and_seeded_ones_repeat() {
+    let two = |seed: Option<f32>| {
+        let mut nodes = vec![node("Bernoulli", "b1", &["p"], &["y1"]), node("Bernoulli", "b2", &["p"], &["y2"])];
+        if let Some(s) = seed {
+            for n in &mut nodes {
+                n.attribute.push(AttributeProto { name: Some("seed".into()), f: Some(s), ..Default::default() });
+            }
+        }
+        let outputs = vec![value("y1", &[Ok(1024)]), value("y2", &[Ok(1024)])];
+        let bytes = model(nodes, vec![value("p", &[Ok(1024)])], outputs, vec![], 18);
+        let m = kiln_onnx::load_bytes(&bytes, "bernoulli.onnx").unwrap().backend(CpuReference);
+        let out = m.call(vec![Tensor::full(0.5, &[1024], DType::F32).unwrap()]).unwrap();
+        (out[0].to_vec::<f32>().unwrap(), out[1].to_vec::<f32>().unwrap())
+    };
+    let (a, b) = two(None);
+    assert_ne!(a, b, "two unseeded nodes drew the same numbers");
+    assert_eq!(two(None), (a, b), "an unseeded model draws the same each run");
+    let (c, d) = two(Some(7.0));
+    assert_eq!(c, d, "the same seed, the same numbers");
+}

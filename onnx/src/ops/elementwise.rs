@@ -350,8 +350,8 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
 
 /// `Dropout`: the identity in inference; in training mode (opset 12's third input) each element kept
 /// with probability `1 − ratio` and scaled by `1/(1 − ratio)`, the mask drawn by kiln's counter-based
-/// generator under the node's `seed` (the same on every backend; not numpy's numbers, which the ONNX
-/// reference draws). The optional second output is the mask.
+/// generator under the node's `seed` (`random::draw`; the same on every backend; not numpy's numbers,
+/// which the ONNX reference draws). The optional second output is the mask.
 fn dropout(node: &Node) -> OpResult<Vec<Value>> {
     let x = node.tensor(0)?;
     let training = node.opset() >= 12 && node.host_values(2)?.is_some_and(|t| t.first().is_some_and(|&t| t != 0.0));
@@ -372,8 +372,8 @@ fn dropout(node: &Node) -> OpResult<Vec<Value>> {
         }
         return Ok(outs);
     }
-    let key = Tensor::rng_key(node.int("seed", 0) as u32, 0);
-    let (y, keep) = x.dropout_with_mask(ratio, &key, 0)?;
+    let (key, stream) = super::random::draw(node);
+    let (y, keep) = x.dropout_with_mask(ratio, &key, stream)?;
     let mut outs = vec![Value::Tensor(y)];
     if want_mask {
         outs.push(Value::Tensor(keep));

@@ -1,6 +1,6 @@
 //! ONNX's random ops that draw in the shape of a tensor: `Bernoulli` (1 with each element's
 //! probability) and `RandomUniformLike` (its expanded form's draw). kiln draws with Philox4x32-10
-//! under the node's `seed` (0 when absent), the same numbers on every backend; numpy draws ONNX's
+//! under the node's `seed` ([`draw`]), the same numbers on every backend; numpy draws ONNX's
 //! expected outputs, so the node tests check these by their contract (`tests/common/onnx.rs`).
 
 use super::{invalid, one, Node, OpResult};
@@ -19,9 +19,21 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
     })
 }
 
-/// The draw's key: the node's seed (ONNX's is a float attribute; its integer part, 0 when absent).
-fn key(node: &Node) -> Tensor {
-    Tensor::rng_key(node.float("seed", 0.0) as i64 as u32, 0)
+/// The key and stream a random node draws with: its `seed` attribute (an int for `Dropout`, a float
+/// for the others: its integer part) in stream 0; unseeded, key 0 in a stream of its own (FNV-1a of its
+/// first output's name), so two unseeded nodes of one model draw unrelated numbers, the same each run.
+pub(super) fn draw(node: &Node) -> (Tensor, u32) {
+    match node.proto.attribute.iter().find(|a| a.name() == "seed") {
+        Some(a) => {
+            let seed = if a.f.is_some() { a.f() as i64 } else { a.i() };
+            (Tensor::rng_key(seed as u32, 0), 0)
+        }
+        None => {
+            let name = node.proto.output.first().map_or("", String::as_str);
+            let stream = name.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+            (Tensor::rng_key(0, 0), stream)
+        }
+    }
 }
 
 /// The output dtype a `dtype` attribute asks for, else `default`.
@@ -39,7 +51,8 @@ fn bernoulli(node: &Node) -> OpResult<Vec<Value>> {
         return invalid(format!("probabilities of {}", p.dtype()));
     }
     let out = dtype(node, p.dtype())?;
-    one(p.rand_like(&key(node))?.lt(&p.cast(DType::F32)?)?.cast(out)?)
+    let (key, stream) = draw(node);
+    one(p.rand_like_in(&key, stream)?.lt(&p.cast(DType::F32)?)?.cast(out)?)
 }
 
 /// Uniform numbers in `[low, high)` in the input's shape, in `dtype` (the input's).
@@ -50,7 +63,8 @@ fn uniform_like(node: &Node) -> OpResult<Vec<Value>> {
         return invalid(format!("low {low} above high {high}"));
     }
     let out = dtype(node, x.dtype())?;
-    one(x.rand_like(&key(node))?.mul(high - low)?.add(low)?.cast(out)?)
+    let (key, stream) = draw(node);
+    one(x.rand_like_in(&key, stream)?.mul(high - low)?.add(low)?.cast(out)?)
 }
 
 #[cfg(test)]

@@ -74,6 +74,9 @@ fn tfidf(node: &Node) -> OpResult<Vec<Value>> {
         return unsupported("TfIdfVectorizer over strings (kiln's tensors hold numbers)");
     }
     let x = node.tensor(0)?;
+    if !x.dtype().is_int() || x.dtype() == DType::Bool {
+        return invalid(format!("tokens of {} (integers)", x.dtype()));
+    }
     let Some(dims) = x.shape().as_concrete() else { return unsupported("TfIdfVectorizer over symbolic dims") };
     let (rows, len) = match dims[..] {
         [c] => (1, c),

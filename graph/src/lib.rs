@@ -53,7 +53,7 @@ pub mod tape;
 pub mod target;
 pub mod tolerance;
 pub mod trace;
-mod tune;
+pub mod tune;
 pub mod validate;
 pub mod value;
 pub mod workloads;

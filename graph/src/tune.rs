@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 /// What tuning one graph did (its caller times it: candidates compiled on a device that cannot time
 /// them cost time too).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Tuned {
+pub struct Tuned {
     /// Kernels whose candidates were timed here (0 when every choice came from the tuning cache).
     pub measured: usize,
     /// Kernels that took a schedule other than the default.
@@ -102,7 +102,8 @@ fn key(base: &CompiledGraph, i: usize) -> String {
 
 /// `base` (compiled from `graph` for `target`) with each kernel's schedule the fastest candidate's on
 /// `inputs`, or `base` itself where the backend has no runtime or its device cannot time launches.
-pub(crate) fn tune(
+/// (`Mode::MaxAutotune` calls it as it traces; the bench calls it on a captured graph.)
+pub fn tune(
     graph: &crate::ir::Graph,
     target: &Target,
     backend: &dyn crate::backend::Backend,

@@ -50,7 +50,11 @@ pub(crate) fn render_and_assemble<K: Sync, E: Send>(
                     Some(Ok(ptx)) => {
                         let key = key(ptx, sm, version);
                         kiln_graph::cache::load_blob(&key).or_else(|| {
-                            match crate::ptxas::cubin(ptxas, name(&items[i]), ptx, sm) {
+                            let clock = std::time::Instant::now();
+                            let made = crate::ptxas::cubin(ptxas, name(&items[i]), ptx, sm);
+                            let ms = clock.elapsed().as_secs_f64() * 1e3;
+                            tracing::debug!(target: "kiln::graph", kernel = name(&items[i]), ptx_bytes = ptx.len(), ms, "ptxas");
+                            match made {
                                 Ok(image) => {
                                     kiln_graph::cache::store_blob(&key, &image);
                                     Some(image)

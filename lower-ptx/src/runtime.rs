@@ -512,8 +512,13 @@ impl Driver for Cuda {
         let Some((ptxas, version)) = &self.ptxas else { return kernels.iter().map(|k| self.load(k)).collect() };
         std::thread::scope(|scope| {
             // cuBLAS opens while the kernels render and assemble, not at the first GEMM.
-            let blas = kernels.iter().any(|k| k.gemm().is_some()).then(|| scope.spawn(|| self.open_blas()));
             let started = std::time::Instant::now();
+            let blas = kernels.iter().any(|k| k.gemm().is_some()).then(|| {
+                scope.spawn(move || {
+                    let opened = self.open_blas();
+                    (opened, started.elapsed())
+                })
+            });
             fn name<'a>(k: &'a &Kernel) -> &'a str {
                 &k.name
             }
@@ -534,13 +539,16 @@ impl Driver for Cuda {
                 .collect();
             let loading = started.elapsed() - assembling;
             // A failure to open is reported by the first GEMM, which opens cuBLAS again.
-            let blas = blas.map(|h| h.join().is_ok_and(|r| r.is_ok()));
+            let loaded = started.elapsed();
+            let blas = blas.and_then(|h| h.join().ok()).map(|(r, took)| (r.is_ok(), took.as_secs_f64() * 1e3));
             tracing::debug!(
                 target: "kiln::graph",
                 kernels = kernels.len(),
                 render_and_ptxas_ms = assembling.as_secs_f64() * 1e3,
                 load_ms = loading.as_secs_f64() * 1e3,
-                cublas_opened = ?blas,
+                cublas_opened = ?blas.map(|b| b.0),
+                cublas_open_ms = blas.map_or(0.0, |b| b.1),
+                waited_for_cublas_ms = (started.elapsed() - loaded).as_secs_f64() * 1e3,
                 "modules loaded"
             );
             modules

@@ -43,15 +43,16 @@ use kiln_graph::{CpuReference, IntoBackend, KernelInterpreter};
 use std::sync::{Arc, OnceLock};
 
 /// Turns on kiln's logs as `KILN_LOGS` asks: a comma-separated list of `graph`, `fusion`, `guards`,
-/// `recompiles`, `cache`, `output_code` (or `all`), printed to stderr. Safe to call more than once; a
-/// program with its own `tracing` subscriber need not call it.
+/// `recompiles`, `cache`, `output_code` (or `all`), and `launches` (each CUDA launch's host time: a
+/// line per launch, so not part of `all`), printed to stderr. Safe to call more than once; a program
+/// with its own `tracing` subscriber need not call it.
 pub fn init_logs() {
     let Ok(wanted) = std::env::var("KILN_LOGS") else { return };
     let all = ["graph", "fusion", "guards", "recompiles", "cache", "output_code"];
     let names: Vec<&str> =
         if wanted.trim() == "all" { all.to_vec() } else { wanted.split(',').map(str::trim).collect() };
-    let directives: Vec<String> =
-        names.iter().filter(|n| all.contains(n)).map(|n| format!("kiln::{n}=debug")).collect();
+    let known = |n: &&&str| all.contains(n) || **n == "launches";
+    let directives: Vec<String> = names.iter().filter(known).map(|n| format!("kiln::{n}=debug")).collect();
     let filter = tracing_subscriber::EnvFilter::new(directives.join(","));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }

@@ -29,19 +29,24 @@ fn key(ptx: &str, sm: u32, version: &str) -> String {
 /// while the others idle) and renders, then assembles, each: ptxas starts on the slowest kernel while
 /// the others still render (a training step's forward attention takes a quarter of a second of ptxas;
 /// rendering every kernel first put ~60 ms in front of it). Cubins come from kiln's cache when there.
-pub(crate) fn render_and_assemble<K: Sync, E: Send>(
+///
+/// `side` runs on a thread of its own started after the workers, and its result comes back with theirs:
+/// opening cuBLAS there (a `dlopen` of hundreds of MB) before the workers existed held their creation
+/// up behind the dynamic loader's lock for as long as it took (57–247 ms on an H200, session 37).
+pub(crate) fn render_and_assemble<K: Sync, E: Send, S: Send>(
     items: &[K],
     weight: impl Fn(&K) -> usize,
     render: impl Fn(&K) -> Option<Result<String, E>> + Sync,
     name: impl Fn(&K) -> &str + Sync,
     (ptxas, version, sm): (&Path, &str, u32),
-) -> Vec<Made<E>> {
+    side: impl FnOnce() -> S + Send,
+) -> (Vec<Made<E>>, S) {
     let out: Vec<Mutex<Option<Made<E>>>> = items.iter().map(|_| Mutex::new(None)).collect();
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(weight(&items[i])));
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
     let next = AtomicUsize::new(0);
-    std::thread::scope(|scope| {
+    let side = std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
                 let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
@@ -73,8 +78,10 @@ pub(crate) fn render_and_assemble<K: Sync, E: Send>(
                 }
             });
         }
+        scope.spawn(side).join()
     });
-    out.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or((None, None))).collect()
+    let made = out.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or((None, None)));
+    (made.collect(), side.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
 }
 
 #[cfg(test)]
@@ -96,8 +103,9 @@ mod tests {
             |s| Some(Ok::<_, ()>(s.ptx.to_string())),
             |s| s.name,
             (ptxas, version, sm),
+            || (),
         );
-        assembled.into_iter().map(|(_, cubin)| cubin).collect()
+        assembled.0.into_iter().map(|(_, cubin)| cubin).collect()
     }
 
     use kiln_graph::{capture, compile_graph, DType, Target, TensorSpec};

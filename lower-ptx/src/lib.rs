@@ -10,6 +10,7 @@ mod gemm;
 mod lt;
 pub mod nccl;
 pub mod ordinal;
+mod preload;
 pub mod ptxas;
 pub mod render;
 pub mod runtime;

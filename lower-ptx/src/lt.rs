@@ -211,7 +211,10 @@ impl Lt {
         }
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         if !plans.contains_key(&key) {
+            let clock = std::time::Instant::now();
             let plan = Plan::new(self.handle, &key, c, workspace_bytes)?;
+            let ms = clock.elapsed().as_secs_f64() * 1e3;
+            tracing::debug!(target: "kiln::graph", m = c.m, n = c.n, k = c.k, batch = c.batch, ms, "cuBLASLt plan made");
             plans.insert(key.clone(), plan);
         }
         let plan = &plans[&key];

@@ -156,6 +156,7 @@ impl Cuda {
         }
         let ordinal = crate::ordinal::device_ordinal(|k| std::env::var(k).ok()).map_err(err)?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver("opening the CUDA device", e))?;
+        crate::preload::start();
         // One stream per device, in order: the per-buffer events cudarc records for multi-stream safety
         // would only add work to every launch.
         // SAFETY: a buffer is used on another stream only by a compiled step's collective, ordered
@@ -430,6 +431,49 @@ impl Cuda {
     pub(crate) fn capturing(&self) -> bool {
         self.capturing.load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    /// [`Driver::launch`] itself.
+    fn launch_now(&self, kernel: &Kernel, l: &Launch) -> Result<()> {
+        let loaded = l.module.downcast_ref::<Loaded>().ok_or_else(|| err("a module of another driver"))?;
+        if l.wait {
+            self.wait_collectives()?;
+        }
+        let pointers: Vec<u64> = l.buffers.iter().map(|b| self.ptr(b.raw) + b.offset).collect();
+        let f = match loaded {
+            Loaded::Function(f) => f,
+            Loaded::Collective => return self.launch_collective(kernel, l, &pointers),
+            Loaded::Gemm => {
+                let gemm = kernel.gemm().ok_or_else(|| err("a GEMM module for a generated kernel"))?;
+                // Planning allocates and uploads pointer arrays: once per binding, never inside a capture.
+                let call = l.binding(|| GemmCall::plan(gemm, l.bindings, &pointers, &self.stream))?;
+                return self.gemm(&call);
+            }
+        };
+        let mut params: Vec<u64> = pointers;
+        // The renderer declares symbols `.s64`: the bits of the i64 travel in a u64 slot.
+        params.extend(l.symbols.iter().map(|&v| v as u64));
+        if let Some(fault) = l.fault {
+            params.push(self.ptr(fault.raw) + fault.offset);
+        }
+        let grid = self
+            .target
+            .fold_grid(l.groups)
+            .ok_or_else(|| err(format!("kernel {}: {} blocks exceed a 3-D grid", kernel.name, l.groups)))?;
+        let config =
+            LaunchConfig { grid_dim: grid, block_dim: (kernel.launch.device_threads(), 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(f);
+        for v in &params {
+            b.arg(v);
+        }
+        // SAFETY: the parameters are exactly those the renderer declared for this kernel (one pointer per
+        // bound buffer, sized by the plan for the launch's symbol values, then each symbol, then the fault
+        // word), and every index a kernel computes is guarded by the bounds the kernel IR carries.
+        unsafe { b.launch(config) }.map_err(|e| driver(&format!("launching kernel {}", kernel.name), e))?;
+        if self.sync_launches && !self.capturing.load(std::sync::atomic::Ordering::Relaxed) {
+            self.stream.synchronize().map_err(|e| driver(&format!("running kernel {}", kernel.name), e))?;
+        }
+        Ok(())
+    }
 }
 
 impl Driver for Cuda {
@@ -510,91 +554,53 @@ impl Driver for Cuda {
 
     fn load_many(&self, kernels: &[&Kernel]) -> Vec<Result<Module>> {
         let Some((ptxas, version)) = &self.ptxas else { return kernels.iter().map(|k| self.load(k)).collect() };
-        std::thread::scope(|scope| {
-            // cuBLAS opens while the kernels render and assemble, not at the first GEMM.
-            let started = std::time::Instant::now();
-            let blas = kernels.iter().any(|k| k.gemm().is_some()).then(|| {
-                scope.spawn(move || {
-                    let opened = self.open_blas();
-                    (opened, started.elapsed())
-                })
-            });
-            fn name<'a>(k: &'a &Kernel) -> &'a str {
-                &k.name
-            }
-            let made = crate::assemble::render_and_assemble(
-                kernels,
-                |k| kernel_weight(k),
-                |k| self.ptx(k),
-                name,
-                (ptxas, version, self.sm),
-            );
-            let assembling = started.elapsed();
-            let modules = (kernels.iter().zip(made))
-                .map(|(k, (r, cubin))| match r {
-                    None => Ok(Self::call_module(k)),
-                    Some(Err(e)) => Err(e),
-                    Some(Ok(ptx)) => self.load_rendered(k, &ptx, cubin),
-                })
-                .collect();
-            let loading = started.elapsed() - assembling;
-            // A failure to open is reported by the first GEMM, which opens cuBLAS again.
-            let loaded = started.elapsed();
-            let blas = blas.and_then(|h| h.join().ok()).map(|(r, took)| (r.is_ok(), took.as_secs_f64() * 1e3));
-            tracing::debug!(
-                target: "kiln::graph",
-                kernels = kernels.len(),
-                render_and_ptxas_ms = assembling.as_secs_f64() * 1e3,
-                load_ms = loading.as_secs_f64() * 1e3,
-                cublas_opened = ?blas.map(|b| b.0),
-                cublas_open_ms = blas.map_or(0.0, |b| b.1),
-                waited_for_cublas_ms = (started.elapsed() - loaded).as_secs_f64() * 1e3,
-                "modules loaded"
-            );
-            modules
-        })
+        let started = std::time::Instant::now();
+        // cuBLAS opens while the kernels render and assemble, not at the first GEMM.
+        let open_blas = || {
+            kernels.iter().any(|k| k.gemm().is_some()).then(|| (self.open_blas().is_ok(), started.elapsed()))
+        };
+        fn name<'a>(k: &'a &Kernel) -> &'a str {
+            &k.name
+        }
+        let (made, blas) = crate::assemble::render_and_assemble(
+            kernels,
+            |k| kernel_weight(k),
+            |k| self.ptx(k),
+            name,
+            (ptxas, version, self.sm),
+            open_blas,
+        );
+        let assembling = started.elapsed();
+        let modules = (kernels.iter().zip(made))
+            .map(|(k, (r, cubin))| match r {
+                None => Ok(Self::call_module(k)),
+                Some(Err(e)) => Err(e),
+                Some(Ok(ptx)) => self.load_rendered(k, &ptx, cubin),
+            })
+            .collect();
+        // A failure to open is reported by the first GEMM, which opens cuBLAS again.
+        tracing::debug!(
+            target: "kiln::graph",
+            kernels = kernels.len(),
+            render_ptxas_and_cublas_ms = assembling.as_secs_f64() * 1e3,
+            load_ms = (started.elapsed() - assembling).as_secs_f64() * 1e3,
+            cublas_opened = ?blas.map(|b| b.0),
+            cublas_open_ms = blas.map_or(0.0, |b| b.1.as_secs_f64() * 1e3),
+            "modules loaded"
+        );
+        modules
     }
 
     fn launch(&self, kernel: &Kernel, l: &Launch) -> Result<()> {
-        let loaded = l.module.downcast_ref::<Loaded>().ok_or_else(|| err("a module of another driver"))?;
-        if l.wait {
-            self.wait_collectives()?;
+        if !tracing::enabled!(target: "kiln::launches", tracing::Level::DEBUG) {
+            return self.launch_now(kernel, l);
         }
-        let pointers: Vec<u64> = l.buffers.iter().map(|b| self.ptr(b.raw) + b.offset).collect();
-        let f = match loaded {
-            Loaded::Function(f) => f,
-            Loaded::Collective => return self.launch_collective(kernel, l, &pointers),
-            Loaded::Gemm => {
-                let gemm = kernel.gemm().ok_or_else(|| err("a GEMM module for a generated kernel"))?;
-                // Planning allocates and uploads pointer arrays: once per binding, never inside a capture.
-                let call = l.binding(|| GemmCall::plan(gemm, l.bindings, &pointers, &self.stream))?;
-                return self.gemm(&call);
-            }
-        };
-        let mut params: Vec<u64> = pointers;
-        // The renderer declares symbols `.s64`: the bits of the i64 travel in a u64 slot.
-        params.extend(l.symbols.iter().map(|&v| v as u64));
-        if let Some(fault) = l.fault {
-            params.push(self.ptr(fault.raw) + fault.offset);
-        }
-        let grid = self
-            .target
-            .fold_grid(l.groups)
-            .ok_or_else(|| err(format!("kernel {}: {} blocks exceed a 3-D grid", kernel.name, l.groups)))?;
-        let config =
-            LaunchConfig { grid_dim: grid, block_dim: (kernel.launch.device_threads(), 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(f);
-        for v in &params {
-            b.arg(v);
-        }
-        // SAFETY: the parameters are exactly those the renderer declared for this kernel (one pointer per
-        // bound buffer, sized by the plan for the launch's symbol values, then each symbol, then the fault
-        // word), and every index a kernel computes is guarded by the bounds the kernel IR carries.
-        unsafe { b.launch(config) }.map_err(|e| driver(&format!("launching kernel {}", kernel.name), e))?;
-        if self.sync_launches && !self.capturing.load(std::sync::atomic::Ordering::Relaxed) {
-            self.stream.synchronize().map_err(|e| driver(&format!("running kernel {}", kernel.name), e))?;
-        }
-        Ok(())
+        // `KILN_LOGS=launches`: where a first run's host time goes (plans, pointer arrays, lazy loads).
+        let clock = std::time::Instant::now();
+        let launched = self.launch_now(kernel, l);
+        let host_us = clock.elapsed().as_secs_f64() * 1e6;
+        tracing::debug!(target: "kiln::launches", kernel = %kernel.name, host_us, "launched");
+        launched
     }
 
     fn wait_collectives(&self) -> Result<()> {

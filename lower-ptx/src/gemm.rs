@@ -56,7 +56,10 @@ impl Blas {
         };
         match open() {
             Ok((w, workspace_ptr)) => match Lt::new() {
-                Ok(lt) => Ok(Blas { handle, _workspace: w, workspace_ptr, stream: stream.clone(), lt }),
+                Ok(lt) => {
+                    lt.warm(WORKSPACE_BYTES);
+                    Ok(Blas { handle, _workspace: w, workspace_ptr, stream: stream.clone(), lt })
+                }
                 Err(e) => {
                     // SAFETY: created above, used by nothing else.
                     let _ = unsafe { blas::destroy_handle(handle) };
@@ -230,6 +233,34 @@ fn data_type(d: DType) -> Result<cudaDataType> {
 }
 
 impl GemmCall {
+    /// An f32 256³ call at aligned made-up addresses: what [`crate::lt::Lt::warm`] asks the heuristic
+    /// about, with a bias of its own (it is never launched).
+    pub(crate) fn probe() -> GemmCall {
+        let n = 256;
+        GemmCall {
+            op_a: cublasOperation_t::CUBLAS_OP_N,
+            op_b: cublasOperation_t::CUBLAS_OP_N,
+            m: n,
+            n,
+            k: n,
+            a: 1 << 20,
+            lda: n,
+            stride_a: 0,
+            b: 2 << 20,
+            ldb: n,
+            stride_b: 0,
+            c: 3 << 20,
+            ldc: n,
+            stride_c: 0,
+            batch: 1,
+            element: DType::F32,
+            written: DType::F32,
+            tf32: false,
+            arrays: None,
+            addends: None,
+        }
+    }
+
     /// The call computing `g` for symbol values `b`, with `pointers[i]` the device address of kernel
     /// buffer `i`: strided batched when one stride per operand describes the batch, else batched over
     /// device arrays of pointers (uploaded on `stream`).

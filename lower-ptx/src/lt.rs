@@ -48,6 +48,23 @@ struct Key {
     align: [u32; 4],
 }
 
+impl Key {
+    fn of(c: &GemmCall, add: &Addends) -> Key {
+        Key {
+            ops: (c.op_a as u32, c.op_b as u32),
+            mnk: (c.m, c.n, c.k),
+            lds: (c.lda, c.ldb, c.ldc),
+            strides: (c.stride_a, c.stride_b, c.stride_c),
+            batch: c.batch,
+            dtype: c.element,
+            tf32: c.tf32,
+            bias: add.bias.is_some(),
+            residual: add.residual.is_some(),
+            align: [c.a, c.b, add.residual.unwrap_or(c.c), c.c].map(alignment),
+        }
+    }
+}
+
 /// One call shape's descriptors and chosen algorithm.
 struct Plan {
     desc: cublasLtMatmulDesc_t,
@@ -185,6 +202,21 @@ impl Lt {
         Ok(Lt { handle, plans: Mutex::new(HashMap::new()) })
     }
 
+    /// Asks the heuristic about one call shape ([`GemmCall::probe`]) and keeps nothing: cuBLASLt's first
+    /// heuristic query in a process costs ~130 ms on an H200 (later ones 0.02–0.2 ms; session 37), which
+    /// this moves off a graph's first run. A failure is logged; the first real call reports its own.
+    pub(crate) fn warm(&self, workspace_bytes: usize) {
+        let c = GemmCall::probe();
+        let add = Addends { bias: Some(4 << 20), residual: None };
+        let clock = std::time::Instant::now();
+        let made = Plan::new(self.handle, &Key::of(&c, &add), &c, workspace_bytes);
+        let ms = clock.elapsed().as_secs_f64() * 1e3;
+        match made {
+            Ok(_) => tracing::debug!(target: "kiln::graph", ms, "cuBLASLt's heuristic warmed"),
+            Err(e) => tracing::debug!(target: "kiln::graph", error = %e, "cuBLASLt's heuristic not warmed"),
+        }
+    }
+
     /// Enqueues `c` (which has addends) on `stream`, using `workspace` (`workspace_bytes` long).
     pub(crate) fn run(
         &self,
@@ -193,18 +225,7 @@ impl Lt {
         stream: cudaStream_t,
         (workspace, workspace_bytes): (u64, usize),
     ) -> Result<()> {
-        let key = Key {
-            ops: (c.op_a as u32, c.op_b as u32),
-            mnk: (c.m, c.n, c.k),
-            lds: (c.lda, c.ldb, c.ldc),
-            strides: (c.stride_a, c.stride_b, c.stride_c),
-            batch: c.batch,
-            dtype: c.element,
-            tf32: c.tf32,
-            bias: add.bias.is_some(),
-            residual: add.residual.is_some(),
-            align: [c.a, c.b, add.residual.unwrap_or(c.c), c.c].map(alignment),
-        };
+        let key = Key::of(c, add);
         if c.m == 0 || c.n == 0 || c.batch == 0 {
             // An empty output: nothing to write (cuBLASLt rejects empty layouts).
             return Ok(());

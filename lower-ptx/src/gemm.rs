@@ -56,10 +56,7 @@ impl Blas {
         };
         match open() {
             Ok((w, workspace_ptr)) => match Lt::new() {
-                Ok(lt) => {
-                    lt.warm(WORKSPACE_BYTES);
-                    Ok(Blas { handle, _workspace: w, workspace_ptr, stream: stream.clone(), lt })
-                }
+                Ok(lt) => Ok(Blas { handle, _workspace: w, workspace_ptr, stream: stream.clone(), lt }),
                 Err(e) => {
                     // SAFETY: created above, used by nothing else.
                     let _ = unsafe { blas::destroy_handle(handle) };
@@ -72,6 +69,12 @@ impl Blas {
                 Err(e)
             }
         }
+    }
+
+    /// Warms cuBLASLt's heuristic for `element` ([`crate::lt::Lt::warm`]; cheap where the device's
+    /// preload warmed the process already).
+    pub(crate) fn warm(&self, element: DType) {
+        self.lt.warm(element, WORKSPACE_BYTES);
     }
 
     /// Enqueues one call.
@@ -233,9 +236,9 @@ fn data_type(d: DType) -> Result<cudaDataType> {
 }
 
 impl GemmCall {
-    /// An f32 256³ call at aligned made-up addresses: what [`crate::lt::Lt::warm`] asks the heuristic
-    /// about, with a bias of its own (it is never launched).
-    pub(crate) fn probe() -> GemmCall {
+    /// A 256³ call of `element` at aligned made-up addresses: what [`crate::lt::Lt::warm`] asks the
+    /// heuristic about, with a bias of its own (it is never launched).
+    pub(crate) fn probe(element: DType) -> GemmCall {
         let n = 256;
         GemmCall {
             op_a: cublasOperation_t::CUBLAS_OP_N,
@@ -253,8 +256,8 @@ impl GemmCall {
             ldc: n,
             stride_c: 0,
             batch: 1,
-            element: DType::F32,
-            written: DType::F32,
+            element,
+            written: element,
             tf32: false,
             arrays: None,
             addends: None,

@@ -202,18 +202,19 @@ impl Lt {
         Ok(Lt { handle, plans: Mutex::new(HashMap::new()) })
     }
 
-    /// Asks the heuristic about one call shape ([`GemmCall::probe`]) and keeps nothing: cuBLASLt's first
-    /// heuristic query in a process costs ~130 ms on an H200 (later ones 0.02–0.2 ms; session 37), which
-    /// this moves off a graph's first run. A failure is logged; the first real call reports its own.
-    pub(crate) fn warm(&self, workspace_bytes: usize) {
-        let c = GemmCall::probe();
+    /// Asks the heuristic about one call shape of `element` ([`GemmCall::probe`]) and keeps nothing:
+    /// cuBLASLt's first heuristic query for an element type costs ~90–150 ms on an H200 (later ones
+    /// 0.02–0.3 ms; session 37), which this moves off a graph's first run. A failure is logged; the first
+    /// real call reports its own.
+    pub(crate) fn warm(&self, element: DType, workspace_bytes: usize) {
+        let c = GemmCall::probe(element);
         let add = Addends { bias: Some(4 << 20), residual: None };
         let clock = std::time::Instant::now();
         let made = Plan::new(self.handle, &Key::of(&c, &add), &c, workspace_bytes);
         let ms = clock.elapsed().as_secs_f64() * 1e3;
         match made {
-            Ok(_) => tracing::debug!(target: "kiln::graph", ms, "cuBLASLt's heuristic warmed"),
-            Err(e) => tracing::debug!(target: "kiln::graph", error = %e, "cuBLASLt's heuristic not warmed"),
+            Ok(_) => tracing::debug!(target: "kiln::graph", ?element, ms, "cuBLASLt's heuristic warmed"),
+            Err(e) => tracing::debug!(target: "kiln::graph", ?element, error = %e, "cuBLASLt's heuristic not warmed"),
         }
     }
 

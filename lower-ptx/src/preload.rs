@@ -9,20 +9,39 @@
 //! first GEMM that needs it, as before.
 
 use cudarc::driver::CudaContext;
-use std::sync::{Arc, OnceLock};
+use kiln_graph::DType;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
 
 /// Set once the preload has started in this process. The libraries it opens stay open for the life of
 /// the process; cudarc opens them again by name at its first call and finds them loaded.
 static STARTED: OnceLock<()> = OnceLock::new();
 
+/// The preload thread while it may still run: the process joins it before exiting.
+static RUNNING: Mutex<Option<JoinHandle<()>>> = Mutex::new(None);
+
+/// Waits for the preload at exit: a short program (a test that opens the device and ends) otherwise
+/// exits while the thread is inside cuBLASLt, and the driver's own exit handler, registered before this
+/// one and so run after it, tears the context down under it (a segfault at exit on an H200, session 37).
+extern "C" fn join_at_exit() {
+    let running = RUNNING.lock().map(|mut r| r.take()).unwrap_or_else(|mut e| e.get_mut().take());
+    if let Some(thread) = running {
+        let _ = thread.join();
+    }
+}
+
 /// Starts opening cuBLAS and cuBLASLt on a thread of their own, once per process, then warms cuBLASLt's
-/// heuristic on `ctx` ([`crate::lt::Lt::warm`]: its first query in a process costs ~130 ms).
-/// `KILN_CUDA_PRELOAD_BLAS=0` leaves both to the first graph that needs them.
+/// heuristic on `ctx` for f32 and bf16 ([`crate::lt::Lt::warm`]: its first query for an element type
+/// costs ~90–150 ms). `KILN_CUDA_PRELOAD_BLAS=0` leaves both to the first graph that needs them.
 pub(crate) fn start(ctx: &Arc<CudaContext>) {
     if std::env::var("KILN_CUDA_PRELOAD_BLAS").as_deref() == Ok("0") {
         return;
     }
     STARTED.get_or_init(|| {
+        // SAFETY: registers a plain function taking and returning nothing.
+        if unsafe { libc::atexit(join_at_exit) } != 0 {
+            return; // no way to wait for the thread at exit: no preload
+        }
         let ctx = ctx.clone();
         let spawned = std::thread::Builder::new().name("kiln-preload-blas".into()).spawn(move || {
             let clock = std::time::Instant::now();
@@ -38,12 +57,15 @@ pub(crate) fn start(ctx: &Arc<CudaContext>) {
             tracing::debug!(target: "kiln::graph", ms = clock.elapsed().as_secs_f64() * 1e3, "cuBLAS libraries opened");
             if ctx.bind_to_thread().is_ok() {
                 if let Ok(lt) = crate::lt::Lt::new() {
-                    lt.warm(crate::gemm::WORKSPACE_BYTES);
+                    for element in [DType::F32, DType::BF16] {
+                        lt.warm(element, crate::gemm::WORKSPACE_BYTES);
+                    }
                 }
             }
         });
-        if let Err(e) = spawned {
-            tracing::debug!(target: "kiln::graph", error = %e, "cuBLAS libraries not preloaded");
+        match spawned {
+            Ok(thread) => *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread),
+            Err(e) => tracing::debug!(target: "kiln::graph", error = %e, "cuBLAS libraries not preloaded"),
         }
     });
 }

@@ -555,9 +555,18 @@ impl Driver for Cuda {
     fn load_many(&self, kernels: &[&Kernel]) -> Vec<Result<Module>> {
         let Some((ptxas, version)) = &self.ptxas else { return kernels.iter().map(|k| self.load(k)).collect() };
         let started = std::time::Instant::now();
-        // cuBLAS opens while the kernels render and assemble, not at the first GEMM.
+        // cuBLAS opens while the kernels render and assemble, not at the first GEMM, and its heuristic is
+        // asked once per element type the graph's GEMMs use (its first query for one costs ~100 ms).
         let open_blas = || {
-            kernels.iter().any(|k| k.gemm().is_some()).then(|| (self.open_blas().is_ok(), started.elapsed()))
+            let elements: std::collections::HashSet<kiln_graph::DType> =
+                kernels.iter().filter_map(|k| k.gemm().map(|g| g.dtype)).collect();
+            (!elements.is_empty()).then(|| {
+                let opened = self.open_blas().is_ok();
+                if let Some(blas) = lock(&self.blas).as_ref() {
+                    elements.into_iter().for_each(|d| blas.warm(d));
+                }
+                (opened, started.elapsed())
+            })
         };
         fn name<'a>(k: &'a &Kernel) -> &'a str {
             &k.name

@@ -71,8 +71,7 @@ impl Blas {
         }
     }
 
-    /// Warms cuBLASLt's heuristic for `element` ([`crate::lt::Lt::warm`]; cheap where the device's
-    /// preload warmed the process already).
+    /// Warms cuBLASLt's heuristic for `element` ([`crate::lt::Lt::warm`]; cheap once warmed).
     pub(crate) fn warm(&self, element: DType) {
         self.lt.warm(element, WORKSPACE_BYTES);
     }

@@ -203,9 +203,9 @@ impl Lt {
     }
 
     /// Asks the heuristic about one call shape of `element` ([`GemmCall::probe`]) and keeps nothing:
-    /// cuBLASLt's first heuristic query for an element type costs ~90–150 ms on an H200 (later ones
-    /// 0.02–0.3 ms; session 37), which this moves off a graph's first run. A failure is logged; the first
-    /// real call reports its own.
+    /// cuBLASLt's first heuristic query for an element type in a process costs ~70–150 ms on an H200
+    /// (later ones 0.02–0.6 ms; session 37), which this moves off a graph's first run into its load,
+    /// beside the ptxas. A failure is logged; the first real call reports its own.
     pub(crate) fn warm(&self, element: DType, workspace_bytes: usize) {
         let c = GemmCall::probe(element);
         let add = Addends { bias: Some(4 << 20), residual: None };

@@ -156,7 +156,7 @@ impl Cuda {
         }
         let ordinal = crate::ordinal::device_ordinal(|k| std::env::var(k).ok()).map_err(err)?;
         let ctx = CudaContext::new(ordinal).map_err(|e| driver("opening the CUDA device", e))?;
-        crate::preload::start(&ctx);
+        crate::preload::start();
         // One stream per device, in order: the per-buffer events cudarc records for multi-stream safety
         // would only add work to every launch.
         // SAFETY: a buffer is used on another stream only by a compiled step's collective, ordered

@@ -45,6 +45,8 @@ pub struct Gpu {
     checks: ShaderChecks,
     /// Dispatches a run leaves recorded before the runtime submits them ([`submit_every`]).
     submit_every: usize,
+    /// How long a wait polls before it blocks ([`spin`]).
+    spin: std::time::Duration,
 }
 
 /// Work recorded since the last submission: one command encoder, the compute pass that consecutive
@@ -148,6 +150,15 @@ fn submit_every() -> Result<usize> {
         .ok_or_else(|| err(format!("KILN_WGPU_SUBMIT_EVERY={v}: a count of dispatches, 1 or more")))
 }
 
+/// How long a native wait for the device polls before it blocks: `KILN_WGPU_SPIN_US` microseconds, 0 by
+/// default (block at once). A thread blocked on a Vulkan fence wakes some time after the GPU signals
+/// it; CUDA's stream synchronise spins by default for the same reason.
+fn spin() -> Result<std::time::Duration> {
+    let Ok(v) = std::env::var("KILN_WGPU_SPIN_US") else { return Ok(std::time::Duration::ZERO) };
+    let us: u64 = v.trim().parse().map_err(|_| err(format!("KILN_WGPU_SPIN_US={v}: microseconds, 0 or more")))?;
+    Ok(std::time::Duration::from_micros(us))
+}
+
 /// The subgroup size `graph` may plan combines and packed rows for (`Target::subgroup_size`): the
 /// adapter's, where it has subgroup operations and one fixed size (NVIDIA 32, lavapipe 8; not Intel's
 /// 8–32, where a shader cannot know its lanes before it runs). None in a browser (Chrome's WGSL compiler
@@ -202,6 +213,7 @@ impl Gpu {
         required_features.set(wgpu::Features::SHADER_F16, f16);
         let checks = ShaderChecks::from_env().map_err(err)?;
         let submit_every = submit_every()?;
+        let spin = spin()?;
         let subgroup_size = subgroup_size(&adapter, &info, webgpu_limits);
         required_features.set(wgpu::Features::SUBGROUP, subgroup_size.is_some());
         let (device, queue) = adapter
@@ -262,6 +274,7 @@ impl Gpu {
             pending: Mutex::default(),
             checks,
             submit_every,
+            spin,
             adapter: info,
             device,
             queue,
@@ -345,11 +358,18 @@ impl Gpu {
 
     /// Blocks until every submitted piece of work has finished (native only: a browser awaits).
     #[cfg(not(target_arch = "wasm32"))]
+    /// Waits for every submission: polling for up to [`spin`]'s time (a blocked thread woke tens of µs
+    /// after the GPU finished), then blocking.
     fn wait(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
-            .map(|_| ())
-            .map_err(|e| err(format!("waiting for the device: {e}")))
+        let poll = |how| self.device.poll(how).map_err(|e| err(format!("waiting for the device: {e}")));
+        let started = web_time::Instant::now();
+        while started.elapsed() < self.spin {
+            if poll(wgpu::PollType::Poll)?.is_queue_empty() {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).map(|_| ())
     }
 
     /// Maps `buffer` for reading once the device has written it, and returns its bytes. Native code
@@ -591,9 +611,14 @@ impl Driver for Gpu {
     }
 
     fn synchronize(&self) -> Result<()> {
+        let clock = web_time::Instant::now();
         self.flush(&mut lock(&self.batch));
+        let submitted = clock.elapsed();
         #[cfg(not(target_arch = "wasm32"))]
         self.wait()?;
+        // `KILN_LOGS=launches`: a synchronise's submission and its wait, apart.
+        let (submit_us, wait_us) = (submitted.as_secs_f64() * 1e6, (clock.elapsed() - submitted).as_secs_f64() * 1e6);
+        tracing::debug!(target: "kiln::launches", submit_us, wait_us, "synchronised");
         self.fault()
     }
 

@@ -150,12 +150,18 @@ fn submit_every() -> Result<usize> {
         .ok_or_else(|| err(format!("KILN_WGPU_SUBMIT_EVERY={v}: a count of dispatches, 1 or more")))
 }
 
-/// How long a native wait for the device polls before it blocks: `KILN_WGPU_SPIN_US` microseconds, 0 by
-/// default (block at once). A thread blocked on a Vulkan fence wakes some time after the GPU signals
-/// it; CUDA's stream synchronise spins by default for the same reason.
-fn spin() -> Result<std::time::Duration> {
-    let Ok(v) = std::env::var("KILN_WGPU_SPIN_US") else { return Ok(std::time::Duration::ZERO) };
-    let us: u64 = v.trim().parse().map_err(|_| err(format!("KILN_WGPU_SPIN_US={v}: microseconds, 0 or more")))?;
+/// How long a native wait for the device polls before it blocks: `KILN_WGPU_SPIN_US` microseconds, else
+/// 2,000 on a GPU and 0 (block at once) on a CPU adapter such as lavapipe, whose own threads need the
+/// cores a poll would take. A thread blocked on an NVIDIA Vulkan fence woke ~25 µs after the GPU was
+/// done: polling cut a tiny call's synchronise from 53–55 to 30–31 µs and W1–W3's public calls by
+/// 22–54 µs on an H200 (`benches/NOTES.md`, session 37). CUDA's stream synchronise spins by default
+/// for the same reason. A wait longer than the budget blocks, so a long run costs at most that much CPU.
+fn spin(value: Option<&str>, device: wgpu::DeviceType) -> Result<std::time::Duration> {
+    let us = match value {
+        None if device == wgpu::DeviceType::Cpu => 0,
+        None => 2_000,
+        Some(v) => v.trim().parse().map_err(|_| err(format!("KILN_WGPU_SPIN_US={v}: microseconds, 0 or more")))?,
+    };
     Ok(std::time::Duration::from_micros(us))
 }
 
@@ -213,7 +219,7 @@ impl Gpu {
         required_features.set(wgpu::Features::SHADER_F16, f16);
         let checks = ShaderChecks::from_env().map_err(err)?;
         let submit_every = submit_every()?;
-        let spin = spin()?;
+        let spin = spin(std::env::var("KILN_WGPU_SPIN_US").ok().as_deref(), info.device_type)?;
         let subgroup_size = subgroup_size(&adapter, &info, webgpu_limits);
         required_features.set(wgpu::Features::SUBGROUP, subgroup_size.is_some());
         let (device, queue) = adapter
@@ -667,5 +673,21 @@ impl Driver for Gpu {
         } else {
             "fenced wall time"
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_wait_polls_on_a_gpu_and_blocks_on_a_cpu_adapter_unless_told() {
+        assert_eq!(spin(None, wgpu::DeviceType::DiscreteGpu).unwrap(), Duration::from_micros(2_000));
+        assert_eq!(spin(None, wgpu::DeviceType::Cpu).unwrap(), Duration::ZERO);
+        assert_eq!(spin(Some(" 150 "), wgpu::DeviceType::Cpu).unwrap(), Duration::from_micros(150));
+        assert_eq!(spin(Some("0"), wgpu::DeviceType::IntegratedGpu).unwrap(), Duration::ZERO);
+        let e = spin(Some("-1"), wgpu::DeviceType::DiscreteGpu).unwrap_err().to_string();
+        assert!(e.contains("KILN_WGPU_SPIN_US=-1"), "{e}");
     }
 }

@@ -214,6 +214,10 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
             }
             let clock = Instant::now();
             let plan = plan(&primitive.graph, &kernels, &assembly);
+            crate::plan::reads_disjoint_from_writes(&kernels, &plan).map_err(|e| Error::Unsupported {
+                what: format!("the memory plan: {e}"),
+                loc: SourceLoc::internal(),
+            })?;
             timings.plan_ms = ms(clock);
             tracing::debug!(target: "kiln::fusion", kernels = kernels.len(), ?timings, "compiled graph");
             for k in &kernels {

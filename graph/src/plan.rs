@@ -162,6 +162,25 @@ pub fn plan(graph: &Graph, kernels: &[Kernel], assembly: &Assembly) -> Plan {
     Plan { buffers, value_buffer, live, launches: (0..kernels.len()).collect(), reused, value_offset, waits }
 }
 
+/// Checks that no kernel reads a buffer it writes: each value a kernel reads lives in another plan
+/// buffer than each value it writes (liveness frees a buffer only after its last reader, and
+/// [`Assembly::conflict`] keeps apart a concatenation one kernel would bind written and read). WebGPU
+/// rejects a dispatch that binds a buffer both ways, and the PTX lowering reads a kernel's inputs
+/// through the read-only cache, whose contents must not change while the kernel runs. An `Err` names
+/// the kernel and the value.
+pub fn reads_disjoint_from_writes(kernels: &[Kernel], plan: &Plan) -> Result<(), String> {
+    for kernel in kernels {
+        let buffer = |b: &&crate::kernel::BufferParam| plan.value_buffer.get(&b.node).copied();
+        let written: std::collections::BTreeSet<usize> =
+            kernel.buffers.iter().filter(|b| b.access == Access::Write).filter_map(|b| buffer(&b)).collect();
+        let mut reads = kernel.buffers.iter().filter(|b| b.access == Access::Read);
+        if let Some(b) = reads.find(|b| buffer(b).is_some_and(|x| written.contains(&x))) {
+            return Err(format!("kernel {} reads {} from a buffer it also writes", kernel.name, b.node));
+        }
+    }
+    Ok(())
+}
+
 /// The first reader of each collective's results, where the device must wait for it (see
 /// [`Plan::waits`]).
 fn collective_waits(kernels: &[Kernel]) -> std::collections::BTreeSet<usize> {
@@ -191,5 +210,30 @@ impl Plan {
             peak = peak.max(total);
         }
         Ok(peak)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{capture, compile_graph, DType, Target, TensorSpec};
+
+    /// A planned graph passes; the same plan with a written value moved into the buffer of a value its
+    /// kernel reads is refused, naming the kernel.
+    #[test]
+    fn a_kernel_never_reads_a_buffer_it_writes() {
+        let g = capture(&[TensorSpec::new(DType::F32, &[64, 300])], |t| {
+            Ok(vec![t[0].softmax(-1)?.exp()?.sum(&[0], false)?])
+        })
+        .unwrap();
+        let c = compile_graph(&g, &Target::cuda(90)).unwrap();
+        reads_disjoint_from_writes(&c.kernels, &c.plan).unwrap();
+        let k = &c.kernels[0];
+        let read = k.buffers.iter().find(|b| b.access == Access::Read).unwrap().node;
+        let written = k.buffers.iter().find(|b| b.access == Access::Write).unwrap().node;
+        let mut bad = c.plan.clone();
+        bad.value_buffer.insert(written, bad.value_buffer[&read]);
+        let e = reads_disjoint_from_writes(&c.kernels, &bad).unwrap_err();
+        assert!(e.contains(&k.name) && e.contains("reads"), "{e}");
     }
 }

@@ -11,7 +11,7 @@
 use kiln_graph::dtype::DType;
 use kiln_graph::ir::{BinaryOp, UnaryOp};
 use kiln_graph::kernel::{
-    BitOp, KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, RowLoad, Scalar, Stmt, VarId, ROW_ELEMENT,
+    Access, BitOp, KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, RowLoad, Scalar, Stmt, VarId, ROW_ELEMENT,
 };
 use kiln_graph::sym::{Expr, ExprTree, SymId};
 use std::collections::HashMap;
@@ -370,32 +370,44 @@ impl<'k> Writer<'k> {
         a
     }
 
+    /// The load instruction for `buffer`: a buffer the kernel only reads goes through the read-only
+    /// (non-coherent) cache, `ld.global.nc`, which also lets ptxas move its loads above the kernel's
+    /// stores — W3's layer norm read its weight and bias one pair per store, sixteen L2 round trips in a
+    /// row, until it could. Sound because no kernel reads memory it writes
+    /// (`kiln_graph::plan::reads_disjoint_from_writes`, checked as every graph compiles).
+    fn ld(&self, buffer: usize) -> &'static str {
+        match self.k.buffers[buffer].access {
+            Access::Read => "ld.global.nc",
+            Access::Write => "ld.global",
+        }
+    }
+
     /// Loads buffer element `index` into a register of the buffer's compute type.
     fn load(&mut self, buffer: usize, index: &Expr, guard: Option<&str>) -> (String, DType) {
         let a = self.address(buffer, index);
         let d = self.k.buffers[buffer].dtype;
-        let pre = guard.map(|g| format!("@{g} ")).unwrap_or_default();
+        let pre = format!("{}{}", guard.map(|g| format!("@{g} ")).unwrap_or_default(), self.ld(buffer));
         let r = self.reg(reg_type(d));
         match d {
             DType::F32 => {
                 self.emit(&format!("mov.f32 {r}, 0f00000000;"));
-                self.emit(&format!("{pre}ld.global.f32 {r}, [{a}];"));
+                self.emit(&format!("{pre}.f32 {r}, [{a}];"));
             }
             DType::I32 | DType::I64 => {
                 let t = reg_type(d);
                 self.emit(&format!("mov.{t} {r}, 0;"));
-                self.emit(&format!("{pre}ld.global.{t} {r}, [{a}];"));
+                self.emit(&format!("{pre}.{t} {r}, [{a}];"));
             }
             DType::F16 | DType::BF16 => {
                 let h = self.reg("b16");
                 self.emit(&format!("mov.b16 {h}, 0;"));
-                self.emit(&format!("{pre}ld.global.b16 {h}, [{a}];"));
+                self.emit(&format!("{pre}.b16 {h}, [{a}];"));
                 return (self.half_to_f32(&h, d), d);
             }
             DType::Bool => {
                 let w = self.reg("u32");
                 self.emit(&format!("mov.u32 {w}, 0;"));
-                self.emit(&format!("{pre}ld.global.u8 {w}, [{a}];"));
+                self.emit(&format!("{pre}.u8 {w}, [{a}];"));
                 self.emit(&format!("setp.ne.u32 {r}, {w}, 0;"));
             }
         }
@@ -915,11 +927,12 @@ impl<'k> Writer<'k> {
         let half = self.k.buffers[b].dtype.size_bytes() == 2;
         let ty = if half { "b16" } else { "b32" };
         let lanes: Vec<String> = (0..w).map(|_| self.reg(ty)).collect();
+        let ld = self.ld(b);
         if w <= 4 {
-            self.emit(&format!("ld.global.v{w}.{ty} {{{}}}, [{a}];", lanes.join(", ")));
+            self.emit(&format!("{ld}.v{w}.{ty} {{{}}}, [{a}];", lanes.join(", ")));
         } else if half && w == 8 {
             let words: Vec<String> = (0..4).map(|_| self.reg("b32")).collect();
-            self.emit(&format!("ld.global.v4.b32 {{{}}}, [{a}];", words.join(", ")));
+            self.emit(&format!("{ld}.v4.b32 {{{}}}, [{a}];", words.join(", ")));
             for (word, pair) in words.iter().zip(lanes.chunks(2)) {
                 self.emit(&format!("mov.b32 {{{}, {}}}, {word};", pair[0], pair[1]));
             }

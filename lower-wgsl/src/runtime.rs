@@ -45,7 +45,8 @@ pub struct Gpu {
     checks: ShaderChecks,
     /// Dispatches a run leaves recorded before the runtime submits them ([`submit_every`]).
     submit_every: usize,
-    /// How long a wait polls before it blocks ([`spin`]).
+    /// How long a wait polls before it blocks ([`spin`]; a browser awaits instead).
+    #[cfg(not(target_arch = "wasm32"))]
     spin: std::time::Duration,
 }
 
@@ -156,6 +157,7 @@ fn submit_every() -> Result<usize> {
 /// done: polling cut a tiny call's synchronise from 53–55 to 30–31 µs and W1–W3's public calls by
 /// 22–54 µs on an H200 (`benches/NOTES.md`, session 37). CUDA's stream synchronise spins by default
 /// for the same reason. A wait longer than the budget blocks, so a long run costs at most that much CPU.
+#[cfg(not(target_arch = "wasm32"))]
 fn spin(value: Option<&str>, device: wgpu::DeviceType) -> Result<std::time::Duration> {
     let us = match value {
         None if device == wgpu::DeviceType::Cpu => 0,
@@ -219,6 +221,7 @@ impl Gpu {
         required_features.set(wgpu::Features::SHADER_F16, f16);
         let checks = ShaderChecks::from_env().map_err(err)?;
         let submit_every = submit_every()?;
+        #[cfg(not(target_arch = "wasm32"))]
         let spin = spin(std::env::var("KILN_WGPU_SPIN_US").ok().as_deref(), info.device_type)?;
         let subgroup_size = subgroup_size(&adapter, &info, webgpu_limits);
         required_features.set(wgpu::Features::SUBGROUP, subgroup_size.is_some());
@@ -280,6 +283,7 @@ impl Gpu {
             pending: Mutex::default(),
             checks,
             submit_every,
+            #[cfg(not(target_arch = "wasm32"))]
             spin,
             adapter: info,
             device,
@@ -362,10 +366,9 @@ impl Gpu {
         }
     }
 
-    /// Blocks until every submitted piece of work has finished (native only: a browser awaits).
+    /// Blocks until every submitted piece of work has finished (native only: a browser awaits), polling
+    /// for up to [`spin`]'s time first (a blocked thread woke tens of µs after the GPU finished).
     #[cfg(not(target_arch = "wasm32"))]
-    /// Waits for every submission: polling for up to [`spin`]'s time (a blocked thread woke tens of µs
-    /// after the GPU finished), then blocking.
     fn wait(&self) -> Result<()> {
         let poll = |how| self.device.poll(how).map_err(|e| err(format!("waiting for the device: {e}")));
         let started = web_time::Instant::now();

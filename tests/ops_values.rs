@@ -64,6 +64,14 @@ fn binary_ops_and_comparisons() {
     let q = bools(&[true, false, false], &[3]);
     check(p.logical_and(&q), &[1.0, 0.0, 0.0], &[3]);
     check(p.logical_or(&q), &[1.0, 1.0, 0.0], &[3]);
+    // Bitwise ops of integers, two's complement; floats are a typed dtype error.
+    let i = Tensor::from_slice(&[6i32, -8, i32::MIN], &[3]).unwrap();
+    let j = Tensor::from_slice(&[3i32, -1, -1], &[3]).unwrap();
+    check(i.bitwise_and(&j), &[2.0, -8.0, i32::MIN as f64], &[3]);
+    check(i.bitwise_or(&j), &[7.0, -1.0, -1.0], &[3]);
+    check(i.bitwise_xor(&j), &[5.0, 7.0, i32::MAX as f64], &[3]);
+    let e = a.bitwise_and(&b).unwrap_err().to_string();
+    assert!(e.contains("integer dtype"), "{e}");
     check(a.add(1.0), &[2.0, 5.0, -2.0], &[3]);
     check(a.mul(2.0).and_then(|t| t.sub(1)), &[1.0, 7.0, -7.0], &[3]);
     // NaN propagates through maximum/minimum, Inf through arithmetic.

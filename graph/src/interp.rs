@@ -415,6 +415,10 @@ pub(crate) fn binary(op: BinaryOp, x: f64, y: f64, int: bool) -> Option<f64> {
         BinaryOp::Ge => b(x >= y),
         BinaryOp::And => b(x != 0.0 && y != 0.0),
         BinaryOp::Or => b(x != 0.0 || y != 0.0),
+        // Integers are held exactly as f64 (kiln's are i32, and i64 within 2^53).
+        BinaryOp::BitAnd => ((x as i64) & (y as i64)) as f64,
+        BinaryOp::BitOr => ((x as i64) | (y as i64)) as f64,
+        BinaryOp::BitXor => ((x as i64) ^ (y as i64)) as f64,
     })
 }
 

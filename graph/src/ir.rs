@@ -166,11 +166,17 @@ pub enum BinaryOp {
     And,
     /// logical or (bool)
     Or,
+    /// bitwise and of integers (two's complement)
+    BitAnd,
+    /// bitwise or of integers (two's complement)
+    BitOr,
+    /// bitwise exclusive or of integers (two's complement)
+    BitXor,
 }
 
 impl BinaryOp {
     /// Every binary op.
-    pub const ALL: [BinaryOp; 15] = [
+    pub const ALL: [BinaryOp; 18] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -186,6 +192,9 @@ impl BinaryOp {
         BinaryOp::Ge,
         BinaryOp::And,
         BinaryOp::Or,
+        BinaryOp::BitAnd,
+        BinaryOp::BitOr,
+        BinaryOp::BitXor,
     ];
 
     /// Snake-case name.
@@ -206,6 +215,9 @@ impl BinaryOp {
             BinaryOp::Ge => "ge",
             BinaryOp::And => "logical_and",
             BinaryOp::Or => "logical_or",
+            BinaryOp::BitAnd => "bitwise_and",
+            BinaryOp::BitOr => "bitwise_or",
+            BinaryOp::BitXor => "bitwise_xor",
         }
     }
 
@@ -218,6 +230,7 @@ impl BinaryOp {
     pub fn accepts(self) -> DTypeRule {
         match self {
             BinaryOp::And | BinaryOp::Or => DTypeRule::Bool,
+            BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor => DTypeRule::Integer,
             BinaryOp::Eq | BinaryOp::Ne => DTypeRule::Any,
             _ => DTypeRule::Numeric,
         }
@@ -233,6 +246,8 @@ pub enum DTypeRule {
     Numeric,
     /// bool only.
     Bool,
+    /// integers only (i32, i64).
+    Integer,
     /// every dtype.
     Any,
 }
@@ -244,6 +259,7 @@ impl DTypeRule {
             DTypeRule::Float => d.is_float(),
             DTypeRule::Numeric => d.is_float() || d.is_int(),
             DTypeRule::Bool => d == DType::Bool,
+            DTypeRule::Integer => d.is_int(),
             DTypeRule::Any => true,
         }
     }
@@ -254,6 +270,7 @@ impl DTypeRule {
             DTypeRule::Float => "a float dtype (f32, f16, bf16)",
             DTypeRule::Numeric => "a numeric dtype (float or integer)",
             DTypeRule::Bool => "bool",
+            DTypeRule::Integer => "an integer dtype (i32, i64)",
             DTypeRule::Any => "any dtype",
         }
     }

@@ -166,6 +166,7 @@ macro_rules! binary_methods {
 binary_methods!(
     add => Add, sub => Sub, mul => Mul, div => Div, pow => Pow, maximum => Max, minimum => Min,
     eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge, logical_and => And, logical_or => Or,
+    bitwise_and => BitAnd, bitwise_or => BitOr, bitwise_xor => BitXor,
 );
 
 /// Two dims that must be equal: the same expression, or — under a trace — dims that are equal at this

@@ -854,6 +854,15 @@ impl<'k> Writer<'k> {
             (BinaryOp::Min, "f32") => self.emit(&format!("min.NaN.f32 {r}, {x}, {y};")),
             (BinaryOp::Max, _) => self.emit(&format!("max.{t} {r}, {x}, {y};")),
             (BinaryOp::Min, _) => self.emit(&format!("min.{t} {r}, {x}, {y};")),
+            (BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor, _) => {
+                let o = match op {
+                    BinaryOp::BitAnd => "and",
+                    BinaryOp::BitOr => "or",
+                    _ => "xor",
+                };
+                let bits = if t == "s64" { "b64" } else { "b32" };
+                self.emit(&format!("{o}.{bits} {r}, {x}, {y};"));
+            }
             _ => unreachable!("comparisons, logic and pow are handled above"),
         }
         r

@@ -295,6 +295,9 @@ impl<'k> Writer<'k> {
                     BinaryOp::Ge => format!("({x} >= {y})"),
                     BinaryOp::And => format!("({x} && {y})"),
                     BinaryOp::Or => format!("({x} || {y})"),
+                    BinaryOp::BitAnd => format!("({x} & {y})"),
+                    BinaryOp::BitOr => format!("({x} | {y})"),
+                    BinaryOp::BitXor => format!("({x} ^ {y})"),
                 }
             }
             Scalar::Select { cond, a, b } => format!("select({}, {}, {})", self.var(*b), self.var(*a), self.var(*cond)),

@@ -148,6 +148,10 @@ pub fn every_op(b: &Arc<dyn Backend>) {
                 v[0].sum(&[1], false)?,
                 v[0].max(&[0], true)?,
                 v[0].argmin(1, false)?,
+                // Negative operands: two's complement bits.
+                v[0].bitwise_and(&v[1].neg()?)?,
+                v[0].bitwise_or(&v[1])?,
+                v[0].bitwise_xor(&v[1].mul(-3)?)?,
             ])
         });
     }

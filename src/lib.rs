@@ -44,8 +44,8 @@ use std::sync::{Arc, OnceLock};
 
 /// Turns on kiln's logs as `KILN_LOGS` asks: a comma-separated list of `graph`, `fusion`, `guards`,
 /// `recompiles`, `cache`, `output_code` (or `all`), and `launches` (each CUDA launch's host time and
-/// each wgpu synchronise's submission and wait: a line each, so not part of `all`), printed to stderr. Safe to call more than once; a program
-/// with its own `tracing` subscriber need not call it.
+/// each wgpu synchronise's submission and wait: a line each, so not part of `all`), printed to stderr.
+/// Safe to call more than once; a program with its own `tracing` subscriber need not call it.
 pub fn init_logs() {
     let Ok(wanted) = std::env::var("KILN_LOGS") else { return };
     let all = ["graph", "fusion", "guards", "recompiles", "cache", "output_code"];

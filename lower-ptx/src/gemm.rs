@@ -71,9 +71,10 @@ impl Blas {
         }
     }
 
-    /// Warms cuBLASLt's heuristic for `element` ([`crate::lt::Lt::warm`]; cheap once warmed).
-    pub(crate) fn warm(&self, element: DType) {
-        self.lt.warm(element, WORKSPACE_BYTES);
+    /// Warms cuBLASLt's heuristic for calls of `element` (on TF32 matrix units where `tf32`)
+    /// ([`crate::lt::Lt::warm`]; cheap once warmed).
+    pub(crate) fn warm(&self, element: DType, tf32: bool) {
+        self.lt.warm(element, tf32, WORKSPACE_BYTES);
     }
 
     /// Enqueues one call.
@@ -235,9 +236,9 @@ fn data_type(d: DType) -> Result<cudaDataType> {
 }
 
 impl GemmCall {
-    /// A 256³ call of `element` at aligned made-up addresses: what [`crate::lt::Lt::warm`] asks the
-    /// heuristic about, with a bias of its own (it is never launched).
-    pub(crate) fn probe(element: DType) -> GemmCall {
+    /// A 256³ call of `element` (TF32 where `tf32`) at aligned made-up addresses: what
+    /// [`crate::lt::Lt::warm`] asks the heuristic about, with a bias of its own (it is never launched).
+    pub(crate) fn probe(element: DType, tf32: bool) -> GemmCall {
         let n = 256;
         GemmCall {
             op_a: cublasOperation_t::CUBLAS_OP_N,
@@ -257,7 +258,7 @@ impl GemmCall {
             batch: 1,
             element,
             written: element,
-            tf32: false,
+            tf32,
             arrays: None,
             addends: None,
         }

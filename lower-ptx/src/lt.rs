@@ -202,19 +202,22 @@ impl Lt {
         Ok(Lt { handle, plans: Mutex::new(HashMap::new()) })
     }
 
-    /// Asks the heuristic about one call shape of `element` ([`GemmCall::probe`]) and keeps nothing:
-    /// cuBLASLt's first heuristic query for an element type in a process costs ~70–150 ms on an H200
-    /// (later ones 0.02–0.6 ms; session 37), which this moves off a graph's first run into its load,
-    /// beside the ptxas. A failure is logged; the first real call reports its own.
-    pub(crate) fn warm(&self, element: DType, workspace_bytes: usize) {
-        let c = GemmCall::probe(element);
+    /// Asks the heuristic about one call shape of `element` (TF32 where `tf32`: another compute type;
+    /// [`GemmCall::probe`]) and keeps nothing: cuBLASLt's first heuristic query for an element type in
+    /// a process costs ~70–150 ms on an H200 (later ones 0.02–0.6 ms; session 37), which this moves off
+    /// a graph's first run into its load, beside the ptxas. A failure is logged; the first real call
+    /// reports its own.
+    pub(crate) fn warm(&self, element: DType, tf32: bool, workspace_bytes: usize) {
+        let c = GemmCall::probe(element, tf32);
         let add = Addends { bias: Some(4 << 20), residual: None };
         let clock = std::time::Instant::now();
         let made = Plan::new(self.handle, &Key::of(&c, &add), &c, workspace_bytes);
         let ms = clock.elapsed().as_secs_f64() * 1e3;
         match made {
-            Ok(_) => tracing::debug!(target: "kiln::graph", ?element, ms, "cuBLASLt's heuristic warmed"),
-            Err(e) => tracing::debug!(target: "kiln::graph", ?element, error = %e, "cuBLASLt's heuristic not warmed"),
+            Ok(_) => tracing::debug!(target: "kiln::graph", ?element, tf32, ms, "cuBLASLt's heuristic warmed"),
+            Err(e) => {
+                tracing::debug!(target: "kiln::graph", ?element, tf32, error = %e, "cuBLASLt's heuristic not warmed")
+            }
         }
     }
 

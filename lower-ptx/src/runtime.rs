@@ -555,15 +555,17 @@ impl Driver for Cuda {
     fn load_many(&self, kernels: &[&Kernel]) -> Vec<Result<Module>> {
         let Some((ptxas, version)) = &self.ptxas else { return kernels.iter().map(|k| self.load(k)).collect() };
         let started = std::time::Instant::now();
-        // cuBLAS opens while the kernels render and assemble, not at the first GEMM, and its heuristic is
-        // asked once per element type the graph's GEMMs use (its first query for one costs ~100 ms).
+        // cuBLAS opens while the kernels render and assemble, not at the first GEMM, and cuBLASLt's
+        // heuristic is asked once per kind of call the graph gives it (its first query for one costs
+        // ~100 ms): element type and TF32, for the GEMMs with an epilogue, which cuBLASLt runs.
         let open_blas = || {
-            let elements: std::collections::HashSet<kiln_graph::DType> =
-                kernels.iter().filter_map(|k| k.gemm().map(|g| g.dtype)).collect();
-            (!elements.is_empty()).then(|| {
+            let gemms = || kernels.iter().filter_map(|k| k.gemm());
+            let lt: std::collections::HashSet<(kiln_graph::DType, bool)> =
+                gemms().filter(|g| !g.epilogue.is_empty()).map(|g| (g.dtype, g.tf32)).collect();
+            gemms().next().is_some().then(|| {
                 let opened = self.open_blas().is_ok();
                 if let Some(blas) = lock(&self.blas).as_ref() {
-                    elements.into_iter().for_each(|d| blas.warm(d));
+                    lt.into_iter().for_each(|(element, tf32)| blas.warm(element, tf32));
                 }
                 (opened, started.elapsed())
             })

@@ -338,7 +338,7 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         // Two's complement: !x = -x - 1, exact for every signed integer (kiln has no unsigned types).
         "BitwiseNot" => (|| {
             let x = node.tensor(0)?;
-            if !x.dtype().is_int() || x.dtype() == DType::Bool {
+            if !x.dtype().is_int() {
                 return invalid(format!("BitwiseNot of {}", x.dtype()));
             }
             one(x.neg()?.sub(1.0)?)

@@ -3,6 +3,7 @@
 //!
 //! Start reading at [`compile`]: it is the pipeline as one short function.
 
+pub mod approx;
 pub mod attention;
 pub mod attention_grad;
 pub mod autodiff;

@@ -8,6 +8,7 @@
 //! `RowLoad::of_row` names); workgroup reductions shuffle inside warps before crossing them through
 //! shared memory.
 
+use kiln_graph::approx;
 use kiln_graph::dtype::DType;
 use kiln_graph::ir::{BinaryOp, UnaryOp};
 use kiln_graph::kernel::{
@@ -500,20 +501,14 @@ impl<'k> Writer<'k> {
         r
     }
 
-    /// tanh within 2 ulp: libdevice's odd polynomial below |x| = 0.6, where `1 - 2/(e^{2|x|} + 1)`
-    /// would cancel, and that form (of |x|) above; both computed and one selected (no divergence), the
+    /// tanh within 2 ulp: libdevice's odd polynomial (`approx::TANH_SMALL`) below |x| = 0.6, where
+    /// `1 - 2/(e^{2|x|} + 1)` would cancel, and that form (of |x|) above; both computed and one selected (no divergence), the
     /// sign copied from x. NaN flows through the second form; ±inf gives ±1, ±0 gives ±0.
     fn tanh(&mut self, x: &str) -> String {
         let (s, t) = (self.reg("f32"), self.reg("f32"));
         self.emit(&format!("mul.f32 {s}, {x}, {x};"));
         self.emit(&format!("mul.f32 {t}, {s}, {x};"));
-        let mut p = self.reg("f32");
-        self.emit(&format!("mov.f32 {p}, {};", f32_imm(-5.70498872745e-3)));
-        for c in [2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1] {
-            let n = self.reg("f32");
-            self.emit(&format!("fma.rn.f32 {n}, {p}, {s}, {};", f32_imm(c)));
-            p = n;
-        }
+        let p = self.horner(&approx::TANH_SMALL, &s);
         let small = self.reg("f32");
         self.emit(&format!("fma.rn.f32 {small}, {p}, {t}, {x};"));
         let (a, m) = (self.reg("f32"), self.reg("f32"));
@@ -525,7 +520,7 @@ impl<'k> Writer<'k> {
         let q = self.rcp_at_least_one(&d);
         let (big, lt, pick, r) = (self.reg("f32"), self.reg("pred"), self.reg("f32"), self.reg("f32"));
         self.emit(&format!("fma.rn.f32 {big}, {q}, 0fC0000000, 0f3F800000;"));
-        self.emit(&format!("setp.lt.f32 {lt}, {a}, 0f3F19999A;"));
+        self.emit(&format!("setp.lt.f32 {lt}, {a}, {};", f32_imm(approx::TANH_SPLIT)));
         self.emit(&format!("selp.f32 {pick}, {small}, {big}, {lt};"));
         // x's sign on both forms: the second is |tanh|, and the polynomial turns -0 into +0.
         self.emit(&format!("copysign.f32 {r}, {x}, {pick};"));
@@ -567,63 +562,47 @@ impl<'k> Writer<'k> {
         r
     }
 
-    /// erf: a Taylor series below |x| = 0.5 (where 1 - erfc would cancel), the Numerical Recipes erfc fit
-    /// (fractional error < 1.2e-7) above; both computed, one selected, so a warp never diverges.
+    /// erf within `approx::ERF_MAX_ULP` (plus `ex2.approx`'s share): `x + x·p(x²)` below
+    /// `approx::ERF_SPLIT`, `1 − 2^q(min(|x|, 4))` with x's sign above; both computed, one selected, so a
+    /// warp never diverges (W1's and a GELU's inputs straddle the split). 21 instructions, where a Taylor
+    /// series beside the Numerical Recipes erfc fit (a reciprocal, an exponential and 16 multiply-adds)
+    /// took 35.
     fn erf(&mut self, x: &str) -> String {
-        let (a, z) = (self.reg("f32"), self.reg("f32"));
+        let (a, s) = (self.reg("f32"), self.reg("f32"));
         self.emit(&format!("abs.f32 {a}, {x};"));
-        self.emit(&format!("mul.f32 {z}, {x}, {x};"));
-        let series = [-0.0007575758, 0.0046296296, -0.0238095238, 0.1, -0.3333333333];
-        let mut acc = self.reg("f32");
-        self.emit(&format!("mov.f32 {acc}, {};", f32_imm(series[0])));
-        for c in &series[1..] {
-            let n = self.reg("f32");
-            self.emit(&format!("fma.rn.f32 {n}, {acc}, {z}, {};", f32_imm(*c)));
-            acc = n;
-        }
-        let (s1, small) = (self.reg("f32"), self.reg("f32"));
-        self.emit(&format!("fma.rn.f32 {s1}, {acc}, {z}, 0f3F800000;"));
-        self.emit(&format!("mul.f32 {small}, {s1}, {x};"));
-        self.emit(&format!("mul.f32 {small}, {small}, {};", f32_imm(std::f64::consts::FRAC_2_SQRT_PI)));
-        let (h, den, t) = (self.reg("f32"), self.reg("f32"), self.reg("f32"));
-        self.emit(&format!("mul.f32 {h}, {a}, 0f3F000000;"));
-        self.emit(&format!("add.f32 {den}, {h}, 0f3F800000;"));
-        self.emit(&format!("rcp.approx.ftz.f32 {t}, {den};"));
-        let poly = [
-            0.17087277,
-            -0.82215223,
-            1.48851587,
-            -1.13520398,
-            0.27886807,
-            -0.18628806,
-            0.09678418,
-            0.37409196,
-            1.00002368,
-            -1.26551223,
-        ];
-        let mut p = self.reg("f32");
-        self.emit(&format!("mov.f32 {p}, {};", f32_imm(poly[0])));
-        for c in &poly[1..] {
-            let n = self.reg("f32");
-            self.emit(&format!("fma.rn.f32 {n}, {p}, {t}, {};", f32_imm(*c)));
-            p = n;
-        }
-        let (sq, arg) = (self.reg("f32"), self.reg("f32"));
-        self.emit(&format!("mul.f32 {sq}, {a}, {a};"));
-        self.emit(&format!("sub.f32 {arg}, {p}, {sq};"));
-        let e = self.exp_ftz(&arg);
-        let (te, big, signed) = (self.reg("f32"), self.reg("f32"), self.reg("f32"));
-        self.emit(&format!("mul.f32 {te}, {t}, {e};"));
-        self.emit(&format!("sub.f32 {big}, 0f3F800000, {te};"));
+        self.emit(&format!("mul.f32 {s}, {x}, {x};"));
+        let p = self.horner(&approx::ERF_SMALL, &s);
+        let small = self.reg("f32");
+        self.emit(&format!("fma.rn.f32 {small}, {p}, {x}, {x};"));
+        let t = self.reg("f32");
+        self.emit(&format!("min.f32 {t}, {a}, {};", f32_imm(approx::ERF_CLAMP)));
+        let q = self.horner(&approx::ERF_LARGE_LOG2, &t);
+        let (e, big, signed) = (self.reg("f32"), self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("ex2.approx.ftz.f32 {e}, {q};"));
+        self.emit(&format!("sub.f32 {big}, 0f3F800000, {e};"));
         self.emit(&format!("copysign.f32 {signed}, {x}, {big};"));
         let (lt, r) = (self.reg("pred"), self.reg("f32"));
-        self.emit(&format!("setp.lt.f32 {lt}, {a}, 0f3F000000;"));
+        self.emit(&format!("setp.lt.f32 {lt}, {a}, {};", f32_imm(approx::ERF_SPLIT)));
         self.emit(&format!("selp.f32 {r}, {small}, {signed}, {lt};"));
-        // NaN in, NaN out (the selects above would drop it).
+        // NaN in, NaN out (the clamp and the selects above would drop it).
         let nan = self.reg("pred");
         self.emit(&format!("setp.nan.f32 {nan}, {x}, {x};"));
         self.emit(&format!("@{nan} mov.f32 {r}, {x};"));
         r
+    }
+
+    /// `c[0] + s·(c[1] + s·(…))` by fused multiply-adds from the last coefficient (`approx::horner`'s
+    /// order), the first step on immediates.
+    fn horner(&mut self, c: &[f64], s: &str) -> String {
+        let n = c.len();
+        let mut p = self.reg("f32");
+        self.emit(&format!("fma.rn.f32 {p}, {}, {s}, {};", f32_imm(c[n - 1]), f32_imm(c[n - 2])));
+        for k in c[..n - 2].iter().rev() {
+            let next = self.reg("f32");
+            self.emit(&format!("fma.rn.f32 {next}, {p}, {s}, {};", f32_imm(*k)));
+            p = next;
+        }
+        p
     }
 
     fn pow(&mut self, a: &str, b: &str) -> String {

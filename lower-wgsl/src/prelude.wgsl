@@ -42,34 +42,8 @@ fn krelu(x: f32) -> f32 {
     return select(max(x, 0.0), x, kisnan(x));
 }
 
-fn ktanh(x: f32) -> f32 {
-    // The PTX renderer's tanh: an odd polynomial below |x| = 0.6, where 1 - 2/(e^2|x| + 1) would
-    // cancel, that form above; both computed and one selected, so a subgroup never diverges. A driver's
-    // own tanh may come from exp and overflow to NaN past |x| ~ 44; here e^2|x| stops at e^80 (WGSL
-    // lets a driver assume no infinities), where the form is 1 in f32.
-    let s = x * x;
-    let small = fma(fma(fma(fma(fma(-5.70498872745e-3, s, 2.06390887954e-2), s, -5.37397155531e-2), s, 1.33314422036e-1), s, -3.33332819422e-1), s * x, x);
-    let a = abs(x);
-    let big = 1.0 - 2.0 / (exp(min(a + a, 80.0)) + 1.0);
-    return select(select(sign(x) * big, x, kisnan(x)), small, a < 0.6);
-}
-
 fn ksigmoid(x: f32) -> f32 {
     return 1.0 / (1.0 + exp(-x));
-}
-
-fn kerf(x: f32) -> f32 {
-    // The PTX renderer's erf: a Taylor series below |x| = 0.5, where 1 - erfc would cancel, the
-    // Numerical Recipes erfc fit (fractional error < 1.2e-7) above; both computed and one selected, so a
-    // subgroup never diverges (W1's inputs straddle 0.5).
-    let a = abs(x);
-    let z = x * x;
-    let small = x * 1.1283791671 * (1.0 + z * (-0.3333333333 + z * (0.1 + z * (-0.0238095238 + z * (0.0046296296 + z * -0.0007575758)))));
-    let t = 1.0 / (1.0 + 0.5 * a);
-    let p = -a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
-    let r = 1.0 - t * exp(p);
-    let big = select(r, -r, x < 0.0);
-    return select(select(big, small, a < 0.5), x, kisnan(x));
 }
 
 fn kpow(a: f32, b: f32) -> f32 {

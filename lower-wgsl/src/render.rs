@@ -14,8 +14,52 @@ use kiln_graph::sym::{Expr, ExprTree, SymId};
 use std::collections::HashMap;
 use std::fmt::Write;
 
-/// Helper functions every kernel may call.
+/// Helper functions every kernel may call (beside [`approximations`]).
 pub const PRELUDE: &str = include_str!("prelude.wgsl");
+
+/// `c[0] + s·(c[1] + s·(…))` as nested `fma`s from the last coefficient (`approx::horner`'s order).
+fn horner(c: &[f64], s: &str) -> String {
+    let n = c.len();
+    let mut p = format!("fma({:?}, {s}, {:?})", c[n - 1], c[n - 2]);
+    for k in c[..n - 2].iter().rev() {
+        p = format!("fma({p}, {s}, {k:?})");
+    }
+    p
+}
+
+/// `ktanh` and `kerf`: the PTX renderer's designs, from the coefficients `kiln_graph::approx` holds for
+/// both (one source, one tested error budget).
+pub fn approximations() -> String {
+    use kiln_graph::approx::{ERF_CLAMP, ERF_LARGE_LOG2, ERF_SMALL, ERF_SPLIT, TANH_SMALL, TANH_SPLIT};
+    format!(
+        "fn ktanh(x: f32) -> f32 {{
+    // An odd polynomial below |x| = {TANH_SPLIT:?}, where 1 - 2/(e^2|x| + 1) would cancel, that form above;
+    // both computed and one selected, so a subgroup never diverges. A driver's own tanh may come from exp
+    // and overflow to NaN past |x| ~ 44; here e^2|x| stops at e^80 (WGSL lets a driver assume no
+    // infinities), where the form is 1 in f32.
+    let s = x * x;
+    let small = fma({tanh}, s * x, x);
+    let a = abs(x);
+    let big = 1.0 - 2.0 / (exp(min(a + a, 80.0)) + 1.0);
+    return select(select(sign(x) * big, x, kisnan(x)), small, a < {TANH_SPLIT:?});
+}}
+
+fn kerf(x: f32) -> f32 {{
+    // x + x p(x^2) below |x| = {ERF_SPLIT:?}, 1 - 2^q(min(|x|, {ERF_CLAMP:?})) with x's sign above; both computed
+    // and one selected, so a subgroup never diverges (W1's inputs straddle the split).
+    let a = abs(x);
+    let s = x * x;
+    let small = fma({small}, x, x);
+    let t = min(a, {ERF_CLAMP:?});
+    let big = 1.0 - exp2({large});
+    return select(select(select(big, -big, x < 0.0), small, a < {ERF_SPLIT:?}), x, kisnan(x));
+}}
+",
+        tanh = horner(&TANH_SMALL, "s"),
+        small = horner(&ERF_SMALL, "s"),
+        large = horner(&ERF_LARGE_LOG2, "t"),
+    )
+}
 
 pub use kiln_graph::kernel::RenderError;
 
@@ -989,6 +1033,8 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     }
     src.push('\n');
     src.push_str(PRELUDE);
+    src.push('\n');
+    src.push_str(&approximations());
     let _ = writeln!(src, "\n@compute @workgroup_size({device_threads})");
     // Subgroup builtins (no `enable` directive: naga has not implemented `enable subgroups;` and gates
     // them on the device's subgroup feature instead).

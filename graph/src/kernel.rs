@@ -947,6 +947,10 @@ pub struct Launch {
     pub packed: u32,
 }
 
+fn one_lane() -> u32 {
+    1
+}
+
 fn one_group() -> u32 {
     1
 }
@@ -1003,6 +1007,13 @@ pub struct Kernel {
     /// (each reduction, then the epilogue) reads global memory once in total (a persistent, one-pass row).
     /// `None`: each pass re-reads its elements.
     pub row_cache: Option<u32>,
+    /// Persistent rows: consecutive elements a thread keeps per slot group, so a row's accesses move as
+    /// vectors (16 bytes: four f32 or eight bf16 lanes) rather than one element a thread. Slot `u` of
+    /// thread `t` is element `(⌊u/L⌋·threads + t)·L + u mod L` ([`Kernel::row_slot_offset`]); an access
+    /// that steps through the row one element at a time from a multiple of L moves L slots as one vector
+    /// ([`Kernel::row_vector_access`]), any other per slot. 1: slot `u` is element `u·threads + t`.
+    #[serde(default = "one_lane")]
+    pub row_lanes: u32,
     /// The program.
     pub body: Vec<Stmt>,
     /// Run-time checks the body's [`Stmt::Fault`]s signal; empty for most kernels (no fault word bound).
@@ -1056,8 +1067,27 @@ impl Kernel {
     /// `row_len` elements for every thread of the group: a constant row at least `(u + 1) · threads`
     /// long. Renderers test nothing there.
     pub fn slot_inside_row(&self, u: u32, row_len: &Expr) -> bool {
-        let threads = self.launch.threads as i64;
-        row_len.as_const().is_some_and(|n| (u as i64 + 1) * threads <= n)
+        let (threads, lanes) = (self.launch.threads as i64, self.row_lanes.max(1) as i64);
+        row_len.as_const().is_some_and(|n| (u as i64 / lanes + 1) * threads * lanes <= n)
+    }
+
+    /// How far slot `u`'s element of a persistent row lies from slot 0's, in elements (the same for
+    /// every thread; slot 0's is `local · row_lanes`).
+    pub fn row_slot_offset(&self, u: u32) -> i64 {
+        let (threads, lanes) = (self.launch.threads as i64, self.row_lanes.max(1) as i64);
+        (u as i64 / lanes) * threads * lanes + u as i64 % lanes
+    }
+
+    /// Whether an access at `index` inside a row pass over `pass` moves `row_lanes` slots as one vector:
+    /// it steps one element per element of the row, from an offset that is a multiple of the lanes (so
+    /// the vector is aligned, buffers being aligned to 16 bytes). Both renderers vectorise exactly these.
+    pub fn row_vector_access(&self, index: &Expr, pass: SymId) -> bool {
+        let lanes = self.row_lanes as i64;
+        lanes > 1
+            && index.shift_by(pass, 1) == Some(1)
+            && index
+                .checked_substitute(&BTreeMap::from([(pass, Expr::from(0i64))]))
+                .is_ok_and(|start| start.is_divisible_by(lanes))
     }
 
     /// The ranges of the kernel's symbols: shape symbols as the guards hold them
@@ -1424,6 +1454,9 @@ impl fmt::Display for Kernel {
         }
         if let Some(n) = self.row_cache {
             writeln!(f, "  persistent rows: up to {n} element(s) per thread kept in registers")?;
+        }
+        if self.row_lanes > 1 {
+            writeln!(f, "  row lanes: {} consecutive elements a slot group, moved as vectors", self.row_lanes)?;
         }
         write_block(f, &self.body, 1)
     }

@@ -50,6 +50,11 @@ pub struct Target {
     /// 0 turns persistent rows off.
     #[serde(default = "default_row_cache")]
     pub max_row_cache: u32,
+    /// Persistent rows keep consecutive elements a thread and move them as vectors
+    /// (`Kernel::row_lanes`). Not yet on WGSL targets: its renderer prints such rows a slot at a time,
+    /// which would only spread a warp's accesses.
+    #[serde(default)]
+    pub vector_rows: bool,
     /// Has a GEMM library (cuBLAS) that large float matmuls go to (see `gemm`).
     #[serde(default)]
     pub library_gemm: bool,
@@ -195,6 +200,7 @@ impl Target {
             max_vector_lanes: default_vector_lanes(),
             packed_half_storage: true,
             max_row_cache: 32,
+            vector_rows: false,
             library_gemm: false,
             library_epilogue: false,
             tf32_convolutions: false,
@@ -245,6 +251,7 @@ impl Target {
             max_vector_lanes: 8,
             packed_half_storage: false,
             max_row_cache: 32,
+            vector_rows: true,
             library_gemm: true,
             library_epilogue: true,
             // TF32 matrix units arrived with sm_80 (kiln renders for sm_80 or newer).
@@ -319,7 +326,7 @@ impl Target {
     }
 
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
-    /// `KILN_<BACKEND>_ROW_THREADS`, `KILN_<BACKEND>_ROW_CACHE` (persistent rows; 0: off) and
+    /// `KILN_<BACKEND>_ROW_THREADS`, `KILN_<BACKEND>_ROW_CACHE` (persistent rows; 0: off), `KILN_<BACKEND>_VECTOR_ROWS=0|1` (`vector_rows`) and
     /// `KILN_<BACKEND>_COLUMN_THREADS` (`column_threads`), `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full
     /// precision, as `torch.backends.cudnn.allow_tf32 = False`), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
@@ -334,6 +341,7 @@ impl Target {
         }
         self.row_threads = knob("ROW_THREADS").unwrap_or(self.row_threads);
         self.max_row_cache = knob("ROW_CACHE").unwrap_or(self.max_row_cache);
+        self.vector_rows = knob("VECTOR_ROWS").map_or(self.vector_rows, |v| v != 0);
         self.column_threads = knob("COLUMN_THREADS").map_or(self.column_threads, u64::from);
         self.library_gemm &= std::env::var(format!("KILN_{backend}_GEMM")).as_deref() != Ok("kiln");
         self.library_epilogue &= self.library_gemm;

@@ -70,6 +70,9 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
             ));
         }
     }
+    if let Some(why) = bad_row_lanes(kernel, target) {
+        return broken(why);
+    }
     for st in &kernel.body {
         if let Stmt::MatMul(m) = st {
             if let Some(why) = m.tile.unfit(launch.threads) {
@@ -113,6 +116,37 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
         }
     }
     Ok(())
+}
+
+/// Why a persistent row's lanes (`Kernel::row_lanes`) cannot run as planned: they need the target's
+/// `vector_rows`, a kept row (slots to group), groups of whole vectors (lanes dividing the slots and the
+/// row, so a group is inside the row or past it entirely), one row a workgroup, and a vector the target
+/// moves in one access.
+fn bad_row_lanes(kernel: &Kernel, target: &Target) -> Option<String> {
+    let lanes = kernel.row_lanes;
+    if lanes <= 1 {
+        return None;
+    }
+    let len = kernel.body.iter().find_map(|st| match st {
+        Stmt::Loop { body, mode: crate::kernel::LoopMode::Group, .. } => {
+            crate::kernel::RowLoad::row_len(body).and_then(crate::sym::Expr::as_const)
+        }
+        _ => None,
+    });
+    let slots = kernel.row_cache.unwrap_or(0);
+    if !target.vector_rows {
+        Some(format!("rows of {lanes} lanes on a target without vector rows"))
+    } else if slots == 0 || slots % lanes != 0 {
+        Some(format!("rows of {lanes} lanes over {slots} kept slots a thread: not whole vectors"))
+    } else if len.is_none_or(|n| n % lanes as i64 != 0) {
+        Some(format!("rows of {lanes} lanes over a row of {len:?} elements: not whole vectors"))
+    } else if kernel.launch.packed > 1 {
+        Some(format!("rows of {lanes} lanes in {} packed groups", kernel.launch.packed))
+    } else if lanes > target.max_vector_lanes || !lanes.is_power_of_two() {
+        Some(format!("rows of {lanes} lanes past the target's {} a vector", target.max_vector_lanes))
+    } else {
+        None
+    }
 }
 
 /// Why a subgroup combine in `st` (or inside it) cannot shuffle over `threads` threads on a target with

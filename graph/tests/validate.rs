@@ -55,6 +55,20 @@ fn packed_groups_without_subgroups_are_rejected() {
     rejected(&k, &Target::cuda(90), "subgroup");
 }
 
+/// Row sums on CUDA keep four f32 lanes a slot group; moved to a target without vector
+/// rows, or given lanes that do not divide its slots, the kernel is rejected.
+#[test]
+fn rows_with_lanes_are_checked() {
+    let mut k = kernel(f32s(&[64, 4096]), row_sums, &Target::cuda(90));
+    assert_eq!((k.row_lanes, k.row_cache), (4, Some(16)), "{k}");
+    validate(&k, &Target::cuda(90)).unwrap();
+    rejected(&k, &Target { vector_rows: false, ..Target::cuda(90) }, "without vector rows");
+    k.row_lanes = 32;
+    rejected(&k, &Target::cuda(90), "not whole vectors");
+    k.row_lanes = 8;
+    rejected(&k, &Target { max_vector_lanes: 4, ..Target::cuda(90) }, "past the target's 4");
+}
+
 /// The first reduction's strategy, wherever it is nested.
 fn first_strategy(body: &mut [Stmt]) -> Option<&mut kiln_graph::kernel::ReduceStrategy> {
     body.iter_mut().find_map(|st| match st {

@@ -76,6 +76,12 @@ struct Writer<'k> {
     lane: Option<(SymId, usize)>,
     vector_loads: HashMap<usize, Vec<String>>,
     vector_stores: HashMap<usize, Vec<String>>,
+    /// Inside a slot group of a persistent row with lanes (`Kernel::row_lanes`): the lane being written.
+    group_lane: Option<usize>,
+    /// The group's vector loads by (buffer, index as the pass writes it): each lane's raw bits.
+    group_loads: HashMap<(usize, Expr), Vec<String>>,
+    /// The group's vector stores, each lane's bits appended as the lanes are written.
+    group_stores: HashMap<(usize, Expr), Vec<String>>,
     /// Shared arrays a template declares (the attention's tiles), printed verbatim.
     extra_shared: Vec<String>,
 }
@@ -325,7 +331,7 @@ impl<'k> Writer<'k> {
         let size = self.k.buffers[buffer].dtype.size_bytes() as i64;
         let fixed = index.symbols().is_disjoint(&self.bound);
         if let (true, Some((s, u)), true) = (self.in_slot, self.pass, fixed) {
-            let delta = u as i64 * self.k.launch.threads as i64;
+            let delta = self.k.row_slot_offset(u as u32);
             let offset = index.shift_by(s, delta).and_then(|d| d.checked_mul(size)).filter(|o| o.abs() < 1 << 31);
             if let Some(offset) = offset {
                 let key = (buffer, index.clone(), s);
@@ -334,7 +340,7 @@ impl<'k> Writer<'k> {
                     None => {
                         // Slot 0's element is `%local`; a later slot only runs where slot 0 did (its
                         // element is larger), so the register is set wherever it is read.
-                        let own = self.syms.insert(s, "%local".into());
+                        let own = self.syms.insert(s, self.slot0().into());
                         let b = self.plain_address(buffer, index);
                         match own {
                             Some(r) => self.syms.insert(s, r),
@@ -436,20 +442,31 @@ impl<'k> Writer<'k> {
         h
     }
 
+    /// A vector lane's bits (`b16`/`b32`) of value `x`, already of the buffer's dtype `d`.
+    fn lane_bits(&mut self, x: &str, d: DType) -> String {
+        match d {
+            DType::F16 | DType::BF16 => self.f32_to_half(x, d),
+            _ => {
+                let b = self.reg("b32");
+                self.emit(&format!("mov.b32 {b}, {x};"));
+                b
+            }
+        }
+    }
+
     fn store(&mut self, buffer: usize, index: &Expr, value: VarId) {
         let (v, from) = self.var(value);
         let d = self.k.buffers[buffer].dtype;
         let x = self.convert(&v, from, d);
         if self.lane.is_some_and(|(s, _)| *index == Expr::sym(s)) && self.vector_stores.contains_key(&buffer) {
-            let bits = match d {
-                DType::F16 | DType::BF16 => self.f32_to_half(&x, d),
-                _ => {
-                    let b = self.reg("b32");
-                    self.emit(&format!("mov.b32 {b}, {x};"));
-                    b
-                }
-            };
+            let bits = self.lane_bits(&x, d);
             self.vector_stores.entry(buffer).or_default().push(bits);
+            return;
+        }
+        let key = (buffer, index.clone());
+        if self.group_lane.is_some() && self.in_slot && self.group_stores.contains_key(&key) {
+            let bits = self.lane_bits(&x, d);
+            self.group_stores.entry(key).or_default().push(bits);
             return;
         }
         let skip = self.label();
@@ -657,6 +674,12 @@ impl<'k> Writer<'k> {
                 if let (None, Some((pass, slot))) = (guard, self.pass) {
                     if let Some(regs) = self.row_cache.get(&(*buffer, dtype, RowLoad::key(index, pass))) {
                         return regs[slot].clone();
+                    }
+                }
+                if let (None, Some(lane), true) = (guard, self.group_lane, self.in_slot) {
+                    if let Some(regs) = self.group_loads.get(&(*buffer, index.clone())) {
+                        let raw = regs[lane].clone();
+                        return self.widen(&raw, *buffer, dtype);
                     }
                 }
                 let g = guard.map(|g| self.var(g).0);
@@ -912,15 +935,31 @@ impl<'k> Writer<'k> {
     /// elements): one access of up to four elements, or eight 2-byte lanes as one `v4.b32` access whose
     /// words split into halves (`graph` gives eight lanes only where every buffer is 2-byte).
     fn vector_load(&mut self, b: usize, w: usize, a: &str) -> Vec<String> {
+        self.vector_load_if(b, w, a, None)
+    }
+
+    /// [`Writer::vector_load`] where predicate `inside` holds; zeros elsewhere.
+    fn vector_load_if(&mut self, b: usize, w: usize, a: &str, inside: Option<&str>) -> Vec<String> {
         let half = self.k.buffers[b].dtype.size_bytes() == 2;
         let ty = if half { "b16" } else { "b32" };
         let lanes: Vec<String> = (0..w).map(|_| self.reg(ty)).collect();
         let ld = self.ld(b);
+        let at = inside.map_or(String::new(), |p| format!("@{p} "));
         if w <= 4 {
-            self.emit(&format!("{ld}.v{w}.{ty} {{{}}}, [{a}];", lanes.join(", ")));
+            if inside.is_some() {
+                for l in &lanes {
+                    self.emit(&format!("mov.{ty} {l}, 0;"));
+                }
+            }
+            self.emit(&format!("{at}{ld}.v{w}.{ty} {{{}}}, [{a}];", lanes.join(", ")));
         } else if half && w == 8 {
             let words: Vec<String> = (0..4).map(|_| self.reg("b32")).collect();
-            self.emit(&format!("{ld}.v4.b32 {{{}}}, [{a}];", words.join(", ")));
+            if inside.is_some() {
+                for word in &words {
+                    self.emit(&format!("mov.b32 {word}, 0;"));
+                }
+            }
+            self.emit(&format!("{at}{ld}.v4.b32 {{{}}}, [{a}];", words.join(", ")));
             for (word, pair) in words.iter().zip(lanes.chunks(2)) {
                 self.emit(&format!("mov.b32 {{{}, {}}}, {word};", pair[0], pair[1]));
             }
@@ -978,12 +1017,21 @@ impl<'k> Writer<'k> {
         self.k.row_cache.is_some() && !self.row_cache.is_empty()
     }
 
-    /// Where slot `u` of a persistent row starts: element `local + u * threads`, and a predicate that
-    /// it is past the row's end `extent` — none when every thread's slot `u` lies inside a row of
-    /// constant length.
+    /// The register holding this thread's slot 0 of a persistent row: `local · row_lanes`.
+    fn slot0(&self) -> &'static str {
+        if self.k.row_lanes > 1 {
+            "%rowlane"
+        } else {
+            "%local"
+        }
+    }
+
+    /// Where slot `u` of a persistent row starts (`Kernel::row_slot_offset` from slot 0), and a
+    /// predicate that it is past the row's end `extent` — none when every thread's slot `u` lies inside a
+    /// row of constant length.
     fn slot_element(&mut self, u: u32, extent: &Expr) -> (String, Option<String>) {
         let j = self.reg("s64");
-        self.emit(&format!("add.s64 {j}, %local, {};", u as i64 * self.k.launch.threads as i64));
+        self.emit(&format!("add.s64 {j}, {}, {};", self.slot0(), self.k.row_slot_offset(u)));
         if self.k.slot_inside_row(u, extent) {
             return (j, None);
         }
@@ -993,7 +1041,8 @@ impl<'k> Writer<'k> {
     }
 
     /// Persistent rows: before the row's passes, each thread loads its elements of the row once into
-    /// registers (`RowLoad::of_row` says which loads); the passes read them from there.
+    /// registers (`RowLoad::of_row` says which loads); the passes read them from there. With lanes, a
+    /// load `Kernel::row_vector_access` allows moves each slot group as one vector.
     fn fill_row_cache(&mut self, row: &[Stmt]) {
         let (Some(slots), Some(n)) = (self.k.row_cache, RowLoad::row_len(row)) else { return };
         let loads = RowLoad::of_row(row);
@@ -1002,9 +1051,15 @@ impl<'k> Writer<'k> {
         }
         let elements: Vec<(String, Option<String>)> = (0..slots).map(|u| self.slot_element(u, n)).collect();
         let (saved_pass, saved_in) = (self.pass, std::mem::replace(&mut self.in_slot, true));
+        let lanes = self.k.row_lanes.max(1) as usize;
         for load in loads {
             let mut regs = Vec::with_capacity(elements.len());
+            let vector = self.k.row_vector_access(&load.index, ROW_ELEMENT)
+                && matches!(self.k.buffers[load.buffer].dtype.size_bytes(), 2 | 4);
             for (u, (j, past)) in elements.iter().enumerate() {
+                if vector && u % lanes != 0 {
+                    continue;
+                }
                 let inside = past.as_ref().map(|past| {
                     let inside = self.reg("pred");
                     self.emit(&format!("not.pred {inside}, {past};"));
@@ -1012,28 +1067,100 @@ impl<'k> Writer<'k> {
                 });
                 self.syms.insert(ROW_ELEMENT, j.clone());
                 self.pass = Some((ROW_ELEMENT, u));
-                let (raw, from) = self.load(load.buffer, &load.index, inside.as_deref());
-                regs.push(self.convert(&raw, from, load.dtype));
+                if vector {
+                    let a = self.address(load.buffer, &load.index);
+                    for raw in self.vector_load_if(load.buffer, lanes, &a, inside.as_deref()) {
+                        regs.push(self.widen(&raw, load.buffer, load.dtype));
+                    }
+                } else {
+                    let (raw, from) = self.load(load.buffer, &load.index, inside.as_deref());
+                    regs.push(self.convert(&raw, from, load.dtype));
+                }
             }
             self.row_cache.insert((load.buffer, load.dtype, load.index), regs);
         }
         (self.pass, self.in_slot) = (saved_pass, saved_in);
     }
 
-    /// A pass of a persistent row, unrolled: `each` runs once per slot with `s` bound to the slot's
-    /// element, skipped past the row's end.
-    fn slots(&mut self, s: SymId, extent: &Expr, mut each: impl FnMut(&mut Self)) {
+    /// A pass of a persistent row over `s` (statements `body`), unrolled: `each` runs once per slot with
+    /// `s` bound to the slot's element, skipped past the row's end. With lanes, slots go a group at a
+    /// time: the body's loads and stores `Kernel::row_vector_access` allows (and the row cache does not
+    /// hold) move once a group, as vectors, and the lanes read and fill them.
+    fn slots(&mut self, s: SymId, extent: &Expr, body: &[Stmt], mut each: impl FnMut(&mut Self)) {
         let (saved, saved_in) = (self.pass, std::mem::replace(&mut self.in_slot, true));
-        for u in 0..self.k.row_cache.unwrap_or(1) {
-            let (j, past) = self.slot_element(u, extent);
+        let lanes = self.k.row_lanes.max(1);
+        let half_or_word = |w: &Self, b: usize| matches!(w.k.buffers[b].dtype.size_bytes(), 2 | 4);
+        let mut loads = Vec::new();
+        let mut stores = Vec::new();
+        if lanes > 1 {
+            for st in body {
+                match st {
+                    Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. }
+                        if self.k.row_vector_access(index, s)
+                            && half_or_word(self, *buffer)
+                            && !self.row_cache.contains_key(&(*buffer, *dtype, RowLoad::key(index, s)))
+                            && !loads.contains(&(*buffer, index.clone())) =>
+                    {
+                        loads.push((*buffer, index.clone()))
+                    }
+                    Stmt::Store { buffer, index, .. }
+                        if self.k.row_vector_access(index, s)
+                            && half_or_word(self, *buffer)
+                            && !stores.contains(&(*buffer, index.clone())) =>
+                    {
+                        stores.push((*buffer, index.clone()))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let grouped = !loads.is_empty() || !stores.is_empty();
+        let step = if grouped { lanes } else { 1 };
+        let slots = self.k.row_cache.unwrap_or(1);
+        for first in (0..slots).step_by(step as usize) {
+            let (j0, past) = self.slot_element(first, extent);
             let skip = past.map(|past| {
                 let skip = self.label();
                 self.emit(&format!("@{past} bra {skip};"));
                 skip
             });
-            self.syms.insert(s, j);
-            self.pass = Some((s, u as usize));
-            each(self);
+            if grouped {
+                self.syms.insert(s, j0.clone());
+                self.pass = Some((s, first as usize));
+                for (b, index) in &loads {
+                    let a = self.address(*b, index);
+                    let regs = self.vector_load(*b, lanes as usize, &a);
+                    self.group_loads.insert((*b, index.clone()), regs);
+                }
+                for key in &stores {
+                    self.group_stores.insert(key.clone(), Vec::new());
+                }
+            }
+            for lane in 0..step {
+                let u = first + lane;
+                let j = if lane == 0 {
+                    j0.clone()
+                } else {
+                    let j = self.reg("s64");
+                    self.emit(&format!("add.s64 {j}, {j0}, {lane};"));
+                    j
+                };
+                self.syms.insert(s, j);
+                self.pass = Some((s, u as usize));
+                self.group_lane = grouped.then_some(lane as usize);
+                each(self);
+            }
+            self.group_lane = None;
+            if grouped {
+                self.syms.insert(s, j0.clone());
+                self.pass = Some((s, first as usize));
+                for (b, index) in &stores {
+                    let vals = self.group_stores.remove(&(*b, index.clone())).unwrap_or_default();
+                    let a = self.address(*b, index);
+                    self.vector_store(*b, &a, &vals);
+                }
+                self.group_loads.clear();
+            }
             if let Some(skip) = skip {
                 self.place(&skip);
             }
@@ -1101,7 +1228,7 @@ impl<'k> Writer<'k> {
                     LoopMode::Serial => {}
                 }
                 if *mode == LoopMode::Threads && self.persistent() {
-                    self.slots(*sym, extent, |w| w.block(body));
+                    self.slots(*sym, extent, body, |w| w.block(body));
                 } else if *mode == LoopMode::Group {
                     self.counted_loop(*sym, start, stride, extent, |w| {
                         w.fill_row_cache(body);
@@ -1220,7 +1347,7 @@ impl<'k> Writer<'k> {
             }
         };
         if grouped && self.persistent() {
-            self.slots(s, extent, each);
+            self.slots(s, extent, body, each);
         } else {
             self.counted_loop(s, start, stride, extent, each);
         }
@@ -1582,6 +1709,9 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
         lane: None,
         vector_loads: HashMap::new(),
         vector_stores: HashMap::new(),
+        group_lane: None,
+        group_loads: HashMap::new(),
+        group_stores: HashMap::new(),
         extra_shared: Vec::new(),
     };
     for s in &kernel.symbols {
@@ -1664,6 +1794,10 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
     );
     let _ = writeln!(src, "    mov.s64 %threads, {t};");
     src.push_str("    mad.lo.s64 %gstart, %group, %threads, %local;\n    mul.lo.s64 %gstride, %ngroups, %threads;\n");
+    if kernel.row_lanes > 1 {
+        // A persistent row's slot 0 of this thread (`Kernel::row_slot_offset`).
+        let _ = writeln!(src, "    .reg .s64 %rowlane;\n    mul.lo.s64 %rowlane, %local, {};", kernel.row_lanes);
+    }
     src.push_str(&w.body);
     src.push_str("    ret;\n}\n");
     Ok(PtxKernel { name: kernel.name.clone(), source: src, sm })

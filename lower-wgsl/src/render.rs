@@ -373,13 +373,23 @@ impl<'k> Writer<'k> {
         self.k.row_cache.is_some() && !self.row_cache.is_empty()
     }
 
-    /// Opens unrolled copy `slot` of a persistent row pass: element `local + slot * threads`, skipped
+    /// This thread's element of slot `slot` of a persistent row (`Kernel::row_slot_offset` from slot 0,
+    /// `local · row_lanes`). Rows with lanes are printed a slot at a time: no WGSL target plans them
+    /// (`Target::vector_rows`), but a compile report prints every kernel in both languages.
+    fn slot_element(&self, slot: u32) -> String {
+        match self.k.row_lanes {
+            0 | 1 => format!("local + {}i", self.k.row_slot_offset(slot)),
+            lanes => format!("local * {lanes}i + {}i", self.k.row_slot_offset(slot)),
+        }
+    }
+
+    /// Opens unrolled copy `slot` of a persistent row pass (its element: [`Writer::slot_element`]), skipped
     /// past the row's end `extent` (untested where `Kernel::slot_inside_row` holds). Closed by
     /// [`Writer::close_slot`].
     fn open_slot(&mut self, depth: usize, j: &str, extent: &Expr, slot: u32) {
-        let t = self.k.launch.threads;
         self.line(depth, "{");
-        self.line(depth + 1, &format!("let {j}: i32 = local + {}i;", slot * t));
+        let at = self.slot_element(slot);
+        self.line(depth + 1, &format!("let {j}: i32 = {at};"));
         if self.k.slot_inside_row(slot, extent) {
             self.line(depth + 1, "{");
         } else {
@@ -399,14 +409,13 @@ impl<'k> Writer<'k> {
     /// registers; each pass (reductions, then the epilogue) reads them from there.
     fn fill_row_cache(&mut self, depth: usize, body: &[Stmt]) {
         let Some(slots) = self.k.row_cache else { return };
-        let t = self.k.launch.threads;
         for (k, load) in RowLoad::of_row(body).into_iter().enumerate() {
             let ty = self.ty(load.dtype);
             let (raw, from) = self.load(load.buffer, &load.index);
             let v = self.convert(&raw, from, load.dtype);
             // Unrolled into scalars so they stay in registers (an indexed array may go to local memory).
             for slot in 0..slots {
-                let at = v.replace("rowj", &format!("(local + {}i)", slot * t));
+                let at = v.replace("rowj", &format!("({})", self.slot_element(slot)));
                 self.line(depth, &format!("let rc{k}_{slot}: {ty} = {at};"));
             }
             self.row_cache.insert((load.buffer, load.dtype, load.index), k);

@@ -1,0 +1,46 @@
+//! Rows with lanes (`Kernel::row_lanes`: a thread keeps consecutive elements of its row, as CUDA
+//! plans them, so its accesses move as vectors) planned for wgpu too (KILN_WGPU_VECTOR_ROWS=1) and run on
+//! it: every op, the edge cases, random programs and the workloads against the reference. No WGSL target
+//! plans such rows by default, so without this the planning's element mapping would only ever run on a
+//! GPU machine (through the PTX renderer); here it runs in CI on lavapipe.
+
+mod common;
+mod conformance;
+
+use kiln::graph::tolerance::{compare, Expected, Tolerance};
+use kiln::graph::{compile_graph, workloads, CpuReference};
+use kiln::{compile, Tensor};
+
+#[test]
+fn rows_with_lanes_match_the_reference() {
+    if common::wgpu_skipped() {
+        return;
+    }
+    // Set before this binary opens its device; no other test here opens one first.
+    std::env::set_var("KILN_WGPU_VECTOR_ROWS", "1");
+    let rt = kiln_wgsl::Gpu::runtime().unwrap_or_else(|e| panic!("{e}"));
+    assert!(rt.target().vector_rows, "{}", rt.driver().describe());
+    let b: std::sync::Arc<dyn kiln::graph::Backend> = rt.clone();
+    conformance::ops::every_op(&b);
+    conformance::ops::edge_cases(&b, false, false);
+    conformance::random_graphs(&b, 200, false, file!());
+    let mut with_lanes = 0;
+    for w in workloads::all().into_iter().filter(|w| ["W2", "W3", "W5"].contains(&w.id)) {
+        let specs = &w.check;
+        let g = kiln::graph::capture(specs, w.f).unwrap();
+        with_lanes += compile_graph(&g, rt.target()).unwrap().kernels.iter().filter(|k| k.row_lanes > 1).count();
+        let tol = Tolerance::of(&g).unwrap();
+        let inputs: Vec<Tensor> = workloads::inputs(specs).into_iter().map(Tensor::from_data).collect();
+        let f = |x: Vec<Tensor>| (w.f)(&x);
+        let got: Vec<Tensor> =
+            compile(f).backend(rt.clone()).call(inputs.clone()).unwrap_or_else(|e| panic!("{}: {e}", w.id));
+        let want: Vec<Tensor> = compile(f).backend(CpuReference).call(inputs).unwrap();
+        for (i, (g, wnt)) in got.iter().zip(&want).enumerate() {
+            let outcome = compare(&g.to_data().unwrap(), &Expected::of(&wnt.to_data().unwrap(), "reference"), tol);
+            assert!(outcome.correct, "{} output {i}: {outcome:?}", w.id);
+        }
+    }
+    // W2's softmax and W3's layer norm at least: the rows above did run with lanes.
+    assert!(with_lanes >= 2, "only {with_lanes} kernels of W2, W3 and W5 planned rows with lanes");
+    eprintln!("{with_lanes} kernels of W2, W3 and W5 ran rows with lanes on wgpu");
+}

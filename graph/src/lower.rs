@@ -1087,6 +1087,18 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
             while t < l.target.max_threads_per_group as u64 && len.div_ceil(t) * loads > budget {
                 t *= 2;
             }
+            // Rows with lanes: fewer threads until each keeps four 16-byte vectors, where the register
+            // budget allows and down to four warps. A workgroup's two combines cost the same whatever its
+            // row's bytes: W3-bf16 at 256 threads (two vectors a thread) took 0.0547 ms, at 128 (four)
+            // 0.0511; W3 in f32 keeps four at 256 (0.0699; 0.0705 at 128) (`benches/NOTES.md`, session 38).
+            if l.target.vector_rows {
+                let widest =
+                    l.buffers.iter().map(|b| b.dtype.size_bytes() as u64).filter(|s| (2..=4).contains(s)).max();
+                let bytes = widest.unwrap_or(4);
+                while t > 128 && len.div_ceil(t) * bytes < 64 && len.div_ceil(t / 2) * loads <= budget {
+                    t /= 2;
+                }
+            }
             let per_thread = len.div_ceil(t);
             (t as u32, (per_thread * loads <= budget).then_some(per_thread as u32))
         }

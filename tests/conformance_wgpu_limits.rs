@@ -7,9 +7,7 @@
 mod common;
 mod conformance;
 
-use kiln::graph::tolerance::{compare, Expected, Tolerance};
-use kiln::graph::{workloads, CpuReference};
-use kiln::{compile, Tensor};
+use kiln::graph::workloads;
 
 #[test]
 fn everything_fits_webgpu_default_limits() {
@@ -27,18 +25,7 @@ fn everything_fits_webgpu_default_limits() {
     conformance::ops::edge_cases(&b, true, false);
     // The workloads at their check sizes (W6 too: its dense blocks concatenate up to 58 tensors).
     for w in workloads::all() {
-        let specs = &w.check;
-        let g = kiln::graph::capture(specs, w.f).unwrap();
-        let tol = Tolerance::of(&g).unwrap();
-        let inputs: Vec<Tensor> = workloads::inputs(specs).into_iter().map(Tensor::from_data).collect();
-        let f = |x: Vec<Tensor>| (w.f)(&x);
-        let got: Vec<Tensor> =
-            compile(f).backend(rt.clone()).call(inputs.clone()).unwrap_or_else(|e| panic!("{}: {e}", w.id));
-        let want: Vec<Tensor> = compile(f).backend(CpuReference).call(inputs).unwrap();
-        for (i, (g, wnt)) in got.iter().zip(&want).enumerate() {
-            let outcome = compare(&g.to_data().unwrap(), &Expected::of(&wnt.to_data().unwrap(), "reference"), tol);
-            assert!(outcome.correct, "{} output {i}: {outcome:?}", w.id);
-        }
-        eprintln!("{}: {} outputs match the reference at WebGPU's default limits", w.id, got.len());
+        let outputs = conformance::workload_matches_the_reference(&b, &w);
+        eprintln!("{}: {} outputs match the reference at WebGPU's default limits", w.id, outputs);
     }
 }

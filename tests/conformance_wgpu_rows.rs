@@ -7,9 +7,7 @@
 mod common;
 mod conformance;
 
-use kiln::graph::tolerance::{compare, Expected, Tolerance};
-use kiln::graph::{compile_graph, workloads, CpuReference};
-use kiln::{compile, Tensor};
+use kiln::graph::{compile_graph, workloads};
 
 #[test]
 fn rows_with_lanes_match_the_reference() {
@@ -26,19 +24,9 @@ fn rows_with_lanes_match_the_reference() {
     conformance::random_graphs(&b, 200, false, file!());
     let mut with_lanes = 0;
     for w in workloads::all().into_iter().filter(|w| ["W2", "W3", "W5"].contains(&w.id)) {
-        let specs = &w.check;
-        let g = kiln::graph::capture(specs, w.f).unwrap();
+        let g = kiln::graph::capture(&w.check, w.f).unwrap();
         with_lanes += compile_graph(&g, rt.target()).unwrap().kernels.iter().filter(|k| k.row_lanes > 1).count();
-        let tol = Tolerance::of(&g).unwrap();
-        let inputs: Vec<Tensor> = workloads::inputs(specs).into_iter().map(Tensor::from_data).collect();
-        let f = |x: Vec<Tensor>| (w.f)(&x);
-        let got: Vec<Tensor> =
-            compile(f).backend(rt.clone()).call(inputs.clone()).unwrap_or_else(|e| panic!("{}: {e}", w.id));
-        let want: Vec<Tensor> = compile(f).backend(CpuReference).call(inputs).unwrap();
-        for (i, (g, wnt)) in got.iter().zip(&want).enumerate() {
-            let outcome = compare(&g.to_data().unwrap(), &Expected::of(&wnt.to_data().unwrap(), "reference"), tol);
-            assert!(outcome.correct, "{} output {i}: {outcome:?}", w.id);
-        }
+        conformance::workload_matches_the_reference(&b, &w);
     }
     // W2's softmax and W3's layer norm at least: the rows above did run with lanes.
     assert!(with_lanes >= 2, "only {with_lanes} kernels of W2, W3 and W5 planned rows with lanes");

@@ -129,6 +129,25 @@ macro_rules! conformance_suite {
     };
 }
 
+/// Workload `w` at its check sizes on `backend`, every output against the reference within the graph's
+/// tolerance; returns how many outputs it checked.
+pub fn workload_matches_the_reference(backend: &Arc<dyn Backend>, w: &kiln::graph::workloads::Workload) -> usize {
+    use kiln::graph::tolerance::{compare, Expected, Tolerance};
+    let specs = &w.check;
+    let g = kiln::graph::capture(specs, w.f).unwrap();
+    let tol = Tolerance::of(&g).unwrap();
+    let inputs: Vec<Tensor> = kiln::graph::workloads::inputs(specs).into_iter().map(Tensor::from_data).collect();
+    let f = |x: Vec<Tensor>| (w.f)(&x);
+    let got: Vec<Tensor> =
+        compile(f).backend(backend.clone()).call(inputs.clone()).unwrap_or_else(|e| panic!("{}: {e}", w.id));
+    let want: Vec<Tensor> = compile(f).backend(CpuReference).call(inputs).unwrap();
+    for (i, (g, wnt)) in got.iter().zip(&want).enumerate() {
+        let outcome = compare(&g.to_data().unwrap(), &Expected::of(&wnt.to_data().unwrap(), "reference"), tol);
+        assert!(outcome.correct, "{} output {i}: {outcome:?}", w.id);
+    }
+    got.len()
+}
+
 /// `cases` random programs (two inputs of random dims, 1 to 7 steps) checked on `backend` against the
 /// reference, drawn from `PROPTEST_RNG_SEED` when set; failures persist beside `file` as proptest's do.
 /// The count is written to the test's stderr (not captured), so CI output shows what ran.

@@ -13,7 +13,7 @@ fn main() -> kiln::Result<()> {
     let id = args.get(1).map_or("W1", String::as_str);
     let webgpu = args.get(2).is_some_and(|b| b == "webgpu");
     let target = match args.get(2).map(String::as_str) {
-        Some("webgpu") => Target::webgpu_default(),
+        Some("webgpu") => Target::webgpu_default().tuned_by_env("WGPU"),
         _ => Target::cuda(90).tuned_by_env("CUDA"),
     };
     let w = workloads::all()

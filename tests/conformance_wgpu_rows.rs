@@ -25,7 +25,14 @@ fn rows_with_lanes_match_the_reference() {
     let mut with_lanes = 0;
     for w in workloads::all().into_iter().filter(|w| ["W2", "W3", "W5"].contains(&w.id)) {
         let g = kiln::graph::capture(&w.check, w.f).unwrap();
-        with_lanes += compile_graph(&g, rt.target()).unwrap().kernels.iter().filter(|k| k.row_lanes > 1).count();
+        for k in compile_graph(&g, rt.target()).unwrap().kernels.iter().filter(|k| k.row_lanes > 1) {
+            with_lanes += 1;
+            // Four f32 lanes: the row's buffers are read and written a vector at a time.
+            let src = kiln_wgsl::render(k, false).unwrap().source;
+            if k.row_lanes == 4 {
+                assert!(src.contains("array<vec4<f32>>"), "{} binds no vector buffer:\n{src}", k.name);
+            }
+        }
         conformance::workload_matches_the_reference(&b, &w);
     }
     // W2's softmax and W3's layer norm at least: the rows above did run with lanes.

@@ -105,6 +105,16 @@ struct Writer<'k> {
     unroll_slot: Option<u32>,
     /// The loop variable of the row pass being written, while persistent rows are on.
     pass_sym: Option<SymId>,
+    /// Buffers of a row with lanes (`Kernel::row_lanes` 4) bound as `array<vec4<f32>>`: f32 buffers
+    /// some row pass reads or writes a vector at a time (`Kernel::row_vector_access`).
+    row_vectors: std::collections::HashSet<usize>,
+    /// Inside a slot group of such a row: the lane being written.
+    group_lane: Option<u32>,
+    /// The group's vector loads and stores, by (buffer, index as the pass writes it): their names.
+    group_loads: HashMap<(usize, Expr), String>,
+    group_stores: HashMap<(usize, Expr), String>,
+    /// Names of group vectors written so far.
+    groups: usize,
     /// The shader reads the subgroup builtins (`sg_lane`, `sg_id`): a combine shuffles within
     /// subgroups, or groups are packed one a subgroup.
     subgroups: bool,
@@ -217,7 +227,7 @@ impl<'k> Writer<'k> {
 
     /// The element at `idx` of a buffer bound as vectors.
     fn vector_element(&mut self, buffer: usize, index: &Expr) -> String {
-        let w = self.k.vector_width as i64;
+        let w = self.width_of(buffer);
         if let Some((l, i)) = self.lane {
             if *index == Expr::sym(i) {
                 return format!("q{buffer}[{l}]");
@@ -227,12 +237,23 @@ impl<'k> Writer<'k> {
         format!("b{buffer}[({e}) / {w}i][({e}) % {w}i]")
     }
 
+    /// Elements of one array element of `buffer`: the vectorised loop's width, a row's lanes, or 1.
+    fn width_of(&self, buffer: usize) -> i64 {
+        if self.row_vectors.contains(&buffer) {
+            self.k.row_lanes as i64
+        } else if self.vector_buffers.contains(&buffer) {
+            self.k.vector_width as i64
+        } else {
+            1
+        }
+    }
+
     fn dtype_of(&self, v: VarId) -> DType {
         self.var_dtype.get(&v).copied().unwrap_or(DType::F32)
     }
 
     fn load(&mut self, buffer: usize, index: &Expr) -> (String, DType) {
-        if self.vector_buffers.contains(&buffer) {
+        if self.vector_buffers.contains(&buffer) || self.row_vectors.contains(&buffer) {
             let el = self.vector_element(buffer, index);
             let raw = if self.storage[buffer] == Storage::BoolU32 { format!("({el} != 0u)") } else { el };
             return (raw, self.k.buffers[buffer].dtype);
@@ -263,6 +284,13 @@ impl<'k> Writer<'k> {
             Scalar::Load { buffer, index, guard: None } if self.cached_slot(*buffer, dtype, index).is_some() => {
                 let k = self.cached_slot(*buffer, dtype, index).unwrap_or_default();
                 format!("rc{k}_{}", self.unroll_slot.unwrap_or(0))
+            }
+            Scalar::Load { buffer, index, guard: None }
+                if self.group_lane.is_some() && self.group_loads.contains_key(&(*buffer, index.clone())) =>
+            {
+                let name = &self.group_loads[&(*buffer, index.clone())];
+                let raw = format!("{name}[{}]", self.group_lane.unwrap_or(0));
+                self.convert(&raw, self.k.buffers[*buffer].dtype, dtype)
             }
             Scalar::Load { buffer, index, guard } => {
                 let (raw, from) = self.load(*buffer, index);
@@ -374,12 +402,104 @@ impl<'k> Writer<'k> {
     }
 
     /// This thread's element of slot `slot` of a persistent row (`Kernel::row_slot_offset` from slot 0,
-    /// `local · row_lanes`). Rows with lanes are printed a slot at a time: no WGSL target plans them
-    /// (`Target::vector_rows`), but a compile report prints every kernel in both languages.
+    /// `local · row_lanes`).
     fn slot_element(&self, slot: u32) -> String {
         match self.k.row_lanes {
             0 | 1 => format!("local + {}i", self.k.row_slot_offset(slot)),
             lanes => format!("local * {lanes}i + {}i", self.k.row_slot_offset(slot)),
+        }
+    }
+
+    /// A pass of a persistent row over `s` (statements `body`), unrolled: the body, then `after` at the
+    /// same depth, once per slot. In a row with vector buffers (`row_vectors`), slots go a group at a
+    /// time: the body's vector loads (those the row cache does not hold) and stores move once a group,
+    /// and each lane reads and fills its component.
+    fn persistent_pass(
+        &mut self,
+        depth: usize,
+        s: SymId,
+        extent: &Expr,
+        body: &[Stmt],
+        mut after: impl FnMut(&mut Self, usize),
+    ) {
+        let i = sym(s);
+        let slots = self.k.row_cache.unwrap_or(1);
+        let (mut loads, mut stores) = (Vec::new(), Vec::new());
+        for st in body {
+            match st {
+                Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. }
+                    if self.row_vectors.contains(buffer)
+                        && self.k.row_vector_access(index, s)
+                        && self.cached_slot(*buffer, *dtype, index).is_none()
+                        && !loads.contains(&(*buffer, index.clone())) =>
+                {
+                    loads.push((*buffer, index.clone()))
+                }
+                Stmt::Store { buffer, index, .. }
+                    if self.row_vectors.contains(buffer)
+                        && self.k.row_vector_access(index, s)
+                        && !stores.contains(&(*buffer, index.clone())) =>
+                {
+                    stores.push((*buffer, index.clone()))
+                }
+                _ => {}
+            }
+        }
+        if loads.is_empty() && stores.is_empty() {
+            for slot in 0..slots {
+                self.open_slot(depth, &i, extent, slot);
+                self.block(depth + 2, body);
+                after(self, depth + 2);
+                self.close_slot(depth);
+            }
+            return;
+        }
+        let lanes = self.k.row_lanes;
+        for first in (0..slots).step_by(lanes as usize) {
+            let g = format!("{i}_g");
+            self.line(depth, "{");
+            let at = self.slot_element(first);
+            self.line(depth + 1, &format!("let {g}: i32 = {at};"));
+            if self.k.slot_inside_row(first, extent) {
+                self.line(depth + 1, "{");
+            } else {
+                let n = self.expr(extent);
+                self.line(depth + 1, &format!("if ({g} < {n}) {{"));
+            }
+            let d = depth + 2;
+            self.line(d, &format!("let {i}: i32 = {g};"));
+            for (b, index) in &loads {
+                let name = format!("gv{}", self.groups);
+                self.groups += 1;
+                let e = self.expr(index);
+                self.line(d, &format!("let {name} = b{b}[({e}) / {lanes}i];"));
+                self.group_loads.insert((*b, index.clone()), name);
+            }
+            for (b, index) in &stores {
+                let name = format!("gv{}", self.groups);
+                self.groups += 1;
+                self.line(d, &format!("var {name}: vec{lanes}<f32>;"));
+                self.group_stores.insert((*b, index.clone()), name);
+            }
+            for lane in 0..lanes {
+                self.line(d, "{");
+                self.line(d + 1, &format!("let {i}: i32 = {g} + {lane}i;"));
+                self.unroll_slot = Some(first + lane);
+                self.group_lane = Some(lane);
+                self.block(d + 1, body);
+                after(self, d + 1);
+                self.line(d, "}");
+            }
+            self.group_lane = None;
+            self.unroll_slot = None;
+            for (b, index) in &stores {
+                let name = self.group_stores.remove(&(*b, index.clone())).unwrap_or_default();
+                let e = self.expr(index);
+                self.line(d, &format!("b{b}[({e}) / {lanes}i] = {name};"));
+            }
+            self.group_loads.clear();
+            self.line(depth + 1, "}");
+            self.line(depth, "}");
         }
     }
 
@@ -411,6 +531,21 @@ impl<'k> Writer<'k> {
         let Some(slots) = self.k.row_cache else { return };
         for (k, load) in RowLoad::of_row(body).into_iter().enumerate() {
             let ty = self.ty(load.dtype);
+            if self.row_vectors.contains(&load.buffer) && self.k.row_vector_access(&load.index, ROW_ELEMENT) {
+                // A vector a slot group, its lanes the group's slots.
+                let lanes = self.k.row_lanes;
+                let e = self.expr(&load.index);
+                for first in (0..slots).step_by(lanes as usize) {
+                    let at = e.replace("rowj", &format!("({})", self.slot_element(first)));
+                    self.line(depth, &format!("let rv{k}_{first} = b{}[({at}) / {lanes}i];", load.buffer));
+                    for lane in 0..lanes {
+                        let v = self.convert(&format!("rv{k}_{first}[{lane}]"), DType::F32, load.dtype);
+                        self.line(depth, &format!("let rc{k}_{}: {ty} = {v};", first + lane));
+                    }
+                }
+                self.row_cache.insert((load.buffer, load.dtype, load.index), k);
+                continue;
+            }
             let (raw, from) = self.load(load.buffer, &load.index);
             let v = self.convert(&raw, from, load.dtype);
             // Unrolled into scalars so they stay in registers (an indexed array may go to local memory).
@@ -441,6 +576,16 @@ impl<'k> Writer<'k> {
                 self.line(depth, &format!("let out{buffer}_{l} = {v};"));
                 return;
             }
+        }
+        if let (Some(lane), Some(name)) = (self.group_lane, self.group_stores.get(&(buffer, index.clone()))) {
+            let text = format!("{name}[{lane}] = {v};");
+            self.line(depth, &text);
+            return;
+        }
+        if self.row_vectors.contains(&buffer) {
+            let el = self.vector_element(buffer, index);
+            self.line(depth, &format!("{el} = {v};"));
+            return;
         }
         let idx = self.expr(index);
         let text = match self.storage[buffer] {
@@ -536,15 +681,10 @@ impl<'k> Writer<'k> {
                 self.vector_loop(depth, *s, extent, body)
             }
             Stmt::Loop { sym: s, extent, mode: LoopMode::Threads, body } if self.persistent() => {
-                let i = sym(*s);
                 let saved = (self.pass_sym, self.single_thread_stores);
                 self.pass_sym = Some(*s);
                 self.single_thread_stores = false;
-                for slot in 0..self.k.row_cache.unwrap_or(1) {
-                    self.open_slot(depth, &i, extent, slot);
-                    self.block(depth + 2, body);
-                    self.close_slot(depth);
-                }
+                self.persistent_pass(depth, *s, extent, body, |_, _| {});
                 (self.pass_sym, self.single_thread_stores) = saved;
             }
             Stmt::Loop { sym: s, extent, mode, body } => {
@@ -702,39 +842,33 @@ impl<'k> Writer<'k> {
         }
         let grouped = matches!(strategy, ReduceStrategy::Group { .. });
         let persistent = grouped && self.persistent();
-        let copies = if persistent { self.k.row_cache.unwrap_or(1) } else { 1 };
         let saved = (self.single_thread_stores, self.pass_sym);
         self.single_thread_stores = false;
         if persistent {
             self.pass_sym = Some(s);
         }
-        for slot in 0..copies {
-            let inner = if persistent {
-                self.open_slot(depth, &j, extent, slot);
-                depth + 2
-            } else {
-                if grouped {
-                    self.line(depth, &format!("for (var {j}: i32 = local; {j} < {n}; {j} = {j} + {t}i) {{"));
-                } else {
-                    self.line(depth, &format!("for (var {j}: i32 = 0i; {j} < {n}; {j} = {j} + 1i) {{"));
-                }
-                depth + 1
-            };
-            self.block(inner, body);
-            let v = self.convert(&self.var(value), self.dtype_of(value), dtype);
+        let step = |w: &mut Self, inner: usize| {
+            let v = w.convert(&w.var(value), w.dtype_of(value), dtype);
             if arg {
-                let better = self.arg_better(op, ty, "cand", &j, &acc, &idx);
-                self.line(inner, &format!("let cand: {ty} = {v};"));
-                self.line(inner, &format!("if {better} {{ {acc} = cand; {idx} = {j}; }}"));
+                let better = w.arg_better(op, ty, "cand", &j, &acc, &idx);
+                w.line(inner, &format!("let cand: {ty} = {v};"));
+                w.line(inner, &format!("if {better} {{ {acc} = cand; {idx} = {j}; }}"));
             } else {
-                let c = self.combine(op, ty, &acc, &v);
-                self.line(inner, &format!("{acc} = {c};"));
+                let c = w.combine(op, ty, &acc, &v);
+                w.line(inner, &format!("{acc} = {c};"));
             }
-            if persistent {
-                self.close_slot(depth);
+        };
+        if persistent {
+            self.persistent_pass(depth, s, extent, body, step);
+        } else {
+            if grouped {
+                self.line(depth, &format!("for (var {j}: i32 = local; {j} < {n}; {j} = {j} + {t}i) {{"));
             } else {
-                self.line(depth, "}");
+                self.line(depth, &format!("for (var {j}: i32 = 0i; {j} < {n}; {j} = {j} + 1i) {{"));
             }
+            self.block(depth + 1, body);
+            step(self, depth + 1);
+            self.line(depth, "}");
         }
         (self.single_thread_stores, self.pass_sym) = saved;
         if let ReduceStrategy::Group { subgroup: Some(s) } = strategy {
@@ -965,6 +1099,41 @@ pub fn fault_binding(kernel: &Kernel) -> u32 {
 }
 
 /// Renders `kernel` to WGSL for a device with (`f16`) or without native f16.
+/// The buffers a row with four lanes binds as `array<vec4<f32>>` (see `Writer::row_vectors`): f32
+/// buffers whose length is whole vectors and which a row pass touches a vector at a time. Other lane
+/// counts (2 or 8, from 2-byte elements) print a slot at a time.
+fn row_vector_buffers(kernel: &Kernel, storage: &[Storage]) -> std::collections::HashSet<usize> {
+    let mut out = std::collections::HashSet::new();
+    if kernel.row_lanes != 4 {
+        return out;
+    }
+    let Some(Stmt::Loop { body: row, mode: LoopMode::Group, .. }) =
+        kernel.body.iter().find(|st| matches!(st, Stmt::Loop { .. }))
+    else {
+        return out;
+    };
+    for st in row {
+        let (pass, body) = match st {
+            Stmt::Reduce { sym, body, strategy: ReduceStrategy::Group { .. }, .. } => (*sym, body),
+            Stmt::Loop { sym, body, mode: LoopMode::Threads, .. } => (*sym, body),
+            _ => continue,
+        };
+        for b in body {
+            if let Stmt::Let { value: Scalar::Load { buffer, index, guard: None }, .. }
+            | Stmt::Store { buffer, index, .. } = b
+            {
+                if storage[*buffer] == Storage::F32
+                    && kernel.buffers[*buffer].len.is_divisible_by(4)
+                    && kernel.row_vector_access(index, pass)
+                {
+                    out.insert(*buffer);
+                }
+            }
+        }
+    }
+    out
+}
+
 pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     let storage: Vec<Storage> = kernel.buffers.iter().map(|b| Storage::of(b.dtype, f16)).collect();
     let mut w = Writer {
@@ -985,6 +1154,11 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         unroll_slot: None,
         pass_sym: None,
         vector_buffers: kernel.vector_buffers().into_iter().collect(),
+        row_vectors: row_vector_buffers(kernel, &storage),
+        group_lane: None,
+        group_loads: HashMap::new(),
+        group_stores: HashMap::new(),
+        groups: 0,
         subgroups: false,
     };
     let packed = kernel.launch.packed.max(1);
@@ -1003,8 +1177,8 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         let packed = matches!(st, Storage::F16Packed | Storage::Bf16Packed);
         let elem = if w.attention_vec4.contains(&i) {
             "vec4<f32>".to_string()
-        } else if w.vector_buffers.contains(&i) {
-            format!("vec{}<{}>", kernel.vector_width, st.wgsl_element())
+        } else if w.vector_buffers.contains(&i) || w.row_vectors.contains(&i) {
+            format!("vec{}<{}>", w.width_of(i), st.wgsl_element())
         } else if packed && b.access == Access::Write {
             "atomic<u32>".to_string()
         } else {

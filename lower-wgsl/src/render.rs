@@ -456,16 +456,9 @@ impl<'k> Writer<'k> {
         }
         let lanes = self.k.row_lanes;
         for first in (0..slots).step_by(lanes as usize) {
+            // The group opens as its first slot does (a group lies inside the row or past it entirely).
             let g = format!("{i}_g");
-            self.line(depth, "{");
-            let at = self.slot_element(first);
-            self.line(depth + 1, &format!("let {g}: i32 = {at};"));
-            if self.k.slot_inside_row(first, extent) {
-                self.line(depth + 1, "{");
-            } else {
-                let n = self.expr(extent);
-                self.line(depth + 1, &format!("if ({g} < {n}) {{"));
-            }
+            self.open_slot(depth, &g, extent, first);
             let d = depth + 2;
             self.line(d, &format!("let {i}: i32 = {g};"));
             for (b, index) in &loads {
@@ -491,15 +484,13 @@ impl<'k> Writer<'k> {
                 self.line(d, "}");
             }
             self.group_lane = None;
-            self.unroll_slot = None;
             for (b, index) in &stores {
                 let name = self.group_stores.remove(&(*b, index.clone())).unwrap_or_default();
                 let e = self.expr(index);
                 self.line(d, &format!("b{b}[({e}) / {lanes}i] = {name};"));
             }
             self.group_loads.clear();
-            self.line(depth + 1, "}");
-            self.line(depth, "}");
+            self.close_slot(depth);
         }
     }
 

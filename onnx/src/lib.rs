@@ -9,6 +9,7 @@
 //! first call, so a dynamic batch runs without recompiling; shape arithmetic (`Shape`, `Gather`,
 //! `Concat`, ...) is folded on the host into expressions over those symbols.
 
+mod fold;
 mod model;
 mod ops;
 pub mod proto;

@@ -212,6 +212,7 @@ impl Model {
             check_supported(name, opset, &node)?;
             model.nodes.push(node);
         }
+        crate::fold::fold_batch_norms(&mut model);
         Ok(model)
     }
 

@@ -61,7 +61,8 @@ fn foldable(model: &Model, i: usize) -> Option<(usize, TensorData, TensorData)> 
     let (gamma, beta, mean, var) = (gamma?, beta?, mean?, var?);
     let m = *w.dims().first()?;
     let per_channel = |t: &TensorData| t.dims() == [m] && t.dtype().is_float();
-    if w.dims().len() < 3
+    if m == 0
+        || w.dims().len() < 3
         || !w.dtype().is_float()
         || ![&gamma, &beta, &mean, &var].into_iter().all(|t| per_channel(t))
         || b.as_ref().is_some_and(|b| !per_channel(b))

@@ -338,7 +338,7 @@ impl<'k> Writer<'k> {
                 let base = match self.slot_bases.get(&key) {
                     Some(b) => b.clone(),
                     None => {
-                        // Slot 0's element is `%local`; a later slot only runs where slot 0 did (its
+                        // Slot 0's element is `local · row_lanes`; a later slot only runs where slot 0 did (its
                         // element is larger), so the register is set wherever it is read.
                         let own = self.syms.insert(s, self.slot0().into());
                         let b = self.plain_address(buffer, index);

@@ -859,6 +859,31 @@ pub struct Attention {
 /// The symbol persistent-row loads are keyed by: "the element of the row" that every pass shares.
 pub const ROW_ELEMENT: SymId = SymId(u32::MAX - 1);
 
+/// The passes of a row (the body of its `Group` loop): each grouped reduction and `Threads` loop, with
+/// its loop variable and statements.
+pub fn row_passes(row: &[Stmt]) -> impl Iterator<Item = (SymId, &[Stmt])> {
+    row.iter().filter_map(|st| match st {
+        Stmt::Reduce { sym, body, strategy: ReduceStrategy::Group { .. }, .. } => Some((*sym, body.as_slice())),
+        Stmt::Loop { sym, body, mode: LoopMode::Threads, .. } => Some((*sym, body.as_slice())),
+        _ => None,
+    })
+}
+
+/// Whether an access to `buffer` at `index` inside a row pass over `pass` moves `lanes` slots as one
+/// vector: 2- or 4-byte elements, a buffer of whole vectors, and an index that steps one element per
+/// element of the row from a multiple of the lanes (so the vector is aligned, buffers being aligned to
+/// 16 bytes). Others move per slot.
+pub fn row_vector_access(buffer: &BufferParam, lanes: u32, index: &Expr, pass: SymId) -> bool {
+    let lanes = lanes as i64;
+    lanes > 1
+        && matches!(buffer.dtype.size_bytes(), 2 | 4)
+        && buffer.len.is_divisible_by(lanes)
+        && index.shift_by(pass, 1) == Some(1)
+        && index
+            .checked_substitute(&BTreeMap::from([(pass, Expr::from(0i64))]))
+            .is_ok_and(|start| start.is_divisible_by(lanes))
+}
+
 /// A load a persistent row (`Kernel::row_cache`) performs once per element, before the row's passes:
 /// every pass that reads `buffer` at `index` (its loop variable written as [`ROW_ELEMENT`]) with
 /// `dtype` reads the kept register instead.
@@ -1078,16 +1103,56 @@ impl Kernel {
         (u as i64 / lanes) * threads * lanes + u as i64 % lanes
     }
 
-    /// Whether an access at `index` inside a row pass over `pass` moves `row_lanes` slots as one vector:
-    /// it steps one element per element of the row, from an offset that is a multiple of the lanes (so
-    /// the vector is aligned, buffers being aligned to 16 bytes). Both renderers vectorise exactly these.
-    pub fn row_vector_access(&self, index: &Expr, pass: SymId) -> bool {
-        let lanes = self.row_lanes as i64;
-        lanes > 1
-            && index.shift_by(pass, 1) == Some(1)
-            && index
-                .checked_substitute(&BTreeMap::from([(pass, Expr::from(0i64))]))
-                .is_ok_and(|start| start.is_divisible_by(lanes))
+    /// Whether an access to `buffer` at `index` inside a row pass over `pass` moves `row_lanes` slots as
+    /// one vector ([`row_vector_access`] with this kernel's lanes). Both renderers vectorise exactly these.
+    pub fn row_vector_access(&self, buffer: usize, index: &Expr, pass: SymId) -> bool {
+        row_vector_access(&self.buffers[buffer], self.row_lanes, index, pass)
+    }
+
+    /// The body of a row kernel's `Group` loop (one row), if the kernel is one.
+    pub fn row_body(&self) -> Option<&[Stmt]> {
+        match self.body.iter().find(|st| matches!(st, Stmt::Loop { .. })) {
+            Some(Stmt::Loop { body, mode: LoopMode::Group, .. }) => Some(body),
+            _ => None,
+        }
+    }
+
+    /// The top-level loads (unguarded) and stores of a row pass over `pass` (statements `body`) that
+    /// move a slot group as one vector, each once: what a renderer loads before the group's lanes run
+    /// and stores after them (a load the row cache already holds is the renderer's to skip).
+    pub fn row_group_accesses(&self, pass: SymId, body: &[Stmt]) -> (Vec<(usize, DType, Expr)>, Vec<(usize, Expr)>) {
+        let (mut loads, mut stores) = (Vec::new(), Vec::new());
+        for st in body {
+            match st {
+                Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. }
+                    if self.row_vector_access(*buffer, index, pass) =>
+                {
+                    let load = (*buffer, *dtype, index.clone());
+                    if !loads.contains(&load) {
+                        loads.push(load);
+                    }
+                }
+                Stmt::Store { buffer, index, .. } if self.row_vector_access(*buffer, index, pass) => {
+                    let store = (*buffer, index.clone());
+                    if !stores.contains(&store) {
+                        stores.push(store);
+                    }
+                }
+                _ => {}
+            }
+        }
+        (loads, stores)
+    }
+
+    /// The buffers some pass of a row with lanes touches a vector at a time (a renderer that binds
+    /// buffers by element type binds these as vectors).
+    pub fn row_vector_buffers(&self) -> std::collections::BTreeSet<usize> {
+        let mut out = std::collections::BTreeSet::new();
+        for (pass, body) in self.row_body().map(row_passes).into_iter().flatten() {
+            let (loads, stores) = self.row_group_accesses(pass, body);
+            out.extend(loads.iter().map(|l| l.0).chain(stores.iter().map(|s| s.0)));
+        }
+        out
     }
 
     /// The ranges of the kernel's symbols: shape symbols as the guards hold them

@@ -1126,11 +1126,7 @@ fn row_lanes(target: &Target, k: &Kernel) -> u32 {
     if k.buffers.iter().any(|b| b.dtype == DType::I64 || packed(b.dtype)) {
         return 1;
     }
-    let Some(Stmt::Loop { body: row, mode: LoopMode::Group, .. }) =
-        k.body.iter().find(|s| matches!(s, Stmt::Loop { .. }))
-    else {
-        return 1;
-    };
+    let Some(row) = k.row_body() else { return 1 };
     let Some(len) = RowLoad::row_len(row).and_then(Expr::as_const) else { return 1 };
     // Arg reductions keep the first index among equals by the order a thread meets its elements.
     let arg = row.iter().any(|s| matches!(s, Stmt::Reduce { op: KReduceOp::ArgMax | KReduceOp::ArgMin, .. }));
@@ -1143,17 +1139,11 @@ fn row_lanes(target: &Target, k: &Kernel) -> u32 {
     while lanes > 1 && (slots % lanes != 0 || len % lanes as i64 != 0) {
         lanes /= 2;
     }
-    let mut with = k.clone();
-    with.row_lanes = lanes;
-    let vector = row.iter().any(|st| {
-        let (pass, body) = match st {
-            Stmt::Reduce { sym, body, strategy: ReduceStrategy::Group { .. }, .. } => (*sym, body),
-            Stmt::Loop { sym, body, mode: LoopMode::Threads, .. } => (*sym, body),
-            _ => return false,
-        };
+    let vector = crate::kernel::row_passes(row).any(|(pass, body)| {
         body.iter().any(|b| match b {
-            Stmt::Let { value: Scalar::Load { index, guard: None, .. }, .. } | Stmt::Store { index, .. } => {
-                with.row_vector_access(index, pass)
+            Stmt::Let { value: Scalar::Load { buffer, index, guard: None }, .. }
+            | Stmt::Store { buffer, index, .. } => {
+                crate::kernel::row_vector_access(&k.buffers[*buffer], lanes, index, pass)
             }
             _ => false,
         })

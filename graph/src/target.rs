@@ -52,8 +52,7 @@ pub struct Target {
     pub max_row_cache: u32,
     /// Persistent rows keep consecutive elements a thread and move them as vectors
     /// (`Kernel::row_lanes`). Off on WGSL targets until measured on a GPU there: the WGSL renderer binds
-    /// a four-lane f32 row's buffers as `array<vec4<f32>>` (tested on lavapipe with
-    /// `KILN_WGPU_VECTOR_ROWS=1`) and prints other lane counts a slot at a time.
+    /// such a row's buffers as arrays of vectors (tested on lavapipe with `KILN_WGPU_VECTOR_ROWS=1`).
     #[serde(default)]
     pub vector_rows: bool,
     /// Has a GEMM library (cuBLAS) that large float matmuls go to (see `gemm`).

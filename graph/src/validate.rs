@@ -127,12 +127,7 @@ fn bad_row_lanes(kernel: &Kernel, target: &Target) -> Option<String> {
     if lanes <= 1 {
         return None;
     }
-    let len = kernel.body.iter().find_map(|st| match st {
-        Stmt::Loop { body, mode: crate::kernel::LoopMode::Group, .. } => {
-            crate::kernel::RowLoad::row_len(body).and_then(crate::sym::Expr::as_const)
-        }
-        _ => None,
-    });
+    let len = kernel.row_body().and_then(crate::kernel::RowLoad::row_len).and_then(crate::sym::Expr::as_const);
     let slots = kernel.row_cache.unwrap_or(0);
     if !target.vector_rows {
         Some(format!("rows of {lanes} lanes on a target without vector rows"))

@@ -1054,8 +1054,7 @@ impl<'k> Writer<'k> {
         let lanes = self.k.row_lanes.max(1) as usize;
         for load in loads {
             let mut regs = Vec::with_capacity(elements.len());
-            let vector = self.k.row_vector_access(&load.index, ROW_ELEMENT)
-                && matches!(self.k.buffers[load.buffer].dtype.size_bytes(), 2 | 4);
+            let vector = self.k.row_vector_access(load.buffer, &load.index, ROW_ELEMENT);
             for (u, (j, past)) in elements.iter().enumerate() {
                 if vector && u % lanes != 0 {
                     continue;
@@ -1089,31 +1088,8 @@ impl<'k> Writer<'k> {
     fn slots(&mut self, s: SymId, extent: &Expr, body: &[Stmt], mut each: impl FnMut(&mut Self)) {
         let (saved, saved_in) = (self.pass, std::mem::replace(&mut self.in_slot, true));
         let lanes = self.k.row_lanes.max(1);
-        let half_or_word = |w: &Self, b: usize| matches!(w.k.buffers[b].dtype.size_bytes(), 2 | 4);
-        let mut loads = Vec::new();
-        let mut stores = Vec::new();
-        if lanes > 1 {
-            for st in body {
-                match st {
-                    Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. }
-                        if self.k.row_vector_access(index, s)
-                            && half_or_word(self, *buffer)
-                            && !self.row_cache.contains_key(&(*buffer, *dtype, RowLoad::key(index, s)))
-                            && !loads.contains(&(*buffer, index.clone())) =>
-                    {
-                        loads.push((*buffer, index.clone()))
-                    }
-                    Stmt::Store { buffer, index, .. }
-                        if self.k.row_vector_access(index, s)
-                            && half_or_word(self, *buffer)
-                            && !stores.contains(&(*buffer, index.clone())) =>
-                    {
-                        stores.push((*buffer, index.clone()))
-                    }
-                    _ => {}
-                }
-            }
-        }
+        let (mut loads, stores) = self.k.row_group_accesses(s, body);
+        loads.retain(|(b, d, index)| !self.row_cache.contains_key(&(*b, *d, RowLoad::key(index, s))));
         let grouped = !loads.is_empty() || !stores.is_empty();
         let step = if grouped { lanes } else { 1 };
         let slots = self.k.row_cache.unwrap_or(1);
@@ -1127,7 +1103,7 @@ impl<'k> Writer<'k> {
             if grouped {
                 self.syms.insert(s, j0.clone());
                 self.pass = Some((s, first as usize));
-                for (b, index) in &loads {
+                for (b, _, index) in &loads {
                     let a = self.address(*b, index);
                     let regs = self.vector_load(*b, lanes as usize, &a);
                     self.group_loads.insert((*b, index.clone()), regs);

@@ -105,8 +105,7 @@ struct Writer<'k> {
     unroll_slot: Option<u32>,
     /// The loop variable of the row pass being written, while persistent rows are on.
     pass_sym: Option<SymId>,
-    /// Buffers of a row with lanes (`Kernel::row_lanes` 4) bound as `array<vec4<f32>>`: f32 buffers
-    /// some row pass reads or writes a vector at a time (`Kernel::row_vector_access`).
+    /// Buffers of a row with lanes bound as arrays of `row_lanes`-vectors ([`row_vector_buffers`]).
     row_vectors: std::collections::HashSet<usize>,
     /// Inside a slot group of such a row: the lane being written.
     group_lane: Option<u32>,
@@ -424,27 +423,9 @@ impl<'k> Writer<'k> {
     ) {
         let i = sym(s);
         let slots = self.k.row_cache.unwrap_or(1);
-        let (mut loads, mut stores) = (Vec::new(), Vec::new());
-        for st in body {
-            match st {
-                Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. }
-                    if self.row_vectors.contains(buffer)
-                        && self.k.row_vector_access(index, s)
-                        && self.cached_slot(*buffer, *dtype, index).is_none()
-                        && !loads.contains(&(*buffer, index.clone())) =>
-                {
-                    loads.push((*buffer, index.clone()))
-                }
-                Stmt::Store { buffer, index, .. }
-                    if self.row_vectors.contains(buffer)
-                        && self.k.row_vector_access(index, s)
-                        && !stores.contains(&(*buffer, index.clone())) =>
-                {
-                    stores.push((*buffer, index.clone()))
-                }
-                _ => {}
-            }
-        }
+        let (mut loads, mut stores) = self.k.row_group_accesses(s, body);
+        loads.retain(|(b, d, index)| self.row_vectors.contains(b) && self.cached_slot(*b, *d, index).is_none());
+        stores.retain(|(b, _)| self.row_vectors.contains(b));
         if loads.is_empty() && stores.is_empty() {
             for slot in 0..slots {
                 self.open_slot(depth, &i, extent, slot);
@@ -461,7 +442,7 @@ impl<'k> Writer<'k> {
             self.open_slot(depth, &g, extent, first);
             let d = depth + 2;
             self.line(d, &format!("let {i}: i32 = {g};"));
-            for (b, index) in &loads {
+            for (b, _, index) in &loads {
                 let name = format!("gv{}", self.groups);
                 self.groups += 1;
                 let e = self.expr(index);
@@ -471,7 +452,8 @@ impl<'k> Writer<'k> {
             for (b, index) in &stores {
                 let name = format!("gv{}", self.groups);
                 self.groups += 1;
-                self.line(d, &format!("var {name}: vec{lanes}<f32>;"));
+                let elem = self.storage[*b].wgsl_element();
+                self.line(d, &format!("var {name}: vec{lanes}<{elem}>;"));
                 self.group_stores.insert((*b, index.clone()), name);
             }
             for lane in 0..lanes {
@@ -522,7 +504,9 @@ impl<'k> Writer<'k> {
         let Some(slots) = self.k.row_cache else { return };
         for (k, load) in RowLoad::of_row(body).into_iter().enumerate() {
             let ty = self.ty(load.dtype);
-            if self.row_vectors.contains(&load.buffer) && self.k.row_vector_access(&load.index, ROW_ELEMENT) {
+            if self.row_vectors.contains(&load.buffer)
+                && self.k.row_vector_access(load.buffer, &load.index, ROW_ELEMENT)
+            {
                 // A vector a slot group, its lanes the group's slots.
                 let lanes = self.k.row_lanes;
                 let e = self.expr(&load.index);
@@ -530,7 +514,8 @@ impl<'k> Writer<'k> {
                     let at = e.replace("rowj", &format!("({})", self.slot_element(first)));
                     self.line(depth, &format!("let rv{k}_{first} = b{}[({at}) / {lanes}i];", load.buffer));
                     for lane in 0..lanes {
-                        let v = self.convert(&format!("rv{k}_{first}[{lane}]"), DType::F32, load.dtype);
+                        let raw = format!("rv{k}_{first}[{lane}]");
+                        let v = self.convert(&raw, self.k.buffers[load.buffer].dtype, load.dtype);
                         self.line(depth, &format!("let rc{k}_{}: {ty} = {v};", first + lane));
                     }
                 }
@@ -552,6 +537,15 @@ impl<'k> Writer<'k> {
         let _ = writeln!(self.out, "{}{text}", "    ".repeat(depth));
     }
 
+    /// Value `v` (of the buffer's dtype) as a component of one of `buffer`'s stored vectors.
+    fn vector_component(&self, buffer: usize, v: String) -> String {
+        match self.storage[buffer] {
+            Storage::BoolU32 => format!("select(0u, 1u, {v})"),
+            Storage::F16 => format!("f16({v})"),
+            _ => v,
+        }
+    }
+
     fn store(&mut self, depth: usize, buffer: usize, index: &Expr, value: VarId) {
         let from = self.dtype_of(value);
         let to = self.k.buffers[buffer].dtype;
@@ -559,23 +553,19 @@ impl<'k> Writer<'k> {
         if let (true, Some((l, i))) = (self.vector_buffers.contains(&buffer), self.lane) {
             if *index == Expr::sym(i) {
                 // Collected per lane; the vectorised loop writes the whole vector after the last lane.
-                let v = match self.storage[buffer] {
-                    Storage::BoolU32 => format!("select(0u, 1u, {v})"),
-                    Storage::F16 => format!("f16({v})"),
-                    _ => v,
-                };
+                let v = self.vector_component(buffer, v);
                 self.line(depth, &format!("let out{buffer}_{l} = {v};"));
                 return;
             }
         }
         if let (Some(lane), Some(name)) = (self.group_lane, self.group_stores.get(&(buffer, index.clone()))) {
-            let text = format!("{name}[{lane}] = {v};");
+            let text = format!("{name}[{lane}] = {};", self.vector_component(buffer, v));
             self.line(depth, &text);
             return;
         }
         if self.row_vectors.contains(&buffer) {
             let el = self.vector_element(buffer, index);
-            self.line(depth, &format!("{el} = {v};"));
+            self.line(depth, &format!("{el} = {};", self.vector_component(buffer, v)));
             return;
         }
         let idx = self.expr(index);
@@ -1090,39 +1080,16 @@ pub fn fault_binding(kernel: &Kernel) -> u32 {
 }
 
 /// Renders `kernel` to WGSL for a device with (`f16`) or without native f16.
-/// The buffers a row with four lanes binds as `array<vec4<f32>>` (see `Writer::row_vectors`): f32
-/// buffers whose length is whole vectors and which a row pass touches a vector at a time. Other lane
-/// counts (2 or 8, from 2-byte elements) print a slot at a time.
+/// The buffers a row with lanes binds as arrays of vectors (see `Writer::row_vectors`): those
+/// `Kernel::row_vector_buffers` names, where WGSL has the vector (two or four lanes: eight bf16 lanes,
+/// CUDA's, print a slot at a time) and the storage holds one element a word (f32, f16, i32; not packed
+/// halves, which a compile report may print for a CUDA plan).
 fn row_vector_buffers(kernel: &Kernel, storage: &[Storage]) -> std::collections::HashSet<usize> {
-    let mut out = std::collections::HashSet::new();
-    if kernel.row_lanes != 4 {
-        return out;
+    if !matches!(kernel.row_lanes, 2 | 4) {
+        return Default::default();
     }
-    let Some(Stmt::Loop { body: row, mode: LoopMode::Group, .. }) =
-        kernel.body.iter().find(|st| matches!(st, Stmt::Loop { .. }))
-    else {
-        return out;
-    };
-    for st in row {
-        let (pass, body) = match st {
-            Stmt::Reduce { sym, body, strategy: ReduceStrategy::Group { .. }, .. } => (*sym, body),
-            Stmt::Loop { sym, body, mode: LoopMode::Threads, .. } => (*sym, body),
-            _ => continue,
-        };
-        for b in body {
-            if let Stmt::Let { value: Scalar::Load { buffer, index, guard: None }, .. }
-            | Stmt::Store { buffer, index, .. } = b
-            {
-                if storage[*buffer] == Storage::F32
-                    && kernel.buffers[*buffer].len.is_divisible_by(4)
-                    && kernel.row_vector_access(index, pass)
-                {
-                    out.insert(*buffer);
-                }
-            }
-        }
-    }
-    out
+    let word = |b: &usize| matches!(storage[*b], Storage::F32 | Storage::F16 | Storage::I32);
+    kernel.row_vector_buffers().into_iter().filter(word).collect()
 }
 
 pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {

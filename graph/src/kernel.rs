@@ -859,6 +859,12 @@ pub struct Attention {
 /// The symbol persistent-row loads are keyed by: "the element of the row" that every pass shares.
 pub const ROW_ELEMENT: SymId = SymId(u32::MAX - 1);
 
+/// A slot group's vector load: buffer, the compute dtype it is read as, index as the pass writes it.
+pub type GroupLoad = (usize, DType, Expr);
+
+/// A slot group's vector store: buffer, index as the pass writes it.
+pub type GroupStore = (usize, Expr);
+
 /// The passes of a row (the body of its `Group` loop): each grouped reduction and `Threads` loop, with
 /// its loop variable and statements.
 pub fn row_passes(row: &[Stmt]) -> impl Iterator<Item = (SymId, &[Stmt])> {
@@ -1120,7 +1126,7 @@ impl Kernel {
     /// The top-level loads (unguarded) and stores of a row pass over `pass` (statements `body`) that
     /// move a slot group as one vector, each once: what a renderer loads before the group's lanes run
     /// and stores after them (a load the row cache already holds is the renderer's to skip).
-    pub fn row_group_accesses(&self, pass: SymId, body: &[Stmt]) -> (Vec<(usize, DType, Expr)>, Vec<(usize, Expr)>) {
+    pub fn row_group_accesses(&self, pass: SymId, body: &[Stmt]) -> (Vec<GroupLoad>, Vec<GroupStore>) {
         let (mut loads, mut stores) = (Vec::new(), Vec::new());
         for st in body {
             match st {

@@ -45,9 +45,11 @@ fn foldable(model: &Model, i: usize) -> Option<(usize, TensorData, TensorData)> 
     let y = bn.input.first()?;
     let conv =
         model.nodes[..i].iter().position(|n| n.op_type() == "Conv" && n.output.len() == 1 && n.output[0] == *y)?;
-    // The convolution's output must have no other reader, nor be a model output.
+    // The convolution's output must have no other reader, nor be a model output; a subgraph (an `If`'s
+    // branch, a `Loop`'s body) may read it by name without listing it, so a model with one folds nothing.
     let readers = model.nodes.iter().flat_map(|n| &n.input).filter(|n| *n == y).count();
-    if readers != 1 || model.outputs.iter().any(|o| o.name == *y) {
+    let subgraphs = model.nodes.iter().flat_map(|n| &n.attribute).any(|a| a.g.is_some() || !a.graphs.is_empty());
+    if readers != 1 || subgraphs || model.outputs.iter().any(|o| o.name == *y) {
         return None;
     }
     let c = &model.nodes[conv];

@@ -58,6 +58,27 @@ fn row_combines_shuffle_within_subgroups_where_the_adapter_has_them() {
     assert!(report.contains("subgroupShuffleXor"), "subgroups of {s} on {adapter}, but no shuffle in {report}");
 }
 
+/// Rows with lanes are wgpu's default plan (`Target::vector_rows`): W2's softmax and W3's layer norm keep
+/// four consecutive f32 elements a thread and bind their rows' buffers as vectors, so the rest of this
+/// suite (every op, the edge cases, random programs, the workloads) runs that mapping. Rows without lanes
+/// run in `conformance_wgpu_rows`.
+#[test]
+fn rows_move_as_vectors_by_default() {
+    let Some(_) = wgpu() else { return };
+    let rt = kiln::Backend::Wgpu.runtime().unwrap().expect("wgpu has a runtime");
+    assert!(rt.target().vector_rows, "{}", rt.driver().describe());
+    let mut vector_rows = 0;
+    for w in kiln::graph::workloads::all().into_iter().filter(|w| ["W2", "W3"].contains(&w.id)) {
+        let g = kiln::graph::capture(&w.check, w.f).unwrap();
+        for k in kiln::graph::compile_graph(&g, rt.target()).unwrap().kernels.iter().filter(|k| k.row_lanes == 4) {
+            vector_rows += 1;
+            let src = kiln_wgsl::render(k, false).unwrap().source;
+            assert!(src.contains("array<vec4<f32>>"), "{} binds no vector buffer:\n{src}", k.name);
+        }
+    }
+    assert!(vector_rows >= 2, "only {vector_rows} kernels of W2 and W3 planned four-lane rows");
+}
+
 /// A tensor near the adapter's storage-binding limit (128 MiB on lavapipe): just below it runs (the
 /// pooled buffer is larger, only the used range is bound), just above it is a typed error naming the
 /// limit on adapters that have one that small, never a driver panic.

@@ -51,8 +51,9 @@ pub struct Target {
     #[serde(default = "default_row_cache")]
     pub max_row_cache: u32,
     /// Persistent rows keep consecutive elements a thread and move them as vectors
-    /// (`Kernel::row_lanes`). Off on WGSL targets until measured on a GPU there: the WGSL renderer binds
-    /// such a row's buffers as arrays of vectors (tested on lavapipe with `KILN_WGPU_VECTOR_ROWS=1`).
+    /// (`Kernel::row_lanes`; the WGSL renderer binds such a row's buffers as arrays of vectors). On for
+    /// every target: measured on an H200, W3 over NVIDIA Vulkan 0.0781 → 0.0704 ms and on CUDA 0.0730 →
+    /// 0.0698 (`benches/NOTES.md`, sessions 38–39). `KILN_<BACKEND>_VECTOR_ROWS=0` turns it off.
     #[serde(default)]
     pub vector_rows: bool,
     /// Has a GEMM library (cuBLAS) that large float matmuls go to (see `gemm`).
@@ -200,7 +201,7 @@ impl Target {
             max_vector_lanes: default_vector_lanes(),
             packed_half_storage: true,
             max_row_cache: 32,
-            vector_rows: false,
+            vector_rows: true,
             library_gemm: false,
             library_epilogue: false,
             tf32_convolutions: false,

@@ -52,6 +52,15 @@ pub(super) enum TileCopy {
     Async,
 }
 
+/// Which scores a causal mask removes, by a tile's columns against a thread's rows ([`Writer::mask_tile`]).
+#[derive(Clone, Copy)]
+pub(super) enum Causal {
+    /// Columns after the row: keys after their query, where rows are queries.
+    ColumnsAfterRow,
+    /// Columns before the row: queries before their key, where rows are keys.
+    ColumnsBeforeRow,
+}
+
 /// Operands an attention kernel may bind, in [`Entry`]'s order.
 pub(super) const OPERANDS: usize = 8;
 use kiln_graph::dtype::DType;
@@ -66,8 +75,92 @@ impl Writer<'_> {
     /// of the workgroup taking its share of pieces: through registers (`TileCopy::Loads`), or as
     /// `cp.async` copies of 16 bytes that land by the `cp.async.wait_group` covering the group they are
     /// committed in, while the threads compute (`TileCopy::Async`).
+    ///
+    /// Where the workgroup's threads cover whole rows of pieces, a thread's pieces share one column and
+    /// sit a fixed number of rows apart, so its addresses are computed once a call and each piece adds a
+    /// constant (a loop of 64 × 64 key tiles had spent 150 instructions a tile on addresses).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn stage_tile(
+        &mut self,
+        (src, ld): (&str, &str),
+        row0: &str,
+        limit: &str,
+        (rows, cols, pitch): (u32, u32, u32),
+        smem: &str,
+        tid: &str,
+        copy: TileCopy,
+    ) {
+        let (vector, asynchronous) = match copy {
+            TileCopy::Loads(vector) => (vector, false),
+            TileCopy::Async => (8, true),
+        };
+        let threads = self.k.launch.threads;
+        let per_row = cols / vector;
+        let pieces = rows * per_row;
+        if threads % per_row != 0 {
+            return self.stage_tile_pieces((src, ld), row0, limit, (rows, cols, pitch), smem, tid, copy);
+        }
+        // Rows between two pieces of one thread.
+        let step = threads / per_row;
+        let (r, c) = (self.reg("u32"), self.reg("u32"));
+        self.emit(&format!("div.u32 {r}, {tid}, {per_row};"));
+        self.emit(&format!("rem.u32 {c}, {tid}, {per_row};"));
+        self.emit(&format!("mul.lo.u32 {c}, {c}, {vector};"));
+        let sa = self.reg("u32");
+        self.emit(&format!("mad.lo.u32 {sa}, {r}, {pitch}, {c};"));
+        self.emit(&format!("mad.lo.u32 {sa}, {sa}, 2, {smem};"));
+        // The first piece's global row, how far past `limit` it is, and its address.
+        let (row, past, c64, addr) = (self.reg("s64"), self.reg("s64"), self.reg("s64"), self.reg("s64"));
+        self.emit(&format!("cvt.u64.u32 {row}, {r};"));
+        self.emit(&format!("add.s64 {row}, {row}, {row0};"));
+        self.emit(&format!("sub.s64 {past}, {row}, {limit};"));
+        self.emit(&format!("cvt.u64.u32 {c64}, {c};"));
+        self.emit(&format!("mad.lo.s64 {addr}, {row}, {ld}, {c64};"));
+        self.emit(&format!("mad.lo.s64 {addr}, {addr}, 2, {src};"));
+        // Bytes between a thread's pieces in global memory: a constant where the stride is one.
+        let stride = match ld.parse::<u64>() {
+            Ok(ld) => (2 * u64::from(step) * ld).to_string(),
+            Err(_) => {
+                let s = self.reg("s64");
+                self.emit(&format!("mul.lo.s64 {s}, {ld}, {};", 2 * step));
+                s
+            }
+        };
+        let mut at = addr;
+        for i in 0..pieces.div_ceil(threads) {
+            let first = i * step;
+            let skip = self.label();
+            if pieces % threads != 0 {
+                // This thread's piece `i` is row `r + first`, past the tile's last row.
+                let p = self.reg("pred");
+                self.emit(&format!("setp.ge.u32 {p}, {r}, {};", rows - first));
+                self.emit(&format!("@{p} bra {skip};"));
+            }
+            if i > 0 {
+                let next = self.reg("s64");
+                self.emit(&format!("add.s64 {next}, {at}, {stride};"));
+                at = next;
+            }
+            let outside = self.reg("pred");
+            self.emit(&format!("setp.ge.s64 {outside}, {past}, {};", -i64::from(first)));
+            let shared = format!("[{sa}+{}]", 2 * first * pitch);
+            if asynchronous {
+                // A row past the end copies no bytes and zero-fills; its address stays one that exists.
+                let (n, a) = (self.reg("u32"), self.reg("s64"));
+                self.emit(&format!("selp.u32 {n}, 0, 16, {outside};"));
+                self.emit(&format!("selp.b64 {a}, {src}, {at}, {outside};"));
+                self.emit(&format!("cp.async.cg.shared.global {shared}, [{a}], 16, {n};"));
+            } else {
+                self.load_piece(&at, &shared, &outside, vector);
+            }
+            self.place(&skip);
+        }
+    }
+
+    /// [`Writer::stage_tile`] where a thread's pieces fall in different columns (the workgroup's threads
+    /// do not cover whole rows of pieces): each piece's row, column and addresses computed on its own.
+    #[allow(clippy::too_many_arguments)]
+    fn stage_tile_pieces(
         &mut self,
         (src, ld): (&str, &str),
         row0: &str,
@@ -116,20 +209,28 @@ impl Writer<'_> {
                 self.emit(&format!("selp.u32 {n}, 0, 16, {outside};"));
                 self.emit(&format!("@{outside} mov.s64 {addr}, {src};"));
                 self.emit(&format!("cp.async.cg.shared.global [{sa}], [{addr}], 16, {n};"));
-            } else if vector == 8 {
-                let v: Vec<String> = (0..4).map(|_| self.reg("b32")).collect();
-                for x in &v {
-                    self.emit(&format!("mov.b32 {x}, 0;"));
-                }
-                self.emit(&format!("@!{outside} ld.global.nc.v4.b32 {{{}}}, [{addr}];", v.join(", ")));
-                self.emit(&format!("st.shared.v4.b32 [{sa}], {{{}}};", v.join(", ")));
             } else {
-                let h = self.reg("b16");
-                self.emit(&format!("mov.b16 {h}, 0;"));
-                self.emit(&format!("@!{outside} ld.global.nc.b16 {h}, [{addr}];"));
-                self.emit(&format!("st.shared.b16 [{sa}], {h};"));
+                self.load_piece(&addr, &format!("[{sa}]"), &outside, vector);
             }
             self.place(&skip);
+        }
+    }
+
+    /// One piece of a tile through registers: `vector` elements (8, or 1) at global `addr`, zeros where
+    /// `outside`, stored at the shared address `shared` (`[...]`).
+    fn load_piece(&mut self, addr: &str, shared: &str, outside: &str, vector: u32) {
+        if vector == 8 {
+            let v: Vec<String> = (0..4).map(|_| self.reg("b32")).collect();
+            for x in &v {
+                self.emit(&format!("mov.b32 {x}, 0;"));
+            }
+            self.emit(&format!("@!{outside} ld.global.nc.v4.b32 {{{}}}, [{addr}];", v.join(", ")));
+            self.emit(&format!("st.shared.v4.b32 {shared}, {{{}}};", v.join(", ")));
+        } else {
+            let h = self.reg("b16");
+            self.emit(&format!("mov.b16 {h}, 0;"));
+            self.emit(&format!("@!{outside} ld.global.nc.b16 {h}, [{addr}];"));
+            self.emit(&format!("st.shared.b16 {shared}, {h};"));
         }
     }
 
@@ -590,25 +691,7 @@ impl Writer<'_> {
         }
         let unmasked = self.label();
         self.emit(&format!("@!{needs} bra {unmasked};"));
-        let key = self.reg("s64");
-        let t2 = self.reg("s64");
-        self.emit(&format!("cvt.u64.u32 {t2}, {};", l.t4));
-        self.emit(&format!("shl.b64 {t2}, {t2}, 1;"));
-        self.emit(&format!("add.s64 {t2}, {t2}, {k0};"));
-        for (nt, tile) in s.iter().enumerate() {
-            for (e, x) in tile.iter().enumerate() {
-                // Element e: row g (e < 2) or g + 8, key 8 nt + 2 t + e % 2.
-                self.emit(&format!("add.s64 {key}, {t2}, {};", 8 * nt + e % 2));
-                let out = self.reg("pred");
-                self.emit(&format!("setp.ge.s64 {out}, {key}, {tk};"));
-                if a.causal {
-                    let after = self.reg("pred");
-                    self.emit(&format!("setp.gt.s64 {after}, {key}, {};", qrow[e / 2]));
-                    self.emit(&format!("or.pred {out}, {out}, {after};"));
-                }
-                self.emit(&format!("@{out} mov.f32 {x}, 0fFF800000;"));
-            }
-        }
+        self.mask_tile(&s, &l.t4, &k0, &tk, a.causal.then_some((Causal::ColumnsAfterRow, &qrow)));
         self.place(&unmasked);
         // Online softmax, per row: new max, rescale what was summed, exponentials.
         let mut alpha = Vec::with_capacity(2);
@@ -674,6 +757,70 @@ impl Writer<'_> {
         if a.second.is_some() {
             // The log-sum-exps beside the output (`Attention::second`).
             self.store_lse(&m, &lsum, &qrow, &tq, (&e.ptr[7], &e.ld[7]), &l);
+        }
+    }
+
+    /// Sets to `-inf` the scores of a tile whose columns start at `start`: columns at or past `len`, and
+    /// with `causal`, those its rule masks against this thread's two rows (absolute). Each score is one
+    /// 32-bit compare of its column's offset (a constant) against a bound its row computes once a tile.
+    pub(super) fn mask_tile(
+        &mut self,
+        s: &[Vec<String>],
+        t4: &str,
+        start: &str,
+        len: &str,
+        causal: Option<(Causal, &[String; 2])>,
+    ) {
+        let width = 8 * s.len() as u32;
+        // Column offsets count from this thread's first column: the tile's start plus its pair.
+        let base = self.reg("s64");
+        self.emit(&format!("cvt.u64.u32 {base}, {t4};"));
+        self.emit(&format!("shl.b64 {base}, {base}, 1;"));
+        self.emit(&format!("add.s64 {base}, {base}, {start};"));
+        let room = self.reg("s64");
+        self.emit(&format!("neg.s64 {room}, {base};"));
+        self.emit(&format!("add.s64 {room}, {room}, {len};"));
+        // An offset in 0..=width, so 32 bits hold it.
+        let clamp = |w: &mut Self, x: &str| {
+            let r = w.reg("s32");
+            w.emit(&format!("max.s64 {x}, {x}, 0;"));
+            w.emit(&format!("min.s64 {x}, {x}, {width};"));
+            w.emit(&format!("cvt.u32.u64 {r}, {x};"));
+            r
+        };
+        // Per row: offsets at or past `hi` are masked, and below `lo` where there is one.
+        let mut hi = Vec::with_capacity(2);
+        let mut lo = Vec::with_capacity(2);
+        for r in 0..2 {
+            let h = self.reg("s64");
+            self.emit(&format!("mov.s64 {h}, {room};"));
+            if let Some((rule, rows)) = causal {
+                let x = self.reg("s64");
+                self.emit(&format!("sub.s64 {x}, {}, {base};", rows[r]));
+                match rule {
+                    Causal::ColumnsAfterRow => {
+                        self.emit(&format!("add.s64 {x}, {x}, 1;"));
+                        self.emit(&format!("min.s64 {h}, {h}, {x};"));
+                    }
+                    Causal::ColumnsBeforeRow => lo.push(clamp(self, &x)),
+                }
+            }
+            hi.push(clamp(self, &h));
+        }
+        for (nt, tile) in s.iter().enumerate() {
+            for (e, x) in tile.iter().enumerate() {
+                // Element e: row e / 2 of the thread's two, column offset 8 nt + e % 2.
+                let c = 8 * nt + e % 2;
+                let out = self.reg("pred");
+                match lo.get(e / 2) {
+                    Some(l) => {
+                        self.emit(&format!("setp.gt.s32 {out}, {l}, {c};"));
+                        self.emit(&format!("setp.le.or.s32 {out}, {}, {c}, {out};", hi[e / 2]));
+                    }
+                    None => self.emit(&format!("setp.le.s32 {out}, {}, {c};", hi[e / 2])),
+                }
+                self.emit(&format!("@{out} mov.f32 {x}, 0fFF800000;"));
+            }
         }
     }
 

@@ -9,7 +9,7 @@
 //! `dpᵀ = v doutᵀ`, `dsᵀ = pᵀ (dpᵀ - delta)`, `dk += dsᵀ q`; one kernel computes both from one `pᵀ`
 //! where `graph` paired them (`Attention::second`). The scale multiplies `dq` and `dk` once, at the end.
 
-use super::attention::{TileCopy, LOG2_E};
+use super::attention::{Causal, TileCopy, LOG2_E};
 use super::Writer;
 use kiln_graph::ir::AttentionPart;
 use kiln_graph::kernel::{Attention, AttentionPass, AttentionTile};
@@ -200,31 +200,10 @@ impl Writer<'_> {
         }
         let unmasked = self.label();
         self.emit(&format!("@!{needs} bra {unmasked};"));
-        let col0 = self.reg("s64");
-        self.emit(&format!("cvt.u64.u32 {col0}, {};", lanes.t4));
-        self.emit(&format!("shl.b64 {col0}, {col0}, 1;"));
-        self.emit(&format!("add.s64 {col0}, {col0}, {s0};"));
-        let col = self.reg("s64");
-        for (nt, tile) in s.iter().enumerate() {
-            for (el, x) in tile.iter().enumerate() {
-                self.emit(&format!("add.s64 {col}, {col0}, {};", 8 * nt + el % 2));
-                let out = self.reg("pred");
-                self.emit(&format!("setp.ge.s64 {out}, {col}, {stream_len};"));
-                if a.causal {
-                    let after = self.reg("pred");
-                    // Queries own rows: the key (column) after the query (row); keys own rows: the key
-                    // (row) after the query (column).
-                    let (key, query) = if by_queries {
-                        (col.as_str(), own_row[el / 2].as_str())
-                    } else {
-                        (own_row[el / 2].as_str(), col.as_str())
-                    };
-                    self.emit(&format!("setp.gt.s64 {after}, {key}, {query};"));
-                    self.emit(&format!("or.pred {out}, {out}, {after};"));
-                }
-                self.emit(&format!("@{out} mov.f32 {x}, 0fFF800000;"));
-            }
-        }
+        // Queries own rows: keys (columns) after their query (row); keys own rows: queries (columns)
+        // before their key (row).
+        let rule = if by_queries { Causal::ColumnsAfterRow } else { Causal::ColumnsBeforeRow };
+        self.mask_tile(&s, &lanes.t4, &s0, &stream_len, a.causal.then_some((rule, &own_row)));
         self.place(&unmasked);
         // Probabilities: exp2(s - lse2) with the row's (dq) or the column's (dk, dv) log-sum-exp.
         let col_stats = stats.as_ref().map(|st| self.tile_stats(&lanes, st, stream));

@@ -1404,6 +1404,13 @@ fn library_matmul(mut l: Lowerer, region: &Region, node: NodeId, tf32: bool) -> 
         // The library's epilogue takes one strided batch level.
         return Err(if view(&l, a_node) { LowerFailure::Materialize(a_node) } else { LowerFailure::Refuse(chain[1]) });
     }
+    // Scalars the region's constants left while its operands' views were read are dead here: the call
+    // reads buffers only, and a kernel is a library GEMM only when the call is its whole body
+    // (`Kernel::gemm`); else the PTX renderer would be handed the call.
+    l.blocks[0].retain(|s| !matches!(s, Stmt::Let { .. }));
+    if !l.blocks[0].is_empty() {
+        return Ok(None);
+    }
     let out = l.buffer(chain[chain.len() - 1], Access::Write);
     l.blocks[0].push(Stmt::Gemm(Box::new(Gemm { m, n, k, batch, a, b, out, dtype, epilogue, tf32, widened })));
     Ok(Some(l.finish(&region.name, Launch::new(Expr::from(1usize), 1))))

@@ -98,7 +98,14 @@ impl Writer<'_> {
         let per_row = cols / vector;
         let pieces = rows * per_row;
         if threads % per_row != 0 {
-            return self.stage_tile_pieces((src, ld), row0, limit, (rows, cols, pitch), smem, tid, copy);
+            return self.stage_tile_pieces(
+                (src, ld),
+                (row0, limit),
+                (rows, per_row, pitch),
+                smem,
+                tid,
+                (vector, asynchronous),
+            );
         }
         // Rows between two pieces of one thread.
         let step = threads / per_row;
@@ -144,15 +151,7 @@ impl Writer<'_> {
             let outside = self.reg("pred");
             self.emit(&format!("setp.ge.s64 {outside}, {past}, {};", -i64::from(first)));
             let shared = format!("[{sa}+{}]", 2 * first * pitch);
-            if asynchronous {
-                // A row past the end copies no bytes and zero-fills; its address stays one that exists.
-                let (n, a) = (self.reg("u32"), self.reg("s64"));
-                self.emit(&format!("selp.u32 {n}, 0, 16, {outside};"));
-                self.emit(&format!("selp.b64 {a}, {src}, {at}, {outside};"));
-                self.emit(&format!("cp.async.cg.shared.global {shared}, [{a}], 16, {n};"));
-            } else {
-                self.load_piece(&at, &shared, &outside, vector);
-            }
+            self.copy_piece((&at, src), &shared, &outside, vector, asynchronous);
             self.place(&skip);
         }
     }
@@ -163,19 +162,13 @@ impl Writer<'_> {
     fn stage_tile_pieces(
         &mut self,
         (src, ld): (&str, &str),
-        row0: &str,
-        limit: &str,
-        (rows, cols, pitch): (u32, u32, u32),
+        (row0, limit): (&str, &str),
+        (rows, per_row, pitch): (u32, u32, u32),
         smem: &str,
         tid: &str,
-        copy: TileCopy,
+        (vector, asynchronous): (u32, bool),
     ) {
-        let (vector, asynchronous) = match copy {
-            TileCopy::Loads(vector) => (vector, false),
-            TileCopy::Async => (8, true),
-        };
         let threads = self.k.launch.threads;
-        let per_row = cols / vector;
         let pieces = rows * per_row;
         for i in 0..pieces.div_ceil(threads) {
             let (piece, r, c) = (self.reg("u32"), self.reg("u32"), self.reg("u32"));
@@ -203,23 +196,22 @@ impl Writer<'_> {
             let addr = self.reg("s64");
             self.emit(&format!("mad.lo.s64 {addr}, {row}, {ld}, {c64};"));
             self.emit(&format!("mad.lo.s64 {addr}, {addr}, 2, {src};"));
-            if asynchronous {
-                // A row past the end copies no bytes and zero-fills; its address stays one that exists.
-                let n = self.reg("u32");
-                self.emit(&format!("selp.u32 {n}, 0, 16, {outside};"));
-                self.emit(&format!("@{outside} mov.s64 {addr}, {src};"));
-                self.emit(&format!("cp.async.cg.shared.global [{sa}], [{addr}], 16, {n};"));
-            } else {
-                self.load_piece(&addr, &format!("[{sa}]"), &outside, vector);
-            }
+            self.copy_piece((&addr, src), &format!("[{sa}]"), &outside, vector, asynchronous);
             self.place(&skip);
         }
     }
 
-    /// One piece of a tile through registers: `vector` elements (8, or 1) at global `addr`, zeros where
-    /// `outside`, stored at the shared address `shared` (`[...]`).
-    fn load_piece(&mut self, addr: &str, shared: &str, outside: &str, vector: u32) {
-        if vector == 8 {
+    /// One piece of a tile at global `addr` (a copy of `src`, the operand's start, stands in for it where
+    /// `outside`) to the shared address `shared` (`[...]`): as a `cp.async` of 16 bytes that zero-fills
+    /// where `outside`, or through registers, `vector` elements (8, or 1), zeros where `outside`.
+    fn copy_piece(&mut self, (addr, src): (&str, &str), shared: &str, outside: &str, vector: u32, asynchronous: bool) {
+        if asynchronous {
+            // A row past the end copies no bytes and zero-fills; its address stays one that exists.
+            let (n, a) = (self.reg("u32"), self.reg("s64"));
+            self.emit(&format!("selp.u32 {n}, 0, 16, {outside};"));
+            self.emit(&format!("selp.b64 {a}, {src}, {addr}, {outside};"));
+            self.emit(&format!("cp.async.cg.shared.global {shared}, [{a}], 16, {n};"));
+        } else if vector == 8 {
             let v: Vec<String> = (0..4).map(|_| self.reg("b32")).collect();
             for x in &v {
                 self.emit(&format!("mov.b32 {x}, 0;"));

@@ -11,12 +11,7 @@ use kiln::graph::workloads;
 
 #[test]
 fn everything_fits_webgpu_default_limits() {
-    if common::wgpu_skipped() {
-        return;
-    }
-    // Set before this binary opens its device; no other test here opens one first.
-    std::env::set_var("KILN_WGPU_LIMITS", "webgpu");
-    let rt = kiln_wgsl::Gpu::runtime().unwrap_or_else(|e| panic!("{e}"));
+    let Some(rt) = common::wgpu_runtime_with("KILN_WGPU_LIMITS", "webgpu") else { return };
     let t = rt.target();
     assert_eq!((t.max_bindings, t.max_groups_per_dim), (8, 65_535), "{}", rt.driver().describe());
     assert_eq!(rt.target().max_binding_bytes, 128 << 20);

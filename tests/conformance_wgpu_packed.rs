@@ -6,12 +6,7 @@ mod conformance;
 
 #[test]
 fn every_op_matches_the_reference_with_packed_halves() {
-    if common::wgpu_skipped() {
-        return;
-    }
-    // Set before this binary opens its device; no other test here opens one first.
-    std::env::set_var("KILN_WGPU_NO_F16", "1");
-    let b = kiln_wgsl::Gpu::runtime().unwrap_or_else(|e| panic!("{e}"));
+    let Some(b) = common::wgpu_runtime_with("KILN_WGPU_NO_F16", "1") else { return };
     let b: std::sync::Arc<dyn kiln::graph::Backend> = b;
     conformance::ops::every_op(&b);
     conformance::ops::edge_cases(&b, false, false);

@@ -11,12 +11,7 @@ use kiln::graph::{compile_graph, workloads};
 
 #[test]
 fn rows_without_lanes_match_the_reference() {
-    if common::wgpu_skipped() {
-        return;
-    }
-    // Set before this binary opens its device; no other test here opens one first.
-    std::env::set_var("KILN_WGPU_VECTOR_ROWS", "0");
-    let rt = kiln_wgsl::Gpu::runtime().unwrap_or_else(|e| panic!("{e}"));
+    let Some(rt) = common::wgpu_runtime_with("KILN_WGPU_VECTOR_ROWS", "0") else { return };
     assert!(!rt.target().vector_rows, "{}", rt.driver().describe());
     let b: std::sync::Arc<dyn kiln::graph::Backend> = rt.clone();
     conformance::ops::every_op(&b);

@@ -916,12 +916,7 @@ impl RowLoad {
     /// fewer threads could share a multiprocessor. Both renderers keep exactly these.
     pub fn of_row(row: &[Stmt]) -> Vec<RowLoad> {
         let mut out: Vec<(RowLoad, usize)> = Vec::new();
-        for st in row {
-            let (pass, inner) = match st {
-                Stmt::Reduce { sym, body, strategy: ReduceStrategy::Group { .. }, .. } => (*sym, body),
-                Stmt::Loop { sym, body, mode: LoopMode::Threads, .. } => (*sym, body),
-                _ => continue,
-            };
+        for (pass, inner) in row_passes(row) {
             let bound: std::collections::BTreeSet<SymId> = inner
                 .iter()
                 .filter_map(|b| if let Stmt::BindIndex { sym, .. } = b { Some(*sym) } else { None })
@@ -1123,22 +1118,44 @@ impl Kernel {
         }
     }
 
-    /// The top-level loads (unguarded) and stores of a row pass over `pass` (statements `body`) that
-    /// move a slot group as one vector, each once: what a renderer loads before the group's lanes run
-    /// and stores after them (a load the row cache already holds is the renderer's to skip).
+    /// The loads a persistent row keeps in registers ([`RowLoad::of_row`] of its row; none without a
+    /// row cache): its passes read these from there, never from memory.
+    pub fn row_kept_loads(&self) -> Vec<RowLoad> {
+        match (self.row_cache, self.row_body()) {
+            (Some(_), Some(row)) => RowLoad::of_row(row),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The top-level loads (unguarded, not among the row's kept loads) and stores of a row pass over
+    /// `pass` (statements `body`) that move a slot group as one vector, each once: what a renderer loads
+    /// before the group's lanes run and stores after them.
     pub fn row_group_accesses(&self, pass: SymId, body: &[Stmt]) -> (Vec<GroupLoad>, Vec<GroupStore>) {
+        self.group_accesses(self.row_lanes, &self.row_kept_loads(), pass, body)
+    }
+
+    /// [`Kernel::row_group_accesses`] with `lanes` a slot group and the row's `kept` loads.
+    fn group_accesses(
+        &self,
+        lanes: u32,
+        kept: &[RowLoad],
+        pass: SymId,
+        body: &[Stmt],
+    ) -> (Vec<GroupLoad>, Vec<GroupStore>) {
+        let vector = |buffer: usize, index: &Expr| row_vector_access(&self.buffers[buffer], lanes, index, pass);
         let (mut loads, mut stores) = (Vec::new(), Vec::new());
         for st in body {
             match st {
                 Stmt::Let { dtype, value: Scalar::Load { buffer, index, guard: None }, .. }
-                    if self.row_vector_access(*buffer, index, pass) =>
+                    if vector(*buffer, index) =>
                 {
+                    let key = RowLoad { buffer: *buffer, dtype: *dtype, index: RowLoad::key(index, pass) };
                     let load = (*buffer, *dtype, index.clone());
-                    if !loads.contains(&load) {
+                    if !kept.contains(&key) && !loads.contains(&load) {
                         loads.push(load);
                     }
                 }
-                Stmt::Store { buffer, index, .. } if self.row_vector_access(*buffer, index, pass) => {
+                Stmt::Store { buffer, index, .. } if vector(*buffer, index) => {
                     let store = (*buffer, index.clone());
                     if !stores.contains(&store) {
                         stores.push(store);
@@ -1150,12 +1167,23 @@ impl Kernel {
         (loads, stores)
     }
 
-    /// The buffers some pass of a row with lanes touches a vector at a time (a renderer that binds
-    /// buffers by element type binds these as vectors).
+    /// The buffers a row with lanes touches a vector at a time — its kept loads and its passes' group
+    /// accesses (a renderer that binds buffers by element type binds these as vectors).
     pub fn row_vector_buffers(&self) -> std::collections::BTreeSet<usize> {
-        let mut out = std::collections::BTreeSet::new();
+        self.row_vector_buffers_at(self.row_lanes)
+    }
+
+    /// [`Kernel::row_vector_buffers`] were the row's slot groups `lanes` wide: empty where no access of
+    /// the row would move as a vector (what `lower` asks before it gives a row lanes).
+    pub fn row_vector_buffers_at(&self, lanes: u32) -> std::collections::BTreeSet<usize> {
+        let kept = self.row_kept_loads();
+        let mut out: std::collections::BTreeSet<usize> = kept
+            .iter()
+            .filter(|l| row_vector_access(&self.buffers[l.buffer], lanes, &l.index, ROW_ELEMENT))
+            .map(|l| l.buffer)
+            .collect();
         for (pass, body) in self.row_body().map(row_passes).into_iter().flatten() {
-            let (loads, stores) = self.row_group_accesses(pass, body);
+            let (loads, stores) = self.group_accesses(lanes, &kept, pass, body);
             out.extend(loads.iter().map(|l| l.0).chain(stores.iter().map(|s| s.0)));
         }
         out

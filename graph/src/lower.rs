@@ -1092,9 +1092,7 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
             // row's bytes: W3-bf16 at 256 threads (two vectors a thread) took 0.0547 ms, at 128 (four)
             // 0.0511; W3 in f32 keeps four at 256 (0.0699; 0.0705 at 128) (`benches/NOTES.md`, session 38).
             if l.target.vector_rows {
-                let widest =
-                    l.buffers.iter().map(|b| b.dtype.size_bytes() as u64).filter(|s| (2..=4).contains(s)).max();
-                let bytes = widest.unwrap_or(4);
+                let bytes = u64::from(widest_word(&l.buffers));
                 while t > 128 && len.div_ceil(t) * bytes < 64 && len.div_ceil(t / 2) * loads <= budget {
                     t /= 2;
                 }
@@ -1133,26 +1131,21 @@ fn row_lanes(target: &Target, k: &Kernel) -> u32 {
     if arg {
         return 1;
     }
-    let widest =
-        k.buffers.iter().map(|b| b.dtype.size_bytes() as u32).filter(|s| (2..=4).contains(s)).max().unwrap_or(4);
-    let mut lanes = (target.max_vector_bytes / widest).clamp(1, target.max_vector_lanes.max(1));
+    let mut lanes = (target.max_vector_bytes / widest_word(&k.buffers)).clamp(1, target.max_vector_lanes.max(1));
     while lanes > 1 && (slots % lanes != 0 || len % lanes as i64 != 0) {
         lanes /= 2;
     }
-    let vector = crate::kernel::row_passes(row).any(|(pass, body)| {
-        body.iter().any(|b| match b {
-            Stmt::Let { value: Scalar::Load { buffer, index, guard: None }, .. }
-            | Stmt::Store { buffer, index, .. } => {
-                crate::kernel::row_vector_access(&k.buffers[*buffer], lanes, index, pass)
-            }
-            _ => false,
-        })
-    });
-    if vector {
-        lanes
-    } else {
+    if k.row_vector_buffers_at(lanes).is_empty() {
         1
+    } else {
+        lanes
     }
+}
+
+/// The widest 2- or 4-byte element among `buffers` (4 where none is either): what a row's 16-byte
+/// vectors are counted in.
+fn widest_word(buffers: &[BufferParam]) -> u32 {
+    buffers.iter().map(|b| b.dtype.size_bytes() as u32).filter(|s| (2..=4).contains(s)).max().unwrap_or(4)
 }
 
 /// Keeps a grouped reduction's subgroup only where its combine can shuffle: a 32-bit sum, max or min

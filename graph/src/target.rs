@@ -53,8 +53,9 @@ pub struct Target {
     /// Persistent rows keep consecutive elements a thread and move them as vectors
     /// (`Kernel::row_lanes`; the WGSL renderer binds such a row's buffers as arrays of vectors). On for
     /// every target: measured on an H200, W3 over NVIDIA Vulkan 0.0781 → 0.0704 ms and on CUDA 0.0730 →
-    /// 0.0698 (`benches/NOTES.md`, sessions 38–39). `KILN_<BACKEND>_VECTOR_ROWS=0` turns it off.
-    #[serde(default)]
+    /// 0.0698 (`benches/NOTES.md`, sessions 38–39). `KILN_<BACKEND>_VECTOR_ROWS=0` turns it off; a target
+    /// stored without the field reads it on, as every target has it.
+    #[serde(default = "default_vector_rows")]
     pub vector_rows: bool,
     /// Has a GEMM library (cuBLAS) that large float matmuls go to (see `gemm`).
     #[serde(default)]
@@ -172,6 +173,10 @@ fn default_vector_lanes() -> u32 {
 
 fn default_row_threads() -> u32 {
     256
+}
+
+fn default_vector_rows() -> bool {
+    true
 }
 
 fn default_row_cache() -> u32 {

@@ -1083,13 +1083,12 @@ impl<'k> Writer<'k> {
 
     /// A pass of a persistent row over `s` (statements `body`), unrolled: `each` runs once per slot with
     /// `s` bound to the slot's element, skipped past the row's end. With lanes, slots go a group at a
-    /// time: the body's loads and stores `Kernel::row_vector_access` allows (and the row cache does not
-    /// hold) move once a group, as vectors, and the lanes read and fill them.
+    /// time: the body's loads and stores `Kernel::row_group_accesses` names move once a group, as
+    /// vectors, and the lanes read and fill them.
     fn slots(&mut self, s: SymId, extent: &Expr, body: &[Stmt], mut each: impl FnMut(&mut Self)) {
         let (saved, saved_in) = (self.pass, std::mem::replace(&mut self.in_slot, true));
         let lanes = self.k.row_lanes.max(1);
-        let (mut loads, stores) = self.k.row_group_accesses(s, body);
-        loads.retain(|(b, d, index)| !self.row_cache.contains_key(&(*b, *d, RowLoad::key(index, s))));
+        let (loads, stores) = self.k.row_group_accesses(s, body);
         let grouped = !loads.is_empty() || !stores.is_empty();
         let step = if grouped { lanes } else { 1 };
         let slots = self.k.row_cache.unwrap_or(1);

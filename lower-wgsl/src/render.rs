@@ -411,8 +411,8 @@ impl<'k> Writer<'k> {
 
     /// A pass of a persistent row over `s` (statements `body`), unrolled: the body, then `after` at the
     /// same depth, once per slot. In a row with vector buffers (`row_vectors`), slots go a group at a
-    /// time: the body's vector loads (those the row cache does not hold) and stores move once a group,
-    /// and each lane reads and fills its component.
+    /// time: the body's group loads and stores (`Kernel::row_group_accesses`) move once a group, and each
+    /// lane reads and fills its component.
     fn persistent_pass(
         &mut self,
         depth: usize,
@@ -424,7 +424,7 @@ impl<'k> Writer<'k> {
         let i = sym(s);
         let slots = self.k.row_cache.unwrap_or(1);
         let (mut loads, mut stores) = self.k.row_group_accesses(s, body);
-        loads.retain(|(b, d, index)| self.row_vectors.contains(b) && self.cached_slot(*b, *d, index).is_none());
+        loads.retain(|(b, _, _)| self.row_vectors.contains(b));
         stores.retain(|(b, _)| self.row_vectors.contains(b));
         if loads.is_empty() && stores.is_empty() {
             for slot in 0..slots {
@@ -1079,7 +1079,6 @@ pub fn fault_binding(kernel: &Kernel) -> u32 {
     kernel.buffers.len() as u32 + 1
 }
 
-/// Renders `kernel` to WGSL for a device with (`f16`) or without native f16.
 /// The buffers a row with lanes binds as arrays of vectors (see `Writer::row_vectors`): those
 /// `Kernel::row_vector_buffers` names, where WGSL has the vector (two or four lanes: eight bf16 lanes,
 /// CUDA's, print a slot at a time) and the storage holds one element a word (f32, f16, i32; not packed
@@ -1092,6 +1091,7 @@ fn row_vector_buffers(kernel: &Kernel, storage: &[Storage]) -> std::collections:
     kernel.row_vector_buffers().into_iter().filter(word).collect()
 }
 
+/// Renders `kernel` to WGSL for a device with (`f16`) or without native f16.
 pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     let storage: Vec<Storage> = kernel.buffers.iter().map(|b| Storage::of(b.dtype, f16)).collect();
     let mut w = Writer {

@@ -57,6 +57,17 @@ pub fn wgpu_skipped() -> bool {
     skip
 }
 
+/// The wgpu runtime of a test binary that runs under one knob, `var=value`, set before its device opens
+/// (the binary's tests open no other first); `None` where the run opted out of wgpu tests. With no
+/// adapter and no opt-out, a failure saying what to install.
+pub fn wgpu_runtime_with(var: &str, value: &str) -> Option<std::sync::Arc<kiln::Runtime>> {
+    if wgpu_skipped() {
+        return None;
+    }
+    std::env::set_var(var, value);
+    Some(kiln_wgsl::Gpu::runtime().unwrap_or_else(|e| panic!("{e}")))
+}
+
 /// The devices kernels run on in every test run: the kernel interpreter, and wgpu (lavapipe where there
 /// is no GPU) unless opted out; with no adapter and no opt-out, a failure saying what to install.
 pub fn kernel_devices() -> Vec<std::sync::Arc<kiln::Runtime>> {

@@ -145,6 +145,24 @@ impl TensorData {
         self.le_bytes().to_vec()
     }
 
+    /// The bytes [`TensorData::le_bytes`] gives, taken (no copy when the data is held as bytes): a loader
+    /// collates its next batch into the memory of one it has uploaded.
+    pub fn into_le_bytes(self) -> Vec<u8> {
+        self.le_bytes();
+        self.bytes.into_inner().unwrap_or_default()
+    }
+
+    /// [`TensorData::from_le_bytes`] taking the bytes it is given (no copy): what a loader collating a
+    /// batch hands over. Bytes past the elements are dropped.
+    pub fn from_le_vec(mut bytes: Vec<u8>, dims: &[usize], dtype: DType) -> Result<Self> {
+        let n = dims.iter().product::<usize>() * dtype.size_bytes();
+        if bytes.len() < n {
+            return Self::from_le_bytes(&bytes, dims, dtype);
+        }
+        bytes.truncate(n);
+        Ok(with_bytes(dtype, dims.to_vec(), bytes))
+    }
+
     /// Reads `dims` elements of `dtype` from bytes in the layout [`TensorData::le_bytes`] gives (one
     /// copy); bytes past the elements are ignored (device buffers are rounded up).
     #[track_caller]

@@ -87,6 +87,28 @@ pub trait Driver: Send + Sync + 'static {
     fn alloc(&self, bytes: u64) -> Result<Raw>;
     /// Writes `bytes` at the start of `dst`, ordered after the work enqueued before.
     fn write(&self, dst: &Raw, bytes: &[u8]) -> Result<()>;
+    /// `buffer` (of `bytes`) goes back to the runtime's pool now: whatever the driver still has queued
+    /// for it beside the queue (an upload on a copy stream) is ordered before the work queued next, and,
+    /// when `mark`, the driver says where its queue stands — the runtime keeps the mark with the
+    /// buffer, and [`Driver::write_after`] may fill it beside later work once the device has passed the
+    /// mark. `None` (the default): this driver writes in queue order only.
+    fn freed(&self, buffer: &Raw, bytes: u64, mark: bool) -> Option<u64> {
+        let _ = (buffer, bytes, mark);
+        None
+    }
+    /// Whether an upload of `bytes` into a marked buffer ([`Driver::freed`]) would run beside the
+    /// queue: the runtime starts marking freed buffers at the first such upload into a reused one.
+    fn uploads_beside(&self, bytes: u64) -> bool {
+        let _ = bytes;
+        false
+    }
+    /// [`Driver::write`] into a buffer whose earlier contents the device needs no more once it has
+    /// passed `free_at` (`None`: after every piece of work enqueued before, as `write`); work enqueued
+    /// after this call that uses the buffer sees the bytes. By default [`Driver::write`].
+    fn write_after(&self, dst: &Raw, bytes: &[u8], free_at: Option<u64>) -> Result<()> {
+        let _ = free_at;
+        self.write(dst, bytes)
+    }
     /// Reads the first `bytes` of `src` once the work enqueued before has finished.
     fn read(&self, src: &Raw, bytes: u64) -> Result<Vec<u8>>;
     /// [`Driver::read`] without blocking: what a browser, which cannot block, uses (and async callers).

@@ -6,7 +6,9 @@
 //! - **Binding a plan**: graph inputs are the caller's device tensors, bound in place (never copied);
 //!   outputs get fresh buffers the caller keeps; intermediates come from the pool and go back after the
 //!   run. Work is ordered on the device (one stream / queue), so a buffer returned to the pool may be
-//!   handed to the next run at once.
+//!   handed to the next run at once. An upload may run beside the kernels instead (CUDA's copy
+//!   stream): a freed buffer keeps the driver's mark of where the queue stood ([`Driver::freed`]), and
+//!   an upload into it waits for the device to pass that mark only ([`Driver::write_after`]).
 //! - **Modules** load once per kernel structure ([`CompiledGraph::kernel_ids`]): a miss renders, a hit
 //!   renders nothing.
 //! - **Fault words** (run-time checks, see [`crate::kernel::FaultSite`]) are zeroed before a run and read
@@ -458,8 +460,10 @@ pub struct Runtime {
     /// A driver call reported the device lost.
     lost: AtomicBool,
     me: Weak<Runtime>,
-    /// Free allocations with their ids, by size class.
-    pool: Mutex<HashMap<u64, Vec<(u64, Raw)>>>,
+    /// Free allocations by size class.
+    pool: Mutex<HashMap<u64, Vec<Pooled>>>,
+    /// Freed buffers are marked ([`Driver::freed`]): set by the first upload into a reused buffer.
+    marking: AtomicBool,
     modules: Mutex<HashMap<u64, Module>>,
     bindings: BindingCache,
     gate: RwLock<()>,
@@ -468,6 +472,14 @@ pub struct Runtime {
     recordings: Mutex<Vec<Recorded>>,
     layouts: Mutex<Layouts>,
     next_id: AtomicU64,
+}
+
+/// A free allocation in the pool: its identity, and the device's mark when it was freed
+/// ([`Driver::freed`]).
+struct Pooled {
+    id: u64,
+    raw: Raw,
+    free_at: Option<u64>,
 }
 
 /// Opens a device again (see [`Runtime::reopening`]).
@@ -504,6 +516,7 @@ impl Runtime {
             lost: AtomicBool::new(false),
             me: me.clone(),
             pool: Mutex::default(),
+            marking: AtomicBool::new(false),
             modules: Mutex::default(),
             bindings: BindingCache::default(),
             gate: RwLock::new(()),
@@ -582,11 +595,11 @@ impl Runtime {
         // The generation moves under the pool's lock, where `release` decides whether a buffer is pooled:
         // no buffer of the old device enters the new pool. (Recordings are not touched here: a reduce-
         // overhead call holds them while it takes the gate; it drops stale ones itself.)
-        let pooled: Vec<(u64, Vec<(u64, Raw)>)> = {
+        let pooled: Vec<(u64, Vec<Pooled>)> = {
             let mut pool = lock(&self.pool);
             self.generation.store(next as u64, Ordering::Release);
             let mut m = lock(&self.mem);
-            let pooled: Vec<(u64, Vec<(u64, Raw)>)> = pool.drain().collect();
+            let pooled: Vec<(u64, Vec<Pooled>)> = pool.drain().collect();
             m.cached -= pooled.iter().map(|(class, v)| class * v.len() as u64).sum::<u64>();
             // Everything in use now is the old device's.
             m.lost += m.in_use;
@@ -688,7 +701,7 @@ impl Runtime {
     pub fn trim(&self) {
         let _gate = self.gate();
         self.bindings.clear();
-        let pooled: Vec<(u64, Vec<(u64, Raw)>)> = lock(&self.pool).drain().collect();
+        let pooled: Vec<(u64, Vec<Pooled>)> = lock(&self.pool).drain().collect();
         let freed: u64 = pooled.iter().map(|(class, v)| class * v.len() as u64).sum();
         lock(&self.mem).cached -= freed;
         // Freed outside the pool's lock: a driver's free may wait for the device's stream.
@@ -696,6 +709,11 @@ impl Runtime {
     }
 
     fn release(&self, raw: Raw, id: u64, class: u64, generation: u64) {
+        // Where the device's queue stands now: an upload may write this buffer beside later work once
+        // the device has passed it (asked before the pool's lock: it may record on the device). Marked
+        // only once uploads reuse freed buffers (a loop feeding batches): a call whose inputs stay on
+        // the device pays nothing for it.
+        let free_at = self.driver().freed(&raw, class, self.marking.load(Ordering::Relaxed));
         // Decided under the pool's lock, where a reopening moves the generation.
         let mut pool = lock(&self.pool);
         let mut m = lock(&self.mem);
@@ -709,7 +727,7 @@ impl Runtime {
         m.in_use -= class;
         m.cached += class;
         drop(m);
-        pool.entry(class).or_default().push((id, raw));
+        pool.entry(class).or_default().push(Pooled { id, raw, free_at });
     }
 
     /// [`Error::OutOfMemory`] when one buffer of `bytes` exceeds what the device allocates or binds.
@@ -729,6 +747,33 @@ impl Runtime {
     /// A buffer of at least `bytes`, from the pool when one of its size class is free. `what` names it
     /// in an out-of-memory error.
     pub fn alloc(&self, bytes: u64, what: &str) -> Result<Arc<DeviceBuffer>> {
+        // The buffer freed last: likeliest still in the device's caches.
+        self.alloc_picking(bytes, what, Vec::pop).map(|(b, _)| b)
+    }
+
+    /// [`Runtime::alloc`] for an upload: the pooled buffer the device let go of first, so an upload
+    /// beside the kernels ([`Driver::write_after`]) waits least, with the mark it was freed at (`None`:
+    /// fresh, or freed before marking began). The first upload into a reused buffer that the driver
+    /// would run beside the kernels starts the marking.
+    fn alloc_for_upload(&self, bytes: u64, what: &str) -> Result<(Arc<DeviceBuffer>, Option<u64>)> {
+        let (buffer, pooled) = self.alloc_picking(bytes, what, |free| {
+            let first = (0..free.len()).filter(|&i| free[i].free_at.is_some()).min_by_key(|&i| free[i].free_at);
+            first.map(|i| free.swap_remove(i)).or_else(|| free.pop())
+        })?;
+        if pooled == Some(None) && self.driver().uploads_beside(buffer.bytes()) {
+            self.marking.store(true, Ordering::Relaxed);
+        }
+        Ok((buffer, pooled.flatten()))
+    }
+
+    /// A buffer of at least `bytes`: the one `pick` takes from its size class's free buffers, else a
+    /// fresh allocation; with the mark it was freed at when it came from the pool (`None`: fresh).
+    fn alloc_picking(
+        &self,
+        bytes: u64,
+        what: &str,
+        pick: impl FnOnce(&mut Vec<Pooled>) -> Option<Pooled>,
+    ) -> Result<(Arc<DeviceBuffer>, Option<Option<u64>>)> {
         self.check_fits(bytes, what)?;
         if recording() {
             // The address would exist only inside the recording.
@@ -742,11 +787,11 @@ impl Runtime {
         let generation = self.generation.load(Ordering::Acquire);
         let class = size_class(bytes);
         let class = if class > d.target().max_buffer_bytes { bytes.div_ceil(256) * 256 } else { class };
-        let pooled = lock(&self.pool).get_mut(&class).and_then(Vec::pop);
-        let (id, raw) = match pooled {
-            Some(pooled) => {
+        let pooled = lock(&self.pool).get_mut(&class).and_then(pick);
+        let (id, raw, free_at) = match pooled {
+            Some(Pooled { id, raw, free_at }) => {
                 lock(&self.mem).cached -= class;
-                pooled
+                (id, raw, Some(free_at))
             }
             None => {
                 let raw = match d.alloc(class) {
@@ -764,7 +809,7 @@ impl Runtime {
                     e => e,
                 })?;
                 lock(&self.mem).allocations += 1;
-                (self.next_id.fetch_add(1, Ordering::Relaxed), raw)
+                (self.next_id.fetch_add(1, Ordering::Relaxed), raw, None)
             }
         };
         {
@@ -772,7 +817,7 @@ impl Runtime {
             m.in_use += class;
             m.peak = m.peak.max(m.in_use);
         }
-        Ok(Arc::new(DeviceBuffer { raw: Some(raw), id, class, generation, runtime: self.arc() }))
+        Ok((Arc::new(DeviceBuffer { raw: Some(raw), id, class, generation, runtime: self.arc() }), free_at))
     }
 
     /// Copies host data to a new device tensor.
@@ -780,9 +825,9 @@ impl Runtime {
         self.reopen_if_lost()?;
         let _gate = self.gate();
         let bytes = self.target().encode(data);
-        let buffer = self.alloc(bytes.len() as u64, "an uploaded tensor")?;
+        let (buffer, free_at) = self.alloc_for_upload(bytes.len() as u64, "an uploaded tensor")?;
         if !bytes.is_empty() {
-            self.seen(self.driver().write(buffer.raw(), &bytes))?;
+            self.seen(self.driver().write_after(buffer.raw(), &bytes, free_at))?;
         }
         lock(&self.mem).uploaded += bytes.len() as u64;
         Ok(DeviceTensor { buffer, dtype: data.dtype(), dims: data.dims().into(), checks: Vec::new() })

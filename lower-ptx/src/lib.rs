@@ -6,6 +6,7 @@
 mod assemble;
 pub mod check;
 pub mod collective;
+pub mod copies;
 mod gemm;
 mod lt;
 pub mod nccl;
@@ -14,6 +15,7 @@ mod preload;
 pub mod ptxas;
 pub mod render;
 pub mod runtime;
+pub mod staging;
 
 pub use check::PtxasChecked;
 pub use render::{render, PtxKernel, RenderError};

@@ -111,6 +111,13 @@ pub struct Cuda {
     /// queued behind the kernels and when it ended), printed at the run's end: a diagnosis of how
     /// far they overlap the kernels beside them. Each run then waits for the device.
     timeline: Option<Mutex<Vec<Timed>>>,
+    /// Pinned chunks uploads pass through, so an upload is queued on the stream without waiting for
+    /// the device (`staging`); `None` with `KILN_CUDA_STAGED_UPLOADS=0`: a pageable copy the host waits
+    /// for, as before.
+    staging: Option<Mutex<crate::staging::Staging>>,
+    /// Uploads into freed buffers beside the kernels, on a copy stream (`copies`); `None` with
+    /// `KILN_CUDA_COPY_STREAM=0` or without staging: every upload in the kernels' order.
+    copies: Option<crate::copies::Copies>,
 }
 
 /// One collective's timing events ([`Cuda::timeline`]): queued on the kernels' stream, ended on the
@@ -179,6 +186,7 @@ impl Cuda {
             .flatten()
             .and_then(|p| crate::ptxas::version(&p).map(|v| (p, v)));
         let mut target = Target::cuda(sm.min(NEWEST_SM)).tuned_by_env("CUDA");
+        let staged = std::env::var("KILN_CUDA_STAGED_UPLOADS").as_deref() != Ok("0");
         target.name = format!("cuda-sm_{sm}");
         tracing::info!(target: "kiln::graph", device = %name, sm, "cuda device");
         Ok(Cuda {
@@ -199,7 +207,28 @@ impl Cuda {
             in_flight: Mutex::default(),
             captured: Mutex::default(),
             timeline: std::env::var("KILN_CUDA_TIMELINE").is_ok_and(|v| v == "1").then(Mutex::default),
+            staging: staged.then(|| Mutex::new(crate::staging::Staging::new(crate::staging::MAX_CHUNKS))),
+            copies: (staged && std::env::var("KILN_CUDA_COPY_STREAM").as_deref() != Ok("0"))
+                .then(crate::copies::Copies::new),
         })
+    }
+
+    /// Whether the device has finished everything queued on its stream so far (asks without waiting).
+    pub fn idle(&self) -> Result<bool> {
+        let e = self.event()?;
+        e.record(&self.stream).map_err(|e| driver("recording an event", e))?;
+        e.try_is_complete().map_err(|e| driver("querying the device", e))
+    }
+
+    /// Uploads made beside the kernels on the copy stream so far (`copies`).
+    pub fn uploads_beside_kernels(&self) -> u64 {
+        self.copies.as_ref().map_or(0, |c| c.uploads())
+    }
+
+    /// Pinned staging chunks held now (at most [`crate::staging::MAX_CHUNKS`]; none when uploads are
+    /// not staged).
+    pub fn staged_chunks(&self) -> usize {
+        self.staging.as_ref().map_or(0, |s| lock(s).chunks())
     }
 
     /// This device with every launch waited for (see `KILN_CUDA_SYNC_LAUNCHES`).
@@ -385,9 +414,11 @@ impl Cuda {
 
     /// The one stream every kiln launch on this device is ordered on, with the device's context made
     /// current on the calling thread: a collective library (NCCL) issued on it runs after the kernels
-    /// that made its inputs and before those that read its outputs, with no host wait.
+    /// that made its inputs and before those that read its outputs, with no host wait. The stream first
+    /// waits for every upload still pending on the copy stream (the library's buffers are not known here).
     pub fn collective_stream(&self) -> Result<*mut std::ffi::c_void> {
         self.bind()?;
+        self.settle_all()?;
         Ok(self.stream.cu_stream() as *mut std::ffi::c_void)
     }
 
@@ -427,6 +458,32 @@ impl Cuda {
         lock(&self.captured).push(what.to_string());
     }
 
+    /// Makes the stream wait for the copies still pending into any of `buffers` (device addresses of
+    /// allocations) before the operation queued next (`copies`: the first use of an uploaded buffer).
+    fn settle(&self, buffers: impl IntoIterator<Item = u64>) -> Result<()> {
+        let Some(c) = &self.copies else { return Ok(()) };
+        if c.settle(&self.stream, buffers).map_err(|e| driver("waiting for an upload", e))? {
+            self.queued();
+        }
+        Ok(())
+    }
+
+    /// [`Cuda::settle`] for every pending copy: before a capture or a wait for the whole device.
+    fn settle_all(&self) -> Result<()> {
+        let Some(c) = &self.copies else { return Ok(()) };
+        if c.settle_all(&self.stream).map_err(|e| driver("waiting for an upload", e))? {
+            self.queued();
+        }
+        Ok(())
+    }
+
+    /// Counts one operation queued on the stream, for the copy stream's marks (`copies`).
+    fn queued(&self) {
+        if let Some(c) = &self.copies {
+            c.queued();
+        }
+    }
+
     /// Whether a CUDA graph is being captured (a collective queued now runs at each replay instead).
     pub(crate) fn capturing(&self) -> bool {
         self.capturing.load(std::sync::atomic::Ordering::Relaxed)
@@ -435,6 +492,7 @@ impl Cuda {
     /// [`Driver::launch`] itself.
     fn launch_now(&self, kernel: &Kernel, l: &Launch) -> Result<()> {
         let loaded = l.module.downcast_ref::<Loaded>().ok_or_else(|| err("a module of another driver"))?;
+        self.settle(l.buffers.iter().map(|b| self.ptr(b.raw)))?;
         if l.wait {
             self.wait_collectives()?;
         }
@@ -508,6 +566,12 @@ impl Driver for Cuda {
     fn write(&self, dst: &Raw, bytes: &[u8]) -> Result<()> {
         self.bind()?;
         let dst = self.ptr(dst);
+        self.settle([dst])?;
+        if let Some(staging) = &self.staging {
+            let queued = lock(staging).upload(&self.ctx, &self.stream, dst, bytes);
+            self.queued();
+            return queued.map_err(|e| driver("uploading", e));
+        }
         // SAFETY: the destination holds at least `bytes.len()` bytes (the runtime sized it); the copy is
         // ordered on the stream and the host slice outlives the call, which waits for pageable memory.
         unsafe { cudarc::driver::result::memcpy_htod_async(dst, bytes, self.stream.cu_stream()) }
@@ -516,6 +580,7 @@ impl Driver for Cuda {
     }
 
     fn read(&self, src: &Raw, bytes: u64) -> Result<Vec<u8>> {
+        self.settle([self.ptr(src)])?;
         let view = slice(src).slice(0..bytes as usize);
         let out = self.stream.clone_dtoh(&view).map_err(|e| driver("reading back", e))?;
         self.stream.synchronize().map_err(|e| driver("reading back", e))?;
@@ -524,15 +589,19 @@ impl Driver for Cuda {
 
     fn zero(&self, dst: &Raw, offset: u64, bytes: u64) -> Result<()> {
         self.bind()?;
+        self.settle([self.ptr(dst)])?;
         // SAFETY: the range lies inside the allocation (the runtime sized it).
         unsafe {
             cudarc::driver::result::memset_d8_async(self.ptr(dst) + offset, 0, bytes as usize, self.stream.cu_stream())
         }
-        .map_err(|e| driver("clearing memory", e))
+        .map_err(|e| driver("clearing memory", e))?;
+        self.queued();
+        Ok(())
     }
 
     fn copy(&self, src: &Raw, dst: &Raw, bytes: u64) -> Result<()> {
         self.bind()?;
+        self.settle([self.ptr(src), self.ptr(dst)])?;
         // SAFETY: both allocations hold at least `bytes` (the runtime sized them); ordered on the stream.
         unsafe {
             cudarc::driver::result::memcpy_dtod_async(
@@ -542,7 +611,9 @@ impl Driver for Cuda {
                 self.stream.cu_stream(),
             )
         }
-        .map_err(|e| driver("copying on the device", e))
+        .map_err(|e| driver("copying on the device", e))?;
+        self.queued();
+        Ok(())
     }
 
     fn load(&self, kernel: &Kernel) -> Result<Module> {
@@ -604,19 +675,49 @@ impl Driver for Cuda {
 
     fn launch(&self, kernel: &Kernel, l: &Launch) -> Result<()> {
         if !tracing::enabled!(target: "kiln::launches", tracing::Level::DEBUG) {
-            return self.launch_now(kernel, l);
+            let launched = self.launch_now(kernel, l);
+            self.queued();
+            return launched;
         }
         // `KILN_LOGS=launches`: where a first run's host time goes (plans, pointer arrays, lazy loads).
         let clock = std::time::Instant::now();
         let launched = self.launch_now(kernel, l);
+        self.queued();
         let host_us = clock.elapsed().as_secs_f64() * 1e6;
         tracing::debug!(target: "kiln::launches", kernel = %kernel.name, host_us, "launched");
         launched
     }
 
+    fn freed(&self, buffer: &Raw, bytes: u64, mark: bool) -> Option<u64> {
+        let copies = self.copies.as_ref()?;
+        // A copy still pending into it comes before whatever reuses or frees it.
+        self.settle([self.ptr(buffer)]).ok()?;
+        if !mark {
+            return None;
+        }
+        copies.mark(&self.ctx, &self.stream, bytes)
+    }
+
+    fn uploads_beside(&self, bytes: u64) -> bool {
+        self.copies.is_some() && bytes >= crate::copies::MIN_BYTES
+    }
+
+    fn write_after(&self, dst: &Raw, bytes: &[u8], free_at: Option<u64>) -> Result<()> {
+        match (&self.copies, free_at) {
+            (Some(copies), Some(at)) if bytes.len() as u64 >= crate::copies::MIN_BYTES => {
+                self.bind()?;
+                copies
+                    .upload(&self.ctx, self.ptr(dst), bytes, at)
+                    .map_err(|e| driver("uploading beside the kernels", e))
+            }
+            _ => self.write(dst, bytes),
+        }
+    }
+
     fn wait_collectives(&self) -> Result<()> {
         for end in std::mem::take(&mut *lock(&self.in_flight)) {
             self.stream.wait(&end).map_err(|e| driver("waiting for a collective", e))?;
+            self.queued();
         }
         self.print_timeline()
     }
@@ -630,19 +731,34 @@ impl Driver for Cuda {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.settle_all()?;
         self.stream.synchronize().map_err(|e| driver("waiting for the device", e))
     }
 
     fn record(&self, enqueue: &mut dyn FnMut() -> Result<()>) -> Result<Option<Recording>> {
-        self.stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| driver("beginning graph capture", e))?;
+        // Before the capture begins: the stream waits for every pending upload (a wait inside the capture
+        // would join an outside event to it), and a buffer freed by another thread meanwhile records no
+        // mark on the stream (the event would join the capture).
+        self.settle_all()?;
+        if let Some(c) = &self.copies {
+            c.set_capturing(true);
+        }
+        let begun = self.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+        if begun.is_err() {
+            if let Some(c) = &self.copies {
+                c.set_capturing(false);
+            }
+        }
+        begun.map_err(|e| driver("beginning graph capture", e))?;
         // The runtime core holds the device alone while it records, so the flag is this capture's.
         lock(&self.captured).clear();
         self.capturing.store(true, std::sync::atomic::Ordering::Relaxed);
         let enqueued = enqueue();
         self.capturing.store(false, std::sync::atomic::Ordering::Relaxed);
         let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        if let Some(c) = &self.copies {
+            c.set_capturing(false);
+        }
         enqueued?;
         let graph = graph.map_err(|e| driver("ending graph capture", e))?;
         let graph = graph.ok_or_else(|| err("graph capture recorded nothing"))?;
@@ -653,7 +769,11 @@ impl Driver for Cuda {
 
     fn replay(&self, recording: &Recording) -> Result<()> {
         let g = recording.downcast_ref::<Captured>().ok_or_else(|| err("a recording of another driver"))?;
+        // A replay's buffers are its own (inputs are copied in, settled there); any pending copy is
+        // waited for all the same, so nothing an uploaded buffer holds is read before it lands.
+        self.settle_all()?;
         g.0.launch().map_err(|e| driver("replaying the CUDA graph", e))?;
+        self.queued();
         if !g.1.is_empty() {
             if let Some(c) = lock(&self.collective).as_ref().and_then(std::sync::Weak::upgrade) {
                 c.replayed(&g.1);

@@ -462,7 +462,8 @@ pub struct Runtime {
     me: Weak<Runtime>,
     /// Free allocations by size class.
     pool: Mutex<HashMap<u64, Vec<Pooled>>>,
-    /// Freed buffers are marked ([`Driver::freed`]): set by the first upload into a reused buffer.
+    /// Freed buffers are marked ([`Driver::freed`]): set by the first upload into a reused buffer that
+    /// the driver would run beside its queue ([`Driver::uploads_beside`]).
     marking: AtomicBool,
     modules: Mutex<HashMap<u64, Module>>,
     bindings: BindingCache,

@@ -1,5 +1,6 @@
 //! Uploads beside the kernels: a training loop's next batch is copied to the device while the current
-//! step computes, as a `DataLoader` with pinned memory and `non_blocking=True` copies do for torch.
+//! step computes. (torch's pinned, `non_blocking=True` copies free the host but run in the compute
+//! stream's order, between the steps; overlapping them is left to a side stream the user manages.)
 //!
 //! The copies run on a stream of their own. What makes that safe is where the destination came from:
 //! the runtime's pool hands an upload a buffer some earlier kernel may still be reading. So each buffer
@@ -117,7 +118,6 @@ impl Copies {
         if bytes < MIN_BYTES {
             return None;
         }
-
         let mut m = lock(&self.marks);
         if m.capturing {
             return None;

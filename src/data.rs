@@ -348,23 +348,28 @@ impl Loader {
         let (dataset, device, batch) = (self.dataset.clone(), self.device.clone(), self.batch);
         let kept = self.spare.clone();
         let worker = std::thread::Builder::new().name(format!("kiln-loader-epoch-{epoch}")).spawn(move || {
-            // Uploaded batches' host memory, collated into again (see `Dataset::batch_into`); at most one
-            // buffer a column, handed on to the next epoch.
+            // Uploaded batches' host memory, collated into again (see `Dataset::batch_into`): the last
+            // batch's, one buffer a column, handed on to the next epoch.
             let mut spare: Vec<Vec<u8>> = std::mem::take(&mut *crate::graph::runtime::lock(&kept));
             for (index, &size) in sizes.iter().enumerate().skip(first) {
                 let indices = &order[index * batch..index * batch + size];
                 let made = dataset.batch_into(indices, &mut spare).and_then(|cols| {
                     let mut tensors = Vec::with_capacity(cols.len());
+                    let mut uploaded = Vec::with_capacity(cols.len());
                     for d in cols {
                         tensors.push(match &device {
                             Some(rt) => {
                                 let on = rt.upload(&d)?;
-                                spare.push(d.into_le_bytes());
+                                uploaded.push(d.into_le_bytes());
                                 Tensor::from_value(crate::graph::value::Value::from_device(on))
                             }
                             None => Tensor::from_data(d),
                         });
                     }
+                    // One buffer a column, kept so that column `i` pops its own next time (a dataset that
+                    // collates elsewhere leaves them unused: never more than a batch's worth).
+                    spare.clear();
+                    spare.extend(uploaded.into_iter().rev());
                     Ok(Batch { tensors, size, index })
                 });
                 let failed = made.is_err();

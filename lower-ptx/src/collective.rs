@@ -193,6 +193,8 @@ impl Collective {
             })
             // An abort while this call waited in NCCL: the watchdog's reason says more than NCCL's code.
             .map_err(|e| self.healthy().err().unwrap_or(e))?;
+        // Counted as queued on the kernels' stream, so a buffer freed from now on gets a mark behind it.
+        cuda.queued();
         cuda.count_after(cuda.main_stream(), self.finished)?;
         self.track(what);
         Ok(xs

@@ -167,15 +167,21 @@ impl Copies {
                 }
             }
         }
-        lock(&self.staging).upload(ctx, copies, dst, bytes)?;
+        let staged = lock(&self.staging).upload(ctx, copies, dst, bytes);
+        // Recorded even when staging failed half-way: the copies it queued are pending all the same.
         let copied = ctx.new_event(None)?;
-        copied.record(copies)?;
+        if let Err(e) = copied.record(copies) {
+            // Without an end to wait for, the copy stream is waited for here.
+            copies.synchronize()?;
+            return Err(e);
+        }
         // A copy into the same buffer still pending comes before this one on the copy stream, so this
         // copy's end covers both.
         let mut pending = lock(&self.pending);
         pending.insert(dst, copied);
         self.pending_count.store(pending.len(), Ordering::Release);
         drop(pending);
+        staged?;
         self.uploads.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -193,10 +199,11 @@ impl Copies {
         let mut pending = lock(&self.pending);
         let mut waited = false;
         for b in buffers {
-            if let Some(copied) = pending.remove(&b) {
-                kernels.wait(&copied)?;
-                waited = true;
-            }
+            let Some(copied) = pending.get(&b) else { continue };
+            // Forgotten only once the stream waits for it (a failed wait leaves it pending).
+            kernels.wait(copied)?;
+            pending.remove(&b);
+            waited = true;
         }
         self.pending_count.store(pending.len(), Ordering::Release);
         Ok(waited)
@@ -207,12 +214,10 @@ impl Copies {
         if self.pending_count.load(Ordering::Acquire) == 0 {
             return Ok(false);
         }
-        let mut pending = lock(&self.pending);
-        for (_, copied) in pending.drain() {
-            kernels.wait(&copied)?;
-        }
-        self.pending_count.store(0, Ordering::Release);
-        Ok(true)
+        let pending = lock(&self.pending);
+        let buffers: Vec<CUdeviceptr> = pending.keys().copied().collect();
+        drop(pending);
+        self.settle(kernels, buffers)
     }
 
     /// Uploads made on the copy stream so far.

@@ -415,7 +415,8 @@ impl Cuda {
     /// The one stream every kiln launch on this device is ordered on, with the device's context made
     /// current on the calling thread: a collective library (NCCL) issued on it runs after the kernels
     /// that made its inputs and before those that read its outputs, with no host wait. The stream first
-    /// waits for every upload still pending on the copy stream (the library's buffers are not known here).
+    /// waits for every upload still pending on the copy stream (the library's buffers are not known
+    /// here); the caller counts what it queued there afterwards (`Cuda::queued`, for `copies`' marks).
     pub fn collective_stream(&self) -> Result<*mut std::ffi::c_void> {
         self.bind()?;
         self.settle_all()?;
@@ -477,8 +478,9 @@ impl Cuda {
         Ok(())
     }
 
-    /// Counts one operation queued on the stream, for the copy stream's marks (`copies`).
-    fn queued(&self) {
+    /// Counts one operation queued on the stream, for the copy stream's marks (`copies`); whoever
+    /// queues on [`Cuda::collective_stream`] calls it after.
+    pub(crate) fn queued(&self) {
         if let Some(c) = &self.copies {
             c.queued();
         }

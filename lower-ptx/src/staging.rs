@@ -7,7 +7,7 @@
 //! read it (an event recorded after its copy), so at most [`Staging::max_chunks`] chunks are pinned and
 //! a larger upload streams through them, the host filling one chunk while the device reads another.
 
-use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, PinnedHostSlice};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -122,24 +122,26 @@ impl Staging {
         let oldest_free = self.chunks.front().is_some_and(|c| c.read.try_is_complete().unwrap_or(false));
         // Chunks taken out by the caller count against the limit too (`pinned`).
         if oldest_free || self.pinned >= self.max_chunks {
-            if let Some(c) = self.chunks.pop_front() {
+            if let Some(mut c) = self.chunks.pop_front() {
                 // Returns at once when the device has read it already.
                 c.read.synchronize()?;
-                return Ok((Chunk { used: 0, ..c }, 0));
+                c.used = 0;
+                return Ok((c, 0));
             }
         }
         // SAFETY: the memory is written before the device reads any of it.
         let host = unsafe { ctx.alloc_pinned::<u8>(CHUNK_BYTES) }?;
         self.pinned += 1;
-        Ok((Chunk { host, read: ctx.new_event(None)?, used: 0 }, 0))
+        // The host waits on it when the ring is full: sleeping, not spinning a core the loop needs.
+        let read = ctx.new_event(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))?;
+        Ok((Chunk { host, read, used: 0 }, 0))
     }
 }
 
-impl Drop for Staging {
+impl Drop for Chunk {
     fn drop(&mut self) {
-        // The device may still be reading a chunk: its memory is freed only after.
-        for c in &self.chunks {
-            let _ = c.read.synchronize();
-        }
+        // The device may still be reading it (a ring dropped with the driver, an upload that failed
+        // half-way): its memory is freed only after.
+        let _ = self.read.synchronize();
     }
 }

@@ -5,14 +5,14 @@
 //! The copies run on a stream of their own. What makes that safe is where the destination came from:
 //! the runtime's pool hands an upload a buffer some earlier kernel may still be reading. So each buffer
 //! freed carries a *mark* — an event recorded on the kernels' stream after every piece of work queued
-//! so far ([`Copies::mark`]) — and its upload waits on the copy stream for that event only, not for the
+//! so far (`Copies::mark`) — and its upload waits on the copy stream for that event only, not for the
 //! work queued after it. A mark is recorded only when work was queued since the last one (the driver
-//! counts what it queues, [`Copies::queued`]), so freeing a run's intermediates costs one event, not one
+//! counts what it queues, `Copies::queued`), so freeing a run's intermediates costs one event, not one
 //! each; and none during a CUDA graph capture, where an event would join the capture (such buffers are
 //! written in the kernels' order instead).
 //!
 //! The kernels' stream waits for a copy where the buffer is first used there, not where the upload was
-//! made ([`Copies::settle`]): a loader's upload made between two steps would otherwise hold the next
+//! made (`Copies::settle`): a loader's upload made between two steps would otherwise hold the next
 //! step until the copy — which itself waits for the step before — is done, putting the copy between the
 //! steps again. So the driver settles the buffers of every operation it queues (a launch's bindings, a
 //! copy's ends, a read, a clear, a free) and every pending copy before a capture or a wait for the
@@ -57,7 +57,7 @@ struct Marks {
     live: VecDeque<Mark>,
     /// Every mark up to this one has been passed.
     passed: u64,
-    /// [`Copies::queued`] when that one was recorded.
+    /// `Copies::queued` when that one was recorded.
     passed_queued: u64,
     /// The last mark's number.
     last: u64,
@@ -69,7 +69,7 @@ struct Marks {
 
 struct Mark {
     id: u64,
-    /// [`Copies::queued`] when it was recorded.
+    /// `Copies::queued` when it was recorded.
     queued: u64,
     event: CudaEvent,
 }
@@ -143,7 +143,7 @@ impl Copies {
     }
 
     /// Queues a copy of `bytes` into `dst` on the copy stream after the device has passed `free_at`; the
-    /// kernels' stream waits for it where `dst` is first used ([`Copies::settle`]).
+    /// kernels' stream waits for it where `dst` is first used (`Copies::settle`).
     pub(crate) fn upload(
         &self,
         ctx: &Arc<CudaContext>,

@@ -4,8 +4,9 @@
 //! on the stream, behind the work already queued and ahead of what comes next — the same order a
 //! synchronous copy gives, without the wait (a training step's few-byte optimizer scalars used to hold
 //! the host until the previous step had finished). A chunk is written again only once the device has
-//! read it (an event recorded after its copy), so at most [`Staging::max_chunks`] chunks are pinned and
-//! a larger upload streams through them, the host filling one chunk while the device reads another.
+//! read it (an event recorded after its copy), so at most a ring's limit of chunks ([`MAX_CHUNKS`] for
+//! the kernels' stream) is pinned and a larger upload streams through them, the host filling some chunks
+//! while the device reads others.
 
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, PinnedHostSlice};
@@ -19,7 +20,8 @@ pub const CHUNK_BYTES: usize = 4 << 20;
 /// Chunks kept pinned at most (64 MiB): past this many in flight, an upload waits for the oldest.
 pub const MAX_CHUNKS: usize = 16;
 
-/// Host threads filling chunks side by side at most (eight copy ~40 GB/s, near the link's rate).
+/// Host threads filling chunks side by side at most (one thread's copy into pinned memory is slower than
+/// the link it feeds).
 const FILL_THREADS: usize = 8;
 
 /// One page-locked chunk and the event recorded after the last copy that reads it.
@@ -53,8 +55,7 @@ impl Staging {
     /// Queues a copy of `bytes` to `dst` on `stream` through the ring; returns once the host bytes are
     /// copied into pinned chunks (waiting for the device only when every chunk is still being read). A
     /// large upload fills up to half the ring's chunks (at most [`FILL_THREADS`]) at a time on as many
-    /// host threads (one thread copies ~10 GB/s, slower than the link), then queues their copies while
-    /// the next ones fill.
+    /// host threads, then queues their copies, which run while the next chunks fill.
     pub(crate) fn upload(
         &mut self,
         ctx: &Arc<CudaContext>,

@@ -711,10 +711,11 @@ impl Runtime {
 
     fn release(&self, raw: Raw, id: u64, class: u64, generation: u64) {
         // Where the device's queue stands now: an upload may write this buffer beside later work once
-        // the device has passed it (asked before the pool's lock: it may record on the device). Marked
-        // only once uploads reuse freed buffers (a loop feeding batches): a call whose inputs stay on
-        // the device pays nothing for it.
-        let free_at = self.driver().freed(&raw, class, self.marking.load(Ordering::Relaxed));
+        // the device has passed it (asked before the pool's lock: it may record on the device; a lost
+        // device's buffer is not its successor's to ask about). Marked only once uploads reuse freed
+        // buffers (a loop feeding batches): a call whose inputs stay on the device pays nothing for it.
+        let ours = generation == self.generation.load(Ordering::Acquire);
+        let free_at = if ours { self.driver().freed(&raw, class, self.marking.load(Ordering::Relaxed)) } else { None };
         // Decided under the pool's lock, where a reopening moves the generation.
         let mut pool = lock(&self.pool);
         let mut m = lock(&self.mem);

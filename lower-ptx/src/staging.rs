@@ -84,25 +84,31 @@ impl Staging {
                 }
                 Ok(())
             };
-            if taken.len() > 1 {
+            let written = if taken.len() > 1 {
                 std::thread::scope(|s| {
                     let filling: Vec<_> = taken.iter_mut().map(|t| s.spawn(move || fill(t))).collect();
                     filling.into_iter().try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                })?;
+                })
             } else {
-                taken.iter_mut().try_for_each(fill)?;
-            }
-            for (mut chunk, at, from, n) in taken {
-                // SAFETY: the range was just written; it stays untouched until `read` completes.
-                let staged = unsafe { std::slice::from_raw_parts(chunk.host.as_mut_ptr()?.add(at) as *const u8, n) };
-                let to = dst + (offset + from) as u64;
-                // SAFETY: `dst` holds `bytes.len()` bytes (the caller's allocation), `to + n` within it.
-                unsafe { cudarc::driver::result::memcpy_htod_async(to, staged, stream.cu_stream()) }?;
-                chunk.read.record(stream)?;
-                // The next small upload starts aligned, as the device's copies prefer.
-                chunk.used = (at + n).next_multiple_of(256).min(CHUNK_BYTES);
-                self.chunks.push_back(chunk);
-            }
+                taken.iter_mut().try_for_each(fill)
+            };
+            let queued = written.and_then(|()| {
+                taken.iter_mut().try_for_each(|(chunk, at, from, n)| {
+                    // SAFETY: the range was just written; it stays untouched until `read` completes.
+                    let staged =
+                        unsafe { std::slice::from_raw_parts(chunk.host.as_mut_ptr()?.add(*at) as *const u8, *n) };
+                    let to = dst + (offset + *from) as u64;
+                    // SAFETY: `dst` holds `bytes.len()` bytes (the caller's allocation), `to + n` within it.
+                    unsafe { cudarc::driver::result::memcpy_htod_async(to, staged, stream.cu_stream()) }?;
+                    chunk.read.record(stream)?;
+                    // The next small upload starts aligned, as the device's copies prefer.
+                    chunk.used = (*at + *n).next_multiple_of(256).min(CHUNK_BYTES);
+                    Ok(())
+                })
+            });
+            // Back in the ring whatever happened: a chunk's event covers what was queued from it.
+            self.chunks.extend(taken.into_iter().map(|(chunk, ..)| chunk));
+            queued?;
             offset += part.len();
         }
         Ok(())
@@ -141,8 +147,8 @@ impl Staging {
 
 impl Drop for Chunk {
     fn drop(&mut self) {
-        // The device may still be reading it (a ring dropped with the driver, an upload that failed
-        // half-way): its memory is freed only after.
+        // The device may still be reading it (a ring dropped with the driver, or a chunk dropped while
+        // being taken): its memory is freed only after.
         let _ = self.read.synchronize();
     }
 }

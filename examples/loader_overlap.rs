@@ -44,6 +44,10 @@ struct Args {
     /// The backend (`cuda`, `wgpu`, `kernels`).
     #[arg(long, default_value = "cuda")]
     backend: String,
+    /// After the resident steps, one more with the CUDA profiler collecting (for `ncu --profile-from-start
+    /// off`: that step's kernels alone), then stop.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// Linear layers with GELU between them.
@@ -145,6 +149,16 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         }
         last.expect("a window has steps").item::<f32>()?;
         floor.push(t.elapsed().as_secs_f64() * 1e3 / window as f64);
+    }
+    if args.profile {
+        let cuda = rt.driver().as_any().downcast_ref::<kiln_ptx::Cuda>().ok_or("--profile needs the CUDA backend")?;
+        rt.synchronize()?;
+        cuda.profiling(true)?;
+        trainer.step(&resident, 1.0)?;
+        rt.synchronize()?;
+        cuda.profiling(false)?;
+        println!("{}", serde_json::json!({ "layers": args.layers, "resident_step_ms": median(floor) }));
+        return Ok(());
     }
 
     // The loader alone (collate, move to the device, no step): how fast it can feed a loop, over an

@@ -25,6 +25,11 @@ def main():
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--modes", default="eager,default")
+    ap.add_argument(
+        "--profile", action="store_true",
+        help="after the resident steps, one more inside cudaProfilerStart/Stop (for `ncu --profile-from-start off`), "
+        "and no loader",
+    )
     args = ap.parse_args()
     dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False  # kiln's f32 GEMMs are full precision
@@ -71,6 +76,15 @@ def main():
 
         resident = (x[: args.batch].to(dev), y[: args.batch].to(dev))
         resident_ms, resident_w = timed(lambda: resident)
+        if args.profile:
+            # The backward runs on autograd's thread: the profiler's range holds for every thread.
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            step(*resident)
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            print(json.dumps({"peer": "torch", "mode": mode, "layers": args.layers, "resident_step_ms": resident_ms}))
+            continue
 
         loader = torch.utils.data.DataLoader(
             ds, batch_size=args.batch, shuffle=True, pin_memory=True, num_workers=args.workers,

@@ -231,6 +231,22 @@ impl Cuda {
         self.staging.as_ref().map_or(0, |s| lock(s).chunks())
     }
 
+    /// Starts (`true`) or stops the CUDA profiler's collection, so a profiler started with collection
+    /// off (`ncu --profile-from-start off`) times only the work queued between the two: one step of a
+    /// loop, not its warm-up.
+    pub fn profiling(&self, on: bool) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| driver("binding the CUDA context", e))?;
+        // SAFETY: the context is bound to this thread; the calls take no arguments.
+        let r = unsafe {
+            if on {
+                cudarc::driver::sys::cuProfilerStart()
+            } else {
+                cudarc::driver::sys::cuProfilerStop()
+            }
+        };
+        r.result().map_err(|e| driver("starting or stopping the profiler", e))
+    }
+
     /// This device with every launch waited for (see `KILN_CUDA_SYNC_LAUNCHES`).
     pub fn synchronous(mut self) -> Cuda {
         self.sync_launches = true;

@@ -402,8 +402,52 @@ impl<'g> Scheduler<'g> {
                     break;
                 }
             }
+            self.join_sibling_reductions(&mut members, &(input_shape.clone(), axes.clone()));
             self.release_tips(&mut members);
             self.commit(RegionKind::Rows { input_shape, axes }, members);
+        }
+    }
+
+    /// Joins to a row region the free reductions over the same elements that read a tensor of those
+    /// elements the region reads too, each with the pointwise producers only it reads: a layer norm's
+    /// weight gradient `Σ dy·x̂` and its bias gradient `Σ dy` (two column sums of one `dy`, split alike)
+    /// are then one kernel that reads `dy` once, where each was a kernel reading it. Like every join, a
+    /// sibling comes only if no cycle closes and the buffers fit; nothing is computed twice.
+    fn join_sibling_reductions(&self, members: &mut BTreeSet<NodeId>, domain: &(Shape, Vec<usize>)) {
+        let elements = domain.0.numel();
+        let full_inputs = |set: &BTreeSet<NodeId>| -> BTreeSet<NodeId> {
+            set.iter()
+                .flat_map(|m| self.f.producers[m.index()].iter().copied())
+                .filter(|p| !set.contains(p) && self.f.shape(*p).numel() == elements)
+                .collect()
+        };
+        let mut inputs = full_inputs(members);
+        for i in 0..self.f.graph.nodes.len() {
+            let s = NodeId(i as u32);
+            if self.f.role[i] != Role::Reduce
+                || !self.free(s)
+                || members.contains(&s)
+                || self.refused.contains(&s)
+                || self.reduce_domain(s).as_ref() != Some(domain)
+            {
+                continue;
+            }
+            let mut sibling = BTreeSet::from([s]);
+            while self.absorb_producers(&mut sibling, true) {}
+            if full_inputs(&sibling).is_disjoint(&inputs) {
+                continue;
+            }
+            // Producers first (ids ascend), so each join is checked against what it reads.
+            let mut trial = members.clone();
+            let joins = sibling.iter().all(|&c| {
+                let ok = !self.closes_cycle(&trial, c) && self.fits(&trial, c);
+                trial.insert(c);
+                ok
+            });
+            if joins {
+                *members = trial;
+                inputs = full_inputs(members);
+            }
         }
     }
 

@@ -339,3 +339,41 @@ fn a_row_regions_value_read_once_elsewhere_is_computed_there() {
         assert!(outcome.correct, "{outcome:?}\n{c}");
     }
 }
+
+/// A layer norm's weight and bias gradients are two column sums of the same incoming gradient (`Σ dy·x̂`
+/// and `Σ dy`), split alike: they are one kernel reading it once, not two kernels each reading it.
+/// Checked as a property of the whole step: no two kernels that reduce (write only buffers smaller than
+/// the tensor) read the same full-size tensor and write partial sums of the same length.
+#[test]
+fn sibling_column_sums_of_one_gradient_are_one_kernel() {
+    use kiln_graph::autodiff::grad_graph;
+    use std::collections::BTreeMap;
+    let (rows, width) = (4096, 768);
+    let specs = vec![f32s(&[rows, width]), f32s(&[width]), f32s(&[width]), f32s(&[rows, width])];
+    let g = capture(&specs, |t| {
+        let y = t[0].layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?;
+        Ok(vec![y.mul(&t[3])?.mean(&[0, 1], false)?])
+    })
+    .unwrap();
+    let joint = grad_graph(&g, &[1, 2]).unwrap();
+    let c = compile_graph(&joint, &Target::cuda(90)).unwrap();
+    let full = Some((rows * width) as i64);
+    let mut seen: BTreeMap<(u32, Option<i64>), std::collections::BTreeSet<String>> = BTreeMap::new();
+    let mut reducing = 0;
+    for k in &c.kernels {
+        let writes: Vec<_> = k.buffers.iter().filter(|b| b.access == Access::Write).collect();
+        if writes.is_empty() || writes.iter().any(|b| b.len.as_const() == full) {
+            continue;
+        }
+        reducing += 1;
+        for r in k.buffers.iter().filter(|b| b.access == Access::Read && b.len.as_const() == full) {
+            for w in &writes {
+                seen.entry((r.node.0, w.len.as_const())).or_default().insert(k.name.clone());
+            }
+        }
+    }
+    assert!(reducing > 0, "no reducing kernel in\n{c}");
+    for ((node, len), kernels) in seen {
+        assert!(kernels.len() == 1, "kernels {kernels:?} each read value {node} and write {len:?} partials\n{c}");
+    }
+}

@@ -106,8 +106,8 @@ fn recomputed(g: &mut Graph, p: NodeId, copies: &mut HashMap<NodeId, Option<Node
 }
 
 /// For each forward node, whether the forward writes its value whatever the backward reads: a graph
-/// output, a value (or a view of it) read by anything but pointwise arithmetic — a product, a
-/// reduction, an attention reads its operands from memory — or a product with the adds a library GEMM
+/// output, a value (or a view of it) read by a product, an attention or a collective (they read their
+/// operands from memory; a reduction's row kernel computes its own), or a product with the adds a library GEMM
 /// performs inside its call ([`crate::gemm::addend`]: a bias, a residual), whose last sum the call
 /// writes. Other pointwise values are written only when some other kernel reads them.
 fn stored_anyway(g: &Graph, outputs: &[NodeId]) -> Vec<bool> {
@@ -141,7 +141,10 @@ fn stored_anyway(g: &Graph, outputs: &[NodeId]) -> Vec<bool> {
             }
             kept[tip.index()] = true;
         }
-        if !matches!(family, OpFamily::Pointwise | OpFamily::Layout) || (family == OpFamily::Layout && kept[i]) {
+        // A reduction is left out: its row kernel computes the pointwise values it reduces.
+        if !matches!(family, OpFamily::Pointwise | OpFamily::Layout | OpFamily::Reduce)
+            || (family == OpFamily::Layout && kept[i])
+        {
             for x in &n.inputs {
                 kept[x.index()] = true;
             }
@@ -155,9 +158,11 @@ fn stored_anyway(g: &Graph, outputs: &[NodeId]) -> Vec<bool> {
 /// the forward writes `p` only for the backward, values stored anyway (`kept`, see [`stored_anyway`])
 /// at most as many bytes per element as `p`, so the forward no longer writes it. `None` otherwise.
 fn cone(g: &Graph, p: NodeId, kept: &[bool]) -> Option<BTreeSet<NodeId>> {
-    let narrower = cone_from(g, p, None)?;
-    if narrower.bytes < narrower.width {
-        return Some(narrower.nodes);
+    // A chain too long to copy (`MOST`) through wide values may be short up to the values stored anyway.
+    if let Some(narrower) = cone_from(g, p, None) {
+        if narrower.bytes < narrower.width {
+            return Some(narrower.nodes);
+        }
     }
     if kept.get(p.index()).copied().unwrap_or(true) {
         return None;

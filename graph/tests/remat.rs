@@ -105,3 +105,28 @@ fn an_f32_gelu_after_a_linear_layer_writes_only_its_activation() {
         }
     }
 }
+
+/// A layer norm whose f32 input is a long pointwise chain of its own (fused into the norm's row kernel,
+/// so never stored): recomputing its normalised values in the backward would need that input stored, a
+/// write more, so they are not — the value a reduction reads is not "stored anyway". The step writes at
+/// most the three full-size tensors it wrote before recomputation at equal width existed.
+#[test]
+fn a_layer_norm_of_a_fused_chain_gains_no_write() {
+    let (rows, width) = (4096, 768);
+    let specs = vec![f32s(&[rows, width]), f32s(&[width]), f32s(&[width]), f32s(&[rows, width])];
+    let g = capture(&specs, |t| {
+        let mut h = t[0].clone();
+        for _ in 0..8 {
+            h = h.mul(1.01)?.add(0.1)?;
+        }
+        let y = h.layer_norm(1, Some(&t[1]), Some(&t[2]), 1e-5)?;
+        Ok(vec![y.mul(&t[3])?.mean(&[0, 1], false)?])
+    })
+    .unwrap();
+    let joint = grad_graph(&g, &[0, 1, 2]).unwrap();
+    let c = compile_graph(&joint, &Target::cuda(90)).unwrap();
+    let full = Some((rows * width) as i64);
+    let writes = c.kernels.iter().flat_map(|k| &k.buffers);
+    let writes = writes.filter(|b| b.access == kiln_graph::kernel::Access::Write && b.len.as_const() == full).count();
+    assert!(writes <= 3, "{writes} full-size tensors written:\n{c}");
+}

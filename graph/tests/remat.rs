@@ -1,9 +1,11 @@
 //! Recomputation in the backward pass (`remat`): a bf16 model's backward computes its wide
-//! intermediates again from the narrow values it reads, rather than reading them back from memory.
+//! intermediates again from the narrow values it reads, rather than reading them back from memory; an
+//! f32 model's, from the values the forward stores anyway.
 
 use kiln_graph::autodiff::grad_graph;
+use kiln_graph::ir::Graph;
 use kiln_graph::workloads::{data, f32s, with_dtype};
-use kiln_graph::{capture, compile_graph, interp, DType, Target};
+use kiln_graph::{capture, compile_graph, interp, CompiledGraph, DType, Target, TensorSpec};
 
 /// `mean(gelu(x) · y)` over bf16 `x`, `y`, differentiated: the GELU computes in f32, and its backward
 /// needs `1 + erf(x/√2)` and `x/2`. No kernel writes or reads an f32 tensor the size of `x`: the
@@ -20,12 +22,17 @@ fn a_bf16_gelu_backward_recomputes_its_f32_intermediates() {
             assert!(!wide, "{:?} f32 buffer in\n{c}", b.access);
         }
     }
+    matches_reference(&c, &joint, &specs, 2e-2);
+}
+
+/// `c`'s kernels, interpreted on seeded inputs, give `joint`'s reference values within `rtol`.
+fn matches_reference(c: &CompiledGraph, joint: &Graph, specs: &[TensorSpec], rtol: f64) {
     let inputs: Vec<_> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
     let refs: Vec<_> = inputs.iter().collect();
-    let (got, want) = (c.run_interpreted(&refs).unwrap(), interp::run(&joint, &refs).unwrap());
+    let (got, want) = (c.run_interpreted(&refs).unwrap(), interp::run(joint, &refs).unwrap());
     for (g, w) in got.iter().zip(&want) {
         for (a, b) in g.values().iter().zip(w.values()) {
-            assert!((a - b).abs() <= 2e-2 * (1e-3 + b.abs()), "{a} vs {b}");
+            assert!((a - b).abs() <= rtol * (1e-3 + b.abs()), "{a} vs {b}");
         }
     }
 }
@@ -96,14 +103,7 @@ fn an_f32_gelu_after_a_linear_layer_writes_only_its_activation() {
     // Small enough to interpret: the gradients.
     let (specs, joint) = step(48, 32);
     let c = compile_graph(&joint, &Target::cuda(90)).unwrap();
-    let inputs: Vec<_> = specs.iter().enumerate().map(|(i, s)| data(s, i)).collect();
-    let refs: Vec<_> = inputs.iter().collect();
-    let (got, want) = (c.run_interpreted(&refs).unwrap(), interp::run(&joint, &refs).unwrap());
-    for (g, w) in got.iter().zip(&want) {
-        for (a, b) in g.values().iter().zip(w.values()) {
-            assert!((a - b).abs() <= 1e-4 * (1e-3 + b.abs()), "{a} vs {b}");
-        }
-    }
+    matches_reference(&c, &joint, &specs, 1e-4);
 }
 
 /// A layer norm whose f32 input is a long pointwise chain of its own (fused into the norm's row kernel,

@@ -5,8 +5,9 @@
 //!    *transparent*: never a kernel of their own, folded into the index expressions of whoever reads them.
 //!    Only compute nodes (pointwise ops, reductions, matmuls) belong to regions.
 //! 2. Row regions: each reduction, with the other reductions over the same elements (softmax's max and
-//!    sum, layer norm's two sums), their pointwise prologue and the pointwise epilogue that reads the
-//!    reduced values back, becomes one kernel that walks each row once per reduction.
+//!    sum, layer norm's two sums; and siblings that read a tensor in common, a layer norm's weight and
+//!    bias gradients), their pointwise prologue and the pointwise epilogue that reads the reduced values
+//!    back, becomes one kernel that walks each row once per reduction.
 //! 3. Matmul regions: the matmul template plus its chain of single-consumer pointwise consumers of the
 //!    same shape (bias, activation, residual, scale) as a fused epilogue. Operands are read through their
 //!    views, so transposes and head splits need no copy.

@@ -45,6 +45,26 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The runtime's CUDA driver.
+fn cuda_of(rt: &kiln::graph::runtime::Runtime) -> &kiln_ptx::Cuda {
+    rt.driver().as_any().downcast_ref::<kiln_ptx::Cuda>().expect("a CUDA driver")
+}
+
+/// Two uploads of `row` dropped: the second reuses the first's buffer, which starts the marking of
+/// freed buffers (uploads into them may then run on the copy stream); the marked buffer stays pooled.
+fn start_marking(rt: &kiln::graph::runtime::Runtime, row: &TensorSpec) {
+    drop(rt.upload(&data(row, 4)).unwrap());
+    drop(rt.upload(&data(row, 5)).unwrap());
+}
+
+/// Asserts that one upload went to the copy stream since the count was `before` (unless
+/// `KILN_CUDA_COPY_STREAM=0` keeps every upload in the kernels' order).
+fn assert_one_upload_beside(cuda: &kiln_ptx::Cuda, before: u64) {
+    if std::env::var("KILN_CUDA_COPY_STREAM").as_deref() != Ok("0") {
+        assert_eq!(cuda.uploads_beside_kernels(), before + 1, "the upload did not go to the copy stream");
+    }
+}
+
 /// An upload goes through pinned staging (`kiln_ptx::staging`), into a reused buffer on the copy
 /// stream (`kiln_ptx::copies`): it waits on the device for the last reader of its buffer only — a kernel
 /// queued behind tens of milliseconds of work still reads the old bytes — and returns without waiting
@@ -55,11 +75,8 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
 fn uploads_queue_behind_the_work_without_waiting_for_it() {
     let _alone = alone();
     let Setup { rt, heavy, plus, row, x } = setup();
-    let cuda = rt.driver().as_any().downcast_ref::<kiln_ptx::Cuda>().expect("a CUDA driver");
-    // An upload into a reused buffer starts the marking of freed buffers (uploads into them may then
-    // run on the copy stream).
-    drop(rt.upload(&data(&row, 4)).unwrap());
-    drop(rt.upload(&data(&row, 5)).unwrap());
+    let cuda = cuda_of(&rt);
+    start_marking(&rt, &row);
     let (a_host, b_host) = (data(&row, 2), data(&row, 3));
     let a = rt.upload(&a_host).unwrap();
     // Both graphs loaded before the timed part (loading a module may wait for the device); their
@@ -76,9 +93,7 @@ fn uploads_queue_behind_the_work_without_waiting_for_it() {
     let b = rt.upload(&b_host).unwrap();
     assert_eq!(b.buffer.id(), a_id, "the upload was to reuse the buffer the queued kernel reads");
     assert!(!cuda.idle().unwrap(), "the upload waited for the work queued before it");
-    if std::env::var("KILN_CUDA_COPY_STREAM").as_deref() != Ok("0") {
-        assert_eq!(cuda.uploads_beside_kernels(), beside + 1, "the upload did not go to the copy stream");
-    }
+    assert_one_upload_beside(cuda, beside);
 
     let want_y: Vec<f64> = a_host.values().iter().map(|v| v + 1.0).collect();
     // A kernel queued after the upload reads the new bytes (its stream waits for the copy there).
@@ -115,12 +130,11 @@ fn uploads_queue_behind_the_work_without_waiting_for_it() {
 fn a_freed_upload_lands_before_its_buffer_is_reused() {
     let _alone = alone();
     let Setup { rt, heavy, plus, row, x } = setup();
-    let cuda = rt.driver().as_any().downcast_ref::<kiln_ptx::Cuda>().expect("a CUDA driver");
+    let cuda = cuda_of(&rt);
     let (a_host, c_host) = (data(&row, 2), data(&row, 3));
     let a = rt.upload(&a_host).unwrap();
-    // Start the marking (an upload into a reused buffer), leaving one marked 4 MiB buffer pooled.
-    drop(rt.upload(&data(&row, 4)).unwrap());
-    drop(rt.upload(&data(&row, 5)).unwrap());
+    // Leaves one marked 4 MiB buffer pooled.
+    start_marking(&rt, &row);
     let kept = rt.upload(&data(&row, 6)).unwrap();
     // Both graphs loaded before the timed part (loading a module may wait for the device); their
     // outputs kept, so the pool holds only the buffers the test means.
@@ -131,9 +145,7 @@ fn a_freed_upload_lands_before_its_buffer_is_reused() {
     drop(kept); // freed behind the products: an upload into it waits for them
     let beside = cuda.uploads_beside_kernels();
     let c = rt.upload(&c_host).unwrap();
-    if std::env::var("KILN_CUDA_COPY_STREAM").as_deref() != Ok("0") {
-        assert_eq!(cuda.uploads_beside_kernels(), beside + 1, "the upload did not go to the copy stream");
-    }
+    assert_one_upload_beside(cuda, beside);
     let c_id = c.buffer.id();
     drop(c);
     let y = rt.run(&plus, &[&a]).unwrap().remove(0);

@@ -708,8 +708,12 @@ impl Driver for Cuda {
 
     fn freed(&self, buffer: &Raw, bytes: u64, mark: bool) -> Option<u64> {
         let copies = self.copies.as_ref()?;
-        // A copy still pending into it comes before whatever reuses or frees it.
-        self.settle([self.ptr(buffer)]).ok()?;
+        // A copy still pending into it comes before whatever reuses or frees it. A failed wait leaves the
+        // copy pending (the buffer's next use waits for it again) and the buffer unmarked.
+        if let Err(e) = self.settle([self.ptr(buffer)]) {
+            tracing::warn!(target: "kiln::graph", error = %e, "a freed buffer's pending upload could not be waited for");
+            return None;
+        }
         if !mark {
             return None;
         }

@@ -40,9 +40,26 @@ pub struct Found {
 }
 
 /// Whether `target` runs attention over `dtype` with head dims `d` and `dv` as one fused kernel: on
-/// matrix units ([`matrix_fits`]) or, in f32, on lanes ([`lanes_fits`]).
+/// matrix units ([`matrix_fits`]) or, in f32, forward only ([`f32_fits`]).
 pub fn fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
-    matrix_fits(target, dtype, d, dv) || lanes_fits(target, dtype, d, dv)
+    matrix_fits(target, dtype, d, dv) || f32_fits(target, dtype, d, dv)
+}
+
+/// Whether an f32 template without a backward (lanes, [`lanes_fits`], or registers,
+/// [`registers_fits`]) runs this attention's forward pass.
+pub fn f32_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
+    lanes_fits(target, dtype, d, dv) || registers_fits(target, dtype, d, dv)
+}
+
+/// Whether the registers template (`AttentionUnits::Registers`) takes it: the target renders it
+/// (`Target::register_attention`), the dtype is f32 and the tile [`tile`] plans fits the head dims
+/// (`AttentionTile::registers_unfit`) and the target's shared memory.
+pub fn registers_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
+    let in_u32 = |x: i64| u32::try_from(x).ok();
+    target.lane_attention.is_none()
+        && target.register_attention
+        && dtype == DType::F32
+        && matches!((in_u32(d), in_u32(dv)), (Some(d), Some(dv)) if tile(target, dtype, d, dv, 1).is_some())
 }
 
 /// Whether the matrix-unit template takes it: the target has matrix units (the kernel's products are
@@ -84,9 +101,27 @@ pub fn lanes_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
 ///
 /// f32, on lanes (`Target::lane_attention` gives the largest division): its queries a workgroup, the
 /// most keys a tile (halving down to one chunk) that fit, 16-byte loads when rows are aligned to 4
-/// elements. `None` when no tile fits.
+/// elements. f32 on registers (`Target::register_attention`, without lanes): four warps (64 queries),
+/// 64 keys a tile, 16-byte loads when rows are aligned to 4 elements. `None` when no tile fits.
 pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Option<AttentionTile> {
     let budget = target.template_shared_bytes();
+    if dtype == DType::F32 && target.lane_attention.is_none() {
+        if !target.register_attention {
+            return None;
+        }
+        let t = AttentionTile {
+            warps: 4,
+            keys: 64,
+            vector: if align % 4 == 0 { 4 } else { 1 },
+            stages: 1,
+            units: AttentionUnits::Registers,
+            // Eight depth steps an iteration (four where the head dim allows no more): the products'
+            // loops fully unrolled made W5's attention 295 KB of PTX and 0.75 s of ptxas on the GPU host.
+            chunk: if d % 8 == 0 { 8 } else { 4 },
+            split: 1,
+        };
+        return (t.registers_unfit(d, dv).is_none() && t.shared_bytes(d, dv) <= budget).then_some(t);
+    }
     if dtype == DType::F32 {
         let la = target.lane_attention?;
         let lanes = |keys: u32, split: u32| AttentionTile {

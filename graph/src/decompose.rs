@@ -175,9 +175,9 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
 
 /// `node`, an attention node (or one of its backward pass) that `fusing` (the target, when attentions
 /// may be fused) does not run fused, as explicit ops; `None` for any other node, or one it runs fused.
-/// Head dims that are not constants are never fused. A forward pass only the lanes template would run
-/// is written out where its gradient is taken (`differentiated`, by the graph's `(q, k)`): the backward
-/// is written out there too (lanes have no backward template), and written out beside it the forward
+/// Head dims that are not constants are never fused. A forward pass only an f32 template would run (lanes
+/// or registers, `attention::f32_fits`) is written out where its gradient is taken (`differentiated`, by
+/// the graph's `(q, k)`): the backward is written out there too (neither has a backward template), and written out beside it the forward
 /// shares its scores and probabilities — computed once, and the gradients consistent with the output
 /// they are of (a fused output beside recomputed probabilities differs from them by rounding, which
 /// the backward's `dP - delta` amplifies). An error when the written-out form disagrees with the dtype
@@ -202,9 +202,9 @@ fn write_out(
         Op::Attention { scale, causal } => {
             let (d, dv) = (head(inputs[0], b), head(inputs[2], b));
             let on_matrix = fused(crate::attention::matrix_fits, node.dtype, d, dv);
-            let on_lanes = fused(crate::attention::lanes_fits, node.dtype, d, dv)
+            let on_f32 = fused(crate::attention::f32_fits, node.dtype, d, dv)
                 && !differentiated.contains(&(node.inputs[0], node.inputs[1]));
-            if on_matrix || on_lanes {
+            if on_matrix || on_f32 {
                 return Ok(None);
             }
             written.attention(b, inputs[0], inputs[1], inputs[2], scale, causal)

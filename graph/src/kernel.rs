@@ -698,7 +698,21 @@ pub enum AttentionUnits {
     /// threads, so no bank conflicts); its softmax needs no other thread. For targets without matrix
     /// units (WGSL), where written out the scores would cross memory three times.
     Lanes,
+    /// Each thread's registers, in f32, tiled as a matrix product is: a warp owns 16 queries, each
+    /// thread a block of 4 queries × 8 keys of the scores and 4 queries × `value_dim / 8` columns of
+    /// the output, read from the query, key and value tiles in workgroup memory (the queries and keys
+    /// transposed, so a thread's four queries or eight keys at one depth are two 16-byte reads); the
+    /// probabilities pass through workgroup memory to the second product. For targets whose renderer
+    /// has it (PTX) and whose f32 products would otherwise go to a library written out.
+    Registers,
 }
+
+/// Queries a thread owns in [`AttentionUnits::Registers`] (4 rows of the scores and of the output).
+pub const REGISTER_ROWS: u32 = 4;
+
+/// Threads sharing a query's row in [`AttentionUnits::Registers`]: each holds an eighth of its scores
+/// (8 of a 64-key tile) and of its output's columns.
+pub const REGISTER_COLUMN_THREADS: u32 = 8;
 
 /// How the attention template divides its work, chosen by `graph` from the target and head dims.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -719,7 +733,9 @@ pub struct AttentionTile {
     #[serde(default)]
     pub units: AttentionUnits,
     /// With lanes: keys whose scores a thread computes before it folds them into its running max, sum
-    /// and output (one rescale of the output a chunk, not a key); a divisor of `keys`. 0 otherwise.
+    /// and output (one rescale of the output a chunk, not a key); a divisor of `keys`. With registers:
+    /// depth steps of each product unrolled in one iteration of its loop; a divisor of `keys` and of
+    /// the head dim. 0 otherwise.
     #[serde(default)]
     pub chunk: u32,
     /// With lanes: threads a query is split across (1, 2 or 4), each holding that share of its rows and
@@ -737,6 +753,7 @@ impl AttentionTile {
     pub fn rows(&self) -> u32 {
         match self.units {
             AttentionUnits::Matrix => 16 * self.warps,
+            AttentionUnits::Registers => 32 / REGISTER_COLUMN_THREADS * REGISTER_ROWS * self.warps,
             AttentionUnits::Lanes => self.threads() / self.split.max(1),
         }
     }
@@ -770,6 +787,36 @@ impl AttentionTile {
         })
     }
 
+    /// Why this registers tile (`AttentionUnits::Registers`) cannot run an attention of head dims `d`
+    /// and `dv`, if it cannot: 64 keys a tile (a thread's eight scores of a row are two 4-key vectors, 32
+    /// keys apart), one stage of 1- or 4-element loads, `d` a multiple of 4 (rows read as 4-lane
+    /// vectors) and `dv` of 8 (eight threads share a row's columns), both at most 64 (a thread's output
+    /// block and scores in registers). The one rule `attention::tile` chooses by, the validator checks
+    /// and the renderer relies on.
+    pub fn registers_unfit(&self, d: u32, dv: u32) -> Option<String> {
+        let fits = self.units == AttentionUnits::Registers
+            && self.keys == 64
+            && self.warps > 0
+            && self.chunk > 0
+            && self.keys % self.chunk == 0
+            && d % self.chunk == 0
+            && matches!(self.vector, 1 | 4)
+            && self.stages == 1
+            && d > 0
+            && d % 4 == 0
+            && d <= 64
+            && dv > 0
+            && dv % 8 == 0
+            && dv <= 64;
+        (!fits).then(|| {
+            format!(
+                "registers tile {self:?} over head dims {d} and {dv} (64 keys a tile, unrolled steps dividing \
+                 them and the head dim, one stage of 1- or 4-element loads, head dims multiples of 4 and 8 up \
+                 to 64)"
+            )
+        })
+    }
+
     /// Elements a shared-memory row of head dim `d` takes: 8 more than `d`, so the eight rows one
     /// matrix load reads start in different banks.
     pub fn smem_row(d: u32) -> u32 {
@@ -779,9 +826,15 @@ impl AttentionTile {
     /// Shared memory the forward template uses for head dims `d` and `dv`, 2-byte elements: the query
     /// block and `stages` key and value tiles.
     pub fn shared_bytes(&self, d: u32, dv: u32) -> u32 {
-        if self.units == AttentionUnits::Lanes {
+        match self.units {
             // f32 key and value tiles, unpadded: every thread reads the same address at once.
-            return 4 * self.keys * (d + dv);
+            AttentionUnits::Lanes => return 4 * self.keys * (d + dv),
+            // f32: the query block transposed, the key tile transposed (the probabilities, keys ×
+            // queries, take its place once the scores are computed) and the value tile.
+            AttentionUnits::Registers => {
+                return 4 * (self.rows() * d + self.keys * d.max(self.rows()) + self.keys * dv);
+            }
+            AttentionUnits::Matrix => {}
         }
         2 * (self.rows() * Self::smem_row(d) + self.stages * self.keys * (Self::smem_row(d) + Self::smem_row(dv)))
     }
@@ -1468,6 +1521,7 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                     a.tile.warps,
                     match a.tile.units {
                         AttentionUnits::Matrix => String::new(),
+                        AttentionUnits::Registers => " on registers, 4 queries × 8 keys a thread".to_string(),
                         AttentionUnits::Lanes => {
                             format!(" on lanes, a query each {} threads, {} keys a chunk", a.tile.split, a.tile.chunk)
                         }

@@ -36,6 +36,11 @@ pub struct Target {
     /// WGSL's renderer does. `None`: it has no such template.
     #[serde(default)]
     pub lane_attention: Option<LaneAttention>,
+    /// Renders the f32 attention template whose products run on each thread's registers, tiled
+    /// (`kernel::AttentionUnits::Registers`; see `attention::registers_fits`): PTX's renderer does. Where
+    /// a target has both, the lanes template is planned.
+    #[serde(default)]
+    pub register_attention: bool,
     /// Widest vector load or store, in bytes.
     pub max_vector_bytes: u32,
     /// Most lanes a vectorised loop may have: WGSL's widest vector has four; PTX moves eight 2-byte
@@ -202,6 +207,7 @@ impl Target {
             bf16_compute: false,
             matrix_units: false,
             lane_attention: Some(LaneAttention::default()),
+            register_attention: false,
             max_vector_bytes: 16,
             max_vector_lanes: default_vector_lanes(),
             packed_half_storage: true,
@@ -248,9 +254,11 @@ impl Target {
             bf16_compute: false,
             // The template's `mma.m16n8k16` over bf16 needs sm_80 (kiln renders for sm_80 or newer).
             matrix_units: sm >= 80,
-            // f32 attention is written out on CUDA (its products go to cuBLAS); the PTX renderer has
+            // f32 attention runs as one kernel on the registers template (written out, its two
+            // products went to cuBLAS and its scores crossed memory three times); the PTX renderer has
             // no lanes template.
             lane_attention: None,
+            register_attention: true,
             max_vector_bytes: 16,
             // Eight bf16 lanes are one 16-byte access, as four f32 lanes are (four took W5-train-bf16's
             // pointwise kernels 8 bytes an access).
@@ -369,11 +377,11 @@ impl Target {
         if !self.library_epilogue {
             self.conv_row_products_bytes = 0;
         }
-        if (self.matrix_units || self.lane_attention.is_some())
+        if (self.matrix_units || self.lane_attention.is_some() || self.register_attention)
             && std::env::var(format!("KILN_{backend}_ATTENTION")).as_deref() == Ok("written-out")
         {
             self.name = format!("{}-attention-written-out", self.name);
-            (self.matrix_units, self.lane_attention) = (false, None);
+            (self.matrix_units, self.lane_attention, self.register_attention) = (false, None, false);
         }
         let lanes = std::env::var(format!("KILN_{backend}_LANE_ATTENTION")).ok();
         if let (Some(la), Some(v)) = (self.lane_attention.as_mut(), lanes) {

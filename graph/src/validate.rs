@@ -102,14 +102,21 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
             if launch.threads != a.tile.threads() {
                 return broken(format!("{} threads for an attention tile of {} warps", launch.threads, a.tile.warps));
             }
-            if a.tile.units == AttentionUnits::Lanes {
-                if let Some(why) = a.tile.lanes_unfit(a.head_dim, a.value_dim, target.subgroup_size) {
+            if a.tile.units != AttentionUnits::Matrix {
+                let unfit = match a.tile.units {
+                    AttentionUnits::Lanes => a.tile.lanes_unfit(a.head_dim, a.value_dim, target.subgroup_size),
+                    _ => a.tile.registers_unfit(a.head_dim, a.value_dim),
+                };
+                if let Some(why) = unfit {
                     return broken(why);
+                }
+                if a.second.is_some() {
+                    return broken(format!("an attention on {:?} writes no second output", a.tile.units));
                 }
                 if a.pass != AttentionPass::Forward || a.dtype != crate::DType::F32 {
                     return broken(format!(
-                        "an attention on lanes runs the f32 forward pass, not {:?} over {}",
-                        a.pass, a.dtype
+                        "an attention on {:?} runs the f32 forward pass, not {:?} over {}",
+                        a.tile.units, a.pass, a.dtype
                     ));
                 }
             }

@@ -2,7 +2,7 @@
 //! target and the graph), how its operands are read in place, and that the template computes what the
 //! written-out form does (through the kernel interpreter, against the f64 reference).
 
-use kiln_graph::kernel::{Attention, Stmt};
+use kiln_graph::kernel::{Attention, AttentionUnits, Stmt};
 use kiln_graph::tolerance::{compare, Expected, Tolerance};
 use kiln_graph::workloads::data;
 use kiln_graph::{capture, compile_graph, interp, CompiledGraph, DType, Graph, Result, Target, Tensor, TensorSpec};
@@ -132,8 +132,10 @@ fn joint_op(c: &CompiledGraph, m: kiln_graph::ir::NodeId) -> &'static str {
 
 #[test]
 fn attention_stays_written_out_where_the_target_or_dtype_does_not_fit() {
-    // f32 (no f32 matrix instructions in the template), and a device without matrix units.
-    let f32 = checked(&qkv_spec(DType::F32), gpt_attention, &Target::cuda(90));
+    // f32 on a target without an f32 template (its renderer has neither lanes nor registers), and bf16 on
+    // a device without matrix units.
+    let plain = Target { register_attention: false, ..Target::cuda(90) };
+    let f32 = checked(&qkv_spec(DType::F32), gpt_attention, &plain);
     assert!(attentions(&f32).is_empty(), "{f32}");
     let web = checked(&qkv_spec(DType::BF16), gpt_attention, &Target::webgpu_default());
     assert!(attentions(&web).is_empty(), "{web}");
@@ -141,6 +143,31 @@ fn attention_stays_written_out_where_the_target_or_dtype_does_not_fit() {
     let g = capture(&qkv_spec(DType::BF16), gpt_attention).unwrap();
     let eager = kiln_graph::compile_graph_with(&g, &Target::cuda(90), kiln_graph::FusionMode::PerOp).unwrap();
     assert!(attentions(&eager).is_empty());
+}
+
+#[test]
+fn f32_attention_on_cuda_is_one_kernel_on_registers() {
+    // GPT's heads read in place out of the projection (rows 16-byte aligned: 16-byte loads), through the
+    // kernel interpreter against the reference.
+    let c = checked(&qkv_spec(DType::F32), gpt_attention, &Target::cuda(90));
+    let a = attentions(&c);
+    assert_eq!(a.len(), 1, "{c}");
+    assert_eq!(a[0].tile.units, AttentionUnits::Registers, "{c}");
+    assert_eq!((a[0].tile.rows(), a[0].tile.keys, a[0].tile.vector), (64, 64, 4), "{c}");
+    assert!(a[0].tile.registers_unfit(32, 32).is_none());
+    // A head dim past the template's registers stays written out; an unaligned one loads 4 bytes at a time.
+    let f32_specs = |tq: usize, tk: usize, d: usize, dv: usize| {
+        [[3, tq, d], [3, tk, d], [3, tk, dv]].map(|dims| TensorSpec::new(DType::F32, &dims))
+    };
+    let wide = checked(&f32_specs(20, 20, 128, 128), variants, &Target::cuda(90));
+    assert!(attentions(&wide).is_empty(), "{wide}");
+    // Both variants (causal and scaled; neither), more keys than queries, a head dim of three vectors.
+    let odd = checked(&f32_specs(20, 70, 12, 24), variants, &Target::cuda(90));
+    let a = attentions(&odd);
+    assert_eq!(a.len(), 2, "{odd}");
+    for a in a {
+        assert_eq!((a.tile.units, a.tile.vector, a.tile.chunk), (AttentionUnits::Registers, 4, 4), "{odd}");
+    }
 }
 
 fn heads(t: &[Tensor]) -> [Tensor; 3] {

@@ -135,13 +135,15 @@ fn w5_block_inputs(b: usize, s: usize, d: usize) -> Vec<TensorSpec> {
     v
 }
 
-/// With its own matmul template (no GEMM library), each matmul fuses its epilogue.
+/// With its own matmul template (no GEMM library) and its attention written out (no f32 attention
+/// template), each matmul fuses its epilogue.
 #[test]
 fn w5_block_is_six_matmuls_one_softmax_two_layernorms() {
     let (b, s, d) = (8, 512, 768);
     let inputs = w5_block_inputs(b, s, d);
     let g = capture(&inputs, |t| Ok(vec![w5_block(t, 12)?])).expect("traces");
-    let c = compile_graph(&g, &Target { library_gemm: false, ..Target::cuda(90) }).expect("compiles");
+    let target = Target { library_gemm: false, register_attention: false, ..Target::cuda(90) };
+    let c = compile_graph(&g, &target).expect("compiles");
     assert_eq!(c.kernel_kinds(), (0, 3, 6), "{:#?}", c.fusion.regions.iter().map(|r| &r.name).collect::<Vec<_>>());
     let rows: Vec<&str> = c
         .fusion
@@ -220,15 +222,24 @@ fn fusion_never_raises_peak_memory() {
     }
 }
 
-/// With cuBLAS, the six matmuls are library calls; the attention output, whose heads the projection
-/// reads back as rows, is stored once; bias, GELU and the residuals fuse into the kernels between.
+/// With cuBLAS and the attention written out, the six matmuls are library calls; the attention output,
+/// whose heads the projection reads back as rows, is stored once; bias, GELU and the residuals fuse
+/// into the kernels between. With the f32 attention template (CUDA's), the two attention products and
+/// the softmax are one kernel beside the four linear layers' calls.
 #[test]
 fn w5_block_on_a_gemm_library() {
+    let g = capture(&w5_block_inputs(8, 512, 768), |t| Ok(vec![w5_block(t, 12)?])).expect("traces");
+    let written = compile_graph(&g, &Target { register_attention: false, ..Target::cuda(90) }).expect("compiles");
+    let gemms = |c: &CompiledGraph| c.kernels.iter().filter(|k| k.gemm().is_some()).count();
+    assert_eq!(gemms(&written), 6, "{written}");
+    assert_eq!(written.kernel_kinds().1, 3, "two layer norms and the softmax stay row kernels");
+    assert!(written.kernels.len() <= 14, "{} kernels:\n{written}", written.kernels.len());
     let c = compiled(&w5_block_inputs(8, 512, 768), |t| Ok(vec![w5_block(t, 12)?]));
-    let gemms = c.kernels.iter().filter(|k| k.gemm().is_some()).count();
-    assert_eq!(gemms, 6, "{c}");
-    assert_eq!(c.kernel_kinds().1, 3, "two layer norms and the softmax stay row kernels");
-    assert!(c.kernels.len() <= 14, "{} kernels:\n{c}", c.kernels.len());
+    assert_eq!(gemms(&c), 4, "{c}");
+    assert_eq!(c.kernel_kinds().1, 2, "two layer norms stay row kernels; the softmax is the attention's");
+    let attentions = c.kernels.iter().filter(|k| matches!(k.body.as_slice(), [Stmt::Attention(_)])).count();
+    assert_eq!(attentions, 1, "{c}");
+    assert!(c.kernels.len() < written.kernels.len(), "{c}");
 }
 
 /// A full reduction of 2^32 elements or more (and of 2^31..2^32) lowers with 64-bit extents: a chain of

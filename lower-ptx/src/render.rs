@@ -22,6 +22,7 @@ pub use kiln_graph::kernel::RenderError;
 
 mod attention;
 mod attention_grad;
+mod attention_registers;
 
 /// A rendered kernel.
 #[derive(Clone, Debug)]

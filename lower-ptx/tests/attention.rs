@@ -1,8 +1,10 @@
-//! The fused attention template as PTX: every shape of it `graph` can choose (both half dtypes, head dims
-//! 16 to 128, causal or not, 16-byte or 2-byte loads, one stage of key and value tiles or two) assembles with ptxas for sm_80 and sm_90 and fits
-//! its registers without spilling. Its results are checked on a GPU by `conformance_cuda`.
+//! The fused attention templates as PTX: every shape of them `graph` can choose (both half dtypes on
+//! matrix units, head dims 16 to 128, causal or not, 16-byte or 2-byte loads, one stage of key and
+//! value tiles or two; f32 on registers, head dims 8 to 64, 16-byte or 4-byte loads) assembles with
+//! ptxas for sm_80 and sm_90 and fits its registers without spilling. Their results are checked on a
+//! GPU by `conformance_cuda`.
 
-use kiln_graph::kernel::Stmt;
+use kiln_graph::kernel::{AttentionUnits, Stmt};
 use kiln_graph::{capture, compile_graph, DType, Result, Target, Tensor, TensorSpec};
 
 fn causal(t: &[Tensor]) -> Result<Vec<Tensor>> {
@@ -41,10 +43,26 @@ fn every_attention_template_assembles_without_spilling() {
         (a.tile.vector, a.tile.stages) = (1, 1);
     }
     cases.push(narrow);
-    for k in &cases {
+    let matrix = cases.len();
+    for (f, d, dv) in [(causal as fn(&[Tensor]) -> Result<Vec<Tensor>>, 64, 64), (plain, 32, 48), (causal, 8, 8)] {
+        cases.push(kernel(f, DType::F32, d, dv));
+    }
+    // 4-byte loads of the f32 template.
+    let mut narrow = kernel(causal, DType::F32, 64, 64);
+    if let [Stmt::Attention(a)] = narrow.body.as_mut_slice() {
+        assert_eq!(a.tile.units, AttentionUnits::Registers, "f32 attention on CUDA runs on registers");
+        assert_eq!(a.tile.vector, 4, "aligned f32 rows move 16 bytes a load");
+        a.tile.vector = 1;
+    }
+    cases.push(narrow);
+    for (n, k) in cases.iter().enumerate() {
         for sm in [80, 90] {
             let ptx = kiln_ptx::render(k, sm).unwrap().source;
-            assert!(ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("ldmatrix"), "{ptx}");
+            if n < matrix {
+                assert!(ptx.contains("mma.sync.aligned.m16n8k16") && ptx.contains("ldmatrix"), "{ptx}");
+            } else {
+                assert!(ptx.contains("fma.rn.f32") && !ptx.contains("mma.sync"), "{ptx}");
+            }
             let used = kiln_ptx::ptxas::resources(&ptxas, &k.name, &ptx, sm).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(used.spill_stores, 0, "{} spills on sm_{sm}: {used:?}\n{k}", k.name);
             eprintln!("{} sm_{sm}: {used:?}", k.name);

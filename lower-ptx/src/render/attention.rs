@@ -290,17 +290,18 @@ impl Writer<'_> {
             self.emit(&format!("sub.s64 {start}, {start}, 1;"));
         }
         self.emit(&format!("mul.lo.s64 {start}, {start}, {rows};"));
-        // Element bytes: half-precision rows, f32 log-sum-exps and deltas; each output as its pass writes it.
-        let bytes = |pass: AttentionPass| if pass.f32_output() { 4 } else { 2 };
+        // Element bytes: the operands' dtype, f32 log-sum-exps and deltas; each output as its pass writes it.
+        let el = a.dtype.size_bytes() as u32;
+        let bytes = |pass: AttentionPass| if pass.f32_output() { 4 } else { el };
         let operands: [(Option<&RowsOperand>, u32); OPERANDS] = [
-            (Some(&a.q), 2),
-            (Some(&a.k), 2),
-            (Some(&a.v), 2),
+            (Some(&a.q), el),
+            (Some(&a.k), el),
+            (Some(&a.v), el),
             (Some(&a.out), bytes(a.pass)),
-            (a.dout.as_ref(), 2),
+            (a.dout.as_ref(), el),
             (a.lse.as_ref(), 4),
             (a.delta.as_ref(), 4),
-            (a.second.as_ref(), a.pass.second().map_or(2, bytes)),
+            (a.second.as_ref(), a.pass.second().map_or(el, bytes)),
         ];
         let mut base: Vec<String> = Vec::with_capacity(OPERANDS);
         for (o, _) in &operands {
@@ -532,9 +533,13 @@ impl Writer<'_> {
 
     /// The whole kernel body for `a`: the forward pass, its log-sum-exps alone, or a gradient.
     pub(super) fn attention(&mut self, a: &Attention) {
-        // `Target::cuda` does not ask for it (`lane_attention`): f32 attention goes to cuBLAS written out.
-        if a.tile.units != AttentionUnits::Matrix {
-            return self.fail(format!("attention tile {:?}: this renderer has the matrix-unit template only", a.tile));
+        match a.tile.units {
+            AttentionUnits::Matrix => {}
+            AttentionUnits::Registers => return self.attention_registers(a),
+            // `Target::cuda` does not ask for it (`lane_attention`).
+            AttentionUnits::Lanes => {
+                return self.fail(format!("attention tile {:?}: this renderer has no lanes template", a.tile));
+            }
         }
         if let AttentionPass::Grad(part) = a.pass {
             return self.attention_grad(a, part);

@@ -57,7 +57,7 @@ pub fn f32_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
 pub fn registers_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
     let in_u32 = |x: i64| u32::try_from(x).ok();
     target.lane_attention.is_none()
-        && target.register_attention
+        && target.register_attention.is_some()
         && dtype == DType::F32
         && matches!((in_u32(d), in_u32(dv)), (Some(d), Some(dv)) if tile(target, dtype, d, dv, 1).is_some())
 }
@@ -101,16 +101,15 @@ pub fn lanes_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
 ///
 /// f32, on lanes (`Target::lane_attention` gives the largest division): its queries a workgroup, the
 /// most keys a tile (halving down to one chunk) that fit, 16-byte loads when rows are aligned to 4
-/// elements. f32 on registers (`Target::register_attention`, without lanes): four warps (64 queries),
-/// 64 keys a tile, 16-byte loads when rows are aligned to 4 elements. `None` when no tile fits.
+/// elements. f32 on registers (`Target::register_attention`, without lanes): 64 queries a workgroup,
+/// `thread_rows` a thread, 64 keys a tile, 16-byte loads when rows are aligned to 4 elements. `None` when no tile fits.
 pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Option<AttentionTile> {
     let budget = target.template_shared_bytes();
     if dtype == DType::F32 && target.lane_attention.is_none() {
-        if !target.register_attention {
-            return None;
-        }
+        let ra = target.register_attention?;
         let t = AttentionTile {
-            warps: 4,
+            // 64 queries: eight threads a row of queries, `thread_rows` queries a thread.
+            warps: 64 / (ra.thread_rows.max(1) * 32 / crate::kernel::REGISTER_COLUMN_THREADS),
             keys: 64,
             vector: if align % 4 == 0 { 4 } else { 1 },
             stages: 1,
@@ -119,6 +118,7 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
             // loops fully unrolled made W5's attention 295 KB of PTX and 0.75 s of ptxas on the GPU host.
             chunk: if d % 8 == 0 { 8 } else { 4 },
             split: 1,
+            thread_rows: ra.thread_rows,
         };
         return (t.registers_unfit(d, dv).is_none() && t.shared_bytes(d, dv) <= budget).then_some(t);
     }
@@ -132,6 +132,7 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
             units: AttentionUnits::Lanes,
             chunk: la.chunk,
             split,
+            thread_rows: 0,
         };
         // A query split across threads where the tile's rule allows it (subgroups to sum the partial
         // scores, head dims in 4-lane vectors a thread); else one thread a query.
@@ -158,6 +159,7 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
                 units: AttentionUnits::Matrix,
                 chunk: 0,
                 split: 1,
+                thread_rows: 0,
             })
         })
         .find(|t| t.shared_bytes(d, dv) <= budget)
@@ -192,6 +194,7 @@ pub fn grad_tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<Atte
             units: AttentionUnits::Matrix,
             chunk: 0,
             split: 1,
+            thread_rows: 0,
         })
         .find(|t| t.grad_shared_bytes(d, dv) <= budget)
 }

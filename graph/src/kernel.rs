@@ -698,17 +698,14 @@ pub enum AttentionUnits {
     /// threads, so no bank conflicts); its softmax needs no other thread. For targets without matrix
     /// units (WGSL), where written out the scores would cross memory three times.
     Lanes,
-    /// Each thread's registers, in f32, tiled as a matrix product is: a warp owns 16 queries, each
-    /// thread a block of 4 queries × 8 keys of the scores and 4 queries × `value_dim / 8` columns of
-    /// the output, read from the query, key and value tiles in workgroup memory (the queries and keys
+    /// Each thread's registers, in f32, tiled as a matrix product is: each thread a block of
+    /// `thread_rows` queries × 8 keys of the scores and of `thread_rows` queries × `value_dim / 8`
+    /// columns of the output, read from the query, key and value tiles in workgroup memory (the queries and keys
     /// transposed, so a thread's four queries or eight keys at one depth are two 16-byte reads); the
     /// probabilities pass through workgroup memory to the second product. For targets whose renderer
     /// has it (PTX) and whose f32 products would otherwise go to a library written out.
     Registers,
 }
-
-/// Queries a thread owns in [`AttentionUnits::Registers`] (4 rows of the scores and of the output).
-pub const REGISTER_ROWS: u32 = 4;
 
 /// Threads sharing a query's row in [`AttentionUnits::Registers`]: each holds an eighth of its scores
 /// (8 of a 64-key tile) and of its output's columns.
@@ -742,6 +739,10 @@ pub struct AttentionTile {
     /// their partial scores summed by subgroup shuffles — fewer registers a thread, so more threads fit.
     #[serde(default = "one_stage")]
     pub split: u32,
+    /// With registers: queries a thread owns (4 or 8), each with its eight keys of a tile's scores and
+    /// its share of the output's columns. 0 otherwise.
+    #[serde(default)]
+    pub thread_rows: u32,
 }
 
 fn one_stage() -> u32 {
@@ -753,7 +754,7 @@ impl AttentionTile {
     pub fn rows(&self) -> u32 {
         match self.units {
             AttentionUnits::Matrix => 16 * self.warps,
-            AttentionUnits::Registers => 32 / REGISTER_COLUMN_THREADS * REGISTER_ROWS * self.warps,
+            AttentionUnits::Registers => 32 / REGISTER_COLUMN_THREADS * self.thread_rows * self.warps,
             AttentionUnits::Lanes => self.threads() / self.split.max(1),
         }
     }
@@ -788,7 +789,7 @@ impl AttentionTile {
     }
 
     /// Why this registers tile (`AttentionUnits::Registers`) cannot run an attention of head dims `d`
-    /// and `dv`, if it cannot: 64 keys a tile (a thread's eight scores of a row are two 4-key vectors, 32
+    /// and `dv`, if it cannot: 64 queries a workgroup of 4 or 8 a thread, 64 keys a tile (a thread's eight scores of a row are two 4-key vectors, 32
     /// keys apart), one stage of 1- or 4-element loads, `d` a multiple of 4 (rows read as 4-lane
     /// vectors) and `dv` of 8 (eight threads share a row's columns), both at most 64 (a thread's output
     /// block and scores in registers). The one rule `attention::tile` chooses by, the validator checks
@@ -796,7 +797,9 @@ impl AttentionTile {
     pub fn registers_unfit(&self, d: u32, dv: u32) -> Option<String> {
         let fits = self.units == AttentionUnits::Registers
             && self.keys == 64
+            && matches!(self.thread_rows, 4 | 8)
             && self.warps > 0
+            && self.rows() == 64
             && self.chunk > 0
             && self.keys % self.chunk == 0
             && d % self.chunk == 0
@@ -810,7 +813,7 @@ impl AttentionTile {
             && dv <= 64;
         (!fits).then(|| {
             format!(
-                "registers tile {self:?} over head dims {d} and {dv} (64 keys a tile, unrolled steps dividing \
+                "registers tile {self:?} over head dims {d} and {dv} (64 queries, 4 or 8 a thread, 64 keys a tile, unrolled steps dividing \
                  them and the head dim, one stage of 1- or 4-element loads, head dims multiples of 4 and 8 up \
                  to 64)"
             )
@@ -1521,7 +1524,9 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                     a.tile.warps,
                     match a.tile.units {
                         AttentionUnits::Matrix => String::new(),
-                        AttentionUnits::Registers => " on registers, 4 queries × 8 keys a thread".to_string(),
+                        AttentionUnits::Registers => {
+                            format!(" on registers, {} queries × 8 keys a thread", a.tile.thread_rows)
+                        }
                         AttentionUnits::Lanes => {
                             format!(" on lanes, a query each {} threads, {} keys a chunk", a.tile.split, a.tile.chunk)
                         }

@@ -37,10 +37,10 @@ pub struct Target {
     #[serde(default)]
     pub lane_attention: Option<LaneAttention>,
     /// Renders the f32 attention template whose products run on each thread's registers, tiled
-    /// (`kernel::AttentionUnits::Registers`; see `attention::registers_fits`): PTX's renderer does. Where
-    /// a target has both, the lanes template is planned.
+    /// (`kernel::AttentionUnits::Registers`; see `attention::registers_fits`), with this division: PTX's
+    /// renderer does. Where a target has both, the lanes template is planned. `None`: no such template.
     #[serde(default)]
-    pub register_attention: bool,
+    pub register_attention: Option<RegisterAttention>,
     /// Widest vector load or store, in bytes.
     pub max_vector_bytes: u32,
     /// Most lanes a vectorised loop may have: WGSL's widest vector has four; PTX moves eight 2-byte
@@ -141,6 +141,14 @@ fn one() -> u32 {
     1
 }
 
+/// The registers attention template's division (`attention::tile`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RegisterAttention {
+    /// Queries a thread owns (`kernel::AttentionTile::thread_rows`): 4 or 8. Eight read half the shared
+    /// memory per multiply-add that four do, in twice the registers.
+    pub thread_rows: u32,
+}
+
 impl Default for LaneAttention {
     /// 128 queries a workgroup, tiles of 32 keys (16 KiB of workgroup memory at head dim 64: WebGPU's
     /// guaranteed limit), chunks of 4: the fastest of the 15 divisions measured on an H200 over NVIDIA
@@ -207,7 +215,7 @@ impl Target {
             bf16_compute: false,
             matrix_units: false,
             lane_attention: Some(LaneAttention::default()),
-            register_attention: false,
+            register_attention: None,
             max_vector_bytes: 16,
             max_vector_lanes: default_vector_lanes(),
             packed_half_storage: true,
@@ -258,7 +266,10 @@ impl Target {
             // products went to cuBLAS and its scores crossed memory three times); the PTX renderer has
             // no lanes template.
             lane_attention: None,
-            register_attention: true,
+            // Four queries a thread: eight ran W5's attention kernel 6% faster alone but W5 no faster
+            // (6.004–6.007 against 5.993–5.995 ms) and took ptxas twice as long (254 registers; cold
+            // compile 399–421 against 146–230 ms): `benches/NOTES.md`, session 42.
+            register_attention: Some(RegisterAttention { thread_rows: 4 }),
             max_vector_bytes: 16,
             // Eight bf16 lanes are one 16-byte access, as four f32 lanes are (four took W5-train-bf16's
             // pointwise kernels 8 bytes an access).
@@ -344,7 +355,8 @@ impl Target {
     /// `KILN_<BACKEND>_COLUMN_THREADS` (`column_threads`), `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full
     /// precision, as `torch.backends.cudnn.allow_tf32 = False`), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
-    /// attention on matrix units or lanes), `KILN_<BACKEND>_LANE_ATTENTION=rows,keys,chunk[,split]` (`lane_attention`) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
+    /// attention on matrix units, lanes or registers), `KILN_<BACKEND>_LANE_ATTENTION=rows,keys,chunk[,split]` (`lane_attention`),
+    /// `KILN_<BACKEND>_REGISTER_ATTENTION_ROWS=4|8` (`register_attention`'s queries a thread) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
     /// (`benches/NOTES.md`), `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix) and
     /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB), `KILN_<BACKEND>_MATMUL_TILE` (`matmul_tile`).
@@ -377,11 +389,17 @@ impl Target {
         if !self.library_epilogue {
             self.conv_row_products_bytes = 0;
         }
-        if (self.matrix_units || self.lane_attention.is_some() || self.register_attention)
+        if (self.matrix_units || self.lane_attention.is_some() || self.register_attention.is_some())
             && std::env::var(format!("KILN_{backend}_ATTENTION")).as_deref() == Ok("written-out")
         {
             self.name = format!("{}-attention-written-out", self.name);
-            (self.matrix_units, self.lane_attention, self.register_attention) = (false, None, false);
+            (self.matrix_units, self.lane_attention, self.register_attention) = (false, None, None);
+        }
+        if let (Some(ra), Some(rows)) = (self.register_attention.as_mut(), knob("REGISTER_ATTENTION_ROWS")) {
+            if rows != ra.thread_rows {
+                ra.thread_rows = rows;
+                self.name = format!("{}-register-attention-{rows}", self.name);
+            }
         }
         let lanes = std::env::var(format!("KILN_{backend}_LANE_ATTENTION")).ok();
         if let (Some(la), Some(v)) = (self.lane_attention.as_mut(), lanes) {

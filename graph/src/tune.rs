@@ -11,7 +11,7 @@
 
 use crate::error::Result;
 use crate::pipeline::CompiledGraph;
-use crate::target::{LaneAttention, Target};
+use crate::target::{LaneAttention, RegisterAttention, Target};
 use crate::value::Value;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -53,6 +53,12 @@ fn candidates(target: &Target) -> Vec<(String, Target)> {
                 v.push((label, Target { lane_attention: Some(other), ..target.clone() }));
             }
         }
+    }
+    // The registers attention's other division: four queries a thread for eight, or eight for four.
+    if let Some(ra) = target.register_attention {
+        let thread_rows = if ra.thread_rows == 8 { 4 } else { 8 };
+        let other = Target { register_attention: Some(RegisterAttention { thread_rows }), ..target.clone() };
+        v.push((format!("register_attention.thread_rows={thread_rows}"), other));
     }
     v
 }

@@ -134,7 +134,7 @@ fn joint_op(c: &CompiledGraph, m: kiln_graph::ir::NodeId) -> &'static str {
 fn attention_stays_written_out_where_the_target_or_dtype_does_not_fit() {
     // f32 on a target without an f32 template (its renderer has neither lanes nor registers), and bf16 on
     // a device without matrix units.
-    let plain = Target { register_attention: false, ..Target::cuda(90) };
+    let plain = Target { register_attention: None, ..Target::cuda(90) };
     let f32 = checked(&qkv_spec(DType::F32), gpt_attention, &plain);
     assert!(attentions(&f32).is_empty(), "{f32}");
     let web = checked(&qkv_spec(DType::BF16), gpt_attention, &Target::webgpu_default());

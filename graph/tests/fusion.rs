@@ -142,7 +142,7 @@ fn w5_block_is_six_matmuls_one_softmax_two_layernorms() {
     let (b, s, d) = (8, 512, 768);
     let inputs = w5_block_inputs(b, s, d);
     let g = capture(&inputs, |t| Ok(vec![w5_block(t, 12)?])).expect("traces");
-    let target = Target { library_gemm: false, register_attention: false, ..Target::cuda(90) };
+    let target = Target { library_gemm: false, register_attention: None, ..Target::cuda(90) };
     let c = compile_graph(&g, &target).expect("compiles");
     assert_eq!(c.kernel_kinds(), (0, 3, 6), "{:#?}", c.fusion.regions.iter().map(|r| &r.name).collect::<Vec<_>>());
     let rows: Vec<&str> = c
@@ -229,7 +229,7 @@ fn fusion_never_raises_peak_memory() {
 #[test]
 fn w5_block_on_a_gemm_library() {
     let g = capture(&w5_block_inputs(8, 512, 768), |t| Ok(vec![w5_block(t, 12)?])).expect("traces");
-    let written = compile_graph(&g, &Target { register_attention: false, ..Target::cuda(90) }).expect("compiles");
+    let written = compile_graph(&g, &Target { register_attention: None, ..Target::cuda(90) }).expect("compiles");
     let gemms = |c: &CompiledGraph| c.kernels.iter().filter(|k| k.gemm().is_some()).count();
     assert_eq!(gemms(&written), 6, "{written}");
     assert_eq!(written.kernel_kinds().1, 3, "two layer norms and the softmax stay row kernels");

@@ -143,7 +143,7 @@ fn attention(t: &[Tensor]) -> Result<Vec<Tensor>> {
 #[test]
 fn attention_views_are_read_in_place_with_a_two_level_batch() {
     // Written out (no f32 attention template), so its products are library calls.
-    let target = Target { register_attention: false, ..Target::cuda(90) };
+    let target = Target { register_attention: None, ..Target::cuda(90) };
     let c = close(&[TensorSpec::new(DType::F32, &[2, 64, 192])], attention, &target);
     let g = gemms(&c);
     assert_eq!(g.len(), 2, "{c}");

@@ -2,11 +2,12 @@
 //! forward pass with both products tiled as a matrix product is on lanes without matrix units. What it
 //! prints was decided in `graph` (the tile, the load width); this file only spells it.
 //!
-//! A workgroup owns 64 queries; its 128 threads form 16 groups of four queries × 8 threads, each
-//! thread a block of 4 queries × 8 keys of a 64-key tile's scores (keys `4c..4c+4` and `32+4c..`, so the
-//! eight threads of a group read 128 consecutive bytes of a key row: no bank conflicts) and of 4 queries
-//! × `dv / 8` output columns. The query block and each key tile lie transposed in shared memory (depth
-//! by rows), so a thread's four queries or four keys at one depth are one 16-byte read; the scores,
+//! A workgroup owns 64 queries; its threads form groups of `thread_rows` queries (4 or 8) × 8 threads,
+//! each thread a block of `thread_rows` queries × 8 keys of a 64-key tile's scores (keys `4c..4c+4` and
+//! `32+4c..`, so the eight threads of a group read 128 consecutive bytes of a key row: no bank
+//! conflicts) and of `thread_rows` queries × `dv / 8` output columns. The query block and each key tile
+//! lie transposed in shared memory (depth by rows), so four of a thread's queries or keys at one depth
+//! are one 16-byte read; the scores,
 //! turned into probabilities by the online softmax (a row's max and sum met across its eight threads by
 //! shuffles), are written transposed over the key tile they were computed from, and the second product
 //! reads them with the value tile as the first read queries and keys. Each product walks its depth in
@@ -14,7 +15,7 @@
 
 use super::Writer;
 use kiln_graph::dtype::DType;
-use kiln_graph::kernel::{Attention, AttentionPass, REGISTER_COLUMN_THREADS, REGISTER_ROWS};
+use kiln_graph::kernel::{Attention, AttentionPass, REGISTER_COLUMN_THREADS};
 
 use super::attention::LOG2_E;
 
@@ -97,18 +98,20 @@ impl Writer<'_> {
         let e = self.attention_entry(a, &tq, rows);
         let q0 = e.start.clone();
 
-        // This thread's group of queries (`qg`, 0..16) and its place among the eight threads of a row
-        // (`cg`): a warp holds four groups, each on eight consecutive lanes.
+        // This thread's group of queries (`qg`) and its place among the eight threads of a row (`cg`): a
+        // warp holds four groups, each on eight consecutive lanes.
         let (tid, qg, cg) = (self.reg("u32"), self.reg("u32"), self.reg("u32"));
         self.emit(&format!("mov.u32 {tid}, %tid.x;"));
         self.emit(&format!("shr.u32 {qg}, {tid}, 3;"));
         self.emit(&format!("and.b32 {cg}, {tid}, {};", REGISTER_COLUMN_THREADS - 1));
-        let rq = REGISTER_ROWS as usize;
+        let thread_rows = a.tile.thread_rows;
+        let rq = thread_rows as usize;
+        // Reads of a thread's queries at one depth (and of its probabilities of one key): 16 bytes each.
         // This thread's query rows (absolute).
-        let qrow: Vec<String> = (0..REGISTER_ROWS)
+        let qrow: Vec<String> = (0..thread_rows)
             .map(|r| {
                 let (x, row) = (self.reg("u32"), self.reg("s64"));
-                self.emit(&format!("mad.lo.u32 {x}, {qg}, {REGISTER_ROWS}, {r};"));
+                self.emit(&format!("mad.lo.u32 {x}, {qg}, {thread_rows}, {r};"));
                 self.emit(&format!("cvt.u64.u32 {row}, {x};"));
                 self.emit(&format!("add.s64 {row}, {row}, {q0};"));
                 row
@@ -147,8 +150,8 @@ impl Writer<'_> {
         // rows-innermost), this thread's keys (in the key tile) and columns (in the value tile), and where
         // it writes its probabilities (its first key's row of them, its group's four queries).
         let (qa, pa, ka, va) = (self.reg("u32"), self.reg("u32"), self.reg("u32"), self.reg("u32"));
-        self.emit(&format!("mad.lo.u32 {qa}, {qg}, {}, {smq};", 4 * REGISTER_ROWS));
-        self.emit(&format!("mad.lo.u32 {pa}, {qg}, {}, {smk};", 4 * REGISTER_ROWS));
+        self.emit(&format!("mad.lo.u32 {qa}, {qg}, {}, {smq};", 4 * thread_rows));
+        self.emit(&format!("mad.lo.u32 {pa}, {qg}, {}, {smk};", 4 * thread_rows));
         self.emit(&format!("mad.lo.u32 {ka}, {cg}, 16, {smk};"));
         let pw = self.reg("u32");
         self.emit(&format!("mad.lo.u32 {pw}, {cg}, {}, {pa};", 16 * rows));
@@ -176,9 +179,11 @@ impl Writer<'_> {
         self.emit(&format!("mov.u32 {kcur}, {ka};"));
         self.depth_loop(d / unroll, |w| {
             for dd in 0..unroll {
-                let qv: Vec<String> = (0..4).map(|_| w.reg("f32")).collect();
+                let qv: Vec<String> = (0..rq).map(|_| w.reg("f32")).collect();
                 let kv: Vec<String> = (0..8).map(|_| w.reg("f32")).collect();
-                w.emit(&format!("ld.shared.v4.f32 {}, [{qcur}+{}];", braced(&qv), 4 * rows * dd));
+                for (j, quad) in qv.chunks(4).enumerate() {
+                    w.emit(&format!("ld.shared.v4.f32 {}, [{qcur}+{}];", braced(quad), 4 * rows * dd + 16 * j as u32));
+                }
                 w.emit(&format!("ld.shared.v4.f32 {}, [{kcur}+{}];", braced(&kv[..4]), 4 * keys * dd));
                 w.emit(&format!("ld.shared.v4.f32 {}, [{kcur}+{}];", braced(&kv[4..]), 4 * keys * dd + 128));
                 for (r, row) in s.iter().enumerate() {
@@ -268,9 +273,11 @@ impl Writer<'_> {
         // Every thread is done reading the key tile: the probabilities take its place, transposed.
         self.emit("bar.sync 0;");
         for (c, off) in key_offsets.iter().enumerate() {
-            // Key `4 cg + off` of the tile, this group's four queries.
+            // Key `4 cg + off` of the tile, this group's queries.
             let p: Vec<String> = s.iter().map(|row| row[c].clone()).collect();
-            self.emit(&format!("st.shared.v4.f32 [{pw}+{}], {};", 4 * rows * off, braced(&p)));
+            for (j, quad) in p.chunks(4).enumerate() {
+                self.emit(&format!("st.shared.v4.f32 [{pw}+{}], {};", 4 * rows * off + 16 * j as u32, braced(quad)));
+            }
         }
         self.emit("bar.sync 0;");
         // Output += probabilities · values, over the tile's keys in order.
@@ -279,8 +286,10 @@ impl Writer<'_> {
         self.emit(&format!("mov.u32 {vcur}, {va};"));
         self.depth_loop(keys / unroll, |w| {
             for kk in 0..unroll {
-                let pv: Vec<String> = (0..4).map(|_| w.reg("f32")).collect();
-                w.emit(&format!("ld.shared.v4.f32 {}, [{pcur}+{}];", braced(&pv), 4 * rows * kk));
+                let pv: Vec<String> = (0..rq).map(|_| w.reg("f32")).collect();
+                for (j, quad) in pv.chunks(4).enumerate() {
+                    w.emit(&format!("ld.shared.v4.f32 {}, [{pcur}+{}];", braced(quad), 4 * rows * kk + 16 * j as u32));
+                }
                 let mut vv: Vec<String> = Vec::with_capacity(per_row);
                 for &off in &cols.offsets {
                     let part: Vec<String> = (0..cols.width).map(|_| w.reg("f32")).collect();
@@ -350,6 +359,8 @@ impl Writer<'_> {
     /// the shared array at `smem`: as they lie (rows of `cols`), or `transposed` (`cols` rows of `rows`),
     /// every thread of the workgroup taking 4-column pieces `tid`, `tid + threads`, … (in a transposed
     /// copy consecutive threads take consecutive rows, so their scalar stores fall in different banks).
+    /// Where a thread's pieces keep one row (transposed) or one column (as they lie), each piece's
+    /// addresses are the first's plus a step, computed once.
     #[allow(clippy::too_many_arguments)]
     fn stage_f32(
         &mut self,
@@ -364,33 +375,72 @@ impl Writer<'_> {
         let threads = self.k.launch.threads;
         let per_row = cols / 4;
         let pieces = rows * per_row;
+        let fixed = if transposed { threads % rows == 0 } else { threads % per_row == 0 };
+        // The first piece's row and column, each later piece's rows and columns further on.
+        let (r, c) = (self.reg("u32"), self.reg("u32"));
+        let (row_step, col_step) = match (transposed, fixed) {
+            (true, true) => (0, threads / rows),
+            (false, true) => (threads / per_row, 0),
+            _ => (0, 0),
+        };
+        let (row, addr, inside, sa) = (self.reg("s64"), self.reg("s64"), self.reg("pred"), self.reg("u32"));
+        // Global bytes from one piece to the next (a register: the row stride is a launch value).
+        let gstep = self.reg("s64");
+        let place = |w: &mut Self, p: &str| {
+            if transposed {
+                w.emit(&format!("rem.u32 {r}, {p}, {rows};"));
+                w.emit(&format!("div.u32 {c}, {p}, {rows};"));
+            } else {
+                w.emit(&format!("div.u32 {r}, {p}, {per_row};"));
+                w.emit(&format!("rem.u32 {c}, {p}, {per_row};"));
+            }
+            w.emit(&format!("cvt.u64.u32 {row}, {r};"));
+            w.emit(&format!("add.s64 {row}, {row}, {row0};"));
+            w.emit(&format!("setp.lt.s64 {inside}, {row}, {limit};"));
+            let c64 = w.reg("s64");
+            w.emit(&format!("cvt.u64.u32 {c64}, {c};"));
+            w.emit(&format!("shl.b64 {c64}, {c64}, 2;"));
+            w.emit(&format!("mad.lo.s64 {addr}, {row}, {ld}, {c64};"));
+            w.emit(&format!("mad.lo.s64 {addr}, {addr}, 4, {src};"));
+            if transposed {
+                // Element (row r, column 4c + l) at (4c + l) * rows + r.
+                w.emit(&format!("mul.lo.u32 {sa}, {c}, {};", 4 * rows));
+                w.emit(&format!("add.u32 {sa}, {sa}, {r};"));
+                w.emit(&format!("mad.lo.u32 {sa}, {sa}, 4, {smem};"));
+            } else {
+                w.emit(&format!("mad.lo.u32 {sa}, {r}, {per_row}, {c};"));
+                w.emit(&format!("mad.lo.u32 {sa}, {sa}, 16, {smem};"));
+            }
+        };
+        if fixed {
+            place(self, tid);
+            self.emit(&format!("mul.lo.s64 {gstep}, {ld}, {};", 4 * row_step));
+            self.emit(&format!("add.s64 {gstep}, {gstep}, {};", 16 * col_step));
+        }
         for i in 0..pieces.div_ceil(threads) {
             let skip = self.label();
-            let p = self.reg("u32");
-            self.emit(&format!("add.u32 {p}, {tid}, {};", i * threads));
-            if (i + 1) * threads > pieces {
-                let past = self.reg("pred");
-                self.emit(&format!("setp.ge.u32 {past}, {p}, {pieces};"));
-                self.emit(&format!("@{past} bra {skip};"));
+            if !fixed || (i + 1) * threads > pieces {
+                let p = self.reg("u32");
+                self.emit(&format!("add.u32 {p}, {tid}, {};", i * threads));
+                if (i + 1) * threads > pieces {
+                    let past = self.reg("pred");
+                    self.emit(&format!("setp.ge.u32 {past}, {p}, {pieces};"));
+                    self.emit(&format!("@{past} bra {skip};"));
+                }
+                if !fixed {
+                    place(self, &p);
+                }
             }
-            let (r, c) = (self.reg("u32"), self.reg("u32"));
-            if transposed {
-                self.emit(&format!("rem.u32 {r}, {p}, {rows};"));
-                self.emit(&format!("div.u32 {c}, {p}, {rows};"));
-            } else {
-                self.emit(&format!("div.u32 {r}, {p}, {per_row};"));
-                self.emit(&format!("rem.u32 {c}, {p}, {per_row};"));
+            if fixed && i > 0 {
+                self.emit(&format!("add.s64 {addr}, {addr}, {gstep};"));
+                if row_step > 0 {
+                    self.emit(&format!("add.s64 {row}, {row}, {row_step};"));
+                    self.emit(&format!("setp.lt.s64 {inside}, {row}, {limit};"));
+                }
+                // Shared bytes from one piece to the next.
+                let step = if transposed { 16 * rows * col_step } else { 4 * cols * row_step };
+                self.emit(&format!("add.u32 {sa}, {sa}, {step};"));
             }
-            // The piece's global row, whether it is inside, and its address.
-            let (row, addr, inside) = (self.reg("s64"), self.reg("s64"), self.reg("pred"));
-            self.emit(&format!("cvt.u64.u32 {row}, {r};"));
-            self.emit(&format!("add.s64 {row}, {row}, {row0};"));
-            self.emit(&format!("setp.lt.s64 {inside}, {row}, {limit};"));
-            let c64 = self.reg("s64");
-            self.emit(&format!("cvt.u64.u32 {c64}, {c};"));
-            self.emit(&format!("shl.b64 {c64}, {c64}, 2;"));
-            self.emit(&format!("mad.lo.s64 {addr}, {row}, {ld}, {c64};"));
-            self.emit(&format!("mad.lo.s64 {addr}, {addr}, 4, {src};"));
             let x: Vec<String> = (0..4).map(|_| self.reg("f32")).collect();
             for v in &x {
                 self.emit(&format!("mov.f32 {v}, 0f00000000;"));
@@ -402,18 +452,11 @@ impl Writer<'_> {
                     self.emit(&format!("@{inside} ld.global.nc.f32 {v}, [{addr}+{}];", 4 * l));
                 }
             }
-            let sa = self.reg("u32");
             if transposed {
-                // Element (row r, column 4c + l) at (4c + l) * rows + r.
-                self.emit(&format!("mul.lo.u32 {sa}, {c}, {};", 4 * rows));
-                self.emit(&format!("add.u32 {sa}, {sa}, {r};"));
-                self.emit(&format!("mad.lo.u32 {sa}, {sa}, 4, {smem};"));
                 for (l, v) in x.iter().enumerate() {
                     self.emit(&format!("st.shared.f32 [{sa}+{}], {v};", 4 * rows * l as u32));
                 }
             } else {
-                self.emit(&format!("mad.lo.u32 {sa}, {r}, {per_row}, {c};"));
-                self.emit(&format!("mad.lo.u32 {sa}, {sa}, 16, {smem};"));
                 self.emit(&format!("st.shared.v4.f32 [{sa}], {};", braced(&x)));
             }
             self.place(&skip);

@@ -493,6 +493,7 @@ pub fn linear_epilogues(b: &Arc<dyn Backend>) {
 pub fn attention_gradients(b: &Arc<dyn Backend>) {
     let cases = [
         AttentionCase { dtype: DType::F32, tq: 130, tk: 130, d: 64, dv: 64, causal: true, packed_at: None },
+        AttentionCase { dtype: DType::F32, tq: 70, tk: 33, d: 32, dv: 16, causal: false, packed_at: None },
         AttentionCase { dtype: DType::BF16, tq: 130, tk: 130, d: 64, dv: 64, causal: false, packed_at: None },
         AttentionCase { dtype: DType::BF16, tq: 130, tk: 130, d: 64, dv: 64, causal: true, packed_at: None },
         AttentionCase { dtype: DType::F16, tq: 70, tk: 33, d: 32, dv: 64, causal: false, packed_at: None },

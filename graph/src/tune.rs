@@ -224,5 +224,10 @@ mod tests {
         // A target capped at 16 has no smaller matmul tile to try.
         let capped = Target { matmul_tile: 16, ..t };
         assert!(candidates(&capped).iter().all(|(l, _)| !l.starts_with("matmul_tile")));
+        // CUDA's registers attention: the other number of queries a thread, and no lanes candidates.
+        let cuda = candidates(&Target::cuda(90));
+        let other = cuda.iter().find(|(l, _)| l == "register_attention.thread_rows=8");
+        assert_eq!(other.and_then(|(_, t)| t.register_attention), Some(RegisterAttention { thread_rows: 8 }));
+        assert!(cuda.iter().all(|(l, _)| !l.starts_with("lane_attention")));
     }
 }

@@ -52,14 +52,16 @@ pub fn f32_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
 }
 
 /// Whether the registers template (`AttentionUnits::Registers`) takes it: the target renders it
-/// (`Target::register_attention`), the dtype is f32 and the tile [`tile`] plans fits the head dims
-/// (`AttentionTile::registers_unfit`) and the target's shared memory.
+/// (`Target::register_attention`), the dtype is f32 and the tile [`tile`] plans is that template's (it
+/// fits the head dims, `AttentionTile::registers_unfit`, and the target's shared memory).
 pub fn registers_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
-    let in_u32 = |x: i64| u32::try_from(x).ok();
-    target.lane_attention.is_none()
-        && target.register_attention.is_some()
-        && dtype == DType::F32
-        && matches!((in_u32(d), in_u32(dv)), (Some(d), Some(dv)) if tile(target, dtype, d, dv, 1).is_some())
+    f32_tile(target, dtype, d, dv).is_some_and(|t| t.units == AttentionUnits::Registers)
+}
+
+/// The tile [`tile`] plans for an f32 attention of head dims `d` and `dv` (rows aligned to nothing).
+fn f32_tile(target: &Target, dtype: DType, d: i64, dv: i64) -> Option<AttentionTile> {
+    let (d, dv) = (u32::try_from(d).ok()?, u32::try_from(dv).ok()?);
+    (dtype == DType::F32).then(|| tile(target, dtype, d, dv, 1)).flatten()
 }
 
 /// Whether the matrix-unit template takes it: the target has matrix units (the kernel's products are
@@ -85,10 +87,9 @@ pub const MAX_LANES_HEAD_DIM: i64 = 64;
 pub fn lanes_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
     let dim_ok = |x: i64| x > 0 && x % 4 == 0 && x <= MAX_LANES_HEAD_DIM;
     target.lane_attention.is_some()
-        && dtype == DType::F32
         && dim_ok(d)
         && dim_ok(dv)
-        && tile(target, dtype, d as u32, dv as u32, 1).is_some()
+        && f32_tile(target, dtype, d, dv).is_some_and(|t| t.units == AttentionUnits::Lanes)
 }
 
 /// The template's work division for `dtype` and head dims `d` and `dv` on `target`, where every row of
@@ -101,15 +102,16 @@ pub fn lanes_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
 ///
 /// f32, on lanes (`Target::lane_attention` gives the largest division): its queries a workgroup, the
 /// most keys a tile (halving down to one chunk) that fit, 16-byte loads when rows are aligned to 4
-/// elements. f32 on registers (`Target::register_attention`, without lanes): 64 queries a workgroup,
+/// elements. f32 on registers (`Target::register_attention`, preferred to lanes where both fit): 64 queries a workgroup,
 /// `thread_rows` a thread, 64 keys a tile, 16-byte loads when rows are aligned to 4 elements. `None` when no tile fits.
 pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Option<AttentionTile> {
     let budget = target.template_shared_bytes();
-    if dtype == DType::F32 && target.lane_attention.is_none() {
-        let ra = target.register_attention?;
+    // f32: the registers template where the target renders it and its tile fits, else lanes.
+    if let (DType::F32, Some(ra)) = (dtype, target.register_attention) {
         let t = AttentionTile {
             // 64 queries: eight threads a row of queries, `thread_rows` queries a thread.
-            warps: 64 / (ra.thread_rows.max(1) * 32 / crate::kernel::REGISTER_COLUMN_THREADS),
+            // (A division other than 4 or 8 queries a thread is refused by `registers_unfit`.)
+            warps: 64 / (ra.thread_rows.clamp(1, 64) * 32 / crate::kernel::REGISTER_COLUMN_THREADS).max(1),
             keys: 64,
             vector: if align % 4 == 0 { 4 } else { 1 },
             stages: 1,
@@ -120,7 +122,9 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
             split: 1,
             thread_rows: ra.thread_rows,
         };
-        return (t.registers_unfit(d, dv).is_none() && t.shared_bytes(d, dv) <= budget).then_some(t);
+        if t.registers_unfit(d, dv).is_none() && t.shared_bytes(d, dv) <= budget {
+            return Some(t);
+        }
     }
     if dtype == DType::F32 {
         let la = target.lane_attention?;

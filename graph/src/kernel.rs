@@ -700,10 +700,10 @@ pub enum AttentionUnits {
     Lanes,
     /// Each thread's registers, in f32, tiled as a matrix product is: each thread a block of
     /// `thread_rows` queries × 8 keys of the scores and of `thread_rows` queries × `value_dim / 8`
-    /// columns of the output, read from the query, key and value tiles in workgroup memory (the queries and keys
-    /// transposed, so a thread's four queries or eight keys at one depth are two 16-byte reads); the
-    /// probabilities pass through workgroup memory to the second product. For targets whose renderer
-    /// has it (PTX) and whose f32 products would otherwise go to a library written out.
+    /// columns of the output, read from the query, key and value tiles in workgroup memory (the queries
+    /// and keys transposed, so four of a thread's queries, or of its keys, at one depth are one 16-byte
+    /// read); the probabilities pass through workgroup memory to the second product. For targets whose
+    /// renderer has it (PTX, WGSL) and whose f32 products would otherwise be written out.
     Registers,
 }
 
@@ -826,8 +826,9 @@ impl AttentionTile {
         d + 8
     }
 
-    /// Shared memory the forward template uses for head dims `d` and `dv`, 2-byte elements: the query
-    /// block and `stages` key and value tiles.
+    /// Shared memory the forward template uses for head dims `d` and `dv`: on matrix units the query
+    /// block and `stages` key and value tiles of 2-byte elements; on lanes and registers as each arm
+    /// says (f32).
     pub fn shared_bytes(&self, d: u32, dv: u32) -> u32 {
         match self.units {
             // f32 key and value tiles, unpadded: every thread reads the same address at once.

@@ -356,7 +356,7 @@ impl Target {
     /// precision, as `torch.backends.cudnn.allow_tf32 = False`), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
     /// attention on matrix units, lanes or registers), `KILN_<BACKEND>_LANE_ATTENTION=rows,keys,chunk[,split]` (`lane_attention`),
-    /// `KILN_<BACKEND>_REGISTER_ATTENTION_ROWS=4|8` (`register_attention`'s queries a thread) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
+    /// `KILN_<BACKEND>_REGISTER_ATTENTION_ROWS=0|4|8` (`register_attention`: off, or its queries a thread) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
     /// (`benches/NOTES.md`), `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix) and
     /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB), `KILN_<BACKEND>_MATMUL_TILE` (`matmul_tile`).
@@ -395,9 +395,11 @@ impl Target {
             self.name = format!("{}-attention-written-out", self.name);
             (self.matrix_units, self.lane_attention, self.register_attention) = (false, None, None);
         }
-        if let (Some(ra), Some(rows)) = (self.register_attention.as_mut(), knob("REGISTER_ATTENTION_ROWS")) {
-            if rows != ra.thread_rows {
-                ra.thread_rows = rows;
+        // 0 turns the registers template off; 4 or 8 turns it on (WGSL's renderer has it too).
+        if let Some(rows) = knob("REGISTER_ATTENTION_ROWS").filter(|r| matches!(r, 0 | 4 | 8)) {
+            let wanted = (rows > 0).then_some(RegisterAttention { thread_rows: rows });
+            if wanted != self.register_attention {
+                self.register_attention = wanted;
                 self.name = format!("{}-register-attention-{rows}", self.name);
             }
         }

@@ -54,9 +54,16 @@ fn candidates(target: &Target) -> Vec<(String, Target)> {
             }
         }
     }
-    // The registers attention's other division: four queries a thread for eight, or eight for four.
-    if let Some(ra) = target.register_attention {
-        let thread_rows = if ra.thread_rows == 8 { 4 } else { 8 };
+    // The registers attention's other division (four queries a thread for eight, or eight for four), or
+    // on a target that plans lanes, the registers template itself (slower than lanes over NVIDIA Vulkan,
+    // `benches/NOTES.md` session 42; other GPUs' compilers may differ).
+    let thread_rows = match target.register_attention {
+        Some(ra) if ra.thread_rows == 8 => Some(4),
+        Some(_) => Some(8),
+        None if target.lane_attention.is_some() => Some(4),
+        None => None,
+    };
+    if let Some(thread_rows) = thread_rows {
         let other = Target { register_attention: Some(RegisterAttention { thread_rows }), ..target.clone() };
         v.push((format!("register_attention.thread_rows={thread_rows}"), other));
     }
@@ -229,5 +236,7 @@ mod tests {
         let other = cuda.iter().find(|(l, _)| l == "register_attention.thread_rows=8");
         assert_eq!(other.and_then(|(_, t)| t.register_attention), Some(RegisterAttention { thread_rows: 8 }));
         assert!(cuda.iter().all(|(l, _)| !l.starts_with("lane_attention")));
+        // A WGSL target (lanes) tries the registers template.
+        assert!(labels.contains(&"register_attention.thread_rows=4"), "{labels:?}");
     }
 }

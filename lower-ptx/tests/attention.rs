@@ -18,12 +18,22 @@ fn plain(t: &[Tensor]) -> Result<Vec<Tensor>> {
 
 /// The attention kernel of `f` over q `[2, 100, d]`, k `[2, 77, d]`, v `[2, 77, dv]`.
 fn kernel(f: fn(&[Tensor]) -> Result<Vec<Tensor>>, dtype: DType, d: usize, dv: usize) -> kiln_graph::kernel::Kernel {
+    kernel_for(f, dtype, (d, dv), &Target::cuda(90))
+}
+
+/// [`kernel`] for `target`.
+fn kernel_for(
+    f: fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    dtype: DType,
+    (d, dv): (usize, usize),
+    target: &Target,
+) -> kiln_graph::kernel::Kernel {
     let specs = [
         TensorSpec::new(dtype, &[2, 100, d]),
         TensorSpec::new(dtype, &[2, 77, d]),
         TensorSpec::new(dtype, &[2, 77, dv]),
     ];
-    let c = compile_graph(&capture(&specs, f).unwrap(), &Target::cuda(90)).unwrap();
+    let c = compile_graph(&capture(&specs, f).unwrap(), target).unwrap();
     c.kernels.into_iter().find(|k| matches!(k.body.as_slice(), [Stmt::Attention(_)])).expect("an attention kernel")
 }
 
@@ -55,6 +65,14 @@ fn every_attention_template_assembles_without_spilling() {
         a.tile.vector = 1;
     }
     cases.push(narrow);
+    // Eight queries a thread (`Mode::MaxAutotune`'s other candidate), and a head dim of three vectors
+    // (the last piece of a copy partial).
+    let eight = Target {
+        register_attention: Some(kiln_graph::target::RegisterAttention { thread_rows: 8 }),
+        ..Target::cuda(90)
+    };
+    cases.push(kernel_for(causal, DType::F32, (64, 64), &eight));
+    cases.push(kernel(plain, DType::F32, 12, 24));
     for (n, k) in cases.iter().enumerate() {
         for sm in [80, 90] {
             let ptx = kiln_ptx::render(k, sm).unwrap().source;

@@ -2,6 +2,7 @@
 //! WGSL, following the IR's evaluation rules (see `kiln_graph::kernel`).
 
 mod attention;
+mod attention_registers;
 
 use crate::storage::Storage;
 use kiln_graph::dtype::DType;
@@ -87,9 +88,9 @@ struct Writer<'k> {
     red_types: std::collections::BTreeSet<&'static str>,
     /// Workgroup tiles of the matmul template: (A elements, B elements, element type).
     mm_tiles: Option<(i64, i64, String)>,
-    /// Workgroup tiles of the attention template on lanes: (key vectors, value vectors), `vec4<f32>`.
-    attention_tiles: Option<(u32, u32)>,
-    /// f32 buffers the attention template on lanes binds as `vec4<f32>` (its rows are aligned to 4).
+    /// Workgroup arrays of an attention template: (name, `vec4<f32>` elements).
+    attention_arrays: Vec<(&'static str, u32)>,
+    /// f32 buffers an attention template binds as `vec4<f32>` (its rows are aligned to 4).
     attention_vec4: std::collections::BTreeSet<usize>,
     error: Option<String>,
     /// Inside a vectorised loop: the lane being written and the loop variable.
@@ -1103,7 +1104,7 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         single_thread_stores: false,
         red_types: Default::default(),
         mm_tiles: None,
-        attention_tiles: None,
+        attention_arrays: Vec::new(),
         attention_vec4: Default::default(),
         error: None,
         lane: None,
@@ -1164,9 +1165,8 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         let _ = writeln!(src, "var<workgroup> mm_as: array<{ty}, {a}>;");
         let _ = writeln!(src, "var<workgroup> mm_bs: array<{ty}, {b}>;");
     }
-    if let Some((k, v)) = w.attention_tiles {
-        let _ = writeln!(src, "var<workgroup> at_kt: array<vec4<f32>, {k}>;");
-        let _ = writeln!(src, "var<workgroup> at_vt: array<vec4<f32>, {v}>;");
+    for (name, len) in &w.attention_arrays {
+        let _ = writeln!(src, "var<workgroup> {name}: array<vec4<f32>, {len}>;");
     }
     for ty in &w.red_types {
         let elem = if *ty == "idx" { "i32" } else { ty };

@@ -106,7 +106,6 @@ impl Writer<'_> {
         self.emit(&format!("and.b32 {cg}, {tid}, {};", REGISTER_COLUMN_THREADS - 1));
         let thread_rows = a.tile.thread_rows;
         let rq = thread_rows as usize;
-        // Reads of a thread's queries at one depth (and of its probabilities of one key): 16 bytes each.
         // This thread's query rows (absolute).
         let qrow: Vec<String> = (0..thread_rows)
             .map(|r| {
@@ -146,9 +145,9 @@ impl Writer<'_> {
             self.emit(&format!("div.s64 {c}, {c}, {keys};"));
             self.emit(&format!("min.s64 {steps}, {steps}, {c};"));
         }
-        // Shared addresses: this group's four queries (in the query block and in the probabilities, both
+        // Shared addresses: this group's queries (in the query block and in the probabilities, both
         // rows-innermost), this thread's keys (in the key tile) and columns (in the value tile), and where
-        // it writes its probabilities (its first key's row of them, its group's four queries).
+        // it writes its probabilities (its first key's row of them, its group's queries).
         let (qa, pa, ka, va) = (self.reg("u32"), self.reg("u32"), self.reg("u32"), self.reg("u32"));
         self.emit(&format!("mad.lo.u32 {qa}, {qg}, {}, {smq};", 4 * thread_rows));
         self.emit(&format!("mad.lo.u32 {pa}, {qg}, {}, {smk};", 4 * thread_rows));
@@ -168,7 +167,7 @@ impl Writer<'_> {
         self.stage_f32((&e.ptr[2], &e.ld[2]), (&k0, &tk), (keys, dv), &smv, false, &tid, vector);
         self.emit("bar.sync 0;");
 
-        // Scores: this thread's 4 × 8, summed over the depth in order.
+        // Scores: this thread's `thread_rows` × 8, summed over the depth in order.
         let s: Vec<Vec<String>> = (0..rq).map(|_| (0..8).map(|_| self.reg("f32")).collect()).collect();
         for x in s.iter().flatten() {
             self.emit(&format!("mov.f32 {x}, 0f00000000;"));

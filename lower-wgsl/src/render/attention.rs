@@ -25,6 +25,9 @@ impl Writer<'_> {
     pub(super) fn attention(&mut self, depth: usize, a: &Attention) {
         let t = a.tile;
         let (d, dv) = (a.head_dim, a.value_dim);
+        if t.units == AttentionUnits::Registers {
+            return self.attention_registers(depth, a);
+        }
         let why = if t.units != AttentionUnits::Lanes {
             Some("this target has no matrix units for the matrix-unit template".to_string())
         } else if a.pass != AttentionPass::Forward {
@@ -47,51 +50,11 @@ impl Writer<'_> {
         let threads = t.threads();
         // Each of a query's `split` threads holds this many of its vectors of `q` and of the output.
         let (dq, vq) = (d4 / split, v4 / split);
-        self.attention_tiles = Some((keys * d4, keys * v4));
+        self.attention_arrays = vec![("at_kt", keys * d4), ("at_vt", keys * v4)];
         let (tq, tk) = (self.expr(&a.q_len), self.expr(&a.kv_len));
-        let mut entries = "1i".to_string();
-        for b in &a.batch {
-            entries = format!("{entries} * {}", self.expr(&b.extent));
-        }
         let l = |w: &mut Self, depth: usize, s: String| w.line(depth, &s);
-        l(self, depth, format!("let at_blocks: i32 = ({tq} + {}i) / {rows}i;", rows - 1));
-        l(self, depth, format!("let at_entries: i32 = {entries};"));
-        l(self, depth, "let at_step: i32 = group / max(at_entries, 1i);".into());
-        // Groups past the last block (a folded grid's rounding) skip the whole body: the condition is
-        // the same for every thread of a workgroup, so the barriers inside stay in uniform control flow.
-        l(self, depth, "if (at_step < at_blocks) {".into());
+        self.attention_entry(depth, a, rows, &tq);
         let e = depth + 1;
-        let block = if a.last_blocks_first { "at_blocks - 1i - at_step" } else { "at_step" };
-        l(self, e, format!("let at_block: i32 = {block};"));
-        l(self, e, "var at_rest: i32 = group % max(at_entries, 1i);".into());
-        // Each operand's offset at this batch entry.
-        let operands: Vec<(&str, &RowsOperand)> =
-            [("q", Some(&a.q)), ("k", Some(&a.k)), ("v", Some(&a.v)), ("o", Some(&a.out)), ("s", a.second.as_ref())]
-                .into_iter()
-                .filter_map(|(n, o)| o.map(|o| (n, o)))
-                .collect();
-        for (n, o) in &operands {
-            let off = self.expr(&o.offset);
-            l(self, e, format!("var at_o{n}: i32 = {off};"));
-        }
-        for b in a.batch.iter().rev() {
-            let ext = self.expr(&b.extent);
-            l(self, e, "{".into());
-            l(self, e + 1, format!("let at_i: i32 = at_rest % {ext};"));
-            l(self, e + 1, format!("at_rest = at_rest / {ext};"));
-            for (n, _) in &operands {
-                let stride = match *n {
-                    "q" => &b.q,
-                    "k" => &b.k,
-                    "v" => &b.v,
-                    "o" => &b.out,
-                    _ => &b.second,
-                };
-                let s = self.expr(stride);
-                l(self, e + 1, format!("at_o{n} = at_o{n} + at_i * {s};"));
-            }
-            l(self, e, "}".into());
-        }
         let [ldq, ldk, ldv, ldo] = [&a.q, &a.k, &a.v, &a.out].map(|o| self.expr(&o.ld));
         let [bq, bk, bv, bo] = [&a.q, &a.k, &a.v, &a.out].map(|o| o.buffer);
         // Rows start on multiples of 4 elements (`graph` said so): the operands are bound as vectors.
@@ -251,5 +214,56 @@ impl Writer<'_> {
         }
         l(self, e, "}".into());
         l(self, depth, "}".into());
+    }
+
+    /// Opens an attention kernel's body: which batch entry and which block of `rows` queries (of `tq`)
+    /// this workgroup owns (`at_block`, in the order the kernel IR states), each operand's offset at that
+    /// entry (`at_oq`, `at_ok`, `at_ov`, `at_oo`, and `at_os` for a second output), inside an `if` that
+    /// groups past the last block skip (uniform in a workgroup, so barriers inside stay uniform). The
+    /// caller closes it at `depth`.
+    pub(super) fn attention_entry(&mut self, depth: usize, a: &Attention, rows: u32, tq: &str) {
+        let mut entries = "1i".to_string();
+        for b in &a.batch {
+            entries = format!("{entries} * {}", self.expr(&b.extent));
+        }
+        let l = |w: &mut Self, depth: usize, s: String| w.line(depth, &s);
+        l(self, depth, format!("let at_blocks: i32 = ({tq} + {}i) / {rows}i;", rows - 1));
+        l(self, depth, format!("let at_entries: i32 = {entries};"));
+        l(self, depth, "let at_step: i32 = group / max(at_entries, 1i);".into());
+        // Groups past the last block (a folded grid's rounding) skip the whole body: the condition is
+        // the same for every thread of a workgroup, so the barriers inside stay in uniform control flow.
+        l(self, depth, "if (at_step < at_blocks) {".into());
+        let e = depth + 1;
+        let block = if a.last_blocks_first { "at_blocks - 1i - at_step" } else { "at_step" };
+        l(self, e, format!("let at_block: i32 = {block};"));
+        l(self, e, "var at_rest: i32 = group % max(at_entries, 1i);".into());
+        // Each operand's offset at this batch entry.
+        let operands: Vec<(&str, &RowsOperand)> =
+            [("q", Some(&a.q)), ("k", Some(&a.k)), ("v", Some(&a.v)), ("o", Some(&a.out)), ("s", a.second.as_ref())]
+                .into_iter()
+                .filter_map(|(n, o)| o.map(|o| (n, o)))
+                .collect();
+        for (n, o) in &operands {
+            let off = self.expr(&o.offset);
+            l(self, e, format!("var at_o{n}: i32 = {off};"));
+        }
+        for b in a.batch.iter().rev() {
+            let ext = self.expr(&b.extent);
+            l(self, e, "{".into());
+            l(self, e + 1, format!("let at_i: i32 = at_rest % {ext};"));
+            l(self, e + 1, format!("at_rest = at_rest / {ext};"));
+            for (n, _) in &operands {
+                let stride = match *n {
+                    "q" => &b.q,
+                    "k" => &b.k,
+                    "v" => &b.v,
+                    "o" => &b.out,
+                    _ => &b.second,
+                };
+                let s = self.expr(stride);
+                l(self, e + 1, format!("at_o{n} = at_o{n} + at_i * {s};"));
+            }
+            l(self, e, "}".into());
+        }
     }
 }

@@ -677,17 +677,7 @@ impl Writer<'_> {
             self.emit(&format!("mul.f32 {x}, {x}, {scale};"));
         }
         // Masks (keys past the end; keys after the query), only on tiles that need them.
-        let needs = self.reg("pred");
-        let end = self.reg("s64");
-        self.emit(&format!("add.s64 {end}, {k0}, {keys};"));
-        self.emit(&format!("setp.gt.s64 {needs}, {end}, {tk};"));
-        if a.causal {
-            let c = self.reg("pred");
-            self.emit(&format!("setp.gt.s64 {c}, {end}, {q0};"));
-            self.emit(&format!("or.pred {needs}, {needs}, {c};"));
-        }
-        let unmasked = self.label();
-        self.emit(&format!("@!{needs} bra {unmasked};"));
+        let unmasked = self.skip_unmasked(&k0, keys, &tk, a.causal.then_some(q0.as_str()));
         self.mask_tile(&s, &l.t4, &k0, &tk, a.causal.then_some((Causal::ColumnsAfterRow, &qrow)));
         self.place(&unmasked);
         // Online softmax, per row: new max, rescale what was summed, exponentials.
@@ -755,6 +745,24 @@ impl Writer<'_> {
             // The log-sum-exps beside the output (`Attention::second`).
             self.store_lse(&m, &lsum, &qrow, &tq, (&e.ptr[7], &e.ld[7]), &l);
         }
+    }
+
+    /// Branches past a tile's masks where it needs none: no key of it (from `k0`, `keys` of them) at or past
+    /// `tk`, nor, with `causal_q0` (the block's first query), after any of the block's queries. Returns
+    /// the label to place after the masks.
+    pub(super) fn skip_unmasked(&mut self, k0: &str, keys: u32, tk: &str, causal_q0: Option<&str>) -> String {
+        let needs = self.reg("pred");
+        let end = self.reg("s64");
+        self.emit(&format!("add.s64 {end}, {k0}, {keys};"));
+        self.emit(&format!("setp.gt.s64 {needs}, {end}, {tk};"));
+        if let Some(q0) = causal_q0 {
+            let c = self.reg("pred");
+            self.emit(&format!("setp.gt.s64 {c}, {end}, {q0};"));
+            self.emit(&format!("or.pred {needs}, {needs}, {c};"));
+        }
+        let unmasked = self.label();
+        self.emit(&format!("@!{needs} bra {unmasked};"));
+        unmasked
     }
 
     /// Sets to `-inf` the scores of a tile whose columns start at `start`: columns at or past `len`, and

@@ -199,17 +199,7 @@ impl Writer<'_> {
         }
         // Masks (keys past the end; with `causal`, keys after the query), only on tiles that need them:
         // each row's bound on a key's offset in the tile, once a tile, against each key's 32-bit offset.
-        let needs = self.reg("pred");
-        let end = self.reg("s64");
-        self.emit(&format!("add.s64 {end}, {k0}, {keys};"));
-        self.emit(&format!("setp.gt.s64 {needs}, {end}, {tk};"));
-        if a.causal {
-            let c = self.reg("pred");
-            self.emit(&format!("setp.gt.s64 {c}, {end}, {q0};"));
-            self.emit(&format!("or.pred {needs}, {needs}, {c};"));
-        }
-        let unmasked = self.label();
-        self.emit(&format!("@!{needs} bra {unmasked};"));
+        let unmasked = self.skip_unmasked(&k0, keys, &tk, a.causal.then_some(q0.as_str()));
         let at: Vec<String> = key_offsets
             .iter()
             .map(|off| {

@@ -175,12 +175,14 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
 
 /// `node`, an attention node (or one of its backward pass) that `fusing` (the target, when attentions
 /// may be fused) does not run fused, as explicit ops; `None` for any other node, or one it runs fused.
-/// Head dims that are not constants are never fused. A forward pass only an f32 template would run (lanes
-/// or registers, `attention::f32_fits`) is written out where its gradient is taken (`differentiated`, by
-/// the graph's `(q, k)`): the backward is written out there too (neither has a backward template), and written out beside it the forward
-/// shares its scores and probabilities — computed once, and the gradients consistent with the output
-/// they are of (a fused output beside recomputed probabilities differs from them by rounding, which
-/// the backward's `dP - delta` amplifies). An error when the written-out form disagrees with the dtype
+/// Head dims that are not constants are never fused. A forward pass only an f32 template would run
+/// (lanes or registers, `attention::f32_fits`) is written out where its gradient is taken
+/// (`differentiated`, by the graph's `(q, k)`): the backward is written out there too (neither has a
+/// backward template), and written out beside it the forward shares its scores and probabilities —
+/// computed once, and the gradients consistent with the output they are of (a fused output beside
+/// recomputed probabilities differs from them by rounding, which the backward's `dP - delta`
+/// amplifies: W5's training step failed its check both with WGSL's lanes and with CUDA's registers
+/// forward, `benches/NOTES.md` sessions 35 and 42). An error when the written-out form disagrees with the dtype
 /// or shape the graph recorded for the node (a malformed saved graph).
 fn write_out(
     b: &mut Builder,

@@ -121,6 +121,8 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
             chunk: if d % 8 == 0 { 8 } else { 4 },
             split: 1,
             thread_rows: ra.thread_rows,
+            // Subgroups of whole groups of eight lanes (a warp on CUDA; WGSL where the adapter has them).
+            row_shuffles: target.subgroup_size.is_some_and(|s| s % crate::kernel::REGISTER_COLUMN_THREADS == 0),
         };
         if t.registers_unfit(d, dv).is_none() && t.shared_bytes(d, dv) <= budget {
             return Some(t);
@@ -137,6 +139,7 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
             chunk: la.chunk,
             split,
             thread_rows: 0,
+            row_shuffles: false,
         };
         // A query split across threads where the tile's rule allows it (subgroups to sum the partial
         // scores, head dims in 4-lane vectors a thread); else one thread a query.
@@ -164,6 +167,7 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
                 chunk: 0,
                 split: 1,
                 thread_rows: 0,
+                row_shuffles: false,
             })
         })
         .find(|t| t.shared_bytes(d, dv) <= budget)
@@ -199,6 +203,7 @@ pub fn grad_tile(target: &Target, d: u32, dv: u32, aligned: bool) -> Option<Atte
             chunk: 0,
             split: 1,
             thread_rows: 0,
+            row_shuffles: false,
         })
         .find(|t| t.grad_shared_bytes(d, dv) <= budget)
 }

@@ -743,6 +743,10 @@ pub struct AttentionTile {
     /// its share of the output's columns. 0 otherwise.
     #[serde(default)]
     pub thread_rows: u32,
+    /// With registers: the eight threads of a row (adjacent lanes of one subgroup) meet its max and sum
+    /// by subgroup shuffles; else through workgroup memory, two barriers more a tile.
+    #[serde(default)]
+    pub row_shuffles: bool,
 }
 
 fn one_stage() -> u32 {

@@ -78,6 +78,10 @@ impl Writer<'_> {
         if let Some(why) = a.tile.registers_unfit(d, dv) {
             return self.fail(why);
         }
+        if !a.tile.row_shuffles {
+            // A warp is a subgroup of 32: `graph` plans shuffles for every CUDA target.
+            return self.fail(format!("attention tile {:?}: this renderer meets a row's threads by shuffles", a.tile));
+        }
         let (rows, keys, threads) = (a.tile.rows(), a.tile.keys, a.tile.threads());
         if self.k.launch.threads != threads || threads != 32 * a.tile.warps || rows != 64 {
             return self.fail(format!("attention tile {:?} launched with {} threads", a.tile, self.k.launch.threads));

@@ -4,7 +4,8 @@
 //! tile's scores (keys `4c..4c+4` and `32+4c..`) and of `thread_rows` queries × `dv / 8` output columns.
 //! The query block (pre-scaled into base 2) and each key tile lie transposed in workgroup memory, so
 //! four of a thread's queries or keys at one depth are one `vec4` read; each score tile's row max meets
-//! across its eight threads through workgroup memory (WGSL's subgroups are optional), and the
+//! across its eight threads by subgroup shuffles where `graph` planned them (`AttentionTile::row_shuffles`:
+//! WGSL's subgroups are optional), else through workgroup memory; the
 //! probabilities, written transposed over the key tile, are read back by the second product with the
 //! value tile. Forward pass only.
 
@@ -120,28 +121,46 @@ impl Writer<'_> {
             l(self, f, format!("ar_s{r}a = select({lowest}, ar_s{r}a, ar_ka < ar_lim{r});"));
             l(self, f, format!("ar_s{r}b = select({lowest}, ar_s{r}b, ar_kb < ar_lim{r});"));
         }
-        // Each row's max over its eight threads, through the key tile's memory once every thread is done
-        // reading it.
+        // Each row's max over its eight threads: by subgroup shuffles where `graph` planned them, else
+        // through the key tile's memory once every thread is done reading it.
         let slots = rq / 4;
-        l(self, f, "workgroupBarrier();".into());
-        for j in 0..slots {
-            let mx: Vec<String> = (4 * j..4 * j + 4)
-                .map(|r| format!("max(max(max(ar_s{r}a.x, ar_s{r}a.y), max(ar_s{r}a.z, ar_s{r}a.w)), max(max(ar_s{r}b.x, ar_s{r}b.y), max(ar_s{r}b.z, ar_s{r}b.w)))"))
-                .collect();
-            l(self, f, format!("ar_kt[local * {slots}i + {j}i] = vec4<f32>({});", mx.join(", ")));
-        }
-        l(self, f, "workgroupBarrier();".into());
-        for j in 0..slots {
-            l(self, f, format!("var ar_mx{j}: vec4<f32> = ar_kt[(ar_qg * {n}i) * {slots}i + {j}i];"));
-            for other in 1..n {
-                l(self, f, format!("ar_mx{j} = max(ar_mx{j}, ar_kt[(ar_qg * {n}i + {other}i) * {slots}i + {j}i]);"));
+        let own = |r: u32| {
+            format!("max(max(max(ar_s{r}a.x, ar_s{r}a.y), max(ar_s{r}a.z, ar_s{r}a.w)), max(max(ar_s{r}b.x, ar_s{r}b.y), max(ar_s{r}b.z, ar_s{r}b.w)))")
+        };
+        if t.row_shuffles {
+            for r in 0..rq {
+                l(self, f, format!("var ar_rm{r}: f32 = {};", own(r)));
+                for step in [1, 2, 4] {
+                    l(self, f, format!("ar_rm{r} = max(ar_rm{r}, subgroupShuffleXor(ar_rm{r}, {step}u));"));
+                }
+            }
+        } else {
+            l(self, f, "workgroupBarrier();".into());
+            for j in 0..slots {
+                let mx: Vec<String> = (4 * j..4 * j + 4).map(own).collect();
+                l(self, f, format!("ar_kt[local * {slots}i + {j}i] = vec4<f32>({});", mx.join(", ")));
+            }
+            l(self, f, "workgroupBarrier();".into());
+            for j in 0..slots {
+                l(self, f, format!("var ar_mx{j}: vec4<f32> = ar_kt[(ar_qg * {n}i) * {slots}i + {j}i];"));
+                for other in 1..n {
+                    l(
+                        self,
+                        f,
+                        format!("ar_mx{j} = max(ar_mx{j}, ar_kt[(ar_qg * {n}i + {other}i) * {slots}i + {j}i]);"),
+                    );
+                }
+            }
+            for r in 0..rq {
+                l(self, f, format!("let ar_rm{r}: f32 = ar_mx{}[{}];", r / 4, r % 4));
             }
         }
+        // Every thread is done with the key tile (and the maxes in it) before the probabilities take it.
         l(self, f, "workgroupBarrier();".into());
         // Online softmax: rescale what was summed, exponentials (zero where masked).
         let half = format!("vec4<f32>({})", float_literal(LOWEST / 2.0));
         for r in 0..rq {
-            l(self, f, format!("let ar_mc{r}: f32 = max(ar_m{r}, ar_mx{}[{}]);", r / 4, r % 4));
+            l(self, f, format!("let ar_mc{r}: f32 = max(ar_m{r}, ar_rm{r});"));
             l(self, f, format!("let ar_al{r}: f32 = exp2(ar_m{r} - ar_mc{r});"));
             for h in ["a", "b"] {
                 l(self, f, format!("ar_s{r}{h} = select(vec4<f32>(0.0f), exp2(ar_s{r}{h} - vec4<f32>(ar_mc{r})), ar_s{r}{h} > {half});"));
@@ -226,23 +245,35 @@ impl Writer<'_> {
         // Each row's sum over its eight threads, as its max was met; then divide and store. A row without
         // keys is zeros (the written-out form's empty product); one whose every score is masked sums
         // to 0 and divides into NaN, as the written-out softmax's 0/0 does.
-        l(self, e, "workgroupBarrier();".into());
-        for j in 0..slots {
-            let sums: Vec<String> = (4 * j..4 * j + 4).map(|r| format!("ar_l{r}")).collect();
-            l(self, e, format!("ar_kt[local * {slots}i + {j}i] = vec4<f32>({});", sums.join(", ")));
-        }
-        l(self, e, "workgroupBarrier();".into());
-        for j in 0..slots {
-            l(self, e, format!("var ar_sum{j}: vec4<f32> = vec4<f32>(0.0f);"));
-            for other in 0..n {
-                l(self, e, format!("ar_sum{j} = ar_sum{j} + ar_kt[(ar_qg * {n}i + {other}i) * {slots}i + {j}i];"));
+        if t.row_shuffles {
+            for r in 0..rq {
+                l(self, e, format!("var ar_sum_{r}: f32 = ar_l{r};"));
+                for step in [1, 2, 4] {
+                    l(self, e, format!("ar_sum_{r} = ar_sum_{r} + subgroupShuffleXor(ar_sum_{r}, {step}u);"));
+                }
+            }
+        } else {
+            l(self, e, "workgroupBarrier();".into());
+            for j in 0..slots {
+                let sums: Vec<String> = (4 * j..4 * j + 4).map(|r| format!("ar_l{r}")).collect();
+                l(self, e, format!("ar_kt[local * {slots}i + {j}i] = vec4<f32>({});", sums.join(", ")));
+            }
+            l(self, e, "workgroupBarrier();".into());
+            for j in 0..slots {
+                l(self, e, format!("var ar_sum{j}: vec4<f32> = vec4<f32>(0.0f);"));
+                for other in 0..n {
+                    l(self, e, format!("ar_sum{j} = ar_sum{j} + ar_kt[(ar_qg * {n}i + {other}i) * {slots}i + {j}i];"));
+                }
+            }
+            for r in 0..rq {
+                l(self, e, format!("let ar_sum_{r}: f32 = ar_sum{}[{}];", r / 4, r % 4));
             }
         }
         for r in 0..rq {
             l(self, e, format!("let ar_row{r}: i32 = ar_q0 + ar_qg * {rq}i + {r}i;"));
             l(self, e, format!("if (ar_row{r} < {tq}) {{"));
             let g = e + 1;
-            l(self, g, format!("let ar_inv: f32 = select(1.0f / ar_sum{}[{}], 0.0f, {tk} == 0i);", r / 4, r % 4));
+            l(self, g, format!("let ar_inv: f32 = select(1.0f / ar_sum_{r}, 0.0f, {tk} == 0i);"));
             l(self, g, format!("let ar_at: i32 = at_oo + ar_row{r} * {ldo};"));
             match cols {
                 Columns::Vectors(count) => {

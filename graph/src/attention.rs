@@ -102,8 +102,10 @@ pub fn lanes_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
 ///
 /// f32, on lanes (`Target::lane_attention` gives the largest division): its queries a workgroup, the
 /// most keys a tile (halving down to one chunk) that fit, 16-byte loads when rows are aligned to 4
-/// elements. f32 on registers (`Target::register_attention`, preferred to lanes where both fit): 64 queries a workgroup,
-/// `thread_rows` a thread, 64 keys a tile, 16-byte loads when rows are aligned to 4 elements. `None` when no tile fits.
+/// elements. f32 on registers (`Target::register_attention`, preferred to lanes where both fit): 64
+/// queries a workgroup, `thread_rows` a thread, 64 keys a tile, 16-byte loads when rows are aligned to
+/// 4 elements, a row's threads meeting by subgroup shuffles where subgroups hold groups of eight.
+/// `None` when no tile fits.
 pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Option<AttentionTile> {
     let budget = target.template_shared_bytes();
     // f32: the registers template where the target renders it and its tile fits, else lanes.

@@ -36,9 +36,11 @@ pub struct Target {
     /// WGSL's renderer does. `None`: it has no such template.
     #[serde(default)]
     pub lane_attention: Option<LaneAttention>,
-    /// Renders the f32 attention template whose products run on each thread's registers, tiled
-    /// (`kernel::AttentionUnits::Registers`; see `attention::registers_fits`), with this division: PTX's
-    /// renderer does. Where a target has both, the lanes template is planned. `None`: no such template.
+    /// Plans the f32 attention template whose products run on each thread's registers, tiled
+    /// (`kernel::AttentionUnits::Registers`; see `attention::registers_fits`), with this division: on by
+    /// default for PTX; WGSL's renderer has it too, off there by default (over NVIDIA Vulkan no faster
+    /// than lanes). Where a target has both, registers are planned wherever their tile fits. `None`: not
+    /// planned.
     #[serde(default)]
     pub register_attention: Option<RegisterAttention>,
     /// Widest vector load or store, in bytes.
@@ -263,7 +265,7 @@ impl Target {
             // The template's `mma.m16n8k16` over bf16 needs sm_80 (kiln renders for sm_80 or newer).
             matrix_units: sm >= 80,
             // f32 attention runs as one kernel on the registers template (written out, its two
-            // products went to cuBLAS and its scores crossed memory three times); the PTX renderer has
+            // products went to cuBLAS and its scores crossed memory four times); the PTX renderer has
             // no lanes template.
             lane_attention: None,
             // Four queries a thread: eight ran W5's attention kernel 6% faster alone but W5 no faster

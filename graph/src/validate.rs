@@ -117,8 +117,8 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
                         target.subgroup_size
                     ));
                 }
-                if a.second.is_some() {
-                    return broken(format!("an attention on {:?} writes no second output", a.tile.units));
+                if a.second.is_some() && a.tile.units == AttentionUnits::Registers {
+                    return broken("an attention on registers writes no second output".into());
                 }
                 if a.pass != AttentionPass::Forward || a.dtype != crate::DType::F32 {
                     return broken(format!(

@@ -182,8 +182,8 @@ pub fn decompose_for(graph: &Graph, attentions: Attentions<'_>, split_reductions
 /// computed once, and the gradients consistent with the output they are of (a fused output beside
 /// recomputed probabilities differs from them by rounding, which the backward's `dP - delta`
 /// amplifies: W5's training step failed its check both with WGSL's lanes and with CUDA's registers
-/// forward, `benches/NOTES.md` sessions 35 and 42). An error when the written-out form disagrees with the dtype
-/// or shape the graph recorded for the node (a malformed saved graph).
+/// forward, `benches/NOTES.md` sessions 35 and 42). An error when the written-out form disagrees with
+/// the dtype or shape the graph recorded for the node (a malformed saved graph).
 fn write_out(
     b: &mut Builder,
     written: &mut crate::attention_grad::WrittenAttentions,

@@ -711,6 +711,31 @@ pub enum AttentionUnits {
 /// (8 of a 64-key tile) and of its output's columns.
 pub const REGISTER_COLUMN_THREADS: u32 = 8;
 
+/// Where one thread's output columns lie in [`AttentionUnits::Registers`]
+/// ([`AttentionTile::register_columns`]): `width`-column vectors at `cg * stride + offset` for each
+/// offset, `cg` the thread's place among the [`REGISTER_COLUMN_THREADS`] sharing a row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegisterColumns {
+    /// Columns between two neighbouring threads' first columns.
+    pub stride: u32,
+    /// Each vector's first column, after the thread's own first.
+    pub offsets: Vec<u32>,
+    /// Columns a vector holds: 4, 2 or 1.
+    pub width: u32,
+}
+
+impl RegisterColumns {
+    /// Columns a thread holds.
+    pub fn count(&self) -> usize {
+        self.offsets.len() * self.width as usize
+    }
+
+    /// Each of the thread's columns, as (its vector's offset, its lane in the vector).
+    pub fn each(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.offsets.iter().flat_map(move |&o| (0..self.width).map(move |l| (o, l)))
+    }
+}
+
 /// How the attention template divides its work, chosen by `graph` from the target and head dims.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttentionTile {
@@ -793,11 +818,11 @@ impl AttentionTile {
     }
 
     /// Why this registers tile (`AttentionUnits::Registers`) cannot run an attention of head dims `d`
-    /// and `dv`, if it cannot: 64 queries a workgroup of 4 or 8 a thread, 64 keys a tile (a thread's eight scores of a row are two 4-key vectors, 32
-    /// keys apart), one stage of 1- or 4-element loads, `d` a multiple of 4 (rows read as 4-lane
-    /// vectors) and `dv` of 8 (eight threads share a row's columns), both at most 64 (a thread's output
-    /// block and scores in registers). The one rule `attention::tile` chooses by, the validator checks
-    /// and the renderer relies on.
+    /// and `dv`, if it cannot: 64 queries a workgroup of 4 or 8 a thread, 64 keys a tile (a thread's
+    /// eight scores of a row are two 4-key vectors, 32 keys apart), one stage of 1- or 4-element loads,
+    /// `d` a multiple of 4 (rows read as 4-lane vectors) and `dv` of 8 (eight threads share a row's
+    /// columns), both at most 64 (a thread's output block and scores in registers). The one rule
+    /// `attention::tile` chooses by, the validator checks and the renderers rely on.
     pub fn registers_unfit(&self, d: u32, dv: u32) -> Option<String> {
         let fits = self.units == AttentionUnits::Registers
             && self.keys == 64
@@ -817,11 +842,30 @@ impl AttentionTile {
             && dv <= 64;
         (!fits).then(|| {
             format!(
-                "registers tile {self:?} over head dims {d} and {dv} (64 queries, 4 or 8 a thread, 64 keys a tile, unrolled steps dividing \
-                 them and the head dim, one stage of 1- or 4-element loads, head dims multiples of 4 and 8 up \
-                 to 64)"
+                "registers tile {self:?} over head dims {d} and {dv} (64 queries, 4 or 8 a thread, 64 keys \
+                 a tile, unrolled steps dividing them and the head dim, one stage of 1- or 4-element loads, \
+                 head dims multiples of 4 and 8 up to 64)"
             )
         })
+    }
+
+    /// With registers: a thread's output columns of a row of `dv`: 4-column vectors 32 apart where `dv`
+    /// is a multiple of 32 (the eight threads' reads of one row of values are then consecutive), else
+    /// `dv / 8` consecutive columns in the widest vectors dividing them.
+    pub fn register_columns(dv: u32) -> RegisterColumns {
+        let n = REGISTER_COLUMN_THREADS;
+        if dv % (4 * n) == 0 {
+            return RegisterColumns { stride: 4, offsets: (0..dv / (4 * n)).map(|h| 4 * n * h).collect(), width: 4 };
+        }
+        let per = dv / n;
+        let width = [4, 2, 1].into_iter().find(|w| per % w == 0).unwrap_or(1);
+        RegisterColumns { stride: per, offsets: (0..per / width).map(|i| i * width).collect(), width }
+    }
+
+    /// With registers: a thread's eight keys of a tile, after its first (`4 cg`): two 4-key vectors half
+    /// a tile apart, so the eight threads of a row read 128 consecutive bytes of a key row.
+    pub fn register_keys(&self) -> [u32; 8] {
+        std::array::from_fn(|c| (c as u32 % 4) + self.keys / 2 * (c as u32 / 4))
     }
 
     /// Elements a shared-memory row of head dim `d` takes: 8 more than `d`, so the eight rows one

@@ -357,8 +357,10 @@ impl Target {
     /// `KILN_<BACKEND>_COLUMN_THREADS` (`column_threads`), `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full
     /// precision, as `torch.backends.cudnn.allow_tf32 = False`), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
-    /// attention on matrix units, lanes or registers), `KILN_<BACKEND>_LANE_ATTENTION=rows,keys,chunk[,split]` (`lane_attention`),
-    /// `KILN_<BACKEND>_REGISTER_ATTENTION_ROWS=0|4|8` (`register_attention`: off, or its queries a thread) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
+    /// attention on matrix units, lanes or registers),
+    /// `KILN_<BACKEND>_LANE_ATTENTION=rows,keys,chunk[,split]` (`lane_attention`),
+    /// `KILN_<BACKEND>_REGISTER_ATTENTION_ROWS=0|4|8` (`register_attention`: off, or its queries a
+    /// thread) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
     /// (`benches/NOTES.md`), `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix) and
     /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB), `KILN_<BACKEND>_MATMUL_TILE` (`matmul_tile`).

@@ -2,7 +2,7 @@
 //! target and the graph), how its operands are read in place, and that the template computes what the
 //! written-out form does (through the kernel interpreter, against the f64 reference).
 
-use kiln_graph::kernel::{Attention, AttentionUnits, Stmt};
+use kiln_graph::kernel::{Attention, AttentionTile, AttentionUnits, Stmt};
 use kiln_graph::tolerance::{compare, Expected, Tolerance};
 use kiln_graph::workloads::data;
 use kiln_graph::{capture, compile_graph, interp, CompiledGraph, DType, Graph, Result, Target, Tensor, TensorSpec};
@@ -155,6 +155,16 @@ fn f32_attention_on_cuda_is_one_kernel_on_registers() {
     assert_eq!(a[0].tile.units, AttentionUnits::Registers, "{c}");
     assert_eq!((a[0].tile.rows(), a[0].tile.keys, a[0].tile.vector), (64, 64, 4), "{c}");
     assert!(a[0].tile.registers_unfit(32, 32).is_none());
+    // The layout both renderers print: a thread's keys, two 4-key vectors half a tile apart, and its
+    // output columns, 4-column vectors 32 apart where the row allows, else consecutive columns.
+    assert_eq!(a[0].tile.register_keys(), [0, 1, 2, 3, 32, 33, 34, 35]);
+    let cols = |dv| {
+        let c = AttentionTile::register_columns(dv);
+        (c.stride, c.offsets.clone(), c.width, c.count())
+    };
+    assert_eq!(cols(64), (4, vec![0, 32], 4, 8));
+    assert_eq!(cols(48), (6, vec![0, 2, 4], 2, 6));
+    assert_eq!(cols(24), (3, vec![0, 1, 2], 1, 3));
     // A head dim past the template's registers stays written out; an unaligned one loads 4 bytes at a time.
     let f32_specs = |tq: usize, tk: usize, d: usize, dv: usize| {
         [[3, tq, d], [3, tk, d], [3, tk, dv]].map(|dims| TensorSpec::new(DType::F32, &dims))

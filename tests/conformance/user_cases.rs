@@ -367,6 +367,7 @@ pub fn attention(b: &Arc<dyn Backend>) {
         AttentionCase { dtype: DType::F32, tq: 96, tk: 96, d: 32, dv: 32, causal: true, packed_at: Some(4) },
         AttentionCase { dtype: DType::F32, tq: 1, tk: 1, d: 4, dv: 4, causal: true, packed_at: None },
         AttentionCase { dtype: DType::F32, tq: 70, tk: 90, d: 12, dv: 24, causal: true, packed_at: None },
+        AttentionCase { dtype: DType::F32, tq: 1, tk: 1, d: 8, dv: 8, causal: true, packed_at: None },
         AttentionCase { dtype: DType::F32, tq: 20, tk: 20, d: 128, dv: 128, causal: false, packed_at: None },
     ];
     for (n, c) in cases.iter().enumerate() {

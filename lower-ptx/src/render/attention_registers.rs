@@ -15,37 +15,9 @@
 
 use super::Writer;
 use kiln_graph::dtype::DType;
-use kiln_graph::kernel::{Attention, AttentionPass, REGISTER_COLUMN_THREADS};
+use kiln_graph::kernel::{Attention, AttentionPass, AttentionTile, REGISTER_COLUMN_THREADS};
 
 use super::attention::LOG2_E;
-
-/// Where a thread's output columns lie: `width`-element vectors at `cg * stride + offset` for each
-/// offset, `cg` the thread's place among the eight sharing a row.
-struct Columns {
-    stride: u32,
-    offsets: Vec<u32>,
-    width: u32,
-}
-
-impl Columns {
-    /// A row of `dv` columns split among [`REGISTER_COLUMN_THREADS`] threads: 4-column vectors 32 apart
-    /// where `dv` is a multiple of 32 (the eight threads' reads of one row are then consecutive), else
-    /// `dv / 8` consecutive columns a thread in the widest vectors dividing them.
-    fn of(dv: u32) -> Columns {
-        let n = REGISTER_COLUMN_THREADS;
-        if dv % (4 * n) == 0 {
-            return Columns { stride: 4, offsets: (0..dv / (4 * n)).map(|h| 4 * n * h).collect(), width: 4 };
-        }
-        let per = dv / n;
-        let width = [4, 2, 1].into_iter().find(|w| per % w == 0).unwrap_or(1);
-        Columns { stride: per, offsets: (0..per / width).map(|i| i * width).collect(), width }
-    }
-
-    /// Each of the thread's columns, as (vector offset, lane).
-    fn each(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.offsets.iter().flat_map(move |&o| (0..self.width).map(move |l| (o, l)))
-    }
-}
 
 /// A vector type suffix for `width` f32 lanes (`""` for one).
 fn vec_of(width: u32) -> &'static str {
@@ -82,8 +54,8 @@ impl Writer<'_> {
             // A warp is a subgroup of 32: `graph` plans shuffles for every CUDA target.
             return self.fail(format!("attention tile {:?}: this renderer meets a row's threads by shuffles", a.tile));
         }
-        let (rows, keys, threads) = (a.tile.rows(), a.tile.keys, a.tile.threads());
-        if self.k.launch.threads != threads || threads != 32 * a.tile.warps || rows != 64 {
+        let (rows, keys) = (a.tile.rows(), a.tile.keys);
+        if self.k.launch.threads != a.tile.threads() {
             return self.fail(format!("attention tile {:?} launched with {} threads", a.tile, self.k.launch.threads));
         }
         let vector = a.tile.vector;
@@ -132,8 +104,8 @@ impl Writer<'_> {
         for x in &lsum {
             self.emit(&format!("mov.f32 {x}, 0f00000000;"));
         }
-        let cols = Columns::of(dv);
-        let per_row = cols.offsets.len() * cols.width as usize;
+        let cols = AttentionTile::register_columns(dv);
+        let per_row = cols.count();
         let o: Vec<Vec<String>> = (0..rq).map(|_| (0..per_row).map(|_| self.reg("f32")).collect()).collect();
         for x in o.iter().flatten() {
             self.emit(&format!("mov.f32 {x}, 0f00000000;"));
@@ -159,8 +131,7 @@ impl Writer<'_> {
         let pw = self.reg("u32");
         self.emit(&format!("mad.lo.u32 {pw}, {cg}, {}, {pa};", 16 * rows));
         self.emit(&format!("mad.lo.u32 {va}, {cg}, {}, {smv};", 4 * cols.stride));
-        // A thread's eight keys of a tile: 4-key vectors at `4 cg` and `4 cg + 32`.
-        let key_offsets: [u32; 8] = std::array::from_fn(|c| (c as u32 % 4) + 32 * (c as u32 / 4));
+        let key_offsets = a.tile.register_keys();
         let kc = self.reg("u32");
         self.emit(&format!("shl.b32 {kc}, {cg}, 2;"));
         let scale = super::f32_imm(a.scale * LOG2_E);
@@ -188,7 +159,11 @@ impl Writer<'_> {
                     w.emit(&format!("ld.shared.v4.f32 {}, [{qcur}+{}];", braced(quad), 4 * rows * dd + 16 * j as u32));
                 }
                 w.emit(&format!("ld.shared.v4.f32 {}, [{kcur}+{}];", braced(&kv[..4]), 4 * keys * dd));
-                w.emit(&format!("ld.shared.v4.f32 {}, [{kcur}+{}];", braced(&kv[4..]), 4 * keys * dd + 128));
+                w.emit(&format!(
+                    "ld.shared.v4.f32 {}, [{kcur}+{}];",
+                    braced(&kv[4..]),
+                    4 * (keys * dd + key_offsets[4])
+                ));
                 for (r, row) in s.iter().enumerate() {
                     for (c, x) in row.iter().enumerate() {
                         w.emit(&format!("fma.rn.f32 {x}, {}, {}, {x};", qv[r], kv[c]));

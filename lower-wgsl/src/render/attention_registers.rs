@@ -11,16 +11,20 @@
 
 use super::{float_literal, Writer};
 use kiln_graph::dtype::DType;
-use kiln_graph::kernel::{Attention, AttentionPass, REGISTER_COLUMN_THREADS};
+use kiln_graph::kernel::{Attention, AttentionPass, AttentionTile, RegisterColumns, REGISTER_COLUMN_THREADS};
 
 /// Below any score (a finite stand-in for `-inf`: WGSL may assume values are finite).
 const LOWEST: f64 = -3.0e38;
 
-/// Where a thread's output columns lie, as `Columns` in the PTX renderer: 4-column vectors 32 apart
-/// where `dv` is a multiple of 32 (`Vectors`), else `dv / 8` consecutive scalars (`Scalars`).
-enum Columns {
-    Vectors(u32),
-    Scalars(u32),
+/// The thread's output accumulators for `graph`'s column layout (`AttentionTile::register_columns`):
+/// one `vec4` a 4-column vector, else one `f32` a column (WGSL reads the value tile as `vec4`s, so a
+/// narrower vector is read a lane at a time), with the column each starts at, from `cg * stride`.
+fn accumulators(cols: &RegisterColumns) -> Vec<(u32, bool)> {
+    if cols.width == 4 {
+        cols.offsets.iter().map(|&o| (o, true)).collect()
+    } else {
+        cols.each().map(|(o, l)| (o + l, false)).collect()
+    }
 }
 
 impl Writer<'_> {
@@ -69,13 +73,12 @@ impl Writer<'_> {
             l(self, e, format!("var ar_m{r}: f32 = {};", float_literal(LOWEST)));
             l(self, e, format!("var ar_l{r}: f32 = 0.0f;"));
         }
-        let cols = if dv % (4 * n) == 0 { Columns::Vectors(dv / (4 * n)) } else { Columns::Scalars(dv / n) };
+        let cols = AttentionTile::register_columns(dv);
+        let acc = accumulators(&cols);
         for r in 0..rq {
-            match cols {
-                Columns::Vectors(v) => {
-                    (0..v).for_each(|j| l(self, e, format!("var ar_o{r}_{j}: vec4<f32> = vec4<f32>(0.0f);")))
-                }
-                Columns::Scalars(s) => (0..s).for_each(|j| l(self, e, format!("var ar_o{r}_{j}: f32 = 0.0f;"))),
+            for (j, &(_, vector)) in acc.iter().enumerate() {
+                let ty = if vector { "vec4<f32>" } else { "f32" };
+                l(self, e, format!("var ar_o{r}_{j}: {ty} = {ty}(0.0f);"));
             }
         }
         let end = if a.causal { format!("min({tk}, ar_q0 + {rows}i)") } else { tk.clone() };
@@ -94,6 +97,8 @@ impl Writer<'_> {
             l(self, f, format!("var ar_s{r}b: vec4<f32> = vec4<f32>(0.0f);"));
         }
         let unroll = t.chunk;
+        // The thread's second 4-key vector, after its first (`AttentionTile::register_keys`).
+        let second = t.register_keys()[4];
         l(self, f, format!("for (var ar_dd: i32 = 0i; ar_dd < {d}i; ar_dd = ar_dd + {unroll}i) {{"));
         for u in 0..unroll {
             let g = f + 1;
@@ -103,7 +108,7 @@ impl Writer<'_> {
                 l(self, g, format!("let ar_q{u}_{j}: vec4<f32> = {x};"));
             }
             l(self, g, format!("let ar_ka{u}: vec4<f32> = ar_kt[(ar_dd + {u}i) * {kr4}i + ar_cg];"));
-            l(self, g, format!("let ar_kb{u}: vec4<f32> = ar_kt[(ar_dd + {u}i) * {kr4}i + {}i + ar_cg];", kr4 / 2));
+            l(self, g, format!("let ar_kb{u}: vec4<f32> = ar_kt[(ar_dd + {u}i) * {kr4}i + {}i + ar_cg];", second / 4));
             for r in 0..rq {
                 let qv = format!("ar_q{u}_{}[{}]", r / 4, r % 4);
                 l(self, g, format!("ar_s{r}a = fma(vec4<f32>({qv}), ar_ka{u}, ar_s{r}a);"));
@@ -114,7 +119,7 @@ impl Writer<'_> {
         // Masks: keys past the end and (causal) after the query, as the lowest value.
         let lowest = format!("vec4<f32>({})", float_literal(LOWEST));
         l(self, f, "let ar_ka: vec4<i32> = vec4<i32>(ar_j0 + 4i * ar_cg) + vec4<i32>(0i, 1i, 2i, 3i);".into());
-        l(self, f, format!("let ar_kb: vec4<i32> = ar_ka + vec4<i32>({}i);", keys / 2));
+        l(self, f, format!("let ar_kb: vec4<i32> = ar_ka + vec4<i32>({second}i);"));
         for r in 0..rq {
             let lim = if a.causal { format!("min({tk}, ar_q0 + ar_qg * {rq}i + {}i)", r + 1) } else { tk.clone() };
             l(self, f, format!("let ar_lim{r}: vec4<i32> = vec4<i32>({lim});"));
@@ -125,7 +130,8 @@ impl Writer<'_> {
         // through the key tile's memory once every thread is done reading it.
         let slots = rq / 4;
         let own = |r: u32| {
-            format!("max(max(max(ar_s{r}a.x, ar_s{r}a.y), max(ar_s{r}a.z, ar_s{r}a.w)), max(max(ar_s{r}b.x, ar_s{r}b.y), max(ar_s{r}b.z, ar_s{r}b.w)))")
+            let half = |h: &str| format!("max(max(ar_s{r}{h}.x, ar_s{r}{h}.y), max(ar_s{r}{h}.z, ar_s{r}{h}.w))");
+            format!("max({}, {})", half("a"), half("b"))
         };
         if t.row_shuffles {
             for r in 0..rq {
@@ -163,19 +169,17 @@ impl Writer<'_> {
             l(self, f, format!("let ar_mc{r}: f32 = max(ar_m{r}, ar_rm{r});"));
             l(self, f, format!("let ar_al{r}: f32 = exp2(ar_m{r} - ar_mc{r});"));
             for h in ["a", "b"] {
-                l(self, f, format!("ar_s{r}{h} = select(vec4<f32>(0.0f), exp2(ar_s{r}{h} - vec4<f32>(ar_mc{r})), ar_s{r}{h} > {half});"));
+                let p = format!("exp2(ar_s{r}{h} - vec4<f32>(ar_mc{r}))");
+                l(self, f, format!("ar_s{r}{h} = select(vec4<f32>(0.0f), {p}, ar_s{r}{h} > {half});"));
             }
             l(self, f, format!("ar_l{r} = ar_l{r} * ar_al{r} + dot(ar_s{r}a + ar_s{r}b, vec4<f32>(1.0f));"));
             l(self, f, format!("ar_m{r} = ar_mc{r};"));
-            let count = match cols {
-                Columns::Vectors(v) | Columns::Scalars(v) => v,
-            };
-            for j in 0..count {
+            for j in 0..acc.len() {
                 l(self, f, format!("ar_o{r}_{j} = ar_o{r}_{j} * ar_al{r};"));
             }
         }
         // The probabilities, transposed (key-major, `rows` queries a key) over the key tile.
-        for (h, base) in [("a", 0), ("b", keys / 2)] {
+        for (h, base) in [("a", 0), ("b", second)] {
             for c in 0..4 {
                 for j in 0..slots {
                     let p: Vec<String> = (4 * j..4 * j + 4).map(|r| format!("ar_s{r}{h}[{c}]")).collect();
@@ -200,43 +204,18 @@ impl Writer<'_> {
                     format!("let ar_p{u}_{j}: vec4<f32> = ar_kt[(ar_kk + {u}i) * {qr4}i + ar_qg * {slots}i + {j}i];"),
                 );
             }
-            match cols {
-                Columns::Vectors(count) => {
-                    for j in 0..count {
-                        l(
-                            self,
-                            g,
-                            format!(
-                                "let ar_v{u}_{j}: vec4<f32> = ar_vt[(ar_kk + {u}i) * {}i + ar_cg + {}i];",
-                                dv / 4,
-                                n * j
-                            ),
-                        );
-                        for r in 0..rq {
-                            l(
-                                self,
-                                g,
-                                format!(
-                                    "ar_o{r}_{j} = fma(vec4<f32>(ar_p{u}_{}[{}]), ar_v{u}_{j}, ar_o{r}_{j});",
-                                    r / 4,
-                                    r % 4
-                                ),
-                            );
-                        }
-                    }
-                }
-                Columns::Scalars(count) => {
-                    for j in 0..count {
-                        let at = format!("(ar_kk + {u}i) * {dv}i + ar_cg * {count}i + {j}i");
-                        l(self, g, format!("let ar_v{u}_{j}: f32 = ar_vt[({at}) / 4i][({at}) % 4i];"));
-                        for r in 0..rq {
-                            l(
-                                self,
-                                g,
-                                format!("ar_o{r}_{j} = fma(ar_p{u}_{}[{}], ar_v{u}_{j}, ar_o{r}_{j});", r / 4, r % 4),
-                            );
-                        }
-                    }
+            for (j, &(first, vector)) in acc.iter().enumerate() {
+                let at = format!("(ar_kk + {u}i) * {dv}i + ar_cg * {}i + {first}i", cols.stride);
+                let (ty, v) = if vector {
+                    ("vec4<f32>", format!("ar_vt[({at}) / 4i]"))
+                } else {
+                    ("f32", format!("ar_vt[({at}) / 4i][({at}) % 4i]"))
+                };
+                l(self, g, format!("let ar_v{u}_{j}: {ty} = {v};"));
+                for r in 0..rq {
+                    let p = format!("ar_p{u}_{}[{}]", r / 4, r % 4);
+                    let p = if vector { format!("vec4<f32>({p})") } else { p };
+                    l(self, g, format!("ar_o{r}_{j} = fma({p}, ar_v{u}_{j}, ar_o{r}_{j});"));
                 }
             }
         }
@@ -275,19 +254,14 @@ impl Writer<'_> {
             let g = e + 1;
             l(self, g, format!("let ar_inv: f32 = select(1.0f / ar_sum_{r}, 0.0f, {tk} == 0i);"));
             l(self, g, format!("let ar_at: i32 = at_oo + ar_row{r} * {ldo};"));
-            match cols {
-                Columns::Vectors(count) => {
-                    for j in 0..count {
-                        for c in 0..4 {
-                            let col = format!("4i * ar_cg + {}i", n * 4 * j + c);
-                            l(self, g, format!("b{bo}[ar_at + {col}] = ar_o{r}_{j}[{c}] * ar_inv;"));
-                        }
+            for (j, &(first, vector)) in acc.iter().enumerate() {
+                let col = format!("ar_cg * {}i + {first}i", cols.stride);
+                if vector {
+                    for c in 0..4 {
+                        l(self, g, format!("b{bo}[ar_at + {col} + {c}i] = ar_o{r}_{j}[{c}] * ar_inv;"));
                     }
-                }
-                Columns::Scalars(count) => {
-                    for j in 0..count {
-                        l(self, g, format!("b{bo}[ar_at + ar_cg * {count}i + {j}i] = ar_o{r}_{j} * ar_inv;"));
-                    }
+                } else {
+                    l(self, g, format!("b{bo}[ar_at + {col}] = ar_o{r}_{j} * ar_inv;"));
                 }
             }
             l(self, e, "}".into());

@@ -143,9 +143,16 @@ fn view_source(g: &Graph, mut n: NodeId) -> NodeId {
 /// Whether part `p` is a product a GEMM stores anyway (its own, or the residual sum of products it
 /// ends, as a convolution by kernel rows is).
 fn from_product(g: &Graph, p: NodeId) -> bool {
-    let s = g.node(view_source(g, p));
-    matches!(s.op, Op::MatMul)
+    let at = view_source(g, p);
+    let s = g.node(at);
+    stored_product(g, at)
         || (matches!(s.op, Op::Binary { .. }) && s.inputs.iter().any(|&i| matches!(g.node(i).op, Op::MatMul)))
+}
+
+/// Whether `n` is a product as its kernel stores it: a matmul, or the sum of a split one's partials
+/// ([`crate::split_k`]).
+fn stored_product(g: &Graph, n: NodeId) -> bool {
+    g.node(n).op == Op::MatMul || crate::split_k::is_partial_sum(g, n)
 }
 
 /// `g` with every concatenation along an inner axis whose parts are mostly products ([`from_product`],
@@ -211,7 +218,7 @@ pub fn outermost(
                     };
                     let q = out.push(q);
                     out_origin.push(origin[i]);
-                    if identity_source(&out, q).is_none_or(|s| !matches!(out.node(s).op, Op::MatMul)) {
+                    if identity_source(&out, q).is_none_or(|s| !stored_product(&out, s)) {
                         copies.insert(q);
                     }
                     q

@@ -48,6 +48,7 @@ pub mod rng;
 pub mod runtime;
 pub mod shape;
 mod size_class;
+pub mod split_k;
 pub mod split_reduce;
 pub mod sym;
 pub mod tape;

@@ -118,6 +118,8 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
             origin.push(origin[o.index()]);
         }
     }
+    // A product making too few workgroups over a long depth runs as partial products (`split_k`).
+    let (live, origin) = crate::split_k::split_products(&live, &origin, target);
     // A device that binds few buffers cannot read a wide concatenation's sources in one kernel.
     let (live, origin, inner) =
         crate::fan_in::split_wide_concats(&live, &origin, crate::fan_in::concat_fan_in(target.max_bindings));

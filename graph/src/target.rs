@@ -121,6 +121,12 @@ pub struct Target {
     /// or 16 (`KILN_<BACKEND>_MATMUL_TILE`).
     #[serde(default = "default_matmul_tile")]
     pub matmul_tile: u32,
+    /// Workgroups a product the matmul template runs should make: one making fewer over a long depth is
+    /// cut into partial products over pieces of it ([`crate::split_k`]); 0 never cuts
+    /// (`KILN_<BACKEND>_SPLIT_K`). About four a compute unit of a large GPU (an H200 has 132), so each
+    /// unit has others to run while one waits on its loads.
+    #[serde(default = "default_split_k_groups")]
+    pub split_k_groups: u32,
 }
 
 /// The lanes attention template's largest work division (`attention::tile` takes fewer keys where
@@ -164,6 +170,10 @@ impl Default for LaneAttention {
 
 fn default_matmul_tile() -> u32 {
     crate::matmul_tile::LARGEST
+}
+
+fn default_split_k_groups() -> u32 {
+    512
 }
 
 fn default_bucket_bytes() -> u64 {
@@ -237,6 +247,7 @@ impl Target {
             collectives: false,
             bucket_bytes: default_bucket_bytes(),
             matmul_tile: default_matmul_tile(),
+            split_k_groups: default_split_k_groups(),
         }
     }
 
@@ -301,6 +312,7 @@ impl Target {
             collectives: true,
             bucket_bytes: default_bucket_bytes(),
             matmul_tile: default_matmul_tile(),
+            split_k_groups: default_split_k_groups(),
         }
     }
 
@@ -363,7 +375,8 @@ impl Target {
     /// thread) and `KILN_<BACKEND>_HALF_ROUNDING=each-op` (f16/bf16
     /// values rounded after every op rather than where they are stored) applied, for experiments
     /// (`benches/NOTES.md`), `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix) and
-    /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB), `KILN_<BACKEND>_MATMUL_TILE` (`matmul_tile`).
+    /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB), `KILN_<BACKEND>_MATMUL_TILE` (`matmul_tile`),
+    /// `KILN_<BACKEND>_SPLIT_K` (`split_k_groups`; 0: never split a product's depth).
     pub fn tuned_by_env(mut self, backend: &str) -> Target {
         let knob = |k: &str| std::env::var(format!("KILN_{backend}_{k}")).ok().and_then(|v| v.parse::<u32>().ok());
         if let Some(n) = knob("MAX_THREADS") {
@@ -419,6 +432,10 @@ impl Target {
         if let Some(mb) = knob("BUCKET_MB").filter(|&mb| u64::from(mb) << 20 != self.bucket_bytes) {
             self.name = format!("{}-buckets-{mb}mb", self.name);
             self.bucket_bytes = u64::from(mb.max(1)) << 20;
+        }
+        if let Some(groups) = knob("SPLIT_K").filter(|&g| g != self.split_k_groups) {
+            self.name = format!("{}-split-k-{groups}", self.name);
+            self.split_k_groups = groups;
         }
         if let Some(edge) = knob("MATMUL_TILE").filter(|&e| e != self.matmul_tile) {
             self.name = format!("{}-matmul-tile-{edge}", self.name);

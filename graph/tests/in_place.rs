@@ -126,3 +126,28 @@ fn an_empty_part_is_placed_with_the_others() {
     let slot = c.plan.value_buffer[n];
     assert!(sizes[slot] > at.as_const().unwrap() as u64 * 4, "{sizes:?} {at}");
 }
+
+#[test]
+fn a_split_product_is_placed_in_its_concatenation() {
+    // A 3 × 3 convolution of 128 channels to 32 over 4 × 4 pixels: 32 × 16 outputs over a depth of 1,152,
+    // which WebGPU's template cuts into partial products (`split_k`); their sum is the part placed.
+    let specs = [TensorSpec::new(DType::F32, &[1, 128, 4, 4]), TensorSpec::new(DType::F32, &[32, 128, 3, 3])];
+    let g = capture(&specs, |t| {
+        let h = t[0].relu()?;
+        let y = h.conv(&t[1], None, &Window::uniform(2, 1, 1, 1), 1)?;
+        Ok(vec![Tensor::concat(&[&h, &y], 1)?.exp()?])
+    })
+    .unwrap();
+    let c = check(&g, &specs, &Target::webgpu_default());
+    let p = &c.primitive.graph;
+    let sums: Vec<NodeId> =
+        (0..p.nodes.len() as u32).map(NodeId).filter(|&n| kiln_graph::split_k::is_partial_sum(p, n)).collect();
+    assert_eq!(sums.len(), 1, "the product is split\n{c}");
+    let (all, bound) = concats(&c);
+    assert_eq!(bound, all, "the concatenation read as one buffer\n{c}");
+    assert!(c.plan.value_offset.contains_key(&sums[0]), "the sum lands in the family: {:?}\n{c}", c.plan.value_offset);
+    // Whole, the product's kernel would read the family (the convolution's input is its first part) and
+    // write it: kept apart on WebGPU. Split, the sum's kernel reads only the partials.
+    let whole = check(&g, &specs, &Target { split_k_groups: 0, ..Target::webgpu_default() });
+    assert!(whole.plan.value_offset.is_empty(), "{whole}");
+}

@@ -274,6 +274,7 @@ pub fn every_op(b: &Arc<dyn Backend>) {
     }
     large_matmuls(b);
     matmul_schedules(b);
+    split_products(b);
 }
 
 /// The matmul template's schedules (`graph::matmul_tile`) where a template runs them: every dim symbolic
@@ -313,6 +314,33 @@ fn matmul_schedules(b: &Arc<dyn Backend>) {
             },
         );
     }
+}
+
+/// Products few outputs deep enough that a target running them on the matmul template cuts their depth
+/// into partial products summed by a reduction (`graph::split_k`): 32 × 64 outputs over 1,152 with a
+/// bias and ReLU after the sum, and 8 × 16 over 1,024 (f32, and bf16 with f32 partials), and a DenseNet layer's 3 × 3
+/// convolution (128 channels in, 32 out, the batch norm's ReLU before it) whose sum is a part of a
+/// concatenation assembled in place.
+fn split_products(b: &Arc<dyn Backend>) {
+    use kiln::graph::Window;
+    for d in [DType::F32, DType::BF16] {
+        let x = t(&[32, 1152], d, |i| wave(i) / 3.0);
+        let w = t(&[1152, 64], d, |i| wave(i + 7) / 3.0);
+        let bias = t(&[64], d, |i| wave(i + 3));
+        // Under `gemm::LIBRARY_MIN_MACS`: the template's on every target, CUDA's too.
+        let (x2, w2) = (t(&[8, 1024], d, |i| wave(i + 4) / 3.0), t(&[1024, 16], d, |i| wave(i + 6) / 3.0));
+        case(b, &format!("split-K product {d}"), &[x, w, bias, x2, w2], tol(d, 10.0), |v| {
+            Ok(vec![v[0].matmul(&v[1])?.add(&v[2])?.relu()?, v[3].matmul(&v[4])?.exp()?])
+        });
+    }
+    // Halves and quarters: exact in TF32 (a CUDA target's convolutions) and summed exactly in f32.
+    let x = t(&[1, 128, 8, 8], DType::F32, |i| (wave(i + 1) * 2.0).round() / 2.0);
+    let w = t(&[32, 128, 3, 3], DType::F32, |i| wave(i + 2).round() / 4.0);
+    case(b, "split-K convolution in a concatenation", &[x, w], tol(DType::F32, 10.0), |v| {
+        let h = v[0].relu()?;
+        let y = h.conv(&v[1], None, &Window::uniform(2, 1, 1, 1), 1)?;
+        Ok(vec![Tensor::concat(&[&h, &y], 1)?.exp()?])
+    });
 }
 
 /// Matmuls big enough (over `gemm::LIBRARY_MIN_MACS`) that targets with a GEMM library hand them to

@@ -185,13 +185,13 @@ mod tests {
             pieces(&g, matmul_of(&g), t)
         };
         // DenseNet's 3 × 3 convolutions (32 output channels, depth 1,152). Block 4's 32 × 256 outputs make
-        // 32 small tiles; only small ones fit 32 columns of 256, and 16 pieces make the aim's 512.
-        assert_eq!(cut(32, 1152, 256, &t), Some(16));
-        // Block 2's 32 × 4,096 make 512 small tiles already, but 16 pieces make 512 narrow ones (4 × 4
+        // 32 small tiles; only small ones fit 32 columns of 256, and 8 pieces make the aim's 256.
+        assert_eq!(cut(32, 1152, 256, &t), Some(8));
+        // Block 2's 32 × 4,096 make 512 small tiles already, but 8 pieces make 256 narrow ones (4 × 4
         // outputs a thread).
-        assert_eq!(cut(32, 1152, 4096, &t), Some(16));
-        // Block 1's 32 × 16,384 make 128 narrow tiles: 4 pieces make 512.
-        assert_eq!(cut(32, 1152, 16384, &t), Some(4));
+        assert_eq!(cut(32, 1152, 4096, &t), Some(8));
+        // Block 1's 32 × 16,384 make 128 narrow tiles: 2 pieces make 256.
+        assert_eq!(cut(32, 1152, 16384, &t), Some(2));
         // A depth with few divisors takes the best it has: 992 = 31 × 32 (block 4's 1 × 1 ones).
         assert_eq!(cut(128, 992, 256, &t), Some(31));
         // Enough workgroups of a tile that is not the small one: whole (W5's 4,096 × 768 projections

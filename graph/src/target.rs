@@ -123,8 +123,9 @@ pub struct Target {
     pub matmul_tile: u32,
     /// Workgroups a product the matmul template runs should make: one making fewer over a long depth is
     /// cut into partial products over pieces of it ([`crate::split_k`]); 0 never cuts
-    /// (`KILN_<BACKEND>_SPLIT_K`). About four a compute unit of a large GPU (an H200 has 132), so each
-    /// unit has others to run while one waits on its loads.
+    /// (`KILN_<BACKEND>_SPLIT_K`). About two a compute unit of a large GPU (an H200 has 132): W6 over
+    /// NVIDIA Vulkan took 4.79 ms at 256, 4.90 at 512, 4.97–4.99 at 1,024 and 2,048 (`benches/NOTES.md`,
+    /// session 43).
     #[serde(default = "default_split_k_groups")]
     pub split_k_groups: u32,
 }
@@ -173,7 +174,7 @@ fn default_matmul_tile() -> u32 {
 }
 
 fn default_split_k_groups() -> u32 {
-    512
+    crate::matmul_tile::LARGE_MIN_GROUPS as u32
 }
 
 fn default_bucket_bytes() -> u64 {

@@ -255,6 +255,8 @@ struct Scheduler<'g> {
     /// Consumers that must not join a row region (lowering found they read a reduction at another row) or
     /// a library GEMM's epilogue (an addend the library cannot read in place).
     refused: BTreeSet<NodeId>,
+    /// Matmuls whose region takes no prologue (`Feedback::whole_operands`).
+    whole_operands: BTreeSet<NodeId>,
     /// When set, only nodes of one group (the user-level op they came from) share a region: eager mode.
     groups: Option<&'g [NodeId]>,
 }
@@ -520,6 +522,10 @@ impl<'g> Scheduler<'g> {
             if library && self.target.library_epilogue {
                 self.library_epilogue(&mut members, m);
             }
+            // The prologue: pointwise ops only the template's operands read, computed in its loads.
+            if !library && self.target.matmul_prologue && !self.whole_operands.contains(&m) {
+                while self.absorb_prologue(&mut members) {}
+            }
             let mut grow = !library;
             while grow {
                 let mut changed = false;
@@ -543,6 +549,46 @@ impl<'g> Scheduler<'g> {
             }
             self.commit(RegionKind::MatMul { node: m }, members);
         }
+    }
+
+    /// Adds to a template matmul's region the pointwise ops its members read through views, when every
+    /// reader of each is a member (nothing computed twice outside, nothing written that was not); true if
+    /// any joined. The walk stops at concatenations, which DenseNet assembles in place: read through
+    /// its parts, a concatenation would no longer be one stored buffer (`in_place`). Layout copies the
+    /// scheduler stores (role pointwise) stay stored. A node refused a row region's epilogue (it reads
+    /// the reduction at another row) may join: a product's operand reads stored values at any index.
+    fn absorb_prologue(&self, members: &mut BTreeSet<NodeId>) -> bool {
+        let g = self.f.graph;
+        let mut found = Vec::new();
+        for &m in members.iter() {
+            let mut stack: Vec<NodeId> = g.node(m).inputs.clone();
+            while let Some(p) = stack.pop() {
+                let node = g.node(p);
+                if self.f.role[p.index()] == Role::Transparent {
+                    if !matches!(node.op, Op::Concat { .. }) {
+                        stack.extend(node.inputs.iter().copied());
+                    }
+                } else if op_role(&node.op) == Role::Pointwise && !members.contains(&p) {
+                    found.push(p);
+                }
+            }
+        }
+        let mut changed = false;
+        for p in found {
+            let all_inside =
+                !self.f.output_reach[p.index()] && self.f.consumers[p.index()].iter().all(|c| members.contains(c));
+            let ok = !members.contains(&p)
+                && self.free(p)
+                && self.f.role[p.index()] == Role::Pointwise
+                && all_inside
+                && !self.closes_cycle(members, p)
+                && self.fits(members, p);
+            if ok {
+                members.insert(p);
+                changed = true;
+            }
+        }
+        changed
     }
 
     /// Grows a library GEMM's region by the adds the library performs inside the call: a chain from the
@@ -808,6 +854,10 @@ pub struct Feedback {
     /// Nodes stored whatever reads them, as outputs are: the copies a concatenation assembled in place
     /// is made of (`in_place`), which no reader may compute for itself.
     pub kept: BTreeSet<NodeId>,
+    /// Template matmuls that read their operands stored, with no prologue: computing it in the product's
+    /// loads made the kernel bind a concatenation assembled in place both read and written
+    /// (`in_place::Assembly::conflict`).
+    pub whole_operands: BTreeSet<NodeId>,
 }
 
 /// Schedules a primitive graph into regions for `target`. `op_names[i]` names the user-level op that
@@ -826,6 +876,7 @@ pub fn fuse(
         assigned: vec![None; graph.nodes.len()],
         regions: Vec::new(),
         refused: feedback.refused.clone(),
+        whole_operands: feedback.whole_operands.clone(),
         groups: per_op,
     };
     s.attention_regions();

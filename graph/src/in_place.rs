@@ -40,11 +40,11 @@ impl Assembly {
         self.home.keys().copied().filter(|&n| matches!(g.node(n).op, Op::Concat { .. }))
     }
 
-    /// The root of a family some kernel binds twice with one of the bindings written: a device that
-    /// tracks buffer use per dispatch (WebGPU) rejects a buffer bound both writable and read-only, so
-    /// such a family is not assembled.
-    pub fn conflict(&self, kernels: &[Kernel]) -> Option<NodeId> {
-        for k in kernels {
+    /// The root of a family some kernel binds twice with one of the bindings written, and that kernel's
+    /// index: a device that tracks buffer use per dispatch (WebGPU) rejects a buffer bound both writable
+    /// and read-only, so such a family is not assembled as it is.
+    pub fn conflict(&self, kernels: &[Kernel]) -> Option<(NodeId, usize)> {
+        for (index, k) in kernels.iter().enumerate() {
             let mut seen: BTreeMap<NodeId, (usize, bool)> = BTreeMap::new();
             for b in &k.buffers {
                 if let Some((root, _)) = self.home.get(&b.node) {
@@ -54,7 +54,7 @@ impl Assembly {
                 }
             }
             if let Some((&root, _)) = seen.iter().find(|(_, &(n, written))| n > 1 && written) {
-                return Some(root);
+                return Some((root, index));
             }
         }
         None

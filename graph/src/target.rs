@@ -128,6 +128,11 @@ pub struct Target {
     /// session 43).
     #[serde(default = "default_split_k_groups")]
     pub split_k_groups: u32,
+    /// The matmul template computes the pointwise ops only its operand reads (a batch norm and ReLU
+    /// before a convolution) inside its operand loads instead of reading them stored by a kernel of
+    /// their own (`fuse`; `KILN_<BACKEND>_MATMUL_PROLOGUE=0|1`).
+    #[serde(default)]
+    pub matmul_prologue: bool,
 }
 
 /// The lanes attention template's largest work division (`attention::tile` takes fewer keys where
@@ -249,6 +254,7 @@ impl Target {
             bucket_bytes: default_bucket_bytes(),
             matmul_tile: default_matmul_tile(),
             split_k_groups: default_split_k_groups(),
+            matmul_prologue: true,
         }
     }
 
@@ -314,6 +320,7 @@ impl Target {
             bucket_bytes: default_bucket_bytes(),
             matmul_tile: default_matmul_tile(),
             split_k_groups: default_split_k_groups(),
+            matmul_prologue: true,
         }
     }
 
@@ -377,7 +384,8 @@ impl Target {
     /// values rounded after every op rather than where they are stored) applied, for experiments
     /// (`benches/NOTES.md`), `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix) and
     /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB), `KILN_<BACKEND>_MATMUL_TILE` (`matmul_tile`),
-    /// `KILN_<BACKEND>_SPLIT_K` (`split_k_groups`; 0: never split a product's depth).
+    /// `KILN_<BACKEND>_SPLIT_K` (`split_k_groups`; 0: never split a product's depth),
+    /// `KILN_<BACKEND>_MATMUL_PROLOGUE=0|1` (`matmul_prologue`).
     pub fn tuned_by_env(mut self, backend: &str) -> Target {
         let knob = |k: &str| std::env::var(format!("KILN_{backend}_{k}")).ok().and_then(|v| v.parse::<u32>().ok());
         if let Some(n) = knob("MAX_THREADS") {
@@ -433,6 +441,10 @@ impl Target {
         if let Some(mb) = knob("BUCKET_MB").filter(|&mb| u64::from(mb) << 20 != self.bucket_bytes) {
             self.name = format!("{}-buckets-{mb}mb", self.name);
             self.bucket_bytes = u64::from(mb.max(1)) << 20;
+        }
+        if let Some(on) = knob("MATMUL_PROLOGUE").map(|v| v != 0).filter(|&on| on != self.matmul_prologue) {
+            self.name = format!("{}-matmul-prologue-{}", self.name, u8::from(on));
+            self.matmul_prologue = on;
         }
         if let Some(groups) = knob("SPLIT_K").filter(|&g| g != self.split_k_groups) {
             self.name = format!("{}-split-k-{groups}", self.name);

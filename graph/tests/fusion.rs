@@ -388,3 +388,40 @@ fn sibling_column_sums_of_one_gradient_are_one_kernel() {
         assert!(kernels.len() == 1, "kernels {kernels:?} each read value {node} and write {len:?} partials\n{c}");
     }
 }
+
+/// A batch norm's ReLU before a convolution the matmul template runs (DenseNet's pre-activation) is
+/// computed in the product's operand loads, per-channel scale and all: one kernel, where with the
+/// prologue off (`Target::matmul_prologue`) the activated map is written by a kernel of its own and
+/// read back. Both give the reference's values through the kernel interpreter.
+#[test]
+fn a_pre_activation_is_computed_in_the_convolution_operand() {
+    let specs = [
+        TensorSpec::new(DType::F32, &[2, 16, 6, 6]),
+        TensorSpec::new(DType::F32, &[16]),
+        TensorSpec::new(DType::F32, &[16]),
+        TensorSpec::new(DType::F32, &[8, 16, 3, 3]),
+    ];
+    let f = |t: &[Tensor]| {
+        let (scale, shift) = (t[1].reshape(&[1, 16, 1, 1])?, t[2].reshape(&[1, 16, 1, 1])?);
+        let h = t[0].mul(&scale.abs()?.add(1e-5)?.rsqrt()?)?.add(&shift)?.relu()?;
+        Ok(vec![h.conv(&t[3], None, &kiln_graph::conv::Window::uniform(2, 1, 1, 1), 1)?])
+    };
+    let g = capture(&specs, f).unwrap();
+    let inputs: Vec<_> = specs.iter().enumerate().map(|(i, s)| kiln_graph::workloads::data(s, i)).collect();
+    let refs: Vec<_> = inputs.iter().collect();
+    let want = kiln_graph::interp::run(&g, &refs).unwrap();
+    // Besides the product: the result's permutation back to `[N, O, H, W]`, written by a copy kernel.
+    for (prologue, kernels) in [(true, 2), (false, 3)] {
+        let target = Target { matmul_prologue: prologue, ..Target::webgpu_default() };
+        let c = compile_graph(&g, &target).unwrap();
+        assert_eq!(c.kernels.len(), kernels, "prologue {prologue}\n{c}");
+        let product = c.fusion.regions.iter().find(|r| matches!(r.kind, RegionKind::MatMul { .. })).unwrap();
+        let relu = product.members.iter().any(|&m| c.primitive.graph.node(m).op.name() == "relu");
+        assert_eq!(relu, prologue, "{c}");
+        let got = c.run_interpreted(&refs).unwrap();
+        let worst = (got[0].values().iter().zip(want[0].values()))
+            .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-5, "prologue {prologue}: {worst}\n{c}");
+    }
+}

@@ -198,9 +198,9 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
         }
         timings.lower_ms += ms(clock);
         if let Some((root, k)) = failures.is_empty().then(|| assembly.conflict(&kernels)).flatten() {
-            // A product that reads the family through its prologue and writes a part of it reads its
-            // operands stored instead; otherwise the family is kept apart. Each round takes one of
-            // those steps, so the rounds end.
+            // A product that reads the family through its prologue (members before the product in the
+            // graph's order) and writes a part of it reads its operands stored instead; otherwise the
+            // family is kept apart. Each round takes one of those steps, so the rounds end.
             if let Some(&RegionKind::MatMul { node }) = fusion.regions.get(k).map(|r| &r.kind) {
                 if fusion.regions[k].members.iter().any(|&p| p < node) && feedback.whole_operands.insert(node) {
                     continue;

@@ -130,8 +130,9 @@ pub struct Target {
     pub split_k_groups: u32,
     /// The matmul template computes the pointwise ops only its operand reads (a batch norm and ReLU
     /// before a convolution) inside its operand loads instead of reading them stored by a kernel of
-    /// their own (`fuse`; `KILN_<BACKEND>_MATMUL_PROLOGUE=0|1`).
-    #[serde(default)]
+    /// their own (`fuse`; `KILN_<BACKEND>_MATMUL_PROLOGUE=0|1`). A stored target without the field reads
+    /// on, as every target is built.
+    #[serde(default = "default_matmul_prologue")]
     pub matmul_prologue: bool,
 }
 
@@ -176,6 +177,10 @@ impl Default for LaneAttention {
 
 fn default_matmul_tile() -> u32 {
     crate::matmul_tile::LARGEST
+}
+
+fn default_matmul_prologue() -> bool {
+    true
 }
 
 fn default_split_k_groups() -> u32 {
@@ -254,7 +259,7 @@ impl Target {
             bucket_bytes: default_bucket_bytes(),
             matmul_tile: default_matmul_tile(),
             split_k_groups: default_split_k_groups(),
-            matmul_prologue: true,
+            matmul_prologue: default_matmul_prologue(),
         }
     }
 
@@ -320,7 +325,7 @@ impl Target {
             bucket_bytes: default_bucket_bytes(),
             matmul_tile: default_matmul_tile(),
             split_k_groups: default_split_k_groups(),
-            matmul_prologue: true,
+            matmul_prologue: default_matmul_prologue(),
         }
     }
 

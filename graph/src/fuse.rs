@@ -560,9 +560,13 @@ impl<'g> Scheduler<'g> {
     fn absorb_prologue(&self, members: &mut BTreeSet<NodeId>) -> bool {
         let g = self.f.graph;
         let mut found = Vec::new();
+        let mut seen = BTreeSet::new();
         for &m in members.iter() {
             let mut stack: Vec<NodeId> = g.node(m).inputs.clone();
             while let Some(p) = stack.pop() {
+                if !seen.insert(p) {
+                    continue;
+                }
                 let node = g.node(p);
                 if self.f.role[p.index()] == Role::Transparent {
                     if !matches!(node.op, Op::Concat { .. }) {

@@ -145,8 +145,7 @@ fn view_source(g: &Graph, mut n: NodeId) -> NodeId {
 fn from_product(g: &Graph, p: NodeId) -> bool {
     let at = view_source(g, p);
     let s = g.node(at);
-    stored_product(g, at)
-        || (matches!(s.op, Op::Binary { .. }) && s.inputs.iter().any(|&i| matches!(g.node(i).op, Op::MatMul)))
+    stored_product(g, at) || (matches!(s.op, Op::Binary { .. }) && s.inputs.iter().any(|&i| stored_product(g, i)))
 }
 
 /// Whether `n` is a product as its kernel stores it: a matmul, or the sum of a split one's partials

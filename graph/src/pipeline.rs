@@ -34,6 +34,24 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
+/// Whether node `n` reads, through layout views, a value `assembly` places in the family of `root`.
+fn reads_root(g: &Graph, n: NodeId, assembly: &crate::in_place::Assembly, root: NodeId) -> bool {
+    let mut stack = g.node(n).inputs.clone();
+    let mut seen = BTreeSet::new();
+    while let Some(x) = stack.pop() {
+        if !seen.insert(x) {
+            continue;
+        }
+        if assembly.home.get(&x).is_some_and(|(r, _)| *r == root) {
+            return true;
+        }
+        if crate::fuse::role(g, x) == crate::fuse::Role::Transparent {
+            stack.extend(g.node(x).inputs.iter().copied());
+        }
+    }
+    false
+}
+
 /// Everything compiling one graph produced.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CompiledGraph {
@@ -118,8 +136,12 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
             origin.push(origin[o.index()]);
         }
     }
-    // A product making too few workgroups over a long depth runs as partial products (`split_k`).
-    let (live, origin) = crate::split_k::split_products(&live, &origin, target);
+    // A product making too few workgroups over a long depth runs as partial products (`split_k`); the
+    // eager baseline runs the user's product as one kernel.
+    let (live, origin) = match mode {
+        FusionMode::Fused => crate::split_k::split_products(&live, &origin, target),
+        FusionMode::PerOp => (live, origin),
+    };
     // A device that binds few buffers cannot read a wide concatenation's sources in one kernel.
     let (live, origin, inner) =
         crate::fan_in::split_wide_concats(&live, &origin, crate::fan_in::concat_fan_in(target.max_bindings));
@@ -202,7 +224,9 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
             // graph's order) and writes a part of it reads its operands stored instead; otherwise the
             // family is kept apart. Each round takes one of those steps, so the rounds end.
             if let Some(&RegionKind::MatMul { node }) = fusion.regions.get(k).map(|r| &r.kind) {
-                if fusion.regions[k].members.iter().any(|&p| p < node) && feedback.whole_operands.insert(node) {
+                let prologue = fusion.regions[k].members.iter().copied().filter(|&p| p < node);
+                let reads_family = prologue.into_iter().any(|p| reads_root(&primitive.graph, p, &assembly, root));
+                if reads_family && feedback.whole_operands.insert(node) {
                     continue;
                 }
             }

@@ -22,17 +22,16 @@ use crate::shape::Shape;
 use crate::sym::Expr;
 use crate::target::Target;
 
-/// Fewest depth elements a piece keeps: two of the template's 16-deep steps. Shorter pieces spend more
-/// on writing and summing partials than their steps cost.
+/// Fewest depth elements a piece keeps: two to four of the template's steps (8 or 16 deep by tile).
+/// Shorter pieces spend more on writing and summing partials than their steps cost.
 pub const MIN_DEPTH: i64 = 32;
 
-/// Shallowest product cut: sixteen of the template's 16-deep steps. A shallower one is over before a
-/// second kernel (the sum) would pay for itself.
+/// Shallowest product cut: sixteen to thirty-two of the template's steps. A shallower one is over before
+/// a second kernel (the sum) would pay for itself.
 pub const MIN_SPLIT_DEPTH: i64 = 256;
 
-/// Most pieces a product is cut into: the reduction then sums each output's partials in one pass
-/// (`split_reduce::SERIAL_COLUMN`).
-pub const MAX_PIECES: i64 = 128;
+/// Most pieces a product is cut into: the reduction then sums each output's partials in one serial pass.
+pub const MAX_PIECES: i64 = crate::split_reduce::SERIAL_COLUMN as i64;
 
 /// The number of pieces to cut matmul `n`'s depth into, or `None` to leave it whole. Only a product
 /// that leaves a large GPU's cores idle (fewer than [`crate::matmul_tile::LARGE_MIN_GROUPS`] workgroups)
@@ -115,7 +114,7 @@ pub fn split_products(g: &Graph, origin: &[NodeId], target: &Target) -> (Graph, 
     (b.graph, b.origin)
 }
 
-/// `a @ b` (`[..., m, k]` by `[..., k, n]`) as `s` products over pieces of `k`, a batch axis in front,
+/// `a @ w` (`[..., m, k]` by `[..., k, n]`) as `s` products over pieces of `k`, a batch axis in front,
 /// summed over it: partials in f32 for half-precision operands (the template's accumulator), rounded
 /// once at the end.
 fn partial_products(b: &mut Builder, a: NodeId, w: NodeId, s: i64, dtype: DType) -> NodeId {
@@ -145,20 +144,22 @@ fn partial_products(b: &mut Builder, a: NodeId, w: NodeId, s: i64, dtype: DType)
     b.cast(sum, dtype)
 }
 
-/// `x` with its axes reordered: axis `k` of the result is axis `perm[k]` of `x`.
+/// `x` with its axes reordered: axis `k` of the result is axis `perm[k]` of `x` (`x` itself for the
+/// identity).
 fn permute(b: &mut Builder, x: NodeId, perm: &[usize]) -> NodeId {
+    if perm.iter().enumerate().all(|(k, &p)| k == p) {
+        return x;
+    }
     let dims = b.shape(x).dims().to_vec();
     let shape = Shape(perm.iter().map(|&p| dims[p].clone()).collect());
     b.push(Op::Permute { perm: perm.to_vec() }, &[x], b.dtype(x), shape)
 }
 
 /// Whether `n` is the sum of a split product's partials (as it lies, the product's `[..., m, n]`
-/// result), possibly rounded back to a half-precision dtype: stored as the product itself would be.
+/// result): stored as the product itself would be. A half-precision product's rounding of the sum is
+/// not: a conversion may be computed in its one reader (`fuse`), so a concatenation takes it as a copy.
 pub fn is_partial_sum(g: &Graph, n: NodeId) -> bool {
-    let mut node = g.node(n);
-    if node.op == Op::Cast {
-        node = g.node(node.inputs[0]);
-    }
+    let node = g.node(n);
     matches!(&node.op, Op::Reduce { op: ReduceOp::Sum, axes, keepdim: false } if axes[..] == [0])
         && node.inputs.first().is_some_and(|&p| g.node(p).op == Op::MatMul)
 }
@@ -214,7 +215,8 @@ mod tests {
             let (split, split_origin) = split_products(&g, &origin, &t);
             assert_eq!(split_origin.len(), split.nodes.len());
             let out = split.outputs[0];
-            assert!(is_partial_sum(&split, out), "{:?}", split.node(out).op);
+            let sum = if dtype == DType::F32 { out } else { split.node(out).inputs[0] };
+            assert!(is_partial_sum(&split, sum), "{:?}", split.node(sum).op);
             assert_eq!((split.node(out).dtype, &split.node(out).shape), (dtype, &g.node(g.outputs[0]).shape));
             let data: Vec<_> = [TensorSpec::new(dtype, &[32, 1152]), TensorSpec::new(dtype, &[1152, 256])]
                 .iter()

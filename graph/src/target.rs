@@ -121,9 +121,9 @@ pub struct Target {
     /// or 16 (`KILN_<BACKEND>_MATMUL_TILE`).
     #[serde(default = "default_matmul_tile")]
     pub matmul_tile: u32,
-    /// Workgroups a product the matmul template runs should make: one making fewer over a long depth is
-    /// cut into partial products over pieces of it ([`crate::split_k`]); 0 never cuts
-    /// (`KILN_<BACKEND>_SPLIT_K`). About two a compute unit of a large GPU (an H200 has 132): W6 over
+    /// Workgroups a product cut into partial products over pieces of its depth aims for
+    /// ([`crate::split_k`], which cuts those the matmul template runs on few workgroups or small tiles);
+    /// 0 never cuts (`KILN_<BACKEND>_SPLIT_K`). About two a compute unit of a large GPU (an H200 has 132): W6 over
     /// NVIDIA Vulkan took 4.79 ms at 256, 4.90 at 512, 4.97–4.99 at 1,024 and 2,048 (`benches/NOTES.md`,
     /// session 43).
     #[serde(default = "default_split_k_groups")]

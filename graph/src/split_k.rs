@@ -23,7 +23,7 @@ use crate::sym::Expr;
 use crate::target::Target;
 
 /// Fewest depth elements a piece keeps: two to four of the template's steps (8 or 16 deep by tile).
-/// Shorter pieces spend more on writing and summing partials than their steps cost.
+/// W6 over NVIDIA Vulkan took 4.71 ms at 32, 4.75 at 64 and 5.21 at 128 (`benches/NOTES.md`, session 43).
 pub const MIN_DEPTH: i64 = 32;
 
 /// Shallowest product cut: sixteen to thirty-two of the template's steps. A shallower one is over before

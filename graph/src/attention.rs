@@ -58,6 +58,13 @@ pub fn registers_fits(target: &Target, dtype: DType, d: i64, dv: i64) -> bool {
     f32_tile(target, dtype, d, dv).is_some_and(|t| t.units == AttentionUnits::Registers)
 }
 
+/// Whether the registers template's eight threads of a row (adjacent lanes) can meet by subgroup
+/// shuffles on `target`: its subgroups hold whole groups of eight (a warp on CUDA; WGSL where the
+/// adapter has subgroups).
+pub fn rows_shuffle(target: &Target) -> bool {
+    target.subgroup_size.is_some_and(|s| s % crate::kernel::REGISTER_COLUMN_THREADS == 0)
+}
+
 /// The tile [`tile`] plans for an f32 attention of head dims `d` and `dv` (rows aligned to nothing).
 fn f32_tile(target: &Target, dtype: DType, d: i64, dv: i64) -> Option<AttentionTile> {
     let (d, dv) = (u32::try_from(d).ok()?, u32::try_from(dv).ok()?);
@@ -123,8 +130,7 @@ pub fn tile(target: &Target, dtype: DType, d: u32, dv: u32, align: u32) -> Optio
             chunk: if d % 8 == 0 { 8 } else { 4 },
             split: 1,
             thread_rows: ra.thread_rows,
-            // Subgroups of whole groups of eight lanes (a warp on CUDA; WGSL where the adapter has them).
-            row_shuffles: target.subgroup_size.is_some_and(|s| s % crate::kernel::REGISTER_COLUMN_THREADS == 0),
+            row_shuffles: rows_shuffle(target),
         };
         if t.registers_unfit(d, dv).is_none() && t.shared_bytes(d, dv) <= budget {
             return Some(t);

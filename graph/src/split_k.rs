@@ -53,6 +53,9 @@ pub fn pieces(g: &Graph, n: NodeId, target: &Target) -> Option<i64> {
     }
     let dims: Vec<i64> = node.shape.dims().iter().map(Expr::as_const).collect::<Option<_>>()?;
     let r = dims.len();
+    if r < 2 {
+        return None;
+    }
     let depth = g.node(node.inputs[0]).shape.dims().last()?.as_const()?;
     let (batch, m, cols) = (dims[..r - 2].iter().product::<i64>(), dims[r - 2], dims[r - 1]);
     if batch * m * cols == 0 || depth < MIN_SPLIT_DEPTH {

@@ -110,8 +110,7 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
                 if let Some(why) = unfit {
                     return broken(why);
                 }
-                let eights = target.subgroup_size.is_some_and(|s| s % crate::kernel::REGISTER_COLUMN_THREADS == 0);
-                if a.tile.row_shuffles && !eights {
+                if a.tile.row_shuffles && !crate::attention::rows_shuffle(target) {
                     return broken(format!(
                         "rows met by shuffles on subgroups of {:?} lanes (groups of eight needed)",
                         target.subgroup_size

@@ -20,6 +20,31 @@ const LOWEST: f64 = -3.0e38;
 const LOADS_IN_FLIGHT: u32 = 8;
 
 impl Writer<'_> {
+    /// Whether the f32 forward template `name` can print attention `a`: one forward pass in f32 with no
+    /// second output, a tile its rule (`unfit`) accepts, launched on the tile's threads; else the kernel
+    /// fails with the reason.
+    pub(super) fn attention_fits(&mut self, a: &Attention, name: &str, unfit: Option<String>) -> bool {
+        let t = a.tile;
+        let why = if a.pass != AttentionPass::Forward || a.dtype != DType::F32 {
+            Some(format!("the {name} template computes an f32 forward pass, not {:?} over {}", a.pass, a.dtype))
+        } else if a.second.is_some() && t.units == AttentionUnits::Registers {
+            Some(format!("the {name} template writes no second output"))
+        } else if let Some(why) = unfit {
+            Some(why)
+        } else if self.k.launch.threads != t.threads() {
+            Some(format!("tile {t:?} on {} threads", self.k.launch.threads))
+        } else {
+            None
+        };
+        match why {
+            Some(why) => {
+                self.fail(format!("attention: {why}"));
+                false
+            }
+            None => true,
+        }
+    }
+
     /// The whole body of an attention kernel on lanes: its forward pass, and each query's log-sum-exp
     /// where the kernel writes one beside it (`Attention::second`).
     pub(super) fn attention(&mut self, depth: usize, a: &Attention) {
@@ -28,22 +53,12 @@ impl Writer<'_> {
         if t.units == AttentionUnits::Registers {
             return self.attention_registers(depth, a);
         }
-        let why = if t.units != AttentionUnits::Lanes {
-            Some("this target has no matrix units for the matrix-unit template".to_string())
-        } else if a.pass != AttentionPass::Forward {
-            Some(format!("the lanes template computes the forward pass, not {:?}", a.pass))
-        } else if a.dtype != DType::F32 {
-            Some(format!("the lanes template computes f32, not {}", a.dtype))
-        } else if let Some(why) = t.lanes_unfit(d, dv, Some(t.split)) {
-            // The validator checked the split against the target's subgroups; the rest is the tile's own.
-            Some(why)
-        } else if self.k.launch.threads != t.threads() {
-            Some(format!("tile {t:?} on {} threads", self.k.launch.threads))
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            return self.fail(format!("attention: {why}"));
+        if t.units != AttentionUnits::Lanes {
+            return self.fail("attention: this target has no matrix units for the matrix-unit template".into());
+        }
+        // The validator checked the split against the target's subgroups; the rest is the tile's own.
+        if !self.attention_fits(a, "lanes", t.lanes_unfit(d, dv, Some(t.split))) {
+            return;
         }
         let (d4, v4) = (d / 4, dv / 4);
         let (rows, keys, chunk, split) = (t.rows(), t.keys, t.chunk, t.split);

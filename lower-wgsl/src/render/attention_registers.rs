@@ -10,8 +10,7 @@
 //! value tile. Forward pass only.
 
 use super::{float_literal, Writer};
-use kiln_graph::dtype::DType;
-use kiln_graph::kernel::{Attention, AttentionPass, AttentionTile, RegisterColumns, REGISTER_COLUMN_THREADS};
+use kiln_graph::kernel::{Attention, AttentionTile, RegisterColumns, REGISTER_COLUMN_THREADS};
 
 /// Below any score (a finite stand-in for `-inf`: WGSL may assume values are finite).
 const LOWEST: f64 = -3.0e38;
@@ -32,20 +31,8 @@ impl Writer<'_> {
     pub(super) fn attention_registers(&mut self, depth: usize, a: &Attention) {
         let t = a.tile;
         let (d, dv) = (a.head_dim, a.value_dim);
-        let why = if a.pass != AttentionPass::Forward || a.second.is_some() || a.dtype != DType::F32 {
-            Some(format!(
-                "the registers template computes an f32 forward pass alone, not {:?} over {}",
-                a.pass, a.dtype
-            ))
-        } else if let Some(why) = t.registers_unfit(d, dv) {
-            Some(why)
-        } else if self.k.launch.threads != t.threads() {
-            Some(format!("tile {t:?} on {} threads", self.k.launch.threads))
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            return self.fail(format!("attention: {why}"));
+        if !self.attention_fits(a, "registers", t.registers_unfit(d, dv)) {
+            return;
         }
         let (rows, keys, rq) = (t.rows(), t.keys, t.thread_rows);
         let n = REGISTER_COLUMN_THREADS;

@@ -19,6 +19,18 @@ const LOWEST: f64 = -3.0e38;
 /// the 128 its query's rows hold.
 const LOADS_IN_FLIGHT: u32 = 8;
 
+/// An f32 forward template's operands as printed ([`Writer::attention_operands`]).
+pub(super) struct Operands {
+    /// The query length.
+    pub tq: String,
+    /// The key (and value) length.
+    pub tk: String,
+    /// Row strides of q, k, v and the output.
+    pub ld: [String; 4],
+    /// Buffers of q, k, v and the output.
+    pub buffers: [usize; 4],
+}
+
 impl Writer<'_> {
     /// Whether the f32 forward template `name` can print attention `a`: one forward pass in f32 with no
     /// second output, a tile its rule (`unfit`) accepts, launched on the tile's threads; else the kernel
@@ -66,12 +78,10 @@ impl Writer<'_> {
         // Each of a query's `split` threads holds this many of its vectors of `q` and of the output.
         let (dq, vq) = (d4 / split, v4 / split);
         self.attention_arrays = vec![("at_kt", keys * d4), ("at_vt", keys * v4)];
-        let (tq, tk) = (self.expr(&a.q_len), self.expr(&a.kv_len));
         let l = |w: &mut Self, depth: usize, s: String| w.line(depth, &s);
-        self.attention_entry(depth, a, rows, &tq);
+        let Operands { tq, tk, ld: [ldq, ldk, ldv, ldo], buffers: [bq, bk, bv, bo] } =
+            self.attention_operands(depth, a, rows);
         let e = depth + 1;
-        let [ldq, ldk, ldv, ldo] = [&a.q, &a.k, &a.v, &a.out].map(|o| self.expr(&o.ld));
-        let [bq, bk, bv, bo] = [&a.q, &a.k, &a.v, &a.out].map(|o| o.buffer);
         // Rows start on multiples of 4 elements (`graph` said so): the operands are bound as vectors.
         let vectors = t.vector == 4;
         if vectors {
@@ -229,6 +239,16 @@ impl Writer<'_> {
         }
         l(self, e, "}".into());
         l(self, depth, "}".into());
+    }
+
+    /// Opens an f32 forward template's body ([`Writer::attention_entry`] for blocks of `rows` queries) and
+    /// returns its operands as printed: the query and key lengths, the row strides of q, k, v and the
+    /// output, and their buffers.
+    pub(super) fn attention_operands(&mut self, depth: usize, a: &Attention, rows: u32) -> Operands {
+        let (tq, tk) = (self.expr(&a.q_len), self.expr(&a.kv_len));
+        self.attention_entry(depth, a, rows, &tq);
+        let ld = [&a.q, &a.k, &a.v, &a.out].map(|o| self.expr(&o.ld));
+        Operands { tq, tk, ld, buffers: [&a.q, &a.k, &a.v, &a.out].map(|o| o.buffer) }
     }
 
     /// Opens an attention kernel's body: which batch entry and which block of `rows` queries (of `tq`)

@@ -9,6 +9,7 @@
 //! probabilities, written transposed over the key tile, are read back by the second product with the
 //! value tile. Forward pass only.
 
+use super::attention::Operands;
 use super::{float_literal, Writer};
 use kiln_graph::kernel::{Attention, AttentionTile, RegisterColumns, REGISTER_COLUMN_THREADS};
 
@@ -40,12 +41,10 @@ impl Writer<'_> {
         let (qr4, kr4) = (rows / 4, keys / 4);
         self.attention_arrays =
             vec![("ar_qt", rows * d / 4), ("ar_kt", keys * d.max(rows) / 4), ("ar_vt", keys * dv / 4)];
-        let (tq, tk) = (self.expr(&a.q_len), self.expr(&a.kv_len));
         let l = |w: &mut Self, depth: usize, s: String| w.line(depth, &s);
-        self.attention_entry(depth, a, rows, &tq);
+        let Operands { tq, tk, ld: [ldq, ldk, ldv, ldo], buffers: [bq, bk, bv, bo] } =
+            self.attention_operands(depth, a, rows);
         let e = depth + 1;
-        let [ldq, ldk, ldv, ldo] = [&a.q, &a.k, &a.v, &a.out].map(|o| self.expr(&o.ld));
-        let [bq, bk, bv, bo] = [&a.q, &a.k, &a.v, &a.out].map(|o| o.buffer);
         let vectors = t.vector == 4;
         if vectors {
             self.attention_vec4.extend([bq, bk, bv]);

@@ -130,3 +130,18 @@ fn tensors_of_three_times_two_to_the_30_elements_or_a_limit_error() {
         Err(e) => panic!("neither the reference's values nor a limit error: {e}"),
     }
 }
+
+/// The suite's products ran with two stages of operand tiles (`Target::matmul_stages`): every adapter
+/// kiln meets (lavapipe, NVIDIA's and AMD's Vulkan drivers) holds two of the large tile's 8.25 KiB in
+/// its workgroup memory; the WebGPU-limits suite (`conformance_wgpu_limits`) runs the large and medium
+/// tiles with one.
+#[test]
+fn products_ran_with_two_stages() {
+    use kiln::graph::sym::Expr;
+    let Some(b) = wgpu() else { return };
+    let target = b.target().expect("a wgpu target").clone();
+    let one = Expr::from(1i64);
+    let large =
+        kiln::graph::matmul_tile::choose(&target, &one, &Expr::from(4096i64), &Expr::from(4096i64), 4, [true, false]);
+    assert_eq!((large.m, large.stages), (128, 2), "{} KiB of workgroup memory", target.shared_memory_bytes / 1024);
+}

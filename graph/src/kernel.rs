@@ -354,8 +354,8 @@ pub struct MatOperand {
 /// `(y, x)` owns rows `g · threads[0] · run + y · run + r` for every run `g` and `r < run` — so the
 /// group's threads read a step's operands as `run`-wide vectors of workgroup memory side by side.
 /// Renderers print this; each step's operand tiles are read from memory into registers while the
-/// previous step's are multiplied (one tile of each operand in workgroup memory, `shared_bytes`, laid
-/// out as `a_stride` and `b_stride` say).
+/// previous step's are multiplied (`stages` tiles of each operand in workgroup memory, `shared_bytes`,
+/// laid out as `a_stride` and `b_stride` say).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Tile {
     /// Rows of the output tile.
@@ -372,6 +372,12 @@ pub struct Tile {
     /// consecutive rows of A, columns of B). `graph` picks the axis along which the operand's loads are
     /// contiguous in memory, so the threads' reads coalesce (`matmul_tile::read_order`).
     pub depth_fastest: [bool; 2],
+    /// Operand tiles in workgroup memory, 1 or 2. With one, a step waits at a barrier before
+    /// overwriting the tiles the previous step multiplied and at another before multiplying the new
+    /// ones; with two, step `s` writes the tiles step `s - 1` did not read, and the second barrier alone
+    /// keeps them apart (one more a block, before its first step, guards the previous block's last).
+    #[serde(default = "one_stage")]
+    pub stages: u32,
 }
 
 impl Tile {
@@ -406,9 +412,24 @@ impl Tile {
         (index / self.run) * self.threads[axis] * self.run + index % self.run
     }
 
-    /// Workgroup memory of one step's operand tiles with elements of `elem_bytes`.
+    /// How a thread's register slots of operand `side` (0: A, 1: B) walk a step's tile, where they walk
+    /// it evenly: slot `q` of thread `local` reads element `local + q · threads` of the tile, at depth
+    /// `d0 + q · dd` and row (A) or column (B) `o0 + q · do`, where `(d0, o0)` is the thread's first
+    /// element — `(local % k, local / k)` read depth-fastest, else `(local / outer, local % outer)`.
+    /// `Some([dd, do])` when the threads cover whole lines of that order, so a renderer computes
+    /// `(d0, o0)` once, not a division a slot a step.
+    pub fn slot_step(&self, side: usize, threads: u32) -> Option<[u32; 2]> {
+        let outer = if side == 0 { self.m } else { self.n };
+        if self.depth_fastest[side] {
+            (self.k > 0 && threads % self.k == 0).then(|| [0, threads / self.k])
+        } else {
+            (outer > 0 && threads % outer == 0).then(|| [threads / outer, 0])
+        }
+    }
+
+    /// Workgroup memory of the operand tiles (every stage) with elements of `elem_bytes`.
     pub fn shared_bytes(&self, elem_bytes: u32) -> u32 {
-        (self.a_stride() + self.b_stride()) * self.k * elem_bytes
+        (self.a_stride() + self.b_stride()) * self.k * elem_bytes * self.stages.max(1)
     }
 
     /// Why the template cannot run this schedule with `threads` threads a workgroup, if it cannot.
@@ -419,6 +440,9 @@ impl Tile {
         }
         if !matches!(self.run, 1 | 2 | 4) {
             return Some(format!("runs of {} outputs (1, 2 or 4)", self.run));
+        }
+        if !matches!(self.stages, 1 | 2) {
+            return Some(format!("{} stages of operand tiles (1 or 2)", self.stages));
         }
         if self.k == 0 || self.m % (ty * self.run) != 0 || self.n % (tx * self.run) != 0 {
             return Some(format!(
@@ -455,6 +479,16 @@ pub struct MatMul {
     pub epilogue: Vec<Stmt>,
     /// Tiling.
     pub tile: Tile,
+}
+
+impl MatMul {
+    /// Whether the rows, the columns and the depth each split into whole tiles (a known extent, a
+    /// multiple of the tile's): there a renderer leaves out the bound checks on that axis, which every
+    /// element of every tile passes.
+    pub fn whole_tiles(&self) -> [bool; 3] {
+        let whole = |e: &Expr, edge: u32| e.as_const().is_some_and(|v| v > 0 && v % i64::from(edge) == 0);
+        [whole(&self.m, self.tile.m), whole(&self.n, self.tile.n), whole(&self.k, self.tile.k)]
+    }
 }
 
 /// How one GEMM operand lies in its buffer (element `(r, c)` of one batch entry).
@@ -1504,7 +1538,7 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                 let [b, i, j, p] = m.syms.map(sym_name);
                 writeln!(
                     f,
-                    "{pad}matmul [{b} < {}, {i} < {}, {j} < {}] over {p} < {} (tile {}x{}x{}, threads {}x{}, runs of {}, read {}/{}, acc {}) {{",
+                    "{pad}matmul [{b} < {}, {i} < {}, {j} < {}] over {p} < {} (tile {}x{}x{}, threads {}x{}, runs of {}{}, read {}/{}, acc {}) {{",
                     show_expr(&m.batch),
                     show_expr(&m.m),
                     show_expr(&m.n),
@@ -1515,6 +1549,7 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
                     m.tile.threads[0],
                     m.tile.threads[1],
                     m.tile.run,
+                    if m.tile.stages > 1 { format!(", {} stages", m.tile.stages) } else { String::new() },
                     if m.tile.depth_fastest[0] { p.as_str() } else { i.as_str() },
                     if m.tile.depth_fastest[1] { p.as_str() } else { j.as_str() },
                     m.acc_dtype

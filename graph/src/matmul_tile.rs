@@ -34,6 +34,19 @@ pub const NARROW_MIN_GROUPS: i64 = 128;
 /// The schedule for a product of `batch` matrices of `m × n` outputs summed in elements of `acc_bytes`,
 /// its operands read in `depth_fastest` order ([`read_order`]).
 pub fn choose(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32, depth_fastest: [bool; 2]) -> Tile {
+    let tile = shape(target, batch, m, n, acc_bytes, depth_fastest);
+    // The target's stages where their tiles fit its workgroup memory (WebGPU's guaranteed 16 KiB holds
+    // one stage of the large tile, not two).
+    let staged = Tile { stages: target.matmul_stages.clamp(1, 2), ..tile };
+    if staged.shared_bytes(acc_bytes) <= target.template_shared_bytes() {
+        staged
+    } else {
+        tile
+    }
+}
+
+/// [`choose`]'s output tile, thread grid and depth step, with one stage.
+fn shape(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32, depth_fastest: [bool; 2]) -> Tile {
     let side = threads_side(target.max_threads_per_group);
     let at_least = |e: &Expr, c: u32| e.as_const().is_none_or(|v| v >= i64::from(c));
     // Workgroups the product makes of `edge`-wide tiles, where every extent is known.
@@ -48,7 +61,7 @@ pub fn choose(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32,
             && t.shared_bytes(acc_bytes) <= target.template_shared_bytes()
     };
     let enough = |t: &Tile| takes(t) && groups(t).is_none_or(|g| g >= LARGE_MIN_GROUPS);
-    let large = Tile { m: 8 * side, n: 8 * side, k: 8, threads: [side, side], run: 4, depth_fastest };
+    let large = Tile { m: 8 * side, n: 8 * side, k: 8, threads: [side, side], run: 4, depth_fastest, stages: 1 };
     if enough(&large) {
         return large;
     }
@@ -64,20 +77,21 @@ pub fn choose(target: &Target, batch: &Expr, m: &Expr, n: &Expr, acc_bytes: u32,
     if let Some(half) = halves.into_iter().find(|t| enough(t)) {
         return half;
     }
-    let medium = Tile { m: 4 * side, n: 4 * side, k: 16, threads: [side, side], run: 4, depth_fastest };
+    let medium = Tile { m: 4 * side, n: 4 * side, k: 16, threads: [side, side], run: 4, depth_fastest, stages: 1 };
     if takes(&medium) {
         return medium;
     }
     // Narrow tiles, the short side across the short extent; threads 8 × 32 (for 256), 4 × 4 sums each.
     if side >= 4 {
-        let rows = Tile { m: 2 * side, n: 8 * side, k: 16, threads: [side / 2, 2 * side], run: 4, depth_fastest };
+        let rows =
+            Tile { m: 2 * side, n: 8 * side, k: 16, threads: [side / 2, 2 * side], run: 4, depth_fastest, stages: 1 };
         let cols = Tile { m: 8 * side, n: 2 * side, threads: [2 * side, side / 2], ..rows };
         let many = |t: &Tile| takes(t) && groups(t).is_none_or(|g| g >= NARROW_MIN_GROUPS);
         if let Some(narrow) = [rows, cols].into_iter().find(|t| many(t)) {
             return narrow;
         }
     }
-    Tile { m: side, n: side, k: 16, threads: [side, side], run: 1, depth_fastest }
+    Tile { m: side, n: side, k: 16, threads: [side, side], run: 1, depth_fastest, stages: 1 }
 }
 
 /// `Tile::depth_fastest` for operands `a` (read at row `i`, depth `p`) and `b` (depth `p`, column `j`):
@@ -159,16 +173,70 @@ mod tests {
     fn every_schedule_fits_its_target() {
         for threads in [1024, 256, 128, 64, 32, 1] {
             for cap in [128, 64, 16] {
-                let t = Target { max_threads_per_group: threads, matmul_tile: cap, ..Target::webgpu_default() };
-                for (m, n) in [(4096, 4096), (4096, 768), (768, 4096), (64, 64), (40, 16384), (16384, 40), (16, 3)] {
-                    let s = tile(&t, 1, m, n);
-                    let count = s.threads[0] * s.threads[1];
-                    assert!(count <= threads, "{s:?} on {threads} threads");
-                    assert_eq!(s.unfit(count), None, "{s:?}");
-                    assert!(s.m.max(s.n) <= cap.max(s.threads[0]), "{s:?} under a cap of {cap}");
-                    assert!(s.shared_bytes(4) <= t.template_shared_bytes());
+                for stages in [1, 2] {
+                    let t = Target {
+                        max_threads_per_group: threads,
+                        matmul_tile: cap,
+                        matmul_stages: stages,
+                        ..Target::webgpu_default()
+                    };
+                    for (m, n) in [(4096, 4096), (4096, 768), (768, 4096), (64, 64), (40, 16384), (16384, 40), (16, 3)]
+                    {
+                        let s = tile(&t, 1, m, n);
+                        let count = s.threads[0] * s.threads[1];
+                        assert!(count <= threads, "{s:?} on {threads} threads");
+                        assert_eq!(s.unfit(count), None, "{s:?}");
+                        assert!(s.m.max(s.n) <= cap.max(s.threads[0]), "{s:?} under a cap of {cap}");
+                        assert!(s.shared_bytes(4) <= t.template_shared_bytes());
+                        assert!(s.stages <= stages, "{s:?}");
+                    }
                 }
             }
         }
+    }
+
+    /// `Tile::slot_step`'s walk is the element each slot reads (`local + q · threads`), placed as the
+    /// renderers place it from the element itself, for every schedule and both read orders.
+    #[test]
+    fn slots_walk_the_elements_they_read() {
+        let t = Target { shared_memory_bytes: 48 * 1024, ..Target::webgpu_default() };
+        for (m, n) in [(4096, 4096), (4096, 768), (768, 4096), (64, 64), (40, 16384), (16384, 40), (16, 3)] {
+            for order in [[true, false], [false, true], [true, true], [false, false]] {
+                let s = choose(&t, &Expr::from(1i64), &Expr::from(m as i64), &Expr::from(n as i64), 4, order);
+                let threads = s.threads[0] * s.threads[1];
+                for (side, outer) in [(0, s.m), (1, s.n)] {
+                    let Some([dd, step_other]) = s.slot_step(side, threads) else { continue };
+                    for local in 0..threads {
+                        for q in 0..s.slots(threads)[side] {
+                            let e = local + q * threads;
+                            if e >= outer * s.k {
+                                continue;
+                            }
+                            let (depth, other, first) = if s.depth_fastest[side] {
+                                (e % s.k, e / s.k, (local % s.k, local / s.k))
+                            } else {
+                                (e / outer, e % outer, (local / outer, local % outer))
+                            };
+                            assert_eq!((depth, other), (first.0 + q * dd, first.1 + q * step_other), "{s:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Two stages where they fit the target's workgroup memory: WebGPU's guaranteed 16 KiB holds one of
+    /// the large (8.25 KiB a stage) and medium (8.5 KiB) tiles and two of the small one; 48 KiB two of
+    /// each.
+    #[test]
+    fn two_stages_where_they_fit() {
+        let web = Target { matmul_stages: 2, ..Target::webgpu_default() };
+        assert_eq!(web.template_shared_bytes(), 16 * 1024);
+        assert_eq!((tile(&web, 1, 4096, 4096).m, tile(&web, 1, 4096, 4096).stages), (128, 1));
+        assert_eq!((tile(&web, 1, 1024, 1024).m, tile(&web, 1, 1024, 1024).stages), (64, 1));
+        assert_eq!((tile(&web, 1, 4096, 20).m, tile(&web, 1, 4096, 20).stages), (16, 2));
+        let big = Target { shared_memory_bytes: 48 * 1024, ..web };
+        assert_eq!((tile(&big, 1, 4096, 4096).stages, tile(&big, 1, 1024, 1024).stages), (2, 2));
+        assert_eq!(tile(&Target::webgpu_default(), 1, 4096, 4096).stages, 1);
     }
 }

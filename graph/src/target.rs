@@ -134,6 +134,11 @@ pub struct Target {
     /// on, as every target is built.
     #[serde(default = "default_matmul_prologue")]
     pub matmul_prologue: bool,
+    /// Operand tiles the matmul template keeps in workgroup memory ([`crate::kernel::Tile::stages`]), 1
+    /// or 2; a tile whose two stages do not fit the workgroup memory takes one
+    /// (`KILN_<BACKEND>_MATMUL_STAGES`). A stored target without the field reads 1.
+    #[serde(default = "default_matmul_stages")]
+    pub matmul_stages: u32,
 }
 
 /// The lanes attention template's largest work division (`attention::tile` takes fewer keys where
@@ -181,6 +186,10 @@ fn default_matmul_tile() -> u32 {
 
 fn default_matmul_prologue() -> bool {
     true
+}
+
+fn default_matmul_stages() -> u32 {
+    1
 }
 
 fn default_split_k_groups() -> u32 {
@@ -260,6 +269,10 @@ impl Target {
             matmul_tile: default_matmul_tile(),
             split_k_groups: default_split_k_groups(),
             matmul_prologue: default_matmul_prologue(),
+            // Two stages: one barrier a step, not two (LG over NVIDIA Vulkan 4.64 → 4.42 ms, W5 9.22 →
+            // 9.07: `benches/NOTES.md`, session 44); WebGPU's guaranteed 16 KiB takes them for the small
+            // tile only, an adapter's larger limit for every tile.
+            matmul_stages: 2,
         }
     }
 
@@ -326,6 +339,8 @@ impl Target {
             matmul_tile: default_matmul_tile(),
             split_k_groups: default_split_k_groups(),
             matmul_prologue: default_matmul_prologue(),
+            // One: the PTX template ran LG (`KILN_CUDA_GEMM=kiln`) 1.2% slower with two (session 44).
+            matmul_stages: 1,
         }
     }
 
@@ -390,7 +405,8 @@ impl Target {
     /// (`benches/NOTES.md`), `KILN_<BACKEND>_CONV_ROWS=0` (every convolution over a full im2col matrix) and
     /// `KILN_<BACKEND>_BUCKET_MB` (`bucket_bytes`, in MiB), `KILN_<BACKEND>_MATMUL_TILE` (`matmul_tile`),
     /// `KILN_<BACKEND>_SPLIT_K` (`split_k_groups`; 0: never split a product's depth),
-    /// `KILN_<BACKEND>_MATMUL_PROLOGUE=0|1` (`matmul_prologue`).
+    /// `KILN_<BACKEND>_MATMUL_PROLOGUE=0|1` (`matmul_prologue`), `KILN_<BACKEND>_MATMUL_STAGES=1|2`
+    /// (`matmul_stages`).
     pub fn tuned_by_env(mut self, backend: &str) -> Target {
         let knob = |k: &str| std::env::var(format!("KILN_{backend}_{k}")).ok().and_then(|v| v.parse::<u32>().ok());
         if let Some(n) = knob("MAX_THREADS") {
@@ -454,6 +470,10 @@ impl Target {
         if let Some(groups) = knob("SPLIT_K").filter(|&g| g != self.split_k_groups) {
             self.name = format!("{}-split-k-{groups}", self.name);
             self.split_k_groups = groups;
+        }
+        if let Some(stages) = knob("MATMUL_STAGES").filter(|&s| matches!(s, 1 | 2) && s != self.matmul_stages) {
+            self.name = format!("{}-matmul-stages-{stages}", self.name);
+            self.matmul_stages = stages;
         }
         if let Some(edge) = knob("MATMUL_TILE").filter(|&e| e != self.matmul_tile) {
             self.name = format!("{}-matmul-tile-{edge}", self.name);

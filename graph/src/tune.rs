@@ -34,6 +34,10 @@ fn candidates(target: &Target) -> Vec<(String, Target)> {
             v.push((format!("matmul_tile={cap}"), Target { matmul_tile: cap, ..target.clone() }));
         }
     }
+    // The other count of the matmul template's operand stages (one where two fit is the other's
+    // trade: half the workgroup memory for a barrier a step).
+    let stages = 3 - target.matmul_stages.clamp(1, 2);
+    v.push((format!("matmul_stages={stages}"), Target { matmul_stages: stages, ..target.clone() }));
     for threads in [target.row_threads / 2, target.row_threads * 2] {
         if (32..=target.max_threads_per_group).contains(&threads) {
             v.push((format!("row_threads={threads}"), Target { row_threads: threads, ..target.clone() }));
@@ -220,6 +224,7 @@ mod tests {
         assert!(c.iter().skip(1).all(|(_, v)| v != &t));
         let labels: Vec<&str> = c.iter().map(|(l, _)| l.as_str()).collect();
         assert!(labels.contains(&"matmul_tile=64") && labels.contains(&"matmul_tile=16"), "{labels:?}");
+        assert!(labels.contains(&"matmul_stages=1"), "{labels:?}");
         // The lanes attention's rows and chunk; no split without subgroups, a split with them.
         assert!(labels.contains(&"lane_attention.rows=64") && labels.contains(&"lane_attention.chunk=8"), "{labels:?}");
         assert!(!labels.iter().any(|l| l.starts_with("lane_attention.split")), "{labels:?}");
@@ -236,6 +241,7 @@ mod tests {
         let other = cuda.iter().find(|(l, _)| l == "register_attention.thread_rows=8");
         assert_eq!(other.and_then(|(_, t)| t.register_attention), Some(RegisterAttention { thread_rows: 8 }));
         assert!(cuda.iter().all(|(l, _)| !l.starts_with("lane_attention")));
+        assert!(cuda.iter().any(|(l, t)| l == "matmul_stages=2" && t.matmul_stages == 2));
         // A WGSL target (lanes) tries the registers template.
         assert!(labels.contains(&"register_attention.thread_rows=4"), "{labels:?}");
     }

@@ -1456,8 +1456,10 @@ impl<'k> Writer<'k> {
         let ty = reg_type(m.acc_dtype);
         let elem: i64 = if ty == "s64" { 8 } else { 4 };
         let sa = i64::from(m.tile.a_stride());
-        self.extra_shared.push(format!(".shared .align 16 .{ty} mm_as[{}];", sa * tk));
-        self.extra_shared.push(format!(".shared .align 16 .{ty} mm_bs[{}];", tk * i64::from(m.tile.b_stride())));
+        let stages = i64::from(m.tile.stages.max(1));
+        self.extra_shared.push(format!(".shared .align 16 .{ty} mm_as[{}];", sa * tk * stages));
+        self.extra_shared
+            .push(format!(".shared .align 16 .{ty} mm_bs[{}];", tk * i64::from(m.tile.b_stride()) * stages));
         let (bn, mm, nn, kk) = (self.expr(&m.batch), self.expr(&m.m), self.expr(&m.n), self.expr(&m.k));
         let ceil = |w: &mut Self, x: &str, d: i64| {
             let r = w.reg("s64");
@@ -1477,6 +1479,22 @@ impl<'k> Writer<'k> {
         self.emit(&format!("mov.u64 {b_base}, mm_bs;"));
         self.emit(&format!("mad.lo.s64 {a_thread}, {tyr}, {}, {a_base};", elem * run));
         self.emit(&format!("mad.lo.s64 {b_thread}, {tx}, {}, {b_base};", elem * run));
+        let sb = i64::from(m.tile.b_stride());
+        // Where a thread's slots walk a step's tile evenly (`Tile::slot_step`): its first element's depth
+        // and row or column, and its shared address, computed once (else each slot's, every step).
+        let mut firsts: [Option<(String, String, String)>; 2] = [None, None];
+        for (side, (outer, stride, base)) in [(tm, sa, &a_base), (tn, sb, &b_base)].into_iter().enumerate() {
+            if m.tile.slot_step(side, threads).is_none() {
+                continue;
+            }
+            let (depth, other, at) = (self.reg("s64"), self.reg("s64"), self.reg("s64"));
+            let (d_op, o_op, by) = if m.tile.depth_fastest[side] { ("rem", "div", tk) } else { ("div", "rem", outer) };
+            self.emit(&format!("{d_op}.s64 {depth}, %local, {by};"));
+            self.emit(&format!("{o_op}.s64 {other}, %local, {by};"));
+            self.emit(&format!("mad.lo.s64 {at}, {depth}, {stride}, {other};"));
+            self.emit(&format!("mad.lo.s64 {at}, {at}, {elem}, {base};"));
+            firsts[side] = Some((depth, other, at));
+        }
         let (blk, top, end) = (self.reg("s64"), self.label(), self.label());
         self.emit(&format!("mov.s64 {blk}, %group;"));
         self.place(&top);
@@ -1502,6 +1520,11 @@ impl<'k> Writer<'k> {
         let [slots_a, slots_b] = m.tile.slots(threads);
         let ra: Vec<String> = (0..slots_a).map(|_| self.reg(ty)).collect();
         let rb: Vec<String> = (0..slots_b).map(|_| self.reg(ty)).collect();
+        if stages > 1 {
+            // The previous block's last step may still be multiplying the tiles this block's first
+            // step overwrites.
+            self.emit("bar.sync 0;");
+        }
         // Step s stores the tiles read in step s - 1, reads step s's, and multiplies step s - 1's.
         let (step, step_top, step_end) = (self.reg("s64"), self.label(), self.label());
         self.emit(&format!("mov.s64 {step}, 0;"));
@@ -1512,7 +1535,25 @@ impl<'k> Writer<'k> {
         let (first, skip_store) = (self.reg("pred"), self.label());
         self.emit(&format!("setp.eq.s64 {first}, {step}, 0;"));
         self.emit(&format!("@{first} bra {skip_store};"));
-        self.emit("bar.sync 0;");
+        // This step's tiles in workgroup memory: with two stages, the first or second half as the step
+        // is even or odd (the previous step multiplied the other half, so one barrier keeps them apart).
+        // Stores start from the thread's first element where the slots walk evenly.
+        let store_base = |side: usize, base: &String| firsts[side].as_ref().map_or(base.clone(), |f| f.2.clone());
+        let (a_store, b_store) = (store_base(0, &a_base), store_base(1, &b_base));
+        let bases = [&a_store, &b_store, &a_thread, &b_thread];
+        let [a_step, b_step, a_read, b_read] = if stages > 1 {
+            let odd = self.reg("s64");
+            self.emit(&format!("and.b64 {odd}, {step}, 1;"));
+            let mut regs = bases.map(String::clone);
+            for (r, (from, bytes)) in regs.iter_mut().zip(bases.into_iter().zip([sa, sb, sa, sb])) {
+                *r = self.reg("s64");
+                self.emit(&format!("mad.lo.s64 {r}, {odd}, {}, {from};", bytes * tk * elem));
+            }
+            regs
+        } else {
+            self.emit("bar.sync 0;");
+            bases.map(String::clone)
+        };
         // Element e of a step's tile of an operand whose other axis has `outer` elements: its depth and its
         // row (A) or column (B) within the tile, in the order `Tile::depth_fastest` reads it.
         let split = |w: &mut Self, e: &str, depth_fastest: bool, outer: i64| {
@@ -1523,9 +1564,8 @@ impl<'k> Writer<'k> {
             (depth, other)
         };
         let [a_order, b_order] = m.tile.depth_fastest;
-        let sb = i64::from(m.tile.b_stride());
-        let sides = [(&ra, tm, a_order, sa, &a_base), (&rb, tn, b_order, sb, &b_base)];
-        for (regs, outer, order, stride, base) in sides {
+        let sides = [(&ra, tm, a_order, sa, &a_step), (&rb, tn, b_order, sb, &b_step)];
+        for (side, (regs, outer, order, stride, base)) in sides.into_iter().enumerate() {
             let len = outer * tk;
             for (q, r) in regs.iter().enumerate() {
                 let (e, skip) = (self.reg("s64"), self.label());
@@ -1536,6 +1576,12 @@ impl<'k> Writer<'k> {
                     self.emit(&format!("@{p} bra {skip};"));
                 }
                 // Stored [depth][row or column], padded (`Tile::a_stride`, `Tile::b_stride`).
+                if let Some([dd, step_other]) = m.tile.slot_step(side, threads).filter(|_| firsts[side].is_some()) {
+                    let at = q as i64 * (i64::from(dd) * stride + i64::from(step_other)) * elem;
+                    self.emit(&format!("st.shared.{ty} [{base}+{at}], {r};"));
+                    self.place(&skip);
+                    continue;
+                }
                 let (depth, other) = split(self, &e, order, outer);
                 self.emit(&format!("mad.lo.s64 {depth}, {depth}, {stride}, {other};"));
                 self.emit(&format!("mad.lo.s64 {depth}, {depth}, {elem}, {base};"));
@@ -1550,17 +1596,38 @@ impl<'k> Writer<'k> {
         self.emit(&format!("@{last} bra {skip_load};"));
         let k0 = self.reg("s64");
         self.emit(&format!("mul.lo.s64 {k0}, {step}, {tk};"));
-        let sides = [(&ra, tm, a_order, is, &row0, &mm, &m.a), (&rb, tn, b_order, js, &col0, &nn, &m.b)];
-        for (regs, outer, order, other_sym, other_base, other_bound, operand) in sides {
+        // Bounds every element passes (`MatMul::whole_tiles`) are not checked.
+        let [rows_whole, cols_whole, depth_whole] = m.whole_tiles();
+        let sides = [
+            (&ra, tm, a_order, is, &row0, &mm, rows_whole, &m.a),
+            (&rb, tn, b_order, js, &col0, &nn, cols_whole, &m.b),
+        ];
+        for (side, (regs, outer, order, other_sym, other_base, other_bound, other_whole, operand)) in
+            sides.into_iter().enumerate()
+        {
             let len = outer * tk;
             for (q, r) in regs.iter().enumerate() {
                 let (e, skip) = (self.reg("s64"), self.label());
                 self.emit(&format!("add.s64 {e}, %local, {};", q as i64 * t));
                 self.emit(&format!("mov.{ty} {r}, {zero};"));
-                let (depth, other) = split(self, &e, order, outer);
+                let (depth, other) = match (&firsts[side], m.tile.slot_step(side, threads)) {
+                    (Some((d0, o0, _)), Some([dd, step_other])) => {
+                        let (depth, other) = (self.reg("s64"), self.reg("s64"));
+                        self.emit(&format!("add.s64 {depth}, {d0}, {};", q as i64 * i64::from(dd)));
+                        self.emit(&format!("add.s64 {other}, {o0}, {};", q as i64 * i64::from(step_other)));
+                        (depth, other)
+                    }
+                    _ => split(self, &e, order, outer),
+                };
                 self.emit(&format!("add.s64 {depth}, {depth}, {k0};"));
                 self.emit(&format!("add.s64 {other}, {other}, {other_base};"));
-                let mut guards = vec![(depth.clone(), kk.clone()), (other.clone(), other_bound.clone())];
+                let mut guards = Vec::new();
+                if !depth_whole {
+                    guards.push((depth.clone(), kk.clone()));
+                }
+                if !other_whole {
+                    guards.push((other.clone(), other_bound.clone()));
+                }
                 if regs.len() as i64 * t > len {
                     guards.push((e.clone(), len.to_string()));
                 }
@@ -1600,11 +1667,11 @@ impl<'k> Writer<'k> {
         for depth in 0..tk {
             let mut a_vals = Vec::new();
             for g in 0..rm as i64 / run {
-                a_vals.extend(read(self, &a_thread, elem * (depth * sa + g * rows * run)));
+                a_vals.extend(read(self, &a_read, elem * (depth * sa + g * rows * run)));
             }
             let mut b_vals = Vec::new();
             for g in 0..rn as i64 / run {
-                b_vals.extend(read(self, &b_thread, elem * (depth * sb + g * cols * run)));
+                b_vals.extend(read(self, &b_read, elem * (depth * sb + g * cols * run)));
             }
             for (r, x) in a_vals.iter().enumerate() {
                 for (c, y) in b_vals.iter().enumerate() {
@@ -1630,7 +1697,7 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("add.s64 {i}, {i}, {};", m.tile.owned(0, r as u32)));
                 self.emit(&format!("mad.lo.s64 {j}, {tx}, {run}, {col0};"));
                 self.emit(&format!("add.s64 {j}, {j}, {};", m.tile.owned(1, c as u32)));
-                for (x, bound) in [(&i, &mm), (&j, &nn)] {
+                for (x, bound, _) in [(&i, &mm, rows_whole), (&j, &nn, cols_whole)].into_iter().filter(|g| !g.2) {
                     let p = self.reg("pred");
                     self.emit(&format!("setp.ge.s64 {p}, {x}, {bound};"));
                     self.emit(&format!("@{p} bra {skip};"));

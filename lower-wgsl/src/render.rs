@@ -926,22 +926,71 @@ impl<'k> Writer<'k> {
         let acc_ty = self.ty(m.acc_dtype);
         let vty = if run == 1 { acc_ty.to_string() } else { format!("vec{run}<{acc_ty}>") };
         let (sa, sb) = (i64::from(m.tile.a_stride()), i64::from(m.tile.b_stride()));
-        self.mm_tiles = Some((sa * tk / run, sb * tk / run, vty.clone()));
-        // Element `mm_e` of a step's tile of an operand whose other axis has `outer` elements: its depth
-        // and its row (A) or column (B) within the tile, in the order `Tile::depth_fastest` reads it.
-        let place = |depth_fastest: bool, outer: i64| {
-            if depth_fastest {
-                (format!("mm_e % {tk}i"), format!("mm_e / {tk}i"))
-            } else {
-                (format!("mm_e / {outer}i"), format!("mm_e % {outer}i"))
-            }
-        };
-        let [a_order, b_order] = m.tile.depth_fastest;
-        let ((a_depth, a_row), (b_depth, b_col)) = (place(a_order, tm), place(b_order, tn));
+        let stages = i64::from(m.tile.stages.max(1));
+        self.mm_tiles = Some((sa * tk / run * stages, sb * tk / run * stages, vty.clone()));
+        // With two stages, step `s` stores and multiplies the tiles at `mm_sa`/`mm_sb` (in vectors):
+        // the first or second half of workgroup memory as `s` is even or odd.
+        let (stage_a, stage_b) = if stages > 1 { ("mm_sa + ", "mm_sb + ") } else { ("", "") };
         // Elements of each operand's tile a thread reads a step, in slots of registers.
         let [slots_a, slots_b] = m.tile.slots(self.k.launch.threads).map(i64::from);
         // Workgroup memory is written as `run`-wide vectors, a component at a time.
-        let at = |x: &str| if run == 1 { format!("[{x}]") } else { format!("[({x}) / {run}i][({x}) % {run}i]") };
+        let at = |stage: &str, x: &str| {
+            if run == 1 {
+                format!("[{stage}{x}]")
+            } else {
+                format!("[{stage}({x}) / {run}i][({x}) % {run}i]")
+            }
+        };
+        // Slot `q` of operand `side` (0: A, 1: B): its depth and its row (A) or column (B) within the
+        // step's tile, in the order `Tile::depth_fastest` reads it, and its place in workgroup memory
+        // (tiles stored [depth][row or column], padded: `Tile::a_stride`, `Tile::b_stride`). Where the
+        // slots walk the tile evenly (`Tile::slot_step`), from the thread's first element, computed
+        // once (`mm_ad`, `mm_ao`, `mm_aw` and its vector and component `mm_av`, `mm_ac`); else from the
+        // slot's element `mm_e`.
+        let steps = [0, 1].map(|side| m.tile.slot_step(side, self.k.launch.threads));
+        let slot = |side: usize, q: i64, stage: &str| -> (String, String, String) {
+            let (x, outer, stride) = if side == 0 { ("a", tm, sa) } else { ("b", tn, sb) };
+            match steps[side] {
+                Some([dd, step_other]) => {
+                    let (dd, step_other) = (i64::from(dd), i64::from(step_other));
+                    let c = q * (dd * stride + step_other);
+                    let store = if run == 1 {
+                        format!("[{stage}mm_{x}w + {c}i]")
+                    } else if c % run == 0 {
+                        format!("[{stage}mm_{x}v + {}i][mm_{x}c]", c / run)
+                    } else {
+                        at(stage, &format!("mm_{x}w + {c}i"))
+                    };
+                    (format!("mm_{x}d + {}i", q * dd), format!("mm_{x}o + {}i", q * step_other), store)
+                }
+                None => {
+                    let (depth, other) = if m.tile.depth_fastest[side] {
+                        (format!("mm_e % {tk}i"), format!("mm_e / {tk}i"))
+                    } else {
+                        (format!("mm_e / {outer}i"), format!("mm_e % {outer}i"))
+                    };
+                    let store = at(stage, &format!("({depth}) * {stride}i + {other}"));
+                    (depth, other, store)
+                }
+            }
+        };
+        for (side, (x, outer, stride)) in [("a", tm, sa), ("b", tn, sb)].into_iter().enumerate() {
+            if steps[side].is_none() {
+                continue;
+            }
+            let (first_depth, first_other) = if m.tile.depth_fastest[side] {
+                (format!("local % {tk}i"), format!("local / {tk}i"))
+            } else {
+                (format!("local / {outer}i"), format!("local % {outer}i"))
+            };
+            self.line(depth, &format!("let mm_{x}d: i32 = {first_depth};"));
+            self.line(depth, &format!("let mm_{x}o: i32 = {first_other};"));
+            self.line(depth, &format!("let mm_{x}w: i32 = mm_{x}d * {stride}i + mm_{x}o;"));
+            if run > 1 {
+                self.line(depth, &format!("let mm_{x}v: i32 = mm_{x}w / {run}i;"));
+                self.line(depth, &format!("let mm_{x}c: i32 = mm_{x}w % {run}i;"));
+            }
+        }
         let d = depth + 1;
         self.line(depth, &format!("let mm_tiles_m: i32 = ({mm} + {}i) / {tm}i;", tm - 1));
         self.line(depth, &format!("let mm_tiles_n: i32 = ({nn} + {}i) / {tn}i;", tn - 1));
@@ -965,21 +1014,34 @@ impl<'k> Writer<'k> {
                 self.line(d, &format!("var mm_r{name}{q}: {acc_ty};"));
             }
         }
+        if stages > 1 {
+            // The previous block's last step may still be multiplying the tiles this block's first
+            // step overwrites.
+            self.line(d, "workgroupBarrier();");
+        }
         // Step s stores the tiles read in step s - 1, reads step s's, and multiplies step s - 1's: the
         // reads are in flight while the multiply runs. One more step than the depth has, to finish.
+        // With one stage a barrier keeps the stores from the previous step's multiply; with two, the
+        // previous step multiplied the other half.
         self.line(d, "for (var mm_s: i32 = 0i; mm_s <= mm_steps; mm_s = mm_s + 1i) {");
         let e = d + 1;
+        if stages > 1 {
+            self.line(e, &format!("let mm_sa: i32 = (mm_s & 1i) * {}i;", sa * tk / run));
+            self.line(e, &format!("let mm_sb: i32 = (mm_s & 1i) * {}i;", sb * tk / run));
+        }
         self.line(e, "if (mm_s > 0i) {");
-        self.line(e + 1, "workgroupBarrier();");
-        for (slots, len, name, index) in [
-            (slots_a, tm * tk, "a", format!("({a_depth}) * {sa}i + {a_row}")),
-            (slots_b, tk * tn, "b", format!("({b_depth}) * {sb}i + {b_col}")),
-        ] {
+        if stages == 1 {
+            self.line(e + 1, "workgroupBarrier();");
+        }
+        for (side, (slots, len, name, stage)) in
+            [(slots_a, tm * tk, "a", stage_a), (slots_b, tk * tn, "b", stage_b)].into_iter().enumerate()
+        {
             for q in 0..slots {
                 self.line(e + 1, "{");
                 self.line(e + 2, &format!("let mm_e: i32 = local + {}i;", q * t));
                 let guard = if slots * t > len { format!("if (mm_e < {len}i) ") } else { String::new() };
-                self.line(e + 2, &format!("{guard}{{ mm_{name}s{} = mm_r{name}{q}; }}", at(&index)));
+                let (_, _, store) = slot(side, q, stage);
+                self.line(e + 2, &format!("{guard}{{ mm_{name}s{store} = mm_r{name}{q}; }}"));
                 self.line(e + 1, "}");
             }
         }
@@ -989,28 +1051,42 @@ impl<'k> Writer<'k> {
         self.line(e + 1, &format!("let mm_k0: i32 = mm_s * {tk}i;"));
         // A tile: tm rows × tk depths, stored [depth][row] (padded: `Tile::a_stride`); B tile: tk depths × tn
         // columns, [depth][column] (`Tile::b_stride`).
+        // Bounds every element passes (`MatMul::whole_tiles`) are not checked.
+        let [rows_whole, cols_whole, depth_whole] = m.whole_tiles();
+        let bound = |whole: bool, x: &str, n: &str| (!whole).then(|| format!("{x} < {n}"));
         for (slots, len, name) in [(slots_a, tm * tk, "a"), (slots_b, tk * tn, "b")] {
             let f = e + 2;
             for q in 0..slots {
                 self.line(e + 1, "{");
                 self.line(f, &format!("let mm_e: i32 = local + {}i;", q * t));
-                let (operand, bounds) = if name == "a" {
+                let (operand, mut checks) = if name == "a" {
+                    let (a_depth, a_row, _) = slot(0, q, "");
                     self.line(f, &format!("let {i}: i32 = mm_row0 + {a_row};"));
                     self.line(f, &format!("let {p}: i32 = mm_k0 + {a_depth};"));
-                    (&m.a, format!("{i} < {mm} && {p} < {kk}"))
+                    (&m.a, vec![bound(rows_whole, &i, &mm), bound(depth_whole, &p, &kk)])
                 } else {
+                    let (b_depth, b_col, _) = slot(1, q, "");
                     self.line(f, &format!("let {p}: i32 = mm_k0 + {b_depth};"));
                     self.line(f, &format!("let {j}: i32 = mm_col0 + {b_col};"));
-                    (&m.b, format!("{p} < {kk} && {j} < {nn}"))
+                    (&m.b, vec![bound(depth_whole, &p, &kk), bound(cols_whole, &j, &nn)])
                 };
-                let guard = if slots * t > len { format!("mm_e < {len}i && ") } else { String::new() };
-                self.line(f, &format!("var mm_v: {acc_ty} = {acc_ty}(0);"));
-                self.line(f, &format!("if ({guard}{bounds}) {{"));
-                self.block(f + 1, &operand.body);
-                let v = self.convert(&self.var(operand.value), self.dtype_of(operand.value), m.acc_dtype);
-                self.line(f + 1, &format!("mm_v = {v};"));
-                self.line(f, "}");
-                self.line(f, &format!("mm_r{name}{q} = mm_v;"));
+                if slots * t > len {
+                    checks.insert(0, Some(format!("mm_e < {len}i")));
+                }
+                let checks: Vec<String> = checks.into_iter().flatten().collect();
+                if checks.is_empty() {
+                    self.block(f, &operand.body);
+                    let v = self.convert(&self.var(operand.value), self.dtype_of(operand.value), m.acc_dtype);
+                    self.line(f, &format!("mm_r{name}{q} = {v};"));
+                } else {
+                    self.line(f, &format!("var mm_v: {acc_ty} = {acc_ty}(0);"));
+                    self.line(f, &format!("if ({}) {{", checks.join(" && ")));
+                    self.block(f + 1, &operand.body);
+                    let v = self.convert(&self.var(operand.value), self.dtype_of(operand.value), m.acc_dtype);
+                    self.line(f + 1, &format!("mm_v = {v};"));
+                    self.line(f, "}");
+                    self.line(f, &format!("mm_r{name}{q} = mm_v;"));
+                }
                 self.line(e + 1, "}");
             }
         }
@@ -1019,11 +1095,11 @@ impl<'k> Writer<'k> {
         for step in 0..tk {
             for g in 0..rm / run {
                 let x = step * (sa / run) + g * rows;
-                self.line(e + 1, &format!("let mm_a{step}_{g}: {vty} = mm_as[{x}i + mm_ty];"));
+                self.line(e + 1, &format!("let mm_a{step}_{g}: {vty} = mm_as[{stage_a}{x}i + mm_ty];"));
             }
             for g in 0..rn / run {
                 let x = step * (sb / run) + g * cols;
-                self.line(e + 1, &format!("let mm_b{step}_{g}: {vty} = mm_bs[{x}i + mm_tx];"));
+                self.line(e + 1, &format!("let mm_b{step}_{g}: {vty} = mm_bs[{stage_b}{x}i + mm_tx];"));
             }
             for r in 0..rm {
                 let a =
@@ -1047,10 +1123,17 @@ impl<'k> Writer<'k> {
                 self.line(d, "{");
                 self.line(d + 1, &format!("let {i}: i32 = {row};"));
                 self.line(d + 1, &format!("let {j}: i32 = {col};"));
-                self.line(d + 1, &format!("if ({i} < {mm} && {j} < {nn}) {{"));
-                self.line(d + 2, &format!("let v{}: {acc_ty} = {acc};", m.acc.0));
-                self.block(d + 2, &m.epilogue);
-                self.line(d + 1, "}");
+                let checks: Vec<String> =
+                    [bound(rows_whole, &i, &mm), bound(cols_whole, &j, &nn)].into_iter().flatten().collect();
+                let inner = if checks.is_empty() { d + 1 } else { d + 2 };
+                if !checks.is_empty() {
+                    self.line(d + 1, &format!("if ({}) {{", checks.join(" && ")));
+                }
+                self.line(inner, &format!("let v{}: {acc_ty} = {acc};", m.acc.0));
+                self.block(inner, &m.epilogue);
+                if !checks.is_empty() {
+                    self.line(d + 1, "}");
+                }
                 self.line(d, "}");
             }
         }

@@ -284,6 +284,18 @@ pub fn every_op(b: &Arc<dyn Backend>) {
 /// the medium and small ones. Integers too: no GEMM library takes them.
 fn matmul_schedules(b: &Arc<dyn Backend>) {
     for d in [DType::F32, DType::I32] {
+        // Whole medium tiles every way (64 × 64 outputs over 48, static: `MatMul::whole_tiles`, no bound
+        // checks rendered; under `gemm::LIBRARY_MIN_MACS`, so CUDA's template too), each operand read
+        // along its depth and across it (the slots' walks, `Tile::slot_step`).
+        let (a, c) = (t(&[64, 48], d, |i| wave(i + 6).round()), t(&[48, 64], d, |i| wave(i + 8).round()));
+        case(b, &format!("matmul whole tiles {d}"), &[a, c], tol(d, 10.0), |v| {
+            let (a, c) = (&v[0], &v[1]);
+            Ok(vec![
+                a.matmul(c)?.relu()?,
+                a.matmul(&a.transpose(0, 1)?)?,
+                c.transpose(0, 1)?.matmul(&a.transpose(0, 1)?)?,
+            ])
+        });
         let a = t(&[2, 130, 37], d, |i| wave(i).round());
         let c = t(&[37, 136], d, |i| wave(i + 3).round());
         let bias = t(&[136], d, |i| wave(i + 1).round());

@@ -1348,6 +1348,16 @@ impl Kernel {
                         visit(body, t);
                     }
                     Stmt::BindIndex { sym, bound, .. } => below(t, *sym, bound),
+                    // The template evaluates its operands and epilogue only at elements inside the
+                    // product (their bound checks, or whole tiles: `MatMul::whole_tiles`).
+                    Stmt::MatMul(m) => {
+                        for (sym, extent) in m.syms.iter().zip([&m.batch, &m.m, &m.n, &m.k]) {
+                            below(t, *sym, extent);
+                        }
+                        visit(&m.a.body, t);
+                        visit(&m.b.body, t);
+                        visit(&m.epilogue, t);
+                    }
                     _ => {}
                 }
             }

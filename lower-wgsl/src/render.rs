@@ -88,6 +88,8 @@ struct Writer<'k> {
     red_types: std::collections::BTreeSet<&'static str>,
     /// Workgroup tiles of the matmul template: (A elements, B elements, element type).
     mm_tiles: Option<(i64, i64, String)>,
+    /// The kernel's index ranges ([`Kernel::index_ranges`]): which divisions may be unsigned.
+    ranges: kiln_graph::sym::SymTable,
     /// Workgroup arrays of an attention template: (name, `vec4<f32>` elements).
     attention_arrays: Vec<(&'static str, u32)>,
     /// f32 buffers an attention template binds as `vec4<f32>` (its rows are aligned to 4).
@@ -182,8 +184,29 @@ impl<'k> Writer<'k> {
                 ExprTree::Sym(s) => sym(*s),
                 ExprTree::Add(v) => format!("({})", v.iter().map(|x| go(w, x)).collect::<Vec<_>>().join(" + ")),
                 ExprTree::Mul(v) => format!("({})", v.iter().map(|x| go(w, x)).collect::<Vec<_>>().join(" * ")),
-                ExprTree::FloorDiv(a, b) => format!("kfloordiv({}, {})", go(w, a), go(w, b)),
-                ExprTree::Mod(a, b) => format!("kmod({}, {})", go(w, a), go(w, b)),
+                // A power-of-two divisor is an arithmetic shift and a mask, floor semantics for any
+                // sign; another positive constant divides a dividend the kernel's index ranges prove
+                // non-negative as unsigned (a multiply and a shift). Elsewhere `kfloordiv`/`kmod`: a
+                // signed division and remainder with floor corrections, which NVIDIA's Vulkan compiler
+                // neither folds nor hoists out of a loop (`benches/NOTES.md`, session 44).
+                ExprTree::FloorDiv(a, b) | ExprTree::Mod(a, b) => {
+                    let div = matches!(t, ExprTree::FloorDiv(..));
+                    match **b {
+                        ExprTree::Const(k) if k > 0 && k <= 1 << 30 && (k as u64).is_power_of_two() => {
+                            if div {
+                                format!("({} >> {}u)", go(w, a), k.trailing_zeros())
+                            } else {
+                                format!("({} & {})", go(w, a), int_literal((k - 1) as i32))
+                            }
+                        }
+                        ExprTree::Const(k) if k > 0 && k <= i64::from(i32::MAX) && w.ranges.fits_u32(a) => {
+                            let op = if div { "/" } else { "%" };
+                            format!("i32(u32({}) {op} {k}u)", go(w, a))
+                        }
+                        _ if div => format!("kfloordiv({}, {})", go(w, a), go(w, b)),
+                        _ => format!("kmod({}, {})", go(w, a), go(w, b)),
+                    }
+                }
                 ExprTree::Min(a, b) => format!("min({}, {})", go(w, a), go(w, b)),
                 ExprTree::Max(a, b) => format!("max({}, {})", go(w, a), go(w, b)),
             }
@@ -1187,6 +1210,7 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         single_thread_stores: false,
         red_types: Default::default(),
         mm_tiles: None,
+        ranges: kernel.index_ranges(),
         attention_arrays: Vec::new(),
         attention_vec4: Default::default(),
         error: None,

@@ -50,3 +50,19 @@ fn causal_attention_on_lanes() {
         Ok(vec![s.softmax(-1)?.matmul(&t[2])?])
     }));
 }
+
+/// Index divisions (session 44: NVIDIA's Vulkan compiler keeps a signed division, remainder and floor
+/// correction where it meets one): a power of two is a shift and a mask, another constant an unsigned
+/// division of a dividend the kernel's ranges prove non-negative (a transpose's element number), and
+/// only an index of unknown sign keeps `kfloordiv`/`kmod`.
+#[test]
+fn index_divisions_take_the_cheap_forms() {
+    let body = |src: &str| src[src.find("fn main").expect("an entry point")..].to_string();
+    let pow2 = body(&wgsl(&[f32s(&[16, 8, 4])], |t| Ok(vec![t[0].permute(&[2, 0, 1])?.exp()?])));
+    assert!(pow2.contains(">> ") && pow2.contains(" & "), "{pow2}");
+    let odd = body(&wgsl(&[f32s(&[3, 5, 7])], |t| Ok(vec![t[0].permute(&[2, 0, 1])?.exp()?])));
+    assert!(odd.contains("i32(u32("), "{odd}");
+    for src in [&pow2, &odd] {
+        assert!(!src.contains("kfloordiv(") && !src.contains("kmod("), "{src}");
+    }
+}

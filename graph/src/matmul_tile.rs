@@ -199,8 +199,16 @@ mod tests {
     /// renderers place it from the element itself, for every schedule and both read orders.
     #[test]
     fn slots_walk_the_elements_they_read() {
-        let t = Target { shared_memory_bytes: 48 * 1024, ..Target::webgpu_default() };
-        for (m, n) in [(4096, 4096), (4096, 768), (768, 4096), (64, 64), (40, 16384), (16384, 40), (16, 3)] {
+        // 16 and 64 threads a workgroup make the smaller sides (4 and 8 threads) whose slots step by a
+        // number of rows that is not a whole run (the renderers' other store form).
+        for (max_threads, (m, n)) in [256, 64, 16].into_iter().flat_map(|t| {
+            [(4096, 4096), (4096, 768), (768, 4096), (64, 64), (40, 16384), (16384, 40), (16, 3)].map(|mn| (t, mn))
+        }) {
+            let t = Target {
+                shared_memory_bytes: 48 * 1024,
+                max_threads_per_group: max_threads,
+                ..Target::webgpu_default()
+            };
             for order in [[true, false], [false, true], [true, true], [false, false]] {
                 let s = choose(&t, &Expr::from(1i64), &Expr::from(m as i64), &Expr::from(n as i64), 4, order);
                 let threads = s.threads[0] * s.threads[1];

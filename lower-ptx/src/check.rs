@@ -24,9 +24,15 @@ pub struct PtxasChecked {
 impl PtxasChecked {
     /// Finds ptxas or says how to install it.
     pub fn new() -> Result<Self> {
+        PtxasChecked::with_target(Target::cuda(90))
+    }
+
+    /// [`PtxasChecked::new`] compiling for `target` (a CUDA target with other schedules than the
+    /// default's, such as the matmul template's two stages).
+    pub fn with_target(target: Target) -> Result<Self> {
         let ptxas = find().ok_or_else(|| Error::Backend { backend: "ptx".into(), msg: INSTALL_HINT.into() })?;
         Ok(PtxasChecked {
-            interpreter: KernelInterpreter::new(Target::cuda(90)),
+            interpreter: KernelInterpreter::new(target),
             ptxas,
             seen: Mutex::default(),
             assembled: AtomicUsize::new(0),

@@ -282,7 +282,7 @@ pub fn every_op(b: &Arc<dyn Backend>) {
 /// batch entries) under a fused epilogue, and over a transposed operand; one symbolic extent beside a
 /// 72-wide one takes the half tiles, beside a 40-wide one the narrow tiles; the static cases above take
 /// the medium and small ones. Integers too: no GEMM library takes them.
-fn matmul_schedules(b: &Arc<dyn Backend>) {
+pub fn matmul_schedules(b: &Arc<dyn Backend>) {
     for d in [DType::F32, DType::I32] {
         // Whole medium tiles every way (64 × 64 outputs over 48, static: `MatMul::whole_tiles`, no bound
         // checks rendered; under `gemm::LIBRARY_MIN_MACS`, so CUDA's template too), each operand read
@@ -333,7 +333,7 @@ fn matmul_schedules(b: &Arc<dyn Backend>) {
 /// bias and ReLU after the sum, and 8 × 16 over 1,024 (f32, and bf16 with f32 partials), and a DenseNet layer's 3 × 3
 /// convolution (128 channels in, 32 out, the batch norm's ReLU before it) whose sum is a part of a
 /// concatenation assembled in place.
-fn split_products(b: &Arc<dyn Backend>) {
+pub fn split_products(b: &Arc<dyn Backend>) {
     use kiln::graph::Window;
     for d in [DType::F32, DType::BF16] {
         let x = t(&[32, 1152], d, |i| wave(i) / 3.0);
@@ -358,7 +358,7 @@ fn split_products(b: &Arc<dyn Backend>) {
 /// Matmuls big enough (over `gemm::LIBRARY_MIN_MACS`) that targets with a GEMM library hand them to
 /// it: transposed weights broadcast over a batch, column-major operands, attention's two-level batch of
 /// permuted views, and a view no library can read in place (the template takes it).
-fn large_matmuls(b: &Arc<dyn Backend>) {
+pub fn large_matmuls(b: &Arc<dyn Backend>) {
     for d in [DType::F32, DType::BF16] {
         let x = t(&[2, 48, 96], d, |i| wave(i) / 3.0);
         let w = t(&[80, 96], d, |i| wave(i + 7) / 3.0);

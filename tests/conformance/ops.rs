@@ -484,7 +484,8 @@ pub fn edge_cases(b: &Arc<dyn Backend>, big: bool, ieee_nan: bool) {
 }
 
 /// The convolution family in the shapes CNNs use: a strided, padded 3x3 with bias, a grouped and dilated
-/// one, depthwise, a 1x1 projection, 1-D, and the pools (NaN-free inputs, odd sizes).
+/// one, depthwise, a 1x1 projection, 1-D, a strided transposed one (zeros inserted between its inputs,
+/// an output padding), and the pools (NaN-free inputs, odd sizes).
 fn convolutions(b: &Arc<dyn Backend>, d: DType) {
     use kiln::graph::Window;
     let x = t(&[2, 4, 9, 7], d, wave);
@@ -492,6 +493,7 @@ fn convolutions(b: &Arc<dyn Backend>, d: DType) {
     let k = |dims: &[usize], seed: usize| t(dims, d, move |i| wave(i * 3 + seed) * 0.3);
     let (w3, bias) = (k(&[6, 4, 3, 3], 1), k(&[6], 2));
     let (wg, wdw, w1, wc1) = (k(&[4, 2, 3, 3], 3), k(&[4, 1, 3, 3], 4), k(&[8, 4, 1, 1], 5), k(&[5, 3, 4], 6));
+    let wt = k(&[4, 3, 3, 3], 7);
     // Accumulations over up to 36 taps: tolerance scales like a reduction's.
     case(b, &format!("convolutions {d}"), &[x, x1], tol(d, 6.0), |v| {
         let (x, x1) = (&v[0], &v[1]);
@@ -501,6 +503,7 @@ fn convolutions(b: &Arc<dyn Backend>, d: DType) {
             x.conv(&wdw, None, &Window::uniform(2, 1, 1, 1), 4)?.relu()?,
             x.conv(&w1, None, &Window::default(), 1)?,
             x1.conv(&wc1, None, &Window { stride: vec![3], padding: vec![(1, 2)], ..Window::default() }, 1)?,
+            x.conv_transpose(&wt, None, &Window::uniform(2, 2, 1, 1), &[1, 0], 1)?,
             x.max_pool(&[3, 3], &Window::uniform(2, 2, 1, 1))?,
             x.avg_pool(&[2, 2], &Window::uniform(2, 2, 0, 1), true)?,
             x.avg_pool(&[3, 3], &Window::uniform(2, 1, 1, 1), false)?,

@@ -1,6 +1,9 @@
-//! Prints a workload's compiled graph (regions and kernel IR) for a target, and the PTX (for `webgpu`,
-//! the WGSL) of one kernel: `cargo run --example dump_kernels -- W5 cuda|webgpu [kernel-substring]`.
-//! The training steps (`W5-train`, `W5-train-bf16`) are the bench's own.
+//! Prints a workload's compiled graph (regions and kernel IR) for a target, and the PTX (for `webgpu` and
+//! `adapter`, the WGSL) of one kernel:
+//! `cargo run --example dump_kernels -- W5 cuda|webgpu|adapter [kernel-substring]`. `webgpu` plans for
+//! WebGPU's default limits (8 bindings, 16 KiB of workgroup memory: a browser's); `adapter` for this
+//! machine's wgpu adapter as the runtime opens it (NVIDIA's Vulkan driver on the GPU host, lavapipe
+//! here), the plan the bench runs. The training steps (`W5-train`, `W5-train-bf16`) are the bench's own.
 
 use kiln::graph::{capture, compile_graph, workloads, Target};
 
@@ -11,9 +14,10 @@ mod train_step;
 fn main() -> kiln::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let id = args.get(1).map_or("W1", String::as_str);
-    let webgpu = args.get(2).is_some_and(|b| b == "webgpu");
+    let webgpu = args.get(2).is_some_and(|b| b == "webgpu" || b == "adapter");
     let target = match args.get(2).map(String::as_str) {
         Some("webgpu") => Target::webgpu_default().tuned_by_env("WGPU"),
+        Some("adapter") => kiln_wgsl::Gpu::runtime()?.target().clone(),
         _ => Target::cuda(90).tuned_by_env("CUDA"),
     };
     let w = workloads::all()

@@ -34,6 +34,26 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
+/// The members of a matmul region that its product `node` reads, through layout views and other
+/// members: its prologue (`fuse`'s `absorb_prologue`), not the epilogue after it.
+fn prologue(g: &Graph, members: &[NodeId], node: NodeId) -> BTreeSet<NodeId> {
+    let (mut found, mut seen) = (BTreeSet::new(), BTreeSet::new());
+    let mut stack = g.node(node).inputs.clone();
+    while let Some(x) = stack.pop() {
+        if !seen.insert(x) {
+            continue;
+        }
+        let member = members.contains(&x);
+        if member {
+            found.insert(x);
+        }
+        if member || crate::fuse::role(g, x) == crate::fuse::Role::Transparent {
+            stack.extend(g.node(x).inputs.iter().copied());
+        }
+    }
+    found
+}
+
 /// Whether node `n` reads, through layout views, a value `assembly` places in the family of `root`.
 fn reads_root(g: &Graph, n: NodeId, assembly: &crate::in_place::Assembly, root: NodeId) -> bool {
     let mut stack = g.node(n).inputs.clone();
@@ -220,11 +240,11 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
         }
         timings.lower_ms += ms(clock);
         if let Some((root, k)) = failures.is_empty().then(|| assembly.conflict(&kernels)).flatten() {
-            // A product that reads the family through its prologue (members before the product in the
-            // graph's order) and writes a part of it reads its operands stored instead; otherwise the
-            // family is kept apart. Each round takes one of those steps, so the rounds end.
+            // A product that reads the family through its prologue (the members it reads) and writes a
+            // part of it reads its operands stored instead; otherwise the family is kept apart. Each round
+            // takes one of those steps, so the rounds end.
             if let Some(&RegionKind::MatMul { node }) = fusion.regions.get(k).map(|r| &r.kind) {
-                let prologue = fusion.regions[k].members.iter().copied().filter(|&p| p < node);
+                let prologue = prologue(&primitive.graph, &fusion.regions[k].members, node);
                 let reads_family = prologue.into_iter().any(|p| reads_root(&primitive.graph, p, &assembly, root));
                 if reads_family && feedback.whole_operands.insert(node) {
                     continue;

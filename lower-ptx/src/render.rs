@@ -1480,20 +1480,18 @@ impl<'k> Writer<'k> {
         self.emit(&format!("mad.lo.s64 {a_thread}, {tyr}, {}, {a_base};", elem * run));
         self.emit(&format!("mad.lo.s64 {b_thread}, {tx}, {}, {b_base};", elem * run));
         let sb = i64::from(m.tile.b_stride());
-        // Where a thread's slots walk a step's tile evenly (`Tile::slot_step`): its first element's depth
-        // and row or column, and its shared address, computed once (else each slot's, every step).
-        let mut firsts: [Option<(String, String, String)>; 2] = [None, None];
+        // Where a thread's slots walk a step's tile evenly (`Tile::slot_step`): the walk, and its first
+        // element's depth, row or column and shared address, computed once (else each slot's, every step).
+        let mut firsts: [Option<([u32; 2], String, String, String)>; 2] = [None, None];
         for (side, (outer, stride, base)) in [(tm, sa, &a_base), (tn, sb, &b_base)].into_iter().enumerate() {
-            if m.tile.slot_step(side, threads).is_none() {
-                continue;
-            }
+            let Some(walk) = m.tile.slot_step(side, threads) else { continue };
             let (depth, other, at) = (self.reg("s64"), self.reg("s64"), self.reg("s64"));
             let (d_op, o_op, by) = if m.tile.depth_fastest[side] { ("rem", "div", tk) } else { ("div", "rem", outer) };
             self.emit(&format!("{d_op}.s64 {depth}, %local, {by};"));
             self.emit(&format!("{o_op}.s64 {other}, %local, {by};"));
             self.emit(&format!("mad.lo.s64 {at}, {depth}, {stride}, {other};"));
             self.emit(&format!("mad.lo.s64 {at}, {at}, {elem}, {base};"));
-            firsts[side] = Some((depth, other, at));
+            firsts[side] = Some((walk, depth, other, at));
         }
         let (blk, top, end) = (self.reg("s64"), self.label(), self.label());
         self.emit(&format!("mov.s64 {blk}, %group;"));
@@ -1538,7 +1536,7 @@ impl<'k> Writer<'k> {
         // This step's tiles in workgroup memory: with two stages, the first or second half as the step
         // is even or odd (the previous step multiplied the other half, so one barrier keeps them apart).
         // Stores start from the thread's first element where the slots walk evenly.
-        let store_base = |side: usize, base: &String| firsts[side].as_ref().map_or(base.clone(), |f| f.2.clone());
+        let store_base = |side: usize, base: &String| firsts[side].as_ref().map_or(base.clone(), |f| f.3.clone());
         let (a_store, b_store) = (store_base(0, &a_base), store_base(1, &b_base));
         let bases = [&a_store, &b_store, &a_thread, &b_thread];
         let [a_step, b_step, a_read, b_read] = if stages > 1 {
@@ -1576,7 +1574,7 @@ impl<'k> Writer<'k> {
                     self.emit(&format!("@{p} bra {skip};"));
                 }
                 // Stored [depth][row or column], padded (`Tile::a_stride`, `Tile::b_stride`).
-                if let Some([dd, step_other]) = m.tile.slot_step(side, threads).filter(|_| firsts[side].is_some()) {
+                if let Some(([dd, step_other], ..)) = firsts[side] {
                     let at = q as i64 * (i64::from(dd) * stride + i64::from(step_other)) * elem;
                     self.emit(&format!("st.shared.{ty} [{base}+{at}], {r};"));
                     self.place(&skip);
@@ -1610,8 +1608,9 @@ impl<'k> Writer<'k> {
                 let (e, skip) = (self.reg("s64"), self.label());
                 self.emit(&format!("add.s64 {e}, %local, {};", q as i64 * t));
                 self.emit(&format!("mov.{ty} {r}, {zero};"));
-                let (depth, other) = match (&firsts[side], m.tile.slot_step(side, threads)) {
-                    (Some((d0, o0, _)), Some([dd, step_other])) => {
+                let (depth, other) = match &firsts[side] {
+                    Some(([dd, step_other], d0, o0, _)) => {
+                        let (dd, step_other) = (*dd, *step_other);
                         let (depth, other) = (self.reg("s64"), self.reg("s64"));
                         self.emit(&format!("add.s64 {depth}, {d0}, {};", q as i64 * i64::from(dd)));
                         self.emit(&format!("add.s64 {other}, {o0}, {};", q as i64 * i64::from(step_other)));

@@ -1096,17 +1096,19 @@ impl<'k> Writer<'k> {
                 if slots * t > len {
                     checks.insert(0, Some(format!("mm_e < {len}i")));
                 }
+                // Checked, the element is read inside an `if` (zero outside the product); else directly.
                 let checks: Vec<String> = checks.into_iter().flatten().collect();
-                if checks.is_empty() {
-                    self.block(f, &operand.body);
-                    let v = self.convert(&self.var(operand.value), self.dtype_of(operand.value), m.acc_dtype);
-                    self.line(f, &format!("mm_r{name}{q} = {v};"));
+                let (inner, dest) = if checks.is_empty() {
+                    (f, format!("mm_r{name}{q}"))
                 } else {
                     self.line(f, &format!("var mm_v: {acc_ty} = {acc_ty}(0);"));
                     self.line(f, &format!("if ({}) {{", checks.join(" && ")));
-                    self.block(f + 1, &operand.body);
-                    let v = self.convert(&self.var(operand.value), self.dtype_of(operand.value), m.acc_dtype);
-                    self.line(f + 1, &format!("mm_v = {v};"));
+                    (f + 1, "mm_v".to_string())
+                };
+                self.block(inner, &operand.body);
+                let v = self.convert(&self.var(operand.value), self.dtype_of(operand.value), m.acc_dtype);
+                self.line(inner, &format!("{dest} = {v};"));
+                if !checks.is_empty() {
                     self.line(f, "}");
                     self.line(f, &format!("mm_r{name}{q} = mm_v;"));
                 }

@@ -49,6 +49,19 @@ fn f32_imm(v: f64) -> String {
     format!("0f{:08X}", (v as f32).to_bits())
 }
 
+/// A thread's first register slot of a matmul operand tile whose slots walk it evenly
+/// (`Tile::slot_step`): the walk between slots and the first slot's registers, computed once a kernel.
+struct FirstSlot {
+    /// Depth and row-or-column steps from one slot to the next.
+    walk: [u32; 2],
+    /// The first slot's depth within a step's tile.
+    depth: String,
+    /// The first slot's row (A) or column (B) within the tile.
+    other: String,
+    /// The first slot's shared-memory address in the first stage.
+    at: String,
+}
+
 struct Writer<'k> {
     k: &'k Kernel,
     body: String,
@@ -1482,7 +1495,7 @@ impl<'k> Writer<'k> {
         let sb = i64::from(m.tile.b_stride());
         // Where a thread's slots walk a step's tile evenly (`Tile::slot_step`): the walk, and its first
         // element's depth, row or column and shared address, computed once (else each slot's, every step).
-        let mut firsts: [Option<([u32; 2], String, String, String)>; 2] = [None, None];
+        let mut firsts: [Option<FirstSlot>; 2] = [None, None];
         for (side, (outer, stride, base)) in [(tm, sa, &a_base), (tn, sb, &b_base)].into_iter().enumerate() {
             let Some(walk) = m.tile.slot_step(side, threads) else { continue };
             let (depth, other, at) = (self.reg("s64"), self.reg("s64"), self.reg("s64"));
@@ -1491,7 +1504,7 @@ impl<'k> Writer<'k> {
             self.emit(&format!("{o_op}.s64 {other}, %local, {by};"));
             self.emit(&format!("mad.lo.s64 {at}, {depth}, {stride}, {other};"));
             self.emit(&format!("mad.lo.s64 {at}, {at}, {elem}, {base};"));
-            firsts[side] = Some((walk, depth, other, at));
+            firsts[side] = Some(FirstSlot { walk, depth, other, at });
         }
         let (blk, top, end) = (self.reg("s64"), self.label(), self.label());
         self.emit(&format!("mov.s64 {blk}, %group;"));
@@ -1536,7 +1549,7 @@ impl<'k> Writer<'k> {
         // This step's tiles in workgroup memory: with two stages, the first or second half as the step
         // is even or odd (the previous step multiplied the other half, so one barrier keeps them apart).
         // Stores start from the thread's first element where the slots walk evenly.
-        let store_base = |side: usize, base: &String| firsts[side].as_ref().map_or(base.clone(), |f| f.3.clone());
+        let store_base = |side: usize, base: &String| firsts[side].as_ref().map_or(base.clone(), |f| f.at.clone());
         let (a_store, b_store) = (store_base(0, &a_base), store_base(1, &b_base));
         let bases = [&a_store, &b_store, &a_thread, &b_thread];
         let [a_step, b_step, a_read, b_read] = if stages > 1 {
@@ -1574,7 +1587,7 @@ impl<'k> Writer<'k> {
                     self.emit(&format!("@{p} bra {skip};"));
                 }
                 // Stored [depth][row or column], padded (`Tile::a_stride`, `Tile::b_stride`).
-                if let Some(([dd, step_other], ..)) = firsts[side] {
+                if let Some(FirstSlot { walk: [dd, step_other], .. }) = firsts[side] {
                     let at = q as i64 * (i64::from(dd) * stride + i64::from(step_other)) * elem;
                     self.emit(&format!("st.shared.{ty} [{base}+{at}], {r};"));
                     self.place(&skip);
@@ -1609,7 +1622,7 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("add.s64 {e}, %local, {};", q as i64 * t));
                 self.emit(&format!("mov.{ty} {r}, {zero};"));
                 let (depth, other) = match &firsts[side] {
-                    Some(([dd, step_other], d0, o0, _)) => {
+                    Some(FirstSlot { walk: [dd, step_other], depth: d0, other: o0, .. }) => {
                         let (dd, step_other) = (*dd, *step_other);
                         let (depth, other) = (self.reg("s64"), self.reg("s64"));
                         self.emit(&format!("add.s64 {depth}, {d0}, {};", q as i64 * i64::from(dd)));

@@ -162,7 +162,9 @@ impl Tensor {
 
     fn pool(&self, kind: PoolKind, kernel: &[usize], window: &Window, loc: SourceLoc) -> Result<Tensor> {
         let name = kind.name();
-        float_like(name, self, &[], &loc)?;
+        // A max is exact in every numeric dtype (ONNX pools bytes); an average is a float's.
+        let rule = if kind == PoolKind::Max { DTypeRule::Numeric } else { DTypeRule::Float };
+        crate::ops::check_dtype(name, rule, self.dtype(), &loc)?;
         let xs = self.shape();
         let (w, spatial) = spatial_out(name, &xs, kernel, window, &loc)?;
         let mut dims = xs.dims()[..2].to_vec();
@@ -610,7 +612,9 @@ impl Builder {
         let xs = self.shape(x);
         let r = kernel.len();
         let out: Vec<Expr> = (0..r).map(|a| window.out_len(a, &xs.dims()[a + 2], kernel[a])).collect();
-        let pad_value = if kind == PoolKind::Max { f64::NEG_INFINITY } else { 0.0 };
+        // A max's padding is the dtype's lowest value (`-inf` for floats), which no window's max can be
+        // below.
+        let pad_value = if kind == PoolKind::Max { self.dtype(x).min_value() } else { 0.0 };
         let op = if kind == PoolKind::Max { ReduceOp::Max } else { ReduceOp::Sum };
         let pooled = |b: &mut Builder, src: NodeId| {
             let u = b.unfold(src, kernel, window, &out, pad_value);

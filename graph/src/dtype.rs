@@ -21,11 +21,30 @@ pub enum DType {
     I64,
     /// Boolean, stored as 0 or 1.
     Bool,
+    /// 8-bit unsigned integer (images, quantized tensors).
+    U8,
+    /// 8-bit two's complement integer (quantized tensors).
+    I8,
+    /// 16-bit unsigned integer.
+    U16,
+    /// 16-bit two's complement integer.
+    I16,
 }
 
 impl DType {
     /// Every dtype, in a fixed order (docs and tests iterate it).
-    pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64, DType::Bool];
+    pub const ALL: [DType; 10] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::I64,
+        DType::Bool,
+        DType::U8,
+        DType::I8,
+        DType::U16,
+        DType::I16,
+    ];
 
     /// True for f32, f16 and bf16.
     pub fn is_float(self) -> bool {
@@ -37,9 +56,26 @@ impl DType {
         matches!(self, DType::F16 | DType::BF16)
     }
 
-    /// True for i32 and i64.
+    /// True for every integer dtype.
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I32 | DType::I64)
+        matches!(self, DType::I32 | DType::I64) || self.is_narrow_int()
+    }
+
+    /// True for the 8- and 16-bit integers: held in 1 or 2 bytes, computed in i32 and wrapped to their
+    /// width wherever an op can leave it (so every backend agrees with the reference's modular result).
+    pub fn is_narrow_int(self) -> bool {
+        matches!(self, DType::U8 | DType::I8 | DType::U16 | DType::I16)
+    }
+
+    /// A narrow integer's width in bits and whether it is signed.
+    pub fn narrow_bits(self) -> Option<(u32, bool)> {
+        match self {
+            DType::U8 => Some((8, false)),
+            DType::I8 => Some((8, true)),
+            DType::U16 => Some((16, false)),
+            DType::I16 => Some((16, true)),
+            _ => None,
+        }
     }
 
     /// Bytes one element takes on a device.
@@ -48,7 +84,8 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I64 => 8,
-            DType::Bool => 1,
+            DType::Bool | DType::U8 | DType::I8 => 1,
+            DType::U16 | DType::I16 => 2,
         }
     }
 
@@ -61,6 +98,10 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::Bool => "bool",
+            DType::U8 => "u8",
+            DType::I8 => "i8",
+            DType::U16 => "u16",
+            DType::I16 => "i16",
         }
     }
 
@@ -75,6 +116,10 @@ impl DType {
             DType::BF16 => round_to_binary(x, 8, -126, bf16::MAX.to_f64()),
             DType::I32 => (x as i64) as i32 as f64,
             DType::I64 => (x as i64) as f64,
+            DType::U8 => (x as i64) as u8 as f64,
+            DType::I8 => (x as i64) as i8 as f64,
+            DType::U16 => (x as i64) as u16 as f64,
+            DType::I16 => (x as i64) as i16 as f64,
             DType::Bool => {
                 if x != 0.0 {
                     1.0
@@ -91,7 +136,9 @@ impl DType {
             DType::F32 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
             DType::I32 => i32::MIN as f64,
             DType::I64 => i64::MIN as f64,
-            DType::Bool => 0.0,
+            DType::I8 => i8::MIN as f64,
+            DType::I16 => i16::MIN as f64,
+            DType::Bool | DType::U8 | DType::U16 => 0.0,
         }
     }
 
@@ -101,6 +148,10 @@ impl DType {
             DType::F32 | DType::F16 | DType::BF16 => f64::INFINITY,
             DType::I32 => i32::MAX as f64,
             DType::I64 => i64::MAX as f64,
+            DType::U8 => u8::MAX as f64,
+            DType::I8 => i8::MAX as f64,
+            DType::U16 => u16::MAX as f64,
+            DType::I16 => i16::MAX as f64,
             DType::Bool => 1.0,
         }
     }
@@ -176,6 +227,10 @@ element!(f16, DType::F16, |x| x.to_f64(), |y| f16::from_f64(y));
 element!(bf16, DType::BF16, |x| x.to_f64(), |y| bf16::from_f64(y));
 element!(i32, DType::I32, |x| x as f64, |y| y as i32);
 element!(i64, DType::I64, |x| x as f64, |y| y as i64);
+element!(u8, DType::U8, |x| x as f64, |y| y as u8);
+element!(i8, DType::I8, |x| x as f64, |y| y as i8);
+element!(u16, DType::U16, |x| x as f64, |y| y as u16);
+element!(i16, DType::I16, |x| x as f64, |y| y as i16);
 
 impl Element for bool {
     const DTYPE: DType = DType::Bool;
@@ -215,5 +270,22 @@ mod tests {
         assert_eq!(DType::BF16.round(-4.6044615e-6f32 as f64), bf16::from_f32(-4.6044615e-6).to_f64());
         assert!(DType::BF16.round(f64::NAN).is_nan());
         assert_eq!(DType::BF16.round(-0.0).to_bits(), (-0.0f64).to_bits());
+    }
+
+    #[test]
+    fn narrow_integers_wrap_like_a_device_store() {
+        assert_eq!(DType::U8.round(300.0), 44.0);
+        assert_eq!(DType::U8.round(-1.0), 255.0);
+        assert_eq!(DType::I8.round(128.0), -128.0);
+        assert_eq!(DType::I8.round(-129.7), 127.0);
+        assert_eq!(DType::U16.round(65536.0 + 7.0), 7.0);
+        assert_eq!(DType::I16.round(32768.0), -32768.0);
+        assert_eq!(DType::U8.round(f64::NAN), 0.0);
+        for d in DType::ALL.into_iter().filter(|d| d.is_narrow_int()) {
+            let (bits, signed) = d.narrow_bits().unwrap();
+            assert_eq!(d.size_bytes() * 8, bits as usize, "{d}");
+            assert_eq!(d.min_value() < 0.0, signed, "{d}");
+            assert_eq!(d.round(d.max_value() + 1.0), d.min_value(), "{d}");
+        }
     }
 }

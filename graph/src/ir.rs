@@ -246,8 +246,10 @@ pub enum DTypeRule {
     Numeric,
     /// bool only.
     Bool,
-    /// integers only (i32, i64).
+    /// integers only.
     Integer,
+    /// floats, i32 and i64: what products and collectives compute in (narrow integers are cast first).
+    Wide,
     /// every dtype.
     Any,
 }
@@ -260,6 +262,7 @@ impl DTypeRule {
             DTypeRule::Numeric => d.is_float() || d.is_int(),
             DTypeRule::Bool => d == DType::Bool,
             DTypeRule::Integer => d.is_int(),
+            DTypeRule::Wide => d.is_float() || matches!(d, DType::I32 | DType::I64),
             DTypeRule::Any => true,
         }
     }
@@ -270,7 +273,8 @@ impl DTypeRule {
             DTypeRule::Float => "a float dtype (f32, f16, bf16)",
             DTypeRule::Numeric => "a numeric dtype (float or integer)",
             DTypeRule::Bool => "bool",
-            DTypeRule::Integer => "an integer dtype (i32, i64)",
+            DTypeRule::Integer => "an integer dtype (i32, i64, u8, i8, u16, i16)",
+            DTypeRule::Wide => "f32, f16, bf16, i32 or i64 (cast narrow integers to i32 first)",
             DTypeRule::Any => "any dtype",
         }
     }

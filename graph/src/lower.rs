@@ -239,6 +239,7 @@ impl<'a> Lowerer<'a> {
         match d {
             DType::F16 if !self.target.f16_compute => DType::F32,
             DType::BF16 if !self.target.bf16_compute => DType::F32,
+            d if d.is_narrow_int() => DType::I32,
             d => d,
         }
     }
@@ -479,7 +480,15 @@ impl<'a> Lowerer<'a> {
             if is_member {
                 self.evaluating.pop();
             }
-            v?
+            let v = v?;
+            // A narrow integer computed in i32 is wrapped to its width before anything reads it, as the
+            // reference rounds every op's result (`300u8` is 44 before it is divided or compared).
+            let dtype = self.g.node(n).dtype;
+            if dtype.is_narrow_int() && self.var_dtype.get(&v) != Some(&dtype) && !self.loaded.contains_key(&v) {
+                self.let_(dtype, Scalar::Cast { a: v })
+            } else {
+                v
+            }
         };
         self.memo.insert(key, v);
         Ok(v)
@@ -883,10 +892,7 @@ fn pointwise(mut l: Lowerer, region: &Region) -> Result<Kernel, LowerFailure> {
 /// of plain statements. Loads and stores at the loop index move as vectors; any other access (a bias
 /// broadcast along the row, a gather) happens per lane.
 fn vector_width(target: &Target, buffers: &[BufferParam], body: &[Stmt], i: SymId, n: &Expr) -> u32 {
-    // 64-bit integers are not vectorised: several targets hold them as pairs of words. Nor are 2-byte
-    // floats where the target packs two per shared word.
-    let packed = |d: DType| target.packed_half_storage && matches!(d, DType::F16 | DType::BF16);
-    if buffers.iter().any(|b| b.dtype == DType::I64 || packed(b.dtype)) {
+    if buffers.iter().any(|b| !target.vectorises(b.dtype)) {
         return 1;
     }
     // As wide as the widest element fills one access (2- and 4-byte ones; others move per lane), within
@@ -1120,8 +1126,7 @@ fn rows(mut l: Lowerer, region: &Region, input_shape: &Shape, axes: &[usize]) ->
 /// instruction: W3-bf16 reached 52% of the copy rate where f32's 4-byte reads reached 88%.
 fn row_lanes(target: &Target, k: &Kernel) -> u32 {
     let (Some(slots), true, 1) = (k.row_cache, target.vector_rows, k.launch.packed.max(1)) else { return 1 };
-    let packed = |d: DType| target.packed_half_storage && matches!(d, DType::F16 | DType::BF16);
-    if k.buffers.iter().any(|b| b.dtype == DType::I64 || packed(b.dtype)) {
+    if k.buffers.iter().any(|b| !target.vectorises(b.dtype)) {
         return 1;
     }
     let Some(row) = k.row_body() else { return 1 };

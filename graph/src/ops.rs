@@ -765,7 +765,7 @@ impl Tensor {
     #[track_caller]
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
         let loc = SourceLoc::caller();
-        check_dtype("matmul", DTypeRule::Numeric, self.dtype(), &loc)?;
+        check_dtype("matmul", DTypeRule::Wide, self.dtype(), &loc)?;
         if rhs.dtype() != self.dtype() {
             return Err(Error::DType {
                 op: "matmul".into(),
@@ -883,7 +883,7 @@ impl Tensor {
     pub fn all_reduce(&self, op: crate::ir::CollectiveOp) -> Result<Tensor> {
         let loc = SourceLoc::caller();
         let rule = match op {
-            crate::ir::CollectiveOp::Sum => DTypeRule::Numeric,
+            crate::ir::CollectiveOp::Sum => DTypeRule::Wide,
             crate::ir::CollectiveOp::Mean => DTypeRule::Float,
         };
         check_dtype(Op::AllReduce { op }.name(), rule, self.dtype(), &loc)?;

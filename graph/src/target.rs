@@ -392,6 +392,14 @@ impl Target {
         (z <= max && used <= self.grid_dims.max(1)).then_some((x as u32, y as u32, z as u32))
     }
 
+    /// Whether buffers of `d` move as vectors: not 64-bit integers (several targets hold them as pairs of
+    /// words), nor narrow integers (bytes and 16-bit words a thread would have to assemble lanes from),
+    /// nor 2-byte floats where the target packs two per shared word.
+    pub fn vectorises(&self, d: DType) -> bool {
+        let packed_half = self.packed_half_storage && matches!(d, DType::F16 | DType::BF16);
+        !(d == DType::I64 || d.is_narrow_int() || packed_half)
+    }
+
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
     /// `KILN_<BACKEND>_ROW_THREADS`, `KILN_<BACKEND>_ROW_CACHE` (persistent rows; 0: off), `KILN_<BACKEND>_VECTOR_ROWS=0|1` (`vector_rows`) and
     /// `KILN_<BACKEND>_COLUMN_THREADS` (`column_threads`), `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full

@@ -39,9 +39,21 @@ pub struct PtxKernel {
 fn reg_type(d: DType) -> &'static str {
     match d {
         DType::F32 | DType::F16 | DType::BF16 => "f32",
-        DType::I32 => "s32",
+        DType::I32 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => "s32",
         DType::I64 => "s64",
         DType::Bool => "pred",
+    }
+}
+
+/// The memory type of a narrow integer (`ld`/`st`/`cvt` take a 32-bit register beside it: loads
+/// zero- or sign-extend, stores and conversions keep the low bits).
+fn narrow_type(d: DType) -> Option<&'static str> {
+    match d {
+        DType::U8 => Some("u8"),
+        DType::I8 => Some("s8"),
+        DType::U16 => Some("u16"),
+        DType::I16 => Some("s16"),
+        _ => None,
     }
 }
 
@@ -309,6 +321,20 @@ impl<'k> Writer<'k> {
 
     /// Converts register `x` of dtype `from` to a new register of dtype `to`, rounding to halves.
     fn convert(&mut self, x: &str, from: DType, to: DType) -> String {
+        let v = self.convert_register(x, from, to);
+        match narrow_type(to) {
+            // Wrapped to the narrow width (`lower` casts every op's result that may leave it).
+            Some(t) if from != to => {
+                let r = self.reg("s32");
+                self.emit(&format!("cvt.s32.{t} {r}, {v};"));
+                r
+            }
+            _ => v,
+        }
+    }
+
+    /// `x` in a register of `to`'s compute type, rounded to `to` where it is a half type.
+    fn convert_register(&mut self, x: &str, from: DType, to: DType) -> String {
         let (tf, tt) = (reg_type(from), reg_type(to));
         let r = self.reg(tt);
         match (tf, tt) {
@@ -431,6 +457,11 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("{pre}.u8 {w}, [{a}];"));
                 self.emit(&format!("setp.ne.u32 {r}, {w}, 0;"));
             }
+            DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
+                let t = narrow_type(d).unwrap_or("u8");
+                self.emit(&format!("mov.s32 {r}, 0;"));
+                self.emit(&format!("{pre}.{t} {r}, [{a}];"));
+            }
         }
         (r, d)
     }
@@ -501,6 +532,10 @@ impl<'k> Writer<'k> {
                 let w = self.reg("u16");
                 self.emit(&format!("selp.u16 {w}, 1, 0, {x};"));
                 self.emit(&format!("st.global.u8 [{a}], {w};"));
+            }
+            DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
+                let t = narrow_type(d).unwrap_or("u8");
+                self.emit(&format!("st.global.{t} [{a}], {x};"));
             }
         }
         self.place(&skip);

@@ -23,6 +23,14 @@ pub enum Storage {
     I64Pairs,
     /// `array<u32>`, 0 or 1.
     BoolU32,
+    /// `array<u32>`, `32 / bits` narrow integers per word (the host's layout), computed in i32: read with
+    /// `extractBits` (sign-extending when signed), written as the packed halves are.
+    NarrowInt {
+        /// 8 or 16.
+        bits: u32,
+        /// Sign-extended on load.
+        signed: bool,
+    },
 }
 
 impl Storage {
@@ -36,7 +44,16 @@ impl Storage {
             DType::I32 => Storage::I32,
             DType::I64 => Storage::I64Pairs,
             DType::Bool => Storage::BoolU32,
+            DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
+                let (bits, signed) = dtype.narrow_bits().unwrap_or((8, false));
+                Storage::NarrowInt { bits, signed }
+            }
         }
+    }
+
+    /// Whether elements share 32-bit words that different threads write (stores are atomic).
+    pub fn shares_words(self) -> bool {
+        matches!(self, Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. })
     }
 
     /// The WGSL element type of the buffer array.
@@ -45,7 +62,7 @@ impl Storage {
             Storage::F32 => "f32",
             Storage::F16 => "f16",
             Storage::I32 | Storage::I64Pairs => "i32",
-            Storage::BoolU32 | Storage::F16Packed | Storage::Bf16Packed => "u32",
+            Storage::BoolU32 | Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. } => "u32",
         }
     }
 }

@@ -14,6 +14,10 @@ pub fn dtype_of(elem_type: i32) -> Result<DType, String> {
         Ok(DataType::Int32) => Ok(DType::I32),
         Ok(DataType::Int64) => Ok(DType::I64),
         Ok(DataType::Bool) => Ok(DType::Bool),
+        Ok(DataType::Uint8) => Ok(DType::U8),
+        Ok(DataType::Int8) => Ok(DType::I8),
+        Ok(DataType::Uint16) => Ok(DType::U16),
+        Ok(DataType::Int16) => Ok(DType::I16),
         Ok(other) => Err(format!("element type {}", other.as_str_name().to_lowercase())),
         Err(_) => Err(format!("element type {elem_type}")),
     }
@@ -28,6 +32,10 @@ pub fn onnx_type(d: DType) -> DataType {
         DType::I32 => DataType::Int32,
         DType::I64 => DataType::Int64,
         DType::Bool => DataType::Bool,
+        DType::U8 => DataType::Uint8,
+        DType::I8 => DataType::Int8,
+        DType::U16 => DataType::Uint16,
+        DType::I16 => DataType::Int16,
     }
 }
 
@@ -59,7 +67,10 @@ pub fn to_data(t: &TensorProto, dir: Option<&Path>) -> Result<TensorData, String
             // Stored as the bit patterns in `int32_data` (half types) or as values (int32, bool).
             DType::F16 => t.int32_data.iter().map(|&v| half::f16::from_bits(v as u16).to_f64()).collect(),
             DType::BF16 => t.int32_data.iter().map(|&v| half::bf16::from_bits(v as u16).to_f64()).collect(),
-            DType::I32 | DType::Bool => t.int32_data.iter().map(|&v| v as f64).collect(),
+            // Narrow integers are stored widened in `int32_data` too.
+            DType::I32 | DType::Bool | DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
+                t.int32_data.iter().map(|&v| v as f64).collect()
+            }
         },
     };
     if values.len() != numel {

@@ -19,6 +19,10 @@ pub(crate) fn to_safetensors(d: DType) -> Dtype {
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
         DType::Bool => Dtype::BOOL,
+        DType::U8 => Dtype::U8,
+        DType::I8 => Dtype::I8,
+        DType::U16 => Dtype::U16,
+        DType::I16 => Dtype::I16,
     }
 }
 
@@ -31,6 +35,10 @@ pub(crate) fn from_safetensors(d: Dtype) -> Option<DType> {
         Dtype::I32 => DType::I32,
         Dtype::I64 => DType::I64,
         Dtype::BOOL => DType::Bool,
+        Dtype::U8 => DType::U8,
+        Dtype::I8 => DType::I8,
+        Dtype::U16 => DType::U16,
+        Dtype::I16 => DType::I16,
         _ => return None,
     })
 }

@@ -155,6 +155,43 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ])
         });
     }
+    for d in [DType::U8, DType::I8, DType::U16, DType::I16] {
+        // Values across the whole range, 39 of them: threads share the packed words of WGSL's layout,
+        // and the last word is part-filled. Sums and products leave the width: each op's result is
+        // wrapped before the next reads it (a division or comparison after an overflow sees the
+        // wrapped value, as the reference does).
+        let (lo, hi) = (d.min_value(), d.max_value());
+        let x = t(&[3, 13], d, |i| lo + ((i as f64 * 37.0) % 23.0) / 22.0 * (hi - lo));
+        let y = t(&[13], d, |i| (i % 5) as f64 + 1.0);
+        let f = t(&[13], DType::F32, |i| (i as f64 - 6.0) * hi * 0.37 + 0.75);
+        case(b, &format!("narrow integer ops {d}"), &[x, y, f], 0.0, |v| {
+            let (x, y) = (&v[0], &v[1]);
+            let twice = x.add(x)?;
+            Ok(vec![
+                twice.clone(),
+                x.sub(y)?,
+                x.mul(y)?.mul(y)?,
+                x.neg()?,
+                x.abs()?,
+                x.relu()?,
+                twice.div(y)?,
+                twice.lt(x)?,
+                twice.maximum(x)?,
+                x.sum(&[0], false)?,
+                x.max(&[1], true)?,
+                x.argmax(1, false)?,
+                x.bitwise_and(&y.neg()?)?,
+                x.bitwise_xor(y)?,
+                x.cast(DType::F32)?.add(0.5)?,
+                x.cast(DType::I32)?.mul(3)?,
+                v[2].cast(d)?,
+                v[2].mul(4.0)?.cast(d)?.add(y)?,
+                x.eq(&twice)?.where_(x, &twice)?,
+                x.transpose(0, 1)?.reshape(&[-1])?.narrow(0, 1, 17)?,
+                x.reshape(&[1, 3, 13])?.max_pool(&[2], &kiln::graph::Window::uniform(1, 1, 1, 1))?,
+            ])
+        });
+    }
     let p = t(&[6], DType::Bool, |i| (i % 2) as f64);
     let q = t(&[6], DType::Bool, |i| (i % 3 == 0) as u8 as f64);
     case(b, "bool ops", &[p, q], 0.0, |v| {

@@ -587,36 +587,7 @@ fn reduce(node: &Node, op: &str) -> OpResult<Vec<Value>> {
             kept.push(*d);
         }
         let low = op != "ReduceMin";
-        let fill = match x.dtype() {
-            DType::I32 => {
-                if low {
-                    i32::MIN as f64
-                } else {
-                    i32::MAX as f64
-                }
-            }
-            DType::I64 => {
-                if low {
-                    i64::MIN as f64
-                } else {
-                    i64::MAX as f64
-                }
-            }
-            DType::Bool => {
-                if low {
-                    0.0
-                } else {
-                    1.0
-                }
-            }
-            _ => {
-                if low {
-                    f64::NEG_INFINITY
-                } else {
-                    f64::INFINITY
-                }
-            }
-        };
+        let fill = if low { x.dtype().min_value() } else { x.dtype().max_value() };
         return one(Tensor::full(fill, &kept, x.dtype())?);
     }
     // Max and min of booleans are any and all.

@@ -120,7 +120,9 @@ impl Tensor {
         let loc = SourceLoc::caller();
         let (xs, ws) = (self.shape(), weight.shape());
         let bad = |msg: String| Error::Shape { op: "conv".into(), msg, loc: loc.clone() };
-        float_like("conv", self, &[Some(weight), bias], &loc)?;
+        // Integer convolutions (ONNX's `ConvInteger`) are exact: products of i32 or i64 accumulate as
+        // integer matmuls do.
+        same_dtype_as("conv", DTypeRule::Wide, self, &[Some(weight), bias], &loc)?;
         if ws.rank() < 3 {
             return Err(bad(format!("weight {ws} must be [out, in/groups, *kernel]")));
         }
@@ -192,7 +194,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let loc = SourceLoc::caller();
         let bad = |msg: String| Error::Shape { op: "conv_transpose".into(), msg, loc: loc.clone() };
-        float_like("conv_transpose", self, &[Some(weight), bias], &loc)?;
+        same_dtype_as("conv_transpose", DTypeRule::Float, self, &[Some(weight), bias], &loc)?;
         let (xs, ws) = (self.shape(), weight.shape());
         let wd = ws.as_concrete().ok_or_else(|| bad(format!("weight {ws} must have constant dims")))?;
         let r = wd.len().saturating_sub(2);
@@ -274,9 +276,9 @@ impl Tensor {
     }
 }
 
-/// `x` a float and every other tensor of its dtype.
-fn float_like(op: &str, x: &Tensor, others: &[Option<&Tensor>], loc: &SourceLoc) -> Result<()> {
-    crate::ops::check_dtype(op, DTypeRule::Float, x.dtype(), loc)?;
+/// `x` of a dtype `rule` allows and every other tensor of its dtype.
+fn same_dtype_as(op: &str, rule: DTypeRule, x: &Tensor, others: &[Option<&Tensor>], loc: &SourceLoc) -> Result<()> {
+    crate::ops::check_dtype(op, rule, x.dtype(), loc)?;
     let others: Vec<&Tensor> = others.iter().flatten().copied().collect();
     crate::ops::check_same_dtype(op, x.dtype(), &others, loc)
 }

@@ -416,8 +416,9 @@ impl Builder {
         let name = node.op.name();
         let bad =
             |msg: String| Error::Unsupported { what: format!("decomposing `{name}`: {msg}"), loc: node.loc.clone() };
-        // A max pool is a max of slices, exact in any numeric dtype; the rest compute in floats.
-        let any_numeric = matches!(node.op, Op::Pool { mode: PoolKind::Max, .. });
+        // A max pool is a max of slices, exact in any numeric dtype, and a convolution products, which
+        // integers accumulate exactly; the rest compute in floats.
+        let any_numeric = matches!(node.op, Op::Pool { mode: PoolKind::Max, .. } | Op::Conv { .. });
         if !any_numeric && (!node.dtype.is_float() || inputs.iter().any(|&i| !self.dtype(i).is_float())) {
             return Err(bad(format!("composites take float tensors, this one is {}", node.dtype)));
         }

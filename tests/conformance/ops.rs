@@ -309,6 +309,17 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ])
         });
     }
+    // Integer convolutions (ONNX's `ConvInteger`): exact products summed as integer matmuls do.
+    let x = t(&[2, 4, 7, 6], DType::I32, |i| ((i * 37) % 511) as f64 - 255.0);
+    let w = t(&[6, 2, 3, 3], DType::I32, |i| ((i * 11) % 255) as f64 - 127.0);
+    let bias = t(&[6], DType::I32, |i| i as f64 * 1000.0 - 2500.0);
+    case(b, "integer convolutions", &[x, w, bias], 0.0, |v| {
+        use kiln::graph::Window;
+        Ok(vec![
+            v[0].conv(&v[1], Some(&v[2]), &Window::uniform(2, 2, 1, 1), 2)?,
+            v[0].narrow(1, 0, 2)?.conv(&v[1], None, &Window::uniform(2, 1, 0, 2), 1)?,
+        ])
+    });
     large_matmuls(b);
     matmul_schedules(b);
     split_products(b);

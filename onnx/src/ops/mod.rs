@@ -17,6 +17,7 @@ mod nn;
 mod non_max_suppression;
 pub(crate) mod optimizers;
 mod optional;
+mod quantize;
 mod random;
 mod recurrent;
 mod resize;
@@ -39,7 +40,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 25] = [
+const FAMILIES: [(&[&str], Dispatch); 26] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -65,6 +66,7 @@ const FAMILIES: [(&[&str], Dispatch); 25] = [
     (mel::OPS, mel::run),
     (optional::OPS, optional::run),
     (random::OPS, random::run),
+    (quantize::OPS, quantize::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

@@ -190,18 +190,24 @@ fn weight_dims(w: &Tensor) -> OpResult<(Vec<usize>, Vec<usize>)> {
 
 fn conv(node: &Node) -> OpResult<Vec<Value>> {
     let (x, w, b) = (node.tensor(0)?, node.tensor(1)?, node.opt_tensor(2)?);
-    let (ws, kernel) = weight_dims(&w)?;
+    one(conv_of(node, &x, &w, b.as_ref())?)
+}
+
+/// `x` convolved with `w` (plus `b`) under the node's `Conv` attributes (`kernel_shape`, `strides`,
+/// `pads`/`auto_pad`, `dilations`, `group`): `Conv`'s and the quantized convolutions'.
+pub(super) fn conv_of(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> OpResult<Tensor> {
+    let (ws, kernel) = weight_dims(w)?;
     if let Some(k) = node.ints("kernel_shape") {
         if k.iter().map(|&v| v as usize).ne(kernel.iter().copied()) {
             return invalid(format!("kernel_shape {k:?} but the weight is {ws:?}"));
         }
     }
-    let win = window(node, &x, &kernel)?;
+    let win = window(node, x, &kernel)?;
     let groups = node.int("group", 1);
     if groups < 1 {
         return invalid(format!("group {groups}"));
     }
-    one(x.conv(&w, b.as_ref(), &win, groups as usize)?)
+    Ok(x.conv(w, b, &win, groups as usize)?)
 }
 
 fn pool(node: &Node, max: bool) -> OpResult<Vec<Value>> {

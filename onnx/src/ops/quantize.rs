@@ -1,0 +1,283 @@
+//! ONNX's linear quantization: `QuantizeLinear`, `DequantizeLinear` and `DynamicQuantizeLinear` (per
+//! tensor, per axis and blocked), the integer products `MatMulInteger` and `ConvInteger`, their
+//! requantizing forms `QLinearMatMul` and `QLinearConv`, and `BitShift`. Quantized values are kiln's
+//! narrow integers (u8, i8, u16, i16); products take them widened to i32, where they accumulate exactly,
+//! and scales apply in f32, as ONNX's reference does.
+
+use super::{axis, invalid, one, unsupported, Node, OpError, OpResult};
+use crate::value::Value;
+use kiln_graph::{DType, Tensor};
+
+/// The op types this family converts.
+pub(super) const OPS: &[&str] = &[
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "MatMulInteger",
+    "ConvInteger",
+    "QLinearMatMul",
+    "QLinearConv",
+    "BitShift",
+];
+
+/// The family; `None` when `op` is not one of it.
+pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
+    Some(match op {
+        "QuantizeLinear" => quantize_linear(node),
+        "DequantizeLinear" => dequantize_linear(node),
+        "DynamicQuantizeLinear" => dynamic_quantize_linear(node),
+        "MatMulInteger" => matmul_integer(node).and_then(one),
+        "ConvInteger" => conv_integer(node).and_then(one),
+        "QLinearMatMul" => qlinear_matmul(node).and_then(one),
+        "QLinearConv" => qlinear_conv(node).and_then(one),
+        "BitShift" => bit_shift(node).and_then(one),
+        _ => return None,
+    })
+}
+
+/// The dtype an `output_dtype` attribute names, if the node has one.
+fn output_dtype(node: &Node) -> OpResult<Option<DType>> {
+    match node.int("output_dtype", 0) {
+        0 => Ok(None),
+        t => crate::tensor::dtype_of(t as i32).map(Some).map_err(OpError::Unsupported),
+    }
+}
+
+/// A quantized dtype kiln holds: the narrow integers (ONNX's 2- and 4-bit integers and 8-bit floats are
+/// not kiln dtypes).
+fn quantized(d: DType) -> OpResult<DType> {
+    if d.is_narrow_int() {
+        Ok(d)
+    } else {
+        unsupported(format!("quantized values of {d} (kiln quantizes to u8, i8, u16 and i16)"))
+    }
+}
+
+/// A scale or zero point `v` of a tensor shaped `dims`, made to broadcast against it: one value for the
+/// whole tensor, one per index of `axis` (a vector), or, with `block` > 0, one per `block` consecutive
+/// indices of `axis` (shaped as the tensor but for that axis, which counts blocks).
+fn along(v: &Tensor, dims: &[usize], axis_attr: i64, block: i64) -> OpResult<Tensor> {
+    let vd = v.shape().as_concrete().ok_or(OpError::Unsupported("a scale of symbolic shape".into()))?;
+    let n: usize = vd.iter().product();
+    if vd.is_empty() {
+        return Ok(v.clone());
+    }
+    if n == 1 {
+        return Ok(v.reshape(&[])?);
+    }
+    // The axis matters (and must exist) only for a scale of several values.
+    let axis = axis(axis_attr, dims.len())?;
+    if block <= 0 {
+        if vd.len() != 1 || vd[0] != dims[axis] {
+            return invalid(format!("a per-axis scale of shape {vd:?} for axis {axis} of {dims:?}"));
+        }
+        let mut shape = vec![1isize; dims.len()];
+        shape[axis] = n as isize;
+        return Ok(v.reshape(&shape)?);
+    }
+    let block = block as usize;
+    let fits = vd.len() == dims.len()
+        && (0..dims.len()).all(|a| if a == axis { vd[a] == dims[a].div_ceil(block) } else { vd[a] == dims[a] });
+    if !fits {
+        return invalid(format!("a blocked scale of shape {vd:?} for blocks of {block} along axis {axis} of {dims:?}"));
+    }
+    // Each entry repeated `block` times along the axis, the last block cut to what remains.
+    let mut wide: Vec<isize> = vd.iter().map(|&d| d as isize).collect();
+    wide.insert(axis + 1, block as isize);
+    let repeated = v.unsqueeze(axis as isize + 1)?.expand(&wide)?;
+    let mut merged: Vec<isize> = vd.iter().map(|&d| d as isize).collect();
+    merged[axis] *= block as isize;
+    Ok(repeated.reshape(&merged)?.narrow(axis as isize, 0, dims[axis])?)
+}
+
+/// The dims of a tensor the quantization ops need as constants.
+fn concrete(x: &Tensor, what: &str) -> OpResult<Vec<usize>> {
+    x.shape().as_concrete().ok_or_else(|| OpError::Unsupported(format!("{what} of symbolic shape")))
+}
+
+/// `x` rounded half to even and clamped to `d`'s range, in `d`.
+fn saturate(x: &Tensor, d: DType) -> OpResult<Tensor> {
+    Ok(x.round()?.clamp(Some(d.min_value()), Some(d.max_value()))?.cast(d)?)
+}
+
+/// `y = saturate(round(x / scale) + zero_point)`.
+fn quantize_linear(node: &Node) -> OpResult<Vec<Value>> {
+    let (x, scale, zp) = (node.tensor(0)?, node.tensor(1)?, node.opt_tensor(2)?);
+    let out = match (&zp, output_dtype(node)?) {
+        (Some(z), Some(o)) if z.dtype() != o => {
+            return invalid(format!("output_dtype {o} but a zero point of {}", z.dtype()))
+        }
+        (Some(z), _) => z.dtype(),
+        (None, o) => o.unwrap_or(DType::U8),
+    };
+    let out = quantized(out)?;
+    let dims = concrete(&x, "an input")?;
+    let ax = node.int("axis", 1);
+    let block = node.int("block_size", 0);
+    // The quotient in the input's dtype when the scale shares it (numpy's), else in f32, or in the
+    // `precision` the node asks for.
+    let cd = match node.int("precision", 0) {
+        0 if x.dtype() == scale.dtype() => x.dtype(),
+        0 => DType::F32,
+        p => crate::tensor::dtype_of(p as i32).map_err(OpError::Unsupported)?,
+    };
+    let q = x.cast(cd)?.div(&along(&scale.cast(cd)?, &dims, ax, block)?)?;
+    let q = q.round()?.cast(DType::F32)?;
+    let q = match zp {
+        Some(z) => q.add(&along(&z.cast(DType::F32)?, &dims, ax, block)?)?,
+        None => q,
+    };
+    one(saturate(&q, out)?)
+}
+
+/// `y = (x - zero_point) * scale`, in f32, then in the scale's dtype (or `output_dtype`).
+fn dequantize_linear(node: &Node) -> OpResult<Vec<Value>> {
+    let (x, scale, zp) = (node.tensor(0)?, node.tensor(1)?, node.opt_tensor(2)?);
+    if let Some(z) = &zp {
+        if z.dtype() != x.dtype() {
+            return invalid(format!("a zero point of {} for values of {}", z.dtype(), x.dtype()));
+        }
+    }
+    if !(x.dtype().is_narrow_int() || x.dtype() == DType::I32) {
+        return unsupported(format!("dequantizing {} values", x.dtype()));
+    }
+    let dims = concrete(&x, "an input")?;
+    let ax = node.int("axis", 1);
+    let block = node.int("block_size", 0);
+    let dx = x.cast(DType::F32)?;
+    let dx = match zp {
+        Some(z) => dx.sub(&along(&z.cast(DType::F32)?, &dims, ax, block)?)?,
+        None => dx,
+    };
+    let y = dx.mul(&along(&scale.cast(DType::F32)?, &dims, ax, block)?)?;
+    one(y.cast(output_dtype(node)?.unwrap_or(scale.dtype()))?)
+}
+
+/// u8 quantization of `x` with the scale and zero point its range (widened to hold 0) gives:
+/// `(y, y_scale, y_zero_point)`.
+fn dynamic_quantize_linear(node: &Node) -> OpResult<Vec<Value>> {
+    let x = node.tensor(0)?.cast(DType::F32)?;
+    let (hi, lo) = (x.max(&[], false)?.maximum(0.0)?, x.min(&[], false)?.minimum(0.0)?);
+    let range = hi.sub(&lo)?;
+    let scale = hi.eq(&lo)?.where_(1.0, &range)?.div(255.0)?;
+    let zp = lo.div(&scale)?.neg()?.clamp(Some(0.0), Some(255.0))?.round()?;
+    let y = x.div(&scale)?.round()?.add(&zp)?.clamp(Some(0.0), Some(255.0))?.cast(DType::U8)?;
+    let scale = scale.cast(node.tensor(0)?.dtype())?;
+    Ok(vec![Value::Tensor(y), Value::Tensor(scale), Value::Tensor(zp.cast(DType::U8)?)])
+}
+
+/// `x - zero_point` in i32, the zero point per tensor or per entry of `axis` of `x` (the rows of a
+/// matrix product's left operand, the columns of its right, a weight's output channels), or shaped to
+/// broadcast as given.
+fn centered(x: &Tensor, zp: Option<Tensor>, axis_of_vector: isize) -> OpResult<Tensor> {
+    let xi = x.cast(DType::I32)?;
+    let Some(z) = zp else { return Ok(xi) };
+    if z.dtype() != x.dtype() {
+        return invalid(format!("a zero point of {} for values of {}", z.dtype(), x.dtype()));
+    }
+    let zd = concrete(&z, "a zero point")?;
+    let z = z.cast(DType::I32)?;
+    let n: usize = zd.iter().product();
+    let z = if n == 1 {
+        z.reshape(&[])?
+    } else if zd.len() == 1 {
+        let r = x.rank() as isize;
+        let a = if axis_of_vector < 0 { axis_of_vector + r } else { axis_of_vector };
+        let mut shape = vec![1isize; x.rank()];
+        shape[a as usize] = n as isize;
+        z.reshape(&shape)?
+    } else {
+        z
+    };
+    Ok(xi.sub(&z)?)
+}
+
+/// `(A - a_zero_point) @ (B - b_zero_point)` in i32.
+fn matmul_integer(node: &Node) -> OpResult<Tensor> {
+    let (a, b) = (node.tensor(0)?, node.tensor(1)?);
+    let a = centered(&a, node.opt_tensor(2)?, -2)?;
+    let b = centered(&b, node.opt_tensor(3)?, -1)?;
+    Ok(a.matmul(&b)?)
+}
+
+/// The convolution of `x - x_zero_point` with `w - w_zero_point` (per output channel) in i32.
+fn conv_integer(node: &Node) -> OpResult<Tensor> {
+    let (x, w) = (node.tensor(0)?, node.tensor(1)?);
+    let x = centered(&x, node.opt_tensor(2)?, 1)?;
+    let w = centered(&w, node.opt_tensor(3)?, 0)?;
+    super::nn::conv_of(node, &x, &w, None)
+}
+
+/// An i32 accumulator rescaled by `a_scale · b_scale / y_scale` (each a scalar or a vector along
+/// `axis` of the result), shifted by `y_zero_point` and saturated to its dtype.
+fn requantize(acc: &Tensor, scales: [(Tensor, isize); 3], y_zp: Option<Tensor>, fallback: DType) -> OpResult<Tensor> {
+    let out = quantized(y_zp.as_ref().map_or(fallback, Tensor::dtype))?;
+    let mut m = acc.cast(DType::F32)?;
+    for (i, (s, axis_of_vector)) in scales.into_iter().enumerate() {
+        let s = s.cast(DType::F32)?;
+        let sd = concrete(&s, "a scale")?;
+        let s = if sd.iter().product::<usize>() == 1 {
+            s.reshape(&[])?
+        } else if sd.len() == 1 {
+            let r = acc.rank() as isize;
+            let a = if axis_of_vector < 0 { axis_of_vector + r } else { axis_of_vector };
+            let mut shape = vec![1isize; acc.rank()];
+            shape[a as usize] = sd[0] as isize;
+            s.reshape(&shape)?
+        } else {
+            return invalid(format!("a scale of shape {sd:?} (a scalar or a vector)"));
+        };
+        m = if i == 2 { m.div(&s)? } else { m.mul(&s)? };
+    }
+    let m = match y_zp {
+        Some(z) => m.add(&z.cast(DType::F32)?.reshape(&[])?)?,
+        None => m,
+    };
+    saturate(&m, out)
+}
+
+/// `QLinearMatMul`: the integer product of the centred operands, requantized.
+fn qlinear_matmul(node: &Node) -> OpResult<Tensor> {
+    let (a, b) = (node.tensor(0)?, node.tensor(3)?);
+    let acc = centered(&a, node.opt_tensor(2)?, -2)?.matmul(&centered(&b, node.opt_tensor(5)?, -1)?)?;
+    let scales = [(node.tensor(1)?, -2), (node.tensor(4)?, -1), (node.tensor(6)?, -1)];
+    requantize(&acc, scales, node.opt_tensor(7)?, a.dtype())
+}
+
+/// `QLinearConv`: the integer convolution of the centred input and weight plus the i32 bias,
+/// requantized (the weight's scale per output channel).
+fn qlinear_conv(node: &Node) -> OpResult<Tensor> {
+    let (x, w) = (node.tensor(0)?, node.tensor(3)?);
+    let xc = centered(&x, node.opt_tensor(2)?, 1)?;
+    let wc = centered(&w, node.opt_tensor(5)?, 0)?;
+    let bias = node.opt_tensor(8)?.map(|b| b.cast(DType::I32)).transpose()?;
+    let acc = super::nn::conv_of(node, &xc, &wc, bias.as_ref())?;
+    let scales = [(node.tensor(1)?, 1), (node.tensor(4)?, 1), (node.tensor(6)?, 1)];
+    requantize(&acc, scales, node.opt_tensor(7)?, x.dtype())
+}
+
+/// `x << y` or `x >> y` on unsigned integers: a product with, or a quotient by, `2^min(y, width)`
+/// (read from a table), wrapped to the width.
+fn bit_shift(node: &Node) -> OpResult<Tensor> {
+    let (x, y) = (node.tensor(0)?, node.tensor(1)?);
+    let bits = match x.dtype() {
+        DType::U8 => 8,
+        DType::U16 => 16,
+        d => return unsupported(format!("BitShift of {d} (kiln shifts u8 and u16)")),
+    };
+    if y.dtype() != x.dtype() {
+        return invalid(format!("shifting {} by {}", x.dtype(), y.dtype()));
+    }
+    let powers: Vec<f64> = (0..=bits).map(|k| f64::from(1u32 << k)).collect();
+    let table = node.model.constant(powers, &[bits as usize + 1], DType::I32)?;
+    let s = y.cast(DType::I32)?.clamp(None, Some(f64::from(bits)))?;
+    let y_dims: Vec<isize> = concrete(&s, "a shift")?.iter().map(|&d| d as isize).collect();
+    let p = table.index_select(0, &s.reshape(&[-1])?)?.reshape(&y_dims)?;
+    let xi = x.cast(DType::I32)?;
+    let shifted = match node.string("direction").as_deref() {
+        Some("LEFT") => xi.mul(&p)?,
+        Some("RIGHT") => xi.div(&p)?,
+        other => return invalid(format!("direction {other:?}")),
+    };
+    Ok(shifted.cast(x.dtype())?)
+}

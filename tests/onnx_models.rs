@@ -1,7 +1,9 @@
 //! Models exported from PyTorch by `scripts/onnx_models.py` (tests/data/onnx/: a small CNN, a ResNet
 //! basic block with a strided downsample, a transformer encoder layer and the digits classifier, the
 //! last two with a dynamic batch) match PyTorch's outputs on the CPU reference, the kernel interpreter,
-//! wgpu (lavapipe in CI) and CUDA (on a GPU machine). Each data set of a model runs through one loaded
+//! wgpu (lavapipe in CI) and CUDA (on a GPU machine); so do the int8 versions of the first two that
+//! onnxruntime's static quantizer makes (`scripts/onnx_quantized.py`: QuantizeLinear/DequantizeLinear
+//! around every convolution), against onnxruntime's outputs. Each data set of a model runs through one loaded
 //! model, so the dynamic-batch models run two batch sizes from one compile.
 
 mod common;
@@ -17,7 +19,8 @@ macro_rules! needs_gpu {
     };
 }
 
-const MODELS: [&str; 4] = ["small_cnn", "resnet_block", "encoder_layer", "digits"];
+const MODELS: [&str; 6] =
+    ["small_cnn", "resnet_block", "encoder_layer", "digits", "small_cnn_int8", "resnet_block_int8"];
 
 fn check_all(backend: Arc<dyn Backend>) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/onnx");

@@ -3,7 +3,8 @@
 
 use crate::conv::Window;
 use crate::ir::{
-    ArgReduceOp, AttentionPart, BinaryOp, CollectiveOp, GeluApprox, Op, OpFamily, PoolKind, ReduceOp, UnaryOp,
+    ArgReduceOp, AttentionPart, BinaryOp, CollectiveOp, DTypeRule, GeluApprox, Op, OpFamily, PoolKind, ReduceOp,
+    UnaryOp,
 };
 use crate::sym::Expr;
 
@@ -173,7 +174,7 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
             "composite: 1-3-D convolution `[N, C, *in]` with `[O, C/groups, *k]` (+ bias), stride/padding/dilation; \
              becomes im2col + one matmul per group",
         ),
-        Op::Pool { mode: PoolKind::Max, .. } => ("max_pool", "composite: window max, padding is `-inf`"),
+        Op::Pool { mode: PoolKind::Max, .. } => ("max_pool", "composite: window max, padding is the dtype's lowest value (`-inf` for floats)"),
         Op::Pool { mode: PoolKind::Avg { .. }, .. } => {
             ("avg_pool", "composite: window mean, padding counted or not (`count_include_pad`)")
         }
@@ -197,9 +198,10 @@ fn dtypes(op: &Op) -> String {
         Op::Rand { .. } => "f32 out; i32 key".into(),
         Op::Where => "bool condition, branches of any one dtype".into(),
         Op::Reduce { op: ReduceOp::Sum, .. } => "any".into(),
-        Op::Reduce { .. } | Op::ArgReduce { .. } | Op::MatMul | Op::AllReduce { op: CollectiveOp::Sum } => {
-            "numeric".into()
+        Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Pool { mode: PoolKind::Max, .. } => {
+            DTypeRule::Numeric.describe().into()
         }
+        Op::MatMul | Op::AllReduce { op: CollectiveOp::Sum } | Op::Conv { .. } => DTypeRule::Wide.describe().into(),
         Op::IndexSelect { .. } | Op::Gather { .. } => "any; integer index".into(),
         // Every other layout op moves values without arithmetic.
         op if op.family() == OpFamily::Layout => "any".into(),

@@ -281,3 +281,71 @@ fn bit_shift(node: &Node) -> OpResult<Tensor> {
     };
     Ok(shifted.cast(x.dtype())?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{int, run_one, string};
+    use crate::value::Value;
+    use kiln_graph::Tensor;
+
+    fn arg<T: kiln_graph::dtype::Element>(v: &[T], dims: &[usize]) -> Option<Value> {
+        Some(Value::Tensor(Tensor::from_slice(v, dims).unwrap()))
+    }
+
+    /// Blocks of 2 along axis 1 of a 2 × 5 input: the last block is cut to one column; values round half
+    /// to even and saturate at u8's ends.
+    #[test]
+    fn blocked_quantization_repeats_each_scale_over_its_block() {
+        let x = arg(&[1.0f32, 3.0, 5.0, 7.0, 9.0, -2.0, 2.5, 600.0, 0.5, 1.5], &[2, 5]);
+        let scale = arg(&[1.0f32, 2.0, 0.5, 1.0, 1.0, 4.0], &[2, 3]);
+        let zp = arg(&[0u8, 0, 10, 1, 1, 1], &[2, 3]);
+        let got = run_one("QuantizeLinear", vec![int("axis", 1), int("block_size", 2)], &[x, scale, zp]).unwrap();
+        // Row 0: 1/1, 3/1, 5/2 = 2.5 → 2, 7/2 = 3.5 → 4, 9/0.5 + 10 = 28. Row 1: -2 + 1 → 0 (saturated
+        // from -1), 2.5 → 2 + 1, 600 + 1 → 255, 0.5 + 1 → 1, 1.5/4 = 0.375 → 0 + 1.
+        assert_eq!(got[0].to_vec::<u8>().unwrap(), [1, 3, 2, 4, 28, 0, 3, 255, 1, 1]);
+    }
+
+    /// Per-axis dequantization of i8 with a zero point a channel, back to the scale's dtype.
+    #[test]
+    fn dequantization_is_per_channel_along_its_axis() {
+        let x = arg(&[-128i8, 0, 127, 5, -5, 1], &[3, 2]);
+        let scale = arg(&[0.5f32, 2.0, 1.0], &[3]);
+        let zp = arg(&[0i8, 1, -1], &[3]);
+        let got = run_one("DequantizeLinear", vec![int("axis", 0)], &[x, scale, zp]).unwrap();
+        assert_eq!(got[0].to_vec::<f32>().unwrap(), [-64.0, 0.0, 252.0, 8.0, -4.0, 2.0]);
+    }
+
+    /// Scales that fit no mode, zero points of another dtype, shifts of signed values and an unknown
+    /// direction are typed errors, not panics.
+    #[test]
+    fn malformed_quantization_nodes_are_typed_errors() {
+        let x = || arg(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+        let bad_axis_scale = run_one("QuantizeLinear", vec![int("axis", 1)], &[x(), arg(&[1.0f32; 3], &[3]), None]);
+        assert!(bad_axis_scale.unwrap_err().starts_with("invalid: a per-axis scale"));
+        let bad_block = run_one(
+            "QuantizeLinear",
+            vec![int("axis", 1), int("block_size", 3)],
+            &[x(), arg(&[1.0f32; 4], &[2, 2]), None],
+        );
+        assert!(bad_block.unwrap_err().starts_with("invalid: a blocked scale"));
+        let float_zp = run_one("QuantizeLinear", vec![], &[x(), arg(&[1.0f32], &[]), arg(&[0.0f32], &[])]);
+        assert!(float_zp.unwrap_err().starts_with("unsupported: quantized values of f32"));
+        let mixed = run_one("DequantizeLinear", vec![], &[arg(&[1u8], &[1]), arg(&[1.0f32], &[]), arg(&[0i8], &[])]);
+        assert!(mixed.unwrap_err().starts_with("invalid: a zero point of i8"));
+        let signed = run_one("BitShift", vec![string("direction", "LEFT")], &[arg(&[1i8], &[1]), arg(&[1i8], &[1])]);
+        assert!(signed.unwrap_err().starts_with("unsupported: BitShift of i8"));
+        let up = run_one("BitShift", vec![string("direction", "UP")], &[arg(&[1u8], &[1]), arg(&[1u8], &[1])]);
+        assert!(up.unwrap_err().starts_with("invalid: direction"));
+    }
+
+    /// Shifts by the width or more give 0, as numpy's do; left shifts wrap to the width.
+    #[test]
+    fn bit_shifts_wrap_and_saturate_the_shift() {
+        let x = || arg(&[0x81u16, 3, 0xffff, 1], &[4]);
+        let y = || arg(&[1u16, 15, 16, 40], &[4]);
+        let left = run_one("BitShift", vec![string("direction", "LEFT")], &[x(), y()]).unwrap();
+        assert_eq!(left[0].to_vec::<u16>().unwrap(), [0x102, 0x8000, 0, 0]);
+        let right = run_one("BitShift", vec![string("direction", "RIGHT")], &[x(), y()]).unwrap();
+        assert_eq!(right[0].to_vec::<u16>().unwrap(), [0x40, 0, 0, 0]);
+    }
+}

@@ -18,16 +18,28 @@ fn check_len(len: usize, dims: &[usize]) -> Result<()> {
     Err(Error::DataLength { len, shape: Shape::from_dims(dims).to_string(), numel, loc: SourceLoc::caller() })
 }
 
-/// An empty vector with room for `n` f64 values, or [`Error::OutOfMemory`].
+/// The most bytes one host tensor of the reference may take: `KILN_HOST_MEMORY_LIMIT_MB` (MiB) when set,
+/// so a process can bound what a model it did not write may ask for (the fuzz targets do), else
+/// whatever the allocator grants.
+fn host_limit() -> Option<u64> {
+    static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let mb = std::env::var("KILN_HOST_MEMORY_LIMIT_MB").ok()?.trim().parse::<u64>().ok()?;
+        Some(mb.saturating_mul(1 << 20))
+    })
+}
+
+/// An empty vector with room for `n` f64 values, or [`Error::OutOfMemory`] (past the host limit, or
+/// refused by the allocator).
 pub(crate) fn host_reserve(n: usize, what: impl Fn() -> String) -> Result<Vec<f64>> {
     let mut v: Vec<f64> = Vec::new();
     let bytes = (n as u64).saturating_mul(8);
-    v.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
-        device: "host".into(),
-        what: what(),
-        bytes,
-        limit: None,
-    })?;
+    let limit = host_limit();
+    let oom = |limit| Error::OutOfMemory { device: "host".into(), what: what(), bytes, limit };
+    if let Some(l) = limit.filter(|&l| bytes > l) {
+        return Err(oom(Some(l)));
+    }
+    v.try_reserve_exact(n).map_err(|_| oom(None))?;
     Ok(v)
 }
 

@@ -307,10 +307,12 @@ impl<'k> Writer<'k> {
                 format!("bitcast<f32>(((b{buffer}[({idx}) / 2i] >> (16u * u32(({idx}) % 2i))) & 0xffffu) << 16u)")
             }
             Storage::NarrowInt { bits, signed } => {
-                let per = 32 / bits;
-                let word = format!("b{buffer}[({idx}) / {per}i]");
+                // Indices are never negative: the word and the place in it by a shift and a mask (naga
+                // guards a signed division and remainder with several instructions each).
+                let (shift, mask) = (if bits == 8 { 2 } else { 1 }, 32 / bits - 1);
+                let word = format!("b{buffer}[({idx}) >> {shift}u]");
                 let word = if signed { format!("bitcast<i32>({word})") } else { word };
-                let x = format!("extractBits({word}, {bits}u * u32(({idx}) % {per}i), {bits}u)");
+                let x = format!("extractBits({word}, {bits}u * u32(({idx}) & {mask}i), {bits}u)");
                 if signed {
                     x
                 } else {
@@ -640,9 +642,9 @@ impl<'k> Writer<'k> {
                 )
             }
             Storage::NarrowInt { bits, .. } => {
-                let (per, mask) = (32 / bits, (1u32 << bits) - 1);
+                let (shift, place, mask) = (if bits == 8 { 2 } else { 1 }, 32 / bits - 1, (1u32 << bits) - 1);
                 format!(
-                    "{{ let w = ({idx}) / {per}i; let sh = {bits}u * u32(({idx}) % {per}i); \
+                    "{{ let w = ({idx}) >> {shift}u; let sh = {bits}u * u32(({idx}) & {place}i); \
                      atomicAnd(&b{buffer}[w], ~({mask}u << sh)); atomicOr(&b{buffer}[w], (u32({v}) & {mask}u) << sh); }}"
                 )
             }

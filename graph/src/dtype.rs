@@ -29,11 +29,95 @@ pub enum DType {
     U16,
     /// 16-bit two's complement integer.
     I16,
+    /// 8-bit float with 4 exponent and 3 mantissa bits, no infinities (OCP's E4M3FN: largest 448).
+    /// A storage dtype, as in PyTorch: cast to compute.
+    F8E4M3,
+    /// 8-bit float with 5 exponent and 2 mantissa bits, IEEE's specials (OCP's E5M2: largest 57,344).
+    /// A storage dtype, as in PyTorch: cast to compute.
+    F8E5M2,
+}
+
+/// The layout of an 8-bit float dtype: what the reference's rounding and both renderers' encoders read.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Float8 {
+    /// Mantissa bits (3 or 2); the exponent takes the other 7 − `mantissa_bits` bits but the sign's.
+    pub mantissa_bits: u32,
+    /// Exponent bias.
+    pub bias: i32,
+    /// Largest finite value.
+    pub max: f64,
+    /// Whether the all-ones exponent holds infinities and NaNs (E5M2), rather than only the one
+    /// all-ones NaN (E4M3FN).
+    pub infinities: bool,
+}
+
+impl Float8 {
+    /// Exponent of the smallest normal value.
+    pub fn emin(self) -> i32 {
+        1 - self.bias
+    }
+
+    /// The value nearest `x`, ties to even; past `max` (infinities too) `±max`, as ONNX's saturating
+    /// cast; NaN stays NaN.
+    pub fn round(self, x: f64) -> f64 {
+        if x.is_nan() {
+            return x;
+        }
+        let a = x.abs().min(self.max);
+        round_to_binary(a, self.mantissa_bits as i32 + 1, self.emin(), self.max).copysign(x)
+    }
+
+    /// The bits of `r`, a value of this format (`round`'s): NaN as 0x7f, infinities (which `round` never
+    /// makes) as E5M2's.
+    pub fn encode(self, r: f64) -> u8 {
+        let sign = if r.is_sign_negative() { 0x80u8 } else { 0 };
+        let m = self.mantissa_bits;
+        if r.is_nan() {
+            return 0x7f;
+        }
+        let a = r.abs();
+        if a.is_infinite() {
+            return sign | if self.infinities { 0x7c } else { 0x7f };
+        }
+        let exponent = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+        let code = if a == 0.0 || exponent < self.emin() {
+            (a / 2f64.powi(self.emin() - m as i32)) as u32
+        } else {
+            let fraction = ((a / 2f64.powi(exponent) - 1.0) * f64::from(1u32 << m)) as u32;
+            (((exponent + self.bias) as u32) << m) | fraction
+        };
+        sign | code as u8
+    }
+
+    /// The value of bits `c`.
+    pub fn decode(self, c: u8) -> f64 {
+        let m = self.mantissa_bits;
+        let (f, e) = (u32::from(c) & ((1 << m) - 1), (u32::from(c) >> m) & ((1 << (7 - m)) - 1));
+        let top = (1 << (7 - m)) - 1;
+        let v = if self.infinities && e == top {
+            if f == 0 {
+                f64::INFINITY
+            } else {
+                f64::NAN
+            }
+        } else if !self.infinities && c & 0x7f == 0x7f {
+            f64::NAN
+        } else if e == 0 {
+            f64::from(f) * 2f64.powi(self.emin() - m as i32)
+        } else {
+            (1.0 + f64::from(f) / f64::from(1u32 << m)) * 2f64.powi(e as i32 - self.bias)
+        };
+        if c & 0x80 != 0 {
+            -v
+        } else {
+            v
+        }
+    }
 }
 
 impl DType {
     /// Every dtype, in a fixed order (docs and tests iterate it).
-    pub const ALL: [DType; 10] = [
+    pub const ALL: [DType; 12] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -44,6 +128,8 @@ impl DType {
         DType::I8,
         DType::U16,
         DType::I16,
+        DType::F8E4M3,
+        DType::F8E5M2,
     ];
 
     /// True for f32, f16 and bf16.
@@ -67,6 +153,15 @@ impl DType {
         matches!(self, DType::U8 | DType::I8 | DType::U16 | DType::I16)
     }
 
+    /// The layout of an 8-bit float dtype.
+    pub fn float8(self) -> Option<Float8> {
+        match self {
+            DType::F8E4M3 => Some(Float8 { mantissa_bits: 3, bias: 7, max: 448.0, infinities: false }),
+            DType::F8E5M2 => Some(Float8 { mantissa_bits: 2, bias: 15, max: 57344.0, infinities: true }),
+            _ => None,
+        }
+    }
+
     /// A narrow integer's width in bits and whether it is signed.
     pub fn narrow_bits(self) -> Option<(u32, bool)> {
         match self {
@@ -84,7 +179,7 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I64 => 8,
-            DType::Bool | DType::U8 | DType::I8 => 1,
+            DType::Bool | DType::U8 | DType::I8 | DType::F8E4M3 | DType::F8E5M2 => 1,
             DType::U16 | DType::I16 => 2,
         }
     }
@@ -102,6 +197,8 @@ impl DType {
             DType::I8 => "i8",
             DType::U16 => "u16",
             DType::I16 => "i16",
+            DType::F8E4M3 => "f8e4m3fn",
+            DType::F8E5M2 => "f8e5m2",
         }
     }
 
@@ -120,6 +217,7 @@ impl DType {
             DType::I8 => (x as i64) as i8 as f64,
             DType::U16 => (x as i64) as u16 as f64,
             DType::I16 => (x as i64) as i16 as f64,
+            DType::F8E4M3 | DType::F8E5M2 => self.float8().map_or(x, |f| f.round(x)),
             DType::Bool => {
                 if x != 0.0 {
                     1.0
@@ -133,7 +231,8 @@ impl DType {
     /// The smallest value of this dtype (`-inf` for floats): the identity of a max reduction.
     pub fn min_value(self) -> f64 {
         match self {
-            DType::F32 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
+            DType::F32 | DType::F16 | DType::BF16 | DType::F8E5M2 => f64::NEG_INFINITY,
+            DType::F8E4M3 => -448.0,
             DType::I32 => i32::MIN as f64,
             DType::I64 => i64::MIN as f64,
             DType::I8 => i8::MIN as f64,
@@ -145,7 +244,8 @@ impl DType {
     /// The largest value of this dtype (`+inf` for floats): the identity of a min reduction.
     pub fn max_value(self) -> f64 {
         match self {
-            DType::F32 | DType::F16 | DType::BF16 => f64::INFINITY,
+            DType::F32 | DType::F16 | DType::BF16 | DType::F8E5M2 => f64::INFINITY,
+            DType::F8E4M3 => 448.0,
             DType::I32 => i32::MAX as f64,
             DType::I64 => i64::MAX as f64,
             DType::U8 => u8::MAX as f64,
@@ -287,5 +387,36 @@ mod tests {
             assert_eq!(d.min_value() < 0.0, signed, "{d}");
             assert_eq!(d.round(d.max_value() + 1.0), d.min_value(), "{d}");
         }
+    }
+
+    /// Every code of both 8-bit floats decodes to a value that rounds to itself and encodes back to the
+    /// code (NaNs to the NaN code, negative zero kept); ties go to the even code; past the largest
+    /// finite value (infinities too) the cast saturates.
+    #[test]
+    fn float8_codes_round_trip_and_casts_saturate() {
+        for d in [DType::F8E4M3, DType::F8E5M2] {
+            let f = d.float8().unwrap();
+            for c in 0..=255u8 {
+                let v = f.decode(c);
+                if v.is_nan() {
+                    assert_eq!(f.encode(f.round(v)), 0x7f, "{d} {c:#x}");
+                } else if v.is_infinite() {
+                    assert_eq!(f.round(v), f.max.copysign(v), "{d} {c:#x}");
+                } else {
+                    assert_eq!(f.round(v).to_bits(), v.to_bits(), "{d} {c:#x}");
+                    assert_eq!(f.encode(v), c, "{d} {c:#x} = {v}");
+                }
+            }
+            assert_eq!(d.round(1e9), f.max);
+            assert_eq!(d.round(f64::NEG_INFINITY), -f.max);
+        }
+        let e4 = DType::F8E4M3;
+        // 1 + 1/16 is halfway between 1 and 1.125: to even, 1; 1.125 + 1/16 goes up to 1.25.
+        assert_eq!(e4.round(1.0625), 1.0);
+        assert_eq!(e4.round(1.1875), 1.25);
+        // Subnormals: steps of 2^-9; half the smallest rounds to 0, just over it to the smallest.
+        assert_eq!(e4.round(2f64.powi(-10)), 0.0);
+        assert_eq!(e4.round(2f64.powi(-10) * 1.01), 2f64.powi(-9));
+        assert_eq!(DType::F8E5M2.round(3.75), 4.0);
     }
 }

@@ -9,7 +9,7 @@
 //! shared memory.
 
 use kiln_graph::approx;
-use kiln_graph::dtype::DType;
+use kiln_graph::dtype::{DType, Float8};
 use kiln_graph::ir::{BinaryOp, UnaryOp};
 use kiln_graph::kernel::{
     Access, BitOp, KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, RowLoad, Scalar, Stmt, VarId, ROW_ELEMENT,
@@ -38,7 +38,7 @@ pub struct PtxKernel {
 /// The register type values of a dtype are computed in.
 fn reg_type(d: DType) -> &'static str {
     match d {
-        DType::F32 | DType::F16 | DType::BF16 => "f32",
+        DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => "f32",
         DType::I32 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => "s32",
         DType::I64 => "s64",
         DType::Bool => "pred",
@@ -60,6 +60,9 @@ fn narrow_type(d: DType) -> Option<&'static str> {
 fn f32_imm(v: f64) -> String {
     format!("0f{:08X}", (v as f32).to_bits())
 }
+
+/// A layout for the unreachable case of an 8-bit float register of another dtype.
+const F8_FALLBACK: Float8 = Float8 { mantissa_bits: 3, bias: 7, max: 448.0, infinities: false };
 
 /// A thread's first register slot of a matmul operand tile whose slots walk it evenly
 /// (`Tile::slot_step`): the walk between slots and the first slot's registers, computed once a kernel.
@@ -321,6 +324,10 @@ impl<'k> Writer<'k> {
 
     /// Converts register `x` of dtype `from` to a new register of dtype `to`, rounding to halves.
     fn convert(&mut self, x: &str, from: DType, to: DType) -> String {
+        if let (Some(f), true) = (to.float8(), from != to) {
+            let v = self.convert_register(x, from, DType::F32);
+            return self.f8_round(&v, f);
+        }
         let v = self.convert_register(x, from, to);
         match narrow_type(to) {
             // Wrapped to the narrow width (`lower` casts every op's result that may leave it).
@@ -462,6 +469,13 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("mov.s32 {r}, 0;"));
                 self.emit(&format!("{pre}.{t} {r}, [{a}];"));
             }
+            DType::F8E4M3 | DType::F8E5M2 => {
+                let w = self.reg("b32");
+                self.emit(&format!("mov.b32 {w}, 0;"));
+                self.emit(&format!("{pre}.u8 {w}, [{a}];"));
+                let f = d.float8().unwrap_or(F8_FALLBACK);
+                return (self.f8_value(&w, f), d);
+            }
         }
         (r, d)
     }
@@ -537,8 +551,123 @@ impl<'k> Writer<'k> {
                 let t = narrow_type(d).unwrap_or("u8");
                 self.emit(&format!("st.global.{t} [{a}], {x};"));
             }
+            DType::F8E4M3 | DType::F8E5M2 => {
+                let bits = self.f8_bits(&x, d.float8().unwrap_or(F8_FALLBACK));
+                self.emit(&format!("st.global.u8 [{a}], {bits};"));
+            }
         }
         self.place(&skip);
+    }
+
+    /// A `b32` register holding 2^`e`, `e` a register of the biased exponent (`s32`).
+    fn power_of_two(&mut self, biased: &str) -> String {
+        let (b, r) = (self.reg("b32"), self.reg("f32"));
+        self.emit(&format!("shl.b32 {b}, {biased}, 23;"));
+        self.emit(&format!("mov.b32 {r}, {b};"));
+        r
+    }
+
+    /// The f32 value of 8-bit float `f` nearest `x`, ties to even, saturated past its largest finite
+    /// value (infinities too), NaN kept: WGSL's `kround_f8`, instruction for instruction.
+    fn f8_round(&mut self, x: &str, f: Float8) -> String {
+        let m = f.mantissa_bits as i32;
+        let (b, ab, e) = (self.reg("b32"), self.reg("b32"), self.reg("s32"));
+        self.emit(&format!("mov.b32 {b}, {x};"));
+        self.emit(&format!("and.b32 {ab}, {b}, 0x7fffffff;"));
+        let nan = self.reg("pred");
+        self.emit(&format!("setp.gt.u32 {nan}, {ab}, 0x7f800000;"));
+        self.emit(&format!("min.u32 {ab}, {ab}, {};", (f.max as f32).to_bits()));
+        self.emit(&format!("shr.u32 {e}, {ab}, 23;"));
+        self.emit(&format!("max.s32 {e}, {e}, {};", f.emin() + 127));
+        let (se, ie) = (self.reg("s32"), self.reg("s32"));
+        self.emit(&format!("sub.s32 {se}, {e}, {m};"));
+        self.emit(&format!("sub.s32 {ie}, {}, {e};", 254 + m));
+        let (step, inverse) = (self.power_of_two(&se), self.power_of_two(&ie));
+        let (a, y) = (self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("mov.b32 {a}, {ab};"));
+        self.emit(&format!("mul.rn.f32 {y}, {a}, {inverse};"));
+        self.emit(&format!("cvt.rni.f32.f32 {y}, {y};"));
+        self.emit(&format!("mul.rn.f32 {y}, {y}, {step};"));
+        let (yb, s, r) = (self.reg("b32"), self.reg("b32"), self.reg("f32"));
+        self.emit(&format!("mov.b32 {yb}, {y};"));
+        self.emit(&format!("and.b32 {s}, {b}, 0x80000000;"));
+        self.emit(&format!("or.b32 {yb}, {yb}, {s};"));
+        self.emit(&format!("mov.b32 {r}, {yb};"));
+        self.emit(&format!("selp.f32 {r}, {x}, {r}, {nan};"));
+        r
+    }
+
+    /// The bits (`b32`, low byte) of 8-bit float `f` for `x`, rounded first: WGSL's `kf8_bits`.
+    fn f8_bits(&mut self, x: &str, f: Float8) -> String {
+        let r = self.f8_round(x, f);
+        let m = f.mantissa_bits;
+        let (b, ab, e) = (self.reg("b32"), self.reg("b32"), self.reg("s32"));
+        self.emit(&format!("mov.b32 {b}, {r};"));
+        self.emit(&format!("and.b32 {ab}, {b}, 0x7fffffff;"));
+        self.emit(&format!("shr.u32 {e}, {ab}, 23;"));
+        // Below the smallest normal: the multiple of the smallest step, 2^(emin - m).
+        let (a, t, sub) = (self.reg("f32"), self.reg("f32"), self.reg("b32"));
+        self.emit(&format!("mov.b32 {a}, {ab};"));
+        self.emit(&format!("mul.rn.f32 {t}, {a}, {};", f32_imm(2f64.powi(m as i32 - f.emin()))));
+        self.emit(&format!("cvt.rzi.u32.f32 {sub}, {t};"));
+        let (en, mm, v) = (self.reg("b32"), self.reg("b32"), self.reg("b32"));
+        self.emit(&format!("add.s32 {en}, {e}, {};", f.bias - 127));
+        self.emit(&format!("shl.b32 {en}, {en}, {m};"));
+        self.emit(&format!("shr.u32 {mm}, {ab}, {};", 23 - m));
+        self.emit(&format!("and.b32 {mm}, {mm}, {};", (1u32 << m) - 1));
+        self.emit(&format!("or.b32 {v}, {en}, {mm};"));
+        let (small, nan) = (self.reg("pred"), self.reg("pred"));
+        self.emit(&format!("setp.lt.s32 {small}, {e}, {};", f.emin() + 127));
+        self.emit(&format!("selp.b32 {v}, {sub}, {v}, {small};"));
+        let s = self.reg("b32");
+        self.emit(&format!("shr.u32 {s}, {b}, 24;"));
+        self.emit(&format!("and.b32 {s}, {s}, 0x80;"));
+        self.emit(&format!("or.b32 {v}, {v}, {s};"));
+        self.emit(&format!("setp.gt.u32 {nan}, {ab}, 0x7f800000;"));
+        self.emit(&format!("selp.b32 {v}, 0x7f, {v}, {nan};"));
+        v
+    }
+
+    /// The f32 value of 8-bit float bits `c` (`b32`): WGSL's `kf8_value`.
+    fn f8_value(&mut self, c: &str, f: Float8) -> String {
+        let m = f.mantissa_bits;
+        let top = (1u32 << (7 - m)) - 1;
+        let (fr, e) = (self.reg("b32"), self.reg("b32"));
+        self.emit(&format!("and.b32 {fr}, {c}, {};", (1u32 << m) - 1));
+        self.emit(&format!("shr.u32 {e}, {c}, {m};"));
+        self.emit(&format!("and.b32 {e}, {e}, {top};"));
+        let (ff, sub) = (self.reg("f32"), self.reg("f32"));
+        self.emit(&format!("cvt.rn.f32.u32 {ff}, {fr};"));
+        self.emit(&format!("mul.rn.f32 {sub}, {ff}, {};", f32_imm(2f64.powi(f.emin() - m as i32))));
+        let (nb, fm, v) = (self.reg("b32"), self.reg("b32"), self.reg("f32"));
+        self.emit(&format!("add.s32 {nb}, {e}, {};", 127 - f.bias));
+        self.emit(&format!("shl.b32 {nb}, {nb}, 23;"));
+        self.emit(&format!("shl.b32 {fm}, {fr}, {};", 23 - m));
+        self.emit(&format!("or.b32 {nb}, {nb}, {fm};"));
+        self.emit(&format!("mov.b32 {v}, {nb};"));
+        let p = self.reg("pred");
+        self.emit(&format!("setp.eq.u32 {p}, {e}, 0;"));
+        self.emit(&format!("selp.f32 {v}, {sub}, {v}, {p};"));
+        let (special, q) = (self.reg("pred"), self.reg("pred"));
+        if f.infinities {
+            self.emit(&format!("setp.eq.u32 {special}, {e}, {top};"));
+            self.emit(&format!("setp.eq.u32 {q}, {fr}, 0;"));
+            let sv = self.reg("f32");
+            self.emit(&format!("selp.f32 {sv}, 0f7F800000, 0f7FC00000, {q};"));
+            self.emit(&format!("selp.f32 {v}, {sv}, {v}, {special};"));
+        } else {
+            let low = self.reg("b32");
+            self.emit(&format!("and.b32 {low}, {c}, 0x7f;"));
+            self.emit(&format!("setp.eq.u32 {special}, {low}, 0x7f;"));
+            self.emit(&format!("selp.f32 {v}, 0f7FC00000, {v}, {special};"));
+        }
+        let (s, vb, r) = (self.reg("b32"), self.reg("b32"), self.reg("f32"));
+        self.emit(&format!("and.b32 {s}, {c}, 0x80;"));
+        self.emit(&format!("shl.b32 {s}, {s}, 24;"));
+        self.emit(&format!("mov.b32 {vb}, {v};"));
+        self.emit(&format!("or.b32 {vb}, {vb}, {s};"));
+        self.emit(&format!("mov.b32 {r}, {vb};"));
+        r
     }
 
     /// `e^x` from `ex2` (relative error ~2^-22).

@@ -146,11 +146,15 @@ fn float_literal(v: f64) -> String {
     }
 }
 
+/// A layout for the unreachable case of a `Storage::Float8` of another dtype.
+const F8_FALLBACK: kiln_graph::dtype::Float8 =
+    kiln_graph::dtype::Float8 { mantissa_bits: 3, bias: 7, max: 448.0, infinities: false };
+
 impl<'k> Writer<'k> {
     /// The WGSL type values of `d` are computed in.
     fn ty(&self, d: DType) -> &'static str {
         match d {
-            DType::F32 | DType::BF16 => "f32",
+            DType::F32 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => "f32",
             DType::F16 if self.f16 => "f16",
             DType::F16 => "f32",
             DType::I32 | DType::I64 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => "i32",
@@ -216,6 +220,10 @@ impl<'k> Writer<'k> {
 
     /// Converts `x`, a value of dtype `from`, to dtype `to`, rounding to the narrower float types.
     fn convert(&self, x: &str, from: DType, to: DType) -> String {
+        if let (Some(f), true) = (to.float8(), from != to) {
+            let v = self.convert_type(x, from, DType::F32);
+            return format!("kround_f8({v}, {}i, {}i, {})", f.mantissa_bits, f.emin(), float_literal(f.max));
+        }
         let v = self.convert_type(x, from, to);
         match to.narrow_bits() {
             // Wrapped to the narrow width (`lower` casts every op's result that may leave it).
@@ -318,6 +326,11 @@ impl<'k> Writer<'k> {
                 } else {
                     format!("i32({x})")
                 }
+            }
+            Storage::Float8(d) => {
+                let f = d.float8().unwrap_or(F8_FALLBACK);
+                let byte = format!("extractBits(b{buffer}[({idx}) >> 2u], 8u * u32(({idx}) & 3i), 8u)");
+                format!("kf8_value({byte}, {}u, {}i, {})", f.mantissa_bits, f.bias, f.infinities)
             }
             _ => format!("b{buffer}[{idx}]"),
         };
@@ -639,6 +652,14 @@ impl<'k> Writer<'k> {
                 format!(
                     "{{ let w = ({idx}) / 2i; let sh = 16u * u32(({idx}) % 2i); \
                      atomicAnd(&b{buffer}[w], ~(0xffffu << sh)); atomicOr(&b{buffer}[w], {bits} << sh); }}"
+                )
+            }
+            Storage::Float8(d) => {
+                let f = d.float8().unwrap_or(F8_FALLBACK);
+                format!(
+                    "{{ let w = ({idx}) >> 2u; let sh = 8u * u32(({idx}) & 3i); atomicAnd(&b{buffer}[w], ~(0xffu << sh)); \
+                     atomicOr(&b{buffer}[w], kf8_bits({v}, {}u, {}i) << sh); }}",
+                    f.mantissa_bits, f.bias
                 )
             }
             Storage::NarrowInt { bits, .. } => {

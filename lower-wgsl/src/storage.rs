@@ -31,6 +31,9 @@ pub enum Storage {
         /// Sign-extended on load.
         signed: bool,
     },
+    /// `array<u32>`, four 8-bit floats of this dtype per word, computed in f32: decoded on load
+    /// (`kf8_value`), rounded and encoded on store (`kf8_bits`), written as the packed halves are.
+    Float8(DType),
 }
 
 impl Storage {
@@ -48,12 +51,13 @@ impl Storage {
                 let (bits, signed) = dtype.narrow_bits().unwrap_or((8, false));
                 Storage::NarrowInt { bits, signed }
             }
+            DType::F8E4M3 | DType::F8E5M2 => Storage::Float8(dtype),
         }
     }
 
     /// Whether elements share 32-bit words that different threads write (stores are atomic).
     pub fn shares_words(self) -> bool {
-        matches!(self, Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. })
+        matches!(self, Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. } | Storage::Float8(_))
     }
 
     /// The WGSL element type of the buffer array.
@@ -62,7 +66,11 @@ impl Storage {
             Storage::F32 => "f32",
             Storage::F16 => "f16",
             Storage::I32 | Storage::I64Pairs => "i32",
-            Storage::BoolU32 | Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. } => "u32",
+            Storage::BoolU32
+            | Storage::F16Packed
+            | Storage::Bf16Packed
+            | Storage::NarrowInt { .. }
+            | Storage::Float8(_) => "u32",
         }
     }
 }

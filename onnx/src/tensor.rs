@@ -18,6 +18,8 @@ pub fn dtype_of(elem_type: i32) -> Result<DType, String> {
         Ok(DataType::Int8) => Ok(DType::I8),
         Ok(DataType::Uint16) => Ok(DType::U16),
         Ok(DataType::Int16) => Ok(DType::I16),
+        Ok(DataType::Float8e4m3fn) => Ok(DType::F8E4M3),
+        Ok(DataType::Float8e5m2) => Ok(DType::F8E5M2),
         Ok(other) => Err(format!("element type {}", other.as_str_name().to_lowercase())),
         Err(_) => Err(format!("element type {elem_type}")),
     }
@@ -36,6 +38,8 @@ pub fn onnx_type(d: DType) -> DataType {
         DType::I8 => DataType::Int8,
         DType::U16 => DataType::Uint16,
         DType::I16 => DataType::Int16,
+        DType::F8E4M3 => DataType::Float8e4m3fn,
+        DType::F8E5M2 => DataType::Float8e5m2,
     }
 }
 
@@ -71,6 +75,11 @@ pub fn to_data(t: &TensorProto, dir: Option<&Path>) -> Result<TensorData, String
             DType::I32 | DType::Bool | DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
                 t.int32_data.iter().map(|&v| v as f64).collect()
             }
+            // 8-bit floats as their bit patterns, as the half types.
+            DType::F8E4M3 | DType::F8E5M2 => match dtype.float8() {
+                Some(f) => t.int32_data.iter().map(|&v| f.decode(v as u8)).collect(),
+                None => vec![],
+            },
         },
     };
     if values.len() != numel {

@@ -23,6 +23,8 @@ pub(crate) fn to_safetensors(d: DType) -> Dtype {
         DType::I8 => Dtype::I8,
         DType::U16 => Dtype::U16,
         DType::I16 => Dtype::I16,
+        DType::F8E4M3 => Dtype::F8_E4M3,
+        DType::F8E5M2 => Dtype::F8_E5M2,
     }
 }
 
@@ -39,6 +41,8 @@ pub(crate) fn from_safetensors(d: Dtype) -> Option<DType> {
         Dtype::I8 => DType::I8,
         Dtype::U16 => DType::U16,
         Dtype::I16 => DType::I16,
+        Dtype::F8_E4M3 => DType::F8E4M3,
+        Dtype::F8_E5M2 => DType::F8E5M2,
         _ => return None,
     })
 }

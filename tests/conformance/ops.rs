@@ -192,6 +192,44 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ])
         });
     }
+    for d in [DType::F8E4M3, DType::F8E5M2] {
+        // Ties to even, the subnormal steps, saturation (infinities too), NaN, signed zero: 8-bit floats
+        // are storage, written by a cast and read back through layout ops and another cast.
+        let top = d.float8().map_or(448.0, |f| f.max);
+        let special = [
+            0.0,
+            -0.0,
+            1.0625,
+            1.1875,
+            -3.75,
+            0.0009765625,
+            0.00098,
+            -1e9,
+            f64::INFINITY,
+            f64::NAN,
+            top * 0.99,
+            top * 1.01,
+            -0.3,
+            1e-3,
+            100.0,
+            top,
+            0.15,
+            7.0,
+            -2.5e-5,
+        ];
+        let x = t(&[3, 19], DType::F32, |i| special[i % special.len()] * if i >= 19 { 1.7 } else { 1.0 });
+        case(b, &format!("8-bit float casts {d}"), &[x], 0.0, |v| {
+            let q = v[0].cast(d)?;
+            Ok(vec![
+                q.clone(),
+                q.cast(DType::F32)?,
+                q.cast(DType::F16)?,
+                q.transpose(0, 1)?.reshape(&[-1])?.narrow(0, 3, 40)?,
+                Tensor::concat(&[&q, &v[0].mul(0.5)?.cast(d)?], 0)?.cast(DType::F32)?,
+                q.cast(DType::F32)?.mul(3.0)?.cast(d)?,
+            ])
+        });
+    }
     let p = t(&[6], DType::Bool, |i| (i % 2) as f64);
     let q = t(&[6], DType::Bool, |i| (i % 3 == 0) as u8 as f64);
     case(b, "bool ops", &[p, q], 0.0, |v| {

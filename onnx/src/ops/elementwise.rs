@@ -335,7 +335,7 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
         })(),
         "Clip" => clip(node),
         "Mod" => modulo(node),
-        // Two's complement: !x = -x - 1, exact for every signed integer (kiln has no unsigned types).
+        // Two's complement: !x = -x - 1, exact for every integer (an unsigned one wrapped to its width).
         "BitwiseNot" => (|| {
             let x = node.tensor(0)?;
             if !x.dtype().is_int() {

@@ -18,6 +18,10 @@ use std::fmt::Write;
 /// Helper functions every kernel may call (beside [`approximations`]).
 pub const PRELUDE: &str = include_str!("prelude.wgsl");
 
+/// The 8-bit float functions (`kround_f8`, `kf8_bits`, `kf8_value`): appended to the prelude of a kernel
+/// that calls them, so other kernels do not parse them.
+pub const PRELUDE_F8: &str = include_str!("prelude_f8.wgsl");
+
 /// `c[0] + s·(c[1] + s·(…))` as nested `fma`s from the last coefficient (`approx::horner`'s order).
 fn horner(c: &[f64], s: &str) -> String {
     let n = c.len();
@@ -1340,6 +1344,10 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     }
     src.push('\n');
     src.push_str(PRELUDE);
+    if w.out.contains("kf8_") || w.out.contains("kround_f8") {
+        src.push('\n');
+        src.push_str(PRELUDE_F8);
+    }
     src.push('\n');
     src.push_str(&approximations());
     let _ = writeln!(src, "\n@compute @workgroup_size({device_threads})");
@@ -1388,8 +1396,11 @@ mod tests {
         }
         assert_eq!(float_literal(1.5), "1.5f");
         // The prelude builds them through a function call, never `bitcast<f32>(<literal>)`.
-        let literal_bitcast =
-            PRELUDE.lines().filter(|l| !l.trim_start().starts_with("//")).any(|l| l.contains("bitcast<f32>(0x"));
+        let literal_bitcast = [PRELUDE, PRELUDE_F8]
+            .iter()
+            .flat_map(|p| p.lines())
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .any(|l| l.contains("bitcast<f32>(0x"));
         assert!(!literal_bitcast, "the prelude bitcasts a literal");
     }
 

@@ -53,11 +53,24 @@ fn quantized(d: DType) -> OpResult<DType> {
     }
 }
 
-/// A scale or zero point `v` of a tensor shaped `dims`, made to broadcast against it: one value for the
-/// whole tensor, one per index of `axis` (a vector), or, with `block` > 0, one per `block` consecutive
-/// indices of `axis` (shaped as the tensor but for that axis, which counts blocks).
-fn along(v: &Tensor, dims: &[usize], axis_attr: i64, block: i64) -> OpResult<Tensor> {
-    let vd = v.shape().as_concrete().ok_or(OpError::Unsupported("a scale of symbolic shape".into()))?;
+/// `v`, a vector of `n` values, shaped to lie along axis `axis` (negative counts from the end) of a
+/// rank-`rank` tensor.
+fn vector_along(v: &Tensor, n: usize, rank: usize, axis: isize) -> OpResult<Tensor> {
+    let a = if axis < 0 { axis + rank as isize } else { axis };
+    if a < 0 || a >= rank as isize {
+        return invalid(format!("a vector of {n} scales or zero points along axis {axis} of a rank-{rank} tensor"));
+    }
+    let mut shape = vec![1isize; rank];
+    shape[a as usize] = n as isize;
+    Ok(v.reshape(&shape)?)
+}
+
+/// A scale or zero point `v` of `x`, made to broadcast against it: one value for the whole tensor, one
+/// per index of `axis` (a vector), or, with `block` > 0, one per `block` consecutive indices of `axis`
+/// (shaped as the tensor but for that axis, which counts blocks). Only a blocked one needs `x`'s dims
+/// constant (a dynamic batch quantizes per tensor or per channel).
+fn along(v: &Tensor, x: &Tensor, axis_attr: i64, block: i64) -> OpResult<Tensor> {
+    let vd = concrete(v, "a scale")?;
     let n: usize = vd.iter().product();
     if vd.is_empty() {
         return Ok(v.clone());
@@ -66,15 +79,15 @@ fn along(v: &Tensor, dims: &[usize], axis_attr: i64, block: i64) -> OpResult<Ten
         return Ok(v.reshape(&[])?);
     }
     // The axis matters (and must exist) only for a scale of several values.
-    let axis = axis(axis_attr, dims.len())?;
+    let xs = x.shape();
+    let axis = axis(axis_attr, xs.rank())?;
     if block <= 0 {
-        if vd.len() != 1 || vd[0] != dims[axis] {
-            return invalid(format!("a per-axis scale of shape {vd:?} for axis {axis} of {dims:?}"));
+        if vd.len() != 1 || xs.dims()[axis].as_const() != Some(n as i64) {
+            return invalid(format!("a per-axis scale of shape {vd:?} for axis {axis} of {xs}"));
         }
-        let mut shape = vec![1isize; dims.len()];
-        shape[axis] = n as isize;
-        return Ok(v.reshape(&shape)?);
+        return vector_along(v, n, xs.rank(), axis as isize);
     }
+    let dims = concrete(x, "an input quantized in blocks")?;
     let block = block as usize;
     let fits = vd.len() == dims.len()
         && (0..dims.len()).all(|a| if a == axis { vd[a] == dims[a].div_ceil(block) } else { vd[a] == dims[a] });
@@ -111,7 +124,6 @@ fn quantize_linear(node: &Node) -> OpResult<Vec<Value>> {
         (None, o) => o.unwrap_or(DType::U8),
     };
     let out = quantized(out)?;
-    let dims = concrete(&x, "an input")?;
     let ax = node.int("axis", 1);
     let block = node.int("block_size", 0);
     // The quotient in the input's dtype when the scale shares it (numpy's), else in f32, or in the
@@ -121,7 +133,7 @@ fn quantize_linear(node: &Node) -> OpResult<Vec<Value>> {
         0 => DType::F32,
         p => crate::tensor::dtype_of(p as i32).map_err(OpError::Unsupported)?,
     };
-    let q = x.cast(cd)?.div(&along(&scale.cast(cd)?, &dims, ax, block)?)?;
+    let q = x.cast(cd)?.div(&along(&scale.cast(cd)?, &x, ax, block)?)?;
     if out.float8().is_some() {
         // An 8-bit float takes the quotient itself, rounded and saturated by the cast (its zero point
         // is 0 by definition, as ONNX's reference ignores it).
@@ -132,7 +144,7 @@ fn quantize_linear(node: &Node) -> OpResult<Vec<Value>> {
     }
     let q = q.round()?.cast(DType::F32)?;
     let q = match zp {
-        Some(z) => q.add(&along(&z.cast(DType::F32)?, &dims, ax, block)?)?,
+        Some(z) => q.add(&along(&z.cast(DType::F32)?, &x, ax, block)?)?,
         None => q,
     };
     one(saturate(&q, out)?)
@@ -151,15 +163,14 @@ fn dequantize_linear(node: &Node) -> OpResult<Vec<Value>> {
     }
     // An 8-bit float's zero point is 0 by definition (ONNX's reference ignores it).
     let zp = zp.filter(|_| x.dtype().float8().is_none());
-    let dims = concrete(&x, "an input")?;
     let ax = node.int("axis", 1);
     let block = node.int("block_size", 0);
     let dx = x.cast(DType::F32)?;
     let dx = match zp {
-        Some(z) => dx.sub(&along(&z.cast(DType::F32)?, &dims, ax, block)?)?,
+        Some(z) => dx.sub(&along(&z.cast(DType::F32)?, &x, ax, block)?)?,
         None => dx,
     };
-    let y = dx.mul(&along(&scale.cast(DType::F32)?, &dims, ax, block)?)?;
+    let y = dx.mul(&along(&scale.cast(DType::F32)?, &x, ax, block)?)?;
     one(y.cast(output_dtype(node)?.unwrap_or(scale.dtype()))?)
 }
 
@@ -191,11 +202,7 @@ fn centered(x: &Tensor, zp: Option<Tensor>, axis_of_vector: isize) -> OpResult<T
     let z = if n == 1 {
         z.reshape(&[])?
     } else if zd.len() == 1 {
-        let r = x.rank() as isize;
-        let a = if axis_of_vector < 0 { axis_of_vector + r } else { axis_of_vector };
-        let mut shape = vec![1isize; x.rank()];
-        shape[a as usize] = n as isize;
-        z.reshape(&shape)?
+        vector_along(&z, n, x.rank(), axis_of_vector)?
     } else {
         z
     };
@@ -229,11 +236,7 @@ fn requantize(acc: &Tensor, scales: [(Tensor, isize); 3], y_zp: Option<Tensor>, 
         let s = if sd.iter().product::<usize>() == 1 {
             s.reshape(&[])?
         } else if sd.len() == 1 {
-            let r = acc.rank() as isize;
-            let a = if axis_of_vector < 0 { axis_of_vector + r } else { axis_of_vector };
-            let mut shape = vec![1isize; acc.rank()];
-            shape[a as usize] = sd[0] as isize;
-            s.reshape(&shape)?
+            vector_along(&s, sd[0], acc.rank(), axis_of_vector)?
         } else {
             return invalid(format!("a scale of shape {sd:?} (a scalar or a vector)"));
         };
@@ -357,5 +360,15 @@ mod tests {
         assert_eq!(left[0].to_vec::<u16>().unwrap(), [0x102, 0x8000, 0, 0]);
         let right = run_one("BitShift", vec![string("direction", "RIGHT")], &[x(), y()]).unwrap();
         assert_eq!(right[0].to_vec::<u16>().unwrap(), [0x40, 0, 0, 0]);
+    }
+
+    /// A vector of zero points along an axis the operand lacks is a typed error, not an index past the
+    /// shape (a 1-D left operand has no rows).
+    #[test]
+    fn a_zero_point_vector_along_a_missing_axis_is_invalid() {
+        let a = arg(&[1u8, 2, 3], &[3]);
+        let b = arg(&[1u8, 2, 3, 4, 5, 6], &[3, 2]);
+        let got = run_one("MatMulInteger", vec![], &[a, b, arg(&[1u8, 2], &[2]), None]);
+        assert!(got.unwrap_err().starts_with("invalid: a vector of 2"));
     }
 }

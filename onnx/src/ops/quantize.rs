@@ -1,8 +1,9 @@
 //! ONNX's linear quantization: `QuantizeLinear`, `DequantizeLinear` and `DynamicQuantizeLinear` (per
 //! tensor, per axis and blocked), the integer products `MatMulInteger` and `ConvInteger`, their
 //! requantizing forms `QLinearMatMul` and `QLinearConv`, and `BitShift`. Quantized values are kiln's
-//! narrow integers (u8, i8, u16, i16); products take them widened to i32, where they accumulate exactly,
-//! and scales apply in f32, as ONNX's reference does.
+//! narrow integers (u8, i8, u16, i16) or its 8-bit floats (which take the scaled value through their
+//! saturating cast); products take integers widened to i32, where they accumulate exactly, and scales
+//! apply in f32, as ONNX's reference does.
 
 use super::{axis, invalid, one, unsupported, Node, OpError, OpResult};
 use crate::value::Value;

@@ -389,9 +389,11 @@ pub(crate) fn reference_unfold(
     y
 }
 
-/// The reference pooling in f64: each output combines its window's taps inside the input.
+/// The reference pooling in f64: each output combines its window's taps inside the input; a max starts
+/// from `lowest`, the dtype's lowest value (as the decomposition's padding does).
 pub(crate) fn reference_pool(
     x: &[f64],
+    lowest: f64,
     xd: &[usize],
     out: &[usize],
     kind: PoolKind,
@@ -404,7 +406,7 @@ pub(crate) fn reference_pool(
     let mut y = Vec::with_capacity(planes * out_sp);
     for p in 0..planes {
         let xin = &x[p * in_sp..][..in_sp];
-        let mut acc = vec![(if kind == PoolKind::Max { f64::NEG_INFINITY } else { 0.0 }, 0usize); out_sp];
+        let mut acc = vec![(if kind == PoolKind::Max { lowest } else { 0.0 }, 0usize); out_sp];
         for_each_tap(&xd[2..], &out[2..], kernel, window, |o, _, at| {
             if let Some(at) = at {
                 let (v, n) = &mut acc[o];

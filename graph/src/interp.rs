@@ -325,7 +325,8 @@ fn eval_node(
             crate::conv::reference_unfold(args[0].values(), args[0].dims(), &dims, kernel, window, *value)
         }
         Op::Pool { mode, kernel, window } => {
-            crate::conv::reference_pool(args[0].values(), args[0].dims(), &dims, *mode, kernel, window)
+            let lowest = args[0].dtype().min_value();
+            crate::conv::reference_pool(args[0].values(), lowest, args[0].dims(), &dims, *mode, kernel, window)
         }
         // The reference runs one process: a world of one, where the reduction is the value itself.
         Op::AllReduce { .. } => args[0].values().to_vec(),

@@ -49,3 +49,39 @@ fn per_channel_qdq_runs_every_batch_size() {
         assert_eq!(y[0].to_vec::<f32>().unwrap(), want, "batch {batch}");
     }
 }
+
+/// `value`, declared as i8.
+fn int8(v: kiln_onnx::proto::ValueInfoProto) -> kiln_onnx::proto::ValueInfoProto {
+    use kiln_onnx::proto::type_proto;
+    let mut v = v;
+    if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+        t.elem_type = Some(DataType::Int8 as i32);
+    }
+    v
+}
+
+/// MaxPool's indices over i8 values all below 0, with padding: the padding is i8's lowest value, which
+/// no window's max is below (`-inf` would have wrapped to 0 and been every window's max).
+#[test]
+fn max_pool_indices_of_negative_bytes_never_point_into_the_padding() {
+    let mut pool = node("MaxPool", "p", &["x"], &["y", "i"]);
+    let ints = |name: &str, v: Vec<i64>| AttributeProto { name: Some(name.into()), ints: v, ..Default::default() };
+    pool.attribute.extend([ints("kernel_shape", vec![3]), ints("pads", vec![1, 1])]);
+    let mut index = value("i", &[Ok(1), Ok(1), Ok(4)]);
+    if let Some(kiln_onnx::proto::type_proto::Value::TensorType(t)) =
+        index.r#type.as_mut().and_then(|t| t.value.as_mut())
+    {
+        t.elem_type = Some(DataType::Int64 as i32);
+    }
+    let bytes = model(
+        vec![pool],
+        vec![int8(value("x", &[Ok(1), Ok(1), Ok(4)]))],
+        vec![int8(value("y", &[Ok(1), Ok(1), Ok(4)])), index],
+        vec![],
+        12,
+    );
+    let m = kiln_onnx::load_bytes(&bytes, "pool.onnx").unwrap().backend(CpuReference);
+    let out = m.call(vec![Tensor::from_slice(&[-7i8, -3, -120, -50], &[1, 1, 4]).unwrap()]).unwrap();
+    assert_eq!(out[0].to_vec::<i8>().unwrap(), [-3, -3, -3, -50]);
+    assert_eq!(out[1].to_vec::<i64>().unwrap(), [1, 1, 1, 3]);
+}

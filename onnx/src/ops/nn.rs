@@ -304,7 +304,8 @@ fn max_indices(node: &Node, x: &Tensor, y: &Tensor, kernel: &[usize], win: &Wind
     let (lens, out) = (&xd[2..], &yd[2..]);
     let mut pads = vec![(0, 0); 2];
     pads.extend(win.padding.iter().copied());
-    let padded = x.pad(&pads, f64::NEG_INFINITY)?;
+    // Padding no window's max is below: `-inf`, or an integer dtype's lowest value.
+    let padded = x.pad(&pads, x.dtype().min_value())?;
     // Tap t's position in the window, row-major.
     let offsets = |t: usize| {
         let mut at = vec![0; s];

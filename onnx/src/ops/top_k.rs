@@ -21,14 +21,10 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
 
 /// A value no element is beyond, in `x`'s dtype, on the side the taken elements are hidden at.
 pub(super) fn beyond(dtype: DType, largest: bool) -> f64 {
-    match (dtype, largest) {
-        (DType::I32, true) => i32::MIN as f64,
-        (DType::I32, false) => i32::MAX as f64,
-        // ±2^63 is a power of two: exact in f64 and (saturated) in i64.
-        (DType::I64, true) => i64::MIN as f64,
-        (DType::I64, false) => i64::MAX as f64,
-        (_, true) => f64::NEG_INFINITY,
-        (_, false) => f64::INFINITY,
+    if largest {
+        dtype.min_value()
+    } else {
+        dtype.max_value()
     }
 }
 
@@ -123,6 +119,19 @@ mod tests {
         assert_eq!(i, vec![1, 3, 0, 2, 4]);
         assert!(v[0].is_nan() && v[1].is_nan() && v[2] == 1.0 && v[3] == f32::NEG_INFINITY);
         assert_eq!(top(&[f32::INFINITY, 0.0, f32::INFINITY], 3, false).unwrap().1, vec![1, 0, 2]);
+    }
+
+    /// The k largest of negative i8 values: taken ones are hidden at i8's lowest value (`-inf` would wrap
+    /// to 0 and beat them all), the smallest of u8 at its highest.
+    #[test]
+    fn narrow_integers_hide_taken_elements_at_their_own_ends() {
+        let k = || Some(Value::Ints(Ints { dims: vec![1], dtype: DType::I64, values: vec![Expr::constant(2)] }));
+        let x = Some(Value::Tensor(Tensor::from_slice(&[-5i8, -3, -9, -1], &[4]).unwrap()));
+        let out = run_one("TopK", vec![], &[x, k()]).unwrap();
+        assert_eq!((out[0].to_vec::<i8>().unwrap(), out[1].to_vec::<i64>().unwrap()), (vec![-1, -3], vec![3, 1]));
+        let x = Some(Value::Tensor(Tensor::from_slice(&[250u8, 7, 255, 9], &[4]).unwrap()));
+        let out = run_one("TopK", vec![int("largest", 0)], &[x, k()]).unwrap();
+        assert_eq!((out[0].to_vec::<u8>().unwrap(), out[1].to_vec::<i64>().unwrap()), (vec![7, 9], vec![1, 3]));
     }
 
     #[test]

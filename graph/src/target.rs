@@ -394,8 +394,7 @@ impl Target {
 
     /// Whether buffers of `d` move as vectors: not 64-bit integers (several targets hold them as pairs of
     /// words), nor narrow integers and 8-bit floats (bytes and 16-bit words a thread would have to
-    /// assemble lanes from),
-    /// nor 2-byte floats where the target packs two per shared word.
+    /// assemble lanes from), nor 2-byte floats where the target packs two per shared word.
     pub fn vectorises(&self, d: DType) -> bool {
         let packed_half = self.packed_half_storage && matches!(d, DType::F16 | DType::BF16);
         !(d == DType::I64 || d.is_narrow_int() || d.float8().is_some() || packed_half)

@@ -61,9 +61,6 @@ fn f32_imm(v: f64) -> String {
     format!("0f{:08X}", (v as f32).to_bits())
 }
 
-/// A layout for the unreachable case of an 8-bit float register of another dtype.
-const F8_FALLBACK: Float8 = Float8 { mantissa_bits: 3, bias: 7, max: 448.0, infinities: false };
-
 /// A thread's first register slot of a matmul operand tile whose slots walk it evenly
 /// (`Tile::slot_step`): the walk between slots and the first slot's registers, computed once a kernel.
 struct FirstSlot {
@@ -465,16 +462,18 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("setp.ne.u32 {r}, {w}, 0;"));
             }
             DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
-                let t = narrow_type(d).unwrap_or("u8");
-                self.emit(&format!("mov.s32 {r}, 0;"));
-                self.emit(&format!("{pre}.{t} {r}, [{a}];"));
+                if let Some(t) = narrow_type(d) {
+                    self.emit(&format!("mov.s32 {r}, 0;"));
+                    self.emit(&format!("{pre}.{t} {r}, [{a}];"));
+                }
             }
             DType::F8E4M3 | DType::F8E5M2 => {
-                let w = self.reg("b32");
-                self.emit(&format!("mov.b32 {w}, 0;"));
-                self.emit(&format!("{pre}.u8 {w}, [{a}];"));
-                let f = d.float8().unwrap_or(F8_FALLBACK);
-                return (self.f8_value(&w, f), d);
+                if let Some(f) = d.float8() {
+                    let w = self.reg("b32");
+                    self.emit(&format!("mov.b32 {w}, 0;"));
+                    self.emit(&format!("{pre}.u8 {w}, [{a}];"));
+                    return (self.f8_value(&w, f), d);
+                }
             }
         }
         (r, d)
@@ -548,18 +547,21 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("st.global.u8 [{a}], {w};"));
             }
             DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
-                let t = narrow_type(d).unwrap_or("u8");
-                self.emit(&format!("st.global.{t} [{a}], {x};"));
+                if let Some(t) = narrow_type(d) {
+                    self.emit(&format!("st.global.{t} [{a}], {x};"));
+                }
             }
             DType::F8E4M3 | DType::F8E5M2 => {
-                let bits = self.f8_bits(&x, d.float8().unwrap_or(F8_FALLBACK));
-                self.emit(&format!("st.global.u8 [{a}], {bits};"));
+                if let Some(f) = d.float8() {
+                    let bits = self.f8_bits(&x, f);
+                    self.emit(&format!("st.global.u8 [{a}], {bits};"));
+                }
             }
         }
         self.place(&skip);
     }
 
-    /// A `b32` register holding 2^`e`, `e` a register of the biased exponent (`s32`).
+    /// An f32 register holding the power of two whose biased exponent is register `biased` (`s32`).
     fn power_of_two(&mut self, biased: &str) -> String {
         let (b, r) = (self.reg("b32"), self.reg("f32"));
         self.emit(&format!("shl.b32 {b}, {biased}, 23;"));
@@ -568,7 +570,7 @@ impl<'k> Writer<'k> {
     }
 
     /// The f32 value of 8-bit float `f` nearest `x`, ties to even, saturated past its largest finite
-    /// value (infinities too), NaN kept: WGSL's `kround_f8`, instruction for instruction.
+    /// value (infinities too), NaN kept: WGSL's `kf8_round`, instruction for instruction.
     fn f8_round(&mut self, x: &str, f: Float8) -> String {
         let m = f.mantissa_bits as i32;
         let (b, ab, e) = (self.reg("b32"), self.reg("b32"), self.reg("s32"));
@@ -588,12 +590,19 @@ impl<'k> Writer<'k> {
         self.emit(&format!("mul.rn.f32 {y}, {a}, {inverse};"));
         self.emit(&format!("cvt.rni.f32.f32 {y}, {y};"));
         self.emit(&format!("mul.rn.f32 {y}, {y}, {step};"));
-        let (yb, s, r) = (self.reg("b32"), self.reg("b32"), self.reg("f32"));
-        self.emit(&format!("mov.b32 {yb}, {y};"));
+        let s = self.reg("b32");
         self.emit(&format!("and.b32 {s}, {b}, 0x80000000;"));
-        self.emit(&format!("or.b32 {yb}, {yb}, {s};"));
-        self.emit(&format!("mov.b32 {r}, {yb};"));
+        let r = self.with_sign(&y, &s);
         self.emit(&format!("selp.f32 {r}, {x}, {r}, {nan};"));
+        r
+    }
+
+    /// A new f32 register: `v` with sign bit `sign` (a `b32` register, 0 or 0x80000000) or-ed in.
+    fn with_sign(&mut self, v: &str, sign: &str) -> String {
+        let (vb, r) = (self.reg("b32"), self.reg("f32"));
+        self.emit(&format!("mov.b32 {vb}, {v};"));
+        self.emit(&format!("or.b32 {vb}, {vb}, {sign};"));
+        self.emit(&format!("mov.b32 {r}, {vb};"));
         r
     }
 
@@ -663,13 +672,10 @@ impl<'k> Writer<'k> {
             self.emit(&format!("setp.eq.u32 {special}, {low}, 0x7f;"));
             self.emit(&format!("selp.f32 {v}, 0f7FC00000, {v}, {special};"));
         }
-        let (s, vb, r) = (self.reg("b32"), self.reg("b32"), self.reg("f32"));
+        let s = self.reg("b32");
         self.emit(&format!("and.b32 {s}, {c}, 0x80;"));
         self.emit(&format!("shl.b32 {s}, {s}, 24;"));
-        self.emit(&format!("mov.b32 {vb}, {v};"));
-        self.emit(&format!("or.b32 {vb}, {vb}, {s};"));
-        self.emit(&format!("mov.b32 {r}, {vb};"));
-        r
+        self.with_sign(&v, &s)
     }
 
     /// `e^x` from `ex2` (relative error ~2^-22).

@@ -3,7 +3,7 @@
 // The value of an 8-bit float with `m` mantissa bits, smallest normal exponent `emin` and largest
 // finite value `top` nearest `x`, ties to even; past `top` (infinities too) saturated, as ONNX's cast;
 // NaN kept. The scalings are by powers of two, exact.
-fn kround_f8(x: f32, m: i32, emin: i32, top: f32) -> f32 {
+fn kf8_round(x: f32, m: i32, emin: i32, top: f32) -> f32 {
     let b = bitcast<u32>(x);
     let ab = min(b & 0x7fffffffu, bitcast<u32>(top));
     let e = max(i32(ab >> 23u) - 127, emin);
@@ -13,7 +13,7 @@ fn kround_f8(x: f32, m: i32, emin: i32, top: f32) -> f32 {
     return select(kbits(bitcast<u32>(r) | (b & 0x80000000u)), x, kisnan(x));
 }
 
-// The bits of `r`, a value `kround_f8` made for a format of `m` mantissa bits and exponent bias `bias`:
+// The bits of `r`, a value `kf8_round` made for a format of `m` mantissa bits and exponent bias `bias`:
 // sign, exponent, mantissa; below the smallest normal a multiple of the smallest step; NaN as 0x7f.
 fn kf8_bits(r: f32, m: u32, bias: i32) -> u32 {
     let b = bitcast<u32>(r);

@@ -18,8 +18,8 @@ use std::fmt::Write;
 /// Helper functions every kernel may call (beside [`approximations`]).
 pub const PRELUDE: &str = include_str!("prelude.wgsl");
 
-/// The 8-bit float functions (`kround_f8`, `kf8_bits`, `kf8_value`): appended to the prelude of a kernel
-/// that calls them, so other kernels do not parse them.
+/// The 8-bit float functions (`kf8_round`, `kf8_bits`, `kf8_value`): appended to the prelude of a kernel
+/// that calls them (a `kf8_` in its body), so other kernels do not parse them.
 pub const PRELUDE_F8: &str = include_str!("prelude_f8.wgsl");
 
 /// `c[0] + s·(c[1] + s·(…))` as nested `fma`s from the last coefficient (`approx::horner`'s order).
@@ -150,9 +150,25 @@ fn float_literal(v: f64) -> String {
     }
 }
 
-/// A layout for the unreachable case of a `Storage::Float8` of another dtype.
-const F8_FALLBACK: kiln_graph::dtype::Float8 =
-    kiln_graph::dtype::Float8 { mantissa_bits: 3, bias: 7, max: 448.0, infinities: false };
+/// Element `idx` of a buffer of `bits`-wide elements packed into 32-bit words: the word's index and the
+/// element's bit offset in it. Indices are never negative, so a shift and a mask (naga guards a signed
+/// division and remainder with several instructions each).
+fn packed_place(idx: &str, bits: u32) -> (String, String) {
+    let per = 32 / bits;
+    (format!("({idx}) >> {}u", per.trailing_zeros()), format!("{bits}u * u32(({idx}) & {}i)", per - 1))
+}
+
+/// The store of `value_bits` (a `u32` of at most `bits` bits) as element `idx` of packed buffer `buffer`.
+/// Elements sharing a word are each written by one thread: clear ours, then set it, with atomics so a
+/// neighbour's is never overwritten.
+fn packed_store(buffer: usize, idx: &str, bits: u32, value_bits: &str) -> String {
+    let (w, sh) = packed_place(idx, bits);
+    let mask = (1u64 << bits) - 1;
+    format!(
+        "{{ let w = {w}; let sh = {sh}; atomicAnd(&b{buffer}[w], ~({mask}u << sh)); \
+         atomicOr(&b{buffer}[w], {value_bits} << sh); }}"
+    )
+}
 
 impl<'k> Writer<'k> {
     /// The WGSL type values of `d` are computed in.
@@ -226,7 +242,7 @@ impl<'k> Writer<'k> {
     fn convert(&self, x: &str, from: DType, to: DType) -> String {
         if let (Some(f), true) = (to.float8(), from != to) {
             let v = self.convert_type(x, from, DType::F32);
-            return format!("kround_f8({v}, {}i, {}i, {})", f.mantissa_bits, f.emin(), float_literal(f.max));
+            return format!("kf8_round({v}, {}i, {}i, {})", f.mantissa_bits, f.emin(), float_literal(f.max));
         }
         let v = self.convert_type(x, from, to);
         match to.narrow_bits() {
@@ -314,27 +330,26 @@ impl<'k> Writer<'k> {
         let raw = match self.storage[buffer] {
             Storage::I64Pairs => format!("b{buffer}[2i * ({idx})]"),
             Storage::BoolU32 => format!("(b{buffer}[{idx}] != 0u)"),
-            Storage::F16Packed => format!("unpack2x16float(b{buffer}[({idx}) / 2i])[({idx}) % 2i]"),
+            Storage::F16Packed => {
+                let (w, _) = packed_place(&idx, 16);
+                format!("unpack2x16float(b{buffer}[{w}])[({idx}) & 1i]")
+            }
             Storage::Bf16Packed => {
-                format!("bitcast<f32>(((b{buffer}[({idx}) / 2i] >> (16u * u32(({idx}) % 2i))) & 0xffffu) << 16u)")
+                let (w, sh) = packed_place(&idx, 16);
+                format!("bitcast<f32>(((b{buffer}[{w}] >> ({sh})) & 0xffffu) << 16u)")
             }
             Storage::NarrowInt { bits, signed } => {
-                // Indices are never negative: the word and the place in it by a shift and a mask (naga
-                // guards a signed division and remainder with several instructions each).
-                let (shift, mask) = (if bits == 8 { 2 } else { 1 }, 32 / bits - 1);
-                let word = format!("b{buffer}[({idx}) >> {shift}u]");
-                let word = if signed { format!("bitcast<i32>({word})") } else { word };
-                let x = format!("extractBits({word}, {bits}u * u32(({idx}) & {mask}i), {bits}u)");
+                let (w, sh) = packed_place(&idx, bits);
+                let word = format!("b{buffer}[{w}]");
                 if signed {
-                    x
+                    format!("extractBits(bitcast<i32>({word}), {sh}, {bits}u)")
                 } else {
-                    format!("i32({x})")
+                    format!("i32(extractBits({word}, {sh}, {bits}u))")
                 }
             }
-            Storage::Float8(d) => {
-                let f = d.float8().unwrap_or(F8_FALLBACK);
-                let byte = format!("extractBits(b{buffer}[({idx}) >> 2u], 8u * u32(({idx}) & 3i), 8u)");
-                format!("kf8_value({byte}, {}u, {}i, {})", f.mantissa_bits, f.bias, f.infinities)
+            Storage::Float8 { mantissa_bits, bias, infinities } => {
+                let (w, sh) = packed_place(&idx, 8);
+                format!("kf8_value(extractBits(b{buffer}[{w}], {sh}, 8u), {mantissa_bits}u, {bias}i, {infinities})")
             }
             _ => format!("b{buffer}[{idx}]"),
         };
@@ -645,33 +660,15 @@ impl<'k> Writer<'k> {
             ),
             Storage::BoolU32 => format!("b{buffer}[{idx}] = select(0u, 1u, {v});"),
             Storage::F16 => format!("b{buffer}[{idx}] = f16({v});"),
-            // Two halves share a word and each is written by one thread: clear ours, then set it, with
-            // atomics so the neighbour's half is never overwritten.
-            Storage::F16Packed | Storage::Bf16Packed => {
-                let bits = if self.storage[buffer] == Storage::F16Packed {
-                    format!("(pack2x16float(vec2<f32>({v}, 0.0)) & 0xffffu)")
-                } else {
-                    format!("(bitcast<u32>(kround_bf16({v})) >> 16u)")
-                };
-                format!(
-                    "{{ let w = ({idx}) / 2i; let sh = 16u * u32(({idx}) % 2i); \
-                     atomicAnd(&b{buffer}[w], ~(0xffffu << sh)); atomicOr(&b{buffer}[w], {bits} << sh); }}"
-                )
+            Storage::F16Packed => {
+                packed_store(buffer, &idx, 16, &format!("(pack2x16float(vec2<f32>({v}, 0.0)) & 0xffffu)"))
             }
-            Storage::Float8(d) => {
-                let f = d.float8().unwrap_or(F8_FALLBACK);
-                format!(
-                    "{{ let w = ({idx}) >> 2u; let sh = 8u * u32(({idx}) & 3i); atomicAnd(&b{buffer}[w], ~(0xffu << sh)); \
-                     atomicOr(&b{buffer}[w], kf8_bits({v}, {}u, {}i) << sh); }}",
-                    f.mantissa_bits, f.bias
-                )
-            }
+            Storage::Bf16Packed => packed_store(buffer, &idx, 16, &format!("(bitcast<u32>(kround_bf16({v})) >> 16u)")),
             Storage::NarrowInt { bits, .. } => {
-                let (shift, place, mask) = (if bits == 8 { 2 } else { 1 }, 32 / bits - 1, (1u32 << bits) - 1);
-                format!(
-                    "{{ let w = ({idx}) >> {shift}u; let sh = {bits}u * u32(({idx}) & {place}i); \
-                     atomicAnd(&b{buffer}[w], ~({mask}u << sh)); atomicOr(&b{buffer}[w], (u32({v}) & {mask}u) << sh); }}"
-                )
+                packed_store(buffer, &idx, bits, &format!("(u32({v}) & {}u)", (1u32 << bits) - 1))
+            }
+            Storage::Float8 { mantissa_bits, bias, .. } => {
+                packed_store(buffer, &idx, 8, &format!("kf8_bits({v}, {mantissa_bits}u, {bias}i)"))
             }
             _ => format!("b{buffer}[{idx}] = {v};"),
         };
@@ -1344,7 +1341,7 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     }
     src.push('\n');
     src.push_str(PRELUDE);
-    if w.out.contains("kf8_") || w.out.contains("kround_f8") {
+    if w.out.contains("kf8_") {
         src.push('\n');
         src.push_str(PRELUDE_F8);
     }

@@ -31,14 +31,29 @@ pub enum Storage {
         /// Sign-extended on load.
         signed: bool,
     },
-    /// `array<u32>`, four 8-bit floats of this dtype per word, computed in f32: decoded on load
-    /// (`kf8_value`), rounded and encoded on store (`kf8_bits`), written as the packed halves are.
-    Float8(DType),
+    /// `array<u32>`, four 8-bit floats per word, computed in f32: decoded on load (`kf8_value`),
+    /// encoded on store (`kf8_bits`), written as the packed halves are. The layout is
+    /// `kiln_graph::dtype::Float8`'s.
+    Float8 {
+        /// Mantissa bits.
+        mantissa_bits: u32,
+        /// Exponent bias.
+        bias: i32,
+        /// Whether the top exponent holds infinities (E5M2).
+        infinities: bool,
+    },
 }
 
 impl Storage {
     /// The layout of `dtype` on a device with or without native f16.
     pub fn of(dtype: DType, f16_native: bool) -> Storage {
+        if let Some((bits, signed)) = dtype.narrow_bits() {
+            return Storage::NarrowInt { bits, signed };
+        }
+        if let Some(f) = dtype.float8() {
+            return Storage::Float8 { mantissa_bits: f.mantissa_bits, bias: f.bias, infinities: f.infinities };
+        }
+        // The rest, one word (or two) an element.
         match dtype {
             DType::F32 => Storage::F32,
             DType::F16 if f16_native => Storage::F16,
@@ -47,17 +62,14 @@ impl Storage {
             DType::I32 => Storage::I32,
             DType::I64 => Storage::I64Pairs,
             DType::Bool => Storage::BoolU32,
-            DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
-                let (bits, signed) = dtype.narrow_bits().unwrap_or((8, false));
-                Storage::NarrowInt { bits, signed }
-            }
-            DType::F8E4M3 | DType::F8E5M2 => Storage::Float8(dtype),
+            // Not reached (laid out above): named, not `_`, so a new dtype must be placed here.
+            DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::F8E4M3 | DType::F8E5M2 => Storage::I32,
         }
     }
 
     /// Whether elements share 32-bit words that different threads write (stores are atomic).
     pub fn shares_words(self) -> bool {
-        matches!(self, Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. } | Storage::Float8(_))
+        matches!(self, Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. } | Storage::Float8 { .. })
     }
 
     /// The WGSL element type of the buffer array.
@@ -70,7 +82,7 @@ impl Storage {
             | Storage::F16Packed
             | Storage::Bf16Packed
             | Storage::NarrowInt { .. }
-            | Storage::Float8(_) => "u32",
+            | Storage::Float8 { .. } => "u32",
         }
     }
 }

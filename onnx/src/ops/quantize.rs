@@ -178,13 +178,14 @@ fn dequantize_linear(node: &Node) -> OpResult<Vec<Value>> {
 /// u8 quantization of `x` with the scale and zero point its range (widened to hold 0) gives:
 /// `(y, y_scale, y_zero_point)`.
 fn dynamic_quantize_linear(node: &Node) -> OpResult<Vec<Value>> {
-    let x = node.tensor(0)?.cast(DType::F32)?;
+    let given = node.tensor(0)?;
+    let x = given.cast(DType::F32)?;
     let (hi, lo) = (x.max(&[], false)?.maximum(0.0)?, x.min(&[], false)?.minimum(0.0)?);
     let range = hi.sub(&lo)?;
     let scale = hi.eq(&lo)?.where_(1.0, &range)?.div(255.0)?;
     let zp = lo.div(&scale)?.neg()?.clamp(Some(0.0), Some(255.0))?.round()?;
     let y = x.div(&scale)?.round()?.add(&zp)?.clamp(Some(0.0), Some(255.0))?.cast(DType::U8)?;
-    let scale = scale.cast(node.tensor(0)?.dtype())?;
+    let scale = scale.cast(given.dtype())?;
     Ok(vec![Value::Tensor(y), Value::Tensor(scale), Value::Tensor(zp.cast(DType::U8)?)])
 }
 

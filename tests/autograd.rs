@@ -1,6 +1,7 @@
 //! Eager autograd, torch's familiar form: `requires_grad_`, `backward`, `.grad()`, accumulation,
-//! `zero_grad`, `detach`, `no_grad`; gradients equal `value_and_grad`'s, on the host and on a device;
-//! what cannot work (inside a compiled function, a non-scalar) is a typed error.
+//! `zero_grad`, `detach`, `no_grad`; gradients equal `value_and_grad`'s, on the host and on a device,
+//! eagerly and inside compiled functions; what cannot work (a non-scalar, nothing to differentiate) is a
+//! typed error.
 
 use kiln::graph::workloads::data;
 use kiln::graph::{KernelInterpreter, TensorSpec};
@@ -76,13 +77,85 @@ fn what_backward_cannot_do_says_so() {
     let w = Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap().requires_grad_(true).unwrap();
     let e = w.mul(2.0).unwrap().backward().unwrap_err();
     assert!(e.to_string().contains("one element"), "{e}");
+    // Inside a compiled function too: a value no leaf contributed to, or one made under no_grad.
+    let x = Tensor::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
     let f = kiln::compile(|x: &Tensor| {
         let l = x.mul(x)?.sum(&[0], false)?;
         l.backward()?;
         Ok(l)
     });
-    let e = f.call(&w).map(drop).expect_err("backward inside compile is an error");
-    assert!(e.to_string().contains("use value_and_grad"), "{e}");
+    let e = f.call(&x).map(drop).expect_err("nothing requires grad");
+    assert!(e.to_string().contains("no tensor with requires_grad"), "{e}");
+    let g = kiln::compile(|x: &Tensor| {
+        let l = kiln::no_grad(|| x.mul(&w)?.sum(&[0], false))?;
+        l.backward()?;
+        Ok(l)
+    });
+    let e = g.call(&x).map(drop).expect_err("made under no_grad");
+    assert!(e.to_string().contains("no_grad"), "{e}");
+}
+
+/// `backward()` inside a compiled function traces the forward once: the graph that runs holds the
+/// forward's product and the weight gradient's, not a second forward.
+#[test]
+fn backward_inside_compile_joins_the_trace() {
+    let (x, y) = (tensor(&[6, 4], 1), tensor(&[6, 3], 2));
+    let w = tensor(&[4, 3], 3).requires_grad_(true).unwrap();
+    let b = tensor(&[3], 4).requires_grad_(true).unwrap();
+    let (_, want) = kiln::value_and_grad(
+        |t| loss(&t[0], &t[1], &t[2], &t[3]),
+        &[x.clone(), w.clone(), b.clone(), y.clone()],
+        &[1, 2],
+    )
+    .unwrap();
+    let f = kiln::compile(|(x, y): (&Tensor, &Tensor)| {
+        let l = loss(x, &w, &b, y)?;
+        l.backward()?;
+        Ok(l)
+    })
+    .fullgraph(true);
+    let ex = f.explain((&x, &y)).unwrap();
+    assert!(close(&vals(&w.grad().unwrap()), &vals(&want[0])), "dL/dw");
+    assert!(close(&vals(&b.grad().unwrap()), &vals(&want[1])), "dL/db");
+    assert_eq!(ex.graphs.len(), 1, "one graph: {ex}");
+    let (live, _) = ex.graphs[0].graph.without_dead_nodes();
+    let products = live.nodes.iter().filter(|n| n.op.name() == "matmul").count();
+    assert_eq!(products, 2, "x·w and xᵀ·dL/d(xw); a second forward would make three: {ex}");
+}
+
+/// Inside a compiled function `detach` and `no_grad` stop gradients as they do eagerly.
+#[test]
+fn detach_and_no_grad_inside_compile() {
+    let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let w = Tensor::from_slice(&[0.5f32, -1.0, 2.0], &[3]).unwrap().requires_grad_(true).unwrap();
+    let f = kiln::compile(|x: &Tensor| {
+        let attached = w.mul(x)?;
+        let detached = w.detach().mul(x)?;
+        let quiet = kiln::no_grad(|| w.mul(x)?.mul(10.0))?;
+        let l = attached.add(&detached)?.add(&quiet)?.sum(&[0], false)?;
+        l.backward()?;
+        Ok(l)
+    });
+    let l: Tensor = f.call(&x).unwrap();
+    assert_eq!(vals(&l), vec![2.0 * (0.5 - 2.0 + 6.0) + 10.0 * (0.5 - 2.0 + 6.0)]);
+    assert_eq!(vals(&w.grad().unwrap()), vec![1.0, 2.0, 3.0], "only the attached term counts");
+}
+
+/// A compiled function's loss that depends on values with a history of their own (an eager op on a
+/// leaf, before the call): the backward breaks the graph and replays that history too.
+#[test]
+fn backward_inside_compile_through_an_eager_history() {
+    let w = Tensor::from_slice(&[0.5f32, -1.0, 2.0], &[3]).unwrap().requires_grad_(true).unwrap();
+    let h = w.mul(3.0).unwrap();
+    let f = kiln::compile(|h: &Tensor| {
+        let l = h.mul(h)?.sum(&[0], false)?;
+        l.backward()?;
+        Ok(l)
+    });
+    let ex = f.explain(&h).unwrap();
+    assert!(ex.breaks.iter().any(|b| b.reason.contains("backward()")), "{ex}");
+    // d/dw Σ (3w)² = 18 w
+    assert!(close(&vals(&w.grad().unwrap()), &[9.0, -18.0, 36.0]), "{:?}", vals(&w.grad().unwrap()));
 }
 
 /// On a device the replayed graph runs there, the gradient stays there, and a plain SGD loop with

@@ -17,15 +17,42 @@ use crate::shape::Shape;
 use crate::sym::Expr;
 use crate::trace::{capture, Tensor, TensorSpec};
 use crate::DType;
+use std::collections::HashSet;
 
 /// The joint graph of `graph` (one output, a single element of a float dtype) and its gradient: outputs
 /// are the value, then d value / d input for each input index in `wrt`, in that order (zeros for an input
 /// the value does not depend on).
 pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph> {
-    // Attentions stay whole, so their rule is flash attention's backward (see `attention_grad`).
-    let forward = crate::decompose::decompose_keeping_attention(graph)?.graph;
-    let [out] = forward.outputs[..] else {
+    if graph.outputs.len() != 1 {
         return Err(unsupported("a gradient of a graph with other than one output", &SourceLoc::internal()));
+    }
+    Ok(joint_graph(graph, wrt, &HashSet::new())?.graph)
+}
+
+/// A joint graph built inside a trace ([`joint_graph`]), with what the trace needs to go on recording
+/// on it.
+pub(crate) struct Joint {
+    /// Outputs: `graph`'s first output, its gradients (as [`grad_graph`]'s), then `graph`'s other outputs.
+    pub graph: Graph,
+    /// The nodes gradients must not flow through: the forward's nodes that came from the stopped ones,
+    /// and every node the backward added (a gradient has no history of its own, as torch's `.grad`).
+    pub stopped: HashSet<NodeId>,
+}
+
+/// [`grad_graph`] of `graph.outputs[0]`, keeping `graph`'s other outputs (the values a trace still holds)
+/// and never differentiating through the nodes in `stop` (values made under `no_grad` or detached). The
+/// forward part keeps its inputs in order, and the nodes before `Joint::graph`'s backward are
+/// `graph`'s decomposed.
+pub(crate) fn joint_graph(graph: &Graph, wrt: &[usize], stop: &HashSet<NodeId>) -> Result<Joint> {
+    // Attentions stay whole, so their rule is flash attention's backward (see `attention_grad`).
+    let decomposed = crate::decompose::decompose_keeping_attention(graph)?;
+    let forward = decomposed.graph;
+    let stopped: HashSet<NodeId> = (0..forward.nodes.len() as u32)
+        .map(NodeId)
+        .filter(|n| stop.contains(&decomposed.origin[n.index()]))
+        .collect();
+    let Some((&out, kept)) = forward.outputs.split_first() else {
+        return Err(unsupported("a gradient of a graph without an output", &SourceLoc::internal()));
     };
     let out_node = forward.node(out);
     if !out_node.dtype.is_float() || out_node.shape.numel().as_const() != Some(1) {
@@ -54,7 +81,9 @@ pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph> {
         needed[i.index()] = true;
     }
     for (i, node) in forward.nodes.iter().enumerate() {
-        needed[i] |= node.dtype.is_float() && node.inputs.iter().any(|x| needed[x.index()]);
+        needed[i] |= node.dtype.is_float()
+            && !stopped.contains(&NodeId(i as u32))
+            && node.inputs.iter().any(|x| needed[x.index()]);
     }
     let mut b = Builder {
         origin: (0..n as u32).map(NodeId).collect(),
@@ -88,9 +117,12 @@ pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph> {
     for &i in &inputs {
         outputs.push(grads[i.index()].unwrap_or_else(|| b.constant_like(0.0, i)));
     }
+    outputs.extend_from_slice(kept);
     let mut joint = b.graph;
     joint.outputs = outputs;
-    Ok(crate::remat::recompute_in_backward(joint, n))
+    let graph = crate::remat::recompute_in_backward(joint, n);
+    let stopped = stopped.into_iter().chain((n as u32..graph.nodes.len() as u32).map(NodeId)).collect();
+    Ok(Joint { graph, stopped })
 }
 
 /// `f`'s value at `args` and its gradients with respect to `args[i]` for each `i` in `wrt` (the

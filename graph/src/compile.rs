@@ -201,6 +201,48 @@ enum InputSource {
     Arg(usize),
     /// A tensor read from the environment at trace time (a weight).
     Tensor(Tensor),
+    /// The gradient a leaf holds at the call (what a `backward()` in the function adds to).
+    GradOf(GradTarget),
+}
+
+/// A tensor whose `.grad` a cached entry reads or writes: an argument of the call, or a captured one.
+#[derive(Clone, Debug)]
+enum GradTarget {
+    /// Tensor argument `i` of the call.
+    Arg(usize),
+    /// A captured tensor (a weight).
+    Tensor(Tensor),
+}
+
+impl GradTarget {
+    fn resolve<'a>(&'a self, args: &'a [Tensor]) -> Result<&'a Tensor> {
+        match self {
+            GradTarget::Arg(i) => args.get(*i).ok_or_else(|| Error::Unsupported {
+                what: format!("a cached entry's gradient belongs to argument {i} of {}", args.len()),
+                loc: SourceLoc::internal(),
+            }),
+            GradTarget::Tensor(t) => Ok(t),
+        }
+    }
+
+    fn same(&self, other: &GradTarget) -> bool {
+        match (self, other) {
+            (GradTarget::Arg(i), GradTarget::Arg(j)) => i == j,
+            (GradTarget::Tensor(s), GradTarget::Tensor(t)) => s.id() == t.id(),
+            _ => false,
+        }
+    }
+}
+
+/// A gradient a cached entry leaves in a leaf's `.grad` (the function called `backward()`).
+#[derive(Clone, Debug)]
+struct GradWrite {
+    target: GradTarget,
+    /// Whether the leaf held a gradient when traced: the graph added to it then, so a call must find
+    /// one too (and none where it had none) — else it traces again.
+    had_grad: bool,
+    /// What `.grad` holds after the call (`None`: cleared, as `zero_grad` does).
+    value: Option<OutputSource>,
 }
 
 /// Where one output tensor of a cached entry comes from.
@@ -232,6 +274,8 @@ struct Entry {
     graph: Option<(Arc<Graph>, Option<Arc<CompiledGraph>>)>,
     inputs: Vec<InputSource>,
     outputs: Vec<OutputSource>,
+    /// Gradients the call leaves in leaves' `.grad`.
+    grad_writes: Vec<GradWrite>,
     tree: OutTree,
     explanation: Explanation,
     /// The latest [`Compiled::profile`] of its graph: how it was timed and each launch's time.
@@ -291,16 +335,60 @@ impl Entry {
             && self.inputs.iter().zip(&other.inputs).all(|(a, b)| match (a, b) {
                 (InputSource::Arg(i), InputSource::Arg(j)) => i == j,
                 (InputSource::Tensor(s), InputSource::Tensor(t)) => s.id() == t.id(),
+                (InputSource::GradOf(s), InputSource::GradOf(t)) => s.same(t),
                 _ => false,
             });
         let outputs = self.outputs.len() == other.outputs.len()
-            && self.outputs.iter().zip(&other.outputs).all(|(a, b)| match (a, b) {
-                (OutputSource::Graph(i), OutputSource::Graph(j)) => i == j,
-                (OutputSource::Arg(i), OutputSource::Arg(j)) => i == j,
-                (OutputSource::Const(x), OutputSource::Const(y)) => Arc::ptr_eq(x, y),
-                _ => false,
+            && self.outputs.iter().zip(&other.outputs).all(|(a, b)| a.same(b));
+        let grads = self.grad_writes.len() == other.grad_writes.len()
+            && self.grad_writes.iter().zip(&other.grad_writes).all(|(a, b)| {
+                a.target.same(&b.target)
+                    && a.had_grad == b.had_grad
+                    && match (&a.value, &b.value) {
+                        (Some(x), Some(y)) => x.same(y),
+                        (None, None) => true,
+                        _ => false,
+                    }
             });
-        graphs && inputs && outputs && self.guards == other.guards && self.tree == other.tree
+        graphs && inputs && outputs && grads && self.guards == other.guards && self.tree == other.tree
+    }
+
+    /// Why this entry's gradients cannot serve a call: a leaf whose `.grad` is set where it was not when
+    /// traced, or the other way round.
+    fn grad_failure(&self, args: &[Tensor]) -> Option<GuardFailure> {
+        self.grad_writes.iter().find_map(|w| {
+            let held = w.target.resolve(args).ok()?.grad().is_some();
+            (held != w.had_grad).then(|| GuardFailure {
+                arg: None,
+                dim: None,
+                reason: format!(
+                    "a tensor's .grad was {} when traced and is {} now (backward() adds to it)",
+                    if w.had_grad { "set" } else { "empty" },
+                    if held { "set" } else { "empty" },
+                ),
+                past_bound: false,
+            })
+        })
+    }
+}
+
+impl OutputSource {
+    fn same(&self, other: &OutputSource) -> bool {
+        match (self, other) {
+            (OutputSource::Graph(i), OutputSource::Graph(j)) => i == j,
+            (OutputSource::Arg(i), OutputSource::Arg(j)) => i == j,
+            (OutputSource::Const(x), OutputSource::Const(y)) => Arc::ptr_eq(x, y),
+            _ => false,
+        }
+    }
+
+    /// The tensor this output is at a call whose graph gave `results`.
+    fn tensor(&self, results: &[Arc<Value>], args: &[Tensor]) -> Tensor {
+        match self {
+            OutputSource::Graph(k) => Tensor::from_value(results[*k].clone()),
+            OutputSource::Arg(i) => args[*i].clone(),
+            OutputSource::Const(d) => Tensor::from_value(d.clone()),
+        }
     }
 }
 
@@ -548,6 +636,10 @@ impl<F> Compiled<F> {
             if e.pinned.load(Ordering::Acquire) && !same_tensors {
                 continue;
             }
+            if let Some(f) = e.grad_failure(&visitor.tensors) {
+                first_failure.get_or_insert(f);
+                continue;
+            }
             match e.guards.check(&call) {
                 Ok(_) if !e.verified.load(Ordering::Acquire) && !same_tensors => {
                     unverified.get_or_insert_with(|| e.clone());
@@ -737,6 +829,19 @@ impl<F> Compiled<F> {
         let mut outs = Vec::new();
         let tree = result.flatten(&mut outs);
         let located = tracer.locate(&outs);
+        let grad_leaves = tracer.grad_leaves();
+        let grads_now: Vec<Tensor> = grad_leaves.iter().filter_map(|(_, g)| g.clone()).collect();
+        let mut grads_located = tracer.locate(&grads_now).into_iter();
+        let grad_located: Vec<_> = grad_leaves
+            .into_iter()
+            .map(|(leaf, now)| {
+                let target = match tracer.arg_index(leaf.leaf.id()) {
+                    Some(i) => GradTarget::Arg(i),
+                    None => GradTarget::Tensor(leaf.leaf.clone()),
+                };
+                (target, leaf.had_grad, now.and_then(|_| grads_located.next()))
+            })
+            .collect();
         tracer.flush(None)?;
         let record = tracer.finish();
         let explanation = Explanation::new(backend.name(), record.clone(), visitor.statics.clone());
@@ -768,18 +873,26 @@ impl<F> Compiled<F> {
         }
         if cacheable {
             let graph = record.graphs.into_iter().next();
-            let outputs = located
-                .iter()
-                .map(|l| match l {
-                    Located::Node(n) => graph
-                        .as_ref()
-                        .and_then(|g| g.graph.outputs.iter().position(|o| o == n))
-                        .map(OutputSource::Graph),
-                    Located::Arg(i) => Some(OutputSource::Arg(*i)),
-                    Located::Const(d) => Some(OutputSource::Const(d.clone())),
+            let source = |l: &Located| match l {
+                Located::Node(n) => graph
+                    .as_ref()
+                    .and_then(|g| g.graph.outputs.iter().position(|o| o == n))
+                    .map(OutputSource::Graph),
+                Located::Arg(i) => Some(OutputSource::Arg(*i)),
+                Located::Const(d) => Some(OutputSource::Const(d.clone())),
+            };
+            let outputs = located.iter().map(source).collect::<Option<Vec<_>>>();
+            let grad_writes = grad_located
+                .into_iter()
+                .map(|(target, had_grad, now)| {
+                    let value = match now {
+                        Some(l) => Some(source(&l)?),
+                        None => None,
+                    };
+                    Some(GradWrite { target, had_grad, value })
                 })
                 .collect::<Option<Vec<_>>>();
-            if let Some(outputs) = outputs {
+            if let (Some(outputs), Some(grad_writes)) = (outputs, grad_writes) {
                 let inputs: Vec<InputSource> = graph
                     .as_ref()
                     .map(|g| {
@@ -789,7 +902,13 @@ impl<F> Compiled<F> {
                             .zip(&g.sources)
                             .map(|(gi, src)| match (&gi.kind, src) {
                                 (crate::ir::InputKind::Arg { index }, _) => InputSource::Arg(*index),
-                                (_, Some(t)) => InputSource::Tensor(t.clone()),
+                                (_, Some(t)) => match tracer.grad_source(t.id()) {
+                                    Some(leaf) => InputSource::GradOf(match tracer.arg_index(leaf.id()) {
+                                        Some(i) => GradTarget::Arg(i),
+                                        None => GradTarget::Tensor(leaf),
+                                    }),
+                                    None => InputSource::Tensor(t.clone()),
+                                },
                                 (_, None) => InputSource::Arg(usize::MAX),
                             })
                             .collect()
@@ -814,6 +933,7 @@ impl<F> Compiled<F> {
                     graph: graph.map(|g| (Arc::new(g.graph), g.compiled)),
                     inputs,
                     outputs,
+                    grad_writes,
                     tree,
                     explanation: explanation.clone(),
                     profile: Mutex::new(None),
@@ -857,30 +977,40 @@ impl<F> Compiled<F> {
                 let values = entry_inputs(e, args, &mut arg_values)?;
                 let results = crate::backend::execute(backend, graph, compiled.as_ref(), &values, self.mode)?;
                 // A call on tensors that track gradients notes itself on its results, for `backward`.
-                let read = || {
-                    e.inputs.iter().filter_map(|src| match src {
-                        InputSource::Arg(i) => args.get(*i),
-                        InputSource::Tensor(t) => Some(t),
-                    })
-                };
-                let step = crate::tape::tracking(read())
-                    .then(|| crate::tape::step(graph.clone(), &read().cloned().collect::<Vec<_>>(), &values));
+                // (Checked on borrowed tensors first: nothing is collected on a call that tracks nothing.)
+                let tracks = crate::tape::tracking(e.inputs.iter().filter_map(|src| match src {
+                    InputSource::Arg(i) => args.get(*i),
+                    InputSource::Tensor(t) => Some(t),
+                    InputSource::GradOf(_) => None,
+                }));
+                let step = tracks.then(|| {
+                    let read: Vec<Tensor> = e
+                        .inputs
+                        .iter()
+                        .filter_map(|src| match src {
+                            InputSource::Arg(i) => args.get(*i).cloned(),
+                            InputSource::Tensor(t) => Some(t.clone()),
+                            InputSource::GradOf(leaf) => leaf.resolve(args).ok().and_then(Tensor::grad),
+                        })
+                        .collect();
+                    crate::tape::step(graph.clone(), &read, &values)
+                });
                 (results, step.map(|s| (s, graph)))
             }
         };
+        for w in &e.grad_writes {
+            let grad = w.value.as_ref().map(|v| v.tensor(&results, args));
+            crate::tape::set_grad(w.target.resolve(args)?, grad);
+        }
         let tensors: Vec<Tensor> = e
             .outputs
             .iter()
-            .map(|o| match o {
-                OutputSource::Graph(k) => {
-                    let t = Tensor::from_value(results[*k].clone());
-                    if let Some((s, graph)) = &step {
-                        crate::tape::note(&t.cell, s, graph.outputs[*k]);
-                    }
-                    t
+            .map(|o| {
+                let t = o.tensor(&results, args);
+                if let (OutputSource::Graph(k), Some((s, graph))) = (o, &step) {
+                    crate::tape::note(&t.cell, s, graph.outputs[*k]);
                 }
-                OutputSource::Arg(i) => args[*i].clone(),
-                OutputSource::Const(d) => Tensor::from_value(d.clone()),
+                t
             })
             .collect();
         R::rebuild(&e.tree, &mut tensors.into_iter()).ok_or_else(|| Error::Unsupported {
@@ -907,6 +1037,7 @@ fn entry_inputs(e: &Entry, args: &[Tensor], arg_values: &mut [Option<Arc<Value>>
                 }
             },
             InputSource::Tensor(t) => t.value(),
+            InputSource::GradOf(leaf) => leaf.resolve(args)?.grad().and_then(|g| g.value()),
         };
         values.push(v.ok_or_else(|| Error::Unsupported {
             what: "a traced tensor passed to a compiled function from inside another trace".into(),

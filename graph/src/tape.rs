@@ -5,7 +5,7 @@
 //! differentiates it with the reverse-mode pass `value_and_grad` uses ([`crate::autodiff::grad_graph`]),
 //! runs the joint graph compiled and fused where the leaves live, and adds each gradient to its leaf's
 //! `.grad`. So `loss = compiled_model.call(x)?; loss.backward()?` works as in torch, across graph breaks.
-//! Inside a compiled function, gradients come from `value_and_grad`, which joins the trace.
+//! Inside a compiled function `backward()` joins the trace (`trace::backward`), as `value_and_grad` does.
 
 use crate::error::{Error, Result};
 use crate::ir::{Graph, InputKind, Node, NodeId, Op};
@@ -78,6 +78,21 @@ pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether a `no_grad` scope is open on this thread (a traced op recorded now is not differentiated).
+pub(crate) fn grad_disabled() -> bool {
+    NO_GRAD.with(|n| n.get() > 0)
+}
+
+/// Whether `t` was made from tracked tensors (not a leaf): gradients flow on through its history.
+pub(crate) fn has_history(t: &Tensor) -> bool {
+    lock(&t.cell.grad).made_by.is_some()
+}
+
+/// Sets `leaf`'s accumulated gradient (a trace's `backward()`, a cached call writing its gradients back).
+pub(crate) fn set_grad(leaf: &Tensor, grad: Option<Tensor>) {
+    lock(&leaf.cell.grad).grad = grad;
+}
+
 fn tracks(t: &Tensor) -> bool {
     let a = lock(&t.cell.grad);
     a.requires_grad || a.made_by.is_some()
@@ -135,11 +150,16 @@ impl Tensor {
         lock(&self.cell.grad).grad = None;
     }
 
-    /// The same value with no gradient history: ops on it are not differentiated.
+    /// The same value with no gradient history: ops on it are not differentiated. Traced, it is a view of
+    /// the value that a `backward()` in the trace does not differentiate through.
+    #[track_caller]
     pub fn detach(&self) -> Tensor {
         match self.value() {
             Some(v) => Tensor::from_value(v),
-            None => self.clone(),
+            None => no_grad(|| {
+                crate::trace::record(Op::Reshape, &[self], self.dtype(), self.shape(), SourceLoc::caller())
+            })
+            .unwrap_or_else(|_| self.clone()),
         }
     }
 
@@ -147,41 +167,51 @@ impl Tensor {
     /// [`requires_grad`](Tensor::requires_grad_), adding each gradient to the leaf's [`Tensor::grad`].
     /// The ops are replayed as one graph, differentiated and run compiled and fused on the leaves'
     /// device.
+    ///
+    /// Inside a compiled function the backward joins the graph being traced (one graph, forward and
+    /// backward fused together), each leaf's `.grad` is a traced value the rest of the function can read,
+    /// and every call of the compiled function, traced or cached, leaves the gradients in `.grad` as an
+    /// eager call would.
     #[track_caller]
     pub fn backward(&self) -> Result<()> {
         let loc = SourceLoc::caller();
-        if self.is_traced() {
-            return Err(unsupported(
-                "backward() inside a compiled function: use value_and_grad there (or train::Trainer)",
-                loc,
-            ));
-        }
-        let numel: usize = self.shape().as_concrete().map_or(0, |d| d.iter().product());
-        if numel != 1 {
+        let numel: Option<usize> = self.shape().as_concrete().map(|d| d.iter().product());
+        if numel != Some(1) {
             return Err(unsupported(
                 format!("backward() of a tensor of shape {}: it needs one element", self.shape()),
                 loc,
             ));
         }
-        let (graph, args, leaves) = replay(self)?;
-        if leaves.is_empty() {
-            return Err(unsupported("backward() of a value no tensor with requires_grad contributed to", loc));
+        if self.is_traced() {
+            let tracer = crate::trace::active()
+                .ok_or_else(|| unsupported("backward() of a traced tensor after its trace ended", loc.clone()))?;
+            return tracer.backward(self, &loc);
         }
-        let wrt: Vec<usize> = leaves.iter().map(|(i, _)| *i).collect();
-        let joint = crate::autodiff::grad_graph(&graph, &wrt)?;
-        let outs = crate::autodiff::run_joint(&joint, &args)?;
-        no_grad(|| {
-            for ((_, leaf), g) in leaves.iter().zip(&outs[1..]) {
-                let old = lock(&leaf.cell.grad).grad.take();
-                let new = match old {
-                    Some(o) => o.add(g)?,
-                    None => g.clone(),
-                };
-                lock(&leaf.cell.grad).grad = Some(new);
-            }
-            Ok(())
-        })
+        backward_concrete(self, &loc)
     }
+}
+
+/// [`Tensor::backward`] of a concrete scalar: its recorded history replayed as one graph and
+/// differentiated.
+pub(crate) fn backward_concrete(root: &Tensor, loc: &SourceLoc) -> Result<()> {
+    let (graph, args, leaves) = replay(root)?;
+    if leaves.is_empty() {
+        return Err(unsupported("backward() of a value no tensor with requires_grad contributed to", loc.clone()));
+    }
+    let wrt: Vec<usize> = leaves.iter().map(|(i, _)| *i).collect();
+    let joint = crate::autodiff::grad_graph(&graph, &wrt)?;
+    let outs = crate::autodiff::run_joint(&joint, &args)?;
+    no_grad(|| {
+        for ((_, leaf), g) in leaves.iter().zip(&outs[1..]) {
+            let old = lock(&leaf.cell.grad).grad.take();
+            let new = match old {
+                Some(o) => o.add(g)?,
+                None => g.clone(),
+            };
+            lock(&leaf.cell.grad).grad = Some(new);
+        }
+        Ok(())
+    })
 }
 
 /// The graph that computes `root` from the runs noted on it: every tensor no tracked run made is an

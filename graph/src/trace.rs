@@ -24,6 +24,8 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+mod backward;
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn next_id() -> u64 {
@@ -341,6 +343,14 @@ struct TraceState {
     shape_checks: Vec<crate::sym::Expr>,
     /// Graphs whose compilation came from the compile cache.
     cache_hits: usize,
+    /// Nodes of the current graph that gradients do not flow through: made under `no_grad`, detached,
+    /// or gradients themselves ([`backward`]).
+    stopped: std::collections::HashSet<NodeId>,
+    /// The leaves `backward()` gave gradients during this trace ([`backward`]).
+    grads: Vec<backward::GradLeaf>,
+    /// Gradients lifted into the trace (what `.grad` held when a `backward()` added to it), by the
+    /// lifted tensor's identity: each is the named leaf's gradient at the call, not that tensor.
+    grad_sources: HashMap<u64, Tensor>,
     /// Time spent tuning kernel schedules (`Mode::MaxAutotune`), ms.
     tuning_ms: f64,
     /// Kernels whose schedules were timed (not taken from the tuning cache).
@@ -477,14 +487,24 @@ impl Tracer {
     fn record(&self, op: Op, inputs: &[&Tensor], dtype: DType, shape: Shape, loc: SourceLoc) -> Result<Tensor> {
         let mut st = self.st.borrow_mut();
         let ids = inputs.iter().map(|t| self.node_of(&mut st, t, &loc)).collect::<Result<Vec<_>>>()?;
-        let node = st.graph.push(Node { op, inputs: ids, dtype, shape: shape.clone(), loc });
+        let node = st.graph.push(Node { op, inputs: ids, dtype, shape, loc });
+        if crate::tape::grad_disabled() {
+            st.stopped.insert(node);
+        }
+        Ok(self.lazy(&mut st, node))
+    }
+
+    /// A traced tensor standing for `node` of the current graph.
+    fn lazy(&self, st: &mut TraceState, node: NodeId) -> Tensor {
+        let n = st.graph.node(node);
+        let (dtype, shape) = (n.dtype, n.shape.clone());
         let cell = Arc::new(TensorCell {
             id: next_id(),
             state: Mutex::new(State::Lazy { trace: self.id, graph: st.graph_index, node, dtype, shape }),
             grad: Mutex::default(),
         });
         st.live.push(Arc::downgrade(&cell));
-        Ok(Tensor { cell })
+        Tensor { cell }
     }
 
     /// A host read at `loc`: an error under fullgraph, else run the graph so far and start a new one.
@@ -530,6 +550,7 @@ impl Tracer {
         // The next graph starts with the same symbols (its carried inputs may have symbolic shapes).
         st.graph.symbols = graph.symbols.clone();
         st.lifted.clear();
+        st.stopped.clear();
         let ran = graph.op_count() > 0 || !graph.outputs.is_empty();
         let index = st.graphs.len();
         let mut compiled = None;

@@ -3,6 +3,7 @@
 //! random programs, each compared with the CPU reference.
 #![allow(dead_code)]
 
+pub mod compiled_backward;
 pub mod ops;
 pub mod user_cases;
 
@@ -103,6 +104,13 @@ macro_rules! conformance_suite {
         fn attention_gradients_match_the_reference() {
             let Some(b) = backend() else { return };
             conformance::user_cases::attention_gradients(&b);
+        }
+
+        #[test]
+        $(#[$attr])*
+        fn backward_inside_compile_matches_eager() {
+            let Some(b) = backend() else { return };
+            conformance::compiled_backward::compiled_backward(&b);
         }
 
         #[test]

@@ -47,10 +47,8 @@ pub(crate) fn joint_graph(graph: &Graph, wrt: &[usize], stop: &HashSet<NodeId>) 
     // Attentions stay whole, so their rule is flash attention's backward (see `attention_grad`).
     let decomposed = crate::decompose::decompose_keeping_attention(graph)?;
     let forward = decomposed.graph;
-    let stopped: HashSet<NodeId> = (0..forward.nodes.len() as u32)
-        .map(NodeId)
-        .filter(|n| stop.contains(&decomposed.origin[n.index()]))
-        .collect();
+    let stopped: HashSet<NodeId> =
+        (0..forward.nodes.len() as u32).map(NodeId).filter(|n| stop.contains(&decomposed.origin[n.index()])).collect();
     let Some((&out, kept)) = forward.outputs.split_first() else {
         return Err(unsupported("a gradient of a graph without an output", &SourceLoc::internal()));
     };

@@ -202,33 +202,33 @@ enum InputSource {
     /// A tensor read from the environment at trace time (a weight).
     Tensor(Tensor),
     /// The gradient a leaf holds at the call (what a `backward()` in the function adds to).
-    GradOf(GradTarget),
+    GradOf(CallTensor),
 }
 
 /// A tensor whose `.grad` a cached entry reads or writes: an argument of the call, or a captured one.
 #[derive(Clone, Debug)]
-enum GradTarget {
+enum CallTensor {
     /// Tensor argument `i` of the call.
     Arg(usize),
     /// A captured tensor (a weight).
     Tensor(Tensor),
 }
 
-impl GradTarget {
+impl CallTensor {
     fn resolve<'a>(&'a self, args: &'a [Tensor]) -> Result<&'a Tensor> {
         match self {
-            GradTarget::Arg(i) => args.get(*i).ok_or_else(|| Error::Unsupported {
+            CallTensor::Arg(i) => args.get(*i).ok_or_else(|| Error::Unsupported {
                 what: format!("a cached entry's gradient belongs to argument {i} of {}", args.len()),
                 loc: SourceLoc::internal(),
             }),
-            GradTarget::Tensor(t) => Ok(t),
+            CallTensor::Tensor(t) => Ok(t),
         }
     }
 
-    fn same(&self, other: &GradTarget) -> bool {
+    fn same(&self, other: &CallTensor) -> bool {
         match (self, other) {
-            (GradTarget::Arg(i), GradTarget::Arg(j)) => i == j,
-            (GradTarget::Tensor(s), GradTarget::Tensor(t)) => s.id() == t.id(),
+            (CallTensor::Arg(i), CallTensor::Arg(j)) => i == j,
+            (CallTensor::Tensor(s), CallTensor::Tensor(t)) => s.id() == t.id(),
             _ => false,
         }
     }
@@ -237,7 +237,7 @@ impl GradTarget {
 /// A gradient a cached entry leaves in a leaf's `.grad` (the function called `backward()`).
 #[derive(Clone, Debug)]
 struct GradWrite {
-    target: GradTarget,
+    target: CallTensor,
     /// Whether the leaf held a gradient when traced: the graph added to it then, so a call must find
     /// one too (and none where it had none) — else it traces again.
     had_grad: bool,
@@ -254,6 +254,8 @@ enum OutputSource {
     Arg(usize),
     /// A constant made during tracing.
     Const(Arc<Value>),
+    /// A tensor from the function's environment (a weight), as it is at the call.
+    Tensor(Tensor),
 }
 
 /// A compiled entry: one unbroken graph, valid under its guards.
@@ -276,6 +278,8 @@ struct Entry {
     outputs: Vec<OutputSource>,
     /// Gradients the call leaves in leaves' `.grad`.
     grad_writes: Vec<GradWrite>,
+    /// Tensors the function assigned new values to (`Tensor::assign`), and where each value comes from.
+    assign_writes: Vec<(CallTensor, OutputSource)>,
     tree: OutTree,
     explanation: Explanation,
     /// The latest [`Compiled::profile`] of its graph: how it was timed and each launch's time.
@@ -350,7 +354,9 @@ impl Entry {
                         _ => false,
                     }
             });
-        graphs && inputs && outputs && grads && self.guards == other.guards && self.tree == other.tree
+        let assigns = self.assign_writes.len() == other.assign_writes.len()
+            && self.assign_writes.iter().zip(&other.assign_writes).all(|((a, x), (b, y))| a.same(b) && x.same(y));
+        graphs && inputs && outputs && grads && assigns && self.guards == other.guards && self.tree == other.tree
     }
 
     /// Why this entry's gradients cannot serve a call: a leaf whose `.grad` is set where it was not when
@@ -378,6 +384,7 @@ impl OutputSource {
             (OutputSource::Graph(i), OutputSource::Graph(j)) => i == j,
             (OutputSource::Arg(i), OutputSource::Arg(j)) => i == j,
             (OutputSource::Const(x), OutputSource::Const(y)) => Arc::ptr_eq(x, y),
+            (OutputSource::Tensor(s), OutputSource::Tensor(t)) => s.id() == t.id(),
             _ => false,
         }
     }
@@ -388,6 +395,7 @@ impl OutputSource {
             OutputSource::Graph(k) => Tensor::from_value(results[*k].clone()),
             OutputSource::Arg(i) => args[*i].clone(),
             OutputSource::Const(d) => Tensor::from_value(d.clone()),
+            OutputSource::Tensor(t) => t.clone(),
         }
     }
 }
@@ -832,16 +840,17 @@ impl<F> Compiled<F> {
         let grad_leaves = tracer.grad_leaves();
         let grads_now: Vec<Tensor> = grad_leaves.iter().filter_map(|(_, g)| g.clone()).collect();
         let mut grads_located = tracer.locate(&grads_now).into_iter();
+        let call_tensor = |t: &Tensor| match tracer.arg_index(t.id()) {
+            Some(i) => CallTensor::Arg(i),
+            None => CallTensor::Tensor(t.clone()),
+        };
         let grad_located: Vec<_> = grad_leaves
             .into_iter()
-            .map(|(leaf, now)| {
-                let target = match tracer.arg_index(leaf.leaf.id()) {
-                    Some(i) => GradTarget::Arg(i),
-                    None => GradTarget::Tensor(leaf.leaf.clone()),
-                };
-                (target, leaf.had_grad, now.and_then(|_| grads_located.next()))
-            })
+            .map(|(leaf, now)| (call_tensor(&leaf.leaf), leaf.had_grad, now.and_then(|_| grads_located.next())))
             .collect();
+        let (assigned, assigned_values): (Vec<Tensor>, Vec<Tensor>) = tracer.assignments().into_iter().unzip();
+        let assign_located: Vec<(CallTensor, Located)> =
+            assigned.iter().map(call_tensor).zip(tracer.locate(&assigned_values)).collect();
         tracer.flush(None)?;
         let record = tracer.finish();
         let explanation = Explanation::new(backend.name(), record.clone(), visitor.statics.clone());
@@ -874,12 +883,12 @@ impl<F> Compiled<F> {
         if cacheable {
             let graph = record.graphs.into_iter().next();
             let source = |l: &Located| match l {
-                Located::Node(n) => graph
-                    .as_ref()
-                    .and_then(|g| g.graph.outputs.iter().position(|o| o == n))
-                    .map(OutputSource::Graph),
+                Located::Node(n) => {
+                    graph.as_ref().and_then(|g| g.graph.outputs.iter().position(|o| o == n)).map(OutputSource::Graph)
+                }
                 Located::Arg(i) => Some(OutputSource::Arg(*i)),
                 Located::Const(d) => Some(OutputSource::Const(d.clone())),
+                Located::Captured(t) => Some(OutputSource::Tensor(t.clone())),
             };
             let outputs = located.iter().map(source).collect::<Option<Vec<_>>>();
             let grad_writes = grad_located
@@ -892,7 +901,9 @@ impl<F> Compiled<F> {
                     Some(GradWrite { target, had_grad, value })
                 })
                 .collect::<Option<Vec<_>>>();
-            if let (Some(outputs), Some(grad_writes)) = (outputs, grad_writes) {
+            let assign_writes =
+                assign_located.into_iter().map(|(target, l)| Some((target, source(&l)?))).collect::<Option<Vec<_>>>();
+            if let (Some(outputs), Some(grad_writes), Some(assign_writes)) = (outputs, grad_writes, assign_writes) {
                 let inputs: Vec<InputSource> = graph
                     .as_ref()
                     .map(|g| {
@@ -903,10 +914,7 @@ impl<F> Compiled<F> {
                             .map(|(gi, src)| match (&gi.kind, src) {
                                 (crate::ir::InputKind::Arg { index }, _) => InputSource::Arg(*index),
                                 (_, Some(t)) => match tracer.grad_source(t.id()) {
-                                    Some(leaf) => InputSource::GradOf(match tracer.arg_index(leaf.id()) {
-                                        Some(i) => GradTarget::Arg(i),
-                                        None => GradTarget::Tensor(leaf),
-                                    }),
+                                    Some(leaf) => InputSource::GradOf(call_tensor(&leaf)),
                                     None => InputSource::Tensor(t.clone()),
                                 },
                                 (_, None) => InputSource::Arg(usize::MAX),
@@ -934,6 +942,7 @@ impl<F> Compiled<F> {
                     inputs,
                     outputs,
                     grad_writes,
+                    assign_writes,
                     tree,
                     explanation: explanation.clone(),
                     profile: Mutex::new(None),
@@ -1001,6 +1010,15 @@ impl<F> Compiled<F> {
         for w in &e.grad_writes {
             let grad = w.value.as_ref().map(|v| v.tensor(&results, args));
             crate::tape::set_grad(w.target.resolve(args)?, grad);
+        }
+        // Every value is taken before any is stored: an assignment may hand one argument's value to
+        // another (a swap).
+        let assigned: Vec<Option<Arc<Value>>> =
+            e.assign_writes.iter().map(|(_, v)| v.tensor(&results, args).value()).collect();
+        for ((target, _), value) in e.assign_writes.iter().zip(assigned) {
+            if let Some(v) = value {
+                target.resolve(args)?.replace_value(v);
+            }
         }
         let tensors: Vec<Tensor> = e
             .outputs

@@ -156,10 +156,10 @@ impl Tensor {
     pub fn detach(&self) -> Tensor {
         match self.value() {
             Some(v) => Tensor::from_value(v),
-            None => no_grad(|| {
-                crate::trace::record(Op::Reshape, &[self], self.dtype(), self.shape(), SourceLoc::caller())
-            })
-            .unwrap_or_else(|_| self.clone()),
+            None => {
+                no_grad(|| crate::trace::record(Op::Reshape, &[self], self.dtype(), self.shape(), SourceLoc::caller()))
+                    .unwrap_or_else(|_| self.clone())
+            }
         }
     }
 

@@ -24,6 +24,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+mod assign;
 mod backward;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -136,21 +137,36 @@ impl Tensor {
     /// Replaces this tensor's value with `src`'s (same dtype and shape): how a weight is updated in place.
     /// Compiled functions that captured this tensor read the new value on their next call (they guard on
     /// the tensor, not on its data), and upload it to their device once.
+    ///
+    /// Inside a compiled function (an optimizer's update written as torch's `p.sub_(..)`), the new value
+    /// is the traced one: the rest of the function reads it, and every call — traced or cached — leaves
+    /// it in this tensor when the graph has run.
     #[track_caller]
     pub fn assign(&self, src: &Tensor) -> Result<()> {
         let loc = SourceLoc::caller();
-        let (Some(new), Some(_)) = (src.value(), self.value()) else {
-            return Err(Error::Unsupported { what: "assigning to or from a traced tensor".into(), loc });
+        let Some(old) = self.value() else {
+            return Err(Error::Unsupported { what: "assigning to a traced tensor".into(), loc });
         };
-        if new.dtype() != self.dtype() || new.dims() != self.value().map(|v| v.dims().to_vec()).unwrap_or_default() {
+        if src.dtype() != old.dtype() || src.shape() != self.shape() {
             return Err(Error::Shape {
                 op: "assign".into(),
-                msg: format!("{} {} into {} {}", new.dtype(), new.shape(), self.dtype(), self.shape()),
+                msg: format!("{} {} into {} {}", src.dtype(), src.shape(), old.dtype(), self.shape()),
                 loc,
             });
         }
-        *lock(&self.cell.state) = State::Concrete { data: new, carried_from: None };
+        if let Some(tracer) = active() {
+            return tracer.assign(self, src, &loc);
+        }
+        let Some(new) = src.value() else {
+            return Err(Error::Unsupported { what: "assigning a traced tensor after its trace ended".into(), loc });
+        };
+        self.replace_value(new);
         Ok(())
+    }
+
+    /// Makes this tensor hold `data` (same dtype and shape, checked by the caller).
+    pub(crate) fn replace_value(&self, data: Arc<Value>) {
+        *lock(&self.cell.state) = State::Concrete { data, carried_from: None };
     }
 
     /// Number of dims.
@@ -214,6 +230,12 @@ impl Tensor {
     #[track_caller]
     fn read_host(&self, what: &str) -> Result<Arc<TensorData>> {
         let loc = SourceLoc::caller();
+        if assign::pending(self.id()) {
+            // Assigned a traced value: the graph runs and stores it first.
+            if let Some(t) = active() {
+                t.graph_break(format!("host read `{what}()` of a tensor assigned in the trace"), loc.clone())?;
+            }
+        }
         if let Some(data) = self.value() {
             // Reading an argument's values makes what follows depend on them: a break, so no cached
             // entry is ever specialised on data it does not guard.
@@ -351,6 +373,9 @@ struct TraceState {
     /// Gradients lifted into the trace (what `.grad` held when a `backward()` added to it), by the
     /// lifted tensor's identity: each is the named leaf's gradient at the call, not that tensor.
     grad_sources: HashMap<u64, Tensor>,
+    /// Concrete tensors the function assigned new values to in the current graph, and the values (the
+    /// latest one per tensor): ops read the value, and the graph's run stores it in the tensor.
+    assigned: Vec<(Tensor, Tensor)>,
     /// Time spent tuning kernel schedules (`Mode::MaxAutotune`), ms.
     tuning_ms: f64,
     /// Kernels whose schedules were timed (not taken from the tuning cache).
@@ -366,6 +391,9 @@ pub(crate) enum Located {
     Arg(usize),
     /// A concrete value made during tracing.
     Const(Arc<Value>),
+    /// A tensor that existed before the trace (a weight), returned or assigned as it is: a later call
+    /// gives that tensor, with whatever value it holds then.
+    Captured(Tensor),
 }
 
 /// What a finished trace leaves behind.
@@ -454,6 +482,9 @@ impl Tracer {
 
     /// The node that stands for `t` in the current graph, lifting concrete data in as an input.
     fn node_of(&self, st: &mut TraceState, t: &Tensor, loc: &SourceLoc) -> Result<NodeId> {
+        if let Some(value) = st.assigned.iter().find(|(target, _)| target.id() == t.id()).map(|(_, v)| v.clone()) {
+            return self.node_of(st, &value, loc);
+        }
         match &*lock(&t.cell.state) {
             State::Lazy { trace, graph, node, .. } => {
                 if *trace == self.id && *graph == st.graph_index {
@@ -600,6 +631,11 @@ impl Tracer {
                 *lock(&cell.state) = State::Concrete { data, carried_from: Some((self.id, index)) };
             }
         }
+        for (target, value) in std::mem::take(&mut st.assigned) {
+            if let Some(data) = value.value() {
+                target.replace_value(data);
+            }
+        }
         let ended_by = ended_by.map(|mut b| {
             b.after_graph = ran.then_some(index).or(index.checked_sub(1));
             st.breaks.push(b.clone());
@@ -622,6 +658,8 @@ impl Tracer {
                 State::Lazy { node, .. } => Located::Node(*node),
                 State::Concrete { data, .. } => match st.args.get(&t.id()) {
                     Some(&i) => Located::Arg(i),
+                    // Ids grow: a tensor older than this trace came from the function's environment.
+                    None if t.id() < self.id => Located::Captured(t.clone()),
                     None => Located::Const(data.clone()),
                 },
             })

@@ -1,6 +1,8 @@
-//! `loss.backward()` inside a compiled function, as torch users write a training step: the gradients
-//! land in `.grad` on the call that traces and on every cached call after, accumulate as torch's do,
-//! feed an update in the same graph, and match the eager backward on the same backend.
+//! `loss.backward()` and in-place updates inside a compiled function, as torch users write a training
+//! step: the gradients land in `.grad` on the call that traces and on every cached call after,
+//! accumulate as torch's do, feed an update in the same graph that `assign`s the parameters, and match
+//! the eager backward and update on the same backend; an assigned or returned weight is the tensor as it
+//! is at each call, never a copy frozen when traced.
 
 use kiln::graph::{compile, Backend, Tensor};
 use kiln::no_grad;
@@ -104,4 +106,81 @@ pub fn compiled_backward(be: &Arc<dyn Backend>) {
         assert_close(&xi.grad().expect("the argument's gradient"), &want, &format!("argument leaf, call {i}"));
     }
     assert!(w2.grad().is_none(), "w2 does not require grad");
+}
+
+/// The whole loop body compiled as torch users write it: forward, `backward()`, each parameter updated
+/// in place from its `.grad` under `no_grad`, `.grad` cleared — against the same loop run eagerly.
+pub fn compiled_train_loop(be: &Arc<dyn Backend>) {
+    let x = on(be, &seq(24, 0.1, 0.0), &[6, 4]);
+    let y = on(be, &seq(18, 0.05, 0.1), &[6, 3]);
+    let fresh = || {
+        let w = on(be, &seq(12, 0.2, -0.1), &[4, 3]).requires_grad_(true).unwrap();
+        let b = on(be, &seq(3, 0.3, 0.0), &[3]).requires_grad_(true).unwrap();
+        (w, b)
+    };
+    let sgd_step = |w: &Tensor, b: &Tensor, x: &Tensor, y: &Tensor| -> kiln::graph::Result<Tensor> {
+        let l = loss(x, w, b, y)?;
+        l.backward()?;
+        no_grad(|| -> kiln::graph::Result<()> {
+            for p in [w, b] {
+                p.assign(&p.sub(&p.grad().expect("backward() set .grad").mul(0.5)?)?)?;
+                p.zero_grad();
+            }
+            Ok(())
+        })?;
+        Ok(l)
+    };
+    let (we, be_) = fresh();
+    let eager: Vec<f64> = (0..4).map(|_| values(&sgd_step(&we, &be_, &x, &y).unwrap())[0]).collect();
+    let (w, b) = fresh();
+    let step = compile(|(x, y): (&Tensor, &Tensor)| sgd_step(&w, &b, x, y)).backend(be.clone());
+    let compiled: Vec<f64> = (0..4).map(|_| values(&step.call((&x, &y)).unwrap())[0]).collect();
+    for (k, (c, e)) in compiled.iter().zip(&eager).enumerate() {
+        assert!((c - e).abs() <= 2e-5 * (1.0 + e.abs()), "step {k}: loss {c} compiled, {e} eager");
+    }
+    assert!(compiled[3] < compiled[0], "the loss falls: {compiled:?}");
+    assert_close(&w, &values(&we), "w after four compiled steps");
+    assert_close(&b, &values(&be_), "b after four compiled steps");
+    assert!(w.grad().is_none() && b.grad().is_none(), "zero_grad inside the step cleared .grad");
+    let stats = step.stats();
+    assert_eq!((stats.traces, stats.cache_hits), (1, 3), "traced once: {stats:?}");
+}
+
+/// A captured weight assigned or returned by a compiled function is the tensor as it is at each call.
+pub fn assigned_and_captured_tensors(be: &Arc<dyn Backend>) {
+    // A counter updated in place: every call adds one, traced or cached.
+    let count = on(be, &[0.0], &[1]);
+    let tick = compile(|x: &Tensor| {
+        count.assign(&count.add(x)?)?;
+        Ok(count.mul(10.0)?)
+    })
+    .backend(be.clone());
+    let one = on(be, &[1.0], &[1]);
+    for k in 1..=3 {
+        let tens: Tensor = tick.call(&one).unwrap();
+        assert_eq!(values(&count), vec![f64::from(k)], "call {k}: the counter");
+        assert_eq!(values(&tens), vec![10.0 * f64::from(k)], "call {k}: ops after the assign read the new value");
+    }
+    assert_eq!(tick.stats().traces, 1, "{:?}", tick.stats());
+    // A weight returned unchanged, reassigned between calls.
+    let w = on(be, &[1.0, 2.0], &[2]);
+    let pair = compile(|x: &Tensor| Ok((x.add(&w)?, w.clone()))).backend(be.clone());
+    let x = on(be, &[0.5, 0.5], &[2]);
+    let _: (Tensor, Tensor) = pair.call(&x).unwrap();
+    w.assign(&on(be, &[5.0, 6.0], &[2])).unwrap();
+    let (sum, same): (Tensor, Tensor) = pair.call(&x).unwrap();
+    assert_eq!(values(&sum), vec![5.5, 6.5]);
+    assert_eq!(values(&same), vec![5.0, 6.0], "the returned weight is the weight now, not as traced");
+    assert_eq!(same.id(), w.id(), "the same tensor, as torch returns it");
+    // A host read of an assigned tensor inside the function runs the graph first.
+    let v = on(be, &[3.0], &[1]);
+    let read = compile(|x: &Tensor| {
+        v.assign(&v.mul(x)?)?;
+        let now: Vec<f32> = v.to_vec()?;
+        Ok(Tensor::from_slice(&now, &[1])?)
+    })
+    .backend(be.clone());
+    let r: Tensor = read.call(&on(be, &[2.0], &[1])).unwrap();
+    assert_eq!(values(&r), vec![6.0]);
+    assert_eq!(values(&v), vec![6.0]);
 }

@@ -111,6 +111,14 @@ macro_rules! conformance_suite {
         fn backward_inside_compile_matches_eager() {
             let Some(b) = backend() else { return };
             conformance::compiled_backward::compiled_backward(&b);
+            conformance::compiled_backward::compiled_train_loop(&b);
+        }
+
+        #[test]
+        $(#[$attr])*
+        fn assigned_and_captured_tensors_are_read_at_each_call() {
+            let Some(b) = backend() else { return };
+            conformance::compiled_backward::assigned_and_captured_tensors(&b);
         }
 
         #[test]

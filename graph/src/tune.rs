@@ -1,8 +1,9 @@
 //! `Mode::MaxAutotune`: each kernel's schedule chosen by timing candidates on the device, at compile time.
 //!
 //! The candidates are the same graph compiled for variants of the target that differ in one schedule knob
-//! (the matmul template's largest tile, threads per row of a row reduction): fusion and the memory plan do
-//! not depend on them, so variant kernel `i` computes what the default's kernel `i` computes, from the same
+//! (the matmul template's largest tile and stages, threads per row of a row reduction, vector widths, the
+//! attention templates' divisions, the GEMM library or the template): where fusion and the memory plan do
+//! not depend on them (a variant whose kernels do not correspond is dropped), so variant kernel `i` computes what the default's kernel `i` computes, from the same
 //! buffers. Each variant runs once per candidate on the call's own inputs with every launch timed alone
 //! (`Runtime::profile`, best of three), and each kernel keeps the fastest variant's schedule. Choices are
 //! kept in the cache directory (`tuning.json`), keyed by the target and the kernel's structure, so a later
@@ -42,6 +43,17 @@ fn candidates(target: &Target) -> Vec<(String, Target)> {
     let n = crate::sym::Expr::from(4096i64);
     if crate::matmul_tile::choose(&two, &crate::sym::Expr::from(1i64), &n, &n, 4, [true, false]).stages == 2 {
         v.push((format!("matmul_stages={stages}"), Target { matmul_stages: stages, ..target.clone() }));
+    }
+    // Narrower vectors (fewer bytes in flight a thread, more threads), down to none.
+    let mut lanes = target.max_vector_lanes / 2;
+    while lanes >= 1 {
+        v.push((format!("max_vector_lanes={lanes}"), Target { max_vector_lanes: lanes, ..target.clone() }));
+        lanes /= 2;
+    }
+    // The matmul template for a product the target would give its GEMM library (where fusion comes out
+    // the same, so the kernels correspond: the template's epilogue then holds what the call's did).
+    if target.library_gemm {
+        v.push(("library_gemm=false".to_string(), Target { library_gemm: false, ..target.clone() }));
     }
     for threads in [target.row_threads / 2, target.row_threads * 2] {
         if (32..=target.max_threads_per_group).contains(&threads) {
@@ -253,5 +265,10 @@ mod tests {
         assert!(cuda.iter().any(|(l, t)| l == "matmul_stages=2" && t.matmul_stages == 2));
         // A WGSL target (lanes) tries the registers template.
         assert!(labels.contains(&"register_attention.thread_rows=4"), "{labels:?}");
+        // Narrower vectors down to none; the template against the library only where there is one.
+        let widest = t.max_vector_lanes;
+        assert!(widest >= 2 && labels.contains(&"max_vector_lanes=1"), "{labels:?}");
+        assert!(!labels.contains(&"library_gemm=false"), "{labels:?}");
+        assert!(cuda.iter().any(|(l, t)| l == "library_gemm=false" && !t.library_gemm));
     }
 }

@@ -121,6 +121,13 @@ fn backward_inside_compile_joins_the_trace() {
     let (live, _) = ex.graphs[0].graph.without_dead_nodes();
     let products = live.nodes.iter().filter(|n| n.op.name() == "matmul").count();
     assert_eq!(products, 2, "x·w and xᵀ·dL/d(xw); a second forward would make three: {ex}");
+    // The partition is reported, in bytes the backward reads against keeping every value its rules use
+    // (here the residual: 6 × 3 f32, nothing worth computing again at this size).
+    let p = &ex.graphs[0].partitions;
+    assert_eq!(p.len(), 1, "{ex}");
+    let (saved, all) = (p[0].saved_bytes.as_const().unwrap(), p[0].all_bytes.as_const().unwrap());
+    assert!(0 < saved && saved <= all && all <= 6 * 3 * 4 * 3, "{:?}", p[0]);
+    assert!(ex.to_string().contains("backward: reads"), "{ex}");
 }
 
 /// Inside a compiled function `detach` and `no_grad` stop gradients as they do eagerly.

@@ -37,6 +37,8 @@ pub(crate) struct Joint {
     /// The nodes gradients must not flow through: the forward's nodes that came from the stopped ones,
     /// and every node the backward added (a gradient has no history of its own, as torch's `.grad`).
     pub stopped: HashSet<NodeId>,
+    /// What the partitioner chose to read and to compute again ([`crate::remat::partition`]).
+    pub partition: crate::remat::Partition,
 }
 
 /// [`grad_graph`] of `graph.outputs[0]`, keeping `graph`'s other outputs (the values a trace still holds)
@@ -118,9 +120,9 @@ pub(crate) fn joint_graph(graph: &Graph, wrt: &[usize], stop: &HashSet<NodeId>) 
     outputs.extend_from_slice(kept);
     let mut joint = b.graph;
     joint.outputs = outputs;
-    let graph = crate::remat::recompute_in_backward(joint, n);
+    let (graph, partition) = crate::remat::partition(joint, n);
     let stopped = stopped.into_iter().chain((n as u32..graph.nodes.len() as u32).map(NodeId)).collect();
-    Ok(Joint { graph, stopped })
+    Ok(Joint { graph, stopped, partition })
 }
 
 /// `f`'s value at `args` and its gradients with respect to `args[i]` for each `i` in `wrt` (the
@@ -147,11 +149,13 @@ pub fn value_and_grad(
             &loc,
         ));
     }
-    let joint = grad_graph(&graph, wrt)?;
-    let mut outs = if crate::trace::active().is_some() {
-        crate::trace::splice(&joint, args)?.into_iter()
-    } else {
-        run_joint(&joint, args)?.into_iter()
+    let joint = joint_graph(&graph, wrt, &HashSet::new())?;
+    let mut outs = match crate::trace::active() {
+        Some(tracer) => {
+            tracer.note_partition(joint.partition);
+            crate::trace::splice(&joint.graph, args)?.into_iter()
+        }
+        None => run_joint(&joint.graph, args)?.into_iter(),
     };
     let value = outs.next().ok_or_else(|| unsupported("a joint graph without its value", &loc))?;
     Ok((value, outs.collect()))

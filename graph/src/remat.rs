@@ -1,59 +1,269 @@
-//! Recomputation in the backward pass: which forward values the backward reads again from memory and
-//! which it computes again from narrower ones.
+//! The backward pass's partitioner: which forward values the backward reads from memory and which it
+//! computes again.
 //!
 //! A vector-Jacobian rule reads the forward values its op was built from. After decomposition those are
 //! often wide intermediates of a composite: a bf16 model's GELU, `x·½·(1 + erf(x/√2))` computed in f32,
 //! leaves `1 + erf(x/√2)`, `x·½` and `x/√2` for the backward, three f32 tensors the forward kernel must
-//! write and the backward kernel read, where `x` itself (bf16, stored anyway) is a quarter of their bytes.
-//! Here each forward value the backward reads is replaced, for the backward's readers, by a copy of the
-//! pointwise arithmetic that makes it from narrower values, when those are fewer bytes per element than
-//! the value (as PyTorch's partitioner recomputes cheap pointwise ops rather than saving them). Fusion
-//! then computes the copy inside the backward's kernel.
-//!
-//! At equal width the copy still pays when the forward would write the value only for the backward and
-//! the copy reads values stored anyway (a product's output, an input): an f32 GELU after a `Linear`
-//! leaves the same three intermediates, each as wide as the product's output, and the forward wrote
-//! four tensors in four kernels where one writes the activation; its backward read three where it now
-//! reads the product's output once.
+//! write and the backward kernel read, where `x` itself (bf16, stored anyway) is a quarter of their bytes;
+//! an f32 GELU after a `Linear` leaves the same three, each as wide as the product's output, which the
+//! forward writes anyway. Over the whole joint graph, a minimum cut ([`partition`], as PyTorch's
+//! AOTAutograd partitions) chooses the values to read so that the bytes the backward reads, and the
+//! forward writes only for it, are fewest; everything between them and the backward's readers is
+//! computed again, and fusion computes those copies inside the backward's kernels.
 
-use crate::ir::{Graph, Node, NodeId, OpFamily};
+use crate::ir::{Graph, Node, NodeId, Op, OpFamily};
+use crate::min_cut::{Network, UNCUTTABLE};
+use crate::sym::Expr;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
 
-/// Nodes one recomputation may copy: a short chain of pointwise arithmetic.
-const MOST: usize = 12;
+/// Nodes one recomputation may copy: a recomputed value whose copy would be longer is kept instead.
+const MOST: usize = 24;
+
+/// Bytes below which a value is read rather than computed again (see `choose_saved`).
+const SMALL: u64 = 64 << 10;
+
+/// What the partition chose, for reports: the bytes of the forward values the backward reads from
+/// memory, against the bytes it would read had every value it uses been kept; and how many forward
+/// nodes the backward computes again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Partition {
+    /// Bytes of the forward's values the backward reads (graph inputs left out: they are in memory
+    /// whatever the partition).
+    pub saved_bytes: Expr,
+    /// The same, had the backward read every forward value its rules use.
+    pub all_bytes: Expr,
+    /// Forward nodes computed again in the backward (each copy once, however many readers share it).
+    pub recomputed: usize,
+}
+
+/// One line: what the backward reads, against keeping every value its rules use.
+impl std::fmt::Display for Partition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = |e: &Expr| match e.as_const() {
+            Some(b) => format!("{:.1} MiB", b as f64 / 1048576.0),
+            None => format!("{e} B"),
+        };
+        write!(
+            f,
+            "backward: reads {} of forward values ({} were every value its rules use kept), {} node(s) computed again",
+            shown(&self.saved_bytes),
+            shown(&self.all_bytes),
+            self.recomputed
+        )
+    }
+}
 
 /// `joint` (forward nodes `0..forward_len`, then the backward's) with the backward reading recomputed
-/// copies of the forward values that are cheaper to compute again than to read.
-pub(crate) fn recompute_in_backward(joint: Graph, forward_len: usize) -> Graph {
+/// copies of the forward values that are cheaper to compute again than to read, and what it chose.
+///
+/// Which values the backward reads is a minimum cut (AOTAutograd's partitioner, on kiln's costs): each
+/// forward value the backward's rules use is either read from memory — its bytes once more, twice when
+/// the forward would not write it otherwise (`stored_anyway`) — or computed again from values read,
+/// which only pointwise, layout and constant nodes may be. So a chain of cheap ops costs the bytes of
+/// whatever it is cheapest to cut it at: narrower values (a bf16 model's f32 intermediates come back
+/// from its bf16 ones), values the forward stores anyway (a GELU's intermediates from its `Linear`'s
+/// output), inputs. A value a backward product reads is given the price of its copy (written, then read
+/// by the product), a value a backward comparison reads is never computed again (see [`compared`]),
+/// and a copy longer than `MOST` nodes is not made.
+pub(crate) fn partition(joint: Graph, forward_len: usize) -> (Graph, Partition) {
     let Graph { nodes, inputs, outputs, symbols } = joint;
     let mut g = Graph { nodes: nodes[..forward_len].to_vec(), inputs, outputs: Vec::new(), symbols };
     let mut map: Vec<NodeId> = (0..forward_len as u32).map(NodeId).collect();
+    let exact = compared(&nodes, forward_len);
+    let kept = stored_anyway(&g, &outputs);
+    let saved = choose_saved(&g, &nodes[forward_len..], &exact[forward_len..], &kept);
     // Readers that compute elementwise or reduce (and views, which their readers compute through) each
     // get copies of their own: every such reader then holds the only reader of its copy, and fusion
     // computes the copy inside that reader's kernel, whichever kernel that is. One copy shared by a layer
     // norm's weight gradient and its input gradient, two kernels, was stored by the forward's kernel
     // instead. A product or an attention reads its operands from memory: one copy is stored for all.
-    let mut shared: HashMap<NodeId, Option<NodeId>> = HashMap::new();
-    let exact = compared(&nodes, forward_len);
-    let kept = stored_anyway(&g, &outputs);
+    let mut shared: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut recomputed = BTreeSet::new();
     for (i, node) in nodes.iter().enumerate().skip(forward_len) {
         let mut node = node.clone();
         let own = node.op.family() != OpFamily::Matmul;
-        let mut mine: HashMap<NodeId, Option<NodeId>> = HashMap::new();
+        let mut mine: HashMap<NodeId, NodeId> = HashMap::new();
         for x in &mut node.inputs {
             *x = if x.index() >= forward_len {
                 map[x.index()]
-            } else if exact[i] {
+            } else if exact[i] || saved[x.index()] {
                 *x
             } else {
                 let copies = if own { &mut mine } else { &mut shared };
-                recomputed(&mut g, *x, copies, &kept).unwrap_or(*x)
+                copy(&mut g, *x, &saved, copies, &mut recomputed)
             };
         }
         map.push(g.push(node));
     }
     g.outputs = outputs.iter().map(|o| map[o.index()]).collect();
-    g
+    let report = report(&g, &nodes[forward_len..], forward_len, &saved, recomputed.len());
+    (g, report)
+}
+
+/// Per forward node, whether the backward reads it from memory (see [`partition`]): the minimum cut of
+/// a network where node `v` is an edge `v_in → v_out` priced at what reading `v` costs, every use of a
+/// value an uncuttable edge from its `_out` to its reader's `_in`, the nodes the backward may not compute
+/// again tied to the source and every value a backward node reads tied to the sink. A node whose `_in`
+/// ends on the source's side and `_out` on the sink's is read; one wholly on the sink's side is computed
+/// again.
+fn choose_saved(g: &Graph, backward: &[Node], exact: &[bool], kept: &[bool]) -> Vec<bool> {
+    let n = g.nodes.len();
+    let sizes = representative_sizes(g);
+    let bytes = |v: usize| -> u64 {
+        let node = &g.nodes[v];
+        let numel = node.shape.numel().eval(&sizes).unwrap_or(i64::MAX / 1024).max(0) as u64;
+        numel.saturating_mul(node.dtype.size_bytes() as u64).min(UNCUTTABLE / (1024 * n as u64 + 1024))
+    };
+    let (source, sink) = (2 * n, 2 * n + 1);
+    let mut read = vec![false; n];
+    let mut forced = vec![false; n];
+    // Values a backward product reads, directly or through views (the product reads them from memory).
+    let mut operand = vec![false; n + backward.len()];
+    for (i, node) in backward.iter().enumerate().rev() {
+        let family = node.op.family();
+        if family == OpFamily::Matmul || (family == OpFamily::Layout && operand[n + i]) {
+            for x in &node.inputs {
+                operand[x.index()] = true;
+            }
+        }
+    }
+    for (node, &exact) in backward.iter().zip(exact) {
+        for x in node.inputs.iter().filter(|x| x.index() < n) {
+            read[x.index()] = true;
+            forced[x.index()] |= exact;
+        }
+    }
+    let by_product = &operand[..n];
+    // A view is its base's bytes (an expanded weight is the weight).
+    let base = |mut v: usize| {
+        while g.nodes[v].op.family() == OpFamily::Layout && !g.nodes[v].inputs.is_empty() {
+            v = g.nodes[v].inputs[0].index();
+        }
+        v
+    };
+    // A small value (a row's statistic, a cast vector) is read, never computed again: its bytes are
+    // noise, and computing it again only moves work between kernels — a layer norm's reciprocal root
+    // recomputed from its variance left the forward's normalisation to a later kernel, which then read
+    // `x − mean` in f32 where it had read the bf16 output (measured: W5-train-bf16 +0.6%).
+    let recomputable = |v: usize| {
+        let node = &g.nodes[v];
+        matches!(node.op.family(), OpFamily::Pointwise | OpFamily::Layout | OpFamily::Source)
+            && !matches!(node.op, Op::Input { .. })
+            && bytes(base(v)) >= SMALL
+    };
+    // Bytes weigh 64 times a node computed again, which only breaks ties: of two cuts reading as many
+    // bytes, the one that computes fewer nodes again.
+    loop {
+        let mut net = Network::new(2 * n + 2);
+        for v in 0..n {
+            let node = &g.nodes[v];
+            let stored = base(v);
+            let reading = 64 * bytes(stored);
+            let cost =
+                if kept[stored] || matches!(g.nodes[stored].op, Op::Input { .. }) { reading } else { 2 * reading };
+            net.edge(2 * v, 2 * v + 1, cost);
+            for x in &node.inputs {
+                net.edge(2 * x.index() + 1, 2 * v, UNCUTTABLE);
+            }
+            if !recomputable(v) || forced[v] {
+                net.edge(source, 2 * v, UNCUTTABLE);
+            } else if by_product[v] {
+                // Computed again, it is written for the product and read by it.
+                net.edge(source, 2 * v, 2 * reading + 1);
+            } else {
+                net.edge(source, 2 * v, 1);
+            }
+            if read[v] {
+                net.edge(2 * v + 1, sink, UNCUTTABLE);
+            }
+        }
+        let side = net.min_cut(source, sink);
+        let saved: Vec<bool> = (0..n).map(|v| side[2 * v] && !side[2 * v + 1]).collect();
+        // A copy too long to make: that value is read instead, and the cut made again around it.
+        let long: Vec<usize> =
+            (0..n).filter(|&v| read[v] && !saved[v] && !forced[v] && cone_len(g, v, &saved) > MOST).collect();
+        if long.is_empty() {
+            return saved;
+        }
+        for v in long {
+            forced[v] = true;
+        }
+    }
+}
+
+/// Every symbol at a size for comparing costs: 1024 within its range (a batch, a sequence).
+fn representative_sizes(g: &Graph) -> crate::sym::Bindings {
+    let mut b = crate::sym::Bindings::default();
+    for i in 0..g.symbols.len() as u32 {
+        let s = crate::sym::SymId(i);
+        let (lo, hi) = g.symbols.range(s).unwrap_or((1, None));
+        b.bind(s, 1024i64.max(lo).min(hi.unwrap_or(i64::MAX)));
+    }
+    b
+}
+
+/// How many nodes computing `v` again copies: its ancestors up to the values read.
+fn cone_len(g: &Graph, v: usize, saved: &[bool]) -> usize {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![v];
+    while let Some(q) = stack.pop() {
+        if (saved[q] && q != v) || matches!(g.nodes[q].op, Op::Input { .. }) || !seen.insert(q) {
+            continue;
+        }
+        if seen.len() > MOST {
+            break;
+        }
+        stack.extend(g.nodes[q].inputs.iter().map(|x| x.index()));
+    }
+    seen.len()
+}
+
+/// The copy of forward value `p` the backward reads (pushed onto `g`): `p`'s ancestors back to the
+/// values read, copied in id order. `copies` remembers each forward node's copy, so a reader's (or the
+/// products') copies share their common part.
+fn copy(
+    g: &mut Graph,
+    p: NodeId,
+    saved: &[bool],
+    copies: &mut HashMap<NodeId, NodeId>,
+    recomputed: &mut BTreeSet<NodeId>,
+) -> NodeId {
+    let mut cone = BTreeSet::new();
+    let mut stack = vec![p];
+    while let Some(q) = stack.pop() {
+        let stop = saved[q.index()] || matches!(g.node(q).op, Op::Input { .. }) || copies.contains_key(&q);
+        if stop || !cone.insert(q) {
+            continue;
+        }
+        stack.extend(g.node(q).inputs.iter().copied());
+    }
+    // In id order: each copy's producers are copied (or read) before it.
+    for q in cone {
+        let mut node: Node = g.node(q).clone();
+        for x in &mut node.inputs {
+            if let Some(&c) = copies.get(x) {
+                *x = c;
+            }
+        }
+        copies.insert(q, g.push(node));
+        recomputed.insert(q);
+    }
+    copies.get(&p).copied().unwrap_or(p)
+}
+
+/// The partition's figures (see [`Partition`]).
+fn report(g: &Graph, backward: &[Node], forward_len: usize, saved: &[bool], recomputed: usize) -> Partition {
+    let value_bytes = |v: usize| g.nodes[v].shape.numel() * Expr::from(g.nodes[v].dtype.size_bytes());
+    let not_input = |v: &usize| !matches!(g.nodes[*v].op, Op::Input { .. });
+    let used: BTreeSet<usize> =
+        backward.iter().flat_map(|n| &n.inputs).map(|x| x.index()).filter(|&x| x < forward_len).collect();
+    let sum = |vs: &mut dyn Iterator<Item = usize>| vs.fold(Expr::from(0i64), |acc, v| acc + value_bytes(v));
+    Partition {
+        saved_bytes: sum(&mut (0..forward_len).filter(|v| saved[*v]).filter(not_input)),
+        all_bytes: sum(&mut used.into_iter().filter(not_input)),
+        recomputed,
+    }
 }
 
 /// For each node, whether a backward comparison reads its inputs' exact forward values, directly or
@@ -74,35 +284,6 @@ fn compared(nodes: &[Node], forward_len: usize) -> Vec<bool> {
         }
     }
     exact
-}
-
-/// A copy of forward value `p` computed from narrower values (pushed onto `g`), or `None` when reading
-/// `p` is as cheap. `copies` remembers each forward node's copy, so backward readers share one.
-fn recomputed(g: &mut Graph, p: NodeId, copies: &mut HashMap<NodeId, Option<NodeId>>, kept: &[bool]) -> Option<NodeId> {
-    if let Some(&known) = copies.get(&p) {
-        return known;
-    }
-    let cone = cone(g, p, kept);
-    if let Some(cone) = &cone {
-        // In id order: each copy's producers are copied (or forward values) before it.
-        for &q in cone {
-            // Part of an earlier copy already (cones overlap: one cast feeding several values).
-            if let Some(Some(_)) = copies.get(&q) {
-                continue;
-            }
-            let mut node: Node = g.node(q).clone();
-            for x in &mut node.inputs {
-                if let Some(Some(c)) = copies.get(x) {
-                    *x = *c;
-                }
-            }
-            let c = g.push(node);
-            copies.insert(q, Some(c));
-        }
-    }
-    let copy = cone.and_then(|_| copies.get(&p).copied().flatten());
-    copies.insert(p, copy);
-    copy
 }
 
 /// For each forward node, whether the forward writes its value whatever the backward reads: a graph
@@ -151,77 +332,4 @@ fn stored_anyway(g: &Graph, outputs: &[NodeId]) -> Vec<bool> {
         }
     }
     kept
-}
-
-/// The pointwise nodes that compute `p` again (`p` included) from values the backward reads instead:
-/// values narrower than it when they are fewer bytes per element than `p`; or, when that fails and
-/// the forward writes `p` only for the backward, values stored anyway (`kept`, see [`stored_anyway`])
-/// at most as many bytes per element as `p`, so the forward no longer writes it. `None` otherwise.
-fn cone(g: &Graph, p: NodeId, kept: &[bool]) -> Option<BTreeSet<NodeId>> {
-    // A chain too long to copy (`MOST`) through wide values may be short up to the values stored anyway.
-    if let Some(narrower) = cone_from(g, p, None) {
-        if narrower.bytes < narrower.width {
-            return Some(narrower.nodes);
-        }
-    }
-    if kept.get(p.index()).copied().unwrap_or(true) {
-        return None;
-    }
-    let stored = cone_from(g, p, Some(kept))?;
-    (stored.bytes <= stored.width && stored.leaves_kept).then_some(stored.nodes)
-}
-
-/// A candidate copy of `p`: its nodes, what it reads per element against `p`'s width, and whether
-/// every value it reads per element is stored anyway.
-struct Cone {
-    nodes: BTreeSet<NodeId>,
-    bytes: usize,
-    width: usize,
-    leaves_kept: bool,
-}
-
-/// The pointwise nodes at least as wide as `p` that compute it, grown through its inputs; with `kept`,
-/// a value stored anyway (other than `p`) is read, not grown through.
-fn cone_from(g: &Graph, p: NodeId, kept: Option<&[bool]>) -> Option<Cone> {
-    let target = g.node(p);
-    let (width, numel) = (target.dtype.size_bytes(), target.shape.numel());
-    let is_kept = |q: NodeId| kept.is_some_and(|k| k.get(q.index()).copied().unwrap_or(false));
-    let wide = |n: &Node| n.op.family() == OpFamily::Pointwise && n.dtype.is_float() && n.dtype.size_bytes() >= width;
-    if !wide(target) {
-        return None;
-    }
-    let (mut nodes, mut leaves) = (BTreeSet::new(), BTreeSet::new());
-    let mut stack = vec![p];
-    while let Some(q) = stack.pop() {
-        if nodes.contains(&q) || leaves.contains(&q) {
-            continue;
-        }
-        if wide(g.node(q)) && (q == p || !is_kept(q)) {
-            nodes.insert(q);
-            if nodes.len() > MOST {
-                return None;
-            }
-            stack.extend(g.node(q).inputs.iter().copied());
-        } else {
-            leaves.insert(q);
-        }
-    }
-    // What the copy reads per element: a leaf's bytes when it is (a view of) a tensor as large as `p`;
-    // constants and broadcast vectors cost nothing per element.
-    let (mut bytes, mut leaves_kept) = (0, true);
-    for &l in &leaves {
-        let mut base = l;
-        while g.node(base).op.family() == OpFamily::Layout && !g.node(base).inputs.is_empty() {
-            base = g.node(base).inputs[0];
-        }
-        let b = g.node(base);
-        let full = b.op.family() != OpFamily::Source || matches!(b.op, crate::ir::Op::Input { .. });
-        // Free only when known smaller (a symbolic size counts as large as `p`).
-        let smaller = matches!((b.shape.numel().as_const(), numel.as_const()), (Some(a), Some(n)) if a < n);
-        if full && !smaller {
-            bytes += b.dtype.size_bytes();
-            leaves_kept &= is_kept(base) || matches!(b.op, crate::ir::Op::Input { .. });
-        }
-    }
-    Some(Cone { nodes, bytes, width, leaves_kept })
 }

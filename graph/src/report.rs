@@ -76,6 +76,9 @@ pub struct GraphReport {
     /// graph was profiled ([`crate::compile::Compiled::profile`]).
     #[serde(default)]
     pub profiled_with: Option<String>,
+    /// For each backward joined to the graph, what its partitioner chose to read and to compute again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<crate::remat::Partition>,
 }
 
 /// One kernel, as a person inspects it.
@@ -264,6 +267,7 @@ impl GraphReport {
             compiled,
             kernels,
             profiled_with: None,
+            partitions: t.partitions.clone(),
         }
     }
 
@@ -373,6 +377,9 @@ impl std::fmt::Display for GraphReport {
                     writeln!(f, "    {:>10.4} ms {share:>5.1}%  {}", ms, k.name)?;
                 }
             }
+        }
+        for p in &self.partitions {
+            writeln!(f, "  {p}")?;
         }
         if let Some(b) = &self.ended_by {
             writeln!(f, "  ended by a graph break at {}: {}", b.loc, b.reason)?;

@@ -311,6 +311,9 @@ pub struct TracedGraph {
     /// compiled before: the graphs of a function with breaks, traced again on every call, compile once).
     #[serde(default)]
     pub cache_level: Option<crate::cache::CacheLevel>,
+    /// For each backward joined to it (`backward()`, `value_and_grad`), what its partitioner chose.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<crate::remat::Partition>,
 }
 
 impl PartialEq for TracedGraph {
@@ -373,6 +376,8 @@ struct TraceState {
     /// Gradients lifted into the trace (what `.grad` held when a `backward()` added to it), by the
     /// lifted tensor's identity: each is the named leaf's gradient at the call, not that tensor.
     grad_sources: HashMap<u64, Tensor>,
+    /// What the partitioner chose for each backward joined to the current graph.
+    partitions: Vec<crate::remat::Partition>,
     /// Concrete tensors the function assigned new values to in the current graph, and the values (the
     /// latest one per tensor): ops read the value, and the graph's run stores it in the tensor.
     assigned: Vec<(Tensor, Tensor)>,
@@ -642,7 +647,8 @@ impl Tracer {
             b
         });
         if ran {
-            st.graphs.push(TracedGraph { graph, ended_by, compiled, sources, cache_level });
+            let partitions = std::mem::take(&mut st.partitions);
+            st.graphs.push(TracedGraph { graph, ended_by, compiled, sources, cache_level, partitions });
         }
         st.graph_index += 1;
         Ok(())

@@ -130,3 +130,24 @@ fn a_layer_norm_of_a_fused_chain_gains_no_write() {
     let writes = writes.filter(|b| b.access == kiln_graph::kernel::Access::Write && b.len.as_const() == full).count();
     assert!(writes <= 3, "{writes} full-size tensors written:\n{c}");
 }
+
+/// The partition is in the compile report: for the bf16 GELU above, the backward reads nothing the
+/// forward computed in f32 (x is an input), where keeping every value its rules use would read the three
+/// f32 intermediates; the GELU's nodes are computed again.
+#[test]
+fn the_partition_is_reported() {
+    use kiln_graph::{autodiff::value_and_grad, compile, Tensor};
+    let specs = with_dtype(vec![f32s(&[64, 256]), f32s(&[64, 256])], DType::BF16);
+    let (x, y) = (Tensor::from_data(data(&specs[0], 0)), Tensor::from_data(data(&specs[1], 1)));
+    let f = compile(|(x, y): (&Tensor, &Tensor)| {
+        let (_, grads) =
+            value_and_grad(|a| a[0].gelu()?.mul(&a[1])?.mean(&[0, 1], false), &[x.clone(), y.clone()], &[0])?;
+        Ok(grads[0].clone())
+    });
+    let ex = f.explain((&x, &y)).unwrap();
+    let p = &ex.graphs[0].partitions[0];
+    let (saved, all) = (p.saved_bytes.as_const().unwrap(), p.all_bytes.as_const().unwrap());
+    assert!(all >= 3 * 64 * 256 * 4, "{p:?}");
+    assert!(saved < 64 * 256 * 4 && p.recomputed >= 3, "{p:?}");
+    assert!(ex.to_string().contains("backward: reads"), "{ex}");
+}

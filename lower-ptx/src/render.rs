@@ -606,11 +606,9 @@ impl<'k> Writer<'k> {
         r
     }
 
-    /// The bits (`b32`, low byte) of 8-bit float `f` for `x`, rounded first (a store has converted `x`
-    /// already, so this rounding is a second, idempotent one: the sequence measured on the GPU; WGSL's
-    /// `kf8_bits` skips it).
-    fn f8_bits(&mut self, x: &str, f: Float8) -> String {
-        let r = self.f8_round(x, f);
+    /// The bits (`b32`, low byte) of 8-bit float `f` for `r`, a value of `f` already (a store's value was
+    /// converted to the buffer's dtype by `lower`, or loaded from such a buffer): WGSL's `kf8_bits`.
+    fn f8_bits(&mut self, r: &str, f: Float8) -> String {
         let m = f.mantissa_bits;
         let (b, ab, e) = (self.reg("b32"), self.reg("b32"), self.reg("s32"));
         self.emit(&format!("mov.b32 {b}, {r};"));

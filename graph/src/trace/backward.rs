@@ -110,6 +110,7 @@ impl Tracer {
         let mut forward = st.graph.clone();
         forward.outputs = std::iter::once(root_node).chain(live.iter().map(|(_, n)| *n)).collect();
         let joint = crate::autodiff::joint_graph(&forward, wrt, &st.stopped)?;
+        st.partitions.push(joint.partition);
         let mut graph = joint.graph;
         let kept = &graph.outputs[1 + wrt.len()..];
         for ((t, _), &node) in live.iter().zip(kept) {
@@ -136,6 +137,11 @@ impl Tracer {
             State::Lazy { trace, graph, node, .. } if *trace == self.id && *graph == st.graph_index => Ok(*node),
             _ => Err(unsupported("a traced tensor used outside the trace that made it", loc)),
         }
+    }
+
+    /// Notes what the partitioner chose for a backward joined to the current graph.
+    pub(crate) fn note_partition(&self, p: crate::remat::Partition) {
+        self.st.borrow_mut().partitions.push(p);
     }
 
     /// The leaves this trace gave gradients, each with the `.grad` it holds now.

@@ -636,6 +636,10 @@ impl Explorer {
                 if let Some(b) = &graph.ended_by {
                     ui.label(format!("  ✂ break at {}: {}", b.loc, b.reason));
                 }
+                // A training step's backward: what its partitioner keeps and computes again.
+                for p in &graph.partitions {
+                    ui.label(format!("  {p}"));
+                }
                 if selected {
                     if let (Some(total), Some(timing)) = (graph.device_ms(), &graph.profiled_with) {
                         ui.label(format!("  {total:.3} ms a run ({timing})"));

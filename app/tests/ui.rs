@@ -493,3 +493,33 @@ fn browse_opens_a_report_picked_in_the_file_dialog() {
     assert_eq!(opened.entries.len(), report.entries.len());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A compiled training step (`backward()` inside the function) lists its backward's partition: the bytes
+/// it reads of the forward's values against keeping every value its rules use.
+#[test]
+fn a_training_step_shows_its_backward_partition() {
+    use kiln::{DType, Tensor};
+    let w = Tensor::from_data(kiln::graph::workloads::data(&kiln::graph::TensorSpec::new(DType::F32, &[256, 128]), 1));
+    let w = w.requires_grad_(true).unwrap();
+    let step = kiln::compile(|x: &Tensor| {
+        let l = x.matmul(&w)?.gelu()?.mean(&[0, 1], false)?;
+        l.backward()?;
+        Ok(l)
+    })
+    .backend(kiln::graph::KernelInterpreter::default().runtime());
+    let x = Tensor::from_data(kiln::graph::workloads::data(&kiln::graph::TensorSpec::new(DType::F32, &[512, 256]), 2));
+    let _: Tensor = step.call(&x).unwrap();
+    let json = step.report().to_json();
+    let mut h = harness(Explorer::default());
+    h.state_mut().open_report_text(&json, "train_step.json");
+    h.run_steps(3);
+    assert!(h.state().error.is_none(), "{:?}", h.state().error);
+    let shown = h.query_by_label_contains("backward: reads").expect("the partition is listed");
+    // The GELU's intermediates come back from the product's output (stored anyway).
+    let text = format!("{shown:?}");
+    assert!(text.contains("computed again") && !text.contains(" 0 node(s)"), "{text}");
+    if let Ok(dir) = std::env::var("KILN_UI_SHOTS") {
+        let img = h.render().expect("a frame");
+        img.save(std::path::Path::new(&dir).join("partition.png")).expect("written");
+    }
+}

@@ -13,6 +13,7 @@
 
 use crate::ir::{Graph, Node, NodeId, Op, OpFamily};
 use crate::min_cut::{Network, UNCUTTABLE};
+use crate::shape::Shape;
 use crate::sym::Expr;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
@@ -116,6 +117,7 @@ fn choose_saved(g: &Graph, backward: &[Node], exact: &[bool], kept: &[bool]) -> 
         numel.saturating_mul(node.dtype.size_bytes() as u64).min(UNCUTTABLE / (1024 * n as u64 + 1024))
     };
     let (source, sink) = (2 * n, 2 * n + 1);
+    let across = read_across_rows(g);
     let mut read = vec![false; n];
     let mut forced = vec![false; n];
     // Values a backward product reads, directly or through views (the product reads them from memory).
@@ -160,8 +162,8 @@ fn choose_saved(g: &Graph, backward: &[Node], exact: &[bool], kept: &[bool]) -> 
             let node = &g.nodes[v];
             let stored = base(v);
             let reading = 64 * bytes(stored);
-            let cost =
-                if kept[stored] || matches!(g.nodes[stored].op, Op::Input { .. }) { reading } else { 2 * reading };
+            let stored_anyway = kept[stored] || across[stored] || matches!(g.nodes[stored].op, Op::Input { .. });
+            let cost = if stored_anyway { reading } else { 2 * reading };
             net.edge(2 * v, 2 * v + 1, cost);
             for x in &node.inputs {
                 net.edge(2 * x.index() + 1, 2 * v, UNCUTTABLE);
@@ -190,6 +192,55 @@ fn choose_saved(g: &Graph, backward: &[Node], exact: &[bool], kept: &[bool]) -> 
             forced[v] = true;
         }
     }
+}
+
+/// Forward values a reduction reads that another reduction's rows made (a loss summed over a layer
+/// norm's output): the layer norm's row kernel writes one of them for the loss's kernel whatever the
+/// backward reads, since fusion computes nothing twice across kernels — left unread by the backward, the
+/// loss's kernel reads the row kernel's own intermediate (`x − mean`, f32 under a bf16 model) instead,
+/// bytes the cut would not see. So the chain's narrowest values count as stored anyway. Sibling
+/// reductions over the same rows (a layer norm's two sums) share one kernel and are left out.
+fn read_across_rows(g: &Graph) -> Vec<bool> {
+    let n = g.nodes.len();
+    let domain_of = |v: usize| match &g.nodes[v].op {
+        Op::Reduce { axes, .. } => Some((g.nodes[v].inputs[0].index(), axes.clone())),
+        _ => None,
+    };
+    // Per value: the rows (reduced input's shape, axes) of the nearest reduction it is made from
+    // through pointwise and layout nodes.
+    let mut rows: Vec<Option<(Shape, Vec<usize>)>> = vec![None; n];
+    for v in 0..n {
+        let node = &g.nodes[v];
+        rows[v] = match domain_of(v) {
+            Some((input, axes)) => Some((g.nodes[input].shape.clone(), axes)),
+            None if matches!(node.op.family(), OpFamily::Pointwise | OpFamily::Layout) => {
+                node.inputs.iter().find_map(|x| rows[x.index()].clone())
+            }
+            None => None,
+        };
+    }
+    let mut across = vec![false; n];
+    for r in 0..n {
+        let Some((input, axes)) = domain_of(r) else { continue };
+        let own = (g.nodes[input].shape.clone(), axes);
+        let Some(foreign) = rows[input].clone().filter(|d| *d != own) else { continue };
+        // The chain from the other rows to this reduction; the row kernel writes the narrowest of it.
+        let mut chain = Vec::new();
+        let mut stack = vec![input];
+        while let Some(v) = stack.pop() {
+            let pointwise = matches!(g.nodes[v].op.family(), OpFamily::Pointwise | OpFamily::Layout);
+            if chain.contains(&v) || !pointwise || rows[v].as_ref() != Some(&foreign) {
+                continue;
+            }
+            chain.push(v);
+            stack.extend(g.nodes[v].inputs.iter().map(|x| x.index()));
+        }
+        let narrowest = chain.iter().map(|&v| g.nodes[v].dtype.size_bytes()).min().unwrap_or(0);
+        for v in chain {
+            across[v] |= g.nodes[v].dtype.size_bytes() == narrowest;
+        }
+    }
+    across
 }
 
 /// Every symbol at a size for comparing costs: 1024 within its range (a batch, a sequence).

@@ -60,13 +60,14 @@ impl std::fmt::Display for Partition {
 ///
 /// Which values the backward reads is a minimum cut (AOTAutograd's partitioner, on kiln's costs): each
 /// forward value the backward's rules use is either read from memory — its bytes once more, twice when
-/// the forward would not write it otherwise (`stored_anyway`) — or computed again from values read,
+/// the forward would not write it otherwise (`stored_anyway`, `read_across_rows`) — or computed again
+/// from values read,
 /// which only pointwise, layout and constant nodes may be. So a chain of cheap ops costs the bytes of
 /// whatever it is cheapest to cut it at: narrower values (a bf16 model's f32 intermediates come back
 /// from its bf16 ones), values the forward stores anyway (a GELU's intermediates from its `Linear`'s
 /// output), inputs. A value a backward product reads is given the price of its copy (written, then read
-/// by the product), a value a backward comparison reads is never computed again (see [`compared`]),
-/// and a copy longer than `MOST` nodes is not made.
+/// by the product), a value a backward comparison reads (see [`compared`]) or smaller than `SMALL` is
+/// never computed again, and a copy longer than `MOST` nodes is not made.
 pub(crate) fn partition(joint: Graph, forward_len: usize) -> (Graph, Partition) {
     let Graph { nodes, inputs, outputs, symbols } = joint;
     let mut g = Graph { nodes: nodes[..forward_len].to_vec(), inputs, outputs: Vec::new(), symbols };

@@ -6,7 +6,7 @@
 //! leaves `1 + erf(x/√2)`, `x·½` and `x/√2` for the backward, three f32 tensors the forward kernel must
 //! write and the backward kernel read, where `x` itself (bf16, stored anyway) is a quarter of their bytes;
 //! an f32 GELU after a `Linear` leaves the same three, each as wide as the product's output, which the
-//! forward writes anyway. Over the whole joint graph, a minimum cut ([`partition`], as PyTorch's
+//! forward writes anyway. Over the whole joint graph, a minimum cut (`partition`, as PyTorch's
 //! AOTAutograd partitions) chooses the values to read so that the bytes the backward reads, and the
 //! forward writes only for it, are fewest; everything between them and the backward's readers is
 //! computed again, and fusion computes those copies inside the backward's kernels.

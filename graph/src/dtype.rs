@@ -231,8 +231,9 @@ impl DType {
     /// The smallest value of this dtype (`-inf` for floats): the identity of a max reduction.
     pub fn min_value(self) -> f64 {
         match self {
-            DType::F32 | DType::F16 | DType::BF16 | DType::F8E5M2 => f64::NEG_INFINITY,
-            DType::F8E4M3 => -448.0,
+            DType::F32 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
+            // Its layout's: -inf where it has infinities (E5M2), else its largest finite value negated.
+            DType::F8E4M3 | DType::F8E5M2 => -self.max_value(),
             DType::I32 => i32::MIN as f64,
             DType::I64 => i64::MIN as f64,
             DType::I8 => i8::MIN as f64,
@@ -244,8 +245,11 @@ impl DType {
     /// The largest value of this dtype (`+inf` for floats): the identity of a min reduction.
     pub fn max_value(self) -> f64 {
         match self {
-            DType::F32 | DType::F16 | DType::BF16 | DType::F8E5M2 => f64::INFINITY,
-            DType::F8E4M3 => 448.0,
+            DType::F32 | DType::F16 | DType::BF16 => f64::INFINITY,
+            DType::F8E4M3 | DType::F8E5M2 => match self.float8() {
+                Some(f) if !f.infinities => f.max,
+                _ => f64::INFINITY,
+            },
             DType::I32 => i32::MAX as f64,
             DType::I64 => i64::MAX as f64,
             DType::U8 => u8::MAX as f64,

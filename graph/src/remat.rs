@@ -138,22 +138,15 @@ fn choose_saved(g: &Graph, backward: &[Node], exact: &[bool], kept: &[bool]) -> 
         }
     }
     let by_product = &operand[..n];
-    // A view is its base's bytes (an expanded weight is the weight).
-    let base = |mut v: usize| {
-        while g.nodes[v].op.family() == OpFamily::Layout && !g.nodes[v].inputs.is_empty() {
-            v = g.nodes[v].inputs[0].index();
-        }
-        v
-    };
     // A small value (a row's statistic, a cast vector) is read, never computed again: its bytes are
-    // noise, and computing it again only moves work between kernels — a layer norm's reciprocal root
-    // recomputed from its variance left the forward's normalisation to a later kernel, which then read
-    // `x − mean` in f32 where it had read the bf16 output (measured: W5-train-bf16 +0.6%).
+    // noise, and computing it again only moves work between kernels (every layer norm's backward computed
+    // its reciprocal root again from the variance: one of the two changes in the first cut's +0.45% on
+    // W5-train-bf16, `benches/NOTES.md` session 46).
     let recomputable = |v: usize| {
         let node = &g.nodes[v];
         matches!(node.op.family(), OpFamily::Pointwise | OpFamily::Layout | OpFamily::Source)
             && !matches!(node.op, Op::Input { .. })
-            && bytes(base(v)) >= SMALL
+            && bytes(base(g, v)) >= SMALL
     };
     // Bytes weigh 64 times a node computed again, which only breaks ties: of two cuts reading as many
     // bytes, the one that computes fewer nodes again.
@@ -161,10 +154,10 @@ fn choose_saved(g: &Graph, backward: &[Node], exact: &[bool], kept: &[bool]) -> 
         let mut net = Network::new(2 * n + 2);
         for v in 0..n {
             let node = &g.nodes[v];
-            let stored = base(v);
+            let stored = base(g, v);
             let reading = 64 * bytes(stored);
-            let stored_anyway = kept[stored] || across[stored] || matches!(g.nodes[stored].op, Op::Input { .. });
-            let cost = if stored_anyway { reading } else { 2 * reading };
+            let in_memory = kept[stored] || across[stored] || matches!(g.nodes[stored].op, Op::Input { .. });
+            let cost = if in_memory { reading } else { 2 * reading };
             net.edge(2 * v, 2 * v + 1, cost);
             for x in &node.inputs {
                 net.edge(2 * x.index() + 1, 2 * v, UNCUTTABLE);
@@ -193,6 +186,15 @@ fn choose_saved(g: &Graph, backward: &[Node], exact: &[bool], kept: &[bool]) -> 
             forced[v] = true;
         }
     }
+}
+
+/// The value `v` is a view of (itself when it is not a view): a view is its base's bytes (an expanded
+/// weight is the weight).
+fn base(g: &Graph, mut v: usize) -> usize {
+    while g.nodes[v].op.family() == OpFamily::Layout && !g.nodes[v].inputs.is_empty() {
+        v = g.nodes[v].inputs[0].index();
+    }
+    v
 }
 
 /// Forward values a reduction reads that another reduction's rows made (a loss summed over a layer
@@ -226,14 +228,13 @@ fn read_across_rows(g: &Graph) -> Vec<bool> {
         let own = (g.nodes[input].shape.clone(), axes);
         let Some(foreign) = rows[input].clone().filter(|d| *d != own) else { continue };
         // The chain from the other rows to this reduction; the row kernel writes the narrowest of it.
-        let mut chain = Vec::new();
+        let mut chain = BTreeSet::new();
         let mut stack = vec![input];
         while let Some(v) = stack.pop() {
             let pointwise = matches!(g.nodes[v].op.family(), OpFamily::Pointwise | OpFamily::Layout);
-            if chain.contains(&v) || !pointwise || rows[v].as_ref() != Some(&foreign) {
+            if !pointwise || rows[v].as_ref() != Some(&foreign) || !chain.insert(v) {
                 continue;
             }
-            chain.push(v);
             stack.extend(g.nodes[v].inputs.iter().map(|x| x.index()));
         }
         let narrowest = chain.iter().map(|&v| g.nodes[v].dtype.size_bytes()).min().unwrap_or(0);
@@ -304,16 +305,20 @@ fn copy(
     copies.get(&p).copied().unwrap_or(p)
 }
 
-/// The partition's figures (see [`Partition`]).
+/// The partition's figures (see [`Partition`]): each value counted once at its base's bytes (a view is
+/// the tensor it views), graph inputs left out.
 fn report(g: &Graph, backward: &[Node], forward_len: usize, saved: &[bool], recomputed: usize) -> Partition {
-    let value_bytes = |v: usize| g.nodes[v].shape.numel() * Expr::from(g.nodes[v].dtype.size_bytes());
-    let not_input = |v: &usize| !matches!(g.nodes[*v].op, Op::Input { .. });
-    let used: BTreeSet<usize> =
-        backward.iter().flat_map(|n| &n.inputs).map(|x| x.index()).filter(|&x| x < forward_len).collect();
-    let sum = |vs: &mut dyn Iterator<Item = usize>| vs.fold(Expr::from(0i64), |acc, v| acc + value_bytes(v));
+    let bases = |vs: &mut dyn Iterator<Item = usize>| -> BTreeSet<usize> {
+        vs.map(|v| base(g, v)).filter(|&b| !matches!(g.nodes[b].op, Op::Input { .. })).collect()
+    };
+    let sum = |vs: BTreeSet<usize>| {
+        vs.into_iter()
+            .fold(Expr::from(0i64), |acc, v| acc + g.nodes[v].shape.numel() * Expr::from(g.nodes[v].dtype.size_bytes()))
+    };
+    let used = &mut backward.iter().flat_map(|n| &n.inputs).map(|x| x.index()).filter(|&x| x < forward_len);
     Partition {
-        saved_bytes: sum(&mut (0..forward_len).filter(|v| saved[*v]).filter(not_input)),
-        all_bytes: sum(&mut used.into_iter().filter(not_input)),
+        saved_bytes: sum(bases(&mut (0..forward_len).filter(|&v| saved[v]))),
+        all_bytes: sum(bases(used)),
         recomputed,
     }
 }

@@ -155,7 +155,8 @@ impl Tensor {
             });
         }
         if let Some(tracer) = active() {
-            return tracer.assign(self, src, &loc);
+            tracer.assign(self, src);
+            return Ok(());
         }
         let Some(new) = src.value() else {
             return Err(Error::Unsupported { what: "assigning a traced tensor after its trace ended".into(), loc });

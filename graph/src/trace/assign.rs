@@ -7,13 +7,11 @@
 //! receives, so a call that does not trace updates the same tensors.
 
 use super::{active, Tracer};
-use crate::error::Result;
-use crate::loc::SourceLoc;
 use crate::trace::Tensor;
 
 impl Tracer {
     /// Notes that `target` (a concrete tensor) holds `value` from here on in this trace.
-    pub(crate) fn assign(&self, target: &Tensor, value: &Tensor, _loc: &SourceLoc) -> Result<()> {
+    pub(crate) fn assign(&self, target: &Tensor, value: &Tensor) {
         let mut st = self.st.borrow_mut();
         // An assigned tensor that is itself another assignment's target reads through to its value.
         let value = match st.assigned.iter().find(|(t, _)| t.id() == value.id()) {
@@ -22,7 +20,6 @@ impl Tracer {
         };
         st.assigned.retain(|(t, _)| t.id() != target.id());
         st.assigned.push((target.clone(), value));
-        Ok(())
     }
 
     /// The tensors assigned in the current graph and their values (call before the final flush, which

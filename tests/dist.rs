@@ -148,3 +148,63 @@ fn kiln_run_stops_the_world_when_a_rank_fails() {
         assert!(stdout.contains(&format!("[rank {r}] up {r}/3 local {r} port ")), "{stdout}");
     }
 }
+
+#[test]
+fn a_hosts_cpus_are_cut_into_one_contiguous_slice_a_rank() {
+    use kiln::dist::affinity::cpu_slices;
+    let all: Vec<usize> = (0..32).collect();
+    assert_eq!(cpu_slices(&all, 2).unwrap(), vec![(0..16).collect::<Vec<_>>(), (16..32).collect()]);
+    // Any order, duplicates once, the first slices one longer when they do not divide.
+    assert_eq!(cpu_slices(&[9, 3, 1, 7, 5, 3], 2).unwrap(), vec![vec![1, 3, 5], vec![7, 9]]);
+    assert_eq!(cpu_slices(&[4, 5, 6, 7, 8], 3).unwrap(), vec![vec![4, 5], vec![6, 7], vec![8]]);
+    // Fewer CPUs than ranks: nothing is bound.
+    assert_eq!(cpu_slices(&[0], 2), None);
+    assert_eq!(cpu_slices(&[2, 2], 2), None);
+    assert_eq!(cpu_slices(&all, 0), None);
+}
+
+/// The CPUs a `Cpus_allowed_list` line of `/proc/<pid>/status` names ("0-3,8,10-11").
+#[cfg(target_os = "linux")]
+fn cpu_list(line: &str) -> Vec<usize> {
+    let list = line.split(':').nth(1).expect("a list after the colon").trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn kiln_run_binds_each_rank_to_its_own_cpus_unless_told_not_to() {
+    let allowed = kiln::dist::affinity::allowed_cpus().expect("this process's CPUs");
+    let ranks_cpus = |extra: &[&str]| -> Vec<Vec<usize>> {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln-run"))
+            .args(["--gpus", "2"])
+            .args(extra)
+            .args(["--", "grep", "Cpus_allowed_list", "/proc/self/status"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        (0..2)
+            .map(|r| {
+                let line = stdout.lines().find(|l| l.starts_with(&format!("[rank {r}] "))).expect("each rank says");
+                cpu_list(line)
+            })
+            .collect()
+    };
+    let bound = ranks_cpus(&[]);
+    match kiln::dist::affinity::cpu_slices(&allowed, 2) {
+        Some(slices) => {
+            assert_eq!(bound, slices, "the launcher may use {allowed:?}");
+            assert!(bound[0].iter().all(|c| !bound[1].contains(c)), "no CPU shared: {bound:?}");
+        }
+        // One CPU: nothing to divide, both run where the launcher may.
+        None => assert_eq!(bound, vec![allowed.clone(), allowed.clone()]),
+    }
+    assert_eq!(ranks_cpus(&["--cpu-bind", "none"]), vec![allowed.clone(), allowed]);
+}

@@ -53,8 +53,8 @@ def main():
     ap.add_argument("--compress", action="store_true", help="as a rank: average gradients in bf16")
     ap.add_argument("--compile", action="store_true", help="torch.compile the (DDP) module")
     ap.add_argument("--sdpa", action="store_true", help="flash attention instead of the explicit softmax")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -66,9 +66,12 @@ def main():
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        dist.init_process_group("nccl")
+        # The rank's own GPU first, and named to the process group (or NCCL's communicator may be
+        # made on the first GPU by every rank).
+        local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=local)
         rank, world = dist.get_rank(), dist.get_world_size()
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     device = torch.device("cuda")
     if a.sdpa:
         Block.forward = sdpa_forward
@@ -115,6 +118,12 @@ def main():
         last = loss.item()
         windows.append((time.perf_counter() - t) * 1e3 / a.window)
     median = sorted(windows)[len(windows) // 2]
+    # Which GPU each rank stepped on (two ranks on one GPU would halve the scaling silently).
+    devices = [torch.cuda.current_device()]
+    if distributed:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, devices[0])
+        devices = gathered
     line = {
         "peer": "torch",
         "torch": torch.__version__,
@@ -134,6 +143,7 @@ def main():
         "loss_first": first,
         "loss_last": last,
         "device": torch.cuda.get_device_name(),
+        "devices": devices,
         "parameters": sum(p.numel() for p in inner.parameters()),
     }
     if rank == 0:

@@ -3,8 +3,7 @@
 //! line they print with its rank, and stops the whole world as soon as one process fails: the others
 //! are killed and `kiln-run` exits with the failed rank's status, so a crashed rank never leaves the rest
 //! waiting on a collective. On several hosts, run it on each with `--nodes`, `--node-rank` and the same
-//! `--master-addr`/`--master-port` (rank 0's host). Each local rank is bound to its own slice of the
-//! CPUs `kiln-run` may use (`kiln::dist::affinity`; `--cpu-bind none` leaves them to the scheduler).
+//! `--master-addr`/`--master-port` (rank 0's host).
 
 use clap::Parser;
 use std::io::{BufRead, BufReader};
@@ -29,45 +28,9 @@ struct Args {
     /// Rank 0's rendezvous port (default: a free one on this host; give one on several hosts).
     #[arg(long)]
     master_port: Option<u16>,
-    /// How the ranks share this host's CPUs: `slices` binds each local rank to its own contiguous slice
-    /// of the CPUs `kiln-run` may run on (Linux; elsewhere nothing is bound), `none` leaves them to the
-    /// scheduler.
-    #[arg(long, value_enum, default_value_t = CpuBind::Slices)]
-    cpu_bind: CpuBind,
     /// The program and its arguments.
     #[arg(trailing_var_arg = true, required = true)]
     command: Vec<String>,
-}
-
-/// How `kiln-run` places its ranks on CPUs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum CpuBind {
-    /// Each local rank on its own slice of the launcher's CPUs.
-    Slices,
-    /// No binding.
-    None,
-}
-
-/// Binds the process `command` starts to `cpus` before it runs the program (inherited by every thread
-/// it starts).
-#[cfg(target_os = "linux")]
-fn bind(command: &mut Command, cpus: &[usize]) {
-    // SAFETY: a zeroed `cpu_set_t` is the empty set; `CPU_SET` only writes bits below its capacity,
-    // which every CPU the launcher's own mask holds is.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus {
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    // SAFETY: between fork and exec the closure makes one system call on memory it owns (the set was
-    // built before the fork): nothing that could deadlock on a lock another thread held.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(command, move || {
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
 }
 
 /// A port free on this host right now (the OS's pick).
@@ -119,12 +82,6 @@ fn main() -> ExitCode {
         }
     };
     let world = args.gpus * args.nodes;
-    let slices = match args.cpu_bind {
-        CpuBind::Slices => kiln::dist::affinity::allowed_cpus().and_then(|c| kiln::dist::affinity::cpu_slices(&c, args.gpus)),
-        CpuBind::None => None,
-    };
-    #[cfg(not(target_os = "linux"))]
-    let _ = &slices;
     let mut children: Vec<(usize, Child)> = Vec::new();
     let mut pipes = Vec::new();
     for local in 0..args.gpus {
@@ -133,10 +90,6 @@ fn main() -> ExitCode {
         // Each rank in its own process group, so stopping it stops what it started too.
         #[cfg(unix)]
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        #[cfg(target_os = "linux")]
-        if let Some(cpus) = slices.as_ref().map(|s| &s[local]) {
-            bind(&mut command, cpus);
-        }
         let spawned = command
             .args(&args.command[1..])
             .env("RANK", rank.to_string())

@@ -5,7 +5,6 @@
 //! malformed environment, a rank that never arrives or dies, mismatched world sizes — is an
 //! [`Error::Distributed`] on every rank within [`DistEnv::timeout`], never a hang.
 
-pub mod affinity;
 pub mod group;
 pub mod rendezvous;
 

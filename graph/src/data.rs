@@ -132,7 +132,7 @@ impl TensorData {
                 DType::I8 => <i8 as Element>::from_le(b).into_iter().map(f64::from).collect(),
                 DType::U16 => <u16 as Element>::from_le(b).into_iter().map(f64::from).collect(),
                 DType::I16 => <i16 as Element>::from_le(b).into_iter().map(f64::from).collect(),
-                DType::F8E4M3 | DType::F8E5M2 => match self.dtype.float8() {
+                DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => match self.dtype.float8() {
                     Some(f) => b.iter().map(|&c| f.decode(c)).collect(),
                     None => Vec::new(),
                 },
@@ -160,7 +160,7 @@ impl TensorData {
                 DType::I8 => <i8 as Element>::to_le(&v.iter().map(|&x| x as i8).collect::<Vec<_>>()),
                 DType::U16 => <u16 as Element>::to_le(&v.iter().map(|&x| x as u16).collect::<Vec<_>>()),
                 DType::I16 => <i16 as Element>::to_le(&v.iter().map(|&x| x as i16).collect::<Vec<_>>()),
-                DType::F8E4M3 | DType::F8E5M2 => match self.dtype.float8() {
+                DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => match self.dtype.float8() {
                     Some(f) => v.iter().map(|&x| f.encode(f.round(x))).collect(),
                     None => Vec::new(),
                 },

@@ -35,6 +35,12 @@ pub enum DType {
     /// 8-bit float with 5 exponent and 2 mantissa bits, IEEE's specials (OCP's E5M2: largest 57,344).
     /// A storage dtype, as in PyTorch: cast to compute.
     F8E5M2,
+    /// 8-bit float with 4 exponent and 3 mantissa bits, exponent bias 8, one zero and one NaN (the
+    /// negative zero's code, 0x80), no infinities (E4M3FNUZ, AMD's and ONNX's: largest 240).
+    F8E4M3FNUZ,
+    /// 8-bit float with 5 exponent and 2 mantissa bits, exponent bias 16, one zero and one NaN (0x80), no
+    /// infinities (E5M2FNUZ: largest 57,344).
+    F8E5M2FNUZ,
 }
 
 /// The layout of an 8-bit float dtype: what the reference's rounding and both renderers' encoders read.
@@ -49,6 +55,9 @@ pub struct Float8 {
     /// Whether the all-ones exponent holds infinities and NaNs (E5M2), rather than only the one
     /// all-ones NaN (E4M3FN).
     pub infinities: bool,
+    /// Whether the format has one zero, unsigned, and its NaN at the negative zero's code 0x80 (the
+    /// FNUZ formats: no infinities, every other code finite).
+    pub unsigned_zero: bool,
 }
 
 impl Float8 {
@@ -58,22 +67,35 @@ impl Float8 {
     }
 
     /// The value nearest `x`, ties to even; past `max` (infinities too) `±max`, as ONNX's saturating
-    /// cast; NaN stays NaN.
+    /// cast; NaN stays NaN; a zero is +0 in a format without −0.
     pub fn round(self, x: f64) -> f64 {
         if x.is_nan() {
             return x;
         }
         let a = x.abs().min(self.max);
-        round_to_binary(a, self.mantissa_bits as i32 + 1, self.emin(), self.max).copysign(x)
+        let r = round_to_binary(a, self.mantissa_bits as i32 + 1, self.emin(), self.max);
+        if self.unsigned_zero && r == 0.0 {
+            return 0.0;
+        }
+        r.copysign(x)
     }
 
-    /// The bits of `r`, a value of this format (`round`'s): NaN as 0x7f, infinities (which `round` never
-    /// makes) as E5M2's.
+    /// The code of NaN: 0x80 in the FNUZ formats, else 0x7f.
+    pub fn nan_code(self) -> u8 {
+        if self.unsigned_zero {
+            0x80
+        } else {
+            0x7f
+        }
+    }
+
+    /// The bits of `r`, a value of this format (`round`'s): NaN as [`Float8::nan_code`], infinities
+    /// (which `round` never makes) as E5M2's, a zero unsigned where the format has one zero.
     pub fn encode(self, r: f64) -> u8 {
-        let sign = if r.is_sign_negative() { 0x80u8 } else { 0 };
+        let sign = if r.is_sign_negative() && !(self.unsigned_zero && r == 0.0) { 0x80u8 } else { 0 };
         let m = self.mantissa_bits;
         if r.is_nan() {
-            return 0x7f;
+            return self.nan_code();
         }
         let a = r.abs();
         if a.is_infinite() {
@@ -94,7 +116,16 @@ impl Float8 {
         let m = self.mantissa_bits;
         let (f, e) = (u32::from(c) & ((1 << m) - 1), (u32::from(c) >> m) & ((1 << (7 - m)) - 1));
         let top = (1 << (7 - m)) - 1;
-        let v = if self.infinities && e == top {
+        let v = if self.unsigned_zero {
+            if c == 0x80 {
+                return f64::NAN;
+            }
+            if e == 0 {
+                f64::from(f) * 2f64.powi(self.emin() - m as i32)
+            } else {
+                (1.0 + f64::from(f) / f64::from(1u32 << m)) * 2f64.powi(e as i32 - self.bias)
+            }
+        } else if self.infinities && e == top {
             if f == 0 {
                 f64::INFINITY
             } else {
@@ -117,7 +148,7 @@ impl Float8 {
 
 impl DType {
     /// Every dtype, in a fixed order (docs and tests iterate it).
-    pub const ALL: [DType; 12] = [
+    pub const ALL: [DType; 14] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -130,6 +161,8 @@ impl DType {
         DType::I16,
         DType::F8E4M3,
         DType::F8E5M2,
+        DType::F8E4M3FNUZ,
+        DType::F8E5M2FNUZ,
     ];
 
     /// True for f32, f16 and bf16.
@@ -156,8 +189,18 @@ impl DType {
     /// The layout of an 8-bit float dtype.
     pub fn float8(self) -> Option<Float8> {
         match self {
-            DType::F8E4M3 => Some(Float8 { mantissa_bits: 3, bias: 7, max: 448.0, infinities: false }),
-            DType::F8E5M2 => Some(Float8 { mantissa_bits: 2, bias: 15, max: 57344.0, infinities: true }),
+            DType::F8E4M3 => {
+                Some(Float8 { mantissa_bits: 3, bias: 7, max: 448.0, infinities: false, unsigned_zero: false })
+            }
+            DType::F8E5M2 => {
+                Some(Float8 { mantissa_bits: 2, bias: 15, max: 57344.0, infinities: true, unsigned_zero: false })
+            }
+            DType::F8E4M3FNUZ => {
+                Some(Float8 { mantissa_bits: 3, bias: 8, max: 240.0, infinities: false, unsigned_zero: true })
+            }
+            DType::F8E5M2FNUZ => {
+                Some(Float8 { mantissa_bits: 2, bias: 16, max: 57344.0, infinities: false, unsigned_zero: true })
+            }
             _ => None,
         }
     }
@@ -179,7 +222,8 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I64 => 8,
-            DType::Bool | DType::U8 | DType::I8 | DType::F8E4M3 | DType::F8E5M2 => 1,
+            DType::Bool | DType::U8 | DType::I8 => 1,
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => 1,
             DType::U16 | DType::I16 => 2,
         }
     }
@@ -199,6 +243,8 @@ impl DType {
             DType::I16 => "i16",
             DType::F8E4M3 => "f8e4m3fn",
             DType::F8E5M2 => "f8e5m2",
+            DType::F8E4M3FNUZ => "f8e4m3fnuz",
+            DType::F8E5M2FNUZ => "f8e5m2fnuz",
         }
     }
 
@@ -217,7 +263,9 @@ impl DType {
             DType::I8 => (x as i64) as i8 as f64,
             DType::U16 => (x as i64) as u16 as f64,
             DType::I16 => (x as i64) as i16 as f64,
-            DType::F8E4M3 | DType::F8E5M2 => self.float8().map_or(x, |f| f.round(x)),
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => {
+                self.float8().map_or(x, |f| f.round(x))
+            }
             DType::Bool => {
                 if x != 0.0 {
                     1.0
@@ -233,7 +281,7 @@ impl DType {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
             // Its layout's: -inf where it has infinities (E5M2), else its largest finite value negated.
-            DType::F8E4M3 | DType::F8E5M2 => -self.max_value(),
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => -self.max_value(),
             DType::I32 => i32::MIN as f64,
             DType::I64 => i64::MIN as f64,
             DType::I8 => i8::MIN as f64,
@@ -246,7 +294,7 @@ impl DType {
     pub fn max_value(self) -> f64 {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => f64::INFINITY,
-            DType::F8E4M3 | DType::F8E5M2 => match self.float8() {
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => match self.float8() {
                 Some(f) if !f.infinities => f.max,
                 _ => f64::INFINITY,
             },
@@ -393,17 +441,17 @@ mod tests {
         }
     }
 
-    /// Every code of both 8-bit floats decodes to a value that rounds to itself and encodes back to the
-    /// code (NaNs to the NaN code, negative zero kept); ties go to the even code; past the largest
-    /// finite value (infinities too) the cast saturates.
+    /// Every code of every 8-bit float decodes to a value that rounds to itself and encodes back to the
+    /// code (NaNs to the NaN code, negative zero kept where the format has one); ties go to the even
+    /// code; past the largest finite value (infinities too) the cast saturates.
     #[test]
     fn float8_codes_round_trip_and_casts_saturate() {
-        for d in [DType::F8E4M3, DType::F8E5M2] {
+        for d in [DType::F8E4M3, DType::F8E5M2, DType::F8E4M3FNUZ, DType::F8E5M2FNUZ] {
             let f = d.float8().unwrap();
             for c in 0..=255u8 {
                 let v = f.decode(c);
                 if v.is_nan() {
-                    assert_eq!(f.encode(f.round(v)), 0x7f, "{d} {c:#x}");
+                    assert_eq!(f.encode(f.round(v)), f.nan_code(), "{d} {c:#x}");
                 } else if v.is_infinite() {
                     assert_eq!(f.round(v), f.max.copysign(v), "{d} {c:#x}");
                 } else {
@@ -422,5 +470,30 @@ mod tests {
         assert_eq!(e4.round(2f64.powi(-10)), 0.0);
         assert_eq!(e4.round(2f64.powi(-10) * 1.01), 2f64.powi(-9));
         assert_eq!(DType::F8E5M2.round(3.75), 4.0);
+    }
+
+    /// The FNUZ formats as ONNX's tables have them: their largest values (0x7f), their one NaN (0x80,
+    /// the only NaN code: all 255 others finite), their one zero (a negative value rounding to zero
+    /// is +0, code 0), and bias 8 / 16 (E4M3FNUZ's smallest normal 2^-7, step 2^-10 below it).
+    #[test]
+    fn fnuz_floats_have_one_zero_and_one_nan() {
+        let (e4, e5) = (DType::F8E4M3FNUZ.float8().unwrap(), DType::F8E5M2FNUZ.float8().unwrap());
+        assert_eq!((e4.decode(0x7f), e5.decode(0x7f)), (240.0, 57344.0));
+        assert_eq!((e4.decode(0xff), e5.decode(0xff)), (-240.0, -57344.0));
+        for f in [e4, e5] {
+            assert_eq!((0..=255u8).filter(|&c| f.decode(c).is_nan()).collect::<Vec<_>>(), vec![0x80]);
+            assert!((0..=255u8).all(|c| !f.decode(c).is_infinite()));
+            assert_eq!(f.round(-1e-9).to_bits(), 0f64.to_bits());
+            assert_eq!(f.encode(f.round(-0.0)), 0);
+            assert_eq!(f.encode(f64::NAN), 0x80);
+            assert_eq!(f.round(f64::INFINITY), f.max);
+        }
+        assert_eq!(e4.decode(0x08), 2f64.powi(-7));
+        assert_eq!(e4.decode(0x01), 2f64.powi(-10));
+        assert_eq!(e5.decode(0x04), 2f64.powi(-15));
+        assert_eq!(DType::F8E4M3FNUZ.round(241.0), 240.0);
+        // OCP's E4M3FN reads 0x7f as NaN and keeps −0: the layouts differ where they should.
+        assert!(DType::F8E4M3.float8().unwrap().decode(0x7f).is_nan());
+        assert_eq!(DType::F8E4M3.round(-1e-9).to_bits(), (-0f64).to_bits());
     }
 }

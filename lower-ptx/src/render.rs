@@ -38,7 +38,13 @@ pub struct PtxKernel {
 /// The register type values of a dtype are computed in.
 fn reg_type(d: DType) -> &'static str {
     match d {
-        DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => "f32",
+        DType::F32
+        | DType::F16
+        | DType::BF16
+        | DType::F8E4M3
+        | DType::F8E5M2
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2FNUZ => "f32",
         DType::I32 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => "s32",
         DType::I64 => "s64",
         DType::Bool => "pred",
@@ -467,7 +473,7 @@ impl<'k> Writer<'k> {
                     self.emit(&format!("{pre}.{t} {r}, [{a}];"));
                 }
             }
-            DType::F8E4M3 | DType::F8E5M2 => {
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => {
                 if let Some(f) = d.float8() {
                     let w = self.reg("b32");
                     self.emit(&format!("mov.b32 {w}, 0;"));
@@ -551,7 +557,7 @@ impl<'k> Writer<'k> {
                     self.emit(&format!("st.global.{t} [{a}], {x};"));
                 }
             }
-            DType::F8E4M3 | DType::F8E5M2 => {
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => {
                 if let Some(f) = d.float8() {
                     let bits = self.f8_bits(&x, f);
                     self.emit(&format!("st.global.u8 [{a}], {bits};"));
@@ -592,6 +598,12 @@ impl<'k> Writer<'k> {
         self.emit(&format!("mul.rn.f32 {y}, {y}, {step};"));
         let s = self.reg("b32");
         self.emit(&format!("and.b32 {s}, {b}, 0x80000000;"));
+        if f.unsigned_zero {
+            // One zero: +0 whatever the sign of what rounded to it.
+            let z = self.reg("pred");
+            self.emit(&format!("setp.eq.f32 {z}, {y}, 0f00000000;"));
+            self.emit(&format!("selp.b32 {s}, 0, {s}, {z};"));
+        }
         let r = self.with_sign(&y, &s);
         self.emit(&format!("selp.f32 {r}, {x}, {r}, {nan};"));
         r
@@ -631,9 +643,15 @@ impl<'k> Writer<'k> {
         let s = self.reg("b32");
         self.emit(&format!("shr.u32 {s}, {b}, 24;"));
         self.emit(&format!("and.b32 {s}, {s}, 0x80;"));
+        if f.unsigned_zero {
+            // One zero: its code unsigned (0x80 is NaN's).
+            let z = self.reg("pred");
+            self.emit(&format!("setp.eq.u32 {z}, {ab}, 0;"));
+            self.emit(&format!("selp.b32 {s}, 0, {s}, {z};"));
+        }
         self.emit(&format!("or.b32 {v}, {v}, {s};"));
         self.emit(&format!("setp.gt.u32 {nan}, {ab}, 0x7f800000;"));
-        self.emit(&format!("selp.b32 {v}, 0x7f, {v}, {nan};"));
+        self.emit(&format!("selp.b32 {v}, {}, {v}, {nan};", f.nan_code()));
         v
     }
 
@@ -658,7 +676,11 @@ impl<'k> Writer<'k> {
         self.emit(&format!("setp.eq.u32 {p}, {e}, 0;"));
         self.emit(&format!("selp.f32 {v}, {sub}, {v}, {p};"));
         let (special, q) = (self.reg("pred"), self.reg("pred"));
-        if f.infinities {
+        if f.unsigned_zero {
+            // Every code finite but 0x80, the one NaN (the sign applied below leaves a NaN a NaN).
+            self.emit(&format!("setp.eq.u32 {special}, {c}, 0x80;"));
+            self.emit(&format!("selp.f32 {v}, 0f7FC00000, {v}, {special};"));
+        } else if f.infinities {
             self.emit(&format!("setp.eq.u32 {special}, {e}, {top};"));
             self.emit(&format!("setp.eq.u32 {q}, {fr}, 0;"));
             let sv = self.reg("f32");

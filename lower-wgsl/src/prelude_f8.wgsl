@@ -1,34 +1,39 @@
-// 8-bit floats (`Storage::Float8`): rounding, encoding and decoding, in kernels that call them.
+// 8-bit floats (`Storage::Float8`): rounding, encoding and decoding, in kernels that call them. `uz`
+// marks the FNUZ formats: one zero (no -0) and one NaN, at the negative zero's code 0x80.
 
 // The value of an 8-bit float with `m` mantissa bits, smallest normal exponent `emin` and largest
 // finite value `top` nearest `x`, ties to even; past `top` (infinities too) saturated, as ONNX's cast;
-// NaN kept. The scalings are by powers of two, exact.
-fn kf8_round(x: f32, m: i32, emin: i32, top: f32) -> f32 {
+// NaN kept; a zero unsigned where the format has one zero. The scalings are by powers of two, exact.
+fn kf8_round(x: f32, m: i32, emin: i32, top: f32, uz: bool) -> f32 {
     let b = bitcast<u32>(x);
     let ab = min(b & 0x7fffffffu, bitcast<u32>(top));
     let e = max(i32(ab >> 23u) - 127, emin);
     let step = kbits(u32(e - m + 127) << 23u);
     let inverse = kbits(u32(m - e + 127) << 23u);
     let r = round(kbits(ab) * inverse) * step;
-    return select(kbits(bitcast<u32>(r) | (b & 0x80000000u)), x, kisnan(x));
+    let sign = select(b & 0x80000000u, 0u, uz && r == 0.0);
+    return select(kbits(bitcast<u32>(r) | sign), x, kisnan(x));
 }
 
 // The bits of `r`, a value `kf8_round` made for a format of `m` mantissa bits and exponent bias `bias`:
-// sign, exponent, mantissa; below the smallest normal a multiple of the smallest step; NaN as 0x7f.
-fn kf8_bits(r: f32, m: u32, bias: i32) -> u32 {
+// sign, exponent, mantissa; below the smallest normal a multiple of the smallest step; NaN as 0x7f
+// (0x80 where `uz`).
+fn kf8_bits(r: f32, m: u32, bias: i32, uz: bool) -> u32 {
     let b = bitcast<u32>(r);
     let ab = b & 0x7fffffffu;
     let e = i32(ab >> 23u) - 127;
     let emin = 1 - bias;
     let sub = u32(kbits(ab) * kbits(u32(i32(m) - emin + 127) << 23u));
     let normal = (u32(e + bias) << m) | ((ab >> (23u - m)) & ((1u << m) - 1u));
-    let v = ((b >> 24u) & 0x80u) | select(normal, sub, e < emin);
-    return select(v, 0x7fu, ab > 0x7f800000u);
+    let sign = select((b >> 24u) & 0x80u, 0u, uz && ab == 0u);
+    let v = sign | select(normal, sub, e < emin);
+    return select(v, select(0x7fu, 0x80u, uz), ab > 0x7f800000u);
 }
 
 // The value of 8-bit float bits `c` (`kf8_bits`' inverse): E4M3FN (`inf` false) has no infinities and
-// one NaN code; E5M2 IEEE's specials in its top exponent.
-fn kf8_value(c: u32, m: u32, bias: i32, inf: bool) -> f32 {
+// one NaN code; E5M2 IEEE's specials in its top exponent; the FNUZ formats (`uz`) every code finite but
+// 0x80, their NaN.
+fn kf8_value(c: u32, m: u32, bias: i32, inf: bool, uz: bool) -> f32 {
     let f = c & ((1u << m) - 1u);
     let top = (1u << (7u - m)) - 1u;
     let e = (c >> m) & top;
@@ -38,8 +43,11 @@ fn kf8_value(c: u32, m: u32, bias: i32, inf: bool) -> f32 {
     if (inf && e == top) {
         v = select(knan(), kinf(), f == 0u);
     }
-    if (!inf && (c & 0x7fu) == 0x7fu) {
+    if (!inf && !uz && (c & 0x7fu) == 0x7fu) {
         v = knan();
+    }
+    if (uz && c == 0x80u) {
+        return knan();
     }
     return kbits(bitcast<u32>(v) | ((c & 0x80u) << 24u));
 }

@@ -174,12 +174,23 @@ impl<'k> Writer<'k> {
     /// The WGSL type values of `d` are computed in.
     fn ty(&self, d: DType) -> &'static str {
         match d {
-            DType::F32 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => "f32",
+            DType::F32 | DType::BF16 => "f32",
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => "f32",
             DType::F16 if self.f16 => "f16",
             DType::F16 => "f32",
             DType::I32 | DType::I64 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => "i32",
             DType::Bool => "bool",
         }
+    }
+
+    /// The layout of 8-bit float dtype `d` (a `Storage::Float8`'s, which `Storage::of` makes only for
+    /// a dtype that has one); a render error otherwise.
+    fn float8(&mut self, d: DType) -> Option<kiln_graph::dtype::Float8> {
+        let f = d.float8();
+        if f.is_none() {
+            self.fail(format!("{d} stored as an 8-bit float"));
+        }
+        f
     }
 
     fn fail(&mut self, msg: String) {
@@ -242,7 +253,13 @@ impl<'k> Writer<'k> {
     fn convert(&self, x: &str, from: DType, to: DType) -> String {
         if let (Some(f), true) = (to.float8(), from != to) {
             let v = self.convert_type(x, from, DType::F32);
-            return format!("kf8_round({v}, {}i, {}i, {})", f.mantissa_bits, f.emin(), float_literal(f.max));
+            return format!(
+                "kf8_round({v}, {}i, {}i, {}, {})",
+                f.mantissa_bits,
+                f.emin(),
+                float_literal(f.max),
+                f.unsigned_zero
+            );
         }
         let v = self.convert_type(x, from, to);
         match to.narrow_bits() {
@@ -347,9 +364,13 @@ impl<'k> Writer<'k> {
                     format!("i32(extractBits({word}, {sh}, {bits}u))")
                 }
             }
-            Storage::Float8 { mantissa_bits, bias, infinities } => {
+            Storage::Float8(d) => {
                 let (w, sh) = packed_place(&idx, 8);
-                format!("kf8_value(extractBits(b{buffer}[{w}], {sh}, 8u), {mantissa_bits}u, {bias}i, {infinities})")
+                let Some(f) = self.float8(d) else { return (String::new(), b.dtype) };
+                format!(
+                    "kf8_value(extractBits(b{buffer}[{w}], {sh}, 8u), {}u, {}i, {}, {})",
+                    f.mantissa_bits, f.bias, f.infinities, f.unsigned_zero
+                )
             }
             _ => format!("b{buffer}[{idx}]"),
         };
@@ -667,8 +688,10 @@ impl<'k> Writer<'k> {
             Storage::NarrowInt { bits, .. } => {
                 packed_store(buffer, &idx, bits, &format!("(u32({v}) & {}u)", (1u32 << bits) - 1))
             }
-            Storage::Float8 { mantissa_bits, bias, .. } => {
-                packed_store(buffer, &idx, 8, &format!("kf8_bits({v}, {mantissa_bits}u, {bias}i)"))
+            Storage::Float8(d) => {
+                let Some(f) = self.float8(d) else { return };
+                let bits = format!("kf8_bits({v}, {}u, {}i, {})", f.mantissa_bits, f.bias, f.unsigned_zero);
+                packed_store(buffer, &idx, 8, &bits)
             }
             _ => format!("b{buffer}[{idx}] = {v};"),
         };

@@ -32,16 +32,9 @@ pub enum Storage {
         signed: bool,
     },
     /// `array<u32>`, four 8-bit floats per word, computed in f32: decoded on load (`kf8_value`),
-    /// encoded on store (`kf8_bits`), written as the packed halves are. The layout is
-    /// `kiln_graph::dtype::Float8`'s.
-    Float8 {
-        /// Mantissa bits.
-        mantissa_bits: u32,
-        /// Exponent bias.
-        bias: i32,
-        /// Whether the top exponent holds infinities (E5M2).
-        infinities: bool,
-    },
+    /// encoded on store (`kf8_bits`), written as the packed halves are. The dtype's layout
+    /// (`DType::float8`) says how.
+    Float8(DType),
 }
 
 impl Storage {
@@ -50,8 +43,8 @@ impl Storage {
         if let Some((bits, signed)) = dtype.narrow_bits() {
             return Storage::NarrowInt { bits, signed };
         }
-        if let Some(f) = dtype.float8() {
-            return Storage::Float8 { mantissa_bits: f.mantissa_bits, bias: f.bias, infinities: f.infinities };
+        if dtype.float8().is_some() {
+            return Storage::Float8(dtype);
         }
         // The rest, one word (or two) an element.
         match dtype {
@@ -63,13 +56,14 @@ impl Storage {
             DType::I64 => Storage::I64Pairs,
             DType::Bool => Storage::BoolU32,
             // Not reached (laid out above): named, not `_`, so a new dtype must be placed here.
-            DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::F8E4M3 | DType::F8E5M2 => Storage::I32,
+            DType::U8 | DType::I8 | DType::U16 | DType::I16 => Storage::I32,
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => Storage::I32,
         }
     }
 
     /// Whether elements share 32-bit words that different threads write (stores are atomic).
     pub fn shares_words(self) -> bool {
-        matches!(self, Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. } | Storage::Float8 { .. })
+        matches!(self, Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. } | Storage::Float8(_))
     }
 
     /// The WGSL element type of the buffer array.
@@ -82,7 +76,7 @@ impl Storage {
             | Storage::F16Packed
             | Storage::Bf16Packed
             | Storage::NarrowInt { .. }
-            | Storage::Float8 { .. } => "u32",
+            | Storage::Float8(_) => "u32",
         }
     }
 }

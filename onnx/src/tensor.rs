@@ -20,6 +20,8 @@ pub fn dtype_of(elem_type: i32) -> Result<DType, String> {
         Ok(DataType::Int16) => Ok(DType::I16),
         Ok(DataType::Float8e4m3fn) => Ok(DType::F8E4M3),
         Ok(DataType::Float8e5m2) => Ok(DType::F8E5M2),
+        Ok(DataType::Float8e4m3fnuz) => Ok(DType::F8E4M3FNUZ),
+        Ok(DataType::Float8e5m2fnuz) => Ok(DType::F8E5M2FNUZ),
         Ok(other) => Err(format!("element type {}", other.as_str_name().to_lowercase())),
         Err(_) => Err(format!("element type {elem_type}")),
     }
@@ -40,6 +42,8 @@ pub fn onnx_type(d: DType) -> DataType {
         DType::I16 => DataType::Int16,
         DType::F8E4M3 => DataType::Float8e4m3fn,
         DType::F8E5M2 => DataType::Float8e5m2,
+        DType::F8E4M3FNUZ => DataType::Float8e4m3fnuz,
+        DType::F8E5M2FNUZ => DataType::Float8e5m2fnuz,
     }
 }
 
@@ -76,7 +80,7 @@ pub fn to_data(t: &TensorProto, dir: Option<&Path>) -> Result<TensorData, String
                 t.int32_data.iter().map(|&v| v as f64).collect()
             }
             // 8-bit floats as their bit patterns, as the half types.
-            DType::F8E4M3 | DType::F8E5M2 => match dtype.float8() {
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => match dtype.float8() {
                 Some(f) => t.int32_data.iter().map(|&v| f.decode(v as u8)).collect(),
                 None => vec![],
             },

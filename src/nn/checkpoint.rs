@@ -25,6 +25,8 @@ pub(crate) fn to_safetensors(d: DType) -> Dtype {
         DType::I16 => Dtype::I16,
         DType::F8E4M3 => Dtype::F8_E4M3,
         DType::F8E5M2 => Dtype::F8_E5M2,
+        DType::F8E4M3FNUZ => Dtype::F8_E4M3FNUZ,
+        DType::F8E5M2FNUZ => Dtype::F8_E5M2FNUZ,
     }
 }
 
@@ -43,6 +45,8 @@ pub(crate) fn from_safetensors(d: Dtype) -> Option<DType> {
         Dtype::I16 => DType::I16,
         Dtype::F8_E4M3 => DType::F8E4M3,
         Dtype::F8_E5M2 => DType::F8E5M2,
+        Dtype::F8_E4M3FNUZ => DType::F8E4M3FNUZ,
+        Dtype::F8_E5M2FNUZ => DType::F8E5M2FNUZ,
         _ => return None,
     })
 }

@@ -192,7 +192,7 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ])
         });
     }
-    for d in [DType::F8E4M3, DType::F8E5M2] {
+    for d in [DType::F8E4M3, DType::F8E5M2, DType::F8E4M3FNUZ, DType::F8E5M2FNUZ] {
         // Ties to even, the subnormal steps, saturation (infinities too), NaN, signed zero: 8-bit floats
         // are storage, written by a cast and read back through layout ops and another cast.
         let top = d.float8().map_or(448.0, |f| f.max);
@@ -227,6 +227,12 @@ pub fn every_op(b: &Arc<dyn Backend>) {
                 q.transpose(0, 1)?.reshape(&[-1])?.narrow(0, 3, 40)?,
                 Tensor::concat(&[&q, &v[0].mul(0.5)?.cast(d)?], 0)?.cast(DType::F32)?,
                 q.cast(DType::F32)?.mul(3.0)?.cast(d)?,
+                // The sign of a zero shows in its reciprocal (the FNUZ formats have only +0).
+                // (rounded in a register: a cast of its own, not `q` read back from its buffer).
+                {
+                    let r = v[0].mul(1.0)?.cast(d)?.cast(DType::F32)?;
+                    r.mul(0.0)?.add(1.0)?.div(&r)?
+                },
             ])
         });
     }

@@ -367,13 +367,22 @@ impl Tensor {
         record(Op::Where, &[&c, &a, &b], dtype, shape, loc)
     }
 
-    /// Conversion to `dtype` (floats to integers truncate toward zero; NaN becomes 0).
+    /// Conversion to `dtype` (floats to integers truncate toward zero; NaN becomes 0). Into an 8-bit
+    /// float it rounds to nearest even and saturates past the largest finite value, infinities too
+    /// (ONNX's default): E5M2, which holds ±∞ as values, gets its infinities clamped first.
     #[track_caller]
     pub fn cast(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        record(Op::Cast, &[self], dtype, self.shape(), SourceLoc::caller())
+        let loc = SourceLoc::caller();
+        if let Some(f) = dtype.float8().filter(|f| f.infinities && self.dtype().is_float()) {
+            // Clamped in f32 (a half widens exactly), where every backend's min and max keep NaN.
+            let clamped =
+                SourceLoc::attributed(loc.clone(), || self.cast(DType::F32)?.clamp(Some(-f.max), Some(f.max)))?;
+            return record(Op::Cast, &[&clamped], dtype, self.shape(), loc);
+        }
+        record(Op::Cast, &[self], dtype, self.shape(), loc)
     }
 
     fn reduce(&self, op: ReduceOp, given: &[isize], keepdim: bool, loc: SourceLoc) -> Result<Tensor> {

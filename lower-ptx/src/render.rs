@@ -576,7 +576,8 @@ impl<'k> Writer<'k> {
     }
 
     /// The f32 value of 8-bit float `f` nearest `x`, ties to even, saturated past its largest finite
-    /// value (infinities too), NaN kept: WGSL's `kf8_round`, instruction for instruction.
+    /// value (an infinity too unless `f` has infinities), NaN kept: WGSL's `kf8_round`, instruction for
+    /// instruction.
     fn f8_round(&mut self, x: &str, f: Float8) -> String {
         let m = f.mantissa_bits as i32;
         let (b, ab, e) = (self.reg("b32"), self.reg("b32"), self.reg("s32"));
@@ -606,6 +607,13 @@ impl<'k> Writer<'k> {
         }
         let r = self.with_sign(&y, &s);
         self.emit(&format!("selp.f32 {r}, {x}, {r}, {nan};"));
+        if f.infinities {
+            // E5M2's ±inf are values of it (a cast clamps infinities before rounding).
+            let (ib, inf) = (self.reg("b32"), self.reg("pred"));
+            self.emit(&format!("and.b32 {ib}, {b}, 0x7fffffff;"));
+            self.emit(&format!("setp.eq.u32 {inf}, {ib}, 0x7f800000;"));
+            self.emit(&format!("selp.f32 {r}, {x}, {r}, {inf};"));
+        }
         r
     }
 
@@ -650,6 +658,13 @@ impl<'k> Writer<'k> {
             self.emit(&format!("selp.b32 {s}, 0, {s}, {z};"));
         }
         self.emit(&format!("or.b32 {v}, {v}, {s};"));
+        if f.infinities {
+            // ±inf (E5M2 holds them: a value loaded from such a buffer) as the all-ones exponent.
+            let (inf, code) = (self.reg("pred"), self.reg("b32"));
+            self.emit(&format!("setp.eq.u32 {inf}, {ab}, 0x7f800000;"));
+            self.emit(&format!("or.b32 {code}, {s}, {};", ((1u32 << (7 - m)) - 1) << m));
+            self.emit(&format!("selp.b32 {v}, {code}, {v}, {inf};"));
+        }
         self.emit(&format!("setp.gt.u32 {nan}, {ab}, 0x7f800000;"));
         self.emit(&format!("selp.b32 {v}, {}, {v}, {nan};", f.nan_code()));
         v

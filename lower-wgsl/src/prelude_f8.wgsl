@@ -2,9 +2,10 @@
 // marks the FNUZ formats: one zero (no -0) and one NaN, at the negative zero's code 0x80.
 
 // The value of an 8-bit float with `m` mantissa bits, smallest normal exponent `emin` and largest
-// finite value `top` nearest `x`, ties to even; past `top` (infinities too) saturated, as ONNX's cast;
-// NaN kept; a zero unsigned where the format has one zero. The scalings are by powers of two, exact.
-fn kf8_round(x: f32, m: i32, emin: i32, top: f32, uz: bool) -> f32 {
+// finite value `top` nearest `x`, ties to even; past `top` saturated (an infinity too, unless the format
+// has infinities, `inf`: E5M2's are values of it, which a cast clamps before); NaN kept; a zero unsigned
+// where the format has one zero. The scalings are by powers of two, exact.
+fn kf8_round(x: f32, m: i32, emin: i32, top: f32, inf: bool, uz: bool) -> f32 {
     let b = bitcast<u32>(x);
     let ab = min(b & 0x7fffffffu, bitcast<u32>(top));
     let e = max(i32(ab >> 23u) - 127, emin);
@@ -12,13 +13,14 @@ fn kf8_round(x: f32, m: i32, emin: i32, top: f32, uz: bool) -> f32 {
     let inverse = kbits(u32(m - e + 127) << 23u);
     let r = round(kbits(ab) * inverse) * step;
     let sign = select(b & 0x80000000u, 0u, uz && r == 0.0);
-    return select(kbits(bitcast<u32>(r) | sign), x, kisnan(x));
+    return select(kbits(bitcast<u32>(r) | sign), x, kisnan(x) || (inf && (b & 0x7fffffffu) == 0x7f800000u));
 }
 
-// The bits of `r`, a value `kf8_round` made for a format of `m` mantissa bits and exponent bias `bias`:
-// sign, exponent, mantissa; below the smallest normal a multiple of the smallest step; NaN as 0x7f
+// The bits of `r`, a value of a format of `m` mantissa bits and exponent bias `bias` (`kf8_round`'s, or
+// one loaded from such a buffer): sign, exponent, mantissa; below the smallest normal a multiple of the
+// smallest step; ±inf as the all-ones exponent where the format has infinities (`inf`, E5M2); NaN as 0x7f
 // (0x80 where `uz`).
-fn kf8_bits(r: f32, m: u32, bias: i32, uz: bool) -> u32 {
+fn kf8_bits(r: f32, m: u32, bias: i32, inf: bool, uz: bool) -> u32 {
     let b = bitcast<u32>(r);
     let ab = b & 0x7fffffffu;
     let e = i32(ab >> 23u) - 127;
@@ -27,7 +29,9 @@ fn kf8_bits(r: f32, m: u32, bias: i32, uz: bool) -> u32 {
     let normal = (u32(e + bias) << m) | ((ab >> (23u - m)) & ((1u << m) - 1u));
     let sign = select((b >> 24u) & 0x80u, 0u, uz && ab == 0u);
     let v = sign | select(normal, sub, e < emin);
-    return select(v, select(0x7fu, 0x80u, uz), ab > 0x7f800000u);
+    let infinite = ((b >> 24u) & 0x80u) | (((1u << (7u - m)) - 1u) << m);
+    let coded = select(v, infinite, inf && ab == 0x7f800000u);
+    return select(coded, select(0x7fu, 0x80u, uz), ab > 0x7f800000u);
 }
 
 // The value of 8-bit float bits `c` (`kf8_bits`' inverse): E4M3FN (`inf` false) has no infinities and

@@ -254,10 +254,11 @@ impl<'k> Writer<'k> {
         if let (Some(f), true) = (to.float8(), from != to) {
             let v = self.convert_type(x, from, DType::F32);
             return format!(
-                "kf8_round({v}, {}i, {}i, {}, {})",
+                "kf8_round({v}, {}i, {}i, {}, {}, {})",
                 f.mantissa_bits,
                 f.emin(),
                 float_literal(f.max),
+                f.infinities,
                 f.unsigned_zero
             );
         }
@@ -690,7 +691,10 @@ impl<'k> Writer<'k> {
             }
             Storage::Float8(d) => {
                 let Some(f) = self.float8(d) else { return };
-                let bits = format!("kf8_bits({v}, {}u, {}i, {})", f.mantissa_bits, f.bias, f.unsigned_zero);
+                let bits = format!(
+                    "kf8_bits({v}, {}u, {}i, {}, {})",
+                    f.mantissa_bits, f.bias, f.infinities, f.unsigned_zero
+                );
                 packed_store(buffer, &idx, 8, &bits)
             }
             _ => format!("b{buffer}[{idx}] = {v};"),

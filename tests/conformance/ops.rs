@@ -236,6 +236,18 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ])
         });
     }
+    // E5M2 holds ±∞ as itself (0x7c, 0xfc): layout ops and casts out of it keep them (each element
+    // decoded where read and encoded where written); a cast into it saturates them (±57,344).
+    let held = [f64::INFINITY, f64::NEG_INFINITY, 1.0, 57344.0, -0.0, 2.0, -3.0, f64::NAN];
+    let x = t(&[2, 4], DType::F8E5M2, |i| held[i % held.len()]);
+    case(b, "E5M2 infinities", &[x], 0.0, |v| {
+        Ok(vec![
+            v[0].transpose(0, 1)?.reshape(&[-1])?,
+            Tensor::concat(&[&v[0], &v[0]], 0)?.cast(DType::F32)?,
+            v[0].cast(DType::F16)?,
+            v[0].cast(DType::F32)?.cast(DType::F8E5M2)?,
+        ])
+    });
     let p = t(&[6], DType::Bool, |i| (i % 2) as f64);
     let q = t(&[6], DType::Bool, |i| (i % 3 == 0) as u8 as f64);
     case(b, "bool ops", &[p, q], 0.0, |v| {

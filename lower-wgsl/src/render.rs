@@ -22,6 +22,10 @@ pub const PRELUDE: &str = include_str!("prelude.wgsl");
 /// that calls them (a `kf8_` in its body), so other kernels do not parse them.
 pub const PRELUDE_F8: &str = include_str!("prelude_f8.wgsl");
 
+/// The f16 `maximum`/`minimum` that keep NaN (`kmaxh`, `kminh`): appended to the prelude of a kernel
+/// that calls them (only kernels computing in f16, which enable it, do).
+pub const PRELUDE_F16: &str = include_str!("prelude_f16.wgsl");
+
 /// `c[0] + s·(c[1] + s·(…))` as nested `fma`s from the last coefficient (`approx::horner`'s order).
 fn horner(c: &[f64], s: &str) -> String {
     let n = c.len();
@@ -463,6 +467,8 @@ impl<'k> Writer<'k> {
                     BinaryOp::Pow => format!("{operand}(kpow(f32({x}), f32({y})))"),
                     BinaryOp::Max if float => format!("kmaxf({x}, {y})"),
                     BinaryOp::Min if float => format!("kminf({x}, {y})"),
+                    BinaryOp::Max if operand == "f16" => format!("kmaxh({x}, {y})"),
+                    BinaryOp::Min if operand == "f16" => format!("kminh({x}, {y})"),
                     BinaryOp::Max => format!("max({x}, {y})"),
                     BinaryOp::Min => format!("min({x}, {y})"),
                     BinaryOp::Eq => format!("({x} == {y})"),
@@ -1372,6 +1378,10 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         src.push('\n');
         src.push_str(PRELUDE_F8);
     }
+    if w.out.contains("kmaxh(") || w.out.contains("kminh(") {
+        src.push('\n');
+        src.push_str(PRELUDE_F16);
+    }
     src.push('\n');
     src.push_str(&approximations());
     let _ = writeln!(src, "\n@compute @workgroup_size({device_threads})");
@@ -1420,7 +1430,7 @@ mod tests {
         }
         assert_eq!(float_literal(1.5), "1.5f");
         // The prelude builds them through a function call, never `bitcast<f32>(<literal>)`.
-        let literal_bitcast = [PRELUDE, PRELUDE_F8]
+        let literal_bitcast = [PRELUDE, PRELUDE_F8, PRELUDE_F16]
             .iter()
             .flat_map(|p| p.lines())
             .filter(|l| !l.trim_start().starts_with("//"))

@@ -248,6 +248,22 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             v[0].cast(DType::F32)?.cast(DType::F8E5M2)?,
         ])
     });
+    // `maximum` and `minimum` keep NaN (torch's rule) in the half types too, where a device computes
+    // them in f16 (WGSL with `shader-f16`); reductions of halves, which accumulate in f32, likewise.
+    for d in [DType::F16, DType::BF16] {
+        let a = [f64::NAN, 1.0, -2.0, f64::NAN, 0.5, 3.0, -1.0, 2.0];
+        let c = [0.0, f64::NAN, 1.0, f64::NAN, -0.5, 4.0, -2.0, 1.0];
+        let (x, y) = (t(&[8], d, |i| a[i]), t(&[8], d, |i| c[i]));
+        case(b, &format!("{d} maximum and minimum keep NaN"), &[x, y], 0.0, |v| {
+            Ok(vec![
+                v[0].maximum(&v[1])?,
+                v[0].minimum(&v[1])?,
+                v[1].clamp(Some(-1.0), Some(1.0))?,
+                v[0].reshape(&[2, 4])?.max(&[1], false)?,
+                v[1].reshape(&[4, 2])?.min(&[1], false)?,
+            ])
+        });
+    }
     let p = t(&[6], DType::Bool, |i| (i % 2) as f64);
     let q = t(&[6], DType::Bool, |i| (i % 3 == 0) as u8 as f64);
     case(b, "bool ops", &[p, q], 0.0, |v| {

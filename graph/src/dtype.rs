@@ -90,8 +90,8 @@ impl Float8 {
         }
     }
 
-    /// The bits of `r`, a value of this format (`round`'s): NaN as [`Float8::nan_code`], infinities
-    /// (which `round` never makes) as E5M2's, a zero unsigned where the format has one zero.
+    /// The bits of `r`, a value of this format (`round`'s): NaN as [`Float8::nan_code`], ±∞ (E5M2's) as
+    /// the all-ones exponent, a zero unsigned where the format has one zero.
     pub fn encode(self, r: f64) -> u8 {
         let sign = if r.is_sign_negative() && !(self.unsigned_zero && r == 0.0) { 0x80u8 } else { 0 };
         let m = self.mantissa_bits;
@@ -443,8 +443,9 @@ mod tests {
     }
 
     /// Every code of every 8-bit float decodes to a value that rounds to itself and encodes back to the
-    /// code (NaNs to the NaN code, negative zero kept where the format has one); ties go to the even
-    /// code; past the largest finite value (infinities too) the cast saturates.
+    /// code (NaNs to the NaN code, negative zero kept where the format has one, E5M2's infinities
+    /// kept); ties go to the even code; past the largest finite value rounding saturates (an infinity
+    /// too where the format has none).
     #[test]
     fn float8_codes_round_trip_and_casts_saturate() {
         for d in [DType::F8E4M3, DType::F8E5M2, DType::F8E4M3FNUZ, DType::F8E5M2FNUZ] {

@@ -189,9 +189,13 @@ fn choose_saved(g: &Graph, backward: &[Node], exact: &[bool], kept: &[bool]) -> 
 }
 
 /// The value `v` is a view of (itself when it is not a view): a view is its base's bytes (an expanded
-/// weight is the weight).
+/// weight is the weight, a gathered row its table). A concatenation is no view of its first part: its
+/// bytes are all its parts', its own.
 fn base(g: &Graph, mut v: usize) -> usize {
-    while g.nodes[v].op.family() == OpFamily::Layout && !g.nodes[v].inputs.is_empty() {
+    while g.nodes[v].op.family() == OpFamily::Layout
+        && !matches!(g.nodes[v].op, Op::Concat { .. })
+        && !g.nodes[v].inputs.is_empty()
+    {
         v = g.nodes[v].inputs[0].index();
     }
     v

@@ -179,3 +179,27 @@ fn a_loss_over_a_layer_norm_reads_the_residual_not_an_f32_intermediate() {
     });
     assert_eq!(wide.count(), 0, "an f32 tensor of the layer norm's size is written:\n{c}");
 }
+
+/// A concatenation the backward reads counts at its own bytes, all its parts', not as a view of its
+/// first part: here the backward uses `c = [exp(x); exp(y)]` (twice exp(x)'s bytes) and exp(x).
+#[test]
+fn a_concatenation_counts_all_its_parts() {
+    use kiln_graph::{autodiff::value_and_grad, compile, Tensor};
+    let specs = vec![f32s(&[64, 256]), f32s(&[64, 256])];
+    let (x, y) = (Tensor::from_data(data(&specs[0], 0)), Tensor::from_data(data(&specs[1], 1)));
+    let f = compile(|(x, y): (&Tensor, &Tensor)| {
+        let (_, grads) = value_and_grad(
+            |a| {
+                let c = Tensor::concat(&[&a[0].exp()?, &a[1].exp()?], 0)?;
+                c.mul(&c)?.mean(&[0, 1], false)
+            },
+            &[x.clone(), y.clone()],
+            &[0],
+        )?;
+        Ok(grads[0].clone())
+    });
+    let ex = f.explain((&x, &y)).unwrap();
+    let p = &ex.graphs[0].partitions[0];
+    let all = p.all_bytes.as_const().unwrap();
+    assert!(all >= 3 * 64 * 256 * 4, "the concatenation (2 × 64 KiB) and exp(x) (64 KiB): {p:?}");
+}

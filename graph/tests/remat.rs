@@ -185,7 +185,7 @@ fn a_loss_over_a_layer_norm_reads_the_residual_not_an_f32_intermediate() {
 #[test]
 fn a_concatenation_counts_all_its_parts() {
     use kiln_graph::{autodiff::value_and_grad, compile, Tensor};
-    let specs = vec![f32s(&[64, 256]), f32s(&[64, 256])];
+    let specs = [f32s(&[64, 256]), f32s(&[64, 256])];
     let (x, y) = (Tensor::from_data(data(&specs[0], 0)), Tensor::from_data(data(&specs[1], 1)));
     let f = compile(|(x, y): (&Tensor, &Tensor)| {
         let (_, grads) = value_and_grad(

@@ -212,6 +212,41 @@ fn compiled_step_matches_eager(rt: &Arc<Runtime>) {
     assert_eq!(trainer.model().tensors()[0].device_name(), Some(rt.name()), "parameters stay on the device");
 }
 
+/// A trainer whose step replays a recording (reduce-overhead) trains as the launched one does, bit for
+/// bit, and once its recordings are made copies none of its state (bf16 parameters, f32 masters and
+/// moments: the step's outputs are its next inputs) in or out: at most the batch and the step's
+/// scalars, new buffers each step, are copied in. On the kernel interpreter, where a replay is a launch
+/// over the same buffers.
+#[test]
+fn a_reduce_overhead_trainer_keeps_its_state_in_place() {
+    let train = |mode: kiln::Mode| {
+        let rt = KernelInterpreter::default().runtime();
+        let model = Gpt::new(tiny(), 11).unwrap().cast(kiln::DType::BF16).unwrap().to(&rt).unwrap();
+        let opt = AdamW { lr: 2e-2, ..AdamW::default() };
+        let options = kiln::train::StepOptions { mode, ..Default::default() };
+        let loss = |m: &Gpt, b: &[Tensor]| m.loss(&b[0], &b[1]);
+        let mut trainer = Trainer::with_options(model, opt, options, loss, rt.clone()).unwrap();
+        let mut steps = Vec::new();
+        for k in 0..8 {
+            let (ids, targets) = batch(k);
+            let b = [ids.to(rt.clone()).unwrap(), targets.to(rt.clone()).unwrap()];
+            let before = rt.stats();
+            let loss = trainer.step(&b, 1.0).unwrap().item::<f32>().unwrap();
+            let s = rt.stats();
+            steps.push((loss, s.replay_input_copies - before.replay_input_copies, s.replay_output_copies - before.replay_output_copies));
+        }
+        (steps, vals(&trainer.model().tensors()[4]))
+    };
+    let (launched, launched_w) = train(kiln::Mode::Default);
+    let (replayed, replayed_w) = train(kiln::Mode::ReduceOverhead);
+    let losses = |s: &[(f32, u64, u64)]| s.iter().map(|x| x.0).collect::<Vec<_>>();
+    assert_eq!(losses(&replayed), losses(&launched));
+    assert_eq!(replayed_w, launched_w);
+    for (k, &(_, copied_in, copied_out)) in replayed.iter().enumerate().skip(5) {
+        assert!(copied_in <= 3 && copied_out == 0, "step {k} copied its state: {replayed:?}");
+    }
+}
+
 /// A tiny GPT memorises one batch: the loss falls from ~ln(11) to well below it in 40 steps.
 #[test]
 fn a_tiny_gpt_learns_a_batch() {

@@ -46,6 +46,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
+mod recorded;
+
 /// Locks a mutex, also after a panic elsewhere poisoned it (the data stays consistent: every critical
 /// section here is a few plain updates). Drivers use it too.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -105,7 +107,7 @@ pub struct MemoryStats {
 /// What the runtime did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RuntimeStats {
-    /// Graph runs enqueued.
+    /// Graph runs enqueued (a recording's first, plain run included).
     pub runs: u64,
     /// Kernel launches enqueued (a replayed recording counts its launches).
     pub launches: u64,
@@ -419,28 +421,6 @@ impl Prepared {
     }
 }
 
-/// A reduce-overhead recording: which graph and symbol values, which inputs it owns a buffer for, and
-/// whether it hands out copies of its outputs.
-struct Recorded {
-    compiled: Arc<CompiledGraph>,
-    values: Vec<i64>,
-    prepared: Prepared,
-    private: Vec<bool>,
-    copy_out: bool,
-}
-
-impl Recorded {
-    /// Whether an output handed out by the last replay (a buffer of the recording's own: not a
-    /// caller's input passed through) is still held, so replaying now would overwrite it.
-    fn outputs_alive(&self) -> bool {
-        let layout = &self.prepared.layout;
-        layout.outputs.iter().any(|(b, _, _)| {
-            let callers = layout.input_slots.iter().zip(&self.private).any(|(s, own)| s == b && !own);
-            !callers && Arc::strong_count(&self.prepared.buffers[*b]) > 1
-        })
-    }
-}
-
 /// Recordings kept for reduce-overhead mode; the oldest goes past this many.
 const MAX_RECORDINGS: usize = 16;
 
@@ -470,7 +450,7 @@ pub struct Runtime {
     gate: RwLock<()>,
     mem: Mutex<MemoryStats>,
     stats: Mutex<RuntimeStats>,
-    recordings: Mutex<Vec<Recorded>>,
+    recordings: Mutex<recorded::Recordings>,
     layouts: Mutex<Layouts>,
     next_id: AtomicU64,
 }
@@ -667,13 +647,7 @@ impl Runtime {
     /// function that made them is gone. Another function sharing `c` (the compile cache shares equal
     /// graphs) records again on its next call.
     pub fn release_recordings(&self, c: &Arc<CompiledGraph>) {
-        let released: Vec<Recorded> = {
-            let mut recs = lock(&self.recordings);
-            let (gone, kept): (Vec<Recorded>, Vec<Recorded>) =
-                std::mem::take(&mut *recs).into_iter().partition(|r| Arc::ptr_eq(&r.compiled, c));
-            *recs = kept;
-            gone
-        };
+        let released = lock(&self.recordings).take(|r| Arc::ptr_eq(&r.compiled, c));
         // Dropped outside the lock: returning buffers takes the pool's.
         drop(released);
     }
@@ -995,6 +969,18 @@ impl Runtime {
             t.buffer.live("an input of a run")?;
             buffers[slot] = Some(t.buffer.clone());
         }
+        self.bind_buffers(c, layout, buffers, generation)
+    }
+
+    /// A prepared graph over `buffers`, one per plan buffer: those given, and fresh ones from the pool
+    /// for the rest; fault words of its own.
+    fn bind_buffers(
+        &self,
+        c: &Arc<CompiledGraph>,
+        layout: Arc<Layout>,
+        buffers: Vec<Option<Arc<DeviceBuffer>>>,
+        generation: u64,
+    ) -> Result<Prepared> {
         let mut filled = Vec::with_capacity(layout.sizes.len());
         for (i, (b, &size)) in buffers.into_iter().zip(&layout.sizes).enumerate() {
             filled.push(match b {
@@ -1253,6 +1239,11 @@ impl Runtime {
         // GEMM's pointer arrays, allocated and uploaded) must not happen inside the capture, where an
         // allocation or a host copy would be recorded instead of done.
         self.seen(self.enqueue_launches(d, p).and_then(|()| d.submit()).and_then(|()| d.synchronize()))?;
+        {
+            let mut s = lock(&self.stats);
+            s.runs += 1;
+            s.launches += p.layout.steps.len() as u64;
+        }
         HELD.with(|h| h.set((self as *const Runtime as usize, true)));
         let recording = d.record(&mut || self.enqueue_launches(d, p));
         drop(gate);
@@ -1337,115 +1328,6 @@ impl Runtime {
         let p = self.prepare_now(c, inputs)?;
         let own = self.launch_now(&p)?;
         Ok(self.outputs(&p, &self.carried(inputs, own)?))
-    }
-
-    /// Reduce-overhead: replays the recording made for this compiled graph and these symbol values
-    /// (recording it on first use). Inputs that keep their buffer from call to call (weights) stay bound
-    /// in place; an input whose buffer changed is given a buffer of the recording's own (one re-record)
-    /// and copied into it on every later replay, as torch does for non-static inputs. Outputs are the
-    /// recording's own buffers, which the next replay overwrites: when a caller still holds them at the
-    /// next call, the recording is made again with fresh buffers (the held ones stay the caller's) and
-    /// copies its outputs out from then on, so no output is ever overwritten under its holder.
-    pub fn run_recorded<T: Borrow<DeviceTensor>>(
-        &self,
-        c: &Arc<CompiledGraph>,
-        inputs: &[T],
-    ) -> Result<Vec<DeviceTensor>> {
-        self.reopen_if_lost()?;
-        let layout = self.layout(c, inputs)?;
-        let each = || inputs.iter().map(Borrow::borrow);
-        let values: Vec<i64> = layout.bindings.iter().map(|(_, v)| v).collect();
-        let mut recs = lock(&self.recordings);
-        let now = self.generation.load(Ordering::Acquire);
-        if recs.iter().any(|r| r.prepared.generation != now) {
-            // Made on a device lost since: dropped (their buffers freed, not pooled), recorded again.
-            recs.retain(|r| r.prepared.generation == now);
-        }
-        let found = recs.iter().position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values);
-        let slots = &layout.input_slots;
-        // Stale: an output of the last replay is still held, or an input the recording reads in place
-        // moved to another buffer. (No allocation on the replay path: this runs on every call.)
-        let (stale, copy_out) = match found.map(|i| &recs[i]) {
-            Some(r) => {
-                let kept = !r.copy_out && r.outputs_alive();
-                let moved = slots
-                    .iter()
-                    .zip(each())
-                    .zip(&r.private)
-                    .any(|((&s, t), &own)| !own && r.prepared.buffers[s].id() != t.buffer.id());
-                (kept || moved, r.copy_out || kept)
-            }
-            None => (true, false),
-        };
-        let at = match (found, stale) {
-            (Some(i), false) => i,
-            _ => {
-                let mut private = found.map_or_else(|| vec![false; inputs.len()], |i| recs[i].private.clone());
-                if let Some(i) = found {
-                    let old = recs.remove(i);
-                    for ((s, t), p) in slots.iter().zip(each()).zip(private.iter_mut()) {
-                        *p |= old.prepared.buffers[*s].id() != t.buffer.id();
-                    }
-                }
-                let bound = each()
-                    .zip(&private)
-                    .map(|(t, &own)| {
-                        if !own {
-                            return Ok(t.clone());
-                        }
-                        let b = self.alloc(self.target().storage_bytes(t.dtype, t.numel()), "a recorded input")?;
-                        Ok(DeviceTensor { buffer: b, dtype: t.dtype, dims: t.dims.clone(), checks: Vec::new() })
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let mut prepared = self.prepare_now(c, &bound)?;
-                self.record(&mut prepared)?;
-                if recs.len() >= MAX_RECORDINGS {
-                    recs.remove(0);
-                }
-                recs.push(Recorded { compiled: c.clone(), values, prepared, private, copy_out });
-                recs.len() - 1
-            }
-        };
-        let r = &recs[at];
-        let _gate = self.gate();
-        let d = self.driver();
-        for ((&s, t), &own) in slots.iter().zip(each()).zip(&r.private) {
-            if own && r.prepared.buffers[s].id() != t.buffer.id() {
-                t.buffer.live("an input of a run")?;
-                let n = self.target().storage_bytes(t.dtype, t.numel());
-                self.seen(d.copy(t.buffer.raw(), r.prepared.buffers[s].raw(), n))?;
-                lock(&self.stats).replay_input_copies += 1;
-            }
-        }
-        self.launch_now(&r.prepared)?;
-        // The next replay rewrites the recording's fault words as it rewrites its outputs: this replay's
-        // results carry a copy of them (a few words; outputs may be carried far by later calls).
-        let own = match &r.prepared.faults {
-            Some(words) => {
-                let n = layout.stride * layout.checked.len() as u64;
-                let copy = self.alloc(n, "fault words")?;
-                self.seen(d.copy(words.raw(), copy.raw(), n))?;
-                Some(self.checks_over(&r.prepared, copy))
-            }
-            None => None,
-        };
-        let checks = self.carried(inputs, own)?;
-        if !r.copy_out {
-            self.seen(d.submit())?;
-            return Ok(self.outputs(&r.prepared, &checks));
-        }
-        let mut outs = Vec::with_capacity(layout.outputs.len());
-        for (b, dims, dtype) in &layout.outputs {
-            let n = self.target().storage_bytes(*dtype, dims.iter().product());
-            let fresh = self.alloc(n, "an output")?;
-            if n > 0 {
-                self.seen(d.copy(r.prepared.buffers[*b].raw(), fresh.raw(), n))?;
-                lock(&self.stats).replay_output_copies += 1;
-            }
-            outs.push(DeviceTensor { buffer: fresh, dtype: *dtype, dims: dims.clone(), checks: checks.clone() });
-        }
-        self.seen(d.submit())?;
-        Ok(outs)
     }
 
     /// Host in, host out: uploads `inputs`, runs, downloads the outputs (tests and tools).

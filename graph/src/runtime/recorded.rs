@@ -1,0 +1,355 @@
+//! Reduce-overhead mode: which recording a call replays, and how a new recording binds its buffers.
+//!
+//! A recording (a CUDA graph) reads and writes fixed buffers. Two kinds of caller make that costly when
+//! done naively. An input that lives in a new buffer every call (a batch) is copied into a buffer of the
+//! recording's own, as torch does; that copy is small. A training step is the other kind: its outputs
+//! (weights, moments) are its next call's inputs, hundreds of megabytes of them, and copying them in and
+//! out of one recording costs more than the launches the recording saves. Such a step gets two
+//! recordings instead, each reading the other's outputs in place and writing its outputs into the
+//! buffers the other reads: the state ping-pongs between two sets of buffers with no copy, and the
+//! two share their intermediates (they never run at once: one stream, and the recordings' lock).
+//!
+//! Nothing is ever overwritten under a holder: before a replay, every output buffer is checked for
+//! references beyond the recordings' own ([`Recorded::held_outputs`]); one a caller still holds is left
+//! to the caller, and that output is handed out as a copy from then on.
+
+use super::{lock, DeviceBuffer, DeviceTensor, Error, Prepared, Result, Runtime, MAX_RECORDINGS};
+use crate::pipeline::CompiledGraph;
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A reduce-overhead recording: which graph and symbol values, which inputs it owns a buffer for, and
+/// which outputs it hands out as copies.
+pub(super) struct Recorded {
+    pub(super) compiled: Arc<CompiledGraph>,
+    values: Vec<i64>,
+    pub(super) prepared: Prepared,
+    /// Per input: read from a buffer of the recording's own, into which the caller's is copied.
+    private: Vec<bool>,
+    /// Per output: handed out as a copy (a caller once held it across a later call).
+    copy_out: Vec<bool>,
+    /// Its outputs in buffers of its own (neither a caller's input passed through nor handed out as a
+    /// copy), with their plan buffers.
+    own_outputs: Vec<(usize, usize)>,
+    /// Per output: the references the recordings themselves hold to its buffer (this one's, and a
+    /// partner's that reads it in place). More than these means someone else holds it.
+    kept: Vec<usize>,
+}
+
+impl Recorded {
+    /// A recording of `prepared`, its reference counts still to be made ([`Recordings::put`]).
+    fn new(
+        compiled: Arc<CompiledGraph>,
+        values: Vec<i64>,
+        prepared: Prepared,
+        private: Vec<bool>,
+        copy_out: Vec<bool>,
+    ) -> Recorded {
+        let layout = &prepared.layout;
+        let own_outputs = (layout.outputs.iter().enumerate())
+            .filter(|&(o, (b, _, _))| {
+                let callers = layout.input_slots.iter().zip(&private).any(|(s, own)| s == b && !own);
+                !callers && !copy_out[o]
+            })
+            .map(|(o, (b, _, _))| (o, *b))
+            .collect();
+        Recorded { compiled, values, prepared, private, copy_out, own_outputs, kept: Vec::new() }
+    }
+
+    /// Whether a call with `inputs` can replay this recording: every input it reads in place is in the
+    /// buffer it was recorded with (the others are copied in).
+    fn reads<T: Borrow<DeviceTensor>>(&self, slots: &[usize], inputs: &[T]) -> bool {
+        slots
+            .iter()
+            .zip(inputs.iter().map(Borrow::borrow))
+            .zip(&self.private)
+            .all(|((&s, t), &own)| own || self.prepared.buffers[s].id() == t.buffer.id())
+    }
+
+    /// The outputs whose buffers someone besides the recordings holds (a caller kept an earlier call's
+    /// result, or passes it to this call): replaying would overwrite them under the holder. No
+    /// allocation when there are none (this runs on every call).
+    fn held_outputs(&self) -> Vec<usize> {
+        (self.own_outputs.iter())
+            .filter(|&&(o, b)| Arc::strong_count(&self.prepared.buffers[b]) > self.kept[o])
+            .map(|&(o, _)| o)
+            .collect()
+    }
+
+    /// The own output buffer (its plan buffer) that `id` names, if any.
+    fn output_slot_of(&self, id: u64) -> Option<usize> {
+        self.own_outputs.iter().map(|&(_, b)| b).find(|&b| self.prepared.buffers[b].id() == id)
+    }
+
+    /// How many of `inputs` are this recording's own outputs: a step fed its last results.
+    fn fed_back<T: Borrow<DeviceTensor>>(&self, inputs: &[T]) -> usize {
+        inputs.iter().map(Borrow::borrow).filter(|t| self.output_slot_of(t.buffer.id()).is_some()).count()
+    }
+}
+
+/// The runtime's recordings, with each output's count of references held by recordings kept current
+/// (a stale count could let a replay overwrite a buffer a caller holds).
+#[derive(Default)]
+pub(super) struct Recordings {
+    list: Vec<Recorded>,
+}
+
+impl Recordings {
+    /// Removes the recordings `gone` accepts and returns them (for the caller to drop where it likes:
+    /// their buffers go back to the pool unless someone else holds them).
+    pub(super) fn take(&mut self, mut gone: impl FnMut(&Recorded) -> bool) -> Vec<Recorded> {
+        if !self.list.iter().any(&mut gone) {
+            return Vec::new();
+        }
+        let (taken, kept) = std::mem::take(&mut self.list).into_iter().partition(gone);
+        self.list = kept;
+        self.recount();
+        taken
+    }
+
+    /// Counts, for every recording's outputs, the references all recordings hold to their buffers.
+    fn recount(&mut self) {
+        let mut refs: HashMap<u64, usize> = HashMap::new();
+        for b in self.list.iter().flat_map(|r| &r.prepared.buffers) {
+            *refs.entry(b.id()).or_default() += 1;
+        }
+        for r in &mut self.list {
+            let buffers = &r.prepared.buffers;
+            r.kept = r.prepared.layout.outputs.iter().map(|(b, _, _)| refs[&buffers[*b].id()]).collect();
+        }
+    }
+
+    /// References the recordings hold to `b`.
+    fn refs(&self, b: &DeviceBuffer) -> usize {
+        self.list.iter().flat_map(|r| &r.prepared.buffers).filter(|x| x.id() == b.id()).count()
+    }
+
+    /// Adds a recording, replacing the one at `replaced` if given, dropping the oldest past the limit.
+    /// Returns where it went.
+    fn put(&mut self, r: Recorded, replaced: Option<usize>) -> usize {
+        let at = match replaced {
+            Some(i) => {
+                self.list[i] = r;
+                i
+            }
+            None => {
+                if self.list.len() >= MAX_RECORDINGS {
+                    self.list.remove(0);
+                }
+                self.list.push(r);
+                self.list.len() - 1
+            }
+        };
+        self.recount();
+        at
+    }
+}
+
+impl Runtime {
+    /// Reduce-overhead: replays the recording made for this compiled graph and these symbol values
+    /// (recording it on first use). Inputs that keep their buffer from call to call (weights) stay bound
+    /// in place; an input whose buffer changed (a batch) is given a buffer of the recording's own (one
+    /// re-record) and copied into it on every later replay, as torch does for non-static inputs. Inputs
+    /// that are the last call's outputs (a training step's state) get a partner recording that reads
+    /// them in place and writes into the buffers the first one reads: no copy either way (module docs).
+    /// Outputs are the recording's own buffers, which a later replay overwrites: one a caller still
+    /// holds at a later call stays the caller's, and that output is handed out as a copy from then on.
+    pub fn run_recorded<T: Borrow<DeviceTensor>>(
+        &self,
+        c: &Arc<CompiledGraph>,
+        inputs: &[T],
+    ) -> Result<Vec<DeviceTensor>> {
+        self.reopen_if_lost()?;
+        let layout = self.layout(c, inputs)?;
+        let values: Vec<i64> = layout.bindings.iter().map(|(_, v)| v).collect();
+        let mut recs = lock(&self.recordings);
+        let now = self.generation.load(Ordering::Acquire);
+        // Made on a device lost since: dropped (their buffers freed, not pooled), recorded again.
+        drop(recs.take(|r| r.prepared.generation != now));
+        let slots = &layout.input_slots;
+        let found = recs
+            .list
+            .iter()
+            .position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values && r.reads(slots, inputs));
+        let at = match found {
+            Some(i) => {
+                let held = recs.list[i].held_outputs();
+                if held.is_empty() {
+                    i
+                } else if recs.list[i].fed_back(inputs) > 0 {
+                    self.record_partner(&mut recs, c, values, inputs)?
+                } else {
+                    self.record_with_copies(&mut recs, i, &held)?
+                }
+            }
+            None => self.record_partner(&mut recs, c, values, inputs)?,
+        };
+        let r = &recs.list[at];
+        let _gate = self.gate();
+        let d = self.driver();
+        for ((&s, t), &own) in slots.iter().zip(inputs.iter().map(Borrow::borrow)).zip(&r.private) {
+            if own && r.prepared.buffers[s].id() != t.buffer.id() {
+                t.buffer.live("an input of a run")?;
+                let n = self.target().storage_bytes(t.dtype, t.numel());
+                self.seen(d.copy(t.buffer.raw(), r.prepared.buffers[s].raw(), n))?;
+                lock(&self.stats).replay_input_copies += 1;
+            }
+        }
+        self.launch_now(&r.prepared)?;
+        // The next replay rewrites the recording's fault words as it rewrites its outputs: this replay's
+        // results carry a copy of them (a few words; outputs may be carried far by later calls).
+        let own = match &r.prepared.faults {
+            Some(words) => {
+                let n = layout.stride * layout.checked.len() as u64;
+                let copy = self.alloc(n, "fault words")?;
+                self.seen(d.copy(words.raw(), copy.raw(), n))?;
+                Some(self.checks_over(&r.prepared, copy))
+            }
+            None => None,
+        };
+        let checks = self.carried(inputs, own)?;
+        let mut outs = self.outputs(&r.prepared, &checks);
+        for (o, out) in outs.iter_mut().enumerate().filter(|(o, _)| r.copy_out[*o]) {
+            let n = self.target().storage_bytes(out.dtype, out.numel());
+            let fresh = self.alloc(n, "an output")?;
+            if n > 0 {
+                let b = layout.outputs[o].0;
+                self.seen(d.copy(r.prepared.buffers[b].raw(), fresh.raw(), n))?;
+                lock(&self.stats).replay_output_copies += 1;
+            }
+            out.buffer = fresh;
+        }
+        self.seen(d.submit())?;
+        Ok(outs)
+    }
+
+    /// Records recording `i` again with its `held` outputs in fresh buffers (the held ones stay their
+    /// holders'), handed out as copies from then on; every other buffer stays as it was bound.
+    fn record_with_copies(&self, recs: &mut Recordings, i: usize, held: &[usize]) -> Result<usize> {
+        let r = &recs.list[i];
+        let layout = r.prepared.layout.clone();
+        let mut buffers: Vec<Option<Arc<DeviceBuffer>>> = r.prepared.buffers.iter().cloned().map(Some).collect();
+        let mut copy_out = r.copy_out.clone();
+        for &o in held {
+            buffers[layout.outputs[o].0] = None;
+        }
+        // Outputs sharing a held one's buffer are copies too.
+        for (o, (b, _, _)) in layout.outputs.iter().enumerate() {
+            copy_out[o] |= buffers[*b].is_none();
+        }
+        let mut prepared = self.prepare_bound(&r.compiled, layout, buffers)?;
+        self.record(&mut prepared)?;
+        let r = &recs.list[i];
+        let redone = Recorded::new(r.compiled.clone(), r.values.clone(), prepared, r.private.clone(), copy_out);
+        Ok(recs.put(redone, Some(i)))
+    }
+
+    /// Records `c` for a call with `inputs` that no recording reads as they lie. Its base is the
+    /// recording of the same graph and values whose outputs the inputs are (a step fed its last
+    /// results), else the newest one. Inputs that are the base's outputs are read in place, and the
+    /// outputs they become are written into the buffers the base reads for them (when nobody else holds
+    /// those): the two recordings then feed each other. Inputs the base reads in place from the same
+    /// buffers stay in place; every other input gets a buffer of its own. Intermediates are the base's.
+    /// A base that feeds nothing is superseded and dropped; so is any third recording beside a pair.
+    fn record_partner<T: Borrow<DeviceTensor>>(
+        &self,
+        recs: &mut Recordings,
+        c: &Arc<CompiledGraph>,
+        values: Vec<i64>,
+        inputs: &[T],
+    ) -> Result<usize> {
+        let layout = self.layout(c, inputs)?;
+        let siblings: Vec<usize> =
+            (0..recs.list.len()).filter(|&i| Arc::ptr_eq(&recs.list[i].compiled, c) && recs.list[i].values == values).collect();
+        // Most inputs fed back wins; among equals, the newest.
+        let base_at = siblings.iter().copied().max_by_key(|&i| (recs.list[i].fed_back(inputs), i));
+        let base = base_at.map(|i| &recs.list[i]);
+        let slots = &layout.input_slots;
+        let mut buffers: Vec<Option<Arc<DeviceBuffer>>> = vec![None; layout.sizes.len()];
+        let mut private = vec![false; inputs.len()];
+        // (input, the base's output buffer it is)
+        let mut fed: Vec<(usize, usize)> = Vec::new();
+        for (i, (&s, t)) in slots.iter().zip(inputs.iter().map(Borrow::borrow)).enumerate() {
+            let Some(base) = base else {
+                buffers[s] = Some(t.buffer.clone());
+                continue;
+            };
+            if let Some(b) = base.output_slot_of(t.buffer.id()) {
+                fed.push((i, b));
+                buffers[s] = Some(t.buffer.clone());
+            } else if !base.private[i] && base.prepared.buffers[s].id() == t.buffer.id() {
+                buffers[s] = Some(t.buffer.clone());
+            } else {
+                private[i] = true;
+            }
+        }
+        // Each fed-back output is written where the base reads its input, when nobody else holds that
+        // buffer and this recording does not read it; else the input is copied into a buffer of its own.
+        let mut paired = 0;
+        if let Some(base) = base {
+            for &(i, b) in &fed {
+                let target = &base.prepared.buffers[slots[i]];
+                let bound_here = buffers.iter().flatten().any(|x| x.id() == target.id());
+                let free = Arc::strong_count(target) == recs.refs(target);
+                if free && !bound_here && buffers[b].is_none() {
+                    buffers[b] = Some(target.clone());
+                    paired += 1;
+                } else {
+                    private[i] = true;
+                    buffers[slots[i]] = None;
+                }
+            }
+        }
+        for (i, t) in inputs.iter().map(Borrow::borrow).enumerate().filter(|(i, _)| private[*i]) {
+            buffers[slots[i]] = Some(self.alloc(self.target().storage_bytes(t.dtype, t.numel()), "a recorded input")?);
+        }
+        // An output the caller still holds from the base's last replay (and does not feed back) is one
+        // it keeps across calls (a loss it logs): handed out as a copy from the start.
+        let kept_by_caller = |r: &Recorded, o: usize| {
+            r.own_outputs.iter().any(|&(x, b)| {
+                x == o && Arc::strong_count(&r.prepared.buffers[b]) > r.kept[o] && !fed.iter().any(|f| f.1 == b)
+            })
+        };
+        let copy_out: Vec<bool> =
+            (0..layout.outputs.len()).map(|o| base.is_some_and(|r| r.copy_out[o] || kept_by_caller(r, o))).collect();
+        if let Some(base) = base.filter(|r| r.prepared.layout.sizes == layout.sizes) {
+            let io: Vec<usize> = slots.iter().copied().chain(layout.outputs.iter().map(|(b, _, _)| *b)).collect();
+            for (k, slot) in buffers.iter_mut().enumerate() {
+                if slot.is_none() && !io.contains(&k) {
+                    *slot = Some(base.prepared.buffers[k].clone());
+                }
+            }
+        }
+        let mut prepared = self.prepare_bound(c, layout, buffers)?;
+        self.record(&mut prepared)?;
+        // A base that feeds nothing is superseded; beside a pair, any other recording of this graph is.
+        let keep = base_at.filter(|_| paired > 0);
+        let mut gone: Vec<usize> = siblings.into_iter().filter(|&i| Some(i) != keep).collect();
+        gone.sort_unstable();
+        for i in gone.into_iter().rev() {
+            recs.list.remove(i);
+        }
+        Ok(recs.put(Recorded::new(c.clone(), values, prepared, private, copy_out), None))
+    }
+
+    /// [`Runtime::prepare`] with some plan buffers given (`Some`), the rest fresh from the pool.
+    fn prepare_bound(
+        &self,
+        c: &Arc<CompiledGraph>,
+        layout: Arc<super::Layout>,
+        buffers: Vec<Option<Arc<DeviceBuffer>>>,
+    ) -> Result<Prepared> {
+        let _gate = self.gate();
+        let generation = self.generation.load(Ordering::Acquire);
+        if layout.generation != generation {
+            return Err(Error::DeviceLost {
+                device: self.name().into(),
+                what: "recording a graph".into(),
+                msg: "the device was lost while it was being bound".into(),
+            });
+        }
+        self.bind_buffers(c, layout, buffers, generation)
+    }
+}

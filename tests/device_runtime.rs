@@ -230,7 +230,8 @@ fn sgd_momentum_run(rt: &Arc<Runtime>, mode: kiln::Mode, steps: usize, keep: usi
     let n = 1024;
     let f = compile(sgd_momentum_step).backend(rt.clone()).mode(mode);
     let batch = |i: usize| (0..n).map(|j| ((i * 7 + j) % 13) as f32 / 13.0 - 0.4).collect::<Vec<f32>>();
-    let mut state = vec![host(&vec![0.5; n], &[n]).to(rt.clone()).unwrap(), host(&vec![0.0; n], &[n]).to(rt.clone()).unwrap()];
+    let mut state =
+        vec![host(&vec![0.5; n], &[n]).to(rt.clone()).unwrap(), host(&vec![0.0; n], &[n]).to(rt.clone()).unwrap()];
     let (mut losses, mut kept, mut copies) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..steps {
         let x = host(&batch(i), &[n]).to(rt.clone()).unwrap();

@@ -98,6 +98,23 @@ fn broadcasting_where_and_cast() {
     check(f32s(&[0.0, 2.5], &[2]).cast(DType::Bool), &[0.0, 1.0], &[2]);
     check(f32s(&[1.0 + 1.0 / 1024.0], &[1]).cast(DType::BF16), &[1.0], &[1]);
     check(i64s(&[3], &[1]).cast(DType::F32), &[3.0], &[1]);
+    // Into 8-bit floats, saturating and not: E4M3FN's tie at 464 stays at 448 (its mantissa 110 is
+    // even), E4M3FNUZ's at 248 goes up (past 240), E5M2's at 61440 goes up to ∞.
+    let (inf, nan) = (f64::INFINITY, f64::NAN);
+    let x = f32s(&[464.0, 465.0, -1e6, f32::INFINITY, 248.0, 61440.0, 61439.0, f32::NAN], &[8]);
+    let as_f32 = |d: DType, saturate: bool| {
+        let q = if saturate { x.cast(d) } else { x.cast_unsaturated(d) };
+        q.and_then(|q| q.cast(DType::F32))
+    };
+    let e4 = [448.0, 448.0, -448.0, 448.0, 256.0, 448.0, 448.0, nan];
+    check(as_f32(DType::F8E4M3, true), &e4, &[8]);
+    check(as_f32(DType::F8E4M3, false), &[448.0, nan, nan, nan, 256.0, nan, nan, nan], &[8]);
+    check(as_f32(DType::F8E4M3FNUZ, false), &[nan, nan, nan, nan, nan, nan, nan, nan], &[8]);
+    let e5 = [448.0, 448.0, -inf, inf, 256.0, inf, 57344.0, nan];
+    check(as_f32(DType::F8E5M2, false), &e5, &[8]);
+    let e5 = [448.0, 448.0, nan, nan, 256.0, nan, 57344.0, nan];
+    check(as_f32(DType::F8E5M2FNUZ, false), &e5, &[8]);
+    check(f32s(&[240.0, 247.0], &[2]).cast_unsaturated(DType::F8E4M3FNUZ), &[240.0, 240.0], &[2]);
 }
 
 #[test]

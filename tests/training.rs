@@ -233,7 +233,11 @@ fn a_reduce_overhead_trainer_keeps_its_state_in_place() {
             let before = rt.stats();
             let loss = trainer.step(&b, 1.0).unwrap().item::<f32>().unwrap();
             let s = rt.stats();
-            steps.push((loss, s.replay_input_copies - before.replay_input_copies, s.replay_output_copies - before.replay_output_copies));
+            steps.push((
+                loss,
+                s.replay_input_copies - before.replay_input_copies,
+                s.replay_output_copies - before.replay_output_copies,
+            ));
         }
         (steps, vals(&trainer.model().tensors()[4]))
     };

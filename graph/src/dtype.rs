@@ -81,6 +81,16 @@ impl Float8 {
         r.copysign(x)
     }
 
+    /// Where a non-saturating cast overflows: a magnitude past `max` that rounds (to nearest, ties to
+    /// even) beyond it — above `max` plus half its step, or at exactly that tie when `max`'s last
+    /// mantissa bit is odd (the tie then goes up). Returns the limit and whether the tie overflows.
+    pub fn overflow_limit(self) -> (f64, bool) {
+        let exponent = self.max.log2().floor() as i32;
+        let step = 2f64.powi(exponent - self.mantissa_bits as i32);
+        let odd = (self.max / step) as u64 % 2 == 1;
+        (self.max + step / 2.0, odd)
+    }
+
     /// The code of NaN: 0x80 in the FNUZ formats, else 0x7f.
     pub fn nan_code(self) -> u8 {
         if self.unsigned_zero {
@@ -423,6 +433,24 @@ mod tests {
         assert_eq!(DType::BF16.round(-4.6044615e-6f32 as f64), bf16::from_f32(-4.6044615e-6).to_f64());
         assert!(DType::BF16.round(f64::NAN).is_nan());
         assert_eq!(DType::BF16.round(-0.0).to_bits(), (-0.0f64).to_bits());
+    }
+
+    /// Each 8-bit float's overflow limit is where rounding to nearest even, with the exponent left
+    /// unbounded, first leaves the format: just below it stays at `max`, just above it does not, and
+    /// at the limit itself it goes up exactly when the limit says the tie overflows.
+    #[test]
+    fn the_overflow_limit_is_where_rounding_passes_the_largest_value() {
+        let mut limits = Vec::new();
+        for d in DType::ALL.into_iter().filter(|d| d.float8().is_some()) {
+            let f = d.float8().unwrap();
+            let (limit, tie_overflows) = f.overflow_limit();
+            let unbounded = |x: f64| round_to_binary(x, f.mantissa_bits as i32 + 1, f.emin(), f64::MAX);
+            assert_eq!(unbounded(limit * (1.0 - 1e-9)), f.max, "{d}");
+            assert!(unbounded(limit * (1.0 + 1e-9)) > f.max, "{d}");
+            assert_eq!(unbounded(limit) > f.max, tie_overflows, "{d}");
+            limits.push((limit, tie_overflows));
+        }
+        assert_eq!(limits, [(464.0, false), (61440.0, true), (248.0, true), (61440.0, true)]);
     }
 
     #[test]

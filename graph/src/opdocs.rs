@@ -108,7 +108,12 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
             BinaryOp::BitXor => ("bitwise_xor", "bitwise exclusive or of integers (two's complement)"),
         },
         Op::Where => ("where_", "`cond ? a : b`, broadcasting all three"),
-        Op::Cast => ("cast", "convert to another dtype; floats to integers truncate toward zero, NaN becomes 0"),
+        Op::Cast => (
+            "cast",
+            "convert to another dtype; floats to integers truncate toward zero, NaN becomes 0; into an 8-bit \
+             float, rounds to nearest even and saturates past the largest finite value (`cast_unsaturated`: \
+             ±∞ or NaN there instead, ONNX's `saturate = 0`)",
+        ),
         Op::Reduce { op, .. } => match op {
             ReduceOp::Sum => ("sum", "sum over axes (empty list = all); integer and bool sums are i64"),
             ReduceOp::Max => ("max", "maximum over axes; NaN-propagating; an empty axis is an error"),

@@ -385,6 +385,31 @@ impl Tensor {
         record(Op::Cast, &[self], dtype, self.shape(), loc)
     }
 
+    /// Conversion to `dtype` as [`Tensor::cast`], except into an 8-bit float from a float: a value
+    /// that rounds past the largest finite value (an infinity too) becomes ±∞ where the format holds
+    /// infinities (E5M2) and NaN where it does not (ONNX's `saturate = 0`). Decided in f32 (a half widens
+    /// exactly) against [`crate::dtype::Float8::overflow_limit`]; the cast itself is the saturating one,
+    /// which leaves ±∞ and NaN as they are.
+    #[track_caller]
+    pub fn cast_unsaturated(&self, dtype: DType) -> Result<Tensor> {
+        let loc = SourceLoc::caller();
+        let Some(f) = dtype.float8().filter(|_| self.dtype().is_float() && dtype != self.dtype()) else {
+            return SourceLoc::attributed(loc, || self.cast(dtype));
+        };
+        let past = SourceLoc::attributed(loc.clone(), || {
+            let wide = self.cast(DType::F32)?;
+            let (limit, tie_overflows) = f.overflow_limit();
+            let size = wide.abs()?;
+            let over = if tie_overflows { size.ge(limit)? } else { size.gt(limit)? };
+            if f.infinities {
+                over.where_(&wide.lt(0.0)?.where_(f64::NEG_INFINITY, f64::INFINITY)?, &wide)
+            } else {
+                over.where_(f64::NAN, &wide)
+            }
+        })?;
+        record(Op::Cast, &[&past], dtype, self.shape(), loc)
+    }
+
     fn reduce(&self, op: ReduceOp, given: &[isize], keepdim: bool, loc: SourceLoc) -> Result<Tensor> {
         let name = op.name();
         check_dtype(name, if op == ReduceOp::Sum { DTypeRule::Any } else { DTypeRule::Numeric }, self.dtype(), &loc)?;

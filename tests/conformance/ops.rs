@@ -236,6 +236,36 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ])
         });
     }
+    for d in DType::ALL.into_iter().filter(|d| d.float8().is_some()) {
+        // Without saturation (ONNX's `saturate = 0`): past the overflow limit ±∞ (E5M2) or NaN; at the
+        // limit itself by the tie's rule; from f32 and from f16.
+        let f = d.float8().unwrap();
+        let (limit, _) = f.overflow_limit();
+        let special = [
+            limit,
+            -limit,
+            limit * 1.001,
+            limit * 0.999,
+            -limit * 1.5,
+            f.max,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -0.0,
+            1.1875,
+            1e9,
+        ];
+        let x = t(&[2, 12], DType::F32, |i| special[i % special.len()] * if i >= 12 { 0.5 } else { 1.0 });
+        case(b, &format!("8-bit float casts without saturation {d}"), &[x], 0.0, |v| {
+            let q = v[0].cast_unsaturated(d)?;
+            Ok(vec![
+                q.clone(),
+                q.cast(DType::F32)?,
+                v[0].cast(DType::F16)?.cast_unsaturated(d)?.cast(DType::F32)?,
+                v[0].mul(2.0)?.cast_unsaturated(d)?,
+            ])
+        });
+    }
     // E5M2 holds ±∞ as itself (0x7c, 0xfc): layout ops and casts out of it keep them (each element
     // decoded where read and encoded where written); a cast into it saturates them (±57,344).
     let held = [f64::INFINITY, f64::NEG_INFINITY, 1.0, 57344.0, -0.0, 2.0, -3.0, f64::NAN];

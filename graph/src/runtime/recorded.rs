@@ -169,10 +169,8 @@ impl Runtime {
         // Made on a device lost since: dropped (their buffers freed, not pooled), recorded again.
         drop(recs.take(|r| r.prepared.generation != now));
         let slots = &layout.input_slots;
-        let found = recs
-            .list
-            .iter()
-            .position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values && r.reads(slots, inputs));
+        let found =
+            recs.list.iter().position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values && r.reads(slots, inputs));
         let at = match found {
             Some(i) => {
                 let held = recs.list[i].held_outputs();
@@ -261,8 +259,9 @@ impl Runtime {
         inputs: &[T],
     ) -> Result<usize> {
         let layout = self.layout(c, inputs)?;
-        let siblings: Vec<usize> =
-            (0..recs.list.len()).filter(|&i| Arc::ptr_eq(&recs.list[i].compiled, c) && recs.list[i].values == values).collect();
+        let siblings: Vec<usize> = (0..recs.list.len())
+            .filter(|&i| Arc::ptr_eq(&recs.list[i].compiled, c) && recs.list[i].values == values)
+            .collect();
         // Most inputs fed back wins; among equals, the newest.
         let base_at = siblings.iter().copied().max_by_key(|&i| (recs.list[i].fed_back(inputs), i));
         let base = base_at.map(|i| &recs.list[i]);

@@ -325,13 +325,14 @@ pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
             } else {
                 node.value(1).map(Value::dtype).ok_or_else(|| super::OpError::Invalid("input 1 is required".into()))?
             };
-            if node.int("saturate", 1) == 0 {
-                return unsupported("saturate = 0");
-            }
             if let (Some(Value::Ints(i)), true) = (node.value(0), to.is_int()) {
                 return Ok(vec![Value::Ints(Ints { dtype: to, ..i.clone() })]);
             }
-            one(node.tensor(0)?.cast(to)?)
+            // `saturate` speaks of 8-bit float targets only; every other cast ignores it.
+            match node.int("saturate", 1) {
+                0 => one(node.tensor(0)?.cast_unsaturated(to)?),
+                _ => one(node.tensor(0)?.cast(to)?),
+            }
         })(),
         "Clip" => clip(node),
         "Mod" => modulo(node),

@@ -77,6 +77,9 @@ struct Args {
     /// Write the run's compile reports to `--out`/compile (open one with `kiln-explorer`).
     #[arg(long)]
     report: bool,
+    /// Replay each compiled step from a recording (a CUDA graph on CUDA), as torch's reduce-overhead.
+    #[arg(long)]
+    reduce_overhead: bool,
 }
 
 /// Windows of `context + 1` characters at a stride of `context`: ids `[n, context]` and next-character
@@ -142,6 +145,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         resume: args.resume.then(|| args.out.join("checkpoints/last")),
         progress: true,
         report: args.report,
+        mode: if args.reduce_overhead { kiln::Mode::ReduceOverhead } else { kiln::Mode::Default },
         ..FitConfig::default()
     };
     let opt = AdamW { lr: args.lr, weight_decay: 0.1, ..AdamW::default() };

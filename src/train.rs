@@ -73,8 +73,9 @@ pub struct StepOptions {
     pub accumulate: usize,
     /// Compile the steps with the batch dim symbolic from the first call (batches of several sizes).
     pub dynamic_batch: Option<DynamicBatch>,
-    /// How the one-graph step runs: [`crate::Mode::ReduceOverhead`] replays it as a CUDA graph (its
-    /// collectives too), with no per-kernel launch cost on the host.
+    /// How the compiled steps run (the one-graph step, or both halves of an accumulated one):
+    /// [`crate::Mode::ReduceOverhead`] replays each as a CUDA graph (its collectives too), with no
+    /// per-kernel launch cost on the host.
     pub mode: crate::Mode,
 }
 
@@ -416,11 +417,11 @@ impl<M: Module + Clone + 'static> Trainer<M, ()> {
             let apply: BoxedStep = Box::new(apply_step(dtypes, opt, options.clip_grad_norm));
             // Fresh moments are zeros of the weights' (f32) shapes: the sums start from them.
             let zeros = state.m.clone();
-            let mut add = compile(add).backend(backend.clone());
+            let mut add = compile(add).backend(backend.clone()).mode(options.mode);
             if let Some(d) = options.dynamic_batch {
                 add = d.mark(add, 2 * dtypes_len + 1);
             }
-            Accumulation { add, apply: compile(apply).backend(backend.clone()), zeros }
+            Accumulation { add, apply: compile(apply).backend(backend.clone()).mode(options.mode), zeros }
         };
         let (l, averaged) = (loss.clone(), Arc::new(std::sync::OnceLock::new()));
         let step_fn =

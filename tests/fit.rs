@@ -109,6 +109,22 @@ fn accumulation_matches_the_big_batch(backend: Backend) {
     }
 }
 
+/// Every step replayed from a recording (reduce-overhead: the train step, its accumulated halves and
+/// the validation step, each over the full and the short batch) trains bit for bit as launched.
+fn reduce_overhead_trains_as_launched(backend: Backend) {
+    for (batch, accumulate) in [(16, 1), (8, 2)] {
+        let cfg = FitConfig { accumulate, ..config(None) };
+        let launched = run(backend, &cfg, batch);
+        let rt = backend.runtime().unwrap().expect("a device backend");
+        let before = rt.stats().replay_input_copies;
+        let replayed = run(backend, &FitConfig { mode: kiln::Mode::ReduceOverhead, ..cfg }, batch);
+        // Each step's new batch is copied into a recording's buffers: the steps were replayed.
+        assert!(rt.stats().replay_input_copies > before, "{:?}", rt.stats());
+        assert_eq!(bits(&replayed.history), bits(&launched.history), "batch {batch}, accumulate {accumulate}");
+        assert_eq!(params(&replayed.model), params(&launched.model));
+    }
+}
+
 fn tempfile_dir(what: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("kiln-{what}-{}-{:?}", std::process::id(), std::thread::current().id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -128,6 +144,24 @@ fn kernels_resume_is_bit_identical() {
 #[test]
 fn kernels_accumulation_matches_the_big_batch() {
     accumulation_matches_the_big_batch(Backend::Kernels);
+}
+
+#[test]
+fn kernels_reduce_overhead_trains_as_launched() {
+    reduce_overhead_trains_as_launched(Backend::Kernels);
+}
+
+#[test]
+fn wgpu_reduce_overhead_trains_as_launched() {
+    if !common::wgpu_skipped() {
+        reduce_overhead_trains_as_launched(Backend::Wgpu);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
+fn cuda_reduce_overhead_trains_as_launched() {
+    reduce_overhead_trains_as_launched(Backend::Cuda);
 }
 
 #[test]

@@ -130,6 +130,9 @@ pub struct FitConfig {
     /// regions, kernels with their sources, guards, recompiles with reasons, per-kernel profiles where
     /// taken. `kiln-explorer out/compile/train_step.json` shows one.
     pub report: bool,
+    /// How the compiled steps run: [`crate::Mode::ReduceOverhead`] replays each as a recording (a CUDA
+    /// graph), the state passed from step to step in place.
+    pub mode: crate::Mode,
 }
 
 impl Default for FitConfig {
@@ -150,6 +153,7 @@ impl Default for FitConfig {
             resume: None,
             progress: false,
             report: false,
+            mode: crate::Mode::Default,
         }
     }
 }
@@ -247,14 +251,15 @@ where
         clip_grad_norm: config.clip_grad_norm,
         accumulate: config.accumulate.max(1),
         dynamic_batch: dynamic(&train)?,
-        ..StepOptions::default()
+        mode: config.mode,
     };
     let template = model.clone();
     let mut trainer = Trainer::with_options(model, opt, options, loss, backend)?;
     let n = template.tensors().len();
     let shape = template.clone();
-    let mut val_step =
-        compile(move |args: Vec<Tensor>| val_loss(&shape.load(&args[..n])?, &args[n..])).backend(backend);
+    let mut val_step = compile(move |args: Vec<Tensor>| val_loss(&shape.load(&args[..n])?, &args[n..]))
+        .backend(backend)
+        .mode(config.mode);
     if let Some(d) = val.as_ref().map(dynamic).transpose()?.flatten() {
         val_step = d.mark(val_step, n);
     }

@@ -123,6 +123,19 @@ fn reduce_overhead_trains_as_launched(backend: Backend) {
         assert_eq!(bits(&replayed.history), bits(&launched.history), "batch {batch}, accumulate {accumulate}");
         assert_eq!(params(&replayed.model), params(&launched.model));
     }
+    // The recordings are made in the first epochs (the full and the short batch's steps feed each other
+    // in place, each pair once): a run twice as long records nothing more. A recording's first run is
+    // a run beside the calls'.
+    let recorded = |epochs: u64| {
+        let rt = backend.runtime().unwrap().expect("a device backend");
+        let before = rt.stats().runs;
+        let cfg = FitConfig { max_epochs: epochs, mode: kiln::Mode::ReduceOverhead, ..config(None) };
+        let f = run(backend, &cfg, 16);
+        let calls = f.train_stats.calls + f.val_stats.as_ref().map_or(0, |v| v.calls);
+        rt.stats().runs - before - calls as u64
+    };
+    let (four, eight) = (recorded(4), recorded(8));
+    assert!(four <= 10 && eight == four, "recordings over 4 epochs {four}, over 8 {eight}");
 }
 
 fn tempfile_dir(what: &str) -> std::path::PathBuf {

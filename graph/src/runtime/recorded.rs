@@ -68,6 +68,13 @@ impl Recorded {
             .all(|((&s, t), &own)| own || self.prepared.buffers[s].id() == t.buffer.id())
     }
 
+    /// How many inputs a replay for `inputs` would copy in (private ones living elsewhere).
+    fn copies<T: Borrow<DeviceTensor>>(&self, slots: &[usize], inputs: &[T]) -> usize {
+        (slots.iter().zip(inputs.iter().map(Borrow::borrow)).zip(&self.private))
+            .filter(|((&s, t), &own)| own && self.prepared.buffers[s].id() != t.buffer.id())
+            .count()
+    }
+
     /// The outputs whose buffers someone besides the recordings holds (a caller kept an earlier call's
     /// result, or passes it to this call): replaying would overwrite them under the holder. No
     /// allocation when there are none (this runs on every call).
@@ -169,8 +176,12 @@ impl Runtime {
         // Made on a device lost since: dropped (their buffers freed, not pooled), recorded again.
         drop(recs.take(|r| r.prepared.generation != now));
         let slots = &layout.input_slots;
-        let found =
-            recs.list.iter().position(|r| Arc::ptr_eq(&r.compiled, c) && r.values == values && r.reads(slots, inputs));
+        // Of the recordings that can serve the call, the one that copies least (a step's partner reads
+        // the state in place where the other would copy it), the newest among equals.
+        let found = (recs.list.iter().enumerate())
+            .filter(|(_, r)| Arc::ptr_eq(&r.compiled, c) && r.values == values && r.reads(slots, inputs))
+            .min_by_key(|(i, r)| (r.copies(slots, inputs), std::cmp::Reverse(*i)))
+            .map(|(i, _)| i);
         let at = match found {
             Some(i) => {
                 let held = recs.list[i].held_outputs();
@@ -244,13 +255,15 @@ impl Runtime {
         Ok(recs.put(redone, Some(i)))
     }
 
-    /// Records `c` for a call with `inputs` that no recording reads as they lie. Its base is the
-    /// recording of the same graph and values whose outputs the inputs are (a step fed its last
-    /// results), else the newest one. Inputs that are the base's outputs are read in place, and the
-    /// outputs they become are written into the buffers the base reads for them (when nobody else holds
-    /// those): the two recordings then feed each other. Inputs the base reads in place from the same
-    /// buffers stay in place; every other input gets a buffer of its own. Intermediates are the base's.
-    /// A base that feeds nothing is superseded and dropped; so is any third recording beside a pair.
+    /// Records `c` for a call with `inputs` that no recording serves well. Its base is the recording of
+    /// the same graph whose outputs the inputs are (a step fed its last results; of any symbol values:
+    /// a shorter last batch's step feeds the full batches' and is fed by them), else the newest of these
+    /// values. Inputs that are the base's outputs are read in place, and the outputs they become are
+    /// written into the buffers the base reads for them (when nobody else holds those and they are large
+    /// enough): the two recordings then feed each other. Inputs the base reads in place from the same
+    /// buffers stay in place; every other input gets a buffer of its own. Intermediates are the base's
+    /// where its sizes are these. A base of these values that feeds nothing is superseded and dropped,
+    /// and at most one other recording of these values stays beside the new one.
     fn record_partner<T: Borrow<DeviceTensor>>(
         &self,
         recs: &mut Recordings,
@@ -259,11 +272,13 @@ impl Runtime {
         inputs: &[T],
     ) -> Result<usize> {
         let layout = self.layout(c, inputs)?;
-        let siblings: Vec<usize> = (0..recs.list.len())
-            .filter(|&i| Arc::ptr_eq(&recs.list[i].compiled, c) && recs.list[i].values == values)
-            .collect();
-        // Most inputs fed back wins; among equals, the newest.
-        let base_at = siblings.iter().copied().max_by_key(|&i| (recs.list[i].fed_back(inputs), i));
+        let same_graph = |i: &usize| Arc::ptr_eq(&recs.list[*i].compiled, c);
+        let siblings: Vec<usize> =
+            (0..recs.list.len()).filter(same_graph).filter(|&i| recs.list[i].values == values).collect();
+        // Most inputs fed back wins, from a recording of any symbol values (a shorter last batch's step
+        // hands its state to the full batches' and back); with none fed back, the newest of these values.
+        let fed_by = (0..recs.list.len()).filter(same_graph).max_by_key(|&i| (recs.list[i].fed_back(inputs), i));
+        let base_at = fed_by.filter(|&i| recs.list[i].fed_back(inputs) > 0).or(siblings.last().copied());
         let base = base_at.map(|i| &recs.list[i]);
         let slots = &layout.input_slots;
         let mut buffers: Vec<Option<Arc<DeviceBuffer>>> = vec![None; layout.sizes.len()];
@@ -292,7 +307,9 @@ impl Runtime {
                 let target = &base.prepared.buffers[slots[i]];
                 let bound_here = buffers.iter().flatten().any(|x| x.id() == target.id());
                 let free = Arc::strong_count(target) == recs.refs(target);
-                if free && !bound_here && buffers[b].is_none() {
+                // A base of other symbol values read a state of the same dims there (its bytes suffice).
+                let fits = layout.sizes[b] <= base.prepared.layout.sizes[slots[i]];
+                if free && fits && !bound_here && buffers[b].is_none() {
                     buffers[b] = Some(target.clone());
                     paired += 1;
                 } else {
@@ -323,11 +340,17 @@ impl Runtime {
         }
         let mut prepared = self.prepare_bound(c, layout, buffers)?;
         self.record(&mut prepared)?;
-        // A base that feeds nothing is superseded; beside a pair, any other recording of this graph is.
-        let keep = base_at.filter(|_| paired > 0);
-        let mut gone: Vec<usize> = siblings.into_iter().filter(|&i| Some(i) != keep).collect();
-        gone.sort_unstable();
-        for i in gone.into_iter().rev() {
+        // A base of these values that feeds nothing is superseded. Beside the new recording, one other
+        // of these values stays: the base where it is one (the pair), else the newest.
+        let mut kept: Vec<usize> = siblings.clone();
+        if paired == 0 {
+            kept.retain(|&i| Some(i) != base_at);
+        }
+        while kept.len() > 1 {
+            let oldest = kept.iter().position(|&i| Some(i) != base_at).unwrap_or(0);
+            kept.remove(oldest);
+        }
+        for i in siblings.into_iter().rev().filter(|i| !kept.contains(i)) {
             recs.list.remove(i);
         }
         Ok(recs.put(Recorded::new(c.clone(), values, prepared, private, copy_out), None))

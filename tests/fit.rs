@@ -12,6 +12,13 @@ use kiln::nn::Module;
 use kiln::optim::AdamW;
 use kiln::{Backend, Tensor};
 
+/// Held by every test for its whole run: the tests share each backend's runtime, whose counters one of
+/// them reads (how many recordings a replayed fit makes), so none runs beside another.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn config(out: Option<std::path::PathBuf>) -> FitConfig {
     FitConfig { max_epochs: 4, seed: 7, out, checkpoint_every: Some(3), ..FitConfig::default() }
 }
@@ -146,26 +153,31 @@ fn tempfile_dir(what: &str) -> std::path::PathBuf {
 
 #[test]
 fn kernels_fit_compiles_once_and_learns() {
+    let _serial = one_at_a_time();
     fit_compiles_once_and_learns(Backend::Kernels);
 }
 
 #[test]
 fn kernels_resume_is_bit_identical() {
+    let _serial = one_at_a_time();
     resume_is_bit_identical(Backend::Kernels);
 }
 
 #[test]
 fn kernels_accumulation_matches_the_big_batch() {
+    let _serial = one_at_a_time();
     accumulation_matches_the_big_batch(Backend::Kernels);
 }
 
 #[test]
 fn kernels_reduce_overhead_trains_as_launched() {
+    let _serial = one_at_a_time();
     reduce_overhead_trains_as_launched(Backend::Kernels);
 }
 
 #[test]
 fn wgpu_reduce_overhead_trains_as_launched() {
+    let _serial = one_at_a_time();
     if !common::wgpu_skipped() {
         reduce_overhead_trains_as_launched(Backend::Wgpu);
     }
@@ -174,11 +186,13 @@ fn wgpu_reduce_overhead_trains_as_launched() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
 fn cuda_reduce_overhead_trains_as_launched() {
+    let _serial = one_at_a_time();
     reduce_overhead_trains_as_launched(Backend::Cuda);
 }
 
 #[test]
 fn wgpu_fit_compiles_once_and_learns() {
+    let _serial = one_at_a_time();
     if !common::wgpu_skipped() {
         fit_compiles_once_and_learns(Backend::Wgpu);
     }
@@ -186,6 +200,7 @@ fn wgpu_fit_compiles_once_and_learns() {
 
 #[test]
 fn wgpu_accumulation_matches_the_big_batch() {
+    let _serial = one_at_a_time();
     if !common::wgpu_skipped() {
         accumulation_matches_the_big_batch(Backend::Wgpu);
     }
@@ -193,6 +208,7 @@ fn wgpu_accumulation_matches_the_big_batch() {
 
 #[test]
 fn wgpu_resume_is_bit_identical() {
+    let _serial = one_at_a_time();
     if !common::wgpu_skipped() {
         resume_is_bit_identical(Backend::Wgpu);
     }
@@ -201,23 +217,27 @@ fn wgpu_resume_is_bit_identical() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
 fn cuda_fit_compiles_once_and_learns() {
+    let _serial = one_at_a_time();
     fit_compiles_once_and_learns(Backend::Cuda);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
 fn cuda_resume_is_bit_identical() {
+    let _serial = one_at_a_time();
     resume_is_bit_identical(Backend::Cuda);
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
 fn cuda_accumulation_matches_the_big_batch() {
+    let _serial = one_at_a_time();
     accumulation_matches_the_big_batch(Backend::Cuda);
 }
 
 #[test]
 fn early_stopping_stops_and_keeps_the_best() {
+    let _serial = one_at_a_time();
     // No later epoch improves on the first by the margin: two stale epochs, then the stop.
     let out = tempfile_dir("early");
     let monitor = Monitor { min_delta: 10.0, ..Monitor::val_loss().patience(2) };
@@ -235,6 +255,7 @@ fn early_stopping_stops_and_keeps_the_best() {
 
 #[test]
 fn the_loader_shuffles_per_epoch_and_shards_by_rank() {
+    let _serial = one_at_a_time();
     let s = |rank, world| Sampler { shuffle: true, seed: 3, rank, world, pad: true };
     let (e0, e1) = (s(0, 1).order(10, 0), s(0, 1).order(10, 1));
     assert_ne!(e0, e1, "another order each epoch");
@@ -272,6 +293,7 @@ fn the_loader_shuffles_per_epoch_and_shards_by_rank() {
 /// another process ends with the losses and parameters of a run that was never killed.
 #[test]
 fn a_killed_run_resumes_bit_identically() {
+    let _serial = one_at_a_time();
     use std::process::{Command, Stdio};
     if let Some(out) = std::env::var_os("KILN_FIT_CHILD_OUT") {
         // This test binary started again as the child: train, checkpointing every step, until killed.
@@ -362,11 +384,13 @@ fn symbolic_batch_step_matches_static_in(backend: Backend, dtype: kiln::DType) {
 
 #[test]
 fn kernels_a_symbolic_batch_step_matches_the_static_one() {
+    let _serial = one_at_a_time();
     a_symbolic_batch_step_matches_the_static_one(Backend::Kernels);
 }
 
 #[test]
 fn wgpu_a_symbolic_batch_step_matches_the_static_one() {
+    let _serial = one_at_a_time();
     if !common::wgpu_skipped() {
         a_symbolic_batch_step_matches_the_static_one(Backend::Wgpu);
     }
@@ -375,6 +399,7 @@ fn wgpu_a_symbolic_batch_step_matches_the_static_one() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with a CUDA driver (scripts/test.sh does)"]
 fn cuda_a_symbolic_batch_step_matches_the_static_one() {
+    let _serial = one_at_a_time();
     a_symbolic_batch_step_matches_the_static_one(Backend::Cuda);
 }
 
@@ -383,6 +408,7 @@ fn cuda_a_symbolic_batch_step_matches_the_static_one() {
 /// shows: without it the update is several times larger).
 #[test]
 fn clipping_in_the_step_and_accumulated_matches_clipping_by_hand() {
+    let _serial = one_at_a_time();
     use kiln::optim::{clip_grad_norm, AdamWState};
     use kiln::train::{StepOptions, Trainer};
     let rt = Backend::Kernels.runtime().unwrap().unwrap();
@@ -434,6 +460,7 @@ fn clipping_in_the_step_and_accumulated_matches_clipping_by_hand() {
 /// and an empty validation set is an error rather than a loss of 0.
 #[test]
 fn a_last_batch_of_one_and_an_empty_validation_set() {
+    let _serial = one_at_a_time();
     let train = Loader::new(blobs(33, 1), 16).shuffle(Some(11));
     assert_eq!(train.batch_sizes(), [16, 16, 1]);
     let opt = AdamW { lr: 3e-2, ..AdamW::default() };

@@ -225,8 +225,9 @@ fn sgd_momentum_step(a: Vec<Tensor>) -> kiln::Result<Vec<Tensor>> {
 
 /// Runs `steps` of [`sgd_momentum_step`] in `mode`, feeding the state back, a new batch each step, every
 /// loss kept. Returns the losses, the final weights, the state step `keep` started from (held by the caller
-/// all along) and each step's input copies, output copies and runs on the device.
-fn sgd_momentum_run(rt: &Arc<Runtime>, mode: kiln::Mode, steps: usize, keep: usize) -> SgdRun {
+/// all along) and each step's input copies, output copies and runs on the device. Step `doubled`, if
+/// given, starts from the state doubled instead (new buffers), the caller keeping the old one too.
+fn sgd_momentum_run(rt: &Arc<Runtime>, mode: kiln::Mode, steps: usize, keep: usize, doubled: Option<usize>) -> SgdRun {
     let n = 1024;
     let f = compile(sgd_momentum_step).backend(rt.clone()).mode(mode);
     let batch = |i: usize| (0..n).map(|j| ((i * 7 + j) % 13) as f32 / 13.0 - 0.4).collect::<Vec<f32>>();
@@ -236,7 +237,11 @@ fn sgd_momentum_run(rt: &Arc<Runtime>, mode: kiln::Mode, steps: usize, keep: usi
     for i in 0..steps {
         let x = host(&batch(i), &[n]).to(rt.clone()).unwrap();
         if i == keep {
-            kept = state.clone();
+            kept.extend(state.iter().cloned());
+        }
+        if Some(i) == doubled {
+            kept.extend(state.iter().cloned());
+            state = state.iter().map(|t| t.mul(2.0).unwrap()).collect();
         }
         let before = rt.stats();
         let mut out: Vec<Tensor> = f.call([state, vec![x]].concat()).unwrap();
@@ -275,8 +280,8 @@ struct SgdRun {
 /// and settle all the same.
 fn reduce_overhead_steps_feed_their_state_back_without_copies(rt: &Arc<Runtime>) {
     let steps = 12;
-    let launched = sgd_momentum_run(rt, kiln::Mode::Default, steps, 2);
-    let replayed = sgd_momentum_run(rt, kiln::Mode::ReduceOverhead, steps, 2);
+    let launched = sgd_momentum_run(rt, kiln::Mode::Default, steps, 2, None);
+    let replayed = sgd_momentum_run(rt, kiln::Mode::ReduceOverhead, steps, 2, None);
     assert_eq!(replayed.losses, launched.losses);
     assert_eq!(replayed.weights, launched.weights);
     eprintln!("{}: (copied in, copied out, runs) per step {:?}", rt.name(), replayed.copies);
@@ -285,10 +290,19 @@ fn reduce_overhead_steps_feed_their_state_back_without_copies(rt: &Arc<Runtime>)
         assert!(copied_in <= 1 && copied_out <= 1 && runs == 1, "step {i} copied or recorded: {:?}", replayed.copies);
     }
     // The caller keeps the state step 5 started from while the run goes on: its buffers are left alone.
-    let launched = sgd_momentum_run(rt, kiln::Mode::Default, steps, 5);
-    let held = sgd_momentum_run(rt, kiln::Mode::ReduceOverhead, steps, 5);
+    let launched = sgd_momentum_run(rt, kiln::Mode::Default, steps, 5, None);
+    let held = sgd_momentum_run(rt, kiln::Mode::ReduceOverhead, steps, 5, None);
     assert_eq!((&held.losses, &held.weights), (&launched.losses, &launched.weights));
-    assert_eq!(held.kept, launched.kept, "the kept state was not overwritten");
+    assert!(held.kept == launched.kept, "the kept state was overwritten");
+    // Or, its first recorded state held (so one recording of the pair reads its state from buffers of
+    // its own, which the other writes), keeps the state of a later step and goes on from another (new
+    // buffers): copying that one in must not land in buffers the caller holds. Once each parity.
+    for at in [7, 8] {
+        let launched = sgd_momentum_run(rt, kiln::Mode::Default, steps, 2, Some(at));
+        let swapped = sgd_momentum_run(rt, kiln::Mode::ReduceOverhead, steps, 2, Some(at));
+        assert!(swapped.losses == launched.losses && swapped.weights == launched.weights, "at {at}");
+        assert!(swapped.kept == launched.kept, "the state kept at step {at} was overwritten");
+    }
 }
 
 /// One thread records reduce-overhead functions over and over (a fresh function each time, so each call

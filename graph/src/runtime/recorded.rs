@@ -36,6 +36,8 @@ pub(super) struct Recorded {
     /// Per output: the references the recordings themselves hold to its buffer (this one's, and a
     /// partner's that reads it in place). More than these means someone else holds it.
     kept: Vec<usize>,
+    /// Per input: the same for the buffer it is read from (a private one may be a partner's output).
+    kept_inputs: Vec<usize>,
 }
 
 impl Recorded {
@@ -55,17 +57,28 @@ impl Recorded {
             })
             .map(|(o, (b, _, _))| (o, *b))
             .collect();
-        Recorded { compiled, values, prepared, private, copy_out, own_outputs, kept: Vec::new() }
+        Recorded {
+            compiled,
+            values,
+            prepared,
+            private,
+            copy_out,
+            own_outputs,
+            kept: Vec::new(),
+            kept_inputs: Vec::new(),
+        }
     }
 
     /// Whether a call with `inputs` can replay this recording: every input it reads in place is in the
-    /// buffer it was recorded with (the others are copied in).
+    /// buffer it was recorded with, and every other is copied into a buffer nobody else holds (a
+    /// private buffer is also its partner's output, which a caller may have kept).
     fn reads<T: Borrow<DeviceTensor>>(&self, slots: &[usize], inputs: &[T]) -> bool {
-        slots
-            .iter()
-            .zip(inputs.iter().map(Borrow::borrow))
-            .zip(&self.private)
-            .all(|((&s, t), &own)| own || self.prepared.buffers[s].id() == t.buffer.id())
+        (slots.iter().zip(inputs.iter().map(Borrow::borrow)).zip(&self.private).enumerate()).all(
+            |(i, ((&s, t), &own))| {
+                let b = &self.prepared.buffers[s];
+                b.id() == t.buffer.id() || (own && Arc::strong_count(b) <= self.kept_inputs[i])
+            },
+        )
     }
 
     /// How many inputs a replay for `inputs` would copy in (private ones living elsewhere).
@@ -123,8 +136,9 @@ impl Recordings {
             *refs.entry(b.id()).or_default() += 1;
         }
         for r in &mut self.list {
-            let buffers = &r.prepared.buffers;
-            r.kept = r.prepared.layout.outputs.iter().map(|(b, _, _)| refs[&buffers[*b].id()]).collect();
+            let (buffers, layout) = (&r.prepared.buffers, &r.prepared.layout);
+            r.kept = layout.outputs.iter().map(|(b, _, _)| refs[&buffers[*b].id()]).collect();
+            r.kept_inputs = layout.input_slots.iter().map(|s| refs[&buffers[*s].id()]).collect();
         }
     }
 

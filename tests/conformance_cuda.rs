@@ -63,6 +63,34 @@ fn a_recorded_graph_replays_and_reads_new_inputs() {
     assert!(s.replay_input_copies - before.replay_input_copies >= 2, "{s:?}");
 }
 
+/// A recording of batched products (cuBLAS calls whose device pointer arrays were made at its first
+/// run) replays right after the runtime empties its binding cache and its pool and the freed memory is
+/// written over: the recording keeps what it replays with.
+#[test]
+#[ignore = needs_gpu!()]
+fn a_recording_keeps_its_gemm_plans_when_the_caches_are_emptied() {
+    let rt = kiln_ptx::Cuda::runtime().unwrap_or_else(|e| panic!("{e}"));
+    let specs = [TensorSpec::new(DType::F32, &[8, 64, 96]), TensorSpec::new(DType::F32, &[8, 96, 48])];
+    let g = capture(&specs, |t| Ok(vec![t[0].matmul(&t[1])?.relu()?])).unwrap();
+    let c = std::sync::Arc::new(compile_graph(&g, rt.target()).unwrap());
+    let data: Vec<_> = specs.iter().enumerate().map(|(i, s)| kiln::graph::workloads::data(s, i)).collect();
+    let want = c.run_interpreted(&[&data[0], &data[1]]).unwrap();
+    let inputs: Vec<_> = data.iter().map(|d| rt.upload(d).unwrap()).collect();
+    drop(rt.run_recorded(&c, &inputs).unwrap());
+    for round in 0..3 {
+        rt.trim();
+        // Memory the freed pointer arrays had, handed out again and filled with other bytes.
+        let junk: Vec<_> =
+            (0..64).map(|k| rt.upload(&kiln::graph::workloads::data(&specs[k % 2], 9)).unwrap()).collect();
+        let out = rt.run_recorded(&c, &inputs).unwrap();
+        let got = rt.download(&out[0]).unwrap();
+        common::assert_close_tol(got.values(), want[0].values(), 1e-4);
+        drop(junk);
+        eprintln!("round {round}: {:?}", rt.stats());
+    }
+    assert!(rt.stats().replays >= 3, "{:?}", rt.stats());
+}
+
 #[test]
 #[ignore = needs_gpu!()]
 fn eager_ops_run_as_kernels_on_cuda() {

@@ -18,6 +18,17 @@ use std::sync::{Arc, Mutex};
 /// Bindings kept before the cache is emptied at the start of the next run.
 const MAX_BINDINGS: usize = 4096;
 
+thread_local! {
+    /// The bindings a recording on this thread used: a recording replays with them (a GEMM plan's
+    /// device pointer arrays), so it keeps them alive itself — the cache may be emptied meanwhile.
+    static USED_WHILE_RECORDING: std::cell::RefCell<Vec<Binding>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Takes the bindings this thread's launches used since the last call, while recording.
+pub(crate) fn take_recorded() -> Vec<Binding> {
+    USED_WHILE_RECORDING.with(|u| std::mem::take(&mut *u.borrow_mut()))
+}
+
 /// Module address; (allocation id, offset, bytes) of each binding, the fault word's last; symbol values.
 type Key = (usize, Vec<(u64, u64, u64)>, Vec<i64>);
 
@@ -72,7 +83,12 @@ impl Launch<'_> {
             found
         };
         let kept = match found {
-            Some(b) => b,
+            Some(b) => {
+                if crate::runtime::recording() {
+                    USED_WHILE_RECORDING.with(|u| u.borrow_mut().push(b.clone()));
+                }
+                b
+            }
             None if crate::runtime::recording() => {
                 return Err(Error::Backend {
                     backend: "runtime".into(),

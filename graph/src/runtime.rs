@@ -402,6 +402,8 @@ pub struct Prepared {
     /// Fault words of the kernels `layout.checked` names, `layout.stride` bytes apart.
     faults: Option<Arc<DeviceBuffer>>,
     recording: Option<Recording>,
+    /// The drivers' bindings the recording replays with, kept alive with it.
+    recorded_bindings: Vec<crate::device::Binding>,
 }
 
 impl Prepared {
@@ -992,7 +994,15 @@ impl Runtime {
             0 => None,
             n => Some(self.alloc(layout.stride * n as u64, "fault words")?),
         };
-        Ok(Prepared { compiled: c.clone(), generation, layout, buffers: filled, faults, recording: None })
+        Ok(Prepared {
+            compiled: c.clone(),
+            generation,
+            layout,
+            buffers: filled,
+            faults,
+            recording: None,
+            recorded_bindings: Vec::new(),
+        })
     }
 
     /// What binding `c` to inputs of these dims needs besides the buffers themselves — symbol values,
@@ -1245,7 +1255,9 @@ impl Runtime {
             s.launches += p.layout.steps.len() as u64;
         }
         HELD.with(|h| h.set((self as *const Runtime as usize, true)));
+        drop(crate::binding::take_recorded());
         let recording = d.record(&mut || self.enqueue_launches(d, p));
+        p.recorded_bindings = crate::binding::take_recorded();
         drop(gate);
         let recording = self.seen(recording)?;
         let recorded = recording.is_some();

@@ -30,14 +30,16 @@ pub(super) struct Recorded {
     private: Vec<bool>,
     /// Per output: handed out as a copy (a caller once held it across a later call).
     copy_out: Vec<bool>,
-    /// Its outputs in buffers of its own (neither a caller's input passed through nor handed out as a
-    /// copy), with their plan buffers.
+    /// Its outputs in buffers of its own (neither an input passed through nor handed out as a copy),
+    /// with their plan buffers.
     own_outputs: Vec<(usize, usize)>,
     /// Per output: the references the recordings themselves hold to its buffer (this one's, and a
     /// partner's that reads it in place). More than these means someone else holds it.
     kept: Vec<usize>,
     /// Per input: the same for the buffer it is read from (a private one may be a partner's output).
     kept_inputs: Vec<usize>,
+    /// Which recording it is (unique in the runtime: indices move as recordings go).
+    serial: u64,
 }
 
 impl Recorded {
@@ -50,13 +52,14 @@ impl Recorded {
         copy_out: Vec<bool>,
     ) -> Recorded {
         let layout = &prepared.layout;
+        // An input passed straight through is never written by a replay (a private one only by a
+        // copy-in, which `reads` guards).
         let own_outputs = (layout.outputs.iter().enumerate())
-            .filter(|&(o, (b, _, _))| {
-                let callers = layout.input_slots.iter().zip(&private).any(|(s, own)| s == b && !own);
-                !callers && !copy_out[o]
-            })
+            .filter(|&(o, (b, _, _))| !layout.input_slots.contains(b) && !copy_out[o])
             .map(|(o, (b, _, _))| (o, *b))
             .collect();
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
         Recorded {
             compiled,
             values,
@@ -66,6 +69,7 @@ impl Recorded {
             own_outputs,
             kept: Vec::new(),
             kept_inputs: Vec::new(),
+            serial,
         }
     }
 
@@ -76,7 +80,7 @@ impl Recorded {
         (slots.iter().zip(inputs.iter().map(Borrow::borrow)).zip(&self.private).enumerate()).all(
             |(i, ((&s, t), &own))| {
                 let b = &self.prepared.buffers[s];
-                b.id() == t.buffer.id() || (own && Arc::strong_count(b) <= self.kept_inputs[i])
+                Arc::ptr_eq(b, &t.buffer) || (own && Arc::strong_count(b) <= self.kept_inputs[i])
             },
         )
     }
@@ -84,7 +88,7 @@ impl Recorded {
     /// How many inputs a replay for `inputs` would copy in (private ones living elsewhere).
     fn copies<T: Borrow<DeviceTensor>>(&self, slots: &[usize], inputs: &[T]) -> usize {
         (slots.iter().zip(inputs.iter().map(Borrow::borrow)).zip(&self.private))
-            .filter(|((&s, t), &own)| own && self.prepared.buffers[s].id() != t.buffer.id())
+            .filter(|((&s, t), &own)| own && !Arc::ptr_eq(&self.prepared.buffers[s], &t.buffer))
             .count()
     }
 
@@ -98,14 +102,14 @@ impl Recorded {
             .collect()
     }
 
-    /// The own output buffer (its plan buffer) that `id` names, if any.
-    fn output_slot_of(&self, id: u64) -> Option<usize> {
-        self.own_outputs.iter().map(|&(_, b)| b).find(|&b| self.prepared.buffers[b].id() == id)
+    /// The own output (its plan buffer) that buffer `x` is, if any.
+    fn output_slot_of(&self, x: &Arc<DeviceBuffer>) -> Option<usize> {
+        self.own_outputs.iter().map(|&(_, b)| b).find(|&b| Arc::ptr_eq(&self.prepared.buffers[b], x))
     }
 
     /// How many of `inputs` are this recording's own outputs: a step fed its last results.
     fn fed_back<T: Borrow<DeviceTensor>>(&self, inputs: &[T]) -> usize {
-        inputs.iter().map(Borrow::borrow).filter(|t| self.output_slot_of(t.buffer.id()).is_some()).count()
+        inputs.iter().map(Borrow::borrow).filter(|t| self.output_slot_of(&t.buffer).is_some()).count()
     }
 }
 
@@ -147,9 +151,9 @@ impl Recordings {
         self.list.iter().flat_map(|r| &r.prepared.buffers).filter(|x| x.id() == b.id()).count()
     }
 
-    /// Adds a recording, replacing the one at `replaced` if given, dropping the oldest past the limit.
-    /// Returns where it went.
-    fn put(&mut self, r: Recorded, replaced: Option<usize>) -> usize {
+    /// Adds a recording, replacing the one at `replaced` if given; past the limit the oldest goes,
+    /// unless it is recording `partner` (the new one's pair). Returns where it went.
+    fn put(&mut self, r: Recorded, replaced: Option<usize>, partner: Option<u64>) -> usize {
         let at = match replaced {
             Some(i) => {
                 self.list[i] = r;
@@ -157,7 +161,8 @@ impl Recordings {
             }
             None => {
                 if self.list.len() >= MAX_RECORDINGS {
-                    self.list.remove(0);
+                    let oldest = self.list.iter().position(|x| Some(x.serial) != partner).unwrap_or(0);
+                    self.list.remove(oldest);
                 }
                 self.list.push(r);
                 self.list.len() - 1
@@ -184,6 +189,24 @@ impl Runtime {
     ) -> Result<Vec<DeviceTensor>> {
         self.reopen_if_lost()?;
         let layout = self.layout(c, inputs)?;
+        // As a plain run checks its inputs (`prepare`): on this runtime, made on the device it has now.
+        let me = self.arc();
+        for t in inputs.iter().map(Borrow::borrow) {
+            if !Arc::ptr_eq(t.buffer.runtime(), &me) {
+                return Err(Error::Unsupported {
+                    what: format!("an input on `{}` bound to a run on `{}`", t.buffer.runtime().name(), self.name()),
+                    loc: crate::loc::SourceLoc::internal(),
+                });
+            }
+            t.buffer.live("an input of a run")?;
+        }
+        if inputs.len() != layout.input_slots.len() {
+            return Err(Error::Runtime {
+                op: "run".into(),
+                msg: format!("the graph takes {} inputs, {} were given", layout.input_slots.len(), inputs.len()),
+                loc: crate::loc::SourceLoc::internal(),
+            });
+        }
         let values: Vec<i64> = layout.bindings.iter().map(|(_, v)| v).collect();
         let mut recs = lock(&self.recordings);
         let now = self.generation.load(Ordering::Acquire);
@@ -213,8 +236,7 @@ impl Runtime {
         let _gate = self.gate();
         let d = self.driver();
         for ((&s, t), &own) in slots.iter().zip(inputs.iter().map(Borrow::borrow)).zip(&r.private) {
-            if own && r.prepared.buffers[s].id() != t.buffer.id() {
-                t.buffer.live("an input of a run")?;
+            if own && !Arc::ptr_eq(&r.prepared.buffers[s], &t.buffer) {
                 let n = self.target().storage_bytes(t.dtype, t.numel());
                 self.seen(d.copy(t.buffer.raw(), r.prepared.buffers[s].raw(), n))?;
                 lock(&self.stats).replay_input_copies += 1;
@@ -266,7 +288,7 @@ impl Runtime {
         self.record(&mut prepared)?;
         let r = &recs.list[i];
         let redone = Recorded::new(r.compiled.clone(), r.values.clone(), prepared, r.private.clone(), copy_out);
-        Ok(recs.put(redone, Some(i)))
+        Ok(recs.put(redone, Some(i), None))
     }
 
     /// Records `c` for a call with `inputs` that no recording serves well. Its base is the recording of
@@ -304,10 +326,10 @@ impl Runtime {
                 buffers[s] = Some(t.buffer.clone());
                 continue;
             };
-            if let Some(b) = base.output_slot_of(t.buffer.id()) {
+            if let Some(b) = base.output_slot_of(&t.buffer) {
                 fed.push((i, b));
                 buffers[s] = Some(t.buffer.clone());
-            } else if !base.private[i] && base.prepared.buffers[s].id() == t.buffer.id() {
+            } else if !base.private[i] && Arc::ptr_eq(&base.prepared.buffers[s], &t.buffer) {
                 buffers[s] = Some(t.buffer.clone());
             } else {
                 private[i] = true;
@@ -319,7 +341,7 @@ impl Runtime {
         if let Some(base) = base {
             for &(i, b) in &fed {
                 let target = &base.prepared.buffers[slots[i]];
-                let bound_here = buffers.iter().flatten().any(|x| x.id() == target.id());
+                let bound_here = buffers.iter().flatten().any(|x| Arc::ptr_eq(x, target));
                 let free = Arc::strong_count(target) == recs.refs(target);
                 // A base of other symbol values read a state of the same dims there (its bytes suffice).
                 let fits = layout.sizes[b] <= base.prepared.layout.sizes[slots[i]];
@@ -333,7 +355,13 @@ impl Runtime {
             }
         }
         for (i, t) in inputs.iter().map(Borrow::borrow).enumerate().filter(|(i, _)| private[*i]) {
-            buffers[slots[i]] = Some(self.alloc(self.target().storage_bytes(t.dtype, t.numel()), "a recorded input")?);
+            let n = self.target().storage_bytes(t.dtype, t.numel());
+            let own = self.alloc(n, "a recorded input")?;
+            // Filled before the recording's first (plain) run, which then computes on this call's
+            // values, not on whatever the pooled memory held (an index read from it could fault).
+            let _gate = self.gate();
+            self.seen(self.driver().copy(t.buffer.raw(), own.raw(), n))?;
+            buffers[slots[i]] = Some(own);
         }
         // An output the caller still holds from the base's last replay (and does not feed back) is one
         // it keeps across calls (a loss it logs): handed out as a copy from the start.
@@ -364,10 +392,11 @@ impl Runtime {
             let oldest = kept.iter().position(|&i| Some(i) != base_at).unwrap_or(0);
             kept.remove(oldest);
         }
+        let partner = base_at.filter(|_| paired > 0).map(|i| recs.list[i].serial);
         for i in siblings.into_iter().rev().filter(|i| !kept.contains(i)) {
             recs.list.remove(i);
         }
-        Ok(recs.put(Recorded::new(c.clone(), values, prepared, private, copy_out), None))
+        Ok(recs.put(Recorded::new(c.clone(), values, prepared, private, copy_out), None, partner))
     }
 
     /// [`Runtime::prepare`] with some plan buffers given (`Some`), the rest fresh from the pool.

@@ -305,6 +305,29 @@ fn reduce_overhead_steps_feed_their_state_back_without_copies(rt: &Arc<Runtime>)
     }
 }
 
+/// A function called all along keeps its recording while more functions than the runtime keeps
+/// recordings for (16) come and stay: the least recently used recording goes, not the oldest.
+fn a_busy_recording_outlives_idle_ones(rt: &Arc<Runtime>) {
+    let x = host(&[1.5; 256], &[256]).to(rt.clone()).unwrap();
+    let mode = kiln::Mode::ReduceOverhead;
+    let busy = compile(|x: &Tensor| x.mul(2.0)?.exp()).backend(rt.clone()).mode(mode);
+    for _ in 0..3 {
+        let _: Tensor = busy.call(&x).unwrap();
+    }
+    let mut idle = Vec::new();
+    for k in 0..20 {
+        let f = compile(move |x: &Tensor| x.mul(k as f64 + 3.0)?.sin()).backend(rt.clone()).mode(mode);
+        for _ in 0..3 {
+            let _: Tensor = f.call(&x).unwrap();
+        }
+        idle.push(f);
+        let before = rt.stats().runs;
+        let y: Tensor = busy.call(&x).unwrap();
+        assert_eq!(rt.stats().runs - before, 1, "the busy function recorded again after {} others", k + 1);
+        assert!((y.to_vec::<f32>().unwrap()[0] - 3.0f32.exp()).abs() < 1e-5 * 3.0f32.exp());
+    }
+}
+
 /// One thread records reduce-overhead functions over and over (a fresh function each time, so each call
 /// records) while another allocates, uploads, frees (`trim`) and reads: neither sees the other's work
 /// (on CUDA, an allocation or a free issued during another thread's capture would be recorded into its
@@ -368,6 +391,7 @@ fn all(rt: &Arc<Runtime>) {
     recording_while_another_thread_allocates_and_frees(rt);
     reduce_overhead_never_overwrites_a_held_output(rt);
     reduce_overhead_steps_feed_their_state_back_without_copies(rt);
+    a_busy_recording_outlives_idle_ones(rt);
     dropping_a_reduce_overhead_function_frees_its_recording(rt);
     eager_ops_run_where_their_inputs_live(rt);
     failed_checks_reach_only_their_readers(rt);

@@ -40,6 +40,9 @@ pub(super) struct Recorded {
     kept_inputs: Vec<usize>,
     /// Which recording it is (unique in the runtime: indices move as recordings go).
     serial: u64,
+    /// When it last served a call (the runtime's count of recorded calls then): the least recently
+    /// used goes first past the limit.
+    used: u64,
 }
 
 impl Recorded {
@@ -70,6 +73,7 @@ impl Recorded {
             kept: Vec::new(),
             kept_inputs: Vec::new(),
             serial,
+            used: 0,
         }
     }
 
@@ -118,6 +122,8 @@ impl Recorded {
 #[derive(Default)]
 pub(super) struct Recordings {
     list: Vec<Recorded>,
+    /// Calls served so far: the clock of [`Recorded::used`].
+    calls: u64,
 }
 
 impl Recordings {
@@ -151,8 +157,8 @@ impl Recordings {
         self.list.iter().flat_map(|r| &r.prepared.buffers).filter(|x| x.id() == b.id()).count()
     }
 
-    /// Adds a recording, replacing the one at `replaced` if given; past the limit the oldest goes,
-    /// unless it is recording `partner` (the new one's pair). Returns where it went.
+    /// Adds a recording, replacing the one at `replaced` if given; past the limit the least recently
+    /// used goes, unless it is recording `partner` (the new one's pair). Returns where it went.
     fn put(&mut self, r: Recorded, replaced: Option<usize>, partner: Option<u64>) -> usize {
         let at = match replaced {
             Some(i) => {
@@ -161,8 +167,11 @@ impl Recordings {
             }
             None => {
                 if self.list.len() >= MAX_RECORDINGS {
-                    let oldest = self.list.iter().position(|x| Some(x.serial) != partner).unwrap_or(0);
-                    self.list.remove(oldest);
+                    let idle = (self.list.iter().enumerate())
+                        .filter(|(_, x)| Some(x.serial) != partner)
+                        .min_by_key(|(_, x)| x.used)
+                        .map_or(0, |(i, _)| i);
+                    self.list.remove(idle);
                 }
                 self.list.push(r);
                 self.list.len() - 1
@@ -232,6 +241,9 @@ impl Runtime {
             }
             None => self.record_partner(&mut recs, c, values, inputs)?,
         };
+        recs.calls += 1;
+        let now = recs.calls;
+        recs.list[at].used = now;
         let r = &recs.list[at];
         let _gate = self.gate();
         let d = self.driver();

@@ -11,7 +11,9 @@
 //!
 //! Nothing is ever overwritten under a holder: before a replay, every output buffer is checked for
 //! references beyond the recordings' own ([`Recorded::held_outputs`]); one a caller still holds is left
-//! to the caller, and that output is handed out as a copy from then on.
+//! to the caller, and that output is handed out as a copy from then on. Likewise a recording copies a
+//! call's input into a buffer of its own only where nobody else holds that buffer (a partner may have
+//! handed it out), else another recording serves the call ([`Recorded::reads`]).
 
 use super::{lock, DeviceBuffer, DeviceTensor, Error, Prepared, Result, Runtime, MAX_RECORDINGS};
 use crate::pipeline::CompiledGraph;

@@ -305,6 +305,22 @@ fn reduce_overhead_steps_feed_their_state_back_without_copies(rt: &Arc<Runtime>)
     }
 }
 
+/// Empty inputs in new buffers every call (nothing to copy into a recording's own) replay to empty
+/// outputs, beside a non-empty input that is copied.
+fn reduce_overhead_takes_empty_inputs(rt: &Arc<Runtime>) {
+    let f = compile(|(e, x): (&Tensor, &Tensor)| Ok((e.mul(2.0)?, x.add(1.0)?)))
+        .backend(rt.clone())
+        .mode(kiln::Mode::ReduceOverhead);
+    for k in 0..5 {
+        let e = host(&[], &[0, 3]).to(rt.clone()).unwrap();
+        let x = host(&[k as f32; 4], &[4]).to(rt.clone()).unwrap();
+        let (a, b): (Tensor, Tensor) = f.call((&e, &x)).unwrap();
+        let a = a.to_data().unwrap();
+        assert_eq!((a.dims().to_vec(), a.values().len()), (vec![0, 3], 0));
+        assert_eq!(b.to_vec::<f32>().unwrap(), vec![k as f32 + 1.0; 4]);
+    }
+}
+
 /// A function called all along keeps its recording while more functions than the runtime keeps
 /// recordings for (16) come and stay: the least recently used recording goes, not the oldest.
 fn a_busy_recording_outlives_idle_ones(rt: &Arc<Runtime>) {
@@ -392,6 +408,7 @@ fn all(rt: &Arc<Runtime>) {
     reduce_overhead_never_overwrites_a_held_output(rt);
     reduce_overhead_steps_feed_their_state_back_without_copies(rt);
     a_busy_recording_outlives_idle_ones(rt);
+    reduce_overhead_takes_empty_inputs(rt);
     dropping_a_reduce_overhead_function_frees_its_recording(rt);
     eager_ops_run_where_their_inputs_live(rt);
     failed_checks_reach_only_their_readers(rt);

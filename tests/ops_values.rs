@@ -115,6 +115,11 @@ fn broadcasting_where_and_cast() {
     let e5 = [448.0, 448.0, nan, nan, 256.0, nan, 57344.0, nan];
     check(as_f32(DType::F8E5M2FNUZ, false), &e5, &[8]);
     check(f32s(&[240.0, 247.0], &[2]).cast_unsaturated(DType::F8E4M3FNUZ), &[240.0, 240.0], &[2]);
+    // From an 8-bit float (ONNX counts them floats): E5M2's ±∞ and 57344 overflow E4M3FN.
+    let e5 =
+        Tensor::from_data(kiln::TensorData::from_f64(vec![inf, -57344.0, 448.0, 2.5], &[4], DType::F8E5M2).unwrap());
+    check(e5.cast_unsaturated(DType::F8E4M3), &[nan, nan, 448.0, 2.5], &[4]);
+    check(e5.cast(DType::F8E4M3), &[448.0, -448.0, 448.0, 2.5], &[4]);
 }
 
 #[test]

@@ -385,7 +385,8 @@ impl Tensor {
         record(Op::Cast, &[self], dtype, self.shape(), loc)
     }
 
-    /// Conversion to `dtype` as [`Tensor::cast`], except into an 8-bit float from a float: a value
+    /// Conversion to `dtype` as [`Tensor::cast`], except into an 8-bit float from a float (an 8-bit one
+    /// too): a value
     /// that rounds past the largest finite value (an infinity too) becomes ±∞ where the format holds
     /// infinities (E5M2) and NaN where it does not (ONNX's `saturate = 0`). Decided in f32 (a half widens
     /// exactly) against [`crate::dtype::Float8::overflow_limit`]; the cast itself is the saturating one,
@@ -393,7 +394,8 @@ impl Tensor {
     #[track_caller]
     pub fn cast_unsaturated(&self, dtype: DType) -> Result<Tensor> {
         let loc = SourceLoc::caller();
-        let Some(f) = dtype.float8().filter(|_| self.dtype().is_float() && dtype != self.dtype()) else {
+        let from_float = self.dtype().is_float() || self.dtype().float8().is_some();
+        let Some(f) = dtype.float8().filter(|_| from_float && dtype != self.dtype()) else {
             return SourceLoc::attributed(loc, || self.cast(dtype));
         };
         let past = SourceLoc::attributed(loc.clone(), || {

@@ -14,11 +14,11 @@
 //! - **Fault words** (run-time checks, see [`crate::kernel::FaultSite`]) are zeroed before a run and read
 //!   at the next host read — the first time the host waits anyway — so a checked kernel never adds a
 //!   synchronisation. A fault is reported then, naming the op and the user's line.
-//! - **Capture**: reduce-overhead mode records a run once per compiled graph and symbol values
-//!   ([`Driver::record`]); replays copy inputs that live elsewhere into the recorded buffers. Outputs are
-//!   the recorded buffers themselves while the caller drops each call's outputs before the next call;
-//!   once a caller keeps them across a call, that recording copies its outputs out instead (a replay
-//!   overwrites its own buffers). Both copies are counted in [`RuntimeStats`].
+//! - **Capture**: reduce-overhead mode records a run per compiled graph and symbol values
+//!   ([`Driver::record`]); replays copy inputs that live elsewhere into the recorded buffers, and a step
+//!   fed its own last outputs gets a partner recording so that state passes in place (`recorded.rs`).
+//!   Outputs are the recorded buffers themselves; one a caller keeps across a call is copied out from
+//!   then on (a replay overwrites its own buffers). Both copies are counted in [`RuntimeStats`].
 //! - **Bindings**: what a driver makes for a kernel bound to particular buffers (a bind group, a GEMM
 //!   plan) is kept in one [`BindingCache`] for every driver; pooled buffers keep their identity, so a
 //!   call that binds the buffers of the call before makes nothing.
@@ -423,7 +423,7 @@ impl Prepared {
     }
 }
 
-/// Recordings kept for reduce-overhead mode; the oldest goes past this many.
+/// Recordings kept for reduce-overhead mode; the least recently used goes past this many.
 const MAX_RECORDINGS: usize = 16;
 
 /// The runtime core over one device. One per device per process, shared (`Arc`) by every tensor,
@@ -950,6 +950,18 @@ impl Runtime {
     fn prepare_now<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<Prepared> {
         let _gate = self.gate();
         let generation = self.generation.load(Ordering::Acquire);
+        self.check_inputs(c, inputs)?;
+        let layout = self.layout(c, inputs)?;
+        let mut buffers: Vec<Option<Arc<DeviceBuffer>>> = vec![None; layout.sizes.len()];
+        for (&slot, t) in layout.input_slots.iter().zip(inputs.iter().map(Borrow::borrow)) {
+            buffers[slot] = Some(t.buffer.clone());
+        }
+        self.bind_buffers(c, layout, buffers, generation)
+    }
+
+    /// What every run asks of its inputs: as many as the graph takes, each on this runtime and made on
+    /// the device it has now.
+    fn check_inputs<T: Borrow<DeviceTensor>>(&self, c: &Arc<CompiledGraph>, inputs: &[T]) -> Result<()> {
         let g = &c.primitive.graph;
         if inputs.len() != g.inputs.len() {
             return Err(Error::Runtime {
@@ -958,10 +970,8 @@ impl Runtime {
                 loc: SourceLoc::internal(),
             });
         }
-        let layout = self.layout(c, inputs)?;
-        let mut buffers: Vec<Option<Arc<DeviceBuffer>>> = vec![None; layout.sizes.len()];
         let me = self.arc();
-        for (&slot, t) in layout.input_slots.iter().zip(inputs.iter().map(Borrow::borrow)) {
+        for t in inputs.iter().map(Borrow::borrow) {
             if !Arc::ptr_eq(t.buffer.runtime(), &me) {
                 return Err(Error::Unsupported {
                     what: format!("an input on `{}` bound to a run on `{}`", t.buffer.runtime().name(), self.name()),
@@ -969,9 +979,15 @@ impl Runtime {
                 });
             }
             t.buffer.live("an input of a run")?;
-            buffers[slot] = Some(t.buffer.clone());
         }
-        self.bind_buffers(c, layout, buffers, generation)
+        Ok(())
+    }
+
+    /// Counts one run of `p` (its launches) in the statistics.
+    fn count_run(&self, p: &Prepared) {
+        let mut s = lock(&self.stats);
+        s.runs += 1;
+        s.launches += p.layout.steps.len() as u64;
     }
 
     /// A prepared graph over `buffers`, one per plan buffer: those given, and fresh ones from the pool
@@ -1192,11 +1208,7 @@ impl Runtime {
                 self.seen(self.enqueue_launches(d, p).and_then(|()| d.submit()))?;
             }
         }
-        {
-            let mut s = lock(&self.stats);
-            s.runs += 1;
-            s.launches += p.layout.steps.len() as u64;
-        }
+        self.count_run(p);
         Ok(p.faults.clone().map(|words| self.checks_over(p, words)))
     }
 
@@ -1249,11 +1261,7 @@ impl Runtime {
         // GEMM's pointer arrays, allocated and uploaded) must not happen inside the capture, where an
         // allocation or a host copy would be recorded instead of done.
         self.seen(self.enqueue_launches(d, p).and_then(|()| d.submit()).and_then(|()| d.synchronize()))?;
-        {
-            let mut s = lock(&self.stats);
-            s.runs += 1;
-            s.launches += p.layout.steps.len() as u64;
-        }
+        self.count_run(p);
         HELD.with(|h| h.set((self as *const Runtime as usize, true)));
         drop(crate::binding::take_recorded());
         let recording = d.record(&mut || self.enqueue_launches(d, p));

@@ -199,25 +199,8 @@ impl Runtime {
         inputs: &[T],
     ) -> Result<Vec<DeviceTensor>> {
         self.reopen_if_lost()?;
+        self.check_inputs(c, inputs)?;
         let layout = self.layout(c, inputs)?;
-        // As a plain run checks its inputs (`prepare`): on this runtime, made on the device it has now.
-        let me = self.arc();
-        for t in inputs.iter().map(Borrow::borrow) {
-            if !Arc::ptr_eq(t.buffer.runtime(), &me) {
-                return Err(Error::Unsupported {
-                    what: format!("an input on `{}` bound to a run on `{}`", t.buffer.runtime().name(), self.name()),
-                    loc: crate::loc::SourceLoc::internal(),
-                });
-            }
-            t.buffer.live("an input of a run")?;
-        }
-        if inputs.len() != layout.input_slots.len() {
-            return Err(Error::Runtime {
-                op: "run".into(),
-                msg: format!("the graph takes {} inputs, {} were given", layout.input_slots.len(), inputs.len()),
-                loc: crate::loc::SourceLoc::internal(),
-            });
-        }
         let values: Vec<i64> = layout.bindings.iter().map(|(_, v)| v).collect();
         let mut recs = lock(&self.recordings);
         let now = self.generation.load(Ordering::Acquire);
@@ -250,8 +233,8 @@ impl Runtime {
         let _gate = self.gate();
         let d = self.driver();
         for ((&s, t), &own) in slots.iter().zip(inputs.iter().map(Borrow::borrow)).zip(&r.private) {
-            if own && !Arc::ptr_eq(&r.prepared.buffers[s], &t.buffer) {
-                let n = self.target().storage_bytes(t.dtype, t.numel());
+            let n = self.target().storage_bytes(t.dtype, t.numel());
+            if own && n > 0 && !Arc::ptr_eq(&r.prepared.buffers[s], &t.buffer) {
                 self.seen(d.copy(t.buffer.raw(), r.prepared.buffers[s].raw(), n))?;
                 lock(&self.stats).replay_input_copies += 1;
             }
@@ -373,8 +356,10 @@ impl Runtime {
             let own = self.alloc(n, "a recorded input")?;
             // Filled before the recording's first (plain) run, which then computes on this call's
             // values, not on whatever the pooled memory held (an index read from it could fault).
-            let _gate = self.gate();
-            self.seen(self.driver().copy(t.buffer.raw(), own.raw(), n))?;
+            if n > 0 {
+                let _gate = self.gate();
+                self.seen(self.driver().copy(t.buffer.raw(), own.raw(), n))?;
+            }
             buffers[slots[i]] = Some(own);
         }
         // An output the caller still holds from the base's last replay (and does not feed back) is one

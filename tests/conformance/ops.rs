@@ -276,6 +276,9 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             Tensor::concat(&[&v[0], &v[0]], 0)?.cast(DType::F32)?,
             v[0].cast(DType::F16)?,
             v[0].cast(DType::F32)?.cast(DType::F8E5M2)?,
+            // Into E4M3FN, which has none: saturated, or NaN without saturation.
+            v[0].cast(DType::F8E4M3)?,
+            v[0].cast_unsaturated(DType::F8E4M3)?,
         ])
     });
     // `maximum` and `minimum` keep NaN (torch's rule) in the half types too, where a device computes

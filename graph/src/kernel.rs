@@ -20,6 +20,11 @@
 //!   `acc` and runs the epilogue, which ends in stores.
 //! - `Gemm` is a whole kernel that a device's GEMM library runs instead of generated code; its operands
 //!   are strided views of buffers, its output a row-major buffer. Renderers do not print it.
+//! - A combined kernel (`Kernel::parts`, made by `combine`) has no body of its own: part `p` is a whole
+//!   kernel over the combined kernel's buffers that runs on workgroups `offset_p .. offset_p + groups_p`
+//!   of the launch, seeing them as its workgroups `0 .. groups_p` (its `Group` and `Global` loops start
+//!   there and stride by its own count). The kernel a part came from keeps its place in the list as a
+//!   kernel that launches nothing (`Kernel::launched_in`).
 
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, NodeId, UnaryOp};
@@ -1184,6 +1189,14 @@ pub struct Kernel {
     /// Run-time checks the body's [`Stmt::Fault`]s signal; empty for most kernels (no fault word bound).
     #[serde(default)]
     pub faults: Vec<FaultSite>,
+    /// A combined launch (`crate::combine`): the kernels that run as this one, in workgroup order, each
+    /// over this kernel's `buffers` (see the module docs). Empty for most kernels; when not, `body` is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<Kernel>,
+    /// Set on a region's kernel that runs as a part of another kernel's launch: that kernel's name. Such a
+    /// kernel binds nothing and launches no workgroups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launched_in: Option<String>,
 }
 
 impl Kernel {
@@ -1428,6 +1441,18 @@ impl Kernel {
         }
     }
 
+    /// Where each of [`Kernel::parts`] starts among the launch's workgroups (the sum of the groups of the
+    /// parts before it), and where the last one ends.
+    pub fn part_offsets(&self) -> (Vec<Expr>, Expr) {
+        let mut at = Expr::from(0i64);
+        let mut offsets = Vec::with_capacity(self.parts.len());
+        for p in &self.parts {
+            offsets.push(at.clone());
+            at = at + p.launch.groups.clone();
+        }
+        (offsets, at)
+    }
+
     /// The library GEMM this kernel is, when it is one (its whole body is the call).
     pub fn gemm(&self) -> Option<&Gemm> {
         match self.body.as_slice() {
@@ -1475,7 +1500,7 @@ impl Kernel {
                 })
                 .sum()
         }
-        count(&self.body)
+        count(&self.body) + self.parts.iter().map(Kernel::stmt_count).sum::<usize>()
     }
 }
 
@@ -1709,6 +1734,18 @@ impl fmt::Display for Kernel {
         }
         if self.row_lanes > 1 {
             writeln!(f, "  row lanes: {} consecutive elements a slot group, moved as vectors", self.row_lanes)?;
+        }
+        if let Some(k) = &self.launched_in {
+            writeln!(f, "  runs inside {k}'s launch")?;
+        }
+        let (offsets, _) = self.part_offsets();
+        for (p, at) in self.parts.iter().zip(offsets) {
+            writeln!(f, "  part from workgroup {}:", show_expr(&at))?;
+            // A part binds the combined kernel's buffers, listed above.
+            let own_buffer = |l: &&str| l.starts_with("  b") && l.contains(" (value %");
+            for line in p.to_string().lines().filter(|l| !own_buffer(l)) {
+                writeln!(f, "  {line}")?;
+            }
         }
         write_block(f, &self.body, 1)
     }

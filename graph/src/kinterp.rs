@@ -389,8 +389,14 @@ impl<M: Memory> Env<'_, M> {
 
 /// Runs `kernel` with shape symbols bound by `bindings`; returns its fault word (0: no check failed,
 /// else one more than the largest [`Kernel::faults`] site that did).
+/// A combined kernel's parts run one after another (their workgroups are independent, as every loop's
+/// iterations are), each over the combined kernel's buffers.
 pub fn run_kernel<M: Memory>(kernel: &Kernel, mem: &mut M, bindings: &Bindings) -> Result<u32> {
-    let mut env = Env { kernel, mem, vars: HashMap::new(), syms: bindings.clone(), fault: 0 };
+    let mut fault = 0;
+    for part in &kernel.parts {
+        fault = fault.max(run_kernel(part, mem, bindings)?);
+    }
+    let mut env = Env { kernel, mem, vars: HashMap::new(), syms: bindings.clone(), fault };
     env.block(&kernel.body)?;
     Ok(env.fault)
 }

@@ -12,6 +12,7 @@ mod binding;
 pub mod bucket;
 pub mod cache;
 pub mod check;
+pub mod combine;
 pub mod compile;
 pub mod conv;
 pub mod data;

@@ -838,6 +838,8 @@ impl<'a> Lowerer<'a> {
             row_lanes: 1,
             body,
             faults: self.faults,
+            parts: Vec::new(),
+            launched_in: None,
         }
     }
 }

@@ -266,6 +266,12 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
                 })?;
             }
             let clock = Instant::now();
+            if mode == FusionMode::Fused {
+                // Launch-bound kernels nothing between them depends on share a launch (the eager
+                // baseline launches each op, as PyTorch's eager mode does).
+                let assembled: BTreeSet<NodeId> = assembly.home.keys().copied().collect();
+                crate::combine::combine(&mut kernels, target, &assembled);
+            }
             let plan = plan(&primitive.graph, &kernels, &assembly);
             crate::plan::reads_disjoint_from_writes(&kernels, &plan).map_err(|e| Error::Unsupported {
                 what: format!("the memory plan: {e}"),
@@ -436,13 +442,7 @@ impl CompiledGraph {
                     // The name is for people, and the graph values a kernel's buffers hold and its checks
                     // report are for the plan and the error message: none is in the module's code, so two
                     // kernels that differ only in them are one module.
-                    let mut anonymous = crate::kernel::Kernel { name: String::new(), ..k.clone() };
-                    for b in &mut anonymous.buffers {
-                        b.node = crate::ir::NodeId(0);
-                    }
-                    for f in &mut anonymous.faults {
-                        f.node = crate::ir::NodeId(0);
-                    }
+                    let anonymous = anonymous(k);
                     let text = serde_json::to_string(&anonymous).unwrap_or_default();
                     let h = blake3::hash(text.as_bytes());
                     u64::from_le_bytes(h.as_bytes()[..8].try_into().unwrap_or_default())
@@ -523,6 +523,20 @@ impl fmt::Display for CompiledGraph {
         }
         Ok(())
     }
+}
+
+/// `k` without what is not in its module's code: its name (and its parts'), and the graph values its
+/// buffers hold and its checks report (for the plan and the error message).
+fn anonymous(k: &Kernel) -> Kernel {
+    let mut a = Kernel { name: String::new(), launched_in: None, ..k.clone() };
+    for b in &mut a.buffers {
+        b.node = NodeId(0);
+    }
+    for f in &mut a.faults {
+        f.node = NodeId(0);
+    }
+    a.parts = a.parts.iter().map(anonymous).collect();
+    a
 }
 
 /// The kernels of earlier scheduling rounds, for the regions the next round schedules again unchanged.

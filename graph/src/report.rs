@@ -210,10 +210,19 @@ impl KernelReport {
                 .fold(crate::sym::Expr::from(0i64), |a, b| a + b);
             total.to_string()
         };
-        let renderers = if sources { RENDERERS.read().unwrap_or_else(|e| e.into_inner()).clone() } else { Vec::new() };
+        // A kernel that runs inside another's launch has no code of its own.
+        let renderers = if sources && kernel.launched_in.is_none() {
+            RENDERERS.read().unwrap_or_else(|e| e.into_inner()).clone()
+        } else {
+            Vec::new()
+        };
         KernelReport {
             name: kernel.name.clone(),
-            kind: region.map_or_else(|| "kernel".into(), |r| kind_name(&r.kind, kernel).into()),
+            kind: match (&kernel.launched_in, kernel.parts.len()) {
+                (Some(host), _) => format!("part of {host}"),
+                (None, n) if n > 0 => format!("{n} kernels, one launch"),
+                _ => region.map_or_else(|| "kernel".into(), |r| kind_name(&r.kind, kernel).into()),
+            },
             nodes: nodes.into_iter().collect(),
             lines,
             threads: kernel.launch.threads,

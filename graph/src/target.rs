@@ -93,6 +93,11 @@ pub struct Target {
     /// the device's memory busy.
     #[serde(default = "default_column_threads")]
     pub column_threads: u64,
+    /// Kernels of at most this many threads (workgroups × threads) leave the device mostly idle for a
+    /// launch's fixed cost: independent ones of the same workgroup shape run as one launch
+    /// ([`crate::combine`]). 0 launches every kernel alone (`KILN_<BACKEND>_COMBINE_THREADS`).
+    #[serde(default = "default_combined_launch_threads")]
+    pub combined_launch_threads: u64,
     /// Bytes one buffer may hold.
     #[serde(default = "unlimited")]
     pub max_buffer_bytes: u64,
@@ -232,6 +237,11 @@ fn default_column_threads() -> u64 {
     crate::split_reduce::COLUMN_THREADS
 }
 
+/// About the threads a large GPU keeps resident (an H200: 132 multiprocessors × 2,048).
+fn default_combined_launch_threads() -> u64 {
+    1 << 18
+}
+
 impl Target {
     /// WebGPU's guaranteed defaults: what any adapter, in any browser, can run.
     pub fn webgpu_default() -> Target {
@@ -259,6 +269,7 @@ impl Target {
             conv_row_products_bytes: 0,
             row_threads: 256,
             column_threads: default_column_threads(),
+            combined_launch_threads: default_combined_launch_threads(),
             max_buffer_bytes: 256 << 20,
             max_binding_bytes: 128 << 20,
             binding_alignment: 256,
@@ -329,6 +340,7 @@ impl Target {
             // training step's layer-norm weight gradients from 159 to 68 µs (W5-train-bf16 under Nsight
             // Compute; 1 << 19 measured the same: `benches/NOTES.md`, session 26).
             column_threads: 1 << 18,
+            combined_launch_threads: default_combined_launch_threads(),
             max_buffer_bytes: unlimited(),
             max_binding_bytes: unlimited(),
             binding_alignment: default_binding_alignment(),
@@ -402,7 +414,7 @@ impl Target {
 
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
     /// `KILN_<BACKEND>_ROW_THREADS`, `KILN_<BACKEND>_ROW_CACHE` (persistent rows; 0: off), `KILN_<BACKEND>_VECTOR_ROWS=0|1` (`vector_rows`) and
-    /// `KILN_<BACKEND>_COLUMN_THREADS` (`column_threads`), `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full
+    /// `KILN_<BACKEND>_COLUMN_THREADS` (`column_threads`), `KILN_<BACKEND>_COMBINE_THREADS` (`combined_launch_threads`; 0: no combined launches), `KILN_<BACKEND>_GEMM=kiln` (no GEMM library), `KILN_<BACKEND>_CONV_TF32=0` (f32 convolutions at full
     /// precision, as `torch.backends.cudnn.allow_tf32 = False`), `KILN_<BACKEND>_GEMM_EPILOGUE=separate` (bias and
     /// residual adds as the next kernel, not inside the library call), `KILN_<BACKEND>_ATTENTION=written-out` (no fused
     /// attention on matrix units, lanes or registers),
@@ -424,6 +436,7 @@ impl Target {
         self.max_row_cache = knob("ROW_CACHE").unwrap_or(self.max_row_cache);
         self.vector_rows = knob("VECTOR_ROWS").map_or(self.vector_rows, |v| v != 0);
         self.column_threads = knob("COLUMN_THREADS").map_or(self.column_threads, u64::from);
+        self.combined_launch_threads = knob("COMBINE_THREADS").map_or(self.combined_launch_threads, u64::from);
         self.library_gemm &= std::env::var(format!("KILN_{backend}_GEMM")).as_deref() != Ok("kiln");
         self.library_epilogue &= self.library_gemm;
         if self.tf32_convolutions && std::env::var(format!("KILN_{backend}_CONV_TF32")).as_deref() == Ok("0") {

@@ -100,7 +100,11 @@ fn candidates(target: &Target) -> Vec<(String, Target)> {
 fn corresponds(base: &CompiledGraph, variant: &CompiledGraph) -> bool {
     base.kernels.len() == variant.kernels.len()
         && base.plan.launches == variant.plan.launches
-        && base.kernels.iter().zip(&variant.kernels).all(|(a, b)| a.buffers == b.buffers)
+        && base
+            .kernels
+            .iter()
+            .zip(&variant.kernels)
+            .all(|(a, b)| a.buffers == b.buffers && a.launched_in == b.launched_in)
 }
 
 /// The tuning cache's file, and the choices read from it (none when absent or unreadable: a corrupt file

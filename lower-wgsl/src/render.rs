@@ -1291,41 +1291,82 @@ fn row_vector_buffers(kernel: &Kernel, storage: &[Storage]) -> std::collections:
     kernel.row_vector_buffers().into_iter().filter(word).collect()
 }
 
-/// Renders `kernel` to WGSL for a device with (`f16`) or without native f16.
+impl<'k> Writer<'k> {
+    /// A writer of `k`'s code (a whole kernel, or one part of a combined kernel) over buffers stored as
+    /// `storage`.
+    fn new(k: &'k Kernel, f16: bool, storage: &[Storage]) -> Writer<'k> {
+        Writer {
+            k,
+            f16,
+            out: String::new(),
+            var_dtype: HashMap::new(),
+            storage: storage.to_vec(),
+            single_thread_stores: false,
+            red_types: Default::default(),
+            mm_tiles: None,
+            ranges: k.index_ranges(),
+            attention_arrays: Vec::new(),
+            attention_vec4: Default::default(),
+            error: None,
+            lane: None,
+            lane_vars: Default::default(),
+            row_cache: HashMap::new(),
+            unroll_slot: None,
+            pass_sym: None,
+            vector_buffers: k.vector_buffers().into_iter().collect(),
+            row_vectors: row_vector_buffers(k, storage),
+            group_lane: None,
+            group_loads: HashMap::new(),
+            group_stores: HashMap::new(),
+            groups: 0,
+            subgroups: false,
+        }
+    }
+
+    /// A combined kernel's part on workgroups `start ..` (its own launch's count of them), written as a
+    /// block only those workgroups enter, where `group` and `ngroups` are the part's own (its loops start
+    /// and stride as in a launch of its own); the caller closes the block.
+    fn enter_part(&mut self, start: &Expr) {
+        let (from, groups) = (self.expr(start), self.expr(&self.k.launch.groups));
+        self.line(1, &format!("if (kgroup >= {from} && kgroup < {from} + {groups}) {{"));
+        self.line(2, &format!("let group = kgroup - {from};"));
+        self.line(2, &format!("let ngroups = {groups};"));
+    }
+
+    /// The element width of each buffer this writer's code moves as vectors.
+    fn vector_widths(&self) -> impl Iterator<Item = (usize, i64)> + '_ {
+        self.vector_buffers.iter().chain(&self.row_vectors).map(|&b| (b, self.width_of(b)))
+    }
+}
+
+/// Renders `kernel` to WGSL for a device with (`f16`) or without native f16. A combined kernel's parts
+/// are written one after another, each in a block its workgroups enter.
 pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     let storage: Vec<Storage> = kernel.buffers.iter().map(|b| Storage::of(b.dtype, f16)).collect();
-    let mut w = Writer {
-        k: kernel,
-        f16,
-        out: String::new(),
-        var_dtype: HashMap::new(),
-        storage: storage.clone(),
-        single_thread_stores: false,
-        red_types: Default::default(),
-        mm_tiles: None,
-        ranges: kernel.index_ranges(),
-        attention_arrays: Vec::new(),
-        attention_vec4: Default::default(),
-        error: None,
-        lane: None,
-        lane_vars: Default::default(),
-        row_cache: HashMap::new(),
-        unroll_slot: None,
-        pass_sym: None,
-        vector_buffers: kernel.vector_buffers().into_iter().collect(),
-        row_vectors: row_vector_buffers(kernel, &storage),
-        group_lane: None,
-        group_loads: HashMap::new(),
-        group_stores: HashMap::new(),
-        groups: 0,
-        subgroups: false,
-    };
+    let mut w = Writer::new(kernel, f16, &storage);
     let packed = kernel.launch.packed.max(1);
     w.block(1, &kernel.body);
     w.subgroups |= packed > 1;
-    if let Some(msg) = w.error {
+    if let Some(msg) = w.error.take() {
         return Err(RenderError { kernel: kernel.name.clone(), msg });
     }
+    let mut widths: HashMap<usize, i64> = w.vector_widths().collect();
+    let (offsets, _) = kernel.part_offsets();
+    for (part, start) in kernel.parts.iter().zip(&offsets) {
+        let mut p = Writer::new(part, f16, &storage);
+        p.enter_part(start);
+        p.block(2, &part.body);
+        p.line(1, "}");
+        if let Some(msg) = p.error {
+            return Err(RenderError { kernel: kernel.name.clone(), msg: format!("part {}: {msg}", part.name) });
+        }
+        widths.extend(p.vector_widths());
+        w.out.push_str(&p.out);
+        w.red_types.extend(p.red_types);
+        w.subgroups |= p.subgroups;
+    }
+    // A combined kernel's parts name their own `group` and `ngroups` from the launch's.
+    let (group, ngroups) = if kernel.parts.is_empty() { ("group", "ngroups") } else { ("kgroup", "kngroups") };
     let mut src = String::new();
     if f16 {
         src.push_str("enable f16;\n\n");
@@ -1336,8 +1377,8 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         let packed = st.shares_words();
         let elem = if w.attention_vec4.contains(&i) {
             "vec4<f32>".to_string()
-        } else if w.vector_buffers.contains(&i) || w.row_vectors.contains(&i) {
-            format!("vec{}<{}>", w.width_of(i), st.wgsl_element())
+        } else if let Some(n) = widths.get(&i) {
+            format!("vec{n}<{}>", st.wgsl_element())
         } else if packed && b.access == Access::Write {
             "atomic<u32>".to_string()
         } else {
@@ -1401,13 +1442,15 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         // Packed groups (`Launch::packed`): the kernel IR's group is a subgroup of the device workgroup,
         // its threads the subgroup's lanes (`graph` packs only where the subgroup size is fixed and is
         // the group's thread count).
-        let _ =
-            writeln!(src, "    let group = i32((wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * {packed}u + sg_id);");
-        let _ = writeln!(src, "    let ngroups = i32(nwg.x * nwg.y * nwg.z * {packed}u);");
+        let _ = writeln!(
+            src,
+            "    let {group} = i32((wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * {packed}u + sg_id);"
+        );
+        let _ = writeln!(src, "    let {ngroups} = i32(nwg.x * nwg.y * nwg.z * {packed}u);");
         src.push_str("    let local = i32(sg_lane);\n");
     } else {
-        src.push_str("    let group = i32(wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y);\n");
-        src.push_str("    let ngroups = i32(nwg.x * nwg.y * nwg.z);\n");
+        let _ = writeln!(src, "    let {group} = i32(wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y);");
+        let _ = writeln!(src, "    let {ngroups} = i32(nwg.x * nwg.y * nwg.z);");
         src.push_str("    let local = i32(lid);\n");
     }
     src.push_str(&w.out);

@@ -94,6 +94,13 @@ macro_rules! conformance_suite {
 
         #[test]
         $(#[$attr])*
+        fn small_kernels_share_a_launch() {
+            let Some(b) = backend() else { return };
+            conformance::user_cases::combined_launches(&b);
+        }
+
+        #[test]
+        $(#[$attr])*
         fn attention_matches_the_reference() {
             let Some(b) = backend() else { return };
             conformance::user_cases::attention(&b);

@@ -558,3 +558,46 @@ fn assert_within_rule(got: &Tensor, want: &Tensor, report: &kiln::graph::Compile
     let outcome = compare(&got, &Expected::of(&want, "reference"), tol);
     assert!(outcome.correct, "{what}: {outcome:?}");
 }
+
+/// Kernels too small to fill a device, none reading another's results (a training step's bias and
+/// norm updates), run as one launch (`combine`): three row kernels of one shape, two small pointwise
+/// kernels, and a kernel reading two of the rows' results, each output equal to the reference's. Where
+/// the target combines launches, the compile report shows a kernel of several parts and the kernels
+/// launched inside it, and the reader is not among them (it runs after their launch).
+pub fn combined_launches(b: &Arc<dyn Backend>) {
+    let f = |t: Vec<Tensor>| -> kiln::Result<Vec<Tensor>> {
+        let sums = t[0].sum(&[1], false)?;
+        let norms = t[1].softmax(-1)?;
+        let maxes = t[2].exp()?.max(&[1], false)?;
+        let squares = t[3].mul(&t[3])?;
+        let halves = t[4].mul(0.5)?;
+        let reader = sums.add(&maxes)?.neg()?;
+        Ok(vec![sums, norms, maxes, squares, halves, reader])
+    };
+    let inputs = vec![
+        seeded_in(DType::F32, &[24, 100], 1),
+        seeded_in(DType::F32, &[24, 100], 2),
+        seeded_in(DType::F32, &[24, 100], 3),
+        seeded_in(DType::F32, &[5, 7], 4),
+        seeded_in(DType::F32, &[5, 7], 5),
+    ];
+    let want: Vec<Tensor> = compile(f).backend(kiln::graph::CpuReference).call(inputs.clone()).unwrap();
+    let compiled = compile(f).backend(b.clone());
+    let got: Vec<Tensor> = compiled.call(inputs).unwrap();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (g, w) = (g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+        let close = g.iter().zip(&w).all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0));
+        assert!(close && g.len() == w.len(), "output {i}: got {g:?}, want {w:?}");
+    }
+    if b.target().is_some_and(|t| t.combined_launch_threads > 0) {
+        let report = compiled.report();
+        let kernels = &report.entries[0].graphs[0].kernels;
+        let kinds: Vec<&str> = kernels.iter().map(|k| k.kind.as_str()).collect();
+        let hosts: Vec<&str> =
+            kernels.iter().filter(|k| k.kind.ends_with("one launch")).map(|k| k.name.as_str()).collect();
+        let inside = kinds.iter().filter(|k| k.starts_with("part of ")).count();
+        assert!(!hosts.is_empty() && inside >= 2, "combined launches: {kinds:?}");
+        let reader = kernels.iter().find(|k| k.name.contains("neg")).expect("the reader's kernel");
+        assert!(!reader.kind.starts_with("part of "), "the reader runs after the launch it reads: {kinds:?}");
+    }
+}

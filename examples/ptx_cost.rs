@@ -22,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .find(|w| w.id.eq_ignore_ascii_case(id))
         .ok_or("no such workload")?;
     let started = Instant::now();
-    let c = compile_graph(&capture(&w.full, w.f)?, &Target::cuda(90))?;
+    let c = compile_graph(&capture(&w.full, w.f)?, &Target::cuda(90).tuned_by_env("CUDA"))?;
     let compile_s = started.elapsed().as_secs_f64();
     let ptxas = kiln_ptx::ptxas::find().ok_or(kiln_ptx::ptxas::INSTALL_HINT)?;
     let mut rows = Vec::new();

@@ -389,6 +389,7 @@ impl<M: Memory> Env<'_, M> {
 
 /// Runs `kernel` with shape symbols bound by `bindings`; returns its fault word (0: no check failed,
 /// else one more than the largest [`Kernel::faults`] site that did).
+///
 /// A combined kernel's parts run one after another (their workgroups are independent, as every loop's
 /// iterations are), each over the combined kernel's buffers.
 pub fn run_kernel<M: Memory>(kernel: &Kernel, mem: &mut M, bindings: &Bindings) -> Result<u32> {

@@ -52,11 +52,10 @@ fn combinable(k: &Kernel, target: &Target, assembled: &BTreeSet<NodeId>) -> bool
 
 /// Gathers the combinable kernels of `kernels` (in launch order) into combined launches: each gathering
 /// of two or more becomes one kernel at its last member's place, the others kernels that launch
-/// nothing. `assembled` are the values of concatenations assembled in place. Returns how many kernels
-/// were combined away.
-pub fn combine(kernels: &mut [Kernel], target: &Target, assembled: &BTreeSet<NodeId>) -> usize {
+/// nothing. `assembled` are the values of concatenations assembled in place.
+pub fn combine(kernels: &mut [Kernel], target: &Target, assembled: &BTreeSet<NodeId>) {
     if target.combined_launch_threads == 0 {
-        return 0;
+        return;
     }
     let budget = target.max_bindings as usize;
     let mut open: Vec<Gathering> = Vec::new();
@@ -90,7 +89,6 @@ pub fn combine(kernels: &mut [Kernel], target: &Target, assembled: &BTreeSet<Nod
         }
     }
     closed.extend(open.into_iter().map(|g| g.members));
-    let mut away = 0;
     for members in closed.into_iter().filter(|m| m.len() > 1) {
         let parts: Vec<Kernel> = members.iter().map(|&m| kernels[m].clone()).collect();
         let last = *members.last().expect("a gathering has members");
@@ -98,10 +96,8 @@ pub fn combine(kernels: &mut [Kernel], target: &Target, assembled: &BTreeSet<Nod
         for &m in &members[..members.len() - 1] {
             kernels[m] = launched_in(&kernels[m], &combined.name);
         }
-        away += members.len() - 1;
         kernels[last] = combined;
     }
-    away
 }
 
 /// The kernel that launches `parts` (same launch shape, constant groups) as one.
@@ -195,6 +191,12 @@ mod tests {
             assert!(kernel.buffers.is_empty() && kernel.launch.groups.as_const() == Some(0));
         }
         assert!(hosts.iter().all(|&h| c.kernels[h].parts.len() == 4 && c.kernels[h].buffers.len() == 8));
+        // The validator checks each combined kernel's parts: a launch of another workgroup shape than its
+        // parts' is refused.
+        let mut odd = c.kernels[3].clone();
+        odd.launch.threads /= 2;
+        let e = crate::validate::validate(&odd, &target).unwrap_err();
+        assert!(e.rule.contains(&odd.parts[0].name) && e.rule.contains("the launch's"), "{e}");
         let data: Vec<TensorData> = (0..12)
             .map(|i| {
                 TensorData::new(&(0..54).map(|j| (i * 54 + j) as f32 * 0.25).collect::<Vec<f32>>(), &[6, 9]).unwrap()

@@ -1441,16 +1441,16 @@ impl Kernel {
         }
     }
 
-    /// Where each of [`Kernel::parts`] starts among the launch's workgroups (the sum of the groups of the
-    /// parts before it), and where the last one ends.
-    pub fn part_offsets(&self) -> (Vec<Expr>, Expr) {
+    /// Where each of [`Kernel::parts`] starts among the launch's workgroups: the sum of the groups of the
+    /// parts before it.
+    pub fn part_offsets(&self) -> Vec<Expr> {
         let mut at = Expr::from(0i64);
         let mut offsets = Vec::with_capacity(self.parts.len());
         for p in &self.parts {
             offsets.push(at.clone());
             at = at + p.launch.groups.clone();
         }
-        (offsets, at)
+        offsets
     }
 
     /// The library GEMM this kernel is, when it is one (its whole body is the call).
@@ -1707,46 +1707,50 @@ fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::
     Ok(())
 }
 
-impl fmt::Display for Kernel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Kernel {
+    /// Writes the kernel indented by `depth`; its buffer list only when `buffers` (a combined kernel's
+    /// parts bind the list it prints once).
+    fn write(&self, f: &mut fmt::Formatter<'_>, depth: usize, buffers: bool) -> fmt::Result {
+        let (head, pad) = ("  ".repeat(depth), "  ".repeat(depth + 1));
         writeln!(
             f,
-            "kernel {} — {} workgroup(s) of {} thread(s)",
+            "{head}kernel {} — {} workgroup(s) of {} thread(s)",
             self.name,
             show_expr(&self.launch.groups),
             self.launch.threads
         )?;
         if self.launch.packed > 1 {
-            writeln!(f, "  packed: {} workgroups to a device workgroup, one a subgroup", self.launch.packed)?;
+            writeln!(f, "{pad}packed: {} workgroups to a device workgroup, one a subgroup", self.launch.packed)?;
         }
-        for (i, b) in self.buffers.iter().enumerate() {
-            writeln!(f, "  b{i}: {:?} {}[{}] (value {})", b.access, b.dtype, show_expr(&b.len), b.node)?;
+        for (i, b) in self.buffers.iter().enumerate().filter(|_| buffers) {
+            writeln!(f, "{pad}b{i}: {:?} {}[{}] (value {})", b.access, b.dtype, show_expr(&b.len), b.node)?;
         }
         if !self.symbols.is_empty() {
             let s: Vec<String> = self.symbols.iter().map(|s| s.to_string()).collect();
-            writeln!(f, "  symbols: {}", s.join(", "))?;
+            writeln!(f, "{pad}symbols: {}", s.join(", "))?;
         }
         if self.vector_width > 1 {
-            writeln!(f, "  vector width: {}", self.vector_width)?;
+            writeln!(f, "{pad}vector width: {}", self.vector_width)?;
         }
         if let Some(n) = self.row_cache {
-            writeln!(f, "  persistent rows: up to {n} element(s) per thread kept in registers")?;
+            writeln!(f, "{pad}persistent rows: up to {n} element(s) per thread kept in registers")?;
         }
         if self.row_lanes > 1 {
-            writeln!(f, "  row lanes: {} consecutive elements a slot group, moved as vectors", self.row_lanes)?;
+            writeln!(f, "{pad}row lanes: {} consecutive elements a slot group, moved as vectors", self.row_lanes)?;
         }
         if let Some(k) = &self.launched_in {
-            writeln!(f, "  runs inside {k}'s launch")?;
+            writeln!(f, "{pad}runs inside {k}'s launch")?;
         }
-        let (offsets, _) = self.part_offsets();
-        for (p, at) in self.parts.iter().zip(offsets) {
-            writeln!(f, "  part from workgroup {}:", show_expr(&at))?;
-            // A part binds the combined kernel's buffers, listed above.
-            let own_buffer = |l: &&str| l.starts_with("  b") && l.contains(" (value %");
-            for line in p.to_string().lines().filter(|l| !own_buffer(l)) {
-                writeln!(f, "  {line}")?;
-            }
+        for (p, at) in self.parts.iter().zip(self.part_offsets()) {
+            writeln!(f, "{pad}part from workgroup {}:", show_expr(&at))?;
+            p.write(f, depth + 1, false)?;
         }
-        write_block(f, &self.body, 1)
+        write_block(f, &self.body, depth + 1)
+    }
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f, 0, true)
     }
 }

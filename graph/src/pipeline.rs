@@ -259,6 +259,12 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
             });
         }
         if failures.is_empty() {
+            if mode == FusionMode::Fused {
+                // Launch-bound kernels nothing between them depends on share a launch (the eager
+                // baseline launches each op, as PyTorch's eager mode does).
+                let assembled: BTreeSet<NodeId> = assembly.home.keys().copied().collect();
+                crate::combine::combine(&mut kernels, target, &assembled);
+            }
             for k in &kernels {
                 crate::validate::validate(k, target).map_err(|e| Error::Unsupported {
                     what: crate::error::rejected_source(&k.name, "the kernel-IR validator", &e.rule, &k.to_string()),
@@ -266,12 +272,6 @@ pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> R
                 })?;
             }
             let clock = Instant::now();
-            if mode == FusionMode::Fused {
-                // Launch-bound kernels nothing between them depends on share a launch (the eager
-                // baseline launches each op, as PyTorch's eager mode does).
-                let assembled: BTreeSet<NodeId> = assembly.home.keys().copied().collect();
-                crate::combine::combine(&mut kernels, target, &assembled);
-            }
             let plan = plan(&primitive.graph, &kernels, &assembly);
             crate::plan::reads_disjoint_from_writes(&kernels, &plan).map_err(|e| Error::Unsupported {
                 what: format!("the memory plan: {e}"),

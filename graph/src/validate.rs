@@ -73,6 +73,20 @@ pub fn validate(kernel: &Kernel, target: &Target) -> Result<(), Invalid> {
     if let Some(why) = bad_row_lanes(kernel, target) {
         return broken(why);
     }
+    // A combined launch (`crate::combine`): its parts share its workgroup shape and are checked as
+    // kernels of their own; its binding count above covers them all.
+    for part in &kernel.parts {
+        if (part.launch.threads, part.launch.packed) != (launch.threads, launch.packed) {
+            return broken(format!(
+                "part {} of {} threads in {} groups a workgroup, the launch's {} in {}",
+                part.name, part.launch.threads, part.launch.packed, launch.threads, launch.packed
+            ));
+        }
+        if part.launch.groups.as_const().is_none() {
+            return broken(format!("part {} of a symbolic workgroup count (parts are placed by constants)", part.name));
+        }
+        validate(part, target).map_err(|e| Invalid { kernel: kernel.name.clone(), rule: e.to_string() })?;
+    }
     for st in &kernel.body {
         if let Stmt::MatMul(m) = st {
             if let Some(why) = m.tile.unfit(launch.threads) {

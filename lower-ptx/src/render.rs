@@ -2013,8 +2013,7 @@ pub fn render(kernel: &Kernel, sm: u32) -> Result<PtxKernel, RenderError> {
     if let Some(msg) = w.error.take() {
         return Err(fail(msg));
     }
-    let (offsets, _) = kernel.part_offsets();
-    for (part, start) in kernel.parts.iter().zip(&offsets) {
+    for (part, start) in kernel.parts.iter().zip(&kernel.part_offsets()) {
         let mut p = Writer::new(part, w.next);
         let skip = p.label();
         p.enter_part(start, &skip);

@@ -1351,8 +1351,7 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         return Err(RenderError { kernel: kernel.name.clone(), msg });
     }
     let mut widths: HashMap<usize, i64> = w.vector_widths().collect();
-    let (offsets, _) = kernel.part_offsets();
-    for (part, start) in kernel.parts.iter().zip(&offsets) {
+    for (part, start) in kernel.parts.iter().zip(&kernel.part_offsets()) {
         let mut p = Writer::new(part, f16, &storage);
         p.enter_part(start);
         p.block(2, &part.body);
@@ -1365,8 +1364,9 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
         w.red_types.extend(p.red_types);
         w.subgroups |= p.subgroups;
     }
-    // A combined kernel's parts name their own `group` and `ngroups` from the launch's.
-    let (group, ngroups) = if kernel.parts.is_empty() { ("group", "ngroups") } else { ("kgroup", "kngroups") };
+    // A combined kernel's parts name their own `group` and `ngroups` from the launch's workgroup.
+    let combined = !kernel.parts.is_empty();
+    let group = if combined { "kgroup" } else { "group" };
     let mut src = String::new();
     if f16 {
         src.push_str("enable f16;\n\n");
@@ -1446,11 +1446,15 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
             src,
             "    let {group} = i32((wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y) * {packed}u + sg_id);"
         );
-        let _ = writeln!(src, "    let {ngroups} = i32(nwg.x * nwg.y * nwg.z * {packed}u);");
+        if !combined {
+            let _ = writeln!(src, "    let ngroups = i32(nwg.x * nwg.y * nwg.z * {packed}u);");
+        }
         src.push_str("    let local = i32(sg_lane);\n");
     } else {
         let _ = writeln!(src, "    let {group} = i32(wid.x + wid.y * nwg.x + wid.z * nwg.x * nwg.y);");
-        let _ = writeln!(src, "    let {ngroups} = i32(nwg.x * nwg.y * nwg.z);");
+        if !combined {
+            src.push_str("    let ngroups = i32(nwg.x * nwg.y * nwg.z);\n");
+        }
         src.push_str("    let local = i32(lid);\n");
     }
     src.push_str(&w.out);

@@ -127,6 +127,8 @@ impl TensorData {
                 DType::BF16 => <half::bf16 as Element>::from_le(b).into_iter().map(|x| x.to_f64()).collect(),
                 DType::I32 => <i32 as Element>::from_le(b).into_iter().map(f64::from).collect(),
                 DType::I64 => <i64 as Element>::from_le(b).into_iter().map(|x| x as f64).collect(),
+                DType::U32 => <u32 as Element>::from_le(b).into_iter().map(f64::from).collect(),
+                DType::U64 => <u64 as Element>::from_le(b).into_iter().map(|x| x as f64).collect(),
                 DType::Bool => b.iter().map(|&x| f64::from(u8::from(x != 0))).collect(),
                 DType::U8 => b.iter().map(|&x| f64::from(x)).collect(),
                 DType::I8 => <i8 as Element>::from_le(b).into_iter().map(f64::from).collect(),
@@ -155,6 +157,8 @@ impl TensorData {
                 }
                 DType::I32 => <i32 as Element>::to_le(&v.iter().map(|&x| x as i32).collect::<Vec<_>>()),
                 DType::I64 => <i64 as Element>::to_le(&v.iter().map(|&x| x as i64).collect::<Vec<_>>()),
+                DType::U32 => <u32 as Element>::to_le(&v.iter().map(|&x| x as u32).collect::<Vec<_>>()),
+                DType::U64 => <u64 as Element>::to_le(&v.iter().map(|&x| x as u64).collect::<Vec<_>>()),
                 DType::Bool => v.iter().map(|&x| u8::from(x != 0.0)).collect(),
                 DType::U8 => v.iter().map(|&x| x as u8).collect(),
                 DType::I8 => <i8 as Element>::to_le(&v.iter().map(|&x| x as i8).collect::<Vec<_>>()),

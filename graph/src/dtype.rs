@@ -19,6 +19,10 @@ pub enum DType {
     I32,
     /// 64-bit two's complement integer (the reference holds it exactly within ±2^53).
     I64,
+    /// 32-bit unsigned integer: computed as itself (unsigned division, comparison and right shift).
+    U32,
+    /// 64-bit unsigned integer (the reference holds it exactly below 2^53).
+    U64,
     /// Boolean, stored as 0 or 1.
     Bool,
     /// 8-bit unsigned integer (images, quantized tensors).
@@ -159,12 +163,14 @@ impl Float8 {
 
 impl DType {
     /// Every dtype, in a fixed order (docs and tests iterate it).
-    pub const ALL: [DType; 14] = [
+    pub const ALL: [DType; 16] = [
         DType::F32,
         DType::F16,
         DType::BF16,
         DType::I32,
         DType::I64,
+        DType::U32,
+        DType::U64,
         DType::Bool,
         DType::U8,
         DType::I8,
@@ -188,7 +194,13 @@ impl DType {
 
     /// True for every integer dtype.
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I32 | DType::I64) || self.is_narrow_int()
+        matches!(self, DType::I32 | DType::I64 | DType::U32 | DType::U64) || self.is_narrow_int()
+    }
+
+    /// True for the unsigned integers (u8, u16, u32, u64): their division, remainder, comparisons and
+    /// right shifts read the bits as unsigned.
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
     }
 
     /// True for the 8- and 16-bit integers: held in 1 or 2 bytes, computed in i32 and wrapped to their
@@ -230,9 +242,9 @@ impl DType {
     /// Bytes one element takes on a device.
     pub fn size_bytes(self) -> usize {
         match self {
-            DType::F32 | DType::I32 => 4,
+            DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::I64 => 8,
+            DType::I64 | DType::U64 => 8,
             DType::Bool | DType::U8 | DType::I8 => 1,
             DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => 1,
             DType::U16 | DType::I16 => 2,
@@ -247,6 +259,8 @@ impl DType {
             DType::BF16 => "bf16",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::U32 => "u32",
+            DType::U64 => "u64",
             DType::Bool => "bool",
             DType::U8 => "u8",
             DType::I8 => "i8",
@@ -270,6 +284,10 @@ impl DType {
             DType::BF16 => round_to_binary(x, 8, -126, bf16::MAX.to_f64()),
             DType::I32 => (x as i64) as i32 as f64,
             DType::I64 => (x as i64) as f64,
+            DType::U32 => (x as i64) as u32 as f64,
+            // Through i64 so that a negative value wraps (`as u64` would saturate it to 0).
+            DType::U64 if x >= 9_223_372_036_854_775_808.0 => (x as u64) as f64,
+            DType::U64 => (x as i64) as u64 as f64,
             DType::U8 => (x as i64) as u8 as f64,
             DType::I8 => (x as i64) as i8 as f64,
             DType::U16 => (x as i64) as u16 as f64,
@@ -297,7 +315,7 @@ impl DType {
             DType::I64 => i64::MIN as f64,
             DType::I8 => i8::MIN as f64,
             DType::I16 => i16::MIN as f64,
-            DType::Bool | DType::U8 | DType::U16 => 0.0,
+            DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64 => 0.0,
         }
     }
 
@@ -311,6 +329,8 @@ impl DType {
             },
             DType::I32 => i32::MAX as f64,
             DType::I64 => i64::MAX as f64,
+            DType::U32 => u32::MAX as f64,
+            DType::U64 => u64::MAX as f64,
             DType::U8 => u8::MAX as f64,
             DType::I8 => i8::MAX as f64,
             DType::U16 => u16::MAX as f64,
@@ -390,6 +410,8 @@ element!(f16, DType::F16, |x| x.to_f64(), |y| f16::from_f64(y));
 element!(bf16, DType::BF16, |x| x.to_f64(), |y| bf16::from_f64(y));
 element!(i32, DType::I32, |x| x as f64, |y| y as i32);
 element!(i64, DType::I64, |x| x as f64, |y| y as i64);
+element!(u32, DType::U32, |x| x as f64, |y| y as u32);
+element!(u64, DType::U64, |x| x as f64, |y| y as u64);
 element!(u8, DType::U8, |x| x as f64, |y| y as u8);
 element!(i8, DType::I8, |x| x as f64, |y| y as i8);
 element!(u16, DType::U16, |x| x as f64, |y| y as u16);
@@ -462,6 +484,11 @@ mod tests {
         assert_eq!(DType::U16.round(65536.0 + 7.0), 7.0);
         assert_eq!(DType::I16.round(32768.0), -32768.0);
         assert_eq!(DType::U8.round(f64::NAN), 0.0);
+        assert_eq!(DType::U32.round(-1.0), 4_294_967_295.0);
+        assert_eq!(DType::U32.round(4_294_967_296.0 + 5.0), 5.0);
+        assert_eq!(DType::U64.round(-1.0), u64::MAX as f64);
+        assert_eq!(DType::U64.round(1e19), 1e19);
+        assert_eq!(DType::U64.round(2f64.powi(64)), u64::MAX as f64);
         for d in DType::ALL.into_iter().filter(|d| d.is_narrow_int()) {
             let (bits, signed) = d.narrow_bits().unwrap();
             assert_eq!(d.size_bytes() * 8, bits as usize, "{d}");

@@ -416,10 +416,11 @@ pub(crate) fn binary(op: BinaryOp, x: f64, y: f64, int: bool) -> Option<f64> {
         BinaryOp::Ge => b(x >= y),
         BinaryOp::And => b(x != 0.0 && y != 0.0),
         BinaryOp::Or => b(x != 0.0 || y != 0.0),
-        // Integers are held exactly as f64 (kiln's are i32, and i64 within 2^53).
-        BinaryOp::BitAnd => ((x as i64) & (y as i64)) as f64,
-        BinaryOp::BitOr => ((x as i64) | (y as i64)) as f64,
-        BinaryOp::BitXor => ((x as i64) ^ (y as i64)) as f64,
+        // Integers are held exactly as f64 (i32 and u32; i64 and u64 within 2^53); i128 holds both
+        // signed and unsigned 64-bit operands, and the result is rounded to the dtype after.
+        BinaryOp::BitAnd => ((x as i128) & (y as i128)) as f64,
+        BinaryOp::BitOr => ((x as i128) | (y as i128)) as f64,
+        BinaryOp::BitXor => ((x as i128) ^ (y as i128)) as f64,
     })
 }
 
@@ -606,6 +607,8 @@ fn matmul(a: &TensorData, b: &TensorData, out_dims: &[usize], b_transposed: bool
 /// The dtype a reduction yields (PyTorch's rule: integer and bool sums widen to i64).
 pub fn reduce_dtype(op: ReduceOp, input: DType) -> DType {
     match (op, input) {
+        // numpy's rule for the wide unsigned: they stay unsigned (a u64 sum past 2^63 keeps its sign bit).
+        (ReduceOp::Sum, DType::U32 | DType::U64) => DType::U64,
         (ReduceOp::Sum, d) if !d.is_float() => DType::I64,
         (_, d) => d,
     }

@@ -115,7 +115,7 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
              ±∞ or NaN there instead, ONNX's `saturate = 0`)",
         ),
         Op::Reduce { op, .. } => match op {
-            ReduceOp::Sum => ("sum", "sum over axes (empty list = all); integer and bool sums are i64"),
+            ReduceOp::Sum => ("sum", "sum over axes (empty list = all); integer and bool sums are i64 (u32 and u64 sums u64)"),
             ReduceOp::Max => ("max", "maximum over axes; NaN-propagating; an empty axis is an error"),
             ReduceOp::Min => ("min", "minimum over axes; NaN-propagating; an empty axis is an error"),
         },

@@ -428,7 +428,7 @@ impl Tensor {
         record(Op::Reduce { op, axes: ax, keepdim }, &[self], reduce_dtype(op, self.dtype()), out, loc)
     }
 
-    /// Sum over `axes` (empty = all). Integer and bool sums are i64.
+    /// Sum over `axes` (empty = all). Integer and bool sums are i64 (u32 and u64 sums u64, as numpy).
     #[track_caller]
     pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         self.reduce(ReduceOp::Sum, axes, keepdim, SourceLoc::caller())

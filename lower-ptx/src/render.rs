@@ -47,6 +47,8 @@ fn reg_type(d: DType) -> &'static str {
         | DType::F8E5M2FNUZ => "f32",
         DType::I32 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => "s32",
         DType::I64 => "s64",
+        DType::U32 => "u32",
+        DType::U64 => "u64",
         DType::Bool => "pred",
     }
 }
@@ -362,6 +364,19 @@ impl<'k> Writer<'k> {
             }
             ("f32", "pred") => self.emit(&format!("setp.neu.f32 {r}, {x}, 0f00000000;")),
             (t, "pred") => self.emit(&format!("setp.ne.{t} {r}, {x}, 0;")),
+            ("f32", "u32" | "u64") => {
+                // A negative value wraps, as the reference's integer cast (through i64); `cvt` into an
+                // unsigned type would saturate it to 0. A u64 at or past 2^63 converts as unsigned.
+                let (w, big) = (self.reg("s64"), self.reg("pred"));
+                self.emit(&format!("cvt.rzi.s64.f32 {w}, {x};"));
+                if tt == "u32" {
+                    self.emit(&format!("cvt.u32.s64 {r}, {w};"));
+                } else {
+                    self.emit(&format!("mov.b64 {r}, {w};"));
+                    self.emit(&format!("setp.ge.f32 {big}, {x}, 0f5F000000;"));
+                    self.emit(&format!("@{big} cvt.rzi.u64.f32 {r}, {x};"));
+                }
+            }
             ("f32", t) => self.emit(&format!("cvt.rzi.{t}.f32 {r}, {x};")),
             (t, "f32") => {
                 self.emit(&format!("cvt.rn.f32.{t} {r}, {x};"));
@@ -450,7 +465,7 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("mov.f32 {r}, 0f00000000;"));
                 self.emit(&format!("{pre}.f32 {r}, [{a}];"));
             }
-            DType::I32 | DType::I64 => {
+            DType::I32 | DType::I64 | DType::U32 | DType::U64 => {
                 let t = reg_type(d);
                 self.emit(&format!("mov.{t} {r}, 0;"));
                 self.emit(&format!("{pre}.{t} {r}, [{a}];"));
@@ -542,7 +557,9 @@ impl<'k> Writer<'k> {
         let a = self.address(buffer, index);
         match d {
             DType::F32 => self.emit(&format!("st.global.f32 [{a}], {x};")),
-            DType::I32 | DType::I64 => self.emit(&format!("st.global.{} [{a}], {x};", reg_type(d))),
+            DType::I32 | DType::I64 | DType::U32 | DType::U64 => {
+                self.emit(&format!("st.global.{} [{a}], {x};", reg_type(d)))
+            }
             DType::F16 | DType::BF16 => {
                 let h = self.f32_to_half(&x, d);
                 self.emit(&format!("st.global.b16 [{a}], {h};"));
@@ -879,6 +896,8 @@ impl<'k> Writer<'k> {
                 match ty {
                     "f32" => self.emit(&format!("mov.f32 {r}, {};", f32_imm(*value))),
                     "pred" => self.emit(&format!("setp.ne.s32 {r}, {}, 0;", i32::from(*value != 0.0))),
+                    // Unsigned constants wrap as the dtype's rounding does (u32's −1 is its largest value).
+                    "u32" | "u64" => self.emit(&format!("mov.{ty} {r}, {};", DType::U64.round(*value) as u64)),
                     t => self.emit(&format!("mov.{t} {r}, {};", *value as i64)),
                 }
                 r
@@ -933,6 +952,9 @@ impl<'k> Writer<'k> {
                     (op, t) => {
                         let r = self.reg(t);
                         match op {
+                            // PTX negates and takes magnitudes of signed types only.
+                            UnaryOp::Neg if from.is_unsigned() => self.emit(&format!("sub.{t} {r}, 0, {x};")),
+                            UnaryOp::Abs if from.is_unsigned() => self.emit(&format!("mov.{t} {r}, {x};")),
                             UnaryOp::Neg => self.emit(&format!("neg.{t} {r}, {x};")),
                             UnaryOp::Abs => self.emit(&format!("abs.{t} {r}, {x};")),
                             UnaryOp::Relu => self.emit(&format!("max.{t} {r}, {x}, 0;")),
@@ -1061,6 +1083,8 @@ impl<'k> Writer<'k> {
             (BinaryOp::Mul, "f32") => self.emit(&format!("mul.f32 {r}, {x}, {y};")),
             (BinaryOp::Mul, _) => self.emit(&format!("mul.lo.{t} {r}, {x}, {y};")),
             (BinaryOp::Div, "f32") => self.emit(&format!("div.rn.f32 {r}, {x}, {y};")),
+            // Unsigned: truncation is floor.
+            (BinaryOp::Div, "u32" | "u64") => self.emit(&format!("div.{t} {r}, {x}, {y};")),
             (BinaryOp::Div, _) => {
                 // Floor division, as the reference.
                 let (rm, p1, p2, p3) = (self.reg(t), self.reg("pred"), self.reg("pred"), self.reg("pred"));
@@ -1083,7 +1107,7 @@ impl<'k> Writer<'k> {
                     BinaryOp::BitOr => "or",
                     _ => "xor",
                 };
-                let bits = if t == "s64" { "b64" } else { "b32" };
+                let bits = if matches!(t, "s64" | "u64") { "b64" } else { "b32" };
                 self.emit(&format!("{o}.{bits} {r}, {x}, {y};"));
             }
             _ => unreachable!("comparisons, logic and pow are handled above"),
@@ -1455,6 +1479,9 @@ impl<'k> Writer<'k> {
             (KReduceOp::Min | KReduceOp::ArgMin, "f32") => "0f7F800000",
             (KReduceOp::Max | KReduceOp::ArgMax, "s32") => "-2147483648",
             (KReduceOp::Min | KReduceOp::ArgMin, "s32") => "2147483647",
+            (KReduceOp::Max | KReduceOp::ArgMax, "u32" | "u64") => "0",
+            (KReduceOp::Min | KReduceOp::ArgMin, "u32") => "4294967295",
+            (KReduceOp::Min | KReduceOp::ArgMin, "u64") => "18446744073709551615",
             (KReduceOp::Max | KReduceOp::ArgMax, _) => "-9223372036854775808",
             (KReduceOp::Min | KReduceOp::ArgMin, _) => "9223372036854775807",
         }
@@ -1558,10 +1585,11 @@ impl<'k> Writer<'k> {
         } else if grouped && self.k.launch.packed > 1 {
             self.fail(format!("a {ty} reduction of packed groups: they combine by warp shuffles only"));
         } else if grouped {
-            let elem = if ty == "f32" || ty == "s32" { 4 } else { 8 };
+            let elem = if matches!(ty, "f32" | "s32" | "u32") { 4 } else { 8 };
+            // Shared arrays by width: a u32 partial sits in the s32 array, a u64 in the s64 one.
             let shared = match ty {
                 "f32" => "red_f32",
-                "s32" => "red_s32",
+                "s32" | "u32" => "red_s32",
                 _ => "red_s64",
             };
             self.shared.insert(shared);

@@ -64,6 +64,11 @@ fn kf2i(x: f32) -> i32 {
     return select(i32(clamp(x, -2147483648.0, 2147483520.0)), 0, kisnan(x));
 }
 
+// A negative value wraps, as an integer cast does (through i32); a non-negative one saturates.
+fn kf2u(x: f32) -> u32 {
+    return select(bitcast<u32>(kf2i(x)), u32(clamp(x, 0.0, 4294967040.0)), x >= 0.0);
+}
+
 fn kround_f16(x: f32) -> f32 {
     return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x;
 }

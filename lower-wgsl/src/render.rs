@@ -183,6 +183,8 @@ impl<'k> Writer<'k> {
             DType::F16 if self.f16 => "f16",
             DType::F16 => "f32",
             DType::I32 | DType::I64 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => "i32",
+            // u64 in its low word, as i64 in i32.
+            DType::U32 | DType::U64 => "u32",
             DType::Bool => "bool",
         }
     }
@@ -295,7 +297,9 @@ impl<'k> Writer<'k> {
             (_, "bool") => format!("({x} != {tf}(0))"),
             ("f32", "i32") => format!("kf2i({x})"),
             ("f16", "i32") => format!("kf2i(f32({x}))"),
-            ("i32", "f32") | ("f16", "f32") => {
+            ("f32", "u32") => format!("kf2u({x})"),
+            ("f16", "u32") => format!("kf2u(f32({x}))"),
+            ("i32", "f32") | ("u32", "f32") | ("f16", "f32") => {
                 let v = format!("f32({x})");
                 match to {
                     DType::F16 if !self.f16 => format!("kround_f16({v})"),
@@ -350,7 +354,7 @@ impl<'k> Writer<'k> {
         let idx = self.expr(index);
         let b = &self.k.buffers[buffer];
         let raw = match self.storage[buffer] {
-            Storage::I64Pairs => format!("b{buffer}[2i * ({idx})]"),
+            Storage::I64Pairs | Storage::U64Pairs => format!("b{buffer}[2i * ({idx})]"),
             Storage::BoolU32 => format!("(b{buffer}[{idx}] != 0u)"),
             Storage::F16Packed => {
                 let (w, _) = packed_place(&idx, 16);
@@ -389,6 +393,8 @@ impl<'k> Writer<'k> {
                 "f32" => float_literal(*value),
                 "f16" => format!("f16({})", float_literal(*value)),
                 "i32" => int_literal((*value as i64).clamp(i32::MIN as i64, i32::MAX as i64) as i32),
+                // Wrapped, as the dtype's own rounding does (u32's −1 is its largest value).
+                "u32" => format!("{}u", DType::U64.round(*value) as u64 as u32),
                 _ => (if *value != 0.0 { "true" } else { "false" }).into(),
             },
             Scalar::Load { buffer, index, guard: None } if self.cached_slot(*buffer, dtype, index).is_some() => {
@@ -421,6 +427,7 @@ impl<'k> Writer<'k> {
                 let x = self.var(*a);
                 let float = ty == "f32";
                 match op {
+                    UnaryOp::Neg if ty == "u32" => format!("(0u - {x})"),
                     UnaryOp::Neg => format!("-{x}"),
                     UnaryOp::Abs => format!("abs({x})"),
                     UnaryOp::Exp => format!("exp({x})"),
@@ -461,6 +468,7 @@ impl<'k> Writer<'k> {
                     BinaryOp::Sub => format!("({x} - {y})"),
                     BinaryOp::Mul => format!("({x} * {y})"),
                     BinaryOp::Div if operand == "i32" => format!("kfloordiv_i({x}, {y})"),
+                    BinaryOp::Div if operand == "u32" => format!("select({x} / {y}, 0u, {y} == 0u)"),
                     BinaryOp::Div => format!("({x} / {y})"),
                     BinaryOp::Pow if float => format!("kpow({x}, {y})"),
                     BinaryOp::Pow if operand == "i32" => format!("kipow({x}, {y})"),
@@ -686,6 +694,7 @@ impl<'k> Writer<'k> {
             Storage::I64Pairs => format!(
                 "{{ let x = {v}; b{buffer}[2i * ({idx})] = x; b{buffer}[2i * ({idx}) + 1i] = select(0i, -1i, x < 0i); }}"
             ),
+            Storage::U64Pairs => format!("{{ b{buffer}[2i * ({idx})] = {v}; b{buffer}[2i * ({idx}) + 1i] = 0u; }}"),
             Storage::BoolU32 => format!("b{buffer}[{idx}] = select(0u, 1u, {v});"),
             Storage::F16 => format!("b{buffer}[{idx}] = f16({v});"),
             Storage::F16Packed => {
@@ -719,6 +728,8 @@ impl<'k> Writer<'k> {
             (KReduceOp::Min | KReduceOp::ArgMin, "f32") => "kinf()".into(),
             (KReduceOp::Max | KReduceOp::ArgMax, "f16") => "f16(-65504.0)".into(),
             (KReduceOp::Min | KReduceOp::ArgMin, "f16") => "f16(65504.0)".into(),
+            (KReduceOp::Max | KReduceOp::ArgMax, "u32") => "0u".into(),
+            (KReduceOp::Min | KReduceOp::ArgMin, "u32") => "4294967295u".into(),
             (KReduceOp::Max | KReduceOp::ArgMax, _) => "-2147483647i - 1i".into(),
             (KReduceOp::Min | KReduceOp::ArgMin, _) => "2147483647i".into(),
         }
@@ -1287,7 +1298,7 @@ fn row_vector_buffers(kernel: &Kernel, storage: &[Storage]) -> std::collections:
     if !matches!(kernel.row_lanes, 2 | 4) {
         return Default::default();
     }
-    let word = |b: &usize| matches!(storage[*b], Storage::F32 | Storage::F16 | Storage::I32);
+    let word = |b: &usize| matches!(storage[*b], Storage::F32 | Storage::F16 | Storage::I32 | Storage::U32);
     kernel.row_vector_buffers().into_iter().filter(word).collect()
 }
 

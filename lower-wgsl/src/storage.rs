@@ -1,4 +1,4 @@
-//! How each kiln dtype is laid out in a WGSL storage buffer. WGSL has no 8- or 64-bit integers and f16
+//! How each kiln dtype is laid out in a WGSL storage buffer. WGSL has no 8-, 16- or 64-bit integers and f16
 //! only behind the `shader-f16` feature, so some dtypes are packed or widened on the device; values
 //! always keep their dtype's precision (the shaders round on every store). Every layout holds the
 //! host's bytes but bool's, whose words the target's `bool_words` tells the runtime core about.
@@ -21,6 +21,11 @@ pub enum Storage {
     /// `array<i32>`, two words per element (little-endian low, high): the host's i64 layout. Shaders
     /// compute in i32 and sign-extend on store.
     I64Pairs,
+    /// `array<u32>`.
+    U32,
+    /// `array<u32>`, two words per element: the host's u64 layout. Shaders compute in u32 and
+    /// zero-extend on store.
+    U64Pairs,
     /// `array<u32>`, 0 or 1.
     BoolU32,
     /// `array<u32>`, `32 / bits` narrow integers per word (the host's layout), computed in i32: read with
@@ -54,6 +59,8 @@ impl Storage {
             DType::BF16 => Storage::Bf16Packed,
             DType::I32 => Storage::I32,
             DType::I64 => Storage::I64Pairs,
+            DType::U32 => Storage::U32,
+            DType::U64 => Storage::U64Pairs,
             DType::Bool => Storage::BoolU32,
             // Not reached (laid out above): named, not `_`, so a new dtype must be placed here.
             DType::U8 | DType::I8 | DType::U16 | DType::I16 => Storage::I32,
@@ -72,7 +79,9 @@ impl Storage {
             Storage::F32 => "f32",
             Storage::F16 => "f16",
             Storage::I32 | Storage::I64Pairs => "i32",
-            Storage::BoolU32
+            Storage::U32
+            | Storage::U64Pairs
+            | Storage::BoolU32
             | Storage::F16Packed
             | Storage::Bf16Packed
             | Storage::NarrowInt { .. }

@@ -13,6 +13,8 @@ pub fn dtype_of(elem_type: i32) -> Result<DType, String> {
         Ok(DataType::Bfloat16) => Ok(DType::BF16),
         Ok(DataType::Int32) => Ok(DType::I32),
         Ok(DataType::Int64) => Ok(DType::I64),
+        Ok(DataType::Uint32) => Ok(DType::U32),
+        Ok(DataType::Uint64) => Ok(DType::U64),
         Ok(DataType::Bool) => Ok(DType::Bool),
         Ok(DataType::Uint8) => Ok(DType::U8),
         Ok(DataType::Int8) => Ok(DType::I8),
@@ -35,6 +37,8 @@ pub fn onnx_type(d: DType) -> DataType {
         DType::BF16 => DataType::Bfloat16,
         DType::I32 => DataType::Int32,
         DType::I64 => DataType::Int64,
+        DType::U32 => DataType::Uint32,
+        DType::U64 => DataType::Uint64,
         DType::Bool => DataType::Bool,
         DType::U8 => DataType::Uint8,
         DType::I8 => DataType::Int8,
@@ -72,6 +76,8 @@ pub fn to_data(t: &TensorProto, dir: Option<&Path>) -> Result<TensorData, String
         None => match dtype {
             DType::F32 => t.float_data.iter().map(|&v| v as f64).collect(),
             DType::I64 => t.int64_data.iter().map(|&v| v as f64).collect(),
+            // Both unsigned widths are stored in `uint64_data`.
+            DType::U32 | DType::U64 => t.uint64_data.iter().map(|&v| v as f64).collect(),
             // Stored as the bit patterns in `int32_data` (half types) or as values (int32, bool).
             DType::F16 => t.int32_data.iter().map(|&v| half::f16::from_bits(v as u16).to_f64()).collect(),
             DType::BF16 => t.int32_data.iter().map(|&v| half::bf16::from_bits(v as u16).to_f64()).collect(),

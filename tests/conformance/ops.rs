@@ -192,6 +192,52 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ])
         });
     }
+    // u32 across its whole range: past 2^31 division, comparisons, maxima and conversions read the bits
+    // as unsigned, and sums, differences and negations wrap modulo 2^32. u64 below 2^31, its results
+    // too, and so are the sums (u64s): WGSL computes u64 in its low word, as i64 in i32 (a documented
+    // limit).
+    for d in [DType::U32, DType::U64] {
+        let hi = if d == DType::U32 { d.max_value() } else { f64::from(i32::MAX) };
+        let x = t(&[3, 13], d, |i| (((i as f64 * 37.0) % 23.0) / 22.0 * hi).floor());
+        let y = t(&[13], d, |i| (i % 5) as f64 + 1.0);
+        // Floats inside (−2^31, 2^32) (kiln's casts past an integer's range follow each device's cast);
+        // for u64 non-negative (a negative one wraps past 2^32).
+        let low = if d == DType::U32 { -6.0 } else { 0.0 };
+        let f = t(&[13], DType::F32, |i| (i as f64 + low) * 2f64.powi(27) + 0.75);
+        case(b, &format!("unsigned integer ops {d}"), &[x, y, f], 0.0, |v| {
+            let (x, y) = (&v[0], &v[1]);
+            let small = x.div(16)?;
+            let mut out = vec![
+                small.add(&small)?,
+                small.mul(y)?,
+                x.abs()?,
+                x.relu()?,
+                x.div(y)?,
+                x.lt(&small.mul(8)?)?,
+                x.maximum(&small.mul(9)?)?,
+                x.minimum(y)?,
+                small.sum(&[0], false)?,
+                x.max(&[1], true)?,
+                x.min(&[0], false)?,
+                x.argmax(1, false)?,
+                x.argmin(0, false)?,
+                x.bitwise_or(y)?,
+                x.bitwise_xor(y)?,
+                x.cast(DType::F32)?,
+                x.cast(DType::I32)?,
+                x.cast(DType::U8)?,
+                v[2].cast(d)?,
+                x.eq(&small)?.where_(x, &small)?,
+                x.transpose(0, 1)?.reshape(&[-1])?.narrow(0, 1, 17)?,
+            ];
+            if d == DType::U32 {
+                // Past the width: wrapped.
+                out.extend([x.add(x)?, x.sub(y)?, x.neg()?, x.mul(y)?.mul(y)?]);
+                out.push(x.bitwise_and(&y.neg()?)?);
+            }
+            Ok(out)
+        });
+    }
     for d in DType::ALL.into_iter().filter(|d| d.float8().is_some()) {
         // Ties to even, the subnormal steps, saturation (infinities too), NaN, signed zero: 8-bit floats
         // are storage, written by a cast and read back through layout ops and another cast.
@@ -302,11 +348,16 @@ pub fn every_op(b: &Arc<dyn Backend>) {
     case(b, "bool ops", &[p, q], 0.0, |v| {
         Ok(vec![v[0].logical_not()?, v[0].logical_and(&v[1])?, v[0].logical_or(&v[1])?, v[0].sum(&[], false)?])
     });
-    // Casts between every pair of dtypes.
+    // Casts between every pair of dtypes; into u64, and from u32 and u64, of magnitudes: a negative
+    // value wraps past 2^31, outside WGSL's i64 and u64 (computed in 32 bits). The unsigned ops case
+    // above casts u32s past 2^31.
     for from in kiln::DType::ALL {
-        let x = t(&[9], from, |i| wave(i) * 2.0);
-        case(b, &format!("casts from {from}"), std::slice::from_ref(&x), tol(DType::BF16, 1.0), |v| {
-            kiln::DType::ALL.iter().map(|&to| v[0].cast(to)).collect()
+        let magnitudes = t(&[9], from, |i| (wave(i) * 2.0).abs());
+        let wide_unsigned = matches!(from, DType::U32 | DType::U64);
+        let x = if wide_unsigned { magnitudes.clone() } else { t(&[9], from, |i| wave(i) * 2.0) };
+        case(b, &format!("casts from {from}"), &[x, magnitudes], tol(DType::BF16, 1.0), |v| {
+            let into = |to: DType| if to == DType::U64 { v[1].cast(to) } else { v[0].cast(to) };
+            kiln::DType::ALL.into_iter().map(into).collect()
         });
     }
     for d in FLOATS {

@@ -275,23 +275,30 @@ fn qlinear_conv(node: &Node) -> OpResult<Tensor> {
 /// (read from a table), wrapped to the width.
 fn bit_shift(node: &Node) -> OpResult<Tensor> {
     let (x, y) = (node.tensor(0)?, node.tensor(1)?);
-    let bits = match x.dtype() {
+    let bits: u32 = match x.dtype() {
         DType::U8 => 8,
         DType::U16 => 16,
-        d => return unsupported(format!("BitShift of {d} (kiln shifts u8 and u16)")),
+        DType::U32 => 32,
+        DType::U64 => 64,
+        d => return unsupported(format!("BitShift of {d} (ONNX shifts unsigned integers)")),
     };
     if y.dtype() != x.dtype() {
         return invalid(format!("shifting {} by {}", x.dtype(), y.dtype()));
     }
-    let powers: Vec<f64> = (0..=bits).map(|k| f64::from(1u32 << k)).collect();
-    let table = node.model.constant(powers, &[bits as usize + 1], DType::I32)?;
-    let s = y.cast(DType::I32)?.clamp(None, Some(f64::from(bits)))?;
+    // A shift is a product or quotient by a power of two: in i32 for the narrow widths (the cast back
+    // drops a product's high bits), in the dtype itself for u32 and u64 (whose products wrap on every
+    // backend). A shift by the width or more leaves nothing: its power is 0.
+    let wide = if bits <= 16 { DType::I32 } else { x.dtype() };
+    let powers: Vec<f64> = (0..=bits).map(|k| if k < bits { 2f64.powi(k as i32) } else { 0.0 }).collect();
+    let table = node.model.constant(powers, &[bits as usize + 1], wide)?;
+    // Clamped in the shift's own (unsigned) dtype, so a huge shift never wraps into a small index.
+    let s = y.clamp(None, Some(f64::from(bits)))?.cast(DType::I32)?;
     let y_dims: Vec<isize> = concrete(&s, "a shift")?.iter().map(|&d| d as isize).collect();
     let p = table.index_select(0, &s.reshape(&[-1])?)?.reshape(&y_dims)?;
-    let xi = x.cast(DType::I32)?;
+    let xw = x.cast(wide)?;
     let shifted = match node.string("direction").as_deref() {
-        Some("LEFT") => xi.mul(&p)?,
-        Some("RIGHT") => xi.div(&p)?,
+        Some("LEFT") => xw.mul(&p)?,
+        Some("RIGHT") => p.eq(0.0)?.where_(0.0, xw.div(&p.clamp(Some(1.0), None)?)?)?,
         other => return invalid(format!("direction {other:?}")),
     };
     Ok(shifted.cast(x.dtype())?)
@@ -362,6 +369,16 @@ mod tests {
         assert_eq!(left[0].to_vec::<u16>().unwrap(), [0x102, 0x8000, 0, 0]);
         let right = run_one("BitShift", vec![string("direction", "RIGHT")], &[x(), y()]).unwrap();
         assert_eq!(right[0].to_vec::<u16>().unwrap(), [0x40, 0, 0, 0]);
+        // u32 and u64 shift in their own dtype: the top bit survives, a shift by the width clears.
+        let x = || arg(&[0x8000_0001u32, 3, 0xffff_ffff, 7], &[4]);
+        let y = || arg(&[0u32, 31, 32, 1], &[4]);
+        let left = run_one("BitShift", vec![string("direction", "LEFT")], &[x(), y()]).unwrap();
+        assert_eq!(left[0].to_vec::<u32>().unwrap(), [0x8000_0001, 0x8000_0000, 0, 14]);
+        let right = run_one("BitShift", vec![string("direction", "RIGHT")], &[x(), y()]).unwrap();
+        assert_eq!(right[0].to_vec::<u32>().unwrap(), [0x8000_0001, 0, 0, 3]);
+        let x = arg(&[1u64 << 40, 5], &[2]);
+        let left = run_one("BitShift", vec![string("direction", "LEFT")], &[x, arg(&[12u64, 64], &[2])]).unwrap();
+        assert_eq!(left[0].to_vec::<u64>().unwrap(), [1 << 52, 0]);
     }
 
     /// A vector of zero points along an axis the operand lacks is a typed error, not an index past the

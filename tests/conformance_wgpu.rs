@@ -162,3 +162,22 @@ fn the_adapter_plans_two_stages_of_the_large_tile() {
         target.shared_memory_bytes / 1024
     );
 }
+
+/// WGSL computes i64 and u64 in 32 bits: a tensor holding a value past that width is a typed error when
+/// it goes to the device, not a silently wrapped result; values within it run.
+#[test]
+fn wide_integers_past_32_bits_are_typed_errors() {
+    let Some(_) = wgpu() else { return };
+    let f = kiln::compile(|x: &kiln::Tensor| x.add(1)).backend(kiln::Backend::Wgpu);
+    for (d, fits, past) in
+        [(kiln::DType::I64, -2_147_483_648.0, 2_147_483_648.0), (kiln::DType::U64, 4_294_967_295.0, 4_294_967_296.0)]
+    {
+        let t = |v: f64| kiln::Tensor::from_data(kiln::TensorData::from_f64(vec![3.0, v], &[2], d).unwrap());
+        let y = f.call(&t(fits)).unwrap().to_data().unwrap();
+        assert_eq!(y.values()[0], 4.0, "{d}");
+        let e = f.call(&t(past)).unwrap_err();
+        assert!(matches!(e, kiln::Error::Unsupported { .. }), "{d}: {e}");
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("a {d} tensor holding {past} (element 1)")) && msg.contains("32 bits"), "{msg}");
+    }
+}

@@ -421,7 +421,19 @@ pub(crate) fn binary(op: BinaryOp, x: f64, y: f64, int: bool) -> Option<f64> {
         BinaryOp::BitAnd => ((x as i128) & (y as i128)) as f64,
         BinaryOp::BitOr => ((x as i128) | (y as i128)) as f64,
         BinaryOp::BitXor => ((x as i128) ^ (y as i128)) as f64,
+        // On the 64-bit pattern (as a device register holds it); the dtype's rounding then keeps its width.
+        BinaryOp::Shl => ((x as i128 as u64).checked_shl(shift_amount(y)).unwrap_or(0) as i64) as f64,
+        BinaryOp::Shr => ((x as i128) >> shift_amount(y).min(127)) as f64,
     })
+}
+
+/// A shift amount as the devices read it: unsigned (a negative one is huge), at most 64 (past any width).
+fn shift_amount(y: f64) -> u32 {
+    if (0.0..64.0).contains(&y) {
+        y as u32
+    } else {
+        64
+    }
 }
 
 fn gelu(x: f64, approx: GeluApprox) -> f64 {

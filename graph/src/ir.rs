@@ -172,11 +172,16 @@ pub enum BinaryOp {
     BitOr,
     /// bitwise exclusive or of integers (two's complement)
     BitXor,
+    /// `a << b` of integers; a shift amount read as unsigned, past the width clamped to it (all bits out)
+    Shl,
+    /// `a >> b` of integers, arithmetic for the signed, logical for the unsigned; the shift amount as
+    /// `Shl`'s (past the width: 0, or −1 for a negative signed `a`)
+    Shr,
 }
 
 impl BinaryOp {
     /// Every binary op.
-    pub const ALL: [BinaryOp; 18] = [
+    pub const ALL: [BinaryOp; 20] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -195,6 +200,8 @@ impl BinaryOp {
         BinaryOp::BitAnd,
         BinaryOp::BitOr,
         BinaryOp::BitXor,
+        BinaryOp::Shl,
+        BinaryOp::Shr,
     ];
 
     /// Snake-case name.
@@ -218,6 +225,8 @@ impl BinaryOp {
             BinaryOp::BitAnd => "bitwise_and",
             BinaryOp::BitOr => "bitwise_or",
             BinaryOp::BitXor => "bitwise_xor",
+            BinaryOp::Shl => "bitwise_left_shift",
+            BinaryOp::Shr => "bitwise_right_shift",
         }
     }
 
@@ -230,7 +239,7 @@ impl BinaryOp {
     pub fn accepts(self) -> DTypeRule {
         match self {
             BinaryOp::And | BinaryOp::Or => DTypeRule::Bool,
-            BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor => DTypeRule::Integer,
+            BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor | BinaryOp::Shl | BinaryOp::Shr => DTypeRule::Integer,
             BinaryOp::Eq | BinaryOp::Ne => DTypeRule::Any,
             _ => DTypeRule::Numeric,
         }

@@ -106,6 +106,14 @@ pub fn describe(op: &Op) -> (&'static str, &'static str) {
             BinaryOp::BitAnd => ("bitwise_and", "bitwise and of integers (two's complement)"),
             BinaryOp::BitOr => ("bitwise_or", "bitwise or of integers (two's complement)"),
             BinaryOp::BitXor => ("bitwise_xor", "bitwise exclusive or of integers (two's complement)"),
+            BinaryOp::Shl => (
+                "bitwise_left_shift",
+                "`a << b` of integers; the shift amount read as unsigned, past the width all bits out",
+            ),
+            BinaryOp::Shr => (
+                "bitwise_right_shift",
+                "`a >> b` of integers: arithmetic for signed, logical for unsigned dtypes; past the width 0 (−1 for a negative signed `a`)",
+            ),
         },
         Op::Where => ("where_", "`cond ? a : b`, broadcasting all three"),
         Op::Cast => (

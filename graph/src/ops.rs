@@ -167,6 +167,7 @@ binary_methods!(
     add => Add, sub => Sub, mul => Mul, div => Div, pow => Pow, maximum => Max, minimum => Min,
     eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge, logical_and => And, logical_or => Or,
     bitwise_and => BitAnd, bitwise_or => BitOr, bitwise_xor => BitXor,
+    bitwise_left_shift => Shl, bitwise_right_shift => Shr,
 );
 
 /// Two dims that must be equal: the same expression, or — under a trace — dims that are equal at this

@@ -801,6 +801,7 @@ impl Runtime {
     /// Copies host data to a new device tensor.
     pub fn upload(&self, data: &TensorData) -> Result<DeviceTensor> {
         self.reopen_if_lost()?;
+        self.target().check_upload(data)?;
         let _gate = self.gate();
         let bytes = self.target().encode(data);
         let (buffer, free_at) = self.alloc_for_upload(bytes.len() as u64, "an uploaded tensor")?;

@@ -115,6 +115,11 @@ pub struct Target {
     /// buffer limit) or 64 (PTX, the kernel interpreter).
     #[serde(default = "default_index_bits")]
     pub index_bits: u32,
+    /// Width i64 and u64 are computed in: 64 (PTX, the kernel interpreter) or 32 (WGSL, which has no
+    /// 64-bit integers: their low words, stored as the host's 64-bit layout). Where 32, an upload
+    /// holding a value past that width is a typed error ([`Target::check_upload`]), not a silent wrap.
+    #[serde(default = "default_index_bits")]
+    pub int64_compute_bits: u32,
     /// Runs collectives across processes (NCCL on CUDA): an [`crate::ir::Op::AllReduce`] is a bucketed
     /// collective call. Elsewhere a process is a world of one and an all-reduce is its input.
     #[serde(default)]
@@ -275,6 +280,7 @@ impl Target {
             binding_alignment: 256,
             bool_words: true,
             index_bits: 32,
+            int64_compute_bits: 32,
             collectives: false,
             bucket_bytes: default_bucket_bytes(),
             matmul_tile: default_matmul_tile(),
@@ -346,6 +352,7 @@ impl Target {
             binding_alignment: default_binding_alignment(),
             bool_words: false,
             index_bits: 64,
+            int64_compute_bits: 64,
             collectives: true,
             bucket_bytes: default_bucket_bytes(),
             matmul_tile: default_matmul_tile(),
@@ -371,6 +378,7 @@ impl Target {
             binding_alignment: default_binding_alignment(),
             bool_words: false,
             index_bits: 64,
+            int64_compute_bits: 64,
             // It runs the fused attention templates too (forward and backward, whose tiles need 48 KiB),
             // so every CI run checks that kernel IR.
             matrix_units: true,
@@ -518,6 +526,35 @@ impl Target {
         match self.bool_words && data.dtype() == DType::Bool {
             true => Cow::Owned(data.le_bytes().iter().flat_map(|&b| u32::from(b != 0).to_le_bytes()).collect()),
             false => Cow::Borrowed(data.le_bytes()),
+        }
+    }
+
+    /// Whether `data` can go to this target's device as it is: where 64-bit integers are computed in 32
+    /// bits, an i64 past i32's range or a u64 past u32's would be read as its low word — an error naming
+    /// the first such element instead.
+    pub fn check_upload(&self, data: &TensorData) -> Result<()> {
+        let (lo, hi) = match data.dtype() {
+            DType::I64 => (f64::from(i32::MIN), f64::from(i32::MAX)),
+            DType::U64 => (0.0, f64::from(u32::MAX)),
+            _ => return Ok(()),
+        };
+        if self.int64_compute_bits >= 64 {
+            return Ok(());
+        }
+        match data.values().iter().position(|v| !(lo..=hi).contains(v)) {
+            None => Ok(()),
+            Some(i) => Err(crate::Error::Unsupported {
+                what: format!(
+                    "a {} tensor holding {} (element {i}) on {}, which computes {} in {} bits: run it on CUDA or \
+                     the CPU reference",
+                    data.dtype(),
+                    data.values()[i],
+                    self.name,
+                    data.dtype(),
+                    self.int64_compute_bits
+                ),
+                loc: crate::SourceLoc::internal(),
+            }),
         }
     }
 

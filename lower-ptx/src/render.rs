@@ -1110,6 +1110,22 @@ impl<'k> Writer<'k> {
                 let bits = if matches!(t, "s64" | "u64") { "b64" } else { "b32" };
                 self.emit(&format!("{o}.{bits} {r}, {x}, {y};"));
             }
+            (BinaryOp::Shl | BinaryOp::Shr, _) => {
+                // The amount as a u32 (a negative one is huge); PTX clamps amounts past the width to it.
+                let s = self.reg("u32");
+                if matches!(t, "s64" | "u64") {
+                    let clamped = self.reg("u64");
+                    self.emit(&format!("min.u64 {clamped}, {y}, 64;"));
+                    self.emit(&format!("cvt.u32.u64 {s}, {clamped};"));
+                } else {
+                    self.emit(&format!("mov.b32 {s}, {y};"));
+                }
+                let bits = if matches!(t, "s64" | "u64") { "b64" } else { "b32" };
+                match op {
+                    BinaryOp::Shl => self.emit(&format!("shl.{bits} {r}, {x}, {s};")),
+                    _ => self.emit(&format!("shr.{t} {r}, {x}, {s};")),
+                }
+            }
             _ => unreachable!("comparisons, logic and pow are handled above"),
         }
         r

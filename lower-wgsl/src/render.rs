@@ -490,6 +490,11 @@ impl<'k> Writer<'k> {
                     BinaryOp::BitAnd => format!("({x} & {y})"),
                     BinaryOp::BitOr => format!("({x} | {y})"),
                     BinaryOp::BitXor => format!("({x} ^ {y})"),
+                    // WGSL takes a shift amount modulo the width: one past it is written out (all bits out,
+                    // or the sign for an arithmetic right shift).
+                    BinaryOp::Shl => format!("select({x} << u32({y}), {operand}(0), u32({y}) >= 32u)"),
+                    BinaryOp::Shr if operand == "u32" => format!("select({x} >> u32({y}), 0u, u32({y}) >= 32u)"),
+                    BinaryOp::Shr => format!("({x} >> min(u32({y}), 31u))"),
                 }
             }
             Scalar::Select { cond, a, b } => format!("select({}, {}, {})", self.var(*b), self.var(*a), self.var(*cond)),

@@ -136,6 +136,9 @@ pub fn every_op(b: &Arc<dyn Backend>) {
         let x = t(&[3, 13], d, |i| (i as f64 * 7.0) % 23.0 - 11.0);
         let y = t(&[13], d, |i| (i % 5) as f64 + 1.0);
         case(b, &format!("integer ops {d}"), &[x, y], 0.0, |v| {
+            // i32: 9 to 45, within the width and past it; i64: 64 to 68 (WGSL computes it in 32 bits, so a
+            // shift within 64 would leave them).
+            let past = if d == DType::I32 { v[1].mul(9)? } else { v[1].add(63)? };
             Ok(vec![
                 v[0].neg()?,
                 v[0].abs()?,
@@ -152,6 +155,12 @@ pub fn every_op(b: &Arc<dyn Backend>) {
                 v[0].bitwise_and(&v[1].neg()?)?,
                 v[0].bitwise_or(&v[1])?,
                 v[0].bitwise_xor(&v[1].mul(-3)?)?,
+                // Shifts within the width, past it, and by negative amounts (read as unsigned: past it).
+                v[0].bitwise_left_shift(&v[1])?,
+                v[0].bitwise_right_shift(&v[1])?,
+                v[0].bitwise_left_shift(&past)?,
+                v[0].bitwise_right_shift(&past)?,
+                v[0].bitwise_right_shift(&v[1].neg()?)?,
             ])
         });
     }
@@ -182,6 +191,8 @@ pub fn every_op(b: &Arc<dyn Backend>) {
                 x.argmax(1, false)?,
                 x.bitwise_and(&y.neg()?)?,
                 x.bitwise_xor(y)?,
+                x.bitwise_left_shift(y)?,
+                x.bitwise_right_shift(&y.mul(2)?)?,
                 x.cast(DType::F32)?.add(0.5)?,
                 x.cast(DType::I32)?.mul(3)?,
                 v[2].cast(d)?,
@@ -223,6 +234,9 @@ pub fn every_op(b: &Arc<dyn Backend>) {
                 x.argmin(0, false)?,
                 x.bitwise_or(y)?,
                 x.bitwise_xor(y)?,
+                x.bitwise_right_shift(y)?,
+                x.bitwise_right_shift(&y.mul(7)?)?,
+                small.bitwise_left_shift(y)?,
                 x.cast(DType::F32)?,
                 x.cast(DType::I32)?,
                 x.cast(DType::U8)?,
@@ -232,7 +246,7 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ];
             if d == DType::U32 {
                 // Past the width: wrapped.
-                out.extend([x.add(x)?, x.sub(y)?, x.neg()?, x.mul(y)?.mul(y)?]);
+                out.extend([x.add(x)?, x.sub(y)?, x.neg()?, x.mul(y)?.mul(y)?, x.bitwise_left_shift(&y.mul(7)?)?]);
                 out.push(x.bitwise_and(&y.neg()?)?);
             }
             Ok(out)

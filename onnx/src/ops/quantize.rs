@@ -275,33 +275,17 @@ fn qlinear_conv(node: &Node) -> OpResult<Tensor> {
 /// (read from a table), wrapped to the width.
 fn bit_shift(node: &Node) -> OpResult<Tensor> {
     let (x, y) = (node.tensor(0)?, node.tensor(1)?);
-    let bits: u32 = match x.dtype() {
-        DType::U8 => 8,
-        DType::U16 => 16,
-        DType::U32 => 32,
-        DType::U64 => 64,
-        d => return unsupported(format!("BitShift of {d} (ONNX shifts unsigned integers)")),
-    };
+    if !x.dtype().is_unsigned() {
+        return unsupported(format!("BitShift of {} (ONNX shifts unsigned integers)", x.dtype()));
+    }
     if y.dtype() != x.dtype() {
         return invalid(format!("shifting {} by {}", x.dtype(), y.dtype()));
     }
-    // A shift is a product or quotient by a power of two: in i32 for the narrow widths (the cast back
-    // drops a product's high bits), in the dtype itself for u32 and u64 (whose products wrap on every
-    // backend). A shift by the width or more leaves nothing: its power is 0.
-    let wide = if bits <= 16 { DType::I32 } else { x.dtype() };
-    let powers: Vec<f64> = (0..=bits).map(|k| if k < bits { 2f64.powi(k as i32) } else { 0.0 }).collect();
-    let table = node.model.constant(powers, &[bits as usize + 1], wide)?;
-    // Clamped in the shift's own (unsigned) dtype, so a huge shift never wraps into a small index.
-    let s = y.clamp(None, Some(f64::from(bits)))?.cast(DType::I32)?;
-    let y_dims: Vec<isize> = concrete(&s, "a shift")?.iter().map(|&d| d as isize).collect();
-    let p = table.index_select(0, &s.reshape(&[-1])?)?.reshape(&y_dims)?;
-    let xw = x.cast(wide)?;
-    let shifted = match node.string("direction").as_deref() {
-        Some("LEFT") => xw.mul(&p)?,
-        Some("RIGHT") => p.eq(0.0)?.where_(0.0, xw.div(&p.clamp(Some(1.0), None)?)?)?,
+    Ok(match node.string("direction").as_deref() {
+        Some("LEFT") => x.bitwise_left_shift(&y)?,
+        Some("RIGHT") => x.bitwise_right_shift(&y)?,
         other => return invalid(format!("direction {other:?}")),
-    };
-    Ok(shifted.cast(x.dtype())?)
+    })
 }
 
 #[cfg(test)]

@@ -118,7 +118,7 @@ pub struct Target {
     /// Width i64 and u64 are computed in: 64 (PTX, the kernel interpreter) or 32 (WGSL, which has no
     /// 64-bit integers: their low words, stored as the host's 64-bit layout). Where 32, an upload
     /// holding a value past that width is a typed error ([`Target::check_upload`]), not a silent wrap.
-    #[serde(default = "default_index_bits")]
+    #[serde(default = "default_int64_compute_bits")]
     pub int64_compute_bits: u32,
     /// Runs collectives across processes (NCCL on CUDA): an [`crate::ir::Op::AllReduce`] is a bucketed
     /// collective call. Elsewhere a process is a world of one and an all-reduce is its input.
@@ -211,6 +211,10 @@ fn default_bucket_bytes() -> u64 {
 }
 
 fn default_index_bits() -> u32 {
+    64
+}
+
+fn default_int64_compute_bits() -> u32 {
     64
 }
 

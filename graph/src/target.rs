@@ -537,29 +537,33 @@ impl Target {
     /// bits, an i64 past i32's range or a u64 past u32's would be read as its low word — an error naming
     /// the first such element instead.
     pub fn check_upload(&self, data: &TensorData) -> Result<()> {
-        let (lo, hi) = match data.dtype() {
-            DType::I64 => (f64::from(i32::MIN), f64::from(i32::MAX)),
-            DType::U64 => (0.0, f64::from(u32::MAX)),
-            _ => return Ok(()),
-        };
-        if self.int64_compute_bits >= 64 {
+        if self.int64_compute_bits >= 64 || !matches!(data.dtype(), DType::I64 | DType::U64) {
             return Ok(());
         }
-        match data.values().iter().position(|v| !(lo..=hi).contains(v)) {
-            None => Ok(()),
-            Some(i) => Err(crate::Error::Unsupported {
-                what: format!(
-                    "a {} tensor holding {} (element {i}) on {}, which computes {} in {} bits: run it on CUDA or \
-                     the CPU reference",
-                    data.dtype(),
-                    data.values()[i],
-                    self.name,
-                    data.dtype(),
-                    self.int64_compute_bits
-                ),
-                loc: crate::SourceLoc::internal(),
-            }),
-        }
+        // Read from the bytes being uploaded (the f64 view would be a second copy of the tensor): an
+        // element fits when its high word is its low word's sign (i64) or zero (u64).
+        let signed = data.dtype() == DType::I64;
+        let fits = |w: &[u8]| {
+            let x = i64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+            if signed {
+                i32::try_from(x).is_ok()
+            } else {
+                u32::try_from(x).is_ok()
+            }
+        };
+        let Some(i) = data.le_bytes().chunks_exact(8).position(|w| !fits(w)) else { return Ok(()) };
+        let word: [u8; 8] = data.le_bytes()[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]);
+        let value = if signed { i64::from_le_bytes(word).to_string() } else { u64::from_le_bytes(word).to_string() };
+        Err(crate::Error::Unsupported {
+            what: format!(
+                "a {d} tensor holding {value} (element {i}) on {}, which computes {d} in {} bits: run it on CUDA \
+                 or the CPU reference",
+                self.name,
+                self.int64_compute_bits,
+                d = data.dtype(),
+            ),
+            loc: crate::SourceLoc::internal(),
+        })
     }
 
     /// Device bytes of `dims` elements of `dtype` back to host data.

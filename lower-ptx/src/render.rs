@@ -896,8 +896,8 @@ impl<'k> Writer<'k> {
                 match ty {
                     "f32" => self.emit(&format!("mov.f32 {r}, {};", f32_imm(*value))),
                     "pred" => self.emit(&format!("setp.ne.s32 {r}, {}, 0;", i32::from(*value != 0.0))),
-                    // Unsigned constants wrap as the dtype's rounding does (u32's −1 is its largest value).
-                    "u32" | "u64" => self.emit(&format!("mov.{ty} {r}, {};", DType::U64.round(*value) as u64)),
+                    // Unsigned constants wrap as their dtype's rounding does (u32's −1 is its largest value).
+                    "u32" | "u64" => self.emit(&format!("mov.{ty} {r}, {};", dtype.round(*value) as u64)),
                     t => self.emit(&format!("mov.{t} {r}, {};", *value as i64)),
                 }
                 r
@@ -1041,6 +1041,8 @@ impl<'k> Writer<'k> {
 
     fn binary(&mut self, op: BinaryOp, x: &str, y: &str, operand: DType) -> String {
         let t = reg_type(operand);
+        // Bitwise instructions name a width, not a type.
+        let bits = if matches!(t, "s64" | "u64") { "b64" } else { "b32" };
         let cmp = |op: BinaryOp| match op {
             BinaryOp::Eq => "eq",
             BinaryOp::Ne if t == "f32" => "neu",
@@ -1107,20 +1109,18 @@ impl<'k> Writer<'k> {
                     BinaryOp::BitOr => "or",
                     _ => "xor",
                 };
-                let bits = if matches!(t, "s64" | "u64") { "b64" } else { "b32" };
                 self.emit(&format!("{o}.{bits} {r}, {x}, {y};"));
             }
             (BinaryOp::Shl | BinaryOp::Shr, _) => {
                 // The amount as a u32 (a negative one is huge); PTX clamps amounts past the width to it.
                 let s = self.reg("u32");
-                if matches!(t, "s64" | "u64") {
+                if bits == "b64" {
                     let clamped = self.reg("u64");
                     self.emit(&format!("min.u64 {clamped}, {y}, 64;"));
                     self.emit(&format!("cvt.u32.u64 {s}, {clamped};"));
                 } else {
                     self.emit(&format!("mov.b32 {s}, {y};"));
                 }
-                let bits = if matches!(t, "s64" | "u64") { "b64" } else { "b32" };
                 match op {
                     BinaryOp::Shl => self.emit(&format!("shl.{bits} {r}, {x}, {s};")),
                     _ => self.emit(&format!("shr.{t} {r}, {x}, {s};")),

@@ -393,8 +393,8 @@ impl<'k> Writer<'k> {
                 "f32" => float_literal(*value),
                 "f16" => format!("f16({})", float_literal(*value)),
                 "i32" => int_literal((*value as i64).clamp(i32::MIN as i64, i32::MAX as i64) as i32),
-                // Wrapped, as the dtype's own rounding does (u32's −1 is its largest value).
-                "u32" => format!("{}u", DType::U64.round(*value) as u64 as u32),
+                // Wrapped, as the dtype's own rounding does (u32's −1 is its largest value); a u64's low word.
+                "u32" => format!("{}u", dtype.round(*value) as u64 as u32),
                 _ => (if *value != 0.0 { "true" } else { "false" }).into(),
             },
             Scalar::Load { buffer, index, guard: None } if self.cached_slot(*buffer, dtype, index).is_some() => {

@@ -120,3 +120,21 @@ fn errors_inside_a_compiled_function_point_at_the_users_line() {
         e => panic!("expected a reshape error, got {e}"),
     }
 }
+
+#[test]
+fn f64_on_a_target_without_it_is_a_typed_error_naming_the_line() {
+    let x = Tensor::from_slice(&[1.0f64, 2.0], &[2]).expect("data");
+    // WebGPU's default target: no `shader-f64` (as every browser).
+    let webgpu = kiln::graph::KernelInterpreter::new(kiln::graph::Target::webgpu_default());
+    let line = line!() + 1;
+    let f = compile(|x: &Tensor| x.mul(2.0)?.exp()).backend(webgpu);
+    match f.call(&x).unwrap_err() {
+        Error::Unsupported { what, loc } => {
+            assert!(what.contains("f64") && what.contains("CPU reference"), "{what}");
+            assert_here(&loc, line);
+        }
+        e => panic!("expected an unsupported-dtype error, got {e}"),
+    }
+    let upload = kiln::graph::Target::webgpu_default().check_upload(&x.to_data().expect("host data"));
+    assert!(matches!(upload, Err(Error::Unsupported { .. })), "{upload:?}");
+}

@@ -123,6 +123,7 @@ impl TensorData {
             let b = self.le_bytes();
             match self.dtype {
                 DType::F32 => <f32 as Element>::from_le(b).into_iter().map(f64::from).collect(),
+                DType::F64 => <f64 as Element>::from_le(b),
                 DType::F16 => <half::f16 as Element>::from_le(b).into_iter().map(|x| x.to_f64()).collect(),
                 DType::BF16 => <half::bf16 as Element>::from_le(b).into_iter().map(|x| x.to_f64()).collect(),
                 DType::I32 => <i32 as Element>::from_le(b).into_iter().map(f64::from).collect(),
@@ -149,6 +150,7 @@ impl TensorData {
             let v = self.values.get().map(Vec::as_slice).unwrap_or_default();
             match self.dtype {
                 DType::F32 => <f32 as Element>::to_le(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()),
+                DType::F64 => <f64 as Element>::to_le(v),
                 DType::F16 => {
                     <half::f16 as Element>::to_le(&v.iter().map(|&x| half::f16::from_f64(x)).collect::<Vec<_>>())
                 }

@@ -11,6 +11,10 @@ use std::fmt;
 pub enum DType {
     /// IEEE binary32.
     F32,
+    /// IEEE binary64: computed as itself where the device has it (PTX; WGSL only with `shader-f64`, never
+    /// in browsers), its transcendental functions written out in its own arithmetic
+    /// ([`crate::f64_math`]).
+    F64,
     /// IEEE binary16.
     F16,
     /// bfloat16: f32's exponent range with an 8-bit significand.
@@ -163,8 +167,9 @@ impl Float8 {
 
 impl DType {
     /// Every dtype, in a fixed order (docs and tests iterate it).
-    pub const ALL: [DType; 16] = [
+    pub const ALL: [DType; 17] = [
         DType::F32,
+        DType::F64,
         DType::F16,
         DType::BF16,
         DType::I32,
@@ -182,9 +187,9 @@ impl DType {
         DType::F8E5M2FNUZ,
     ];
 
-    /// True for f32, f16 and bf16.
+    /// True for f32, f64, f16 and bf16.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
 
     /// True for f16 and bf16 (two-byte floats, computed in f32 where kernels can).
@@ -244,7 +249,7 @@ impl DType {
         match self {
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::I64 | DType::U64 => 8,
+            DType::I64 | DType::U64 | DType::F64 => 8,
             DType::Bool | DType::U8 | DType::I8 => 1,
             DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => 1,
             DType::U16 | DType::I16 => 2,
@@ -255,6 +260,7 @@ impl DType {
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
+            DType::F64 => "f64",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::I32 => "i32",
@@ -280,6 +286,7 @@ impl DType {
     pub fn round(self, x: f64) -> f64 {
         match self {
             DType::F32 => x as f32 as f64,
+            DType::F64 => x,
             DType::F16 => round_to_binary(x, 11, -14, f16::MAX.to_f64()),
             DType::BF16 => round_to_binary(x, 8, -126, bf16::MAX.to_f64()),
             DType::I32 => (x as i64) as i32 as f64,
@@ -308,7 +315,7 @@ impl DType {
     /// The smallest value of this dtype (`-inf` for floats): the identity of a max reduction.
     pub fn min_value(self) -> f64 {
         match self {
-            DType::F32 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
             // Its layout's: -inf where it has infinities (E5M2), else its largest finite value negated.
             DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => -self.max_value(),
             DType::I32 => i32::MIN as f64,
@@ -322,7 +329,7 @@ impl DType {
     /// The largest value of this dtype (`+inf` for floats): the identity of a min reduction.
     pub fn max_value(self) -> f64 {
         match self {
-            DType::F32 | DType::F16 | DType::BF16 => f64::INFINITY,
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 => f64::INFINITY,
             DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => match self.float8() {
                 Some(f) if !f.infinities => f.max,
                 _ => f64::INFINITY,
@@ -406,6 +413,7 @@ macro_rules! element {
 }
 
 element!(f32, DType::F32, |x| x as f64, |y| y as f32);
+element!(f64, DType::F64, |x| x, |y| y);
 element!(f16, DType::F16, |x| x.to_f64(), |y| f16::from_f64(y));
 element!(bf16, DType::BF16, |x| x.to_f64(), |y| bf16::from_f64(y));
 element!(i32, DType::I32, |x| x as f64, |y| y as i32);

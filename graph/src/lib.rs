@@ -22,6 +22,7 @@ pub mod dtype;
 pub mod error;
 pub mod explain;
 pub mod export;
+pub mod f64_math;
 pub mod fan_in;
 pub mod fuse;
 pub mod gemm;

@@ -123,6 +123,15 @@ struct Lowerer<'a> {
     wrong_outputs: bool,
 }
 
+/// The lowering's `let`, as [`crate::f64_math`] writes through it.
+struct F64Lets<'l, 'g>(&'l mut Lowerer<'g>);
+
+impl crate::f64_math::Emit for F64Lets<'_, '_> {
+    fn emit(&mut self, dtype: DType, value: Scalar) -> VarId {
+        self.0.let_inner(dtype, value)
+    }
+}
+
 impl<'a> Lowerer<'a> {
     fn new(g: &'a Graph, target: &'a Target, region: &Region, materialized: Materialized<'a>) -> Self {
         Lowerer {
@@ -279,6 +288,20 @@ impl<'a> Lowerer<'a> {
 
     /// Emits `var = value` in the outermost block where its operands exist.
     fn let_(&mut self, dtype: DType, value: Scalar) -> VarId {
+        if dtype == DType::F64 {
+            // No device gives f64 transcendentals: written out in f64 arithmetic, once for every renderer.
+            match value {
+                Scalar::Unary { op, a } if Some(op) != self.wrong_op => {
+                    if let Some(v) = crate::f64_math::expand_unary(&mut F64Lets(self), op, a) {
+                        return v;
+                    }
+                }
+                Scalar::Binary { op: BinaryOp::Pow, a, b } => {
+                    return crate::f64_math::expand_pow(&mut F64Lets(self), a, b)
+                }
+                _ => {}
+            }
+        }
         if let Scalar::Unary { op, .. } = &value {
             if Some(*op) == self.wrong_op {
                 // The test-only miscompilation: this op's result a quarter too large.
@@ -1215,7 +1238,11 @@ fn matmul(mut l: Lowerer, region: &Region, node: NodeId) -> Result<Kernel, Lower
     };
     let a = operand(&mut l, a_node, at(&is, &ps), [syms[0], syms[1], syms[3]])?;
     let b = operand(&mut l, b_node, at(&ps, &js), [syms[0], syms[3], syms[2]])?;
-    let acc_dtype = if mm.dtype.is_float() { DType::F32 } else { DType::I64 };
+    let acc_dtype = match mm.dtype {
+        DType::F64 => DType::F64,
+        d if d.is_float() => DType::F32,
+        _ => DType::I64,
+    };
     l.push_block(&[syms[0], syms[1], syms[2]]);
     let acc = VarId(l.next_var);
     l.next_var += 1;

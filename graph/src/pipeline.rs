@@ -127,6 +127,7 @@ fn with_locations_of(c: std::sync::Arc<CompiledGraph>, graph: &Graph) -> std::sy
 
 /// Compiles `graph` for `target` with the given fusion mode (`PerOp`: the eager baseline).
 pub fn compile_graph_with(graph: &Graph, target: &Target, mode: FusionMode) -> Result<CompiledGraph> {
+    target.check_dtypes(graph)?;
     let mut timings = PhaseTimes::default();
     let clock = Instant::now();
     // The eager baseline runs each op as the user wrote it, attention included.

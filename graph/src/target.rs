@@ -120,6 +120,11 @@ pub struct Target {
     /// holding a value past that width is a typed error ([`Target::check_upload`]), not a silent wrap.
     #[serde(default = "default_int64_compute_bits")]
     pub int64_compute_bits: u32,
+    /// Computes f64 (PTX; a wgpu adapter with `shader-f64`, never a browser's WebGPU). Where false, a
+    /// graph holding an f64 value is a typed error at compile time ([`Target::check_dtypes`]) and an f64
+    /// upload one too, not f32 in disguise.
+    #[serde(default = "yes")]
+    pub float64: bool,
     /// Runs collectives across processes (NCCL on CUDA): an [`crate::ir::Op::AllReduce`] is a bucketed
     /// collective call. Elsewhere a process is a world of one and an all-reduce is its input.
     #[serde(default)]
@@ -214,6 +219,10 @@ fn default_index_bits() -> u32 {
     64
 }
 
+fn yes() -> bool {
+    true
+}
+
 fn default_int64_compute_bits() -> u32 {
     64
 }
@@ -285,6 +294,7 @@ impl Target {
             bool_words: true,
             index_bits: 32,
             int64_compute_bits: 32,
+            float64: false,
             collectives: false,
             bucket_bytes: default_bucket_bytes(),
             matmul_tile: default_matmul_tile(),
@@ -357,6 +367,7 @@ impl Target {
             bool_words: false,
             index_bits: 64,
             int64_compute_bits: 64,
+            float64: true,
             collectives: true,
             bucket_bytes: default_bucket_bytes(),
             matmul_tile: default_matmul_tile(),
@@ -383,6 +394,7 @@ impl Target {
             bool_words: false,
             index_bits: 64,
             int64_compute_bits: 64,
+            float64: true,
             // It runs the fused attention templates too (forward and backward, whose tiles need 48 KiB),
             // so every CI run checks that kernel IR.
             matrix_units: true,
@@ -421,7 +433,7 @@ impl Target {
     /// assemble lanes from), nor 2-byte floats where the target packs two per shared word.
     pub fn vectorises(&self, d: DType) -> bool {
         let packed_half = self.packed_half_storage && matches!(d, DType::F16 | DType::BF16);
-        !(matches!(d, DType::I64 | DType::U64) || d.is_narrow_int() || d.float8().is_some() || packed_half)
+        !(matches!(d, DType::I64 | DType::U64 | DType::F64) || d.is_narrow_int() || d.float8().is_some() || packed_half)
     }
 
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),
@@ -537,6 +549,9 @@ impl Target {
     /// bits, an i64 past i32's range or a u64 past u32's would be read as its low word — an error naming
     /// the first such element instead.
     pub fn check_upload(&self, data: &TensorData) -> Result<()> {
+        if data.dtype() == DType::F64 && !self.float64 {
+            return Err(self.no_float64(crate::SourceLoc::internal()));
+        }
         if self.int64_compute_bits >= 64 || !matches!(data.dtype(), DType::I64 | DType::U64) {
             return Ok(());
         }
@@ -564,6 +579,32 @@ impl Target {
             ),
             loc: crate::SourceLoc::internal(),
         })
+    }
+
+    /// A typed error when `graph` computes an f64 value and this target cannot, naming the user's line
+    /// of the first such op.
+    pub fn check_dtypes(&self, graph: &crate::ir::Graph) -> Result<()> {
+        if self.float64 {
+            return Ok(());
+        }
+        // The first op computing an f64 names the user's line; an f64 input only where nothing does.
+        let f64s = || graph.nodes.iter().filter(|n| n.dtype == DType::F64);
+        let op = f64s().find(|n| !matches!(n.op, crate::ir::Op::Input { .. }));
+        match op.or_else(|| f64s().next()) {
+            Some(n) => Err(self.no_float64(n.loc.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn no_float64(&self, loc: crate::SourceLoc) -> crate::Error {
+        crate::Error::Unsupported {
+            what: format!(
+                "f64 on {}, which has no f64 arithmetic (`shader-f64`; WebGPU has none): run it on CUDA, a \
+                 Vulkan adapter with shaderFloat64, or the CPU reference, or cast to f32",
+                self.name
+            ),
+            loc,
+        }
     }
 
     /// Device bytes of `dims` elements of `dtype` back to host data.

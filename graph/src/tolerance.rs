@@ -21,12 +21,13 @@ pub fn base(dtype: DType) -> (f64, f64) {
     match dtype {
         DType::BF16 => (1.6e-2, 1e-5),
         DType::F16 => (1e-3, 1e-5),
+        DType::F64 => (1e-7, 1e-7),
         _ => (1.3e-6, 1e-5),
     }
 }
 
 /// The rule in one line, for reports.
-pub const RULE: &str = "|got − want| ≤ √D·(atol + rtol·max(|want|, rms(want))) per element; (rtol, atol) = torch.testing's defaults for the dtype (f32 1.3e-6/1e-5, bf16 1.6e-2/1e-5; f16's 1e-3/1e-5 for f32 outputs of a graph with f32 convolutions on a target that runs them in TF32, which keeps f16's mantissa); D = the heaviest path through the decomposed graph, an elementwise op weighing 1 and a sum of n terms √n";
+pub const RULE: &str = "|got − want| ≤ √D·(atol + rtol·max(|want|, rms(want))) per element; (rtol, atol) = torch.testing's defaults for the dtype (f32 1.3e-6/1e-5, f64 1e-7/1e-7, bf16 1.6e-2/1e-5; f16's 1e-3/1e-5 for f32 outputs of a graph with f32 convolutions on a target that runs them in TF32, which keeps f16's mantissa); D = the heaviest path through the decomposed graph, an elementwise op weighing 1 and a sum of n terms √n";
 
 /// A tolerance for one output.
 #[derive(Clone, Copy, Debug, PartialEq)]

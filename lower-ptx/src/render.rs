@@ -46,6 +46,7 @@ fn reg_type(d: DType) -> &'static str {
         | DType::F8E4M3FNUZ
         | DType::F8E5M2FNUZ => "f32",
         DType::I32 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => "s32",
+        DType::F64 => "f64",
         DType::I64 => "s64",
         DType::U32 => "u32",
         DType::U64 => "u64",
@@ -67,6 +68,10 @@ fn narrow_type(d: DType) -> Option<&'static str> {
 
 fn f32_imm(v: f64) -> String {
     format!("0f{:08X}", (v as f32).to_bits())
+}
+
+fn f64_imm(v: f64) -> String {
+    format!("0d{:016X}", v.to_bits())
 }
 
 /// A thread's first register slot of a matmul operand tile whose slots walk it evenly
@@ -330,7 +335,8 @@ impl<'k> Writer<'k> {
     /// Converts register `x` of dtype `from` to a new register of dtype `to`, rounding to halves.
     fn convert(&mut self, x: &str, from: DType, to: DType) -> String {
         if let (Some(f), true) = (to.float8(), from != to) {
-            let v = self.convert_register(x, from, DType::F32);
+            let v =
+                if from == DType::F64 { self.f64_to_f32_odd(x) } else { self.convert_register(x, from, DType::F32) };
             return self.f8_round(&v, f);
         }
         let v = self.convert_register(x, from, to);
@@ -359,25 +365,46 @@ impl<'k> Writer<'k> {
             },
             (a, b) if a == b => self.emit(&format!("mov.{a} {r}, {x};")),
             ("pred", t) => {
-                let (one, zero) = if t == "f32" { ("0f3F800000", "0f00000000") } else { ("1", "0") };
+                let (one, zero) = match t {
+                    "f32" => ("0f3F800000".to_string(), "0f00000000".to_string()),
+                    "f64" => (f64_imm(1.0), f64_imm(0.0)),
+                    _ => ("1".into(), "0".into()),
+                };
                 self.emit(&format!("selp.{t} {r}, {one}, {zero}, {x};"));
             }
-            ("f32", "pred") => self.emit(&format!("setp.neu.f32 {r}, {x}, 0f00000000;")),
+            ("f32" | "f64", "pred") => {
+                let zero = if tf == "f32" { f32_imm(0.0) } else { f64_imm(0.0) };
+                self.emit(&format!("setp.neu.{tf} {r}, {x}, {zero};"));
+            }
+            ("f32", "f64") => self.emit(&format!("cvt.f64.f32 {r}, {x};")),
+            ("f64", "f32") => {
+                if to == DType::F32 {
+                    self.emit(&format!("cvt.rn.f32.f64 {r}, {x};"));
+                } else {
+                    // A half rounds once from f64, as the reference does: through f32 rounded to odd,
+                    // whose extra bits keep the second rounding from ever seeing a false tie.
+                    let odd = self.f64_to_f32_odd(x);
+                    return self.convert(&odd, DType::F32, to);
+                }
+            }
             (t, "pred") => self.emit(&format!("setp.ne.{t} {r}, {x}, 0;")),
-            ("f32", "u32" | "u64") => {
+            ("f32" | "f64", "u32" | "u64") => {
                 // A negative value wraps, as the reference's integer cast (through i64); `cvt` into an
                 // unsigned type would saturate it to 0. A u64 at or past 2^63 converts as unsigned.
                 let (w, big) = (self.reg("s64"), self.reg("pred"));
-                self.emit(&format!("cvt.rzi.s64.f32 {w}, {x};"));
+                self.emit(&format!("cvt.rzi.s64.{tf} {w}, {x};"));
                 if tt == "u32" {
                     self.emit(&format!("cvt.u32.s64 {r}, {w};"));
                 } else {
+                    let two63 =
+                        if tf == "f32" { f32_imm(9.223_372_036_854_776e18) } else { f64_imm(9.223_372_036_854_776e18) };
                     self.emit(&format!("mov.b64 {r}, {w};"));
-                    self.emit(&format!("setp.ge.f32 {big}, {x}, 0f5F000000;"));
-                    self.emit(&format!("@{big} cvt.rzi.u64.f32 {r}, {x};"));
+                    self.emit(&format!("setp.ge.{tf} {big}, {x}, {two63};"));
+                    self.emit(&format!("@{big} cvt.rzi.u64.{tf} {r}, {x};"));
                 }
             }
-            ("f32", t) => self.emit(&format!("cvt.rzi.{t}.f32 {r}, {x};")),
+            ("f32" | "f64", t) => self.emit(&format!("cvt.rzi.{t}.{tf} {r}, {x};")),
+            (t, "f64") => self.emit(&format!("cvt.rn.f64.{t} {r}, {x};")),
             (t, "f32") => {
                 self.emit(&format!("cvt.rn.f32.{t} {r}, {x};"));
                 if matches!(to, DType::F16 | DType::BF16) {
@@ -386,6 +413,20 @@ impl<'k> Writer<'k> {
             }
             (a, b) => self.emit(&format!("cvt.{b}.{a} {r}, {x};")),
         }
+        r
+    }
+
+    /// f64 `x` as an f32 rounded to odd: truncated, its last bit set when that dropped anything. A
+    /// second rounding from it (to f16, bf16 or an 8-bit float) is then the correct rounding of `x`.
+    fn f64_to_f32_odd(&mut self, x: &str) -> String {
+        let (t, back, inexact, bits, r) =
+            (self.reg("f32"), self.reg("f64"), self.reg("pred"), self.reg("b32"), self.reg("f32"));
+        self.emit(&format!("cvt.rz.f32.f64 {t}, {x};"));
+        self.emit(&format!("cvt.f64.f32 {back}, {t};"));
+        self.emit(&format!("setp.neu.f64 {inexact}, {back}, {x};"));
+        self.emit(&format!("mov.b32 {bits}, {t};"));
+        self.emit(&format!("@{inexact} or.b32 {bits}, {bits}, 1;"));
+        self.emit(&format!("mov.b32 {r}, {bits};"));
         r
     }
 
@@ -464,6 +505,10 @@ impl<'k> Writer<'k> {
             DType::F32 => {
                 self.emit(&format!("mov.f32 {r}, 0f00000000;"));
                 self.emit(&format!("{pre}.f32 {r}, [{a}];"));
+            }
+            DType::F64 => {
+                self.emit(&format!("mov.f64 {r}, {};", f64_imm(0.0)));
+                self.emit(&format!("{pre}.f64 {r}, [{a}];"));
             }
             DType::I32 | DType::I64 | DType::U32 | DType::U64 => {
                 let t = reg_type(d);
@@ -557,6 +602,7 @@ impl<'k> Writer<'k> {
         let a = self.address(buffer, index);
         match d {
             DType::F32 => self.emit(&format!("st.global.f32 [{a}], {x};")),
+            DType::F64 => self.emit(&format!("st.global.f64 [{a}], {x};")),
             DType::I32 | DType::I64 | DType::U32 | DType::U64 => {
                 self.emit(&format!("st.global.{} [{a}], {x};", reg_type(d)))
             }
@@ -860,6 +906,41 @@ impl<'k> Writer<'k> {
         p
     }
 
+    /// An f64 op PTX computes correctly rounded (`graph::f64_math` has written the transcendental ones
+    /// out in these).
+    fn f64_unary(&mut self, op: UnaryOp, x: &str) -> String {
+        let r = self.reg("f64");
+        match op {
+            UnaryOp::Neg => self.emit(&format!("neg.f64 {r}, {x};")),
+            UnaryOp::Abs => self.emit(&format!("abs.f64 {r}, {x};")),
+            UnaryOp::Sqrt => self.emit(&format!("sqrt.rn.f64 {r}, {x};")),
+            UnaryOp::Rsqrt => {
+                let s = self.reg("f64");
+                self.emit(&format!("sqrt.rn.f64 {s}, {x};"));
+                self.emit(&format!("div.rn.f64 {r}, {}, {s};", f64_imm(1.0)));
+            }
+            UnaryOp::Reciprocal => self.emit(&format!("rcp.rn.f64 {r}, {x};")),
+            UnaryOp::Floor => self.emit(&format!("cvt.rmi.f64.f64 {r}, {x};")),
+            UnaryOp::Ceil => self.emit(&format!("cvt.rpi.f64.f64 {r}, {x};")),
+            UnaryOp::Round => self.emit(&format!("cvt.rni.f64.f64 {r}, {x};")),
+            UnaryOp::Relu => {
+                let zero = self.reg("f64");
+                self.emit(&format!("mov.f64 {zero}, {};", f64_imm(0.0)));
+                self.f64_extreme(true, &r, x, &zero);
+            }
+            op => self.fail(format!("f64 {op:?} left for the renderer (graph::f64_math writes it out)")),
+        }
+        r
+    }
+
+    /// `r = max(x, y)` (or min), NaN when either is (PTX's f64 `max` returns the other operand).
+    fn f64_extreme(&mut self, max: bool, r: &str, x: &str, y: &str) {
+        let nan = self.reg("pred");
+        self.emit(&format!("{}.f64 {r}, {x}, {y};", if max { "max" } else { "min" }));
+        self.emit(&format!("setp.nan.f64 {nan}, {x}, {y};"));
+        self.emit(&format!("@{nan} mov.f64 {r}, {};", f64_imm(f64::NAN)));
+    }
+
     fn pow(&mut self, a: &str, b: &str) -> String {
         // |a|^b via lg2/ex2, sign restored for negative a with an odd integer b, NaN for negative a with a
         // fractional b, 1 for b == 0.
@@ -895,6 +976,7 @@ impl<'k> Writer<'k> {
                 let r = self.reg(ty);
                 match ty {
                     "f32" => self.emit(&format!("mov.f32 {r}, {};", f32_imm(*value))),
+                    "f64" => self.emit(&format!("mov.f64 {r}, {};", f64_imm(*value))),
                     "pred" => self.emit(&format!("setp.ne.s32 {r}, {}, 0;", i32::from(*value != 0.0))),
                     // Unsigned constants wrap as their dtype's rounding does (u32's −1 is its largest value).
                     "u32" | "u64" => self.emit(&format!("mov.{ty} {r}, {};", dtype.round(*value) as u64)),
@@ -938,9 +1020,9 @@ impl<'k> Writer<'k> {
                         self.emit(&format!("not.pred {r}, {x};"));
                         return r;
                     }
-                    (UnaryOp::IsNan, "f32") => {
+                    (UnaryOp::IsNan, t @ ("f32" | "f64")) => {
                         let r = self.reg("pred");
-                        self.emit(&format!("setp.nan.f32 {r}, {x}, {x};"));
+                        self.emit(&format!("setp.nan.{t} {r}, {x}, {x};"));
                         return r;
                     }
                     (UnaryOp::IsNan, _) => {
@@ -949,6 +1031,7 @@ impl<'k> Writer<'k> {
                         return r;
                     }
                     (_, "f32") => self.f32_unary(*op, &x),
+                    (_, "f64") => return self.f64_unary(*op, &x),
                     (op, t) => {
                         let r = self.reg(t);
                         match op {
@@ -1045,7 +1128,7 @@ impl<'k> Writer<'k> {
         let bits = if matches!(t, "s64" | "u64") { "b64" } else { "b32" };
         let cmp = |op: BinaryOp| match op {
             BinaryOp::Eq => "eq",
-            BinaryOp::Ne if t == "f32" => "neu",
+            BinaryOp::Ne if matches!(t, "f32" | "f64") => "neu",
             BinaryOp::Ne => "ne",
             BinaryOp::Lt => "lt",
             BinaryOp::Le => "le",
@@ -1071,6 +1154,10 @@ impl<'k> Writer<'k> {
             return r;
         }
         if op == BinaryOp::Pow {
+            if t == "f64" {
+                // `graph::f64_math` writes f64 powers out before any renderer sees them.
+                self.fail("an f64 pow left for the renderer (graph::f64_math writes it out)".into());
+            }
             if t == "f32" {
                 return self.pow(x, y);
             }
@@ -1082,9 +1169,9 @@ impl<'k> Writer<'k> {
         match (op, t) {
             (BinaryOp::Add, _) => self.emit(&format!("add.{t} {r}, {x}, {y};")),
             (BinaryOp::Sub, _) => self.emit(&format!("sub.{t} {r}, {x}, {y};")),
-            (BinaryOp::Mul, "f32") => self.emit(&format!("mul.f32 {r}, {x}, {y};")),
+            (BinaryOp::Mul, "f32" | "f64") => self.emit(&format!("mul.{t} {r}, {x}, {y};")),
             (BinaryOp::Mul, _) => self.emit(&format!("mul.lo.{t} {r}, {x}, {y};")),
-            (BinaryOp::Div, "f32") => self.emit(&format!("div.rn.f32 {r}, {x}, {y};")),
+            (BinaryOp::Div, "f32" | "f64") => self.emit(&format!("div.rn.{t} {r}, {x}, {y};")),
             // Unsigned: truncation is floor.
             (BinaryOp::Div, "u32" | "u64") => self.emit(&format!("div.{t} {r}, {x}, {y};")),
             (BinaryOp::Div, _) => {
@@ -1101,6 +1188,7 @@ impl<'k> Writer<'k> {
             }
             (BinaryOp::Max, "f32") => self.emit(&format!("max.NaN.f32 {r}, {x}, {y};")),
             (BinaryOp::Min, "f32") => self.emit(&format!("min.NaN.f32 {r}, {x}, {y};")),
+            (BinaryOp::Max | BinaryOp::Min, "f64") => self.f64_extreme(op == BinaryOp::Max, &r, x, y),
             (BinaryOp::Max, _) => self.emit(&format!("max.{t} {r}, {x}, {y};")),
             (BinaryOp::Min, _) => self.emit(&format!("min.{t} {r}, {x}, {y};")),
             (BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor, _) => {
@@ -1490,6 +1578,9 @@ impl<'k> Writer<'k> {
     fn init(&mut self, op: KReduceOp, ty: &str) -> &'static str {
         match (op, ty) {
             (KReduceOp::Sum, "f32") => "0f00000000",
+            (KReduceOp::Sum, "f64") => "0d0000000000000000",
+            (KReduceOp::Max | KReduceOp::ArgMax, "f64") => "0dFFF0000000000000",
+            (KReduceOp::Min | KReduceOp::ArgMin, "f64") => "0d7FF0000000000000",
             (KReduceOp::Sum, _) => "0",
             (KReduceOp::Max | KReduceOp::ArgMax, "f32") => "0fFF800000",
             (KReduceOp::Min | KReduceOp::ArgMin, "f32") => "0f7F800000",
@@ -1508,6 +1599,11 @@ impl<'k> Writer<'k> {
             (KReduceOp::Sum, _) => self.emit(&format!("add.{ty} {acc}, {acc}, {v};")),
             (KReduceOp::Max, "f32") => self.emit(&format!("max.NaN.f32 {acc}, {acc}, {v};")),
             (KReduceOp::Min, "f32") => self.emit(&format!("min.NaN.f32 {acc}, {acc}, {v};")),
+            (KReduceOp::Max | KReduceOp::Min, "f64") => {
+                let r = self.reg("f64");
+                self.f64_extreme(op == KReduceOp::Max, &r, acc, v);
+                self.emit(&format!("mov.f64 {acc}, {r};"));
+            }
             (KReduceOp::Max, _) => self.emit(&format!("max.{ty} {acc}, {acc}, {v};")),
             (KReduceOp::Min, _) => self.emit(&format!("min.{ty} {acc}, {acc}, {v};")),
             _ => unreachable!("arg reductions combine pairs"),
@@ -1518,9 +1614,9 @@ impl<'k> Writer<'k> {
     /// value, then the smaller index.
     fn arg_update(&mut self, op: KReduceOp, ty: &str, v: &str, i: &str, bv: &str, bi: &str) {
         let (nv, nb) = (self.reg("pred"), self.reg("pred"));
-        if ty == "f32" {
-            self.emit(&format!("setp.nan.f32 {nv}, {v}, {v};"));
-            self.emit(&format!("setp.nan.f32 {nb}, {bv}, {bv};"));
+        if matches!(ty, "f32" | "f64") {
+            self.emit(&format!("setp.nan.{ty} {nv}, {v}, {v};"));
+            self.emit(&format!("setp.nan.{ty} {nb}, {bv}, {bv};"));
         } else {
             self.emit(&format!("setp.ne.s32 {nv}, 0, 0;"));
             self.emit(&format!("setp.ne.s32 {nb}, 0, 0;"));
@@ -1718,7 +1814,7 @@ impl<'k> Writer<'k> {
         let run = i64::from(m.tile.run);
         let [rm, rn] = m.tile.per_thread().map(|x| x as usize);
         let ty = reg_type(m.acc_dtype);
-        let elem: i64 = if ty == "s64" { 8 } else { 4 };
+        let elem: i64 = if matches!(ty, "s64" | "f64") { 8 } else { 4 };
         let sa = i64::from(m.tile.a_stride());
         let stages = i64::from(m.tile.stages.max(1));
         self.extra_shared.push(format!(".shared .align 16 .{ty} mm_as[{}];", sa * tk * stages));
@@ -1771,7 +1867,11 @@ impl<'k> Writer<'k> {
         self.emit(&format!("rem.s64 {col0}, {rest}, {tiles_n};"));
         self.emit(&format!("mul.lo.s64 {col0}, {col0}, {tn};"));
         self.syms.insert(bs, b);
-        let zero = if ty == "f32" { "0f00000000" } else { "0" };
+        let zero = match ty {
+            "f32" => "0f00000000",
+            "f64" => "0d0000000000000000",
+            _ => "0",
+        };
         let mut accs = vec![vec![String::new(); rn]; rm];
         for row in accs.iter_mut() {
             for acc in row.iter_mut() {
@@ -1939,8 +2039,8 @@ impl<'k> Writer<'k> {
             for (r, x) in a_vals.iter().enumerate() {
                 for (c, y) in b_vals.iter().enumerate() {
                     let acc = &accs[r][c];
-                    if ty == "f32" {
-                        self.emit(&format!("fma.rn.f32 {acc}, {x}, {y}, {acc};"));
+                    if matches!(ty, "f32" | "f64") {
+                        self.emit(&format!("fma.rn.{ty} {acc}, {x}, {y}, {acc};"));
                     } else {
                         self.emit(&format!("mad.lo.{ty} {acc}, {x}, {y}, {acc};"));
                     }

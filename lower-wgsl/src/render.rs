@@ -26,6 +26,12 @@ pub const PRELUDE_F8: &str = include_str!("prelude_f8.wgsl");
 /// that calls them (only kernels computing in f16, which enable it, do).
 pub const PRELUDE_F16: &str = include_str!("prelude_f16.wgsl");
 
+/// The f64 helpers (`kmaxd`, `kd2i`, `kd2f_odd`, …): appended to the prelude of a kernel that calls one.
+pub const PRELUDE_F64: &str = include_str!("prelude_f64.wgsl");
+
+/// The names [`PRELUDE_F64`] defines, any of which a kernel calling needs it.
+const F64_HELPERS: [&str; 7] = ["kisnand(", "kmaxd(", "kmind(", "krelud(", "kd2i(", "kd2u(", "kd2f_odd("];
+
 /// `c[0] + s·(c[1] + s·(…))` as nested `fma`s from the last coefficient (`approx::horner`'s order).
 fn horner(c: &[f64], s: &str) -> String {
     let n = c.len();
@@ -154,6 +160,16 @@ fn float_literal(v: f64) -> String {
     }
 }
 
+/// An f64 literal: exact (Rust prints the shortest digits that read back as the same f64); non-finite
+/// values through f32's, which convert exactly.
+fn f64_literal(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:?}lf")
+    } else {
+        format!("f64({})", float_literal(v))
+    }
+}
+
 /// Element `idx` of a buffer of `bits`-wide elements packed into 32-bit words: the word's index and the
 /// element's bit offset in it. Indices are never negative, so a shift and a mask (naga guards a signed
 /// division and remainder with several instructions each).
@@ -179,6 +195,7 @@ impl<'k> Writer<'k> {
     fn ty(&self, d: DType) -> &'static str {
         match d {
             DType::F32 | DType::BF16 => "f32",
+            DType::F64 => "f64",
             DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => "f32",
             DType::F16 if self.f16 => "f16",
             DType::F16 => "f32",
@@ -258,7 +275,7 @@ impl<'k> Writer<'k> {
     /// Converts `x`, a value of dtype `from`, to dtype `to`, rounding to the narrower float types.
     fn convert(&self, x: &str, from: DType, to: DType) -> String {
         if let (Some(f), true) = (to.float8(), from != to) {
-            let v = self.convert_type(x, from, DType::F32);
+            let v = if from == DType::F64 { format!("kd2f_odd({x})") } else { self.convert_type(x, from, DType::F32) };
             return format!(
                 "kf8_round({v}, {}i, {}i, {}, {}, {})",
                 f.mantissa_bits,
@@ -298,6 +315,15 @@ impl<'k> Writer<'k> {
             ("f32", "i32") => format!("kf2i({x})"),
             ("f16", "i32") => format!("kf2i(f32({x}))"),
             ("f32", "u32") => format!("kf2u({x})"),
+            ("f64", "i32") => format!("kd2i({x})"),
+            ("f64", "u32") => format!("kd2u({x})"),
+            // A half rounds once from f64, as the reference does: through f32 rounded to odd.
+            ("f64", "f16") => format!("f16(kd2f_odd({x}))"),
+            ("f64", "f32") => match to {
+                DType::F16 if !self.f16 => format!("kround_f16(kd2f_odd({x}))"),
+                DType::BF16 => format!("kround_bf16(kd2f_odd({x}))"),
+                _ => format!("f32({x})"),
+            },
             ("f16", "u32") => format!("kf2u(f32({x}))"),
             ("i32", "f32") | ("u32", "f32") | ("f16", "f32") => {
                 let v = format!("f32({x})");
@@ -391,6 +417,7 @@ impl<'k> Writer<'k> {
         match value {
             Scalar::Const { value } => match ty {
                 "f32" => float_literal(*value),
+                "f64" => f64_literal(*value),
                 "f16" => format!("f16({})", float_literal(*value)),
                 "i32" => int_literal((*value as i64).clamp(i32::MIN as i64, i32::MAX as i64) as i32),
                 // Wrapped, as the dtype's own rounding does (u32's −1 is its largest value); a u64's low word.
@@ -423,6 +450,24 @@ impl<'k> Writer<'k> {
                 let e = self.expr(expr);
                 self.convert(&e, DType::I32, dtype)
             }
+            Scalar::Unary { op, a } if ty == "f64" => {
+                let x = self.var(*a);
+                match op {
+                    UnaryOp::Neg => format!("-{x}"),
+                    UnaryOp::Abs => format!("abs({x})"),
+                    UnaryOp::Sqrt => format!("sqrt({x})"),
+                    UnaryOp::Rsqrt => format!("(1.0lf / sqrt({x}))"),
+                    UnaryOp::Reciprocal => format!("(1.0lf / {x})"),
+                    UnaryOp::Floor => format!("floor({x})"),
+                    UnaryOp::Ceil => format!("ceil({x})"),
+                    UnaryOp::Round => format!("round({x})"),
+                    UnaryOp::Relu => format!("krelud({x})"),
+                    op => {
+                        self.fail(format!("f64 {op:?} left for the renderer (graph::f64_math writes it out)"));
+                        String::new()
+                    }
+                }
+            }
             Scalar::Unary { op, a } => {
                 let x = self.var(*a);
                 let float = ty == "f32";
@@ -451,7 +496,9 @@ impl<'k> Writer<'k> {
                     UnaryOp::Not => format!("!{x}"),
                     UnaryOp::IsNan => {
                         let from = self.ty(self.dtype_of(*a));
-                        if from == "f32" {
+                        if from == "f64" {
+                            format!("kisnand({x})")
+                        } else if from == "f32" {
                             format!("kisnan({x})")
                         } else {
                             format!("kisnan(f32({x}))")
@@ -463,6 +510,9 @@ impl<'k> Writer<'k> {
                 let (x, y) = (self.var(*a), self.var(*b));
                 let operand = self.ty(self.dtype_of(*a));
                 let float = operand == "f32";
+                if operand == "f64" && *op == BinaryOp::Pow {
+                    self.fail("an f64 pow left for the renderer (graph::f64_math writes it out)".into());
+                }
                 match op {
                     BinaryOp::Add => format!("({x} + {y})"),
                     BinaryOp::Sub => format!("({x} - {y})"),
@@ -474,6 +524,8 @@ impl<'k> Writer<'k> {
                     BinaryOp::Pow if operand == "i32" => format!("kipow({x}, {y})"),
                     BinaryOp::Pow => format!("{operand}(kpow(f32({x}), f32({y})))"),
                     BinaryOp::Max if float => format!("kmaxf({x}, {y})"),
+                    BinaryOp::Max if operand == "f64" => format!("kmaxd({x}, {y})"),
+                    BinaryOp::Min if operand == "f64" => format!("kmind({x}, {y})"),
                     BinaryOp::Min if float => format!("kminf({x}, {y})"),
                     BinaryOp::Max if operand == "f16" => format!("kmaxh({x}, {y})"),
                     BinaryOp::Min if operand == "f16" => format!("kminh({x}, {y})"),
@@ -731,6 +783,8 @@ impl<'k> Writer<'k> {
             (KReduceOp::Sum, t) => format!("{t}(0)"),
             (KReduceOp::Max | KReduceOp::ArgMax, "f32") => "(-kinf())".into(),
             (KReduceOp::Min | KReduceOp::ArgMin, "f32") => "kinf()".into(),
+            (KReduceOp::Max | KReduceOp::ArgMax, "f64") => "f64(-kinf())".into(),
+            (KReduceOp::Min | KReduceOp::ArgMin, "f64") => "f64(kinf())".into(),
             (KReduceOp::Max | KReduceOp::ArgMax, "f16") => "f16(-65504.0)".into(),
             (KReduceOp::Min | KReduceOp::ArgMin, "f16") => "f16(65504.0)".into(),
             (KReduceOp::Max | KReduceOp::ArgMax, "u32") => "0u".into(),
@@ -746,6 +800,8 @@ impl<'k> Writer<'k> {
             KReduceOp::Sum => format!("({a} + {b})"),
             KReduceOp::Max if float => format!("kmaxf({a}, {b})"),
             KReduceOp::Min if float => format!("kminf({a}, {b})"),
+            KReduceOp::Max if ty == "f64" => format!("kmaxd({a}, {b})"),
+            KReduceOp::Min if ty == "f64" => format!("kmind({a}, {b})"),
             KReduceOp::Max => format!("max({a}, {b})"),
             _ => format!("min({a}, {b})"),
         }
@@ -756,6 +812,8 @@ impl<'k> Writer<'k> {
     fn arg_better(&self, op: KReduceOp, ty: &str, v: &str, i: &str, bv: &str, bi: &str) -> String {
         let (nv, nb) = if ty == "f32" {
             (format!("kisnan({v})"), format!("kisnan({bv})"))
+        } else if ty == "f64" {
+            (format!("kisnand({v})"), format!("kisnand({bv})"))
         } else {
             ("false".into(), "false".into())
         };
@@ -1438,6 +1496,10 @@ pub fn render(kernel: &Kernel, f16: bool) -> Result<Shader, RenderError> {
     if w.out.contains("kmaxh(") || w.out.contains("kminh(") {
         src.push('\n');
         src.push_str(PRELUDE_F16);
+    }
+    if F64_HELPERS.iter().any(|h| w.out.contains(h)) {
+        src.push('\n');
+        src.push_str(PRELUDE_F64);
     }
     src.push('\n');
     src.push_str(&approximations());

@@ -216,7 +216,11 @@ impl Gpu {
         };
         // The pipeline cache keeps compiled shaders across processes; timestamp queries time work on the
         // GPU itself (the bench prefers them to wall time).
-        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::PIPELINE_CACHE | wgpu::Features::TIMESTAMP_QUERY;
+        // `shader-f64` (desktop Vulkan, lavapipe; never a browser's WebGPU) lets f64 graphs compile.
+        let wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SHADER_F64
+            | wgpu::Features::PIPELINE_CACHE
+            | wgpu::Features::TIMESTAMP_QUERY;
         let mut required_features = adapter.features() & wanted;
         required_features.set(wgpu::Features::SHADER_F16, f16);
         let checks = ShaderChecks::from_env().map_err(err)?;
@@ -243,6 +247,7 @@ impl Gpu {
             max_groups_per_dim: limits.max_compute_workgroups_per_dimension as u64,
             shared_memory_bytes: limits.max_compute_workgroup_storage_size,
             f16_compute: f16,
+            float64: required_features.contains(wgpu::Features::SHADER_F64),
             subgroup_size,
             max_buffer_bytes: limits.max_buffer_size,
             max_binding_bytes: limits.max_storage_buffer_binding_size,

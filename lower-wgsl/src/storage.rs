@@ -10,6 +10,8 @@ use kiln_graph::DType;
 pub enum Storage {
     /// `array<f32>`.
     F32,
+    /// `array<f64>` (device has `shader-f64`).
+    F64,
     /// `array<f16>` (device has `shader-f16`).
     F16,
     /// `array<u32>`, two f16 per word (no `shader-f16`): the host's f16 layout, computed in f32.
@@ -54,6 +56,7 @@ impl Storage {
         // The rest, one word (or two) an element.
         match dtype {
             DType::F32 => Storage::F32,
+            DType::F64 => Storage::F64,
             DType::F16 if f16_native => Storage::F16,
             DType::F16 => Storage::F16Packed,
             DType::BF16 => Storage::Bf16Packed,
@@ -77,6 +80,7 @@ impl Storage {
     pub fn wgsl_element(self) -> &'static str {
         match self {
             Storage::F32 => "f32",
+            Storage::F64 => "f64",
             Storage::F16 => "f16",
             Storage::I32 | Storage::I64Pairs => "i32",
             Storage::U32

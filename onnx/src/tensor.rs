@@ -9,6 +9,7 @@ use std::path::Path;
 pub fn dtype_of(elem_type: i32) -> Result<DType, String> {
     match DataType::try_from(elem_type) {
         Ok(DataType::Float) => Ok(DType::F32),
+        Ok(DataType::Double) => Ok(DType::F64),
         Ok(DataType::Float16) => Ok(DType::F16),
         Ok(DataType::Bfloat16) => Ok(DType::BF16),
         Ok(DataType::Int32) => Ok(DType::I32),
@@ -33,6 +34,7 @@ pub fn dtype_of(elem_type: i32) -> Result<DType, String> {
 pub fn onnx_type(d: DType) -> DataType {
     match d {
         DType::F32 => DataType::Float,
+        DType::F64 => DataType::Double,
         DType::F16 => DataType::Float16,
         DType::BF16 => DataType::Bfloat16,
         DType::I32 => DataType::Int32,
@@ -75,6 +77,7 @@ pub fn to_data(t: &TensorProto, dir: Option<&Path>) -> Result<TensorData, String
         }
         None => match dtype {
             DType::F32 => t.float_data.iter().map(|&v| v as f64).collect(),
+            DType::F64 => t.double_data.clone(),
             DType::I64 => t.int64_data.iter().map(|&v| v as f64).collect(),
             // Both unsigned widths are stored in `uint64_data`.
             DType::U32 | DType::U64 => t.uint64_data.iter().map(|&v| v as f64).collect(),

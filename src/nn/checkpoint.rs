@@ -14,6 +14,7 @@ fn format_error(path: &Path, msg: impl std::fmt::Display) -> Error {
 pub(crate) fn to_safetensors(d: DType) -> Dtype {
     match d {
         DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
         DType::F16 => Dtype::F16,
         DType::BF16 => Dtype::BF16,
         DType::I32 => Dtype::I32,
@@ -36,6 +37,7 @@ pub(crate) fn to_safetensors(d: DType) -> Dtype {
 pub(crate) fn from_safetensors(d: Dtype) -> Option<DType> {
     Some(match d {
         Dtype::F32 => DType::F32,
+        Dtype::F64 => DType::F64,
         Dtype::F16 => DType::F16,
         Dtype::BF16 => DType::BF16,
         Dtype::I32 => DType::I32,

@@ -19,11 +19,12 @@ pub fn wave(i: usize) -> f64 {
     }
 }
 
-/// Tolerance for a dtype: 1e-5 relative for f32 and integers, 1e-2 for half types; `scale` widens it
+/// Tolerance for a dtype: 1e-5 relative for f32 and integers, 1e-2 for half types, 1e-12 for f64; `scale` widens it
 /// for reductions and composites, whose error grows with length.
 pub fn tol(dtype: DType, scale: f64) -> f64 {
     match dtype {
         DType::F16 | DType::BF16 => 1e-2 * scale,
+        DType::F64 => 1e-12 * scale,
         _ => 1e-5 * scale,
     }
 }
@@ -84,6 +85,61 @@ type UnaryFn = fn(&Tensor) -> Result<Tensor>;
 
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
+/// Whether `b` computes f64 (a target without it refuses f64 graphs: `f64_is_a_typed_error_without_it`).
+pub fn has_f64(b: &Arc<dyn Backend>) -> bool {
+    b.target().is_none_or(|t| t.float64)
+}
+
+/// The float dtypes `b` computes: [`FLOATS`], and f64 where it has it.
+fn floats(b: &Arc<dyn Backend>) -> Vec<DType> {
+    FLOATS.into_iter().chain(has_f64(b).then_some(DType::F64)).collect()
+}
+
+/// f64 across its range: the transcendental functions `graph::f64_math` writes out, to f64 precision
+/// against the reference's libm (exponents to both ends, subnormal logarithms, sines of 10^5), their
+/// special values, and casts into narrower floats rounding once (just past a tie of each).
+fn f64_range(b: &Arc<dyn Backend>) {
+    let d = DType::F64;
+    let span = |lo: f64, hi: f64| move |i: usize| lo + (hi - lo) * i as f64 / 40.0;
+    let wide = t(&[41], d, span(-740.0, 708.0));
+    let magnitudes = t(&[41], d, |i| 10f64.powf(span(-320.0, 307.0)(i)));
+    let angles = t(&[41], d, span(-1e5, 1e5));
+    let special = [0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 1.0, -1.0, 1e-310, -7.5, 30.0];
+    let special = t(&[special.len()], d, |i| special[i]);
+    let ties = [
+        1.0 + 2f64.powi(-11) + 2f64.powi(-40),
+        1.0 + 2f64.powi(-8) + 2f64.powi(-40),
+        1.0 + 2f64.powi(-24) + 2f64.powi(-50),
+    ];
+    let ties = t(&[ties.len()], d, |i| ties[i]);
+    let exponents = t(&[41], d, |i| span(-3.0, 3.0)(i).round() + if i % 3 == 0 { 0.37 } else { 0.0 });
+    let inputs = [wide, magnitudes, angles, special, ties, exponents];
+    case(b, "f64 across its range", &inputs, tol(d, 4.0), |v| {
+        let (wide, mag, ang, sp) = (&v[0], &v[1], &v[2], &v[3]);
+        let mut out = vec![
+            wide.exp()?,
+            mag.log()?,
+            ang.sin()?,
+            ang.cos()?,
+            wide.div(40.0)?.tanh()?,
+            wide.div(20.0)?.sigmoid()?,
+            wide.div(100.0)?.erf()?,
+            mag.sqrt()?,
+            mag.rsqrt()?,
+            wide.div(100.0)?.pow(&v[5])?,
+            mag.sum(&[0], false)?,
+        ];
+        for f in [Tensor::exp, Tensor::log, Tensor::tanh, Tensor::erf, Tensor::sigmoid, Tensor::sin, Tensor::isnan] {
+            out.push(f(sp)?);
+        }
+        out.extend([sp.maximum(&sp.neg()?)?, sp.max(&[0], false)?, sp.argmax(0, false)?]);
+        for to in [DType::F32, DType::F16, DType::BF16, DType::F8E4M3] {
+            out.push(v[4].cast(to)?);
+        }
+        Ok(out)
+    });
+}
+
 /// Every op, over the dtypes it accepts.
 pub fn every_op(b: &Arc<dyn Backend>) {
     use kiln::graph::ir::UnaryOp as U;
@@ -106,7 +162,7 @@ pub fn every_op(b: &Arc<dyn Backend>) {
         (U::Round, |x| x.round()),
         (U::IsNan, |x| x.isnan()),
     ];
-    for d in FLOATS {
+    for d in floats(b) {
         // 37 elements: not a multiple of any workgroup size; includes zeros and negatives.
         let x = t(&[37], d, wave);
         for (op, f) in unary {
@@ -365,16 +421,20 @@ pub fn every_op(b: &Arc<dyn Backend>) {
     // Casts between every pair of dtypes; into u64, and from u32 and u64, of magnitudes: a negative
     // value wraps past 2^31, outside WGSL's i64 and u64 (computed in 32 bits). The unsigned ops case
     // above casts u32s past 2^31.
-    for from in kiln::DType::ALL {
+    let dtypes: Vec<DType> = kiln::DType::ALL.into_iter().filter(|&d| d != DType::F64 || has_f64(b)).collect();
+    for &from in &dtypes {
         let magnitudes = t(&[9], from, |i| (wave(i) * 2.0).abs());
         let wide_unsigned = matches!(from, DType::U32 | DType::U64);
         let x = if wide_unsigned { magnitudes.clone() } else { t(&[9], from, |i| wave(i) * 2.0) };
         case(b, &format!("casts from {from}"), &[x, magnitudes], tol(DType::BF16, 1.0), |v| {
             let into = |to: DType| if to == DType::U64 { v[1].cast(to) } else { v[0].cast(to) };
-            kiln::DType::ALL.into_iter().map(into).collect()
+            dtypes.iter().map(|&d| into(d)).collect()
         });
     }
-    for d in FLOATS {
+    if has_f64(b) {
+        f64_range(b);
+    }
+    for d in floats(b) {
         let x = t(&[7, 33], d, wave);
         let s = if d == DType::F32 { 10.0 } else { 2.0 };
         case(b, &format!("reductions {d}"), std::slice::from_ref(&x), tol(d, s), |v| {
@@ -414,7 +474,7 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             },
         );
     }
-    for d in FLOATS {
+    for d in floats(b) {
         // Rows of 33–256 elements get a subgroup each, several to a workgroup, where the target has
         // subgroups (`Launch::packed`): 37 rows leave the last workgroup part-filled, and rows of 100
         // leave lanes past the row's end. Columns of 4,096 are summed in two passes, the last a
@@ -441,7 +501,7 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ])
         });
     }
-    for d in FLOATS {
+    for d in floats(b) {
         convolutions(b, d);
     }
     let x = t(&[2, 3, 4], DType::F32, wave);

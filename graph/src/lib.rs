@@ -19,6 +19,7 @@ pub mod data;
 pub mod decompose;
 pub mod device;
 pub mod dtype;
+pub mod einsum;
 pub mod error;
 pub mod explain;
 pub mod export;

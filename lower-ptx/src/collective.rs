@@ -67,6 +67,7 @@ fn cuda(rt: &Runtime) -> Result<&Cuda> {
 fn nccl_type(t: &Runtime, d: DType) -> Option<DataType> {
     match d {
         DType::F32 => Some(DataType::F32),
+        DType::F64 => Some(DataType::F64),
         DType::F16 => Some(DataType::F16),
         DType::BF16 => Some(DataType::BF16),
         DType::I32 => Some(DataType::I32),

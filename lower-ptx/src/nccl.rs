@@ -30,6 +30,8 @@ pub enum DataType {
     F16 = 6,
     /// `ncclFloat32`.
     F32 = 7,
+    /// `ncclFloat64`.
+    F64 = 8,
     /// `ncclBfloat16`.
     BF16 = 9,
 }

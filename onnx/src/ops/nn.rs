@@ -9,6 +9,7 @@ use kiln_graph::{DType, Tensor, Window};
 /// The op types this family converts.
 pub(super) const OPS: &[&str] = &[
     "MatMul",
+    "Einsum",
     "Gemm",
     "Conv",
     "ConvTranspose",
@@ -35,6 +36,11 @@ pub(super) const OPS: &[&str] = &[
 pub(super) fn run(node: &Node, op: &str) -> Option<OpResult<Vec<Value>>> {
     Some(match op {
         "MatMul" => (|| one(node.tensor(0)?.matmul(&node.tensor(1)?)?))(),
+        "Einsum" => (|| {
+            let Some(equation) = node.string("equation") else { return invalid("Einsum without an equation") };
+            let operands = (0..node.args.len()).map(|i| node.tensor(i)).collect::<OpResult<Vec<_>>>()?;
+            one(Tensor::einsum(&equation, &operands.iter().collect::<Vec<_>>())?)
+        })(),
         "Gemm" => gemm(node),
         "Conv" => conv(node),
         "MaxPool" | "AveragePool" => pool(node, op == "MaxPool"),

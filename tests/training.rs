@@ -161,6 +161,27 @@ fn checkpoints_save_and_load_by_name() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// safetensors holds no 4- or 2-bit tensor a byte an element: saving one is a format error naming the
+/// parameter, and no file is written.
+#[test]
+fn a_checkpoint_of_a_four_bit_parameter_is_a_format_error() {
+    struct Codes(Tensor);
+    impl Module for Codes {
+        fn parameters(&self) -> Vec<(String, Tensor)> {
+            vec![("codes".into(), self.0.clone())]
+        }
+        fn with_parameters(&self, next: &mut dyn Iterator<Item = Tensor>) -> kiln::Result<Self> {
+            Ok(Codes(next.next().unwrap_or_else(|| self.0.clone())))
+        }
+    }
+    let data = kiln::TensorData::from_f64(vec![-8.0, 7.0, 0.0, -1.0], &[4], kiln::DType::I4).unwrap();
+    let path = std::env::temp_dir().join(format!("kiln-ckpt-i4-{}.safetensors", std::process::id()));
+    let e = kiln::nn::save(&Codes(Tensor::from_data(data)), &path).unwrap_err();
+    assert!(matches!(e, kiln::Error::Format { .. }) && e.to_string().contains("`codes`"), "{e}");
+    assert!(e.to_string().contains("i4"), "{e}");
+    assert!(!path.exists());
+}
+
 fn batch(seed: u64) -> (Tensor, Tensor) {
     let mut init = Init::new(seed);
     let ids = init.ints(&[2, 8], 11).unwrap();

@@ -131,14 +131,17 @@ impl TensorData {
                 DType::U32 => <u32 as Element>::from_le(b).into_iter().map(f64::from).collect(),
                 DType::U64 => <u64 as Element>::from_le(b).into_iter().map(|x| x as f64).collect(),
                 DType::Bool => b.iter().map(|&x| f64::from(u8::from(x != 0))).collect(),
-                DType::U8 => b.iter().map(|&x| f64::from(x)).collect(),
-                DType::I8 => <i8 as Element>::from_le(b).into_iter().map(f64::from).collect(),
+                DType::U8 | DType::U4 | DType::U2 => b.iter().map(|&x| f64::from(x)).collect(),
+                // The 2- and 4-bit signed integers are held sign-extended to their byte.
+                DType::I8 | DType::I4 | DType::I2 => b.iter().map(|&x| f64::from(x as i8)).collect(),
                 DType::U16 => <u16 as Element>::from_le(b).into_iter().map(f64::from).collect(),
                 DType::I16 => <i16 as Element>::from_le(b).into_iter().map(f64::from).collect(),
-                DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => match self.dtype.float8() {
-                    Some(f) => b.iter().map(|&c| f.decode(c)).collect(),
-                    None => Vec::new(),
-                },
+                DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F4E2M1 => {
+                    match self.dtype.minifloat() {
+                        Some(f) => b.iter().map(|&c| f.decode(c)).collect(),
+                        None => Vec::new(),
+                    }
+                }
             }
         })
     }
@@ -162,14 +165,16 @@ impl TensorData {
                 DType::U32 => <u32 as Element>::to_le(&v.iter().map(|&x| x as u32).collect::<Vec<_>>()),
                 DType::U64 => <u64 as Element>::to_le(&v.iter().map(|&x| x as u64).collect::<Vec<_>>()),
                 DType::Bool => v.iter().map(|&x| u8::from(x != 0.0)).collect(),
-                DType::U8 => v.iter().map(|&x| x as u8).collect(),
-                DType::I8 => <i8 as Element>::to_le(&v.iter().map(|&x| x as i8).collect::<Vec<_>>()),
+                DType::U8 | DType::U4 | DType::U2 => v.iter().map(|&x| x as u8).collect(),
+                DType::I8 | DType::I4 | DType::I2 => v.iter().map(|&x| x as i8 as u8).collect(),
                 DType::U16 => <u16 as Element>::to_le(&v.iter().map(|&x| x as u16).collect::<Vec<_>>()),
                 DType::I16 => <i16 as Element>::to_le(&v.iter().map(|&x| x as i16).collect::<Vec<_>>()),
-                DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => match self.dtype.float8() {
-                    Some(f) => v.iter().map(|&x| f.encode(f.round(x))).collect(),
-                    None => Vec::new(),
-                },
+                DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F4E2M1 => {
+                    match self.dtype.minifloat() {
+                        Some(f) => v.iter().map(|&x| f.encode(f.round(x))).collect(),
+                        None => Vec::new(),
+                    }
+                }
             }
         })
     }

@@ -37,6 +37,14 @@ pub enum DType {
     U16,
     /// 16-bit two's complement integer.
     I16,
+    /// 4-bit two's complement integer (ONNX's `int4`: quantized weights), held one to a byte, sign-extended.
+    I4,
+    /// 4-bit unsigned integer (ONNX's `uint4`), held one to a byte.
+    U4,
+    /// 2-bit two's complement integer (ONNX's `int2`), held one to a byte, sign-extended.
+    I2,
+    /// 2-bit unsigned integer (ONNX's `uint2`), held one to a byte.
+    U2,
     /// 8-bit float with 4 exponent and 3 mantissa bits, no infinities (OCP's E4M3FN: largest 448).
     /// A storage dtype, as in PyTorch: cast to compute.
     F8E4M3,
@@ -49,12 +57,18 @@ pub enum DType {
     /// 8-bit float with 5 exponent and 2 mantissa bits, exponent bias 16, one zero and one NaN (0x80), no
     /// infinities (E5M2FNUZ: largest 57,344).
     F8E5M2FNUZ,
+    /// 4-bit float with 2 exponent and 1 mantissa bits, exponent bias 1, no infinities and no NaN (OCP's
+    /// MX E2M1, ONNX's `float4e2m1`: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}), held one to a byte. A storage dtype.
+    F4E2M1,
 }
 
-/// The layout of an 8-bit float dtype: what the reference's rounding and both renderers' encoders read.
+/// The layout of an 8- or 4-bit float dtype: what the reference's rounding and both renderers' encoders
+/// read. Codes are held one to a byte, the sign in the code's top bit.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Float8 {
-    /// Mantissa bits (3 or 2); the exponent takes the other 7 − `mantissa_bits` bits but the sign's.
+pub struct Minifloat {
+    /// Bits of a code: 8, or 4 (E2M1).
+    pub bits: u32,
+    /// Mantissa bits (3, 2 or 1); the exponent takes the others but the sign's.
     pub mantissa_bits: u32,
     /// Exponent bias.
     pub bias: i32,
@@ -66,18 +80,35 @@ pub struct Float8 {
     /// Whether the format has one zero, unsigned, and its NaN at the negative zero's code 0x80 (the
     /// FNUZ formats: no infinities, every other code finite).
     pub unsigned_zero: bool,
+    /// Whether the format has a NaN (every 8-bit one does). Without one (E2M1) NaN casts to −0, as
+    /// ONNX's reference and test data have it.
+    pub nan: bool,
 }
 
-impl Float8 {
+impl Minifloat {
     /// Exponent of the smallest normal value.
     pub fn emin(self) -> i32 {
         1 - self.bias
     }
 
+    /// The sign bit of a code: 0x80, or 0x8 for a 4-bit one.
+    pub fn sign_bit(self) -> u8 {
+        1 << (self.bits - 1)
+    }
+
+    /// Bits of the exponent field.
+    pub fn exponent_bits(self) -> u32 {
+        self.bits - 1 - self.mantissa_bits
+    }
+
     /// The value nearest `x`, ties to even; past `max` `±max`, as ONNX's saturating cast (an infinity
-    /// too where the format has none); NaN stays NaN; a zero is +0 in a format without −0. A value of the
-    /// format is itself: E5M2's ±∞ too (a cast into it clamps infinities first: `Tensor::cast`).
+    /// too where the format has none); NaN stays NaN, or is −0 in a format without NaN; a zero is +0 in a
+    /// format without −0. A value of the format is itself: E5M2's ±∞ too (a cast into it clamps
+    /// infinities first: `Tensor::cast`).
     pub fn round(self, x: f64) -> f64 {
+        if x.is_nan() && !self.nan {
+            return -0.0;
+        }
         if x.is_nan() || (x.is_infinite() && self.infinities) {
             return x;
         }
@@ -99,26 +130,28 @@ impl Float8 {
         (self.max + step / 2.0, odd)
     }
 
-    /// The code of NaN: 0x80 in the FNUZ formats, else 0x7f.
+    /// The code of NaN: 0x80 in the FNUZ formats, 0x7f in the others; in a format without NaN the code
+    /// NaN casts to, −0's (0x8).
     pub fn nan_code(self) -> u8 {
-        if self.unsigned_zero {
-            0x80
+        if self.unsigned_zero || !self.nan {
+            self.sign_bit()
         } else {
-            0x7f
+            self.sign_bit() - 1
         }
     }
 
-    /// The bits of `r`, a value of this format (`round`'s): NaN as [`Float8::nan_code`], ±∞ (E5M2's) as
+    /// The bits of `r`, a value of this format (`round`'s): NaN as [`Minifloat::nan_code`], ±∞ (E5M2's) as
     /// the all-ones exponent, a zero unsigned where the format has one zero.
     pub fn encode(self, r: f64) -> u8 {
-        let sign = if r.is_sign_negative() && !(self.unsigned_zero && r == 0.0) { 0x80u8 } else { 0 };
+        let sign = if r.is_sign_negative() && !(self.unsigned_zero && r == 0.0) { self.sign_bit() } else { 0 };
         let m = self.mantissa_bits;
         if r.is_nan() {
             return self.nan_code();
         }
         let a = r.abs();
         if a.is_infinite() {
-            return sign | if self.infinities { 0x7c } else { 0x7f };
+            let top = (1u8 << self.exponent_bits()) - 1;
+            return sign | if self.infinities { top << m } else { self.sign_bit() - 1 };
         }
         let exponent = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
         let code = if a == 0.0 || exponent < self.emin() {
@@ -133,10 +166,11 @@ impl Float8 {
     /// The value of bits `c`.
     pub fn decode(self, c: u8) -> f64 {
         let m = self.mantissa_bits;
-        let (f, e) = (u32::from(c) & ((1 << m) - 1), (u32::from(c) >> m) & ((1 << (7 - m)) - 1));
-        let top = (1 << (7 - m)) - 1;
+        let top = (1 << self.exponent_bits()) - 1;
+        let (f, e) = (u32::from(c) & ((1 << m) - 1), (u32::from(c) >> m) & top);
+        let sign = self.sign_bit();
         let v = if self.unsigned_zero {
-            if c == 0x80 {
+            if c == sign {
                 return f64::NAN;
             }
             if e == 0 {
@@ -150,14 +184,14 @@ impl Float8 {
             } else {
                 f64::NAN
             }
-        } else if !self.infinities && c & 0x7f == 0x7f {
+        } else if self.nan && !self.infinities && c & (sign - 1) == sign - 1 {
             f64::NAN
         } else if e == 0 {
             f64::from(f) * 2f64.powi(self.emin() - m as i32)
         } else {
             (1.0 + f64::from(f) / f64::from(1u32 << m)) * 2f64.powi(e as i32 - self.bias)
         };
-        if c & 0x80 != 0 {
+        if c & sign != 0 {
             -v
         } else {
             v
@@ -167,7 +201,7 @@ impl Float8 {
 
 impl DType {
     /// Every dtype, in a fixed order (docs and tests iterate it).
-    pub const ALL: [DType; 17] = [
+    pub const ALL: [DType; 22] = [
         DType::F32,
         DType::F64,
         DType::F16,
@@ -181,10 +215,15 @@ impl DType {
         DType::I8,
         DType::U16,
         DType::I16,
+        DType::I4,
+        DType::U4,
+        DType::I2,
+        DType::U2,
         DType::F8E4M3,
         DType::F8E5M2,
         DType::F8E4M3FNUZ,
         DType::F8E5M2FNUZ,
+        DType::F4E2M1,
     ];
 
     /// True for f32, f64, f16 and bf16.
@@ -202,33 +241,39 @@ impl DType {
         matches!(self, DType::I32 | DType::I64 | DType::U32 | DType::U64) || self.is_narrow_int()
     }
 
-    /// True for the unsigned integers (u8, u16, u32, u64): their division, remainder, comparisons and
-    /// right shifts read the bits as unsigned.
+    /// True for the unsigned integers (u2, u4, u8, u16, u32, u64): their division, remainder,
+    /// comparisons and right shifts read the bits as unsigned.
     pub fn is_unsigned(self) -> bool {
-        matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
+        matches!(self, DType::U2 | DType::U4 | DType::U8 | DType::U16 | DType::U32 | DType::U64)
     }
 
-    /// True for the 8- and 16-bit integers: held in 1 or 2 bytes, computed in i32 and wrapped to their
-    /// width wherever an op can leave it (so every backend agrees with the reference's modular result).
+    /// True for the 2-, 4-, 8- and 16-bit integers: held in 1 or 2 bytes, computed in i32 and wrapped to
+    /// their width wherever an op can leave it (so every backend agrees with the reference's modular
+    /// result).
     pub fn is_narrow_int(self) -> bool {
-        matches!(self, DType::U8 | DType::I8 | DType::U16 | DType::I16)
+        self.narrow_bits().is_some()
     }
 
     /// The layout of an 8-bit float dtype.
-    pub fn float8(self) -> Option<Float8> {
+    pub fn minifloat(self) -> Option<Minifloat> {
+        // OCP's E4M3FN; the others differ from it where they say.
+        let f8 = Minifloat {
+            bits: 8,
+            mantissa_bits: 3,
+            bias: 7,
+            max: 448.0,
+            infinities: false,
+            unsigned_zero: false,
+            nan: true,
+        };
         match self {
-            DType::F8E4M3 => {
-                Some(Float8 { mantissa_bits: 3, bias: 7, max: 448.0, infinities: false, unsigned_zero: false })
-            }
-            DType::F8E5M2 => {
-                Some(Float8 { mantissa_bits: 2, bias: 15, max: 57344.0, infinities: true, unsigned_zero: false })
-            }
-            DType::F8E4M3FNUZ => {
-                Some(Float8 { mantissa_bits: 3, bias: 8, max: 240.0, infinities: false, unsigned_zero: true })
-            }
+            DType::F8E4M3 => Some(f8),
+            DType::F8E5M2 => Some(Minifloat { mantissa_bits: 2, bias: 15, max: 57344.0, infinities: true, ..f8 }),
+            DType::F8E4M3FNUZ => Some(Minifloat { mantissa_bits: 3, bias: 8, max: 240.0, unsigned_zero: true, ..f8 }),
             DType::F8E5M2FNUZ => {
-                Some(Float8 { mantissa_bits: 2, bias: 16, max: 57344.0, infinities: false, unsigned_zero: true })
+                Some(Minifloat { mantissa_bits: 2, bias: 16, max: 57344.0, unsigned_zero: true, ..f8 })
             }
+            DType::F4E2M1 => Some(Minifloat { bits: 4, mantissa_bits: 1, bias: 1, max: 6.0, nan: false, ..f8 }),
             _ => None,
         }
     }
@@ -240,6 +285,10 @@ impl DType {
             DType::I8 => Some((8, true)),
             DType::U16 => Some((16, false)),
             DType::I16 => Some((16, true)),
+            DType::U4 => Some((4, false)),
+            DType::I4 => Some((4, true)),
+            DType::U2 => Some((2, false)),
+            DType::I2 => Some((2, true)),
             _ => None,
         }
     }
@@ -251,6 +300,9 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
             DType::I64 | DType::U64 | DType::F64 => 8,
             DType::Bool | DType::U8 | DType::I8 => 1,
+            // The 2- and 4-bit types too: a byte an element on devices (ONNX's packed files are
+            // unpacked when read).
+            DType::I4 | DType::U4 | DType::I2 | DType::U2 | DType::F4E2M1 => 1,
             DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => 1,
             DType::U16 | DType::I16 => 2,
         }
@@ -276,6 +328,11 @@ impl DType {
             DType::F8E5M2 => "f8e5m2",
             DType::F8E4M3FNUZ => "f8e4m3fnuz",
             DType::F8E5M2FNUZ => "f8e5m2fnuz",
+            DType::I4 => "i4",
+            DType::U4 => "u4",
+            DType::I2 => "i2",
+            DType::U2 => "u2",
+            DType::F4E2M1 => "f4e2m1fn",
         }
     }
 
@@ -299,8 +356,12 @@ impl DType {
             DType::I8 => (x as i64) as i8 as f64,
             DType::U16 => (x as i64) as u16 as f64,
             DType::I16 => (x as i64) as i16 as f64,
-            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => {
-                self.float8().map_or(x, |f| f.round(x))
+            DType::I4 | DType::U4 | DType::I2 | DType::U2 => match self.narrow_bits() {
+                Some((bits, signed)) => wrap(x as i64, bits, signed) as f64,
+                None => x,
+            },
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F4E2M1 => {
+                self.minifloat().map_or(x, |f| f.round(x))
             }
             DType::Bool => {
                 if x != 0.0 {
@@ -317,12 +378,14 @@ impl DType {
         match self {
             DType::F32 | DType::F64 | DType::F16 | DType::BF16 => f64::NEG_INFINITY,
             // Its layout's: -inf where it has infinities (E5M2), else its largest finite value negated.
-            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => -self.max_value(),
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F4E2M1 => -self.max_value(),
             DType::I32 => i32::MIN as f64,
             DType::I64 => i64::MIN as f64,
             DType::I8 => i8::MIN as f64,
             DType::I16 => i16::MIN as f64,
-            DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64 => 0.0,
+            DType::I4 => -8.0,
+            DType::I2 => -2.0,
+            DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::U4 | DType::U2 => 0.0,
         }
     }
 
@@ -330,10 +393,12 @@ impl DType {
     pub fn max_value(self) -> f64 {
         match self {
             DType::F32 | DType::F64 | DType::F16 | DType::BF16 => f64::INFINITY,
-            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => match self.float8() {
-                Some(f) if !f.infinities => f.max,
-                _ => f64::INFINITY,
-            },
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F4E2M1 => {
+                match self.minifloat() {
+                    Some(f) if !f.infinities => f.max,
+                    _ => f64::INFINITY,
+                }
+            }
             DType::I32 => i32::MAX as f64,
             DType::I64 => i64::MAX as f64,
             DType::U32 => u32::MAX as f64,
@@ -342,8 +407,22 @@ impl DType {
             DType::I8 => i8::MAX as f64,
             DType::U16 => u16::MAX as f64,
             DType::I16 => i16::MAX as f64,
+            DType::I4 => 7.0,
+            DType::U4 => 15.0,
+            DType::I2 => 1.0,
+            DType::U2 => 3.0,
             DType::Bool => 1.0,
         }
+    }
+}
+
+/// `v`'s low `bits` bits as a signed or unsigned integer: the value a device's narrow store keeps.
+fn wrap(v: i64, bits: u32, signed: bool) -> i64 {
+    let shift = 64 - bits;
+    if signed {
+        (v << shift) >> shift
+    } else {
+        ((v as u64) << shift >> shift) as i64
     }
 }
 
@@ -465,14 +544,14 @@ mod tests {
         assert_eq!(DType::BF16.round(-0.0).to_bits(), (-0.0f64).to_bits());
     }
 
-    /// Each 8-bit float's overflow limit is where rounding to nearest even, with the exponent left
+    /// Each 8- and 4-bit float's overflow limit is where rounding to nearest even, with the exponent left
     /// unbounded, first leaves the format: just below it stays at `max`, just above it does not, and
     /// at the limit itself it goes up exactly when the limit says the tie overflows.
     #[test]
     fn the_overflow_limit_is_where_rounding_passes_the_largest_value() {
         let mut limits = Vec::new();
-        for d in DType::ALL.into_iter().filter(|d| d.float8().is_some()) {
-            let f = d.float8().unwrap();
+        for d in DType::ALL.into_iter().filter(|d| d.minifloat().is_some()) {
+            let f = d.minifloat().unwrap();
             let (limit, tie_overflows) = f.overflow_limit();
             let unbounded = |x: f64| round_to_binary(x, f.mantissa_bits as i32 + 1, f.emin(), f64::MAX);
             assert_eq!(unbounded(limit * (1.0 - 1e-9)), f.max, "{d}");
@@ -480,7 +559,7 @@ mod tests {
             assert_eq!(unbounded(limit) > f.max, tie_overflows, "{d}");
             limits.push((limit, tie_overflows));
         }
-        assert_eq!(limits, [(464.0, false), (61440.0, true), (248.0, true), (61440.0, true)]);
+        assert_eq!(limits, [(464.0, false), (61440.0, true), (248.0, true), (61440.0, true), (7.0, true)]);
     }
 
     #[test]
@@ -497,23 +576,29 @@ mod tests {
         assert_eq!(DType::U64.round(-1.0), u64::MAX as f64);
         assert_eq!(DType::U64.round(1e19), 1e19);
         assert_eq!(DType::U64.round(2f64.powi(64)), u64::MAX as f64);
+        assert_eq!(DType::I4.round(8.0), -8.0);
+        assert_eq!(DType::I4.round(-9.0), 7.0);
+        assert_eq!(DType::U4.round(-1.0), 15.0);
+        assert_eq!(DType::I2.round(2.0), -2.0);
+        assert_eq!(DType::U2.round(-3.0), 1.0);
         for d in DType::ALL.into_iter().filter(|d| d.is_narrow_int()) {
             let (bits, signed) = d.narrow_bits().unwrap();
-            assert_eq!(d.size_bytes() * 8, bits as usize, "{d}");
+            assert_eq!(d.size_bytes() * 8, (bits as usize).max(8), "{d}");
+            assert_eq!(d.max_value() - d.min_value() + 1.0, 2f64.powi(bits as i32), "{d}");
             assert_eq!(d.min_value() < 0.0, signed, "{d}");
             assert_eq!(d.round(d.max_value() + 1.0), d.min_value(), "{d}");
         }
     }
 
-    /// Every code of every 8-bit float decodes to a value that rounds to itself and encodes back to the
+    /// Every code of every 8- and 4-bit float decodes to a value that rounds to itself and encodes back to the
     /// code (NaNs to the NaN code, negative zero kept where the format has one, E5M2's infinities
     /// kept); ties go to the even code; past the largest finite value rounding saturates (an infinity
     /// too where the format has none).
     #[test]
-    fn float8_codes_round_trip_and_casts_saturate() {
-        for d in DType::ALL.into_iter().filter(|d| d.float8().is_some()) {
-            let f = d.float8().unwrap();
-            for c in 0..=255u8 {
+    fn minifloat_codes_round_trip_and_casts_saturate() {
+        for d in DType::ALL.into_iter().filter(|d| d.minifloat().is_some()) {
+            let f = d.minifloat().unwrap();
+            for c in 0..=((1u32 << f.bits) - 1) as u8 {
                 let v = f.decode(c);
                 if v.is_nan() {
                     assert_eq!(f.encode(f.round(v)), f.nan_code(), "{d} {c:#x}");
@@ -540,12 +625,30 @@ mod tests {
         assert_eq!(DType::F8E5M2.round(3.75), 4.0);
     }
 
+    /// E2M1 as ONNX's table and test data have it: eight magnitudes, no infinities, no NaN (NaN casts
+    /// to −0, ±∞ saturate to ±6), ties to even.
+    #[test]
+    fn e2m1_holds_eight_magnitudes_and_no_nan() {
+        let f = DType::F4E2M1.minifloat().unwrap();
+        let values: Vec<f64> = (0..8u8).map(|c| f.decode(c)).collect();
+        assert_eq!(values, [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]);
+        assert_eq!(f.decode(0xf), -6.0);
+        assert!((0..16u8).all(|c| f.decode(c).is_finite()));
+        let r = DType::F4E2M1;
+        assert_eq!(r.round(f64::NAN).to_bits(), (-0f64).to_bits());
+        assert_eq!(f.encode(r.round(f64::NAN)), 0x8);
+        assert_eq!((r.round(f64::INFINITY), r.round(-1e6)), (6.0, -6.0));
+        // 2.5 ties between 2 and 3 (to even: 2); 5 between 4 and 6 (to even: 4); 0.25 to 0.
+        assert_eq!((r.round(2.5), r.round(5.0), r.round(0.25), r.round(0.26)), (2.0, 4.0, 0.0, 0.5));
+        assert_eq!(r.round(0.48), 0.5);
+    }
+
     /// The FNUZ formats as ONNX's tables have them: their largest values (0x7f), their one NaN (0x80,
     /// the only NaN code: all 255 others finite), their one zero (a negative value rounding to zero
     /// is +0, code 0), and bias 8 / 16 (E4M3FNUZ's smallest normal 2^-7, step 2^-10 below it).
     #[test]
     fn fnuz_floats_have_one_zero_and_one_nan() {
-        let (e4, e5) = (DType::F8E4M3FNUZ.float8().unwrap(), DType::F8E5M2FNUZ.float8().unwrap());
+        let (e4, e5) = (DType::F8E4M3FNUZ.minifloat().unwrap(), DType::F8E5M2FNUZ.minifloat().unwrap());
         assert_eq!((e4.decode(0x7f), e5.decode(0x7f)), (240.0, 57344.0));
         assert_eq!((e4.decode(0xff), e5.decode(0xff)), (-240.0, -57344.0));
         for f in [e4, e5] {
@@ -561,7 +664,7 @@ mod tests {
         assert_eq!(e5.decode(0x04), 2f64.powi(-15));
         assert_eq!(DType::F8E4M3FNUZ.round(241.0), 240.0);
         // OCP's E4M3FN reads 0x7f as NaN and keeps −0: the layouts differ where they should.
-        assert!(DType::F8E4M3.float8().unwrap().decode(0x7f).is_nan());
+        assert!(DType::F8E4M3.minifloat().unwrap().decode(0x7f).is_nan());
         assert_eq!(DType::F8E4M3.round(-1e-9).to_bits(), (-0f64).to_bits());
     }
 }

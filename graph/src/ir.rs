@@ -279,11 +279,11 @@ impl DTypeRule {
     /// The rule in words, for errors and docs.
     pub fn describe(self) -> &'static str {
         match self {
-            DTypeRule::Float => "a float dtype (f32, f16, bf16)",
+            DTypeRule::Float => "a float dtype (f32, f64, f16, bf16)",
             DTypeRule::Numeric => "a numeric dtype (float or integer)",
             DTypeRule::Bool => "bool",
-            DTypeRule::Integer => "an integer dtype (i32, i64, u32, u64, u8, i8, u16, i16)",
-            DTypeRule::Wide => "f32, f16, bf16, i32 or i64 (cast narrow integers to i32 first)",
+            DTypeRule::Integer => "an integer dtype (i32, i64, u32, u64, u8, i8, u16, i16, i4, u4, i2, u2)",
+            DTypeRule::Wide => "f32, f64, f16, bf16, i32 or i64 (cast narrow integers to i32 first)",
             DTypeRule::Any => "any dtype",
         }
     }

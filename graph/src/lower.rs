@@ -249,7 +249,7 @@ impl<'a> Lowerer<'a> {
             DType::F16 if !self.target.f16_compute => DType::F32,
             DType::BF16 if !self.target.bf16_compute => DType::F32,
             d if d.is_narrow_int() => DType::I32,
-            d if d.float8().is_some() => DType::F32,
+            d if d.minifloat().is_some() => DType::F32,
             d => d,
         }
     }

@@ -368,16 +368,17 @@ impl Tensor {
         record(Op::Where, &[&c, &a, &b], dtype, shape, loc)
     }
 
-    /// Conversion to `dtype` (floats to integers truncate toward zero; NaN becomes 0). Into an 8-bit
-    /// float it rounds to nearest even and saturates past the largest finite value, infinities too
-    /// (ONNX's default): E5M2, which holds ±∞ as values, gets its infinities clamped first.
+    /// Conversion to `dtype` (floats to integers truncate toward zero and wrap to the width; NaN becomes
+    /// 0). Into an 8- or 4-bit float it rounds to nearest even and saturates past the largest finite
+    /// value, infinities too (ONNX's default): E5M2, which holds ±∞ as values, gets its infinities
+    /// clamped first; E2M1, which has no NaN, takes NaN to −0.
     #[track_caller]
     pub fn cast(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
         let loc = SourceLoc::caller();
-        if let Some(f) = dtype.float8().filter(|f| f.infinities && self.dtype().is_float()) {
+        if let Some(f) = dtype.minifloat().filter(|f| f.infinities && self.dtype().is_float()) {
             // Clamped in f32 (a half widens exactly), where every backend's min and max keep NaN.
             let clamped =
                 SourceLoc::attributed(loc.clone(), || self.cast(DType::F32)?.clamp(Some(-f.max), Some(f.max)))?;
@@ -390,13 +391,14 @@ impl Tensor {
     /// too): a value
     /// that rounds past the largest finite value (an infinity too) becomes ±∞ where the format holds
     /// infinities (E5M2) and NaN where it does not (ONNX's `saturate = 0`). Decided in f32 (a half widens
-    /// exactly) against [`crate::dtype::Float8::overflow_limit`]; the cast itself is the saturating one,
-    /// which leaves ±∞ and NaN as they are.
+    /// exactly) against [`crate::dtype::Minifloat::overflow_limit`]; the cast itself is the saturating one,
+    /// which leaves ±∞ and NaN as they are. A format with neither (E2M1) saturates: it has nothing else
+    /// to hold an overflow as.
     #[track_caller]
     pub fn cast_unsaturated(&self, dtype: DType) -> Result<Tensor> {
         let loc = SourceLoc::caller();
-        let from_float = self.dtype().is_float() || self.dtype().float8().is_some();
-        let Some(f) = dtype.float8().filter(|_| from_float && dtype != self.dtype()) else {
+        let from_float = self.dtype().is_float() || self.dtype().minifloat().is_some();
+        let Some(f) = dtype.minifloat().filter(|f| f.nan && from_float && dtype != self.dtype()) else {
             return SourceLoc::attributed(loc, || self.cast(dtype));
         };
         let past = SourceLoc::attributed(loc.clone(), || {

@@ -433,7 +433,10 @@ impl Target {
     /// assemble lanes from), nor 2-byte floats where the target packs two per shared word.
     pub fn vectorises(&self, d: DType) -> bool {
         let packed_half = self.packed_half_storage && matches!(d, DType::F16 | DType::BF16);
-        !(matches!(d, DType::I64 | DType::U64 | DType::F64) || d.is_narrow_int() || d.float8().is_some() || packed_half)
+        !(matches!(d, DType::I64 | DType::U64 | DType::F64)
+            || d.is_narrow_int()
+            || d.minifloat().is_some()
+            || packed_half)
     }
 
     /// This target with the tuning knobs `KILN_<BACKEND>_MAX_THREADS` (a cap on threads per group),

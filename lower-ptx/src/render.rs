@@ -9,7 +9,7 @@
 //! shared memory.
 
 use kiln_graph::approx;
-use kiln_graph::dtype::{DType, Float8};
+use kiln_graph::dtype::{DType, Minifloat};
 use kiln_graph::ir::{BinaryOp, UnaryOp};
 use kiln_graph::kernel::{
     Access, BitOp, KReduceOp, Kernel, LoopMode, MatMul, ReduceStrategy, RowLoad, Scalar, Stmt, VarId, ROW_ELEMENT,
@@ -44,8 +44,10 @@ fn reg_type(d: DType) -> &'static str {
         | DType::F8E4M3
         | DType::F8E5M2
         | DType::F8E4M3FNUZ
-        | DType::F8E5M2FNUZ => "f32",
+        | DType::F8E5M2FNUZ
+        | DType::F4E2M1 => "f32",
         DType::I32 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => "s32",
+        DType::I4 | DType::U4 | DType::I2 | DType::U2 => "s32",
         DType::F64 => "f64",
         DType::I64 => "s64",
         DType::U32 => "u32",
@@ -55,11 +57,12 @@ fn reg_type(d: DType) -> &'static str {
 }
 
 /// The memory type of a narrow integer (`ld`/`st`/`cvt` take a 32-bit register beside it: loads
-/// zero- or sign-extend, stores and conversions keep the low bits).
+/// zero- or sign-extend, stores and conversions keep the low bits). The 2- and 4-bit integers are held a
+/// byte each, sign-extended where signed.
 fn narrow_type(d: DType) -> Option<&'static str> {
     match d {
-        DType::U8 => Some("u8"),
-        DType::I8 => Some("s8"),
+        DType::U8 | DType::U4 | DType::U2 => Some("u8"),
+        DType::I8 | DType::I4 | DType::I2 => Some("s8"),
         DType::U16 => Some("u16"),
         DType::I16 => Some("s16"),
         _ => None,
@@ -334,17 +337,24 @@ impl<'k> Writer<'k> {
 
     /// Converts register `x` of dtype `from` to a new register of dtype `to`, rounding to halves.
     fn convert(&mut self, x: &str, from: DType, to: DType) -> String {
-        if let (Some(f), true) = (to.float8(), from != to) {
+        if let (Some(f), true) = (to.minifloat(), from != to) {
             let v =
                 if from == DType::F64 { self.f64_to_f32_odd(x) } else { self.convert_register(x, from, DType::F32) };
             return self.f8_round(&v, f);
         }
         let v = self.convert_register(x, from, to);
-        match narrow_type(to) {
-            // Wrapped to the narrow width (`lower` casts every op's result that may leave it).
-            Some(t) if from != to => {
+        match (narrow_type(to), to.narrow_bits()) {
+            // Wrapped to the narrow width (`lower` casts every op's result that may leave it): the byte
+            // and half-word types by a conversion, the 2- and 4-bit ones by a bit-field extract.
+            (Some(t), Some((bits, signed))) if from != to => {
                 let r = self.reg("s32");
-                self.emit(&format!("cvt.s32.{t} {r}, {v};"));
+                if bits >= 8 {
+                    self.emit(&format!("cvt.s32.{t} {r}, {v};"));
+                } else if signed {
+                    self.emit(&format!("bfe.s32 {r}, {v}, 0, {bits};"));
+                } else {
+                    self.emit(&format!("and.b32 {r}, {v}, {};", (1u32 << bits) - 1));
+                }
                 r
             }
             _ => v,
@@ -527,14 +537,14 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("{pre}.u8 {w}, [{a}];"));
                 self.emit(&format!("setp.ne.u32 {r}, {w}, 0;"));
             }
-            DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
+            DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
                 if let Some(t) = narrow_type(d) {
                     self.emit(&format!("mov.s32 {r}, 0;"));
                     self.emit(&format!("{pre}.{t} {r}, [{a}];"));
                 }
             }
-            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => {
-                if let Some(f) = d.float8() {
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F4E2M1 => {
+                if let Some(f) = d.minifloat() {
                     let w = self.reg("b32");
                     self.emit(&format!("mov.b32 {w}, 0;"));
                     self.emit(&format!("{pre}.u8 {w}, [{a}];"));
@@ -615,13 +625,13 @@ impl<'k> Writer<'k> {
                 self.emit(&format!("selp.u16 {w}, 1, 0, {x};"));
                 self.emit(&format!("st.global.u8 [{a}], {w};"));
             }
-            DType::U8 | DType::I8 | DType::U16 | DType::I16 => {
+            DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I4 | DType::U4 | DType::I2 | DType::U2 => {
                 if let Some(t) = narrow_type(d) {
                     self.emit(&format!("st.global.{t} [{a}], {x};"));
                 }
             }
-            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => {
-                if let Some(f) = d.float8() {
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F4E2M1 => {
+                if let Some(f) = d.minifloat() {
                     let bits = self.f8_bits(&x, f);
                     self.emit(&format!("st.global.u8 [{a}], {bits};"));
                 }
@@ -638,10 +648,10 @@ impl<'k> Writer<'k> {
         r
     }
 
-    /// The f32 value of 8-bit float `f` nearest `x`, ties to even, saturated past its largest finite
+    /// The f32 value of small float `f` (8 or 4 bits) nearest `x`, ties to even, saturated past its largest finite
     /// value (an infinity too unless `f` has infinities), NaN kept: WGSL's `kf8_round`, instruction for
     /// instruction.
-    fn f8_round(&mut self, x: &str, f: Float8) -> String {
+    fn f8_round(&mut self, x: &str, f: Minifloat) -> String {
         let m = f.mantissa_bits as i32;
         let (b, ab, e) = (self.reg("b32"), self.reg("b32"), self.reg("s32"));
         self.emit(&format!("mov.b32 {b}, {x};"));
@@ -669,7 +679,9 @@ impl<'k> Writer<'k> {
             self.emit(&format!("selp.b32 {s}, 0, {s}, {z};"));
         }
         let r = self.with_sign(&y, &s);
-        self.emit(&format!("selp.f32 {r}, {x}, {r}, {nan};"));
+        // NaN stays NaN; a format without NaN (E2M1) takes −0, its code for it.
+        let nan_value = if f.nan { x.to_string() } else { "0f80000000".to_string() };
+        self.emit(&format!("selp.f32 {r}, {nan_value}, {r}, {nan};"));
         if f.infinities {
             // E5M2's ±inf are values of it (a cast clamps infinities before rounding).
             let (ib, inf) = (self.reg("b32"), self.reg("pred"));
@@ -689,9 +701,9 @@ impl<'k> Writer<'k> {
         r
     }
 
-    /// The bits (`b32`, low byte) of 8-bit float `f` for `r`, a value of `f` already (a store's value was
+    /// The bits (`b32`, low byte) of small float `f` for `r`, a value of `f` already (a store's value was
     /// converted to the buffer's dtype by `lower`, or loaded from such a buffer): WGSL's `kf8_bits`.
-    fn f8_bits(&mut self, r: &str, f: Float8) -> String {
+    fn f8_bits(&mut self, r: &str, f: Minifloat) -> String {
         let m = f.mantissa_bits;
         let (b, ab, e) = (self.reg("b32"), self.reg("b32"), self.reg("s32"));
         self.emit(&format!("mov.b32 {b}, {r};"));
@@ -712,8 +724,8 @@ impl<'k> Writer<'k> {
         self.emit(&format!("setp.lt.s32 {small}, {e}, {};", f.emin() + 127));
         self.emit(&format!("selp.b32 {v}, {sub}, {v}, {small};"));
         let s = self.reg("b32");
-        self.emit(&format!("shr.u32 {s}, {b}, 24;"));
-        self.emit(&format!("and.b32 {s}, {s}, 0x80;"));
+        self.emit(&format!("shr.u32 {s}, {b}, {};", 32 - f.bits));
+        self.emit(&format!("and.b32 {s}, {s}, {};", f.sign_bit()));
         if f.unsigned_zero {
             // One zero: its code unsigned (0x80 is NaN's).
             let z = self.reg("pred");
@@ -725,7 +737,7 @@ impl<'k> Writer<'k> {
             // ±inf (E5M2 holds them: a value loaded from such a buffer) as the all-ones exponent.
             let (inf, code) = (self.reg("pred"), self.reg("b32"));
             self.emit(&format!("setp.eq.u32 {inf}, {ab}, 0x7f800000;"));
-            self.emit(&format!("or.b32 {code}, {s}, {};", ((1u32 << (7 - m)) - 1) << m));
+            self.emit(&format!("or.b32 {code}, {s}, {};", ((1u32 << f.exponent_bits()) - 1) << m));
             self.emit(&format!("selp.b32 {v}, {code}, {v}, {inf};"));
         }
         self.emit(&format!("setp.gt.u32 {nan}, {ab}, 0x7f800000;"));
@@ -733,10 +745,11 @@ impl<'k> Writer<'k> {
         v
     }
 
-    /// The f32 value of 8-bit float bits `c` (`b32`): WGSL's `kf8_value`.
-    fn f8_value(&mut self, c: &str, f: Float8) -> String {
+    /// The f32 value of small float bits `c` (`b32`): WGSL's `kf8_value`.
+    fn f8_value(&mut self, c: &str, f: Minifloat) -> String {
         let m = f.mantissa_bits;
-        let top = (1u32 << (7 - m)) - 1;
+        let top = (1u32 << f.exponent_bits()) - 1;
+        let sign = u32::from(f.sign_bit());
         let (fr, e) = (self.reg("b32"), self.reg("b32"));
         self.emit(&format!("and.b32 {fr}, {c}, {};", (1u32 << m) - 1));
         self.emit(&format!("shr.u32 {e}, {c}, {m};"));
@@ -756,7 +769,7 @@ impl<'k> Writer<'k> {
         let (special, q) = (self.reg("pred"), self.reg("pred"));
         if f.unsigned_zero {
             // Every code finite but 0x80, the one NaN (the sign applied below leaves a NaN a NaN).
-            self.emit(&format!("setp.eq.u32 {special}, {c}, 0x80;"));
+            self.emit(&format!("setp.eq.u32 {special}, {c}, {sign};"));
             self.emit(&format!("selp.f32 {v}, 0f7FC00000, {v}, {special};"));
         } else if f.infinities {
             self.emit(&format!("setp.eq.u32 {special}, {e}, {top};"));
@@ -764,15 +777,15 @@ impl<'k> Writer<'k> {
             let sv = self.reg("f32");
             self.emit(&format!("selp.f32 {sv}, 0f7F800000, 0f7FC00000, {q};"));
             self.emit(&format!("selp.f32 {v}, {sv}, {v}, {special};"));
-        } else {
+        } else if f.nan {
             let low = self.reg("b32");
-            self.emit(&format!("and.b32 {low}, {c}, 0x7f;"));
-            self.emit(&format!("setp.eq.u32 {special}, {low}, 0x7f;"));
+            self.emit(&format!("and.b32 {low}, {c}, {};", sign - 1));
+            self.emit(&format!("setp.eq.u32 {special}, {low}, {};", sign - 1));
             self.emit(&format!("selp.f32 {v}, 0f7FC00000, {v}, {special};"));
         }
         let s = self.reg("b32");
-        self.emit(&format!("and.b32 {s}, {c}, 0x80;"));
-        self.emit(&format!("shl.b32 {s}, {s}, 24;"));
+        self.emit(&format!("and.b32 {s}, {c}, {sign};"));
+        self.emit(&format!("shl.b32 {s}, {s}, {};", 32 - f.bits));
         self.with_sign(&v, &s)
     }
 

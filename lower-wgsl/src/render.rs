@@ -196,22 +196,23 @@ impl<'k> Writer<'k> {
         match d {
             DType::F32 | DType::BF16 => "f32",
             DType::F64 => "f64",
-            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => "f32",
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F4E2M1 => "f32",
             DType::F16 if self.f16 => "f16",
             DType::F16 => "f32",
             DType::I32 | DType::I64 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => "i32",
+            DType::I4 | DType::U4 | DType::I2 | DType::U2 => "i32",
             // u64 in its low word, as i64 in i32.
             DType::U32 | DType::U64 => "u32",
             DType::Bool => "bool",
         }
     }
 
-    /// The layout of 8-bit float dtype `d` (a `Storage::Float8`'s, which `Storage::of` makes only for
+    /// The layout of small float dtype `d` (a `Storage::Minifloat`'s, which `Storage::of` makes only for
     /// a dtype that has one); a render error otherwise.
-    fn float8(&mut self, d: DType) -> Option<kiln_graph::dtype::Float8> {
-        let f = d.float8();
+    fn minifloat(&mut self, d: DType) -> Option<kiln_graph::dtype::Minifloat> {
+        let f = d.minifloat();
         if f.is_none() {
-            self.fail(format!("{d} stored as an 8-bit float"));
+            self.fail(format!("{d} stored as a small float"));
         }
         f
     }
@@ -274,15 +275,16 @@ impl<'k> Writer<'k> {
 
     /// Converts `x`, a value of dtype `from`, to dtype `to`, rounding to the narrower float types.
     fn convert(&self, x: &str, from: DType, to: DType) -> String {
-        if let (Some(f), true) = (to.float8(), from != to) {
+        if let (Some(f), true) = (to.minifloat(), from != to) {
             let v = if from == DType::F64 { format!("kd2f_odd({x})") } else { self.convert_type(x, from, DType::F32) };
             return format!(
-                "kf8_round({v}, {}i, {}i, {}, {}, {})",
+                "kf8_round({v}, {}i, {}i, {}, {}, {}, {})",
                 f.mantissa_bits,
                 f.emin(),
                 float_literal(f.max),
                 f.infinities,
-                f.unsigned_zero
+                f.unsigned_zero,
+                f.nan
             );
         }
         let v = self.convert_type(x, from, to);
@@ -399,12 +401,12 @@ impl<'k> Writer<'k> {
                     format!("i32(extractBits({word}, {sh}, {bits}u))")
                 }
             }
-            Storage::Float8(d) => {
+            Storage::Minifloat(d) => {
                 let (w, sh) = packed_place(&idx, 8);
-                let Some(f) = self.float8(d) else { return (String::new(), b.dtype) };
+                let Some(f) = self.minifloat(d) else { return (String::new(), b.dtype) };
                 format!(
-                    "kf8_value(extractBits(b{buffer}[{w}], {sh}, 8u), {}u, {}i, {}, {})",
-                    f.mantissa_bits, f.bias, f.infinities, f.unsigned_zero
+                    "kf8_value(extractBits(b{buffer}[{w}], {sh}, 8u), {}u, {}i, {}, {}, {}u, {})",
+                    f.mantissa_bits, f.bias, f.infinities, f.unsigned_zero, f.bits, f.nan
                 )
             }
             _ => format!("b{buffer}[{idx}]"),
@@ -761,11 +763,16 @@ impl<'k> Writer<'k> {
             Storage::NarrowInt { bits, .. } => {
                 packed_store(buffer, &idx, bits, &format!("(u32({v}) & {}u)", (1u32 << bits) - 1))
             }
-            Storage::Float8(d) => {
-                let Some(f) = self.float8(d) else { return };
+            Storage::Minifloat(d) => {
+                let Some(f) = self.minifloat(d) else { return };
                 let bits = format!(
-                    "kf8_bits({v}, {}u, {}i, {}, {})",
-                    f.mantissa_bits, f.bias, f.infinities, f.unsigned_zero
+                    "kf8_bits({v}, {}u, {}i, {}, {}, {}u, {}u)",
+                    f.mantissa_bits,
+                    f.bias,
+                    f.infinities,
+                    f.unsigned_zero,
+                    f.bits,
+                    f.nan_code()
                 );
                 packed_store(buffer, &idx, 8, &bits)
             }

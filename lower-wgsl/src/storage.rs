@@ -31,27 +31,28 @@ pub enum Storage {
     /// `array<u32>`, 0 or 1.
     BoolU32,
     /// `array<u32>`, `32 / bits` narrow integers per word (the host's layout), computed in i32: read with
-    /// `extractBits` (sign-extending when signed), written as the packed halves are.
+    /// `extractBits` (sign-extending when signed), written as the packed halves are. The 2- and 4-bit
+    /// integers take a byte each, sign-extended where signed, as on the host.
     NarrowInt {
-        /// 8 or 16.
+        /// Bits of storage an element: 8 or 16.
         bits: u32,
         /// Sign-extended on load.
         signed: bool,
     },
-    /// `array<u32>`, four 8-bit floats per word, computed in f32: decoded on load (`kf8_value`),
+    /// `array<u32>`, four 8-bit (or 4-bit, a byte each) floats per word, computed in f32: decoded on load (`kf8_value`),
     /// encoded on store (`kf8_bits`), written as the packed halves are. The dtype's layout
-    /// (`DType::float8`) says how.
-    Float8(DType),
+    /// (`DType::minifloat`) says how.
+    Minifloat(DType),
 }
 
 impl Storage {
     /// The layout of `dtype` on a device with or without native f16.
     pub fn of(dtype: DType, f16_native: bool) -> Storage {
-        if let Some((bits, signed)) = dtype.narrow_bits() {
-            return Storage::NarrowInt { bits, signed };
+        if let Some((_, signed)) = dtype.narrow_bits() {
+            return Storage::NarrowInt { bits: 8 * dtype.size_bytes() as u32, signed };
         }
-        if dtype.float8().is_some() {
-            return Storage::Float8(dtype);
+        if dtype.minifloat().is_some() {
+            return Storage::Minifloat(dtype);
         }
         // The rest, one word (or two) an element.
         match dtype {
@@ -67,13 +68,14 @@ impl Storage {
             DType::Bool => Storage::BoolU32,
             // Not reached (laid out above): named, not `_`, so a new dtype must be placed here.
             DType::U8 | DType::I8 | DType::U16 | DType::I16 => Storage::I32,
-            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => Storage::I32,
+            DType::I4 | DType::U4 | DType::I2 | DType::U2 => Storage::I32,
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ | DType::F4E2M1 => Storage::I32,
         }
     }
 
     /// Whether elements share 32-bit words that different threads write (stores are atomic).
     pub fn shares_words(self) -> bool {
-        matches!(self, Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. } | Storage::Float8(_))
+        matches!(self, Storage::F16Packed | Storage::Bf16Packed | Storage::NarrowInt { .. } | Storage::Minifloat(_))
     }
 
     /// The WGSL element type of the buffer array.
@@ -89,7 +91,7 @@ impl Storage {
             | Storage::F16Packed
             | Storage::Bf16Packed
             | Storage::NarrowInt { .. }
-            | Storage::Float8(_) => "u32",
+            | Storage::Minifloat(_) => "u32",
         }
     }
 }

@@ -1,5 +1,6 @@
 //! ONNX tensors (`TensorProto`) to kiln data: the element types kiln holds, little-endian raw bytes or
-//! the typed repeated fields, and external data files next to the model.
+//! the typed repeated fields, and external data files next to the model. The 2- and 4-bit types come
+//! packed, lowest bits first; kiln holds them a byte an element, so they are unpacked here.
 
 use crate::proto::{tensor_proto::DataLocation, tensor_proto::DataType, TensorProto};
 use kiln_graph::{DType, TensorData};
@@ -25,6 +26,11 @@ pub fn dtype_of(elem_type: i32) -> Result<DType, String> {
         Ok(DataType::Float8e5m2) => Ok(DType::F8E5M2),
         Ok(DataType::Float8e4m3fnuz) => Ok(DType::F8E4M3FNUZ),
         Ok(DataType::Float8e5m2fnuz) => Ok(DType::F8E5M2FNUZ),
+        Ok(DataType::Int4) => Ok(DType::I4),
+        Ok(DataType::Uint4) => Ok(DType::U4),
+        Ok(DataType::Int2) => Ok(DType::I2),
+        Ok(DataType::Uint2) => Ok(DType::U2),
+        Ok(DataType::Float4e2m1) => Ok(DType::F4E2M1),
         Ok(other) => Err(format!("element type {}", other.as_str_name().to_lowercase())),
         Err(_) => Err(format!("element type {elem_type}")),
     }
@@ -50,7 +56,37 @@ pub fn onnx_type(d: DType) -> DataType {
         DType::F8E5M2 => DataType::Float8e5m2,
         DType::F8E4M3FNUZ => DataType::Float8e4m3fnuz,
         DType::F8E5M2FNUZ => DataType::Float8e5m2fnuz,
+        DType::I4 => DataType::Int4,
+        DType::U4 => DataType::Uint4,
+        DType::I2 => DataType::Int2,
+        DType::U2 => DataType::Uint2,
+        DType::F4E2M1 => DataType::Float4e2m1,
     }
+}
+
+/// Bits of an element ONNX packs several to a byte: 4 (int4, uint4, float4e2m1) or 2 (int2, uint2).
+fn packed_bits(d: DType) -> Option<usize> {
+    match d {
+        DType::I4 | DType::U4 | DType::F4E2M1 => Some(4),
+        DType::I2 | DType::U2 => Some(2),
+        _ => None,
+    }
+}
+
+/// The values of `numel` packed codes of `dtype` (`bits` each, the first in the lowest bits of the first
+/// byte): integers sign-extended where signed, float codes decoded.
+fn unpack(bytes: &[u8], numel: usize, bits: usize, dtype: DType) -> Vec<f64> {
+    let mask = (1u8 << bits) - 1;
+    (0..numel)
+        .map(|i| {
+            let code = (bytes[i * bits / 8] >> (i * bits % 8)) & mask;
+            match (dtype.minifloat(), dtype.narrow_bits()) {
+                (Some(f), _) => f.decode(code),
+                (None, Some((_, true))) => f64::from(((code << (8 - bits)) as i8) >> (8 - bits)),
+                _ => f64::from(code),
+            }
+        })
+        .collect()
 }
 
 /// Reads `t` into host data. `dir` is where external data files are looked up (the model's folder).
@@ -63,11 +99,26 @@ pub fn to_data(t: &TensorProto, dir: Option<&Path>) -> Result<TensorData, String
         .collect::<Result<_, _>>()?;
     let numel = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or("too many elements")?;
     let width = dtype.size_bytes();
+    let file_bytes = match packed_bits(dtype) {
+        Some(bits) => numel.checked_mul(bits).ok_or("too many elements")?.div_ceil(8),
+        None => numel * width,
+    };
     let raw: Option<Vec<u8>> = if t.data_location() == DataLocation::External {
-        Some(external(t, dir, numel * width)?)
+        Some(external(t, dir, file_bytes)?)
     } else {
         t.raw_data.clone()
     };
+    if let Some(bits) = packed_bits(dtype) {
+        // Raw bytes, or one packed byte an `int32_data` entry.
+        let bytes: Vec<u8> = match raw {
+            Some(bytes) => bytes,
+            None => t.int32_data.iter().map(|&v| v as u8).collect(),
+        };
+        if bytes.len() != file_bytes {
+            return Err(format!("{} bytes for {numel} packed {dtype} elements (want {file_bytes})", bytes.len()));
+        }
+        return TensorData::from_f64(unpack(&bytes, numel, bits, dtype), &dims, dtype).map_err(|e| e.to_string());
+    }
     let values: Vec<f64> = match raw {
         Some(bytes) => {
             if bytes.len() != numel * width {
@@ -89,10 +140,12 @@ pub fn to_data(t: &TensorProto, dir: Option<&Path>) -> Result<TensorData, String
                 t.int32_data.iter().map(|&v| v as f64).collect()
             }
             // 8-bit floats as their bit patterns, as the half types.
-            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => match dtype.float8() {
+            DType::F8E4M3 | DType::F8E5M2 | DType::F8E4M3FNUZ | DType::F8E5M2FNUZ => match dtype.minifloat() {
                 Some(f) => t.int32_data.iter().map(|&v| f.decode(v as u8)).collect(),
                 None => vec![],
             },
+            // Unpacked above.
+            DType::I4 | DType::U4 | DType::I2 | DType::U2 | DType::F4E2M1 => vec![],
         },
     };
     if values.len() != numel {

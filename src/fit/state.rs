@@ -71,12 +71,10 @@ pub fn save<M: Module>(
     let views = tensors
         .iter()
         .map(|(n, d)| {
-            let v = safetensors::tensor::TensorView::new(
-                crate::nn::safetensors_dtype(d.dtype()),
-                d.dims().to_vec(),
-                d.le_bytes(),
-            )
-            .map_err(|e| format_error(&optim_path, e))?;
+            let dtype = crate::nn::safetensors_dtype(d.dtype())
+                .map_err(|e| format_error(&optim_path, format!("`{n}`: {e}")))?;
+            let v = safetensors::tensor::TensorView::new(dtype, d.dims().to_vec(), d.le_bytes())
+                .map_err(|e| format_error(&optim_path, e))?;
             Ok((n.clone(), v))
         })
         .collect::<Result<Vec<_>>>()?;

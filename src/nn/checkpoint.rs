@@ -10,9 +10,9 @@ fn format_error(path: &Path, msg: impl std::fmt::Display) -> Error {
     Error::Format { what: format!("checkpoint {}", path.display()), msg: msg.to_string() }
 }
 
-/// The safetensors name of a kiln dtype.
-pub(crate) fn to_safetensors(d: DType) -> Dtype {
-    match d {
+/// The safetensors name of a kiln dtype, or an error message saying why it has none.
+pub(crate) fn to_safetensors(d: DType) -> std::result::Result<Dtype, String> {
+    Ok(match d {
         DType::F32 => Dtype::F32,
         DType::F64 => Dtype::F64,
         DType::F16 => Dtype::F16,
@@ -30,7 +30,12 @@ pub(crate) fn to_safetensors(d: DType) -> Dtype {
         DType::F8E5M2 => Dtype::F8_E5M2,
         DType::F8E4M3FNUZ => Dtype::F8_E4M3FNUZ,
         DType::F8E5M2FNUZ => Dtype::F8_E5M2FNUZ,
-    }
+        // safetensors has no 2- or 4-bit integers, and its F4 is packed two to a byte where kiln holds
+        // one: cast to a byte-wide dtype to save.
+        DType::I4 | DType::U4 | DType::I2 | DType::U2 | DType::F4E2M1 => {
+            return Err(format!("safetensors holds no {d} tensor a byte an element: cast it to i8, u8 or f32 to save"))
+        }
+    })
 }
 
 /// The kiln dtype of a safetensors one, if kiln holds it.
@@ -65,7 +70,8 @@ pub fn save(module: &impl Module, path: &Path) -> Result<()> {
     let views = data
         .iter()
         .map(|(n, d)| {
-            let v = safetensors::tensor::TensorView::new(to_safetensors(d.dtype()), d.dims().to_vec(), d.le_bytes())
+            let dtype = to_safetensors(d.dtype()).map_err(|e| format_error(path, format!("`{n}`: {e}")))?;
+            let v = safetensors::tensor::TensorView::new(dtype, d.dims().to_vec(), d.le_bytes())
                 .map_err(|e| format_error(path, e))?;
             Ok((n.clone(), v))
         })

@@ -220,14 +220,16 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ])
         });
     }
-    for d in [DType::U8, DType::I8, DType::U16, DType::I16] {
+    for d in DType::ALL.into_iter().filter(|d| d.is_narrow_int()) {
         // Values across the whole range, 39 of them: threads share the packed words of WGSL's layout,
         // and the last word is part-filled. Sums and products leave the width: each op's result is
         // wrapped before the next reads it (a division or comparison after an overflow sees the
         // wrapped value, as the reference does).
         let (lo, hi) = (d.min_value(), d.max_value());
         let x = t(&[3, 13], d, |i| lo + ((i as f64 * 37.0) % 23.0) / 22.0 * (hi - lo));
-        let y = t(&[13], d, |i| (i % 5) as f64 + 1.0);
+        // Divisors from 1 up to 5, or the largest value of the 2-bit types (no zero after wrapping).
+        let top = hi.min(5.0);
+        let y = t(&[13], d, |i| (i as f64 % top) + 1.0);
         let f = t(&[13], DType::F32, |i| (i as f64 - 6.0) * hi * 0.37 + 0.75);
         case(b, &format!("narrow integer ops {d}"), &[x, y, f], 0.0, |v| {
             let (x, y) = (&v[0], &v[1]);
@@ -308,10 +310,10 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             Ok(out)
         });
     }
-    for d in DType::ALL.into_iter().filter(|d| d.float8().is_some()) {
-        // Ties to even, the subnormal steps, saturation (infinities too), NaN, signed zero: 8-bit floats
-        // are storage, written by a cast and read back through layout ops and another cast.
-        let top = d.float8().map_or(448.0, |f| f.max);
+    for d in DType::ALL.into_iter().filter(|d| d.minifloat().is_some()) {
+        // Ties to even, the subnormal steps, saturation (infinities too), NaN, signed zero: 8- and 4-bit
+        // floats are storage, written by a cast and read back through layout ops and another cast.
+        let top = d.minifloat().map_or(448.0, |f| f.max);
         let special = [
             0.0,
             -0.0,
@@ -334,7 +336,7 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             -2.5e-5,
         ];
         let x = t(&[3, 19], DType::F32, |i| special[i % special.len()] * if i >= 19 { 1.7 } else { 1.0 });
-        case(b, &format!("8-bit float casts {d}"), &[x], 0.0, |v| {
+        case(b, &format!("small float casts {d}"), &[x], 0.0, |v| {
             let q = v[0].cast(d)?;
             Ok(vec![
                 q.clone(),
@@ -352,10 +354,10 @@ pub fn every_op(b: &Arc<dyn Backend>) {
             ])
         });
     }
-    for d in DType::ALL.into_iter().filter(|d| d.float8().is_some()) {
+    for d in DType::ALL.into_iter().filter(|d| d.minifloat().is_some()) {
         // Without saturation (ONNX's `saturate = 0`): past the overflow limit ±∞ (E5M2) or NaN; at the
         // limit itself by the tie's rule; from f32 and from f16.
-        let f = d.float8().unwrap();
+        let f = d.minifloat().unwrap();
         let (limit, _) = f.overflow_limit();
         let special = [
             limit,
@@ -423,7 +425,8 @@ pub fn every_op(b: &Arc<dyn Backend>) {
     // above casts u32s past 2^31.
     let dtypes: Vec<DType> = kiln::DType::ALL.into_iter().filter(|&d| d != DType::F64 || has_f64(b)).collect();
     for &from in &dtypes {
-        let magnitudes = t(&[9], from, |i| (wave(i) * 2.0).abs());
+        // (Within the dtype: a 2-bit integer's 2 would wrap to −2.)
+        let magnitudes = t(&[9], from, |i| (wave(i) * 2.0).abs().min(from.max_value()));
         let wide_unsigned = matches!(from, DType::U32 | DType::U64);
         let x = if wide_unsigned { magnitudes.clone() } else { t(&[9], from, |i| wave(i) * 2.0) };
         case(b, &format!("casts from {from}"), &[x, magnitudes], tol(DType::BF16, 1.0), |v| {

@@ -47,7 +47,7 @@ fn output_dtype(node: &Node) -> OpResult<Option<DType>> {
 /// A quantized dtype kiln holds: the narrow integers and the OCP 8-bit floats (ONNX's 2- and 4-bit
 /// integers and its `fnuz` floats are not kiln dtypes).
 fn quantized(d: DType) -> OpResult<DType> {
-    if d.is_narrow_int() || d.float8().is_some() {
+    if d.is_narrow_int() || d.minifloat().is_some() {
         Ok(d)
     } else {
         unsupported(format!("quantized values of {d} (kiln quantizes to u8, i8, u16, i16, f8e4m3fn and f8e5m2)"))
@@ -135,7 +135,7 @@ fn quantize_linear(node: &Node) -> OpResult<Vec<Value>> {
         p => crate::tensor::dtype_of(p as i32).map_err(OpError::Unsupported)?,
     };
     let q = x.cast(cd)?.div(&along(&scale.cast(cd)?, &x, ax, block)?)?;
-    if out.float8().is_some() {
+    if out.minifloat().is_some() {
         // An 8-bit float takes the quotient itself, rounded and saturated by the cast (its zero point
         // is 0 by definition, as ONNX's reference ignores it).
         if node.int("saturate", 1) == 0 {
@@ -159,11 +159,11 @@ fn dequantize_linear(node: &Node) -> OpResult<Vec<Value>> {
             return invalid(format!("a zero point of {} for values of {}", z.dtype(), x.dtype()));
         }
     }
-    if !(x.dtype().is_narrow_int() || x.dtype() == DType::I32 || x.dtype().float8().is_some()) {
+    if !(x.dtype().is_narrow_int() || x.dtype() == DType::I32 || x.dtype().minifloat().is_some()) {
         return unsupported(format!("dequantizing {} values", x.dtype()));
     }
     // An 8-bit float's zero point is 0 by definition (ONNX's reference ignores it).
-    let zp = zp.filter(|_| x.dtype().float8().is_none());
+    let zp = zp.filter(|_| x.dtype().minifloat().is_none());
     let ax = node.int("axis", 1);
     let block = node.int("block_size", 0);
     let dx = x.cast(DType::F32)?;

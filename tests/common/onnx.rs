@@ -42,9 +42,10 @@ pub fn unsupported_reason(e: &Error) -> Option<String> {
 }
 
 /// `|got - want| <= 1e-3 |want| + atol` (ONNX's backend-test rule, with kiln's absolute floor), same
-/// NaNs and infinities; integers and booleans exactly. `tf32`: the model's f32 convolutions ran in TF32
-/// (f16's 10-bit mantissa), so f32 is held to the f16 rule.
-pub fn compare(got: &TensorData, want: &TensorData, tf32: bool) -> Result<(), String> {
+/// NaNs and infinities; integers and booleans exactly, or within `levels` where the case says (a JPEG's
+/// pixels). `tf32`: the model's f32 convolutions ran in TF32 (f16's 10-bit mantissa), so f32 is held to
+/// the f16 rule.
+pub fn compare(got: &TensorData, want: &TensorData, tf32: bool, levels: f64) -> Result<(), String> {
     if got.dims() != want.dims() {
         return Err(format!("shape {:?}, expected {:?}", got.dims(), want.dims()));
     }
@@ -61,7 +62,7 @@ pub fn compare(got: &TensorData, want: &TensorData, tf32: bool) -> Result<(), St
     };
     for (i, (&a, &b)) in got.values().iter().zip(want.values()).enumerate() {
         let ok = if !float {
-            a == b
+            (a - b).abs() <= levels
         } else if b.is_nan() {
             a.is_nan()
         } else if b.is_infinite() {
@@ -74,6 +75,19 @@ pub fn compare(got: &TensorData, want: &TensorData, tf32: bool) -> Result<(), St
         }
     }
     Ok(())
+}
+
+/// How far a decoded JPEG's pixels may be from the expected ones: 2 levels. JPEG decoders agree only
+/// that far — the standard leaves the inverse DCT's rounding and the chroma upsampling to each one —
+/// and ONNX's expected pixels are Pillow's (libjpeg), kiln's the `image` crate's (measured: grey
+/// within 1 on 3% of pixels, colour within 2 on 24%). Every other image format exactly.
+fn jpeg_levels(dir: &Path) -> f64 {
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    if name.starts_with("test_image_decoder_decode_jpeg_") {
+        2.0
+    } else {
+        0.0
+    }
 }
 
 pub fn run_case(dir: &Path, backend: &Arc<dyn Backend>) -> Outcome {
@@ -131,7 +145,7 @@ pub fn run_case(dir: &Path, backend: &Arc<dyn Backend>) -> Outcome {
                 Ok(g) => g,
                 Err(e) => return Outcome::Fail(e.to_string()),
             };
-            if let Err(m) = compare(&g, w, tf32) {
+            if let Err(m) = compare(&g, w, tf32, jpeg_levels(dir)) {
                 return Outcome::Fail(format!("output {k}: {m}"));
             }
         }

@@ -10,6 +10,7 @@ mod deform_conv;
 mod det;
 mod elementwise;
 mod grid_sample;
+mod image_decoder;
 mod loss;
 mod max_unpool;
 mod mel;
@@ -40,7 +41,7 @@ type Dispatch = fn(&Node, &str) -> Option<OpResult<Vec<Value>>>;
 
 /// Every op family: the op types it converts and its converter (one list for what kiln reports it
 /// imports, what it dispatches, and the test holding the two to each other).
-const FAMILIES: [(&[&str], Dispatch); 26] = [
+const FAMILIES: [(&[&str], Dispatch); 27] = [
     (elementwise::OPS, elementwise::run),
     (nn::OPS, nn::run),
     (shape::OPS, shape::run),
@@ -67,6 +68,7 @@ const FAMILIES: [(&[&str], Dispatch); 26] = [
     (optional::OPS, optional::run),
     (random::OPS, random::run),
     (quantize::OPS, quantize::run),
+    (image_decoder::OPS, image_decoder::run),
 ];
 
 /// Every default-domain op type kiln imports, sorted (the coverage table in `docs/onnx.md` lists them):

@@ -157,3 +157,41 @@ fn bad_equations_are_typed_errors_at_the_callers_line() {
         }
     }
 }
+
+/// Random equations: one to three operands of rank 0 to 3 over five labels (repeats in an operand are
+/// diagonals), each label one size, an explicit output of some labels in any order — every contraction
+/// plan `einsum` picks (pairwise matmuls, diagonals, sums of labels only one operand has, outer products)
+/// against the definition.
+mod random_equations {
+    use super::{check, tensor};
+    use proptest::prelude::*;
+
+    fn equation() -> impl Strategy<Value = (String, Vec<Vec<usize>>)> {
+        let sizes = proptest::collection::vec(1usize..4, 5);
+        let terms = proptest::collection::vec(proptest::collection::vec(0usize..5, 0..4), 1..4);
+        let order = proptest::collection::vec(any::<u8>(), 5);
+        (sizes, terms, order, any::<u8>()).prop_map(|(sizes, terms, order, keep)| {
+            let label = |l: usize| (b'a' + l as u8) as char;
+            let mut used: Vec<usize> = terms.iter().flatten().copied().collect();
+            used.sort_unstable();
+            used.dedup();
+            // Some of the labels, each once, in an order drawn from `order`.
+            let mut out: Vec<usize> = used.iter().copied().filter(|&l| keep & (1 << l) != 0).collect();
+            out.sort_by_key(|&l| order[l]);
+            let inputs: Vec<String> = terms.iter().map(|t| t.iter().map(|&l| label(l)).collect()).collect();
+            let eq = format!("{}->{}", inputs.join(","), out.iter().map(|&l| label(l)).collect::<String>());
+            let dims = terms.iter().map(|t| t.iter().map(|&l| sizes[l]).collect()).collect();
+            (eq, dims)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn random_equations_match_their_definition((eq, dims) in equation()) {
+            let operands: Vec<kiln_graph::Tensor> = dims.iter().enumerate().map(|(i, d)| tensor(d, i)).collect();
+            let refs: Vec<&kiln_graph::Tensor> = operands.iter().collect();
+            check(&eq, &refs, &eq);
+        }
+    }
+}

@@ -11,6 +11,7 @@
 
 mod fold;
 mod model;
+mod old_opsets;
 mod ops;
 pub mod proto;
 mod scan;

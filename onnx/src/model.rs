@@ -70,7 +70,8 @@ type ConstantKey = (Vec<usize>, DType, Vec<u64>);
 pub struct Model {
     /// Where it came from (a path, or the name given to [`crate::load_bytes`]).
     pub name: String,
-    /// The default domain's opset.
+    /// The default domain's opset the model is read by: its own, or 7 for an older model whose every
+    /// op is defined at its opset as at 7.
     pub opset: i64,
     /// The inputs a caller gives, in order (initializers listed as inputs are not among them).
     pub inputs: Vec<IoSpec>,
@@ -164,14 +165,28 @@ impl Model {
         }
         // IR version 3 and older imply opset 1 when none is named; kiln starts at 7. A model of the
         // training domain's optimizers alone imports no default opset: its rules are the newest's.
-        let opset = opset.unwrap_or(if training { *OPSETS.end() } else { 1 });
-        if !OPSETS.contains(&opset) {
-            return Err(Error::Unsupported {
-                what: format!("{name}: opset {opset} (kiln reads opsets {} to {})", OPSETS.start(), OPSETS.end()),
-                loc: kiln_graph::SourceLoc::internal(),
-            });
-        }
+        let declared = opset.unwrap_or(if training { *OPSETS.end() } else { 1 });
         let g = m.graph.ok_or_else(|| malformed(name, "no graph"))?;
+        let unsupported = |why: String| Error::Unsupported {
+            what: format!("{name}: opset {declared} (kiln reads opsets {} to {}{why})", OPSETS.start(), OPSETS.end()),
+            loc: kiln_graph::SourceLoc::internal(),
+        };
+        // An older model whose every op is defined as at opset 7 is read as opset 7.
+        let opset = match declared {
+            1..7 => match crate::old_opsets::first_changed(&g.node, declared) {
+                None => *OPSETS.start(),
+                Some((op, Some(v))) => {
+                    return Err(unsupported(format!(
+                        ", and older models whose ops are defined as at 7: `{op}` changed at opset {v}"
+                    )))
+                }
+                Some((op, None)) => return Err(unsupported(format!(": `{op}` is not an op of opset 7 or older"))),
+            },
+            _ => declared,
+        };
+        if !OPSETS.contains(&opset) {
+            return Err(unsupported(String::new()));
+        }
         let mut constants = HashMap::new();
         for init in &g.initializer {
             let data = to_data(init, dir).map_err(|msg| match dtype_of(init.data_type()) {

@@ -55,6 +55,28 @@ fn an_opset_kiln_does_not_read_is_unsupported() {
     );
     let e = kiln_onnx::load_bytes(&bytes, "old.onnx").expect_err("opset 3");
     assert!(matches!(e, Error::Unsupported { .. }) && e.to_string().contains("opset 3"), "{e}");
+    assert!(e.to_string().contains("`Relu` changed at opset 6"), "{e}");
+    // An op defined alike at opset 1 and 7 (`Transpose`) reads an opset-1 model as opset 7.
+    let bytes = model(
+        vec![node("Transpose", "t", &["x"], &["y"])],
+        vec![value("x", &[Ok(2), Ok(3)])],
+        vec![value("y", &[Ok(3), Ok(2)])],
+        vec![],
+        1,
+    );
+    let m = kiln_onnx::load_bytes(&bytes, "old.onnx").unwrap().backend(CpuReference);
+    let y = m.call(vec![Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap()]).unwrap();
+    assert_eq!(y[0].to_vec::<f32>().unwrap(), [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    // Past the newest opset kiln reads.
+    let bytes = model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![value("x", &[Ok(2)])],
+        vec![value("y", &[Ok(2)])],
+        vec![],
+        26,
+    );
+    let e = kiln_onnx::load_bytes(&bytes, "new.onnx").expect_err("opset 26");
+    assert!(e.to_string().contains("opset 26 (kiln reads opsets 7 to 25)"), "{e}");
 }
 
 #[test]

@@ -75,6 +75,7 @@ impl Term {
 }
 
 /// A tensor with a label per axis.
+#[derive(Clone)]
 struct Labelled {
     t: Tensor,
     labels: Vec<Label>,
@@ -314,7 +315,7 @@ fn einsum(equation: &str, operands: &[&Tensor]) -> Result<Tensor> {
     let mut rest: Vec<Labelled> = Vec::new();
     for i in 0..xs.len() {
         let keep = needed(&xs, i);
-        rest.push(Labelled { t: xs[i].t.clone(), labels: xs[i].labels.clone() }.sum_except(&keep)?);
+        rest.push(xs[i].clone().sum_except(&keep)?);
     }
     let mut rest = rest.into_iter();
     let mut acc = rest.next().ok_or_else(|| bad("no operands".into()))?;
@@ -324,8 +325,7 @@ fn einsum(equation: &str, operands: &[&Tensor]) -> Result<Tensor> {
         for x in &later[i + 1..] {
             keep.extend(&x.labels);
         }
-        let b = Labelled { t: b.t.clone(), labels: b.labels.clone() };
-        acc = contract(acc, b, &keep)?.sum_except(&keep)?;
+        acc = contract(acc, b.clone(), &keep)?.sum_except(&keep)?;
     }
     let acc = acc.sum_except(&out)?;
     acc.permuted(&out)

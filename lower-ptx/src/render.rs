@@ -648,8 +648,9 @@ impl<'k> Writer<'k> {
         r
     }
 
-    /// The f32 value of small float `f` (8 or 4 bits) nearest `x`, ties to even, saturated past its largest finite
-    /// value (an infinity too unless `f` has infinities), NaN kept: WGSL's `kf8_round`, instruction for
+    /// The f32 value of small float `f` (8 or 4 bits) nearest `x`, ties to even, saturated past its
+    /// largest finite value (an infinity too unless `f` has infinities), NaN kept (−0 where `f` has no
+    /// NaN): WGSL's `kf8_round`, instruction for
     /// instruction.
     fn f8_round(&mut self, x: &str, f: Minifloat) -> String {
         let m = f.mantissa_bits as i32;

@@ -39,8 +39,8 @@ pub enum Storage {
         /// Sign-extended on load.
         signed: bool,
     },
-    /// `array<u32>`, four 8-bit (or 4-bit, a byte each) floats per word, computed in f32: decoded on load (`kf8_value`),
-    /// encoded on store (`kf8_bits`), written as the packed halves are. The dtype's layout
+    /// `array<u32>`, four 8-bit (or 4-bit, a byte each) floats per word, computed in f32: decoded on load
+    /// (`kf8_value`), encoded on store (`kf8_bits`), written as the packed halves are. The dtype's layout
     /// (`DType::minifloat`) says how.
     Minifloat(DType),
 }

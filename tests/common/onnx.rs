@@ -52,7 +52,7 @@ pub fn compare(got: &TensorData, want: &TensorData, tf32: bool, levels: f64) -> 
     if got.dtype() != want.dtype() {
         return Err(format!("dtype {}, expected {}", got.dtype(), want.dtype()));
     }
-    // 8-bit floats exactly, but NaN as NaN.
+    // Small (8- and 4-bit) floats exactly, but NaN as NaN.
     let float = want.dtype().is_float() || want.dtype().minifloat().is_some();
     let (rtol, atol) = match want.dtype() {
         kiln::DType::F32 | kiln::DType::F64 if !tf32 => (1e-3, 1e-5),

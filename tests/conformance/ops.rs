@@ -19,8 +19,8 @@ pub fn wave(i: usize) -> f64 {
     }
 }
 
-/// Tolerance for a dtype: 1e-5 relative for f32 and integers, 1e-2 for half types, 1e-12 for f64; `scale` widens it
-/// for reductions and composites, whose error grows with length.
+/// Tolerance for a dtype: 1e-5 relative for f32 and integers, 1e-2 for half types, 1e-12 for f64; `scale`
+/// widens it for reductions and composites, whose error grows with length.
 pub fn tol(dtype: DType, scale: f64) -> f64 {
     match dtype {
         DType::F16 | DType::BF16 => 1e-2 * scale,
@@ -85,7 +85,8 @@ type UnaryFn = fn(&Tensor) -> Result<Tensor>;
 
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
-/// Whether `b` computes f64 (a target without it refuses f64 graphs: `f64_is_a_typed_error_without_it`).
+/// Whether `b` computes f64 (a target without it refuses f64 graphs, tested in `tests/errors.rs`:
+/// `f64_on_a_target_without_it_is_a_typed_error_naming_the_line`).
 pub fn has_f64(b: &Arc<dyn Backend>) -> bool {
     b.target().is_none_or(|t| t.float64)
 }

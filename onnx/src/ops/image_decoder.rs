@@ -30,6 +30,10 @@ mod native {
 
     /// The most bytes of an encoded image kiln reads back.
     const MAX_BYTES: usize = 1 << 26;
+    /// The most pixels of a decoded image (16 Mi: 4096 × 4096), checked from its header before decoding.
+    const MAX_PIXELS: u64 = 1 << 24;
+    /// The most a decoder may allocate (a 16-bit RGBA image of `MAX_PIXELS` pixels and room besides).
+    const MAX_DECODER_BYTES: u64 = 1 << 28;
 
     /// The image of input 0's bytes in `pixel_format`'s channels.
     pub(super) fn decode(node: &Node) -> OpResult<Vec<Value>> {
@@ -51,8 +55,18 @@ mod native {
         if is_jpeg2000(&bytes) {
             return unsupported("a JPEG 2000 image (kiln decodes JPEG, PNG, BMP, PNM, TIFF and WebP)");
         }
-        let image =
-            image::load_from_memory(&bytes).map_err(|e| OpError::Invalid(format!("decoding the image: {e}")))?;
+        let failed = |e: image::ImageError| OpError::Invalid(format!("decoding the image: {e}"));
+        let reader = || image::ImageReader::new(std::io::Cursor::new(&bytes)).with_guessed_format();
+        // The size first, from the header: a small file can describe a huge image.
+        let (w, h) = reader().map_err(|e| failed(e.into()))?.into_dimensions().map_err(failed)?;
+        if u64::from(w) * u64::from(h) > MAX_PIXELS {
+            return unsupported(format!("a {w} × {h} image (up to {MAX_PIXELS} pixels)"));
+        }
+        let mut reader = reader().map_err(|e| failed(e.into()))?;
+        let mut limits = image::Limits::default();
+        limits.max_alloc = Some(MAX_DECODER_BYTES);
+        reader.limits(limits);
+        let image = reader.decode().map_err(failed)?;
         let (w, h) = (image.width() as usize, image.height() as usize);
         let (values, channels): (Vec<f64>, usize) = match format.as_str() {
             "Grayscale" => (luma(&image.to_rgb8()).into_iter().map(f64::from).collect(), 1),
@@ -95,7 +109,8 @@ mod tests {
 
     /// A 2 × 1 PNG (red over grey 200) made here, decoded in each pixel format: RGB as stored, BGR
     /// reversed, grey by Pillow's weights (red is 76, where Rec. 709's would give 54). Bytes that are
-    /// no image are an error, not a panic.
+    /// no image, and a header promising more pixels than kiln decodes, are errors, not a panic or an
+    /// allocation the process cannot survive.
     #[test]
     fn pixel_formats_and_bad_bytes() {
         let mut png = Vec::new();
@@ -113,6 +128,11 @@ mod tests {
         let junk = [Some(Value::Tensor(Tensor::from_slice(&[1u8, 2, 3, 4], &[4]).unwrap()))];
         let e = run_one("ImageDecoder", vec![], &junk).unwrap_err();
         assert!(e.contains("decoding the image"), "{e}");
+        // A PPM header claiming 65,536 × 65,536 pixels: refused before anything is decoded.
+        let huge = b"P6\n65536 65536\n255\n\x01\x02\x03".to_vec();
+        let arg_huge = [Some(Value::Tensor(Tensor::from_slice(&huge, &[huge.len()]).unwrap()))];
+        let e = run_one("ImageDecoder", vec![], &arg_huge).unwrap_err();
+        assert!(e.contains("65536 × 65536"), "{e}");
         let e = run_one("ImageDecoder", vec![string("pixel_format", "CMYK")], &arg).unwrap_err();
         assert!(e.contains("pixel_format"), "{e}");
     }

@@ -1,9 +1,9 @@
 //! ONNX's linear quantization: `QuantizeLinear`, `DequantizeLinear` and `DynamicQuantizeLinear` (per
 //! tensor, per axis and blocked), the integer products `MatMulInteger` and `ConvInteger`, their
 //! requantizing forms `QLinearMatMul` and `QLinearConv`, and `BitShift`. Quantized values are kiln's
-//! narrow integers (u8, i8, u16, i16) or its 8-bit floats (which take the scaled value through their
-//! saturating cast); products take integers widened to i32, where they accumulate exactly, and scales
-//! apply in f32, as ONNX's reference does.
+//! narrow integers (u8, i8, u16, i16, and the 4- and 2-bit ones) or its 8- and 4-bit floats (which take
+//! the scaled value through their saturating cast); products take integers widened to i32, where they
+//! accumulate exactly, and scales apply in f32, as ONNX's reference does.
 
 use super::{axis, invalid, one, unsupported, Node, OpError, OpResult};
 use crate::value::Value;
@@ -44,13 +44,15 @@ fn output_dtype(node: &Node) -> OpResult<Option<DType>> {
     }
 }
 
-/// A quantized dtype kiln holds: the narrow integers and the OCP 8-bit floats (ONNX's 2- and 4-bit
-/// integers and its `fnuz` floats are not kiln dtypes).
+/// A quantized dtype kiln holds: the narrow integers (2 to 16 bits) and the small floats (8-bit, and
+/// 4-bit E2M1).
 fn quantized(d: DType) -> OpResult<DType> {
     if d.is_narrow_int() || d.minifloat().is_some() {
         Ok(d)
     } else {
-        unsupported(format!("quantized values of {d} (kiln quantizes to u8, i8, u16, i16, f8e4m3fn and f8e5m2)"))
+        unsupported(format!(
+            "quantized values of {d} (kiln quantizes to its 2- to 16-bit integers and its 8- and 4-bit floats)"
+        ))
     }
 }
 
@@ -136,7 +138,7 @@ fn quantize_linear(node: &Node) -> OpResult<Vec<Value>> {
     };
     let q = x.cast(cd)?.div(&along(&scale.cast(cd)?, &x, ax, block)?)?;
     if out.minifloat().is_some() {
-        // An 8-bit float takes the quotient itself, rounded and saturated by the cast (its zero point
+        // A small float takes the quotient itself, rounded and saturated by the cast (its zero point
         // is 0 by definition, as ONNX's reference ignores it).
         if node.int("saturate", 1) == 0 {
             return unsupported(format!("quantizing to {out} without saturation"));
@@ -162,7 +164,7 @@ fn dequantize_linear(node: &Node) -> OpResult<Vec<Value>> {
     if !(x.dtype().is_narrow_int() || x.dtype() == DType::I32 || x.dtype().minifloat().is_some()) {
         return unsupported(format!("dequantizing {} values", x.dtype()));
     }
-    // An 8-bit float's zero point is 0 by definition (ONNX's reference ignores it).
+    // A small float's zero point is 0 by definition (ONNX's reference ignores it).
     let zp = zp.filter(|_| x.dtype().minifloat().is_none());
     let ax = node.int("axis", 1);
     let block = node.int("block_size", 0);
